@@ -1,0 +1,41 @@
+"""One error hierarchy. Each class also inherits the builtin a caller would catch."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChecksumError",
+    "ConfigError",
+    "DependencyError",
+    "HsgdsError",
+    "InputError",
+    "StoreError",
+    "TileReadError",
+]
+
+
+class HsgdsError(Exception):
+    """Base of every error hsgds raises on purpose. Messages are one line and say how to fix the problem."""
+
+
+class InputError(HsgdsError, ValueError):
+    """A source file, option or argument is wrong (bad format, missing key, shape mismatch...)."""
+
+
+class ConfigError(HsgdsError, ValueError):
+    """A loader or converter setting is invalid."""
+
+
+class StoreError(HsgdsError, OSError):
+    """A store is missing, incomplete, of another format version, or its metadata is inconsistent."""
+
+
+class TileReadError(StoreError):
+    """A tile could not be read (missing, truncated, I/O error)."""
+
+
+class ChecksumError(TileReadError):
+    """A tile's bytes do not match the checksum recorded in the store."""
+
+
+class DependencyError(HsgdsError, ImportError):
+    """An optional dependency is missing; the message names the pip extra to install."""
