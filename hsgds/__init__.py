@@ -1,0 +1,44 @@
+"""hsgds: GPU-direct streaming of hyperspectral patches into PyTorch training.
+
+Heavy modules (torch, zarr, kvikio, DALI) are imported lazily, so ``import hsgds`` is cheap and
+works without a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hsgds._version import __version__
+from hsgds.errors import (
+    ChecksumError,
+    ConfigError,
+    DependencyError,
+    HsgdsError,
+    InputError,
+    StoreError,
+    TileReadError,
+)
+from hsgds.scene import BandStats, Scene, open_scene
+
+__all__ = [
+    "BandStats",
+    "ChecksumError",
+    "ConfigError",
+    "DependencyError",
+    "HsgdsError",
+    "InputError",
+    "PatchLoader",
+    "Scene",
+    "StoreError",
+    "TileReadError",
+    "__version__",
+    "open_scene",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PatchLoader":  # imports torch
+        from hsgds.loader import PatchLoader
+
+        return PatchLoader
+    raise AttributeError(f"module 'hsgds' has no attribute {name!r}")

@@ -1,0 +1,122 @@
+"""The ``hsgds`` command: convert, info, verify (and the runtime verbs). Exit 0 on success, 2 on bad
+input or usage, with a one-line error on stderr."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from hsgds._version import __version__
+from hsgds.errors import HsgdsError
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str) -> None:
+    click.echo(f"hsgds: error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hsgds")
+def cli() -> None:
+    """Stream hyperspectral patches from aligned Zarr tiles into PyTorch training."""
+
+
+def _number(value: str) -> float:
+    """A fraction (0 < f < 1) or a per-class count (integer >= 1)."""
+    try:
+        f = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a number") from None
+    return int(f) if f >= 1 and f.is_integer() else f
+
+
+@cli.command()
+@click.argument("src", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out", required=True, type=click.Path(), help="Store to write (a .zarr directory).")
+@click.option("--labels", type=click.Path(dir_okay=False), help="Ground-truth class map (any supported format).")
+@click.option("--key", help="Variable / dataset holding the cube (.mat, HDF5), when the file has several.")
+@click.option("--labels-key", help="Variable / dataset holding the labels.")
+@click.option("--band-axis", type=click.Choice(["first", "last"]), help="Band axis of .npy/.mat/HDF5 arrays (default last).")
+@click.option("--max-patch", default=15, show_default=True, help="Largest patch size served (halo = (p-1)/2).")
+@click.option("--tile", type=int, help="Tile core size in pixels (default: chosen for ~1-8 MiB aligned tiles).")
+@click.option("--padding", default="reflect", show_default=True, type=click.Choice(["reflect", "edge", "zero"]))
+@click.option("--split", default="random", show_default=True, type=click.Choice(["random", "blocks", "masks"]))
+@click.option("--train", default="0.1", show_default=True, help="Train fraction, or pixels per class if >= 1.")
+@click.option("--val", default="0", show_default=True, help="Validation fraction, or pixels per class if >= 1.")
+@click.option("--block-size", type=int, help="Block side for --split blocks.")
+@click.option("--train-mask", type=click.Path(dir_okay=False), help="Train mask for --split masks.")
+@click.option("--val-mask", type=click.Path(dir_okay=False), help="Validation mask for --split masks.")
+@click.option("--test-mask", type=click.Path(dir_okay=False), help="Test mask for --split masks.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--nan-fill", type=float, help="Replace NaN/Inf in the cube by this value (refused otherwise).")
+@click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing store.")
+@click.option("--workers", default=4, show_default=True, help="Threads writing tiles.")
+def convert(src, out, labels, key, labels_key, band_axis, max_patch, tile, padding, split, train, val,
+            block_size, train_mask, val_mask, test_mask, seed, nan_fill, class_names, overwrite, workers) -> None:
+    """Convert a cube (.mat v5/v7.3, ENVI, GeoTIFF, HDF5, .npy) into an hsgds store."""
+    from preprocess.convert import ConvertOptions
+    from preprocess.convert import convert as run_convert
+
+    opts = ConvertOptions(
+        key=key, labels=labels, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
+        padding=padding, split=split, train=_number(train), val=_number(val), block_size=block_size,
+        train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, seed=seed, nan_fill=nan_fill,
+        class_names=tuple(c.strip() for c in class_names.split(",")) if class_names else None,
+        overwrite=overwrite, workers=workers)
+    bar = None
+    if sys.stderr.isatty():
+        bar = click.progressbar(length=1, label="tiles", file=sys.stderr)
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+    try:
+        path = run_convert(src, out, opts, progress)
+    finally:
+        if bar is not None:
+            bar.render_finish()
+    click.echo(f"wrote {path}")
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
+def info(store) -> None:
+    """Print a store's shape, dtype, tiling, classes and per-class counts per split."""
+    from hsgds.info import describe
+
+    click.echo(describe(store))
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
+def verify(store) -> None:
+    """Re-read every tile and check its size and checksum."""
+    from hsgds.scene import open_scene
+
+    scene = open_scene(store)
+    problems = scene.verify()
+    if problems:
+        for p in problems:
+            click.echo(f"hsgds: bad tile: {p}", err=True)
+        _fail(f"{len(problems)} of {scene.grid.num_tiles} tiles are damaged; convert the source again")
+    click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes verified")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="hsgds", standalone_mode=True)
+    except HsgdsError as exc:
+        _fail(str(exc))
+    except OSError as exc:  # a file we were pointed at cannot be used
+        _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Opening a store: metadata, labels, samples, statistics, and window reads reassembled from tiles."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+import numpy as np
+
+from hsgds import format as fmt
+from hsgds.errors import ChecksumError, InputError, StoreError, TileReadError
+
+__all__ = ["BandStats", "Scene", "open_scene"]
+
+
+@dataclass(frozen=True)
+class BandStats:
+    """Per-band statistics in float64 (population std)."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+
+
+def _read_json(path: Path, where: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StoreError(f"{where}: {path.name} is missing; this is not a complete hsgds store") from None
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{where}: cannot read {path.name} ({exc})") from None
+
+
+def _read_raw_array(root: Path, name: str) -> np.ndarray:
+    """Read a small uncompressed Zarr v3 array written by the converter (one chunk, codec bytes)."""
+    meta = _read_json(root / name / "zarr.json", str(root))
+    shape = tuple(meta["shape"])
+    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    if 0 in shape:
+        return np.zeros(shape, dtype=dtype.newbyteorder("="))
+    if tuple(meta["chunk_grid"]["configuration"]["chunk_shape"]) != shape or \
+            [c["name"] for c in meta["codecs"]] != ["bytes"]:
+        raise StoreError(f"{root}: array {name} is not stored as a single raw chunk")
+    path = root / name / fmt.chunk_key(meta, (0,) * len(shape))
+    data = np.fromfile(path, dtype=dtype)
+    if data.size != int(np.prod(shape)):
+        raise StoreError(f"{root}: array {name} has {data.size} values, expected {int(np.prod(shape))}")
+    return data.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
+
+
+class Scene:
+    """A converted hyperspectral scene (hsgds store format v1).
+
+    Use :func:`open_scene`. Attributes: ``shape`` (H, W, B), ``dtype``, ``wavelengths`` (nm or None),
+    ``band_names``, ``labels`` (H, W), ``stats`` ({"train": BandStats | None, "all": BandStats}),
+    ``meta`` (the full :class:`hsgds.format.StoreMeta`), ``grid`` (tile geometry) and ``tile_paths``.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise StoreError(f"{self.path} is not a store directory; create one with `hsgds convert`")
+        where = str(self.path)
+        root = _read_json(self.path / "zarr.json", where)
+        self.meta = fmt.StoreMeta.from_json(root.get("attributes", {}), where)
+        self.grid = self.meta.grid
+        self.shape: tuple[int, int, int] = self.meta.shape
+        self.dtype = np.dtype(self.meta.dtype)
+        self.wavelengths = self.meta.wavelengths
+        self.band_names = self.meta.band_names
+        self.num_classes = self.meta.num_classes
+        self.class_names = self.meta.class_names
+        tiles_meta = _read_json(self.path / fmt.TILES / "zarr.json", where)
+        expected = [self.grid.nty, self.grid.ntx, *self.grid.tile_shape]
+        if list(tiles_meta.get("shape", [])) != expected:
+            raise StoreError(f"{where}: tiles array has shape {tiles_meta.get('shape')}, expected {expected}")
+        self.tile_paths = fmt.tile_paths(self.path, self.grid, tiles_meta)
+        self._labels: np.ndarray | None = None
+        self._samples: dict[str, np.ndarray] | None = None
+        self._stats: dict[str, BandStats | None] | None = None
+
+    def __repr__(self) -> str:
+        h, w, b = self.shape
+        return (f"Scene({str(self.path)!r}, {h}x{w}x{b} {self.dtype}, {self.grid.num_tiles} tiles of "
+                f"{self.grid.side}x{self.grid.side}, {self.meta.num_samples} labelled pixels)")
+
+    # -- labels, samples, statistics ------------------------------------------------------------
+    @property
+    def labels(self) -> np.ndarray:
+        """(H, W) class map; 0 = unlabelled."""
+        if self._labels is None:
+            self._labels = _read_raw_array(self.path, fmt.LABELS)
+        return self._labels
+
+    def sample_table(self) -> dict[str, np.ndarray]:
+        """The raw per-sample arrays (tile, y, x local to the tile core, label, split) and ``offsets``."""
+        if self._samples is None:
+            table = {f: _read_raw_array(self.path, f"{fmt.SAMPLES}/{f}") for f in fmt.SAMPLE_FIELDS}
+            table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets")
+            n = self.meta.num_samples
+            if any(len(table[f]) != n for f in fmt.SAMPLE_FIELDS) or len(table["offsets"]) != self.grid.num_tiles + 1:
+                raise StoreError(f"{self.path}: sample arrays disagree with the metadata; convert again")
+            self._samples = table
+        return self._samples
+
+    def samples(self, split: str | None = "train") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(y, x, label) of the labelled pixels of ``split`` ("train", "val", "test", "none" or None for
+        all), in scene coordinates, sorted by tile."""
+        t = self.sample_table()
+        keep = self._split_mask(t["split"], split)
+        ty, tx = np.divmod(t["tile"][keep].astype(np.int64), self.grid.ntx)
+        y = ty * self.grid.tile + t["y"][keep]
+        x = tx * self.grid.tile + t["x"][keep]
+        return y, x, t["label"][keep].astype(np.int64)
+
+    @staticmethod
+    def _split_mask(codes: np.ndarray, split: str | None) -> np.ndarray:
+        if split is None:
+            return np.ones(len(codes), dtype=bool)
+        if split not in fmt.SPLIT_CODES:
+            raise InputError(f"unknown split {split!r}; choose one of {', '.join(fmt.SPLIT_CODES)}")
+        return codes == fmt.SPLIT_CODES[split]
+
+    @property
+    def stats(self) -> dict[str, BandStats | None]:
+        if self._stats is None:
+            out: dict[str, BandStats | None] = {}
+            for group in fmt.STAT_GROUPS:
+                if (self.path / fmt.STATS / group).is_dir():
+                    out[group] = BandStats(*(_read_raw_array(self.path, f"{fmt.STATS}/{group}/{f}")
+                                             for f in fmt.STAT_FIELDS))
+                else:
+                    out[group] = None
+            self._stats = out
+        return self._stats
+
+    @property
+    def norm_stats(self) -> BandStats:
+        """The statistics used for normalization: TRAIN pixels, or every pixel if the scene has no train split."""
+        s = self.stats
+        return s["train"] if s["train"] is not None else s["all"]  # type: ignore[return-value]
+
+    # -- tiles and windows -----------------------------------------------------------------------
+    def read_tile(self, tile_id: int, verify: bool = True) -> np.ndarray:
+        """One halo-padded tile, (S, S, B) in the store's dtype; checks size and (by default) checksum."""
+        if not 0 <= tile_id < self.grid.num_tiles:
+            raise InputError(f"tile id {tile_id} out of range 0..{self.grid.num_tiles - 1}")
+        path = self.tile_paths[tile_id]
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise TileReadError(f"tile {tile_id} ({path}): cannot read ({exc.strerror or exc})") from None
+        if len(raw) != self.grid.tile_nbytes:
+            raise TileReadError(f"tile {tile_id} ({path}) has {len(raw)} bytes, expected "
+                                f"{self.grid.tile_nbytes}: the store is damaged; convert again")
+        if verify and crc32c.crc32c(raw) != self.meta.checksums[tile_id]:
+            raise ChecksumError(f"tile {tile_id} ({path}) fails its {self.meta.checksum_algorithm} "
+                                "checksum: the store is damaged; convert again")
+        return np.frombuffer(raw, dtype=self.dtype.newbyteorder("<")).reshape(self.grid.tile_shape)
+
+    def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Scene window rows y0:y1, columns x0:x1, all bands, reassembled from the tiles (bit-identical
+        to the source)."""
+        h, w, b = self.shape
+        if not (0 <= y0 < y1 <= h and 0 <= x0 < x1 <= w):
+            raise InputError(f"window [{y0}:{y1}, {x0}:{x1}] is empty or outside the scene {h}x{w}")
+        out = np.empty((y1 - y0, x1 - x0, b), dtype=self.dtype)
+        t, halo = self.grid.tile, self.grid.halo
+        for ty in range(y0 // t, (y1 - 1) // t + 1):
+            for tx in range(x0 // t, (x1 - 1) // t + 1):
+                tile = self.read_tile(ty * self.grid.ntx + tx)
+                ya, yb = max(y0, ty * t), min(y1, (ty + 1) * t)
+                xa, xb = max(x0, tx * t), min(x1, (tx + 1) * t)
+                out[ya - y0:yb - y0, xa - x0:xb - x0] = tile[ya - ty * t + halo:yb - ty * t + halo,
+                                                             xa - tx * t + halo:xb - tx * t + halo]
+        return out
+
+    def verify(self) -> list[str]:
+        """Re-read every tile; return one line per bad tile (empty when the store is intact)."""
+        problems = []
+        for i in range(self.grid.num_tiles):
+            try:
+                self.read_tile(i)
+            except TileReadError as exc:
+                problems.append(str(exc))
+        return problems
+
+
+def open_scene(path: str | os.PathLike) -> Scene:
+    """Open a store written by ``hsgds convert``."""
+    return Scene(path)

@@ -1,0 +1,325 @@
+"""Source cube -> hsgds store (format v1): halo-padded aligned tiles, labels, samples, stats, splits.
+
+The conversion streams tile by tile (memory stays at a few tiles for memory-mappable sources), writes
+into a temporary directory beside the target and renames it into place only when everything, the
+metadata last, is written: an interrupted conversion never leaves a store that opens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import numpy as np
+import zarr
+
+from hsgds import format as fmt
+from hsgds._version import __version__
+from hsgds.errors import ConfigError, InputError, StoreError
+from preprocess import splits as splitting
+from preprocess.readers import open_cube, read_labels
+from preprocess.readers.base import SourceCube
+from preprocess.stats import BandAccumulator
+
+__all__ = ["ConvertOptions", "convert"]
+
+SPLIT_METHODS = ("random", "blocks", "masks")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Everything ``hsgds convert`` can be told. Validated by :meth:`check` before any file is touched."""
+
+    key: str | None = None
+    labels: str | os.PathLike | None = None
+    labels_key: str | None = None
+    band_axis: str | None = None
+    max_patch: int = 2 * fmt.DEFAULT_HALO + 1
+    tile: int | None = None
+    padding: str = "reflect"
+    split: str = "random"
+    train: float = 0.1
+    val: float = 0.0
+    block_size: int | None = None
+    train_mask: str | os.PathLike | None = None
+    val_mask: str | os.PathLike | None = None
+    test_mask: str | os.PathLike | None = None
+    seed: int = 0
+    nan_fill: float | None = None
+    class_names: tuple[str, ...] | None = None
+    overwrite: bool = False
+    workers: int = 4
+
+    @property
+    def halo(self) -> int:
+        return (self.max_patch - 1) // 2
+
+    def check(self) -> None:
+        if self.max_patch < 1 or self.max_patch % 2 == 0:
+            raise ConfigError(f"--max-patch must be a positive odd number (patches are pixel-centred), got {self.max_patch}")
+        if self.padding not in fmt.PADDING_MODES:
+            raise ConfigError(f"--padding must be one of {', '.join(fmt.PADDING_MODES)}, got {self.padding!r}")
+        if self.split not in SPLIT_METHODS:
+            raise ConfigError(f"--split must be one of {', '.join(SPLIT_METHODS)}, got {self.split!r}")
+        if self.tile is not None and self.tile < 1:
+            raise ConfigError(f"--tile must be a positive number of pixels, got {self.tile}")
+        if self.split == "masks" and (self.train_mask is None or self.test_mask is None):
+            raise ConfigError("--split masks needs --train-mask and --test-mask (and optionally --val-mask)")
+        if self.split != "masks" and any(m is not None for m in (self.train_mask, self.val_mask, self.test_mask)):
+            raise ConfigError("--train-mask/--val-mask/--test-mask need --split masks")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.nan_fill is not None and not np.isfinite(self.nan_fill):
+            raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
+
+
+def _sha256(paths: list[Path]) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+                size += len(chunk)
+    return h.hexdigest(), size
+
+
+def _tile_size(opts: ConvertOptions, shape: tuple[int, int, int], itemsize: int) -> int:
+    h, w, b = shape
+    bpp = b * itemsize
+    if opts.tile is None:
+        return fmt.choose_tile(h, w, bpp, opts.halo)
+    k = fmt.alignment_step(bpp)
+    side = opts.tile + 2 * opts.halo
+    if side % k:
+        lo = max(k, side - side % k) - 2 * opts.halo
+        hi = side + k - side % k - 2 * opts.halo
+        options = " or ".join(str(t) for t in (lo, hi) if t >= 1)
+        raise ConfigError(f"--tile {opts.tile} gives {side}x{side}-pixel tiles of {side * side * bpp} bytes, not a "
+                          f"multiple of {fmt.ALIGNMENT}; use --tile {options}")
+    return opts.tile
+
+
+def _load_labels(opts: ConvertOptions, hw: tuple[int, int]) -> np.ndarray:
+    if opts.labels is None:
+        return np.zeros(hw, dtype=np.uint16)
+    labels = read_labels(opts.labels, key=opts.labels_key)
+    if labels.shape != hw:
+        raise InputError(f"labels {Path(opts.labels).name} have shape {labels.shape}, but the cube is "
+                         f"{hw[0]}x{hw[1]}; pass the ground truth of this scene")
+    return labels.astype(np.uint16 if labels.max(initial=0) < 65536 else np.int32)
+
+
+def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    params: dict[str, Any] = {"method": opts.split, "seed": opts.seed}
+    if not labels.any():
+        return np.zeros(labels.shape, np.uint8), {"method": "none"}
+    if opts.split == "random":
+        params.update(train=opts.train, val=opts.val)
+        return splitting.random_split(labels, train=opts.train, val=opts.val, seed=opts.seed), params
+    if opts.split == "blocks":
+        block = opts.block_size or splitting.default_block_size(labels.shape, opts.halo)
+        params.update(train=opts.train, val=opts.val, block_size=block, guard=opts.halo)
+        return splitting.block_split(labels, block_size=block, train=opts.train, val=opts.val,
+                                     guard=opts.halo, seed=opts.seed), params
+    masks = {name: None if p is None else read_labels(p) != 0
+             for name, p in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
+                             ("test_mask", opts.test_mask))}
+    params.update({k: Path(v).name for k, v in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
+                                                ("test_mask", opts.test_mask)) if v is not None})
+    return splitting.mask_split(labels, **masks), params
+
+
+def _sample_table(labels: np.ndarray, split_map: np.ndarray, grid: fmt.TileGrid) -> dict[str, np.ndarray]:
+    """Labelled pixels sorted by tile then (y, x), with tile-local core coordinates and an offset table."""
+    y, x = np.nonzero(labels)
+    tile = (y // grid.tile) * grid.ntx + (x // grid.tile)
+    order = np.argsort(tile, kind="stable")  # nonzero() is already row-major within a tile
+    y, x, tile = y[order], x[order], tile[order]
+    return {
+        "tile": tile.astype(np.int32),
+        "y": (y % grid.tile).astype(np.int32),
+        "x": (x % grid.tile).astype(np.int32),
+        "label": labels[y, x],
+        "split": split_map[y, x].astype(np.uint8),
+        "offsets": np.concatenate([[0], np.cumsum(np.bincount(tile, minlength=grid.num_tiles))]).astype(np.int64),
+    }
+
+
+def build_tile(cube: SourceCube, grid: fmt.TileGrid, padding: str, tile_id: int) -> np.ndarray:
+    """One halo-padded (S, S, B) tile: the scene window around the tile's core, padded at the borders."""
+    ty, tx = grid.tile_yx(tile_id)
+    h, s = grid.halo, grid.side
+    ri, rv = fmt.padded_index(np.arange(ty * grid.tile - h, ty * grid.tile - h + s), grid.height, h, padding)
+    ci, cv = fmt.padded_index(np.arange(tx * grid.tile - h, tx * grid.tile - h + s), grid.width, h, padding)
+    r0, r1 = int(ri[rv].min()), int(ri[rv].max()) + 1
+    c0, c1 = int(ci[cv].min()), int(ci[cv].max()) + 1
+    window = cube.read(r0, r1, c0, c1)
+    if window.shape != (r1 - r0, c1 - c0, grid.bands):
+        raise InputError(f"source returned a {window.shape} window for rows {r0}:{r1}, columns {c0}:{c1}; "
+                         "the file is truncated or inconsistent")
+    tile = window[np.clip(ri - r0, 0, r1 - r0 - 1)][:, np.clip(ci - c0, 0, c1 - c0 - 1)]
+    tile[~rv] = 0
+    tile[:, ~cv] = 0
+    return tile
+
+
+def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: float | None) -> None:
+    if tile.dtype.kind != "f":
+        return
+    bad = ~np.isfinite(tile)
+    if not bad.any():
+        return
+    if nan_fill is None:
+        y0, y1, x0, x1 = grid.core_window(tile_id)
+        raise InputError(f"the cube holds NaN/Inf values (near rows {y0}:{y1}, columns {x0}:{x1}); "
+                         "pass --nan-fill VALUE to replace them")
+    tile[bad] = nan_fill
+
+
+def _create_arrays(root: zarr.Group, grid: fmt.TileGrid, labels: np.ndarray, table: dict[str, np.ndarray]) -> dict:
+    cfg = {"write_empty_chunks": True}
+
+    def small(name: str, data: np.ndarray, dims: list[str]) -> None:
+        root.create_array(name, data=data, chunks=tuple(max(1, n) for n in data.shape),
+                          compressors=None, config=cfg, dimension_names=dims)
+
+    tiles = root.create_array(fmt.TILES, shape=(grid.nty, grid.ntx, *grid.tile_shape),
+                              chunks=(1, 1, *grid.tile_shape), dtype=np.dtype(grid.dtype).newbyteorder("<"),
+                              compressors=None, fill_value=0, config=cfg,
+                              dimension_names=["tile_y", "tile_x", "y", "x", "band"])
+    small(fmt.LABELS, labels, ["y", "x"])
+    for name, data in table.items():
+        small(f"{fmt.SAMPLES}/{name}", data, ["tile"] if name == "offsets" else ["sample"])
+    return tiles.metadata.to_dict()
+
+
+def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions = ConvertOptions(),
+            progress: Callable[[int, int], None] | None = None) -> Path:
+    """Convert ``src`` into the store ``out``; returns the store path. See ``hsgds convert --help``."""
+    opts.check()
+    src, out = Path(src), Path(out)
+    if out.exists() and not opts.overwrite:
+        raise InputError(f"{out} already exists; pass --overwrite to replace it")
+    if not out.parent.is_dir():
+        raise InputError(f"output folder {out.parent} does not exist; create it first")
+    cube = open_cube(src, key=opts.key, band_axis=opts.band_axis)
+    tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
+    try:
+        return _convert(cube, src, out, tmp, opts, progress)
+    finally:
+        cube.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOptions,
+             progress: Callable[[int, int], None] | None) -> Path:
+    H, W, B = cube.shape
+    if opts.halo > 0 and opts.padding == "reflect" and min(H, W) < 2:
+        raise InputError(f"a {H}x{W} scene cannot be reflect-padded; use --padding edge or zero")
+    labels = _load_labels(opts, (H, W))
+    if opts.class_names is not None and len(opts.class_names) < int(labels.max(initial=0)):
+        raise InputError(f"--class-names lists {len(opts.class_names)} names but labels go up to {labels.max()}")
+    grid = fmt.TileGrid(H, W, B, cube.dtype.name, _tile_size(opts, cube.shape, cube.dtype.itemsize), opts.halo)
+    grid.check()
+    split_map, split_params = _split_map(opts, labels)
+    table = _sample_table(labels, split_map, grid)
+
+    hashed: dict[str, Any] = {}
+
+    def hash_source() -> None:
+        try:
+            hashed["sha256"], hashed["size"] = _sha256(cube.files)
+        except OSError as exc:
+            hashed["error"] = exc
+
+    hasher = threading.Thread(target=hash_source, name="hsgds-sha256", daemon=True)
+    hasher.start()
+
+    root = zarr.open_group(tmp, mode="w", zarr_format=3)
+    paths = fmt.tile_paths(tmp, grid, _create_arrays(root, grid, labels, table))
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+
+    def one_tile(tile_id: int) -> tuple[int, BandAccumulator, BandAccumulator]:
+        tile = build_tile(cube, grid, opts.padding, tile_id)
+        _check_finite(tile, tile_id, grid, opts.nan_fill)
+        raw = np.ascontiguousarray(tile, dtype=np.dtype(grid.dtype).newbyteorder("<")).tobytes()
+        with open(paths[tile_id], "wb") as f:
+            f.write(raw)
+        y0, y1, x0, x1 = grid.core_window(tile_id)
+        h = grid.halo
+        core = tile[h:h + y1 - y0, h:h + x1 - x0].reshape(-1, B)
+        lo, hi = table["offsets"][tile_id], table["offsets"][tile_id + 1]
+        train = table["split"][lo:hi] == fmt.SPLIT_TRAIN
+        train_px = tile[h + table["y"][lo:hi][train], h + table["x"][lo:hi][train]]
+        return crc32c.crc32c(raw), BandAccumulator.of(core), BandAccumulator.of(train_px)
+
+    checksums: list[int] = []
+    all_stats, train_stats = BandAccumulator(B), BandAccumulator(B)
+    window = 2 * opts.workers  # tiles in flight: bounds memory to a few tiles
+    with ThreadPoolExecutor(opts.workers, thread_name_prefix="hsgds-convert") as pool:
+        pending = []
+        for tile_id in range(grid.num_tiles):
+            pending.append(pool.submit(one_tile, tile_id))
+            if len(pending) >= window or tile_id == grid.num_tiles - 1:
+                while pending and (len(pending) >= window or tile_id == grid.num_tiles - 1):
+                    crc, part_all, part_train = pending.pop(0).result()
+                    checksums.append(crc)
+                    all_stats.merge(part_all)
+                    train_stats.merge(part_train)
+                    if progress is not None:
+                        progress(len(checksums), grid.num_tiles)
+
+    for group, acc in (("all", all_stats), ("train", train_stats)):
+        result = acc.result()
+        if result is not None:
+            for name, values in result.items():
+                root.create_array(f"{fmt.STATS}/{group}/{name}", data=values, chunks=(B,), compressors=None,
+                                  config={"write_empty_chunks": True}, dimension_names=["band"])
+
+    hasher.join()
+    if "error" in hashed:
+        raise InputError(f"cannot read {src} to hash it ({hashed['error']})")
+    labels_source = None
+    if opts.labels is not None:
+        lp = Path(opts.labels)
+        labels_source = {"name": lp.name, "size": lp.stat().st_size, "sha256": _sha256([lp])[0]}
+    meta = fmt.StoreMeta(
+        shape=(H, W, B), dtype=grid.dtype, tile=grid.tile, halo=grid.halo, padding=opts.padding,
+        num_classes=int(labels.max(initial=0)), checksums=checksums, num_samples=int(len(table["tile"])),
+        class_names=list(opts.class_names) if opts.class_names else None,
+        wavelengths=None if cube.wavelengths is None else [float(w) for w in cube.wavelengths],
+        band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
+        source={"name": src.name, "files": [p.name for p in cube.files], "size": hashed["size"],
+                "sha256": hashed["sha256"]},
+        labels_source=labels_source, split=split_params,
+        stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
+    root.attrs.update({fmt.FORMAT_NAME: meta.to_json()})  # written last: marks the store complete
+    _replace(tmp, out)
+    return out
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Move the finished store into place; an existing one is swapped out first, then removed."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError as exc:
+        if old is not None:
+            os.rename(old, out)
+        raise StoreError(f"cannot move the new store into {out} ({exc.strerror or exc})") from None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,57 @@
+"""Per-band statistics accumulated tile by tile (Chan et al.'s parallel mean/variance), in float64."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class BandAccumulator:
+    """Running count, mean, sum of squared deviations (M2), min and max per band.
+
+    Partial results are merged in a fixed order, so the result does not depend on which thread
+    finished first.
+    """
+
+    bands: int
+    count: int = 0
+    mean: np.ndarray | None = None
+    m2: np.ndarray | None = None
+    min: np.ndarray | None = None
+    max: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, pixels: np.ndarray) -> "BandAccumulator":
+        """Statistics of an (N, B) array of pixels."""
+        acc = cls(bands=pixels.shape[-1])
+        if len(pixels):
+            x = pixels.astype(np.float64, copy=False)
+            acc.count = len(x)
+            acc.mean = x.mean(axis=0)
+            acc.m2 = ((x - acc.mean) ** 2).sum(axis=0)
+            acc.min = x.min(axis=0)
+            acc.max = x.max(axis=0)
+        return acc
+
+    def merge(self, other: "BandAccumulator") -> None:
+        if other.count == 0:
+            return
+        if self.count == 0:
+            self.count, self.mean, self.m2, self.min, self.max = (
+                other.count, other.mean, other.m2, other.min, other.max)
+            return
+        n = self.count + other.count
+        delta = other.mean - self.mean
+        self.mean = self.mean + delta * (other.count / n)
+        self.m2 = self.m2 + other.m2 + delta ** 2 * (self.count * other.count / n)
+        self.min = np.minimum(self.min, other.min)
+        self.max = np.maximum(self.max, other.max)
+        self.count = n
+
+    def result(self) -> dict[str, np.ndarray] | None:
+        """mean, population std, min, max (float64), or None when no pixel was seen."""
+        if self.count == 0:
+            return None
+        return {"mean": self.mean, "std": np.sqrt(self.m2 / self.count), "min": self.min, "max": self.max}
