@@ -109,6 +109,37 @@ def verify(store) -> None:
     click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes verified")
 
 
+def demo_store(refresh: bool = False) -> Path:
+    """Convert the embedded Indian Pines scene into the cache directory (once) and return the store."""
+    from hsgds import defaults
+    from hsgds.datasets import INDIAN_PINES_CLASSES, indian_pines_files
+    from preprocess.convert import ConvertOptions
+    from preprocess.convert import convert as run_convert
+
+    store = Path(defaults.get("cache_dir")) / "indian_pines.zarr"
+    if refresh or not (store / "zarr.json").is_file():
+        store.parent.mkdir(parents=True, exist_ok=True)
+        cube, gt = indian_pines_files()
+        click.echo(f"converting Indian Pines ({cube.name}) into {store}", err=True)
+        run_convert(cube, store, ConvertOptions(labels=gt, class_names=INDIAN_PINES_CLASSES, overwrite=True))
+    return store
+
+
+@cli.command()
+@click.option("--refresh", is_flag=True, help="Convert the scene again even if the cache has it.")
+def demo(refresh) -> None:
+    """Convert the embedded real Indian Pines scene (once, into the cache) and describe it."""
+    from hsgds.info import describe
+    from hsgds.scene import open_scene
+
+    store = demo_store(refresh)
+    click.echo(describe(store))
+    problems = open_scene(store).verify()
+    if problems:
+        _fail(f"{problems[0]} (run `hsgds demo --refresh`)")
+    click.echo("verify:     all tiles intact")
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="hsgds", standalone_mode=True)

@@ -1,0 +1,61 @@
+"""Settings with defaults, each backed by an ``HSGDS_*`` environment variable (read when asked, never at
+import time). Use ``defaults.get(name)``, ``defaults.set(name, value)``, or ``with defaults.set(...):``.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+# name -> (environment variable, default, parser)
+_SETTINGS: dict[str, tuple[str, Any, Any]] = {
+    "cache_dir": ("HSGDS_CACHE_DIR", str(Path.home() / ".cache" / "hsgds"), str),
+    "device": ("HSGDS_DEVICE", "auto", str),
+}
+_overrides: dict[str, Any] = {}
+
+
+def names() -> list[str]:
+    return sorted(_SETTINGS)
+
+
+def env_var(name: str) -> str:
+    return _SETTINGS[name][0]
+
+
+def default(name: str) -> Any:
+    return _SETTINGS[name][1]
+
+
+def get(name: str) -> Any:
+    """The value of a setting: set() override, else its environment variable, else the default."""
+    if name not in _SETTINGS:
+        raise KeyError(f"unknown hsgds setting {name!r}; known: {', '.join(names())}")
+    if name in _overrides:
+        return _overrides[name]
+    var, value, parse = _SETTINGS[name]
+    raw = os.environ.get(var)
+    return parse(raw) if raw not in (None, "") else value
+
+
+class set(AbstractContextManager):  # noqa: N801 - reads as a verb: defaults.set(...)
+    """Override settings for the process; as a context manager, restore the previous values on exit."""
+
+    def __init__(self, **values: Any) -> None:
+        unknown = [k for k in values if k not in _SETTINGS]
+        if unknown:
+            raise KeyError(f"unknown hsgds setting(s) {unknown}; known: {', '.join(names())}")
+        self._previous = {k: _overrides.get(k, _MISSING) for k in values}
+        _overrides.update(values)
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self._previous.items():
+            if v is _MISSING:
+                _overrides.pop(k, None)
+            else:
+                _overrides[k] = v
+
+
+_MISSING = object()
