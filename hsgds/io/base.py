@@ -1,0 +1,56 @@
+"""The reader interface and the description of the tiles it reads."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hsgds.errors import ChecksumError
+
+
+@dataclass(frozen=True)
+class TileSource:
+    """Where each tile lives and what it must look like: built from a Scene, shared by all readers."""
+
+    paths: tuple[Path, ...]
+    nbytes: int
+    checksums: tuple[int, ...]
+
+    @classmethod
+    def from_scene(cls, scene: Any) -> "TileSource":
+        return cls(tuple(scene.tile_paths), scene.grid.tile_nbytes, tuple(scene.meta.checksums))
+
+    def check_crc(self, tile_id: int, crc: int) -> None:
+        if crc != self.checksums[tile_id]:
+            raise ChecksumError(f"tile {tile_id} ({self.paths[tile_id]}) fails its crc32c checksum: the store is "
+                                "damaged; run `hsgds verify` and convert the source again")
+
+
+class ChunkReader(abc.ABC):
+    """Reads whole tiles into preallocated buffers (ring slots). Thread-safe for distinct destinations."""
+
+    #: short name reported in loader stats ("posix", "posix+pinned", "kvikio-gds", "kvikio-compat")
+    name: str = "reader"
+
+    def __init__(self, source: TileSource) -> None:
+        self.source = source
+        self.bytes_read = 0
+
+    @abc.abstractmethod
+    def read_into(self, tile_id: int, dest: Any) -> None:
+        """Fill ``dest`` (a contiguous torch tensor of ``source.nbytes`` bytes) with tile ``tile_id``.
+
+        Raises TileReadError (missing / truncated / I/O error) or ChecksumError naming the tile; ``dest``
+        is then in an undefined state and must not be used.
+        """
+
+    def close(self) -> None:
+        """Release file handles and buffers. Idempotent."""
+
+    def __enter__(self) -> "ChunkReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

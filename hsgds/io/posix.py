@@ -1,0 +1,122 @@
+"""PosixReader: os.preadv into host memory (the CPU path and the reference), optional O_DIRECT."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from typing import Any
+
+import crc32c
+
+from hsgds.errors import TileReadError
+from hsgds.format import ALIGNMENT
+from hsgds.io.base import ChunkReader, TileSource
+
+
+class PosixReader(ChunkReader):
+    """Reads tiles with ``os.preadv`` straight into the destination's memory and checks crc32c.
+
+    ``direct=True`` opens files with O_DIRECT (bypasses the page cache; cold-read benchmarks) and reads
+    through a page-aligned bounce buffer when the destination is not aligned. A CUDA destination is
+    filled through a pinned host buffer and an asynchronous copy (the GPU path without kvikio).
+    """
+
+    def __init__(self, source: TileSource, *, verify: bool = True, direct: bool = False) -> None:
+        super().__init__(source)
+        self.verify = verify
+        self.direct = direct and hasattr(os, "O_DIRECT")
+        self.name = "posix-direct" if self.direct else "posix"
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._closed = False
+
+    def _fd(self, tile_id: int) -> int:
+        with self._lock:
+            if self._closed:
+                raise TileReadError("reader is closed")
+            fd = self._fds.get(tile_id)
+            if fd is None:
+                flags = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
+                path = self.source.paths[tile_id]
+                try:
+                    fd = os.open(path, flags)
+                except OSError as exc:
+                    raise TileReadError(f"tile {tile_id} ({path}): cannot open ({exc.strerror})") from None
+                self._fds[tile_id] = fd
+            return fd
+
+    def _bounce(self, nbytes: int) -> Any:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < nbytes:
+            buf = mmap.mmap(-1, (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT)  # page aligned
+            self._local.buf = buf
+        return buf
+
+    def _read(self, tile_id: int, view: memoryview) -> None:
+        fd = self._fd(tile_id)
+        n, done = len(view), 0
+        path = self.source.paths[tile_id]
+        try:
+            while done < n:
+                got = os.preadv(fd, [view[done:]], done)
+                if got == 0:
+                    break
+                done += got
+        except OSError as exc:
+            raise TileReadError(f"tile {tile_id} ({path}): read failed ({exc.strerror})") from None
+        if done != n or os.fstat(fd).st_size != n:
+            size = os.fstat(fd).st_size
+            raise TileReadError(f"tile {tile_id} ({path}) has {size} bytes, expected {n}: the store is damaged; "
+                                "convert the source again")
+
+    def read_into(self, tile_id: int, dest: Any) -> None:
+        n = self.source.nbytes
+        if dest.is_cuda:
+            host = self._pinned(dest)
+            self._read_checked(tile_id, host)
+            import torch
+
+            with torch.cuda.stream(self._local.stream):
+                dest.view(-1).copy_(host, non_blocking=True)
+            # the pinned buffer is reused for the next tile, so the copy must have finished
+            self._local.stream.synchronize()
+        else:
+            self._read_checked(tile_id, dest)
+        self.bytes_read += n
+
+    def _read_checked(self, tile_id: int, dest: Any) -> None:
+        arr = dest.view(-1).view(_u8()).numpy()
+        view = memoryview(arr)
+        if self.direct and arr.ctypes.data % ALIGNMENT:
+            bounce = memoryview(self._bounce(len(view)))[:len(view)]
+            self._read(tile_id, bounce)
+            view[:] = bounce
+        else:
+            self._read(tile_id, view)
+        if self.verify:
+            self.source.check_crc(tile_id, crc32c.crc32c(view))
+
+    def _pinned(self, dest: Any) -> Any:
+        import torch
+
+        host = getattr(self._local, "pinned", None)
+        if host is None or host.numel() != dest.numel() or host.dtype != dest.dtype:
+            host = torch.empty(dest.numel(), dtype=dest.dtype, pin_memory=True)
+            self._local.pinned = host
+            self._local.stream = torch.cuda.Stream(device=dest.device)
+        return host
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _u8() -> Any:
+    import torch
+
+    return torch.uint8
