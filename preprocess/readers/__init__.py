@@ -1,0 +1,231 @@
+"""Source readers: open any supported hyperspectral file as a ``SourceCube``, or read a 2-D label map.
+
+Formats are told apart by their first bytes, with the file name as a tie-breaker: MATLAB .mat
+(v4/v5/v7 and v7.3), HDF5, GeoTIFF/TIFF (classic and BigTIFF), NumPy .npy, and ENVI (a text
+header beginning "ENVI" next to a raw binary, which has no signature of its own).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hsgds.errors import InputError
+from preprocess.readers.base import SourceCube
+from preprocess.readers.envi import find_pair, open_envi, read_envi_labels
+from preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
+from preprocess.readers.mat import open_mat, open_mat73, read_mat73_labels, read_mat_labels
+from preprocess.readers.npy import open_npy, read_npy_labels
+from preprocess.readers.tiff import open_tiff, read_tiff_labels
+
+__all__ = ["FORMATS", "detect_format", "open_cube", "read_labels"]
+
+#: Format names ``detect_format`` returns, with how messages describe them.
+FORMATS = {
+    "envi": "ENVI (.hdr + binary)",
+    "hdf5": "HDF5 (.h5)",
+    "mat": "MATLAB .mat v5/v7",
+    "mat73": "MATLAB .mat v7.3",
+    "npy": "NumPy .npy",
+    "tiff": "GeoTIFF/TIFF",
+}
+
+_SUPPORTED = "ENVI (.hdr + binary), MATLAB .mat (v5, v7.3), HDF5, GeoTIFF/TIFF or NumPy .npy"
+
+_NPY_MAGIC = b"\x93NUMPY"
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
+
+#: Extensions that promise a format, used only to explain why a file was not recognised.
+_EXTENSIONS = {
+    ".npy": "npy", ".tif": "tiff", ".tiff": "tiff", ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5",
+    ".hdf": "hdf5", ".mat": "mat",
+}
+
+
+def _head(path: Path, size: int = 4096) -> bytes:
+    """The first bytes of ``path``, after checking that it is an existing regular file."""
+    if not path.exists():
+        raise InputError(f"no such file: {path}; check the path")
+    if not path.is_file():
+        raise InputError(f"{path} is not a regular file; pass the cube file itself")
+    try:
+        with path.open("rb") as f:
+            return f.read(size)
+    except OSError as exc:
+        raise InputError(f"cannot read {path} ({exc.strerror}); check its permissions") from None
+
+
+def _is_hdf5(path: Path, head: bytes) -> bool:
+    """HDF5 superblocks sit at offset 0 or after a userblock of 512 * 2**n bytes (MATLAB uses 512)."""
+    if any(head[off:off + 8] == _HDF5_MAGIC for off in (0, 512, 1024, 2048)):
+        return True
+    # Larger userblocks are rare; let the library search for the signature.
+    return len(head) >= 4096 and h5py.is_hdf5(os.fspath(path))
+
+
+def _detect(path: Path) -> tuple[str, tuple[Path, Path] | None]:
+    """Return the format name and, for ENVI, the (binary, header) pair."""
+    head = _head(path)
+    suffix = path.suffix.lower()
+    if head.startswith(_NPY_MAGIC):
+        return "npy", None
+    if head[:4] in _TIFF_MAGICS:
+        return "tiff", None
+    if _is_hdf5(path, head):
+        # MATLAB writes its text header into a 512-byte userblock before the HDF5 superblock.
+        if head.startswith(b"MATLAB 7.3") or suffix == ".mat":
+            return "mat73", None
+        return "hdf5", None
+    if head.startswith(b"MATLAB"):
+        return "mat", None
+    pair = find_pair(path)
+    if pair is not None:
+        return "envi", pair
+    if suffix == ".mat":
+        # Version 4 files have no signature; scipy recognises them (and reports anything else).
+        return "mat", None
+    if suffix == ".hdr":
+        raise InputError(f"{path} has a .hdr extension but does not start with 'ENVI'; pass a valid ENVI header")
+    if not head:
+        raise InputError(f"{path} is empty; re-export the cube")
+    if suffix in _EXTENSIONS:
+        raise InputError(
+            f"{path} is named like {FORMATS[_EXTENSIONS[suffix]]} but does not start with that format's signature "
+            f"(first bytes {head[:8]!r}); the file may be truncated or mislabelled"
+        )
+    raise InputError(f"cannot tell the format of {path}; supported formats are {_SUPPORTED}")
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """Name the format of ``path``: one of the keys of ``FORMATS``.
+
+    Raises
+    ------
+    InputError
+        The file is missing, unreadable or in none of the supported formats.
+    """
+    return _detect(Path(path))[0]
+
+
+def _only_for_arrays(fmt: str, path: Path, key: str | None, band_axis: str | None) -> None:
+    """Refuse options that a self-describing format cannot honour, rather than silently ignoring them."""
+    if key is not None and fmt in ("envi", "tiff", "npy"):
+        raise InputError(f"--key selects a variable in .mat or HDF5 files; {path.name} is {FORMATS[fmt]}, drop --key")
+    if band_axis is not None and fmt in ("envi", "tiff"):
+        raise InputError(f"--band-axis applies to .npy, HDF5 and .mat arrays; {path.name} is {FORMATS[fmt]}, "
+                         "whose band layout is recorded in the file, drop --band-axis")
+
+
+def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: str | None = None) -> SourceCube:
+    """Open a hyperspectral cube without reading it whole.
+
+    Parameters
+    ----------
+    path
+        The cube file. For ENVI, either the ``.hdr`` header or the binary beside it.
+    key
+        Variable (.mat) or dataset path (HDF5) to read; needed only when the file holds several
+        3-D arrays.
+    band_axis
+        For .npy, HDF5 and .mat arrays: "last" (default) for (H, W, B), "first" for (B, H, W).
+        ENVI and TIFF record their layout, so it must be None for them.
+
+    Returns
+    -------
+    SourceCube
+        Reads (h, w, B) windows in the file's native dtype; ``files`` lists the data file first,
+        then any header. Call ``close()`` when done.
+
+    Raises
+    ------
+    InputError
+        Missing or unrecognised file, ambiguous or missing variable, inconsistent header, or an
+        unsupported dtype.
+    """
+    path = Path(path)
+    if band_axis is not None:
+        band_axes(band_axis)  # validate the value before touching the file
+    fmt, pair = _detect(path)
+    _only_for_arrays(fmt, path, key, band_axis)
+    if fmt == "envi":
+        return open_envi(*pair)
+    if fmt == "tiff":
+        return open_tiff(path)
+    if fmt == "npy":
+        return open_npy(path, band_axis)
+    if fmt == "hdf5":
+        return open_hdf5(path, key, band_axis)
+    if fmt == "mat73":
+        return open_mat73(path, key, band_axis)
+    return open_mat(path, key, band_axis)
+
+
+def read_labels(path: str | os.PathLike[str], key: str | None = None) -> np.ndarray:
+    """Read a 2-D label map (ground truth or a train/test mask) from any supported format.
+
+    Parameters
+    ----------
+    path
+        The label file (for ENVI, the header or the single-band binary).
+    key
+        Variable (.mat) or dataset (HDF5); needed only when the file holds several 2-D arrays.
+
+    Returns
+    -------
+    numpy.ndarray
+        C-contiguous int64 array of shape (H, W). Booleans become 0/1; floats are accepted when
+        every value is a whole number.
+
+    Raises
+    ------
+    InputError
+        The file is unreadable, not 2-D, or holds negative, fractional, NaN or non-numeric values.
+    """
+    path = Path(path)
+    fmt, pair = _detect(path)
+    _only_for_arrays(fmt, path, key, None)
+    if fmt == "envi":
+        raw = read_envi_labels(*pair)
+    elif fmt == "tiff":
+        raw = read_tiff_labels(path)
+    elif fmt == "npy":
+        raw = read_npy_labels(path)
+    elif fmt == "hdf5":
+        raw = read_hdf5_labels(path, key)
+    elif fmt == "mat73":
+        raw = read_mat73_labels(path, key)
+    else:
+        raw = read_mat_labels(path, key)
+    return _as_labels(np.asarray(raw), path)
+
+
+def _as_labels(raw: np.ndarray, path: Path) -> np.ndarray:
+    """Validate class ids and return them as a C-contiguous int64 (H, W) array."""
+    where = f"labels in {path.name}"
+    if raw.ndim != 2:
+        raise InputError(f"{where} have shape {raw.shape}; a label map needs 2 dimensions (H, W)")
+    if raw.size == 0:
+        raise InputError(f"{where} are empty (shape {raw.shape}); pass a non-empty label map")
+    kind = raw.dtype.kind
+    if kind == "b":
+        return np.ascontiguousarray(raw, dtype=np.int64)
+    if kind not in "iuf":
+        raise InputError(f"{where} have dtype {raw.dtype}; class ids must be integers (or whole-number floats)")
+    if kind == "f":
+        if not np.isfinite(raw).all():
+            raise InputError(f"{where} contain NaN or infinity; replace them with 0 (unlabeled) or a class id")
+        fractional = raw != np.floor(raw)
+        if fractional.any():
+            example = raw[fractional].flat[0]
+            raise InputError(f"{where} hold non-integer values (e.g. {example:g}); class ids must be whole numbers")
+    low, high = raw.min(), raw.max()
+    if low < 0:
+        raise InputError(f"{where} contain negative values (min {low:g}); class ids must be >= 0 (0 = unlabeled)")
+    # uint64 and float values above int64's range would wrap silently on conversion.
+    if high >= 2**63:
+        raise InputError(f"{where} hold a value too large for int64 (max {high:g}); class ids must be small integers")
+    return np.ascontiguousarray(raw, dtype=np.int64)

@@ -1,0 +1,277 @@
+"""ENVI raster reader: a text ``.hdr`` header beside a raw binary, memory-mapped in bsq, bil or bip order."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from hsgds.errors import InputError
+from preprocess.readers.base import ArrayCube
+
+__all__ = ["DATA_SUFFIXES", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
+
+#: ENVI "data type" codes this reader maps to numpy; complex codes (6, 9) are deliberately absent.
+_DATA_TYPES = {
+    1: "uint8",
+    2: "int16",
+    3: "int32",
+    4: "float32",
+    5: "float64",
+    12: "uint16",
+    13: "uint32",
+    14: "int64",
+    15: "uint64",
+}
+_COMPLEX_TYPES = {6: "complex64", 9: "complex128"}
+
+#: Array axis order of the binary for each interleave (numpy shape order, slowest axis first).
+_INTERLEAVE_AXES = {"bsq": "BHW", "bil": "HBW", "bip": "HWB"}
+
+#: Suffixes tried, in order, for the binary next to a header (ENVI tools and GDAL use all of these).
+DATA_SUFFIXES = ("", ".img", ".dat", ".raw", ".bsq", ".bil", ".bip")
+
+#: Multipliers from a header's "wavelength units" to nanometres.
+_TO_NM = {
+    "nanometers": 1.0, "nanometer": 1.0, "nanometres": 1.0, "nanometre": 1.0, "nm": 1.0,
+    "micrometers": 1000.0, "micrometer": 1000.0, "micrometres": 1000.0, "micrometre": 1000.0,
+    "microns": 1000.0, "micron": 1000.0, "um": 1000.0, "\u00b5m": 1000.0, "\u03bcm": 1000.0,
+    "millimeters": 1e6, "millimeter": 1e6, "mm": 1e6,
+}
+
+
+def _is_header(path: Path) -> bool:
+    """Whether ``path`` is a readable file whose text starts with the ENVI signature."""
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == b"ENVI"
+
+
+def find_pair(path: Path) -> tuple[Path, Path] | None:
+    """Return ``(binary, header)`` when ``path`` is an ENVI header or the binary beside one, else None.
+
+    Raises
+    ------
+    InputError
+        The header exists but no binary (or more than one candidate binary) sits next to it.
+    """
+    if path.suffix.lower() == ".hdr":
+        if not _is_header(path):
+            return None
+        stem = path.with_suffix("").name
+        # Match the stem exactly but the suffix case-insensitively (x.img, x.IMG); listing the
+        # directory instead of probing names avoids counting one file twice on case-insensitive disks.
+        found = sorted(
+            (p for p in path.parent.iterdir()
+             if p != path and p.name.startswith(stem) and p.name[len(stem):].lower() in DATA_SUFFIXES and p.is_file()),
+            key=lambda p: DATA_SUFFIXES.index(p.name[len(stem):].lower()),
+        )
+        if not found:
+            tried = ", ".join(stem + s for s in DATA_SUFFIXES if s) + f" or {stem}"
+            raise InputError(
+                f"ENVI header {path} has no binary beside it (looked for {tried}); "
+                "put the data file next to the header with the same name"
+            )
+        if len(found) > 1:
+            names = ", ".join(p.name for p in found)
+            raise InputError(
+                f"ENVI header {path} matches several data files ({names}); "
+                "pass the data file itself instead of the header"
+            )
+        return found[0], path
+    # The binary was given: the header is either "name.hdr" or "name.ext.hdr".
+    for header in (path.with_suffix(".hdr"), path.with_suffix(".HDR"),
+                   path.with_name(path.name + ".hdr"), path.with_name(path.name + ".HDR")):
+        if header != path and _is_header(header):
+            return path, header
+    return None
+
+
+def _split_list(value: str) -> list[str]:
+    """Split an ENVI ``{a, b, c}`` value into its stripped items."""
+    inner = value.strip()
+    if inner.startswith("{") and inner.endswith("}"):
+        inner = inner[1:-1]
+    return [item.strip() for item in inner.split(",") if item.strip()]
+
+
+def parse_header(path: Path) -> dict[str, str]:
+    """Parse an ENVI header into a dict of lower-case keys to raw string values.
+
+    Braced values may span lines; ``;`` starts a comment line. List values keep their braces so
+    callers can tell lists from scalars (see ``_split_list``).
+
+    Raises
+    ------
+    InputError
+        The file does not start with "ENVI" or a braced value is never closed.
+    """
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.splitlines()
+    if not lines or not lines[0].strip().startswith("ENVI"):
+        raise InputError(f"{path} is not an ENVI header (first line must be 'ENVI')")
+    header: dict[str, str] = {}
+    i = 1
+    while i < len(lines):
+        line = lines[i].strip()
+        i += 1
+        if not line or line.startswith(";") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if value.startswith("{"):
+            parts = [value]
+            while "}" not in parts[-1]:
+                if i >= len(lines):
+                    raise InputError(
+                        f"ENVI header {path}: value of '{key.strip()}' opens '{{' but never closes it; fix the header"
+                    )
+                parts.append(lines[i].strip())
+                i += 1
+            value = " ".join(parts)
+        # Keys are case-insensitive and may contain runs of spaces ("wavelength  units").
+        header[" ".join(key.lower().split())] = value
+    return header
+
+
+def _positive_int(header: dict[str, str], key: str, path: Path, *, minimum: int = 1, default: int | None = None) -> int:
+    """Read an integer header field, rejecting missing, non-integer or too-small values."""
+    if key not in header:
+        if default is not None:
+            return default
+        raise InputError(f"ENVI header {path} lacks the required '{key}' field; add it to the header")
+    raw = header[key].strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(f"ENVI header {path}: '{key} = {raw}' is not an integer; fix the header") from None
+    if value < minimum:
+        raise InputError(f"ENVI header {path}: '{key} = {value}' must be >= {minimum}; fix the header")
+    return value
+
+
+def _wavelengths_nm(header: dict[str, str], bands: int, path: Path) -> list[float] | None:
+    """Band centre wavelengths in nm, or None when the header has none or their units are not lengths.
+
+    Missing units are guessed from magnitude: imaging spectrometers cover roughly 0.3-15 um, so
+    values below 100 can only be micrometres and larger ones are taken as nanometres.
+    """
+    if "wavelength" not in header:
+        return None
+    items = _split_list(header["wavelength"])
+    try:
+        values = [float(v) for v in items]
+    except ValueError:
+        raise InputError(f"ENVI header {path}: 'wavelength' holds a non-number; fix or remove that field") from None
+    if len(values) != bands:
+        raise InputError(
+            f"ENVI header {path} lists {len(values)} wavelengths for {bands} bands; "
+            "fix or remove the 'wavelength' field"
+        )
+    if not all(math.isfinite(v) for v in values):
+        raise InputError(f"ENVI header {path}: 'wavelength' holds NaN or infinity; fix or remove that field")
+    units = header.get("wavelength units", "").strip().lower()
+    if units in _TO_NM:
+        scale = _TO_NM[units]
+    elif units in ("wavenumber", "cm-1", "cm^-1"):
+        if any(v <= 0 for v in values):
+            return None
+        return [1e7 / v for v in values]
+    elif units in ("", "unknown"):
+        scale = 1000.0 if max(abs(v) for v in values) < 100 else 1.0
+    else:
+        # Index, GHz, MHz, ...: not a length, so there is no honest nm value.
+        return None
+    return [v * scale for v in values]
+
+
+def _band_names(header: dict[str, str], bands: int, path: Path) -> list[str] | None:
+    """Band names from the header, checked against the band count."""
+    if "band names" not in header:
+        return None
+    names = _split_list(header["band names"])
+    if len(names) != bands:
+        raise InputError(
+            f"ENVI header {path} lists {len(names)} band names for {bands} bands; fix or remove the 'band names' field"
+        )
+    return names
+
+
+def _memmap(binary: Path, header_path: Path) -> tuple[np.memmap, str, dict[str, str]]:
+    """Validate the header against the binary and memory-map it; returns (array, axes, header)."""
+    header = parse_header(header_path)
+    width = _positive_int(header, "samples", header_path)
+    height = _positive_int(header, "lines", header_path)
+    bands = _positive_int(header, "bands", header_path)
+    offset = _positive_int(header, "header offset", header_path, minimum=0, default=0)
+    code = _positive_int(header, "data type", header_path)
+    if code in _COMPLEX_TYPES:
+        raise InputError(
+            f"ENVI header {header_path}: data type {code} ({_COMPLEX_TYPES[code]}) is unsupported; "
+            "convert the image to a real type (e.g. magnitude) first"
+        )
+    if code not in _DATA_TYPES:
+        known = ", ".join(f"{k} ({v})" for k, v in _DATA_TYPES.items())
+        raise InputError(f"ENVI header {header_path}: data type {code} is unsupported (supported: {known})")
+    order = _positive_int(header, "byte order", header_path, minimum=0, default=0)
+    if order not in (0, 1):
+        raise InputError(
+            f"ENVI header {header_path}: 'byte order = {order}' must be 0 (little-endian) or 1 (big-endian)"
+        )
+    interleave = header.get("interleave", "bsq").strip().lower()
+    if interleave not in _INTERLEAVE_AXES:
+        raise InputError(
+            f"ENVI header {header_path}: interleave '{interleave}' is not one of bsq, bil, bip; fix the header"
+        )
+    if header.get("file compression", "0").strip() not in ("0", ""):
+        raise InputError(
+            f"ENVI header {header_path}: compressed ENVI files are unsupported; decompress the data file first"
+        )
+
+    dtype = np.dtype(_DATA_TYPES[code]).newbyteorder("<" if order == 0 else ">")
+    # Python ints do not overflow, so an absurd header simply fails this check before any mapping.
+    expected = offset + height * width * bands * dtype.itemsize
+    actual = binary.stat().st_size
+    if actual < expected:
+        raise InputError(
+            f"ENVI data file {binary} is truncated: expected {expected} bytes from the header "
+            f"({height}x{width}x{bands} {dtype.name} + {offset} offset), file has {actual}"
+        )
+    if actual > expected:
+        raise InputError(
+            f"ENVI header/size mismatch for {binary}: header implies {expected} bytes "
+            f"({height}x{width}x{bands} {dtype.name} + {offset} offset), file has {actual}; "
+            "check samples, lines, bands and data type"
+        )
+    axes = _INTERLEAVE_AXES[interleave]
+    dims = {"H": height, "W": width, "B": bands}
+    array = np.memmap(binary, dtype=dtype, mode="r", offset=offset, shape=tuple(dims[a] for a in axes))
+    return array, axes, header
+
+
+def open_envi(binary: Path, header_path: Path) -> ArrayCube:
+    """Open an ENVI image as a memory-mapped cube; ``files`` is ``[binary, header]``."""
+    array, axes, header = _memmap(binary, header_path)
+    bands = array.shape[axes.index("B")]
+    cube = ArrayCube(
+        array,
+        axes=axes,
+        wavelengths=_wavelengths_nm(header, bands, header_path),
+        band_names=_band_names(header, bands, header_path),
+        files=[binary, header_path],
+    )
+    # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
+    cube.closer = lambda: setattr(cube, "array", None)
+    return cube
+
+
+def read_envi_labels(binary: Path, header_path: Path) -> np.ndarray:
+    """Read a single-band ENVI image (e.g. an ENVI Classification file) as a 2-D array."""
+    array, axes, _ = _memmap(binary, header_path)
+    bands = array.shape[axes.index("B")]
+    if bands != 1:
+        raise InputError(f"ENVI image {binary} has {bands} bands; a label map needs exactly one band")
+    plane = array.transpose(tuple(axes.index(a) for a in "HWB"))[:, :, 0]
+    return np.array(plane, dtype=plane.dtype.newbyteorder("="))

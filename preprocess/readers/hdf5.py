@@ -1,0 +1,143 @@
+"""HDF5 reader: one dataset of a file, sliced through h5py so chunks are read only when a window needs them.
+
+Also home of ``choose_variable``, the "exactly one N-D array, or --key" rule that the .mat reader
+shares (MATLAB v7.3 files are HDF5 files).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hsgds.errors import InputError
+from preprocess.readers.base import ArrayCube, check_dtype
+
+__all__ = ["band_axes", "choose_variable", "list_datasets", "open_hdf5", "read_hdf5_labels"]
+
+#: How many variables an error message lists before summarising the rest.
+_LIST_LIMIT = 12
+
+
+def band_axes(band_axis: str | None) -> str:
+    """Axis letters of a plain (H, W, B) or (B, H, W) array for a ``band_axis`` of "last" or "first".
+
+    Raises
+    ------
+    InputError
+        ``band_axis`` is neither None, "first" nor "last".
+    """
+    if band_axis is None or band_axis == "last":
+        return "HWB"
+    if band_axis == "first":
+        return "BHW"
+    raise InputError(f"band_axis must be 'first' (B, H, W) or 'last' (H, W, B), got {band_axis!r}")
+
+
+def _describe(entries: dict[str, tuple[int, ...]]) -> str:
+    """Format ``name (shape)`` pairs for an error message, capped at a readable length."""
+    names = sorted(entries)
+    shown = ", ".join(f"{n} {entries[n]}" for n in names[:_LIST_LIMIT])
+    if len(names) > _LIST_LIMIT:
+        shown += f", ... and {len(names) - _LIST_LIMIT} more"
+    return shown or "none"
+
+
+def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | None, where: str, noun: str) -> str:
+    """Pick the array to read: ``key`` if given, else the only ``ndim``-D array in ``entries``.
+
+    Parameters
+    ----------
+    entries
+        Numeric arrays in the file, name to shape (as the user sees it).
+    ndim
+        3 for a cube, 2 for a label map.
+    key
+        The user's choice, or None to pick automatically.
+    where
+        File name used in messages.
+    noun
+        "variable" (.mat) or "dataset" (HDF5).
+
+    Raises
+    ------
+    InputError
+        ``key`` is absent or has the wrong rank, or there is not exactly one candidate. The message
+        lists what the file holds so the user can choose with --key.
+    """
+    if key is not None:
+        if key not in entries:
+            raise InputError(
+                f"{where} has no numeric {noun} {key!r} ({noun}s: {_describe(entries)}); choose one with --key"
+            )
+        if len(entries[key]) != ndim:
+            want = "a cube needs 3 dimensions (H, W, B)" if ndim == 3 else "a label map needs 2 dimensions (H, W)"
+            raise InputError(f"{noun} {key!r} in {where} has shape {entries[key]}; {want}")
+        return key
+    # MATLAB stores scalars and vectors as 2-D (1, n) arrays; they are never label maps.
+    candidates = [n for n, s in entries.items() if len(s) == ndim and (ndim != 2 or min(s) > 1)]
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        listed = _describe({n: entries[n] for n in candidates})
+        raise InputError(f"{where} holds several {ndim}-D arrays ({listed}); choose one with --key")
+    raise InputError(
+        f"{where} holds no {ndim}-D numeric array ({noun}s: {_describe(entries)}); "
+        "check the file or choose one with --key"
+    )
+
+
+def list_datasets(group: h5py.Group, skip: tuple[str, ...] = ()) -> dict[str, h5py.Dataset]:
+    """All numeric datasets below ``group`` by path (no leading slash), ignoring top-level names in ``skip``."""
+    found: dict[str, h5py.Dataset] = {}
+
+    def visit(name: str, obj: object) -> None:
+        if name.split("/", 1)[0] in skip or not isinstance(obj, h5py.Dataset):
+            return
+        # Compound, string and reference datasets cannot be cubes or label maps.
+        if obj.dtype.kind in "biuf":
+            found[name] = obj
+
+    group.visititems(visit)
+    return found
+
+
+def _open(path: Path) -> h5py.File:
+    """Open ``path`` read-only, turning h5py's OSError into an InputError."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise InputError(f"cannot open {path} as HDF5 ({exc}); check that the file is complete") from None
+
+
+def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
+    """Open one 3-D dataset of an HDF5 file as a cube; the file stays open until ``close()``.
+
+    ``key`` is the dataset path; without it the file must hold exactly one 3-D numeric dataset.
+    ``band_axis`` "last" (default) reads the dataset as (H, W, B), "first" as (B, H, W).
+    """
+    axes = band_axes(band_axis)
+    f = _open(path)
+    try:
+        datasets = list_datasets(f)
+        name = choose_variable({n: d.shape for n, d in datasets.items()}, 3, _strip(key), path.name, "dataset")
+        dataset = datasets[name]
+        check_dtype(dataset.dtype, f"dataset {name!r} in {path.name}")
+        return ArrayCube(dataset, axes=axes, files=[path], closer=f.close)
+    except BaseException:
+        f.close()
+        raise
+
+
+def read_hdf5_labels(path: Path, key: str | None = None) -> np.ndarray:
+    """Read one 2-D dataset of an HDF5 file (``key`` or the only 2-D one) into memory."""
+    with _open(path) as f:
+        datasets = list_datasets(f)
+        name = choose_variable({n: d.shape for n, d in datasets.items()}, 2, _strip(key), path.name, "dataset")
+        return datasets[name][()]
+
+
+def _strip(key: str | None) -> str | None:
+    """Accept HDF5 paths with or without the leading slash."""
+    return None if key is None else key.strip("/")

@@ -1,0 +1,111 @@
+"""MATLAB .mat reader: v4/v5/v7 through scipy (loaded whole), v7.3 through h5py (sliced lazily).
+
+MATLAB is column-major, so in a v7.3 file an (H, W, B) variable appears to h5py as (B, W, H). The
+reader says so with reversed axis letters instead of transposing anything in memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import scipy.io
+
+from hsgds.errors import InputError
+from preprocess.readers.base import ArrayCube, check_dtype
+from preprocess.readers.hdf5 import band_axes, choose_variable, list_datasets
+
+__all__ = ["open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]
+
+#: whosmat classes that hold plain numbers (char, cell, struct, sparse, object are skipped).
+_NUMERIC_CLASSES = {"double", "single", "logical", "int8", "uint8", "int16", "uint16",
+                    "int32", "uint32", "int64", "uint64"}
+
+#: Top-level groups MATLAB uses for its own bookkeeping in v7.3 files.
+_MATLAB_INTERNALS = ("#refs#", "#subsystem#")
+
+#: v7.3 MATLAB_class values that are numeric data (char arrays are uint16 datasets too).
+_NUMERIC_CLASSES_73 = {c.encode() for c in _NUMERIC_CLASSES}
+
+
+def _variables_v5(path: Path) -> dict[str, tuple[int, ...]]:
+    """Numeric variables of a v4/v5 file, name to shape, without loading any of them."""
+    try:
+        listing = scipy.io.whosmat(path)
+    except (scipy.io.matlab.MatReadError, ValueError, TypeError, OSError, NotImplementedError) as exc:
+        raise InputError(
+            f"cannot read {path} as a MATLAB file ({exc}); re-save it with save(..., '-v7') or '-v7.3'"
+        ) from None
+    return {name: tuple(int(n) for n in shape) for name, shape, cls in listing if cls in _NUMERIC_CLASSES}
+
+
+def _load_v5(path: Path, name: str) -> np.ndarray:
+    """Load one variable of a v4/v5 file."""
+    try:
+        return scipy.io.loadmat(path, variable_names=[name], squeeze_me=False)[name]
+    except (scipy.io.matlab.MatReadError, ValueError, TypeError, OSError, NotImplementedError) as exc:
+        raise InputError(f"cannot load variable {name!r} from {path} ({exc}); re-save the file with MATLAB") from None
+
+
+def open_mat(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
+    """Open a v4/v5/v7 .mat cube: the variable ``key``, or the file's only 3-D numeric variable.
+
+    scipy cannot map these files, so the chosen variable is loaded whole (the others are not).
+    ``band_axis`` "last" (default) means the MATLAB array is (H, W, B), "first" means (B, H, W).
+    """
+    axes = band_axes(band_axis)
+    name = choose_variable(_variables_v5(path), 3, key, path.name, "variable")
+    array = _load_v5(path, name)
+    check_dtype(array.dtype, f"variable {name!r} in {path.name}")
+    return ArrayCube(array, axes=axes, files=[path])
+
+
+def read_mat_labels(path: Path, key: str | None = None) -> np.ndarray:
+    """Load a v4/v5/v7 .mat label map: ``key`` or the file's only 2-D numeric variable."""
+    name = choose_variable(_variables_v5(path), 2, key, path.name, "variable")
+    return _load_v5(path, name)
+
+
+def _variables_73(f: h5py.File) -> tuple[dict[str, h5py.Dataset], dict[str, tuple[int, ...]]]:
+    """Numeric v7.3 variables by name, and their shapes as MATLAB reports them (h5py's reversed)."""
+    datasets = {}
+    for name, dataset in list_datasets(f, skip=_MATLAB_INTERNALS).items():
+        cls = dataset.attrs.get("MATLAB_class", b"double")
+        cls = cls.encode() if isinstance(cls, str) else bytes(cls)
+        # Empty arrays are stored as their dimension vector with a MATLAB_empty flag.
+        if cls in _NUMERIC_CLASSES_73 and not dataset.attrs.get("MATLAB_empty", 0):
+            datasets[name] = dataset
+    return datasets, {n: tuple(reversed(d.shape)) for n, d in datasets.items()}
+
+
+def _open_73(path: Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise InputError(f"cannot open {path} as a MATLAB v7.3 file ({exc}); check that the file is complete") from None
+
+
+def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
+    """Open a v7.3 (HDF5) .mat cube lazily; the file stays open until ``close()``.
+
+    ``band_axis`` refers to the MATLAB shape, exactly as for ``open_mat``.
+    """
+    axes = band_axes(band_axis)[::-1]
+    f = _open_73(path)
+    try:
+        datasets, shapes = _variables_73(f)
+        name = choose_variable(shapes, 3, None if key is None else key.strip("/"), path.name, "variable")
+        check_dtype(datasets[name].dtype, f"variable {name!r} in {path.name}")
+        return ArrayCube(datasets[name], axes=axes, files=[path], closer=f.close)
+    except BaseException:
+        f.close()
+        raise
+
+
+def read_mat73_labels(path: Path, key: str | None = None) -> np.ndarray:
+    """Read a v7.3 .mat label map (``key`` or the only 2-D numeric variable) in MATLAB's (H, W) order."""
+    with _open_73(path) as f:
+        datasets, shapes = _variables_73(f)
+        name = choose_variable(shapes, 2, None if key is None else key.strip("/"), path.name, "variable")
+        return datasets[name][()].T
