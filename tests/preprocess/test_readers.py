@@ -1,0 +1,523 @@
+"""Source readers against fixtures written by independent libraries (SPy, scipy, h5py, tifffile, numpy)."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import scipy.io
+import spectral.io.envi as spy_envi
+import tifffile
+
+from hsgds.errors import InputError
+from preprocess.readers import FORMATS, detect_format, open_cube, read_labels
+
+# Odd, distinct sizes so a swapped axis cannot go unnoticed.
+H, W, B = 13, 11, 7
+
+ENVI_DTYPES = ["uint8", "int16", "int32", "float32", "float64", "uint16", "uint32", "int64", "uint64"]
+
+
+def make_cube(dtype: str = "float32", seed: int = 0, shape: tuple[int, int, int] = (H, W, B)) -> np.ndarray:
+    """A seeded (H, W, B) cube whose values use much of the dtype's range."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.normal(0.0, 1000.0, shape).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+
+
+def make_labels(seed: int = 0, classes: int = 5) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, classes, (H, W), dtype=np.uint8)
+
+
+def check_cube(cube, expected: np.ndarray, seed: int = 1) -> None:
+    """The full window and a few random windows equal the source exactly, dtype included."""
+    h, w, b = expected.shape
+    native = expected.dtype.newbyteorder("=")
+    assert cube.shape == (h, w, b)
+    assert cube.dtype == native
+    full = cube.read(0, h, 0, w)
+    assert full.dtype == native
+    assert full.flags.c_contiguous
+    np.testing.assert_array_equal(full, expected)
+    rng = np.random.default_rng(seed)
+    for _ in range(6):
+        y0 = int(rng.integers(0, h))
+        y1 = int(rng.integers(y0 + 1, h + 1))
+        x0 = int(rng.integers(0, w))
+        x1 = int(rng.integers(x0 + 1, w + 1))
+        window = cube.read(y0, y1, x0, x1)
+        assert window.shape == (y1 - y0, x1 - x0, b)
+        assert window.dtype == native
+        np.testing.assert_array_equal(window, expected[y0:y1, x0:x1])
+
+
+def save_envi(path: Path, array: np.ndarray, **kwargs) -> Path:
+    """Write ``array`` (H, W, B) with SPy; returns the header path."""
+    hdr = path.with_suffix(".hdr")
+    spy_envi.save_image(str(hdr), array, force=True, **kwargs)
+    return hdr
+
+
+def save_mat73(path: Path, variables: dict[str, np.ndarray], matlab_class: dict[str, str] | None = None) -> None:
+    """Write variables in MATLAB's v7.3 layout: column-major datasets after a 512-byte text userblock."""
+    classes = matlab_class or {}
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for name, array in variables.items():
+            ds = f.create_dataset(name, data=np.ascontiguousarray(array.transpose(tuple(reversed(range(array.ndim))))),
+                                  chunks=True, compression="gzip")
+            default = "double" if array.dtype.kind == "f" else str(array.dtype)
+            ds.attrs["MATLAB_class"] = np.bytes_(classes.get(name, default))
+        # MATLAB's bookkeeping group: must never be offered as a variable.
+        refs = f.create_group("#refs#")
+        refs.create_dataset("a", data=np.zeros((4, 5, 6)))
+    text = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024 HDF5 schema 1.00 ."
+    with open(path, "r+b") as f:
+        f.write(text.ljust(116) + bytes(8) + b"\x00\x02IM")
+
+
+# --------------------------------------------------------------------------------------------- ENVI
+
+
+@pytest.mark.parametrize("interleave", ["bsq", "bil", "bip"])
+@pytest.mark.parametrize("byteorder", [0, 1])
+@pytest.mark.parametrize("dtype", ENVI_DTYPES)
+def test_envi_roundtrip(tmp_path, interleave, byteorder, dtype):
+    expected = make_cube(dtype, seed=ENVI_DTYPES.index(dtype))
+    hdr = save_envi(tmp_path / "cube", expected, interleave=interleave, byteorder=byteorder, dtype=dtype)
+    binary = tmp_path / "cube.img"
+    for given in (hdr, binary):
+        assert detect_format(given) == "envi"
+        with closing(open_cube(given)) as cube:
+            assert isinstance(cube.array, np.memmap)  # mapped, not loaded
+            assert cube.files == [binary, hdr]
+            check_cube(cube, expected)
+
+
+@pytest.mark.parametrize("ext", ["", ".dat", ".raw", ".bsq"])
+def test_envi_binary_suffixes(tmp_path, ext):
+    expected = make_cube("int16", seed=3)
+    hdr = save_envi(tmp_path / "scene", expected, interleave="bsq", ext=ext)
+    with closing(open_cube(hdr)) as cube:
+        assert cube.files == [tmp_path / f"scene{ext}", hdr]
+        check_cube(cube, expected)
+
+
+@pytest.mark.parametrize(
+    ("units", "values", "expected_nm"),
+    [
+        ("Micrometers", [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0]),
+        ("um", [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0]),
+        ("Nanometers", [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0]),
+        ("nm", [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0]),
+        (None, [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0]),  # guessed from magnitude
+        (None, [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0]),
+        ("Index", [1.0, 2.0, 3.0], None),  # not a length: no honest nm value
+    ],
+)
+def test_envi_wavelengths_in_nm(tmp_path, units, values, expected_nm):
+    metadata = {"wavelength": values, "band names": ["blue", "green", "swir"]}
+    if units is not None:
+        metadata["wavelength units"] = units
+    hdr = save_envi(tmp_path / "cube", make_cube(shape=(H, W, 3)), interleave="bip", metadata=metadata)
+    with closing(open_cube(hdr)) as cube:
+        assert cube.band_names == ["blue", "green", "swir"]
+        if expected_nm is None:
+            assert cube.wavelengths is None
+        else:
+            np.testing.assert_allclose(cube.wavelengths, expected_nm, rtol=1e-12)
+
+
+def test_envi_handwritten_header(tmp_path):
+    """Multi-line braces, mixed-case keys, comments and a header offset, written without SPy."""
+    expected = make_cube("uint16", seed=4)
+    offset = 100
+    binary = tmp_path / "scene.raw"
+    # bil on disk: (H, B, W), big-endian.
+    binary.write_bytes(b"\xab" * offset + expected.transpose(0, 2, 1).astype(">u2").tobytes())
+    (tmp_path / "scene.raw.hdr").write_text(
+        "ENVI\n"
+        "description = {a test scene,\n  written by hand}\n"
+        "Samples = 11\nLINES   = 13\nBands= 7\n"
+        "; a comment line\n"
+        f"header offset = {offset}\n"
+        "data type = 12\nInterleave = BIL\nbyte order = 1\n"
+        "wavelength units = Micrometers\n"
+        "wavelength = {\n 0.45, 0.55,\n 0.65, 0.75,\n 0.85, 0.95, 1.05\n}\n"
+    )
+    with closing(open_cube(binary)) as cube:
+        check_cube(cube, expected)
+        np.testing.assert_allclose(cube.wavelengths, [450, 550, 650, 750, 850, 950, 1050])
+        assert cube.band_names is None
+    with closing(open_cube(tmp_path / "scene.raw.hdr")) as cube:
+        check_cube(cube, expected)
+
+
+def _write_raw_envi(tmp_path: Path, fields: dict[str, object], data: bytes) -> Path:
+    header = {"samples": W, "lines": H, "bands": B, "header offset": 0, "data type": 4, "interleave": "bsq",
+              "byte order": 0}
+    header.update(fields)
+    hdr = tmp_path / "bad.hdr"
+    hdr.write_text("ENVI\n" + "".join(f"{k} = {v}\n" for k, v in header.items() if v is not None))
+    (tmp_path / "bad.img").write_bytes(data)
+    return hdr
+
+
+GOOD_BYTES = make_cube("float32").transpose(2, 0, 1).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("fields", "data", "match"),
+    [
+        ({}, GOOD_BYTES[:-4], rf"truncated: expected {len(GOOD_BYTES)} bytes .*file has {len(GOOD_BYTES) - 4}"),
+        ({}, GOOD_BYTES + b"\0" * 8, r"header/size mismatch .*implies 4004 bytes .*file has 4012; check samples"),
+        ({"header offset": 16}, GOOD_BYTES, r"truncated: expected 4020 bytes .*\+ 16 offset\), file has 4004"),
+        ({"data type": 6}, GOOD_BYTES, r"data type 6 \(complex64\) is unsupported"),
+        ({"data type": 9}, GOOD_BYTES, r"data type 9 \(complex128\) is unsupported"),
+        ({"data type": 7}, GOOD_BYTES, r"data type 7 is unsupported \(supported: 1 \(uint8\)"),
+        ({"samples": -11}, GOOD_BYTES, r"'samples = -11' must be >= 1"),
+        ({"lines": 0}, GOOD_BYTES, r"'lines = 0' must be >= 1"),
+        ({"bands": "7.5"}, GOOD_BYTES, r"'bands = 7.5' is not an integer"),
+        ({"bands": None}, GOOD_BYTES, r"lacks the required 'bands' field"),
+        ({"samples": 10**12, "lines": 10**12}, GOOD_BYTES, rf"truncated: expected {10**24 * B * 4} bytes"),
+        ({"byte order": 2}, GOOD_BYTES, r"'byte order = 2' must be 0 \(little-endian\) or 1"),
+        ({"interleave": "bsx"}, GOOD_BYTES, r"interleave 'bsx' is not one of bsq, bil, bip"),
+        ({"wavelength": "{1, 2}"}, GOOD_BYTES, r"lists 2 wavelengths for 7 bands"),
+        ({"band names": "{a, b, c}"}, GOOD_BYTES, r"lists 3 band names for 7 bands"),
+        ({"file compression": 1}, GOOD_BYTES, r"compressed ENVI files are unsupported"),
+    ],
+)
+def test_envi_bad_headers(tmp_path, fields, data, match):
+    hdr = _write_raw_envi(tmp_path, fields, data)
+    with pytest.raises(InputError, match=match):
+        open_cube(hdr)
+
+
+def test_envi_unclosed_brace_and_missing_binary(tmp_path):
+    hdr = _write_raw_envi(tmp_path, {"wavelength": "{1, 2,"}, GOOD_BYTES)
+    with pytest.raises(InputError, match=r"'wavelength' opens '\{' but never closes it"):
+        open_cube(hdr)
+    (tmp_path / "bad.img").unlink()
+    with pytest.raises(InputError, match=r"has no binary beside it \(looked for bad\.img, bad\.dat"):
+        open_cube(hdr)
+    (tmp_path / "bad.hdr").write_text("not an envi header\n")
+    with pytest.raises(InputError, match=r"does not start with 'ENVI'"):
+        open_cube(hdr)
+
+
+def test_envi_band_axis_and_key_refused(tmp_path):
+    hdr = save_envi(tmp_path / "cube", make_cube(), interleave="bsq")
+    with pytest.raises(InputError, match=r"--band-axis applies to \.npy, HDF5 and \.mat arrays"):
+        open_cube(hdr, band_axis="first")
+    with pytest.raises(InputError, match=r"--key selects a variable in \.mat or HDF5 files"):
+        open_cube(hdr, key="x")
+
+
+def test_envi_labels(tmp_path):
+    labels = make_labels(seed=5)
+    hdr = save_envi(tmp_path / "gt", labels[:, :, None], interleave="bsq", dtype="uint16", byteorder=1)
+    out = read_labels(hdr)
+    assert out.dtype == np.int64 and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, labels)
+    cube_hdr = save_envi(tmp_path / "cube", make_cube("uint8"), interleave="bip")
+    with pytest.raises(InputError, match=r"has 7 bands; a label map needs exactly one band"):
+        read_labels(cube_hdr)
+
+
+# ---------------------------------------------------------------------------------------------- MAT
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "uint8", "int16", "uint16", "int32", "uint32", "int64"])
+def test_mat_v5_roundtrip(tmp_path, dtype):
+    expected = make_cube(dtype, seed=6)
+    path = tmp_path / "indian_pines.mat"
+    scipy.io.savemat(path, {"indian_pines": expected, "gt": make_labels(), "note": "a string"})
+    assert detect_format(path) == "mat"
+    with closing(open_cube(path)) as cube:
+        assert cube.files == [path]
+        check_cube(cube, expected)
+
+
+def test_mat_v5_band_first_and_key(tmp_path):
+    expected = make_cube("float32", seed=7)
+    path = tmp_path / "cubes.mat"
+    scipy.io.savemat(path, {"a": expected.transpose(2, 0, 1), "b": expected}, do_compression=True)
+    with closing(open_cube(path, key="a", band_axis="first")) as cube:
+        check_cube(cube, expected)
+    with closing(open_cube(path, key="b")) as cube:
+        check_cube(cube, expected)
+
+
+def test_mat_v5_variable_errors(tmp_path):
+    path = tmp_path / "file.mat"
+    scipy.io.savemat(path, {"a": np.zeros((10, 10, 5)), "b": np.zeros((10, 10, 5)), "gt": np.zeros((10, 10))})
+    with pytest.raises(InputError, match=r"file\.mat holds several 3-D arrays \(a \(10, 10, 5\), b \(10, 10, 5\)\); "
+                                         r"choose one with --key"):
+        open_cube(path)
+    with pytest.raises(InputError, match=r"file\.mat has no numeric variable 'cube' \(variables: a \(10, 10, 5\), "
+                                         r"b \(10, 10, 5\), gt \(10, 10\)\); choose one with --key"):
+        open_cube(path, key="cube")
+    with pytest.raises(InputError, match=r"variable 'gt' in file\.mat has shape \(10, 10\); a cube needs 3 dimensions"):
+        open_cube(path, key="gt")
+    only_labels = tmp_path / "gt.mat"
+    scipy.io.savemat(only_labels, {"gt": np.zeros((10, 10)), "scale": 2.0})
+    with pytest.raises(InputError, match=r"gt\.mat holds no 3-D numeric array "
+                                         r"\(variables: gt \(10, 10\), scale \(1, 1\)\)"):
+        open_cube(only_labels)
+
+
+def test_mat_v5_labels(tmp_path):
+    labels = make_labels(seed=8)
+    path = tmp_path / "Indian_pines_gt.mat"
+    # A scalar and a vector (both 2-D in MATLAB) beside the map must not make the choice ambiguous.
+    scipy.io.savemat(path, {"indian_pines_gt": labels.astype(np.float64), "n": 16.0, "names": np.arange(5.0)[None]})
+    out = read_labels(path)
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(out, labels)
+    two = tmp_path / "two.mat"
+    scipy.io.savemat(two, {"train": labels, "test": labels})
+    with pytest.raises(InputError, match=r"holds several 2-D arrays \(test \(13, 11\), train \(13, 11\)\)"):
+        read_labels(two)
+    np.testing.assert_array_equal(read_labels(two, key="test"), labels)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "uint16", "int16"])
+def test_mat73_roundtrip(tmp_path, dtype):
+    expected = make_cube(dtype, seed=9)
+    path = tmp_path / "salinas.mat"
+    save_mat73(path, {"salinas": expected, "gt": make_labels(), "name": np.frombuffer(b"s\0a\0", np.uint16)[None]},
+               matlab_class={"name": "char"})
+    assert detect_format(path) == "mat73"
+    with closing(open_cube(path)) as cube:
+        assert isinstance(cube.array, h5py.Dataset)  # sliced lazily, not loaded
+        assert cube.array.shape == (B, W, H)  # column-major: no transpose was made
+        assert cube.files == [path]
+        check_cube(cube, expected)
+        dataset = cube.array
+    assert not dataset.id.valid  # close() closed the file
+
+
+def test_mat73_detected_without_extension_and_band_first(tmp_path):
+    expected = make_cube("float32", seed=10)
+    path = tmp_path / "cube.bin"
+    save_mat73(path, {"c": expected.transpose(2, 0, 1)})
+    assert detect_format(path) == "mat73"
+    with closing(open_cube(path, band_axis="first")) as cube:
+        check_cube(cube, expected)
+
+
+def test_mat73_errors_and_labels(tmp_path):
+    labels = make_labels(seed=11)
+    path = tmp_path / "file.mat"
+    save_mat73(path, {"a": np.zeros((10, 12, 5)), "b": np.zeros((10, 12, 5)), "gt": labels.astype(np.float64)})
+    with pytest.raises(InputError, match=r"file\.mat holds several 3-D arrays \(a \(10, 12, 5\), b \(10, 12, 5\)\)"):
+        open_cube(path)
+    with pytest.raises(InputError, match=r"has no numeric variable 'x' \(variables: a \(10, 12, 5\), b \(10, 12, 5\), "
+                                         r"gt \(13, 11\)\)"):
+        open_cube(path, key="x")
+    out = read_labels(path)
+    assert out.dtype == np.int64 and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, labels)
+
+
+# --------------------------------------------------------------------------------------------- HDF5
+
+
+def test_hdf5_roundtrip(tmp_path):
+    expected = make_cube("uint16", seed=12)
+    path = tmp_path / "scene.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data/reflectance", data=expected, chunks=(4, 4, B), compression="gzip")
+        f.create_dataset("data/wavelengths", data=np.linspace(400, 1000, B))
+        f.create_dataset("gt", data=make_labels())
+    assert detect_format(path) == "hdf5"
+    for key in (None, "data/reflectance", "/data/reflectance"):
+        with closing(open_cube(path, key=key)) as cube:
+            assert isinstance(cube.array, h5py.Dataset)
+            check_cube(cube, expected)
+
+
+def test_hdf5_band_first_big_endian(tmp_path):
+    expected = make_cube("float64", seed=13)
+    path = tmp_path / "scene.hdf5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("cube", data=expected.transpose(2, 0, 1).astype(">f8"))
+    with closing(open_cube(path, band_axis="first")) as cube:
+        check_cube(cube, expected)
+
+
+def test_hdf5_errors_and_labels(tmp_path):
+    labels = make_labels(seed=14)
+    path = tmp_path / "two.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.zeros((3, 4, 5), np.float32))
+        f.create_dataset("g/y", data=np.zeros((3, 4, 5), np.float32))
+        f.create_dataset("mask", data=labels.astype(bool))
+    with pytest.raises(InputError, match=r"two\.h5 holds several 3-D arrays "
+                                         r"\(g/y \(3, 4, 5\), x \(3, 4, 5\)\); choose one"):
+        open_cube(path)
+    with pytest.raises(InputError, match=r"two\.h5 has no numeric dataset 'z' \(datasets: g/y \(3, 4, 5\), "
+                                         r"mask \(13, 11\), x \(3, 4, 5\)\)"):
+        open_cube(path, key="z")
+    np.testing.assert_array_equal(read_labels(path), labels.astype(bool))
+
+
+# --------------------------------------------------------------------------------------------- TIFF
+
+
+@pytest.mark.parametrize(
+    ("layout", "kwargs"),
+    [
+        ("HWB", {"planarconfig": "contig"}),
+        ("BHW", {"planarconfig": "separate"}),
+        ("BHW", {}),  # a stack of single-band pages
+        ("HWB", {"planarconfig": "contig", "bigtiff": True}),
+        ("HWB", {"planarconfig": "contig", "byteorder": ">"}),
+        ("BHW", {"planarconfig": "separate", "byteorder": ">"}),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["uint16", "float32", "int16"])
+def test_tiff_roundtrip_mapped(tmp_path, layout, kwargs, dtype):
+    expected = make_cube(dtype, seed=15)
+    path = tmp_path / "scene.tif"
+    data = expected if layout == "HWB" else expected.transpose(2, 0, 1)
+    tifffile.imwrite(path, data, photometric="minisblack", **kwargs)
+    assert detect_format(path) == "tiff"
+    with closing(open_cube(path)) as cube:
+        assert isinstance(cube.array, np.memmap)
+        check_cube(cube, expected)
+
+
+@pytest.mark.parametrize("kwargs", [{"compression": "zlib"}, {"tile": (16, 16)}])
+def test_tiff_not_mappable_is_decoded(tmp_path, kwargs):
+    expected = make_cube("uint16", seed=16)
+    path = tmp_path / "scene.tiff"
+    tifffile.imwrite(path, expected, photometric="minisblack", planarconfig="contig", **kwargs)
+    with closing(open_cube(path)) as cube:
+        assert not isinstance(cube.array, np.memmap)
+        check_cube(cube, expected)
+
+
+def test_tiff_labels_and_single_band_cube(tmp_path):
+    labels = make_labels(seed=17)
+    path = tmp_path / "gt.tif"
+    tifffile.imwrite(path, labels)
+    np.testing.assert_array_equal(read_labels(path), labels)
+    with pytest.raises(InputError, match=r"gt\.tif holds a single-band \(13, 11\) image; a cube needs bands"):
+        open_cube(path)
+    cube_path = tmp_path / "cube.tif"
+    tifffile.imwrite(cube_path, make_cube("uint8"), photometric="minisblack", planarconfig="contig")
+    with pytest.raises(InputError, match=r"a label map needs a single-band \(H, W\) image"):
+        read_labels(cube_path)
+
+
+# ---------------------------------------------------------------------------------------------- NPY
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", ["float32", "uint16", ">i2", "int64"])
+def test_npy_roundtrip(tmp_path, order, dtype):
+    expected = make_cube(np.dtype(dtype).newbyteorder("=").name, seed=18)
+    path = tmp_path / "cube.npy"
+    np.save(path, np.asarray(expected, dtype=dtype, order=order))
+    assert detect_format(path) == "npy"
+    with closing(open_cube(path)) as cube:
+        assert isinstance(cube.array, np.memmap)
+        check_cube(cube, expected)
+
+
+def test_npy_band_first(tmp_path):
+    expected = make_cube("float64", seed=19)
+    path = tmp_path / "bands_first.npy"
+    np.save(path, expected.transpose(2, 0, 1))
+    with closing(open_cube(path, band_axis="first")) as cube:
+        check_cube(cube, expected)
+
+
+def test_npy_errors(tmp_path):
+    objects = tmp_path / "objects.npy"
+    np.save(objects, np.array([[[1]], [[None]]], dtype=object), allow_pickle=True)
+    with pytest.raises(InputError, match=r"holds a Python-object array, which is unsupported"):
+        open_cube(objects)
+    flat = tmp_path / "flat.npy"
+    np.save(flat, np.zeros((4, 5)))
+    with pytest.raises(InputError, match=r"flat\.npy holds an array of shape \(4, 5\); a cube needs 3 dimensions"):
+        open_cube(flat)
+    half = tmp_path / "half.npy"
+    np.save(half, np.zeros((2, 3, 4), np.float16))
+    with pytest.raises(InputError, match=r"half\.npy has unsupported dtype float16 \(supported: "):
+        open_cube(half)
+    cube = tmp_path / "cube.npy"
+    np.save(cube, np.zeros((2, 3, 4), np.float32))
+    with pytest.raises(InputError, match=r"band_axis must be 'first' \(B, H, W\) or 'last' \(H, W, B\), got 'middle'"):
+        open_cube(cube, band_axis="middle")
+    with pytest.raises(InputError, match=r"--key selects a variable"):
+        open_cube(cube, key="x")
+
+
+# ---------------------------------------------------------------------------- detection and labels
+
+
+def test_unknown_missing_and_mislabelled_files(tmp_path):
+    unknown = tmp_path / "cube.bin"
+    unknown.write_bytes(b"just some bytes")
+    with pytest.raises(InputError, match=r"cannot tell the format of .*cube\.bin; supported formats are ENVI .*"
+                                         r"MATLAB \.mat .*HDF5.*TIFF.*NumPy \.npy"):
+        open_cube(unknown)
+    with pytest.raises(InputError, match=r"no such file: .*absent\.npy"):
+        open_cube(tmp_path / "absent.npy")
+    with pytest.raises(InputError, match=r"is not a regular file"):
+        open_cube(tmp_path)
+    fake = tmp_path / "fake.npy"
+    fake.write_bytes(b"PK\x03\x04 a zip file")
+    with pytest.raises(InputError, match=r"fake\.npy is named like NumPy \.npy but does not start with that format"):
+        open_cube(fake)
+    empty = tmp_path / "empty.raw"
+    empty.write_bytes(b"")
+    with pytest.raises(InputError, match=r"empty\.raw is empty"):
+        read_labels(empty)
+    assert set(FORMATS) == {"envi", "hdf5", "mat", "mat73", "npy", "tiff"}
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (np.array([[0, 1], [2, 3]], np.uint8), [[0, 1], [2, 3]]),
+        (np.array([[0.0, 1.0], [2.0, 16.0]], np.float32), [[0, 1], [2, 16]]),
+        (np.array([[True, False], [False, True]]), [[1, 0], [0, 1]]),
+        (np.array([[0, 1], [2, 2**40]], np.uint64), [[0, 1], [2, 2**40]]),
+    ],
+)
+def test_labels_accepted(tmp_path, values, expected):
+    path = tmp_path / "labels.npy"
+    np.save(path, values)
+    out = read_labels(path)
+    assert out.dtype == np.int64 and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        (np.array([[0, -1], [2, 3]], np.int16),
+         r"labels in labels\.npy contain negative values \(min -1\); class ids must be >= 0"),
+        (np.array([[0.0, 1.5], [2.0, 3.0]]),
+         r"hold non-integer values \(e\.g\. 1\.5\); class ids must be whole numbers"),
+        (np.array([[0.0, np.nan], [2.0, 3.0]]), r"contain NaN or infinity"),
+        (np.array([[0.0, -2.0], [2.0, 3.0]], np.float32), r"contain negative values \(min -2\)"),
+        (np.array([[0, 2**63]], np.uint64), r"too large for int64"),
+        (np.array([[1 + 1j]]), r"have dtype complex128; class ids must be integers"),
+        (np.zeros((2, 3, 1), np.uint8),
+         r"labels\.npy holds an array of shape \(2, 3, 1\); a label map needs 2 dimensions"),
+    ],
+)
+def test_labels_rejected(tmp_path, values, match):
+    path = tmp_path / "labels.npy"
+    np.save(path, values)
+    with pytest.raises(InputError, match=match):
+        read_labels(path)
