@@ -85,11 +85,13 @@ class ConvertOptions:
 def _sha256(paths: list[Path]) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
     for p in paths:
         with open(p, "rb") as f:
-            while chunk := f.read(8 << 20):
-                h.update(chunk)
-                size += len(chunk)
+            while n := f.readinto(buf):
+                h.update(view[:n])
+                size += n
     return h.hexdigest(), size
 
 
@@ -101,8 +103,7 @@ def _tile_size(opts: ConvertOptions, shape: tuple[int, int, int], itemsize: int)
     k = fmt.alignment_step(bpp)
     side = opts.tile + 2 * opts.halo
     if side % k:
-        lo = max(k, side - side % k) - 2 * opts.halo
-        hi = side + k - side % k - 2 * opts.halo
+        lo, hi = (side // k) * k - 2 * opts.halo, (side // k + 1) * k - 2 * opts.halo
         options = " or ".join(str(t) for t in (lo, hi) if t >= 1)
         raise ConfigError(f"--tile {opts.tile} gives {side}x{side}-pixel tiles of {side * side * bpp} bytes, not a "
                           f"multiple of {fmt.ALIGNMENT}; use --tile {options}")
@@ -253,7 +254,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     def one_tile(tile_id: int) -> tuple[int, BandAccumulator, BandAccumulator]:
         tile = build_tile(cube, grid, opts.padding, tile_id)
         _check_finite(tile, tile_id, grid, opts.nan_fill)
-        raw = np.ascontiguousarray(tile, dtype=np.dtype(grid.dtype).newbyteorder("<")).tobytes()
+        raw = memoryview(np.ascontiguousarray(tile, dtype=np.dtype(grid.dtype).newbyteorder("<"))).cast("B")
         with open(paths[tile_id], "wb") as f:
             f.write(raw)
         y0, y1, x0, x1 = grid.core_window(tile_id)

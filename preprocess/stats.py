@@ -23,16 +23,15 @@ class BandAccumulator:
     max: np.ndarray | None = None
 
     @classmethod
-    def of(cls, pixels: np.ndarray) -> "BandAccumulator":
-        """Statistics of an (N, B) array of pixels."""
+    def of(cls, pixels: np.ndarray, block: int = 2048) -> "BandAccumulator":
+        """Statistics of an (N, B) array of pixels, in blocks so float64 temporaries stay small."""
         acc = cls(bands=pixels.shape[-1])
-        if len(pixels):
-            x = pixels.astype(np.float64, copy=False)
-            acc.count = len(x)
-            acc.mean = x.mean(axis=0)
-            acc.m2 = ((x - acc.mean) ** 2).sum(axis=0)
-            acc.min = x.min(axis=0)
-            acc.max = x.max(axis=0)
+        for i in range(0, len(pixels), block):
+            x = pixels[i:i + block].astype(np.float64)
+            part = cls(bands=acc.bands, count=len(x), mean=x.mean(axis=0))
+            part.m2 = ((x - part.mean) ** 2).sum(axis=0)
+            part.min, part.max = x.min(axis=0), x.max(axis=0)
+            acc.merge(part)
         return acc
 
     def merge(self, other: "BandAccumulator") -> None:

@@ -1,0 +1,313 @@
+"""The converter against independent references: numpy padding, zarr-python, google-crc32c, numpy stats."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+
+import google_crc32c
+import numpy as np
+import pytest
+import zarr
+
+import hsgds
+from hsgds import format as fmt
+from preprocess.convert import ConvertOptions, convert
+
+
+def reference_tiles(cube: np.ndarray, tile: int, halo: int, padding: str) -> np.ndarray:
+    """(nty, ntx, S, S, B) written with numpy alone: pad by the halo, zero beyond it, cut overlapping tiles."""
+    h, w, b = cube.shape
+    nty, ntx = -(-h // tile), -(-w // tile)
+    mode = "constant" if padding == "zero" else padding
+    padded = np.pad(cube, ((halo, halo), (halo, halo), (0, 0)), mode=mode)
+    big = np.zeros((nty * tile + 2 * halo, ntx * tile + 2 * halo, b), cube.dtype)
+    big[:h + 2 * halo, :w + 2 * halo] = padded
+    s = tile + 2 * halo
+    return np.stack([np.stack([big[ty * tile:ty * tile + s, tx * tile:tx * tile + s] for tx in range(ntx)])
+                     for ty in range(nty)])
+
+
+@pytest.mark.parametrize("dtype,fortran,padding,max_patch", [
+    ("int16", False, "reflect", 15),
+    ("uint16", True, "edge", 13),
+    ("float32", False, "zero", 5),
+    ("uint8", True, "reflect", 1),
+    ("float64", False, "reflect", 9),
+])
+def test_store_matches_independent_reference(npy_scene, tmp_path, dtype, fortran, padding, max_patch):
+    cp, lp, cube, labels = npy_scene(dtype=dtype, fortran=fortran, seed=3)
+    out = convert(cp, tmp_path / "s.zarr", ConvertOptions(labels=lp, padding=padding, max_patch=max_patch,
+                                                          train=0.3, val=0.1, seed=5))
+    scene = hsgds.open_scene(out)
+    assert scene.shape == cube.shape and scene.dtype == cube.dtype
+    np.testing.assert_array_equal(scene.read(0, cube.shape[0], 0, cube.shape[1]), cube)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        y0, x0 = rng.integers(0, cube.shape[0] - 1), rng.integers(0, cube.shape[1] - 1)
+        y1, x1 = rng.integers(y0 + 1, cube.shape[0] + 1), rng.integers(x0 + 1, cube.shape[1] + 1)
+        np.testing.assert_array_equal(scene.read(y0, y1, x0, x1), cube[y0:y1, x0:x1])
+
+    # zarr-python reads the tiles; they equal numpy's padding of the source
+    g = zarr.open_group(out, mode="r")
+    ref = reference_tiles(cube, scene.grid.tile, (max_patch - 1) // 2, padding)
+    np.testing.assert_array_equal(g["tiles"][...], ref)
+    np.testing.assert_array_equal(g["labels"][...], labels)
+    for tile_id, path in enumerate(scene.tile_paths):
+        raw = path.read_bytes()
+        assert len(raw) % fmt.ALIGNMENT == 0
+        assert int.from_bytes(google_crc32c.Checksum(raw).digest(), "big") == scene.meta.checksums[tile_id]
+
+    # every labelled pixel is one sample, in its tile, with its label and a split code
+    y, x, lab = scene.samples(None)
+    assert len(y) == np.count_nonzero(labels)
+    np.testing.assert_array_equal(lab, labels[y, x])
+    table = scene.sample_table()
+    np.testing.assert_array_equal(table["tile"], (y // scene.grid.tile) * scene.grid.ntx + x // scene.grid.tile)
+    assert np.all(np.diff(table["tile"]) >= 0)
+    assert table["offsets"][-1] == len(y)
+
+    # statistics: train pixels only, population std; and the whole scene
+    ty, tx, _ = scene.samples("train")
+    train_px = cube[ty, tx].astype(np.float64)
+    st = scene.stats["train"]
+    np.testing.assert_allclose(st.mean, train_px.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(st.std, train_px.std(0), rtol=1e-8)
+    np.testing.assert_array_equal(st.min, train_px.min(0))
+    np.testing.assert_array_equal(st.max, train_px.max(0))
+    allpx = cube.reshape(-1, cube.shape[2]).astype(np.float64)
+    np.testing.assert_allclose(scene.stats["all"].mean, allpx.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(scene.stats["all"].std, allpx.std(0), rtol=1e-8)
+
+
+def test_unlabelled_scene_is_valid(npy_scene, tmp_path):
+    cp, _, cube, _ = npy_scene(h=20, w=9, b=3)
+    scene = hsgds.open_scene(convert(cp, tmp_path / "u.zarr"))
+    assert scene.meta.num_samples == 0 and scene.stats["train"] is None
+    assert not scene.labels.any()
+    np.testing.assert_allclose(scene.norm_stats.mean, cube.reshape(-1, 3).mean(0))
+    assert len(scene.samples("train")[0]) == 0
+
+
+def test_indian_pines_info_and_verify(indian_pines_store, run_cli):
+    code, out, err = run_cli("info", indian_pines_store)
+    assert code == 0, err
+    assert "145x145x200 uint16" in out
+    assert "16 (labels 1..16), 10249 labelled pixels" in out
+    assert "Stone-Steel-Towers" in out
+    code, out, err = run_cli("verify", indian_pines_store)
+    assert code == 0 and out.startswith("ok: 4 tiles"), err
+
+
+def test_indian_pines_roundtrip(indian_pines_store, indian_pines_arrays):
+    cube, gt = indian_pines_arrays
+    scene = hsgds.open_scene(indian_pines_store)
+    np.testing.assert_array_equal(scene.read(0, 145, 0, 145), cube)
+    np.testing.assert_array_equal(scene.labels, gt)
+
+
+def _copy_store(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_verify_names_the_damaged_tile(indian_pines_store, tmp_path, run_cli, damage):
+    store = _copy_store(indian_pines_store, tmp_path / "c.zarr")
+    path = hsgds.open_scene(store).tile_paths[2]
+    if damage == "flip":
+        raw = bytearray(path.read_bytes())
+        raw[1234] ^= 0x10
+        path.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-4096])
+    else:
+        path.unlink()
+    code, out, err = run_cli("verify", store)
+    assert code == 2
+    assert "tile 2" in err and "1 of 4 tiles are damaged" in err
+    assert "Traceback" not in err
+
+
+def test_failed_conversion_leaves_nothing(npy_scene, tmp_path, monkeypatch):
+    cp, lp, _, _ = npy_scene(h=60, w=60, b=4)
+    import preprocess.convert as conv
+
+    real = conv.build_tile
+
+    def failing(cube, grid, padding, tile_id):
+        if tile_id == 2:
+            raise OSError(5, "Input/output error")
+        return real(cube, grid, padding, tile_id)
+
+    monkeypatch.setattr(conv, "build_tile", failing)
+    with pytest.raises(OSError):
+        convert(cp, tmp_path / "x.zarr", ConvertOptions(labels=lp, tile=18))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([cp.name, lp.name])
+
+
+def test_killed_conversion_leaves_no_valid_store(npy_scene, tmp_path):
+    cp, lp, _, _ = npy_scene(h=60, w=60, b=4)
+    out = tmp_path / "k.zarr"
+    script = textwrap.dedent(f"""
+        import os, signal
+        from preprocess.convert import ConvertOptions, convert
+        def progress(done, total):
+            if done == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+        convert({str(cp)!r}, {str(out)!r}, ConvertOptions(labels={str(lp)!r}, tile=18, workers=1), progress)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == -9
+    assert not out.exists()
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".k.zarr.tmp-")]
+    assert leftovers, "the partial conversion should be in a hidden temporary folder"
+    with pytest.raises(hsgds.StoreError, match="not a complete hsgds store"):
+        hsgds.open_scene(leftovers[0])
+    # a rerun succeeds and verifies
+    convert(cp, out, ConvertOptions(labels=lp, tile=18))
+    assert hsgds.open_scene(out).verify() == []
+
+
+def test_overwrite(npy_scene, tmp_path, run_cli):
+    cp, lp, cube, _ = npy_scene()
+    out = tmp_path / "o.zarr"
+    assert run_cli("convert", cp, "-o", out)[0] == 0
+    code, _, err = run_cli("convert", cp, "-o", out)
+    assert code == 2 and "already exists; pass --overwrite" in err
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", out, "--overwrite")
+    assert code == 0, err
+    assert hsgds.open_scene(out).meta.num_samples > 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_streaming_memory_is_bounded(tmp_path):
+    """Converting a memory-mapped 48 MiB cube allocates a few tiles, not the cube (numpy allocations are
+    visible to tracemalloc)."""
+    h, w, b = 768, 512, 64
+    cube = np.lib.format.open_memmap(tmp_path / "big.npy", mode="w+", dtype=np.int16, shape=(h, w, b))
+    for y in range(0, h, 64):
+        cube[y:y + 64] = np.arange(y, y + 64, dtype=np.int16)[:, None, None]
+    cube.flush()
+    del cube
+    tracemalloc.start()
+    try:
+        convert(tmp_path / "big.npy", tmp_path / "big.zarr", ConvertOptions(workers=2))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    tile_bytes = hsgds.open_scene(tmp_path / "big.zarr").grid.tile_nbytes
+    assert peak < 16 * tile_bytes < h * w * b * 2, (peak, tile_bytes)
+
+
+# -- bad input: exit code 2, one line on stderr, nothing left behind -----------------------------------
+
+def _bad(tmp_path, run_cli, *args, match):
+    before = set(tmp_path.iterdir())
+    code, out, err = run_cli("convert", *args)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(("hsgds: error:", "Error:")), err
+    assert match in err, err
+    assert set(tmp_path.iterdir()) == before, "bad input must leave nothing behind"
+
+
+def test_bad_unknown_format(tmp_path, run_cli):
+    (tmp_path / "notes.txt").write_text("hello")
+    _bad(tmp_path, run_cli, tmp_path / "notes.txt", "-o", tmp_path / "o.zarr", match="notes.txt")
+
+
+def test_bad_missing_source(tmp_path, run_cli):
+    _bad(tmp_path, run_cli, tmp_path / "nope.npy", "-o", tmp_path / "o.zarr", match="nope.npy")
+
+
+def test_bad_nan_refused_then_filled(tmp_path, run_cli):
+    cube = np.random.default_rng(0).random((20, 20, 3)).astype(np.float32)
+    cube[17, 3, 1] = np.nan
+    np.save(tmp_path / "nan.npy", cube)
+    _bad(tmp_path, run_cli, tmp_path / "nan.npy", "-o", tmp_path / "o.zarr", match="--nan-fill")
+    code, _, err = run_cli("convert", tmp_path / "nan.npy", "-o", tmp_path / "o.zarr", "--nan-fill", "0")
+    assert code == 0, err
+    got = hsgds.open_scene(tmp_path / "o.zarr").read(0, 20, 0, 20)
+    assert got[17, 3, 1] == 0 and np.isfinite(got).all()
+
+
+def test_bad_labels_shape(npy_scene, tmp_path, run_cli):
+    cp, _, _, _ = npy_scene()
+    np.save(tmp_path / "gt_small.npy", np.ones((5, 5), np.uint8))
+    _bad(tmp_path, run_cli, cp, "--labels", tmp_path / "gt_small.npy", "-o", tmp_path / "o.zarr",
+         match="labels gt_small.npy have shape (5, 5)")
+
+
+def test_bad_dtype(tmp_path, run_cli):
+    np.save(tmp_path / "c.npy", np.zeros((8, 8, 2), np.complex64))
+    _bad(tmp_path, run_cli, tmp_path / "c.npy", "-o", tmp_path / "o.zarr", match="complex64")
+
+
+def test_bad_even_patch_and_tile(npy_scene, tmp_path, run_cli):
+    cp, _, _, _ = npy_scene(b=3)
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--max-patch", "12", match="odd")
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--tile", "10", match="not a multiple of 4096")
+
+
+def test_bad_output_folder_missing(npy_scene, tmp_path, run_cli):
+    cp, _, _, _ = npy_scene(b=3)
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "no" / "o.zarr", match="does not exist")
+
+
+# -- splits through the converter ----------------------------------------------------------------------
+
+def test_block_split_guard_holds_in_store(npy_scene, tmp_path, run_cli):
+    cp, lp, _, labels = npy_scene(h=96, w=80, b=3, seed=2)
+    out = tmp_path / "b.zarr"
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", out, "--split", "blocks", "--block-size", "24",
+                           "--train", "0.5", "--max-patch", "7")
+    assert code == 0, err
+    scene = hsgds.open_scene(out)
+    r = 3
+    ty, tx, _ = scene.samples("train")
+    test_map = np.zeros(labels.shape, bool)
+    for split in ("val", "test"):
+        yy, xx, _ = scene.samples(split)
+        test_map[yy, xx] = True
+    assert len(ty) and test_map.any()
+    for y, x in zip(ty, tx):
+        assert not test_map[max(0, y - r):y + r + 1, max(0, x - r):x + r + 1].any()
+    code, out_text, _ = run_cli("info", out)
+    assert "method=blocks" in out_text and "none" in out_text
+
+
+def test_mask_split(npy_scene, tmp_path, run_cli):
+    cp, lp, _, labels = npy_scene(seed=4)
+    train = np.zeros(labels.shape, np.uint8)
+    train[:, :10] = 1
+    test = np.zeros(labels.shape, np.uint8)
+    test[:, 15:] = 1
+    np.save(tmp_path / "train.npy", train)
+    np.save(tmp_path / "test.npy", test)
+    out = tmp_path / "m.zarr"
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", out, "--split", "masks",
+                           "--train-mask", tmp_path / "train.npy", "--test-mask", tmp_path / "test.npy")
+    assert code == 0, err
+    scene = hsgds.open_scene(out)
+    y, x, _ = scene.samples("train")
+    assert len(y) == np.count_nonzero(labels[:, :10]) and (x < 10).all()
+    y, x, _ = scene.samples("test")
+    assert len(y) == np.count_nonzero(labels[:, 15:]) and (x >= 15).all()
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "m2.zarr", "--split", "masks",
+         "--train-mask", tmp_path / "train.npy", match="--test-mask")
+
+
+def test_cli_usage_error_exit_2(run_cli):
+    code, _, err = run_cli("convert")
+    assert code == 2 and "Missing argument" in err
+
+
+def test_env_does_not_leak_cufile_log():
+    assert os.environ.get("CUFILE_LOGFILE_PATH")
