@@ -1,0 +1,317 @@
+"""PatchLoader: the PyTorch-facing iterable of (patches, labels) batches, cut on the device.
+
+No Python runs per patch and no worker process is started: a thread reads whole tiles into the ring
+(kvikio into device memory, or POSIX into host memory), and one engine call per batch gathers,
+casts, normalizes and lays out every patch of the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsgds.engines import make_engine
+from hsgds.engines.base import LAYOUTS, PatchSpec
+from hsgds.errors import ConfigError, HsgdsError
+from hsgds.io.base import TileSource
+from hsgds.ring import TileRing
+from hsgds.sampling import EpochPlan, SampleSet, plan_epoch
+from hsgds.scene import Scene, open_scene
+
+__all__ = ["LoaderStats", "PatchLoader"]
+
+NORMALIZATIONS = ("zscore", "minmax", None)
+STATE_VERSION = 1
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "uint16": torch.uint16,
+                 "int32": torch.int32, "uint32": torch.uint32, "int64": torch.int64, "uint64": torch.uint64,
+                 "float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class LoaderStats:
+    """What the loader did and with what: throughput, waits, ring use, and the reader / engine that ran."""
+
+    device: str
+    reader: str
+    engine: str
+    slots: int
+    ring_bytes: int
+    batches: int = 0
+    patches: int = 0
+    elapsed_s: float = 0.0
+    first_batch_s: float | None = None
+    bytes_read: int = 0
+    tiles_loaded: int = 0
+    tiles_reused: int = 0
+    consumer_wait_s: float = 0.0
+    reader_wait_s: float = 0.0
+    mean_occupancy: float = 0.0
+    max_resident: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def patches_per_s(self) -> float:
+        return self.patches / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "patches_per_s": self.patches_per_s}
+
+
+def _sample_set(scene: Scene, split: str | None) -> SampleSet:
+    table = scene.sample_table()
+    keep = scene._split_mask(table["split"], split)
+    tile = table["tile"][keep].astype(np.int64)
+    h, t = scene.grid.halo, scene.grid.tile
+    ty, tx = np.divmod(tile, scene.grid.ntx)
+    y, x = table["y"][keep].astype(np.int64), table["x"][keep].astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(tile, minlength=scene.grid.num_tiles))]).astype(np.int64)
+    return SampleSet(tile=tile, y=y + h, x=x + h, label=table["label"][keep].astype(np.int64) - 1,
+                     scene_y=ty * t + y, scene_x=tx * t + x, offsets=offsets)
+
+
+def _normalization(scene: Scene, normalize: str | None, bands: int) -> tuple[np.ndarray, np.ndarray]:
+    if normalize is None:
+        return np.zeros(bands), np.ones(bands)
+    st = scene.norm_stats
+    if normalize == "zscore":
+        offset, spread = st.mean, st.std
+    else:
+        offset, spread = st.min, st.max - st.min
+    # a constant band carries no information: map it to 0 instead of dividing by zero
+    scale = np.where(spread > 0, 1.0 / np.where(spread > 0, spread, 1.0), 1.0)
+    return np.asarray(offset, np.float64), scale
+
+
+def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None and world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    rank, world_size = (0 if rank is None else rank), (1 if world_size is None else world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+class PatchLoader:
+    """Iterate (patches, labels) batches of pixel-centred patches from an hsgds store.
+
+    Parameters
+    ----------
+    store : path or Scene
+        A store written by ``hsgds convert``.
+    patch_size : int
+        Odd patch side p, at most the store's ``2 * halo + 1``.
+    batch_size : int
+    split : {"train", "val", "test", "none"} or None (every labelled pixel)
+    device : torch device or None
+        None picks CUDA when usable, else CPU (``HSGDS_DEVICE=cpu`` forces CPU).
+    dtype : torch floating dtype of the patches.
+    layout : "NCHW" (N, B, p, p) or "NHWC" (N, p, p, B).
+    normalize : "zscore" (train mean / population std), "minmax", or None (cast only).
+    shuffle, seed, drop_last : as in torch's DataLoader; the order is a pure function of
+        (seed, epoch, rank, world size).
+    shuffle_window : int or None
+        Tiles whose samples are mixed together; default: as many as the ring holds (all of them when
+        the split fits: a true global shuffle).
+    ring_bytes : int or None
+        Memory for resident tiles; default: the whole split, capped (2 GiB on CPU, a quarter of free
+        GPU memory).
+    engine : "auto", "torch" or "dali"; reader : "auto", "posix", "posix-pinned" or "kvikio".
+    rank, world_size : default to torch.distributed when initialised.
+    return_coords : also yield the (N, 2) scene (y, x) of each patch centre.
+    """
+
+    def __init__(self, store: Any, *, patch_size: int, batch_size: int, split: str | None = "train",
+                 device: Any = None, dtype: torch.dtype = torch.float32, layout: str = "NCHW",
+                 normalize: str | None = "zscore", shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 shuffle_window: int | None = None, ring_bytes: int | None = None, engine: str = "auto",
+                 reader: str = "auto", rank: int | None = None, world_size: int | None = None,
+                 return_coords: bool = False) -> None:
+        self._closed = True  # until fully built, so close() in __del__ is safe
+        self.scene = store if isinstance(store, Scene) else open_scene(store)
+        grid = self.scene.grid
+        max_p = 2 * grid.halo + 1
+        if not isinstance(patch_size, int) or patch_size < 1 or patch_size % 2 == 0:
+            raise ConfigError(f"patch_size must be a positive odd integer (patches are pixel-centred), got {patch_size!r}")
+        if patch_size > max_p:
+            raise ConfigError(f"patch_size {patch_size} is larger than this store serves ({max_p}x{max_p}, halo "
+                              f"{grid.halo}); convert again with --max-patch {patch_size}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if normalize not in NORMALIZATIONS:
+            raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
+        if dtype not in _FLOAT_DTYPES:
+            raise ConfigError(f"dtype must be a torch floating dtype (float32, float16, bfloat16, float64), got {dtype}")
+        if shuffle_window is not None and shuffle_window < 1:
+            raise ConfigError(f"shuffle_window must be >= 1 tile, got {shuffle_window}")
+        self.patch_size, self.batch_size, self.split = patch_size, batch_size, split
+        self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
+        self.shuffle_window, self.return_coords = shuffle_window, return_coords
+        self.rank, self.world_size = _distributed(rank, world_size)
+        self.samples = _sample_set(self.scene, split)
+        if len(self.samples) == 0:
+            raise ConfigError(f"split {split!r} of {self.scene.path} has no samples; see `hsgds info`")
+
+        from hsgds.device import choose, probe
+
+        self.choice = choose(probe(), reader=reader, engine=engine, device=device)
+        self.device = torch.device(self.choice.device)
+        needed = int(np.count_nonzero(self.samples.counts()))
+        self.slots = self._slots(ring_bytes, needed)
+        offset, scale = _normalization(self.scene, normalize, grid.bands)
+        spec = PatchSpec(patch_size=patch_size, halo=grid.halo, bands=grid.bands, tile_side=grid.side,
+                         layout=layout, out_dtype=dtype, offset=offset, scale=scale)
+        self._reader = self._make_reader(self.choice.reader)
+        self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
+        self._ring = TileRing(self.slots, grid.tile_shape, _TORCH_DTYPES[grid.dtype], self.device, self._reader)
+        self._epoch, self._batch, self._pass = 0, 0, 0
+        self._plans: dict[int, EpochPlan] = {}
+        self._labels = torch.from_numpy(self.samples.label)
+        self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
+                                 slots=self.slots, ring_bytes=self.slots * grid.tile_nbytes,
+                                 reasons=list(self.choice.reasons))
+        self._closed = False
+
+    # -- construction helpers -------------------------------------------------------------------------
+    def _slots(self, ring_bytes: int | None, needed: int) -> int:
+        nbytes = self.scene.grid.tile_nbytes
+        if ring_bytes is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                cap = free // 4
+            else:
+                cap = 2 << 30
+            return max(2, min(needed, cap // nbytes))
+        if ring_bytes < nbytes:
+            raise ConfigError(f"ring_bytes={ring_bytes} is smaller than one tile ({nbytes} bytes); "
+                              f"use at least {2 * nbytes}")
+        return max(1, min(needed, ring_bytes // nbytes))
+
+    def _make_reader(self, name: str):
+        source = TileSource.from_scene(self.scene)
+        if name == "kvikio":
+            from hsgds.io.kvikio_reader import KvikioReader
+
+            return KvikioReader(source)
+        from hsgds.io.posix import PosixReader
+
+        return PosixReader(source)
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        plan = self._plans.get(epoch)
+        if plan is None:
+            plan = plan_epoch(self.samples, batch_size=self.batch_size, seed=self.seed, epoch=epoch,
+                              shuffle=self.shuffle, slots=self.slots, window=self.shuffle_window,
+                              rank=self.rank, world_size=self.world_size, drop_last=self.drop_last)
+            self._plans = {epoch: plan}
+        return plan
+
+    # -- the PyTorch-facing API -----------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch."""
+        return self._plan(self._epoch).num_batches
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at ``epoch`` (a new order). Iterating a whole epoch also advances it."""
+        self._epoch, self._batch = int(epoch), 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the next iteration resumes exactly here."""
+        return {"version": STATE_VERSION, "epoch": self._epoch, "batch": self._batch, "seed": self.seed,
+                "batch_size": self.batch_size, "split": self.split, "rank": self.rank,
+                "world_size": self.world_size, "num_samples": len(self.samples), "shuffle": self.shuffle,
+                "drop_last": self.drop_last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"loader state has version {state.get('version')}, expected {STATE_VERSION}")
+        mine = self.state_dict()
+        for key in ("seed", "batch_size", "split", "world_size", "num_samples", "shuffle", "drop_last"):
+            if state.get(key) != mine[key]:
+                raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
+                                  f"{key}={mine[key]!r}; resume with the same settings")
+        self._epoch, self._batch = int(state["epoch"]), int(state["batch"])
+
+    def __iter__(self):
+        if self._closed:
+            raise HsgdsError("this PatchLoader is closed; create a new one")
+        plan = self._plan(self._epoch)
+        start = min(self._batch, plan.num_batches)
+        self._pass += 1
+        self._ring.start(plan.intervals_from(start))
+        return self._batches(plan, start, self._pass)
+
+    def _batches(self, plan: EpochPlan, start: int, pass_id: int):
+        s, dev = self.samples, self.device
+        t0 = time.perf_counter()
+        base_elapsed = self.stats.elapsed_s
+        try:
+            for b in range(start, plan.num_batches):
+                if pass_id != self._pass:
+                    raise HsgdsError("this iterator was superseded by a newer iteration of the same loader")
+                idx = plan.batch(b)
+                tiles, inverse = np.unique(s.tile[idx], return_inverse=True)
+                slots = self._ring.acquire(tiles)[inverse]
+                index = torch.from_numpy(np.stack([slots, s.y[idx], s.x[idx]]))
+                index = index.to(dev, non_blocking=True)
+                patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2])
+                labels = self._labels[idx].to(dev, non_blocking=True)
+                self._ring.release_batch(b)
+                self._batch = b + 1
+                self._account(len(idx), t0, base_elapsed)
+                if self.return_coords:
+                    coords = torch.from_numpy(np.stack([s.scene_y[idx], s.scene_x[idx]], axis=1)).to(dev)
+                    yield patches, labels, coords
+                else:
+                    yield patches, labels
+            if pass_id == self._pass:
+                self._epoch, self._batch = self._epoch + 1, 0
+        finally:
+            if pass_id == self._pass and not self._closed:
+                self._ring.stop()
+
+    def _account(self, n: int, t0: float, base_elapsed: float) -> None:
+        st, rs = self.stats, self._ring.stats
+        now = time.perf_counter()
+        if st.first_batch_s is None:
+            st.first_batch_s = now - t0
+        st.batches += 1
+        st.patches += n
+        st.elapsed_s = base_elapsed + (now - t0)
+        st.bytes_read, st.tiles_loaded, st.tiles_reused = rs.bytes_read, rs.tiles_loaded, rs.tiles_reused
+        st.consumer_wait_s, st.reader_wait_s = rs.consumer_wait_s, rs.reader_wait_s
+        st.mean_occupancy, st.max_resident = rs.mean_occupancy, rs.max_resident
+
+    # -- shutdown -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the reader thread, free the ring and close files. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ring.close()
+        self._reader.close()
+        self._engine.close()
+
+    def __enter__(self) -> "PatchLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+

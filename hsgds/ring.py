@@ -1,0 +1,258 @@
+"""The tile ring: preallocated slots that bound what the reader may hold (backpressure).
+
+Slot life: free -> loading -> ready (resident) -> free. A loader thread fills free slots with tiles
+in the order the epoch plan first needs them; the consumer waits only for the tiles of the batch it is
+about to cut, and frees a tile after its last batch. On CUDA a freed slot is overwritten only after the
+consumer's stream has passed an event recorded after that last use. Freed slots keep their tile, so a
+tile needed again before its slot is reused is not read again (a split that fits is read once).
+Reader errors are stored and raised in the consumer, naming the tile.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hsgds.errors import ConfigError, HsgdsError, TileReadError
+from hsgds.io.base import ChunkReader
+from hsgds.sampling import Interval
+
+FREE, LOADING, READY = 0, 1, 2
+_POLL = 0.05  # seconds between checks of the stop flag while waiting
+
+
+@dataclass
+class RingStats:
+    """Queue statistics, as data."""
+
+    slots: int = 0
+    tiles_loaded: int = 0
+    tiles_reused: int = 0
+    bytes_read: int = 0
+    reader_wait_s: float = 0.0  # the reader waited for a free slot (the consumer is slower: backpressure)
+    consumer_wait_s: float = 0.0  # the consumer waited for a tile (the reader is slower: a stall)
+    max_resident: int = 0  # most slots loading or ready at once (never exceeds ``slots``)
+    occupancy_sum: float = 0.0
+    occupancy_samples: int = 0
+
+    @property
+    def mean_occupancy(self) -> float:
+        return self.occupancy_sum / self.occupancy_samples if self.occupancy_samples else 0.0
+
+
+class TileRing:
+    """``slots`` tiles of ``tile_shape`` in one contiguous tensor ``storage`` (slots, S, S, B)."""
+
+    def __init__(self, slots: int, tile_shape: tuple[int, int, int], dtype: Any, device: Any,
+                 reader: ChunkReader, inflight: int = 2) -> None:
+        import torch
+
+        if slots < 1:
+            raise ConfigError(f"the ring needs at least one slot, got {slots}")
+        nbytes = slots * int(np.prod(tile_shape)) * torch.empty((), dtype=dtype).element_size()
+        try:
+            self.storage = torch.empty((slots, *tile_shape), dtype=dtype, device=device)
+        except (RuntimeError, MemoryError) as exc:
+            if "out of memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
+                raise
+            raise ConfigError(f"cannot allocate the tile ring: {slots} slots of {nbytes // slots} bytes = "
+                              f"{nbytes / 2**20:.0f} MiB on {device}; pass a smaller ring_bytes "
+                              f"(e.g. ring_bytes={max(2, slots // 2) * (nbytes // slots)})") from None
+        self.device = torch.device(device)
+        self.reader = reader
+        self.slots = slots
+        self.state = [FREE] * slots
+        self.tile_in = [-1] * slots  # which tile a slot holds (kept after it is freed, for reuse)
+        self.freed_at = [0] * slots
+        self.events: list[Any] = [None] * slots
+        self.slot_of: dict[int, int] = {}  # resident tile -> slot
+        self.stats = RingStats(slots=slots)
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(max(1, inflight), thread_name_prefix="hsgds-read")
+        self._pending: deque[Interval] = deque()
+        self._inflight: list[Future] = []
+        self._release_at: dict[int, list[int]] = {}
+        self._clock = 0
+        self._closed = False
+
+    # -- producer ------------------------------------------------------------------------------------
+    def start(self, intervals: Iterable[Interval]) -> None:
+        """Begin loading the residency ``intervals`` (sorted by first use) for one pass."""
+        self.stop()
+        with self._cond:
+            # tiles of an earlier pass that are still resident are freed (kept for reuse)
+            for slot, st in enumerate(self.state):
+                if st == READY:
+                    self._free(slot)
+            self._pending = deque(intervals)
+            self._release_at = {}
+            for iv in self._pending:
+                self._release_at.setdefault(iv.last, []).append(iv.tile)
+            self._error = None
+            self._stop.clear()
+        self._thread = threading.Thread(target=self._produce, name="hsgds-ring", daemon=True)
+        self._thread.start()
+
+    def _take_slot(self, tile: int) -> tuple[int, bool] | None:
+        """A slot for ``tile``: the free slot still holding it, else an empty one, else the longest-freed."""
+        free = [s for s in range(self.slots) if self.state[s] == FREE]
+        if not free:
+            return None
+        for s in free:
+            if self.tile_in[s] == tile:
+                return s, True
+        s = min(free, key=lambda s: (self.tile_in[s] >= 0, self.freed_at[s]))
+        return s, False
+
+    def _produce(self) -> None:
+        try:
+            while self._pending and not self._stop.is_set():
+                iv = self._pending[0]
+                t0 = time.perf_counter()
+                with self._cond:
+                    got = self._take_slot(iv.tile)
+                    while got is None and not self._stop.is_set() and self._error is None:
+                        self._cond.wait(_POLL)
+                        got = self._take_slot(iv.tile)
+                    if got is None:
+                        return
+                    slot, cached = got
+                    self._pending.popleft()
+                    if self.tile_in[slot] >= 0 and self.slot_of.get(self.tile_in[slot]) == slot:
+                        del self.slot_of[self.tile_in[slot]]
+                    self.state[slot] = READY if cached else LOADING
+                    self.tile_in[slot] = iv.tile
+                    self.slot_of[iv.tile] = slot
+                    self._note_occupancy()
+                    if cached:
+                        self.stats.tiles_reused += 1
+                        self._cond.notify_all()
+                self.stats.reader_wait_s += time.perf_counter() - t0
+                if not cached:
+                    event, self.events[slot] = self.events[slot], None
+                    if event is not None:
+                        event.synchronize()  # the consumer's last kernel on this slot has finished
+                    self._inflight = [f for f in self._inflight if not f.done()]
+                    self._inflight.append(self._pool.submit(self._load, slot, iv.tile))
+        except BaseException as exc:  # surfaced in the consumer
+            self._fail(exc)
+
+    def _load(self, slot: int, tile: int) -> None:
+        ok = False
+        try:
+            if not self._stop.is_set():
+                self.reader.read_into(tile, self.storage[slot])
+                ok = True
+        except BaseException as exc:
+            self._fail(exc)
+        with self._cond:
+            if ok:
+                self.state[slot] = READY
+                self.stats.tiles_loaded += 1
+                self.stats.bytes_read = self.reader.bytes_read
+            else:  # cancelled or failed: the slot's bytes are undefined, forget the tile
+                self.state[slot] = FREE
+                self.tile_in[slot] = -1
+                if self.slot_of.get(tile) == slot:
+                    del self.slot_of[tile]
+            self._cond.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
+
+    def _note_occupancy(self) -> None:
+        busy = sum(1 for s in self.state if s != FREE)
+        self.stats.max_resident = max(self.stats.max_resident, busy)
+
+    # -- consumer ------------------------------------------------------------------------------------
+    def acquire(self, tiles: Iterable[int], timeout: float | None = None) -> np.ndarray:
+        """Wait until every tile in ``tiles`` is resident; return their slots (same order)."""
+        tiles = list(tiles)
+        t0 = time.perf_counter()
+        deadline = None if timeout is None else t0 + timeout
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    self._raise()
+                slots = [self.slot_of.get(t, -1) for t in tiles]
+                if all(s >= 0 and self.state[s] == READY for s in slots):
+                    break
+                if self._closed:
+                    raise HsgdsError("the loader was closed")
+                if self._thread is None or not self._thread.is_alive():
+                    if not any(s >= 0 and self.state[s] == LOADING for s in slots):
+                        raise HsgdsError(f"tiles {tiles} were never scheduled for loading")
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise TimeoutError(f"tiles {tiles} not loaded after {timeout} s")
+                self._cond.wait(_POLL)
+            busy = sum(1 for s in self.state if s != FREE)
+            self.stats.occupancy_sum += busy / self.slots
+            self.stats.occupancy_samples += 1
+        self.stats.consumer_wait_s += time.perf_counter() - t0
+        return np.asarray(slots, dtype=np.int64)
+
+    def _raise(self) -> None:
+        exc = self._error
+        if isinstance(exc, HsgdsError):
+            raise exc
+        if isinstance(exc, OSError):
+            raise TileReadError(f"reading a tile failed: {exc}") from exc
+        raise HsgdsError(f"the tile reader failed: {exc!r}") from exc
+
+    def release_batch(self, batch: int) -> None:
+        """Free the tiles whose last use was ``batch`` (after the consumer's work on them is enqueued)."""
+        tiles = self._release_at.pop(batch, ())
+        if not tiles:
+            return
+        event = None
+        if self.device.type == "cuda":
+            import torch
+
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        with self._cond:
+            for t in tiles:
+                slot = self.slot_of.get(t)
+                if slot is not None and self.state[slot] == READY:
+                    self.events[slot] = event
+                    self._free(slot)
+            self._cond.notify_all()
+
+    def _free(self, slot: int) -> None:
+        self.state[slot] = FREE
+        self._clock += 1
+        self.freed_at[slot] = self._clock
+
+    # -- shutdown ------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the loader thread of the current pass; in-flight reads finish, nothing hangs."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        wait(self._inflight)  # reads in flight finish (or see the stop flag) before slots are reused
+        self._inflight = []
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.stop()
+        self._pool.shutdown(wait=True)
+        self._closed = True
+        with self._cond:
+            self._cond.notify_all()

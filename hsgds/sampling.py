@@ -1,0 +1,169 @@
+"""The epoch plan: which samples, in which order, from which tiles, for this rank.
+
+Everything here is a pure function of (seed, epoch, rank, world size, batch position), so an epoch
+can be resumed exactly from a batch index, and every rank computes every other rank's share without
+communicating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hsgds.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    """The samples of one split, sorted by tile: tile id, centre (y, x) in the tile's padded
+    coordinates, class index (stored label - 1), scene (y, x) of the centre, and a per-tile offset table."""
+
+    tile: np.ndarray
+    y: np.ndarray
+    x: np.ndarray
+    label: np.ndarray
+    scene_y: np.ndarray
+    scene_x: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tile)
+
+    @property
+    def num_tiles(self) -> int:
+        return len(self.offsets) - 1
+
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A tile resident in the ring from batch ``first`` to batch ``last`` (inclusive)."""
+
+    tile: int
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """This rank's epoch: ``order`` (sample indices in yield order), batch size, and tile residency."""
+
+    order: np.ndarray
+    batch_size: int
+    num_batches: int
+    intervals: tuple[Interval, ...]  # sorted by first use: the order in which tiles are loaded
+    window: int
+
+    def batch(self, b: int) -> np.ndarray:
+        return self.order[b * self.batch_size:(b + 1) * self.batch_size]
+
+    def max_resident(self) -> int:
+        return _max_live(self.intervals, self.num_batches)
+
+    def intervals_from(self, start: int) -> list[Interval]:
+        """Residency needed to resume at batch ``start``."""
+        return [Interval(iv.tile, max(iv.first, start), iv.last) for iv in self.intervals if iv.last >= start]
+
+
+def shard_tiles(counts: np.ndarray, tile_order: np.ndarray, world_size: int) -> list[np.ndarray]:
+    """Deal tiles (in ``tile_order``) to ranks, each to the rank with the fewest samples so far."""
+    load = np.zeros(world_size, dtype=np.int64)
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for t in tile_order:
+        r = int(np.argmin(load))
+        shards[r].append(int(t))
+        load[r] += counts[t]
+    return [np.asarray(s, dtype=np.int64) for s in shards]
+
+
+def _windowed_order(samples: SampleSet, tiles: np.ndarray, window: int, shuffle: bool,
+                    rng: np.random.Generator) -> np.ndarray:
+    parts = []
+    for i in range(0, len(tiles), window):
+        idx = np.concatenate([np.arange(samples.offsets[t], samples.offsets[t + 1]) for t in tiles[i:i + window]]
+                             or [np.zeros(0, np.int64)])
+        parts.append(rng.permutation(idx) if shuffle else idx)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _intervals(tile_of_sample: np.ndarray, batch_size: int, segments: list[tuple[int, int]]) -> list[Interval]:
+    """One residency interval per tile per segment of the order (the main pass, then any padding)."""
+    out = []
+    for lo, hi in segments:
+        if hi <= lo:
+            continue
+        batches = np.arange(lo, hi) // batch_size
+        tiles = tile_of_sample[lo:hi]
+        uniq, first_idx = np.unique(tiles, return_index=True)
+        _, last_rev = np.unique(tiles[::-1], return_index=True)
+        last_idx = len(tiles) - 1 - last_rev
+        out += [Interval(int(t), int(batches[f]), int(batches[l])) for t, f, l in zip(uniq, first_idx, last_idx)]
+    out.sort(key=lambda iv: (iv.first, iv.last, iv.tile))
+    return out
+
+
+def _max_live(intervals, num_batches: int) -> int:
+    if not intervals:
+        return 0
+    delta = np.zeros(num_batches + 1, dtype=np.int64)
+    for iv in intervals:
+        delta[iv.first] += 1
+        delta[iv.last + 1] -= 1
+    return int(np.cumsum(delta).max())
+
+
+def plan_epoch(samples: SampleSet, *, batch_size: int, seed: int, epoch: int, shuffle: bool, slots: int,
+               window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False) -> EpochPlan:
+    """Plan one epoch for one rank.
+
+    Tiles are ordered by a generator seeded with (seed, epoch) (the same on every rank), dealt to
+    ranks to balance their sample counts, and grouped into windows of ``window`` resident tiles whose
+    samples are shuffled together (``window`` >= the rank's tile count gives a true global shuffle).
+    Every rank yields the same number of batches: with ``drop_last`` each stops at the smallest share;
+    otherwise each pads its order by repeating its own first samples up to the largest share.
+    If a window needs more tiles resident than ``slots``, the window shrinks; if even one tile per
+    window does not fit, ConfigError says how many slots are needed.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside world_size {world_size}")
+    counts = samples.counts()
+    tiles = np.flatnonzero(counts)
+    if len(tiles) < world_size:
+        raise ConfigError(f"the split has samples in only {len(tiles)} tiles, fewer than the {world_size} ranks; "
+                          "convert with a smaller --tile or use fewer ranks")
+    rng = np.random.default_rng([seed, epoch])
+    tile_order = rng.permutation(tiles) if shuffle else tiles
+    shards = shard_tiles(counts, tile_order, world_size) if world_size > 1 else [tile_order]
+    sizes = [int(counts[s].sum()) for s in shards]
+    mine = shards[rank]
+    window = len(mine) if window is None else max(1, window)
+    if window > slots // 2 and len(mine) > slots:
+        window = max(1, slots // 2)  # double-buffer: the next window loads while this one is consumed
+    while True:
+        mix_rng = np.random.default_rng([seed, epoch, rank, 1])  # fresh per attempt: same seed, same order
+        order = _windowed_order(samples, mine, window, shuffle, mix_rng)
+        n = len(order)
+        if drop_last:
+            num_batches = min(sizes) // batch_size
+            order = order[:num_batches * batch_size]
+            segments = [(0, len(order))]
+        else:
+            target = max(sizes)
+            num_batches = -(-target // batch_size)
+            if n < target:  # pad with this rank's own samples so every rank yields as many batches
+                order = np.concatenate([order, np.resize(order, target - n)])
+            segments = [(0, n), (n, target)]
+        intervals = _intervals(samples.tile[order], batch_size, segments)
+        live = _max_live(intervals, num_batches)
+        if live <= slots or window == 1:
+            break
+        window = max(1, window // 2)
+    if live > slots:
+        raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
+                          "raise ring_bytes or lower batch_size")
+    return EpochPlan(order.astype(np.int64), batch_size, num_batches, tuple(intervals), window)
