@@ -1,0 +1,105 @@
+"""Epoch plans: coverage, determinism, sharding, residency bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hsgds.errors import ConfigError
+from hsgds.sampling import SampleSet, plan_epoch
+
+
+def sample_set(counts, seed=0) -> SampleSet:
+    counts = np.asarray(counts)
+    tile = np.repeat(np.arange(len(counts)), counts)
+    rng = np.random.default_rng(seed)
+    n = len(tile)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    return SampleSet(tile=tile, y=rng.integers(0, 9, n), x=rng.integers(0, 9, n), label=rng.integers(0, 3, n),
+                     scene_y=np.arange(n), scene_x=np.arange(n), offsets=offsets)
+
+
+COUNTS = [37, 0, 5, 120, 1, 64, 0, 33, 12, 90]
+
+
+def test_epoch_covers_every_sample_once():
+    s = sample_set(COUNTS)
+    plan = plan_epoch(s, batch_size=16, seed=1, epoch=0, shuffle=True, slots=100)
+    assert sorted(plan.order.tolist()) == list(range(len(s)))
+    assert plan.num_batches == -(-len(s) // 16)
+    assert plan.max_resident() <= 100
+
+
+def test_same_seed_same_order_other_epoch_other_order():
+    s = sample_set(COUNTS)
+    a = plan_epoch(s, batch_size=8, seed=3, epoch=0, shuffle=True, slots=4)
+    b = plan_epoch(s, batch_size=8, seed=3, epoch=0, shuffle=True, slots=4)
+    c = plan_epoch(s, batch_size=8, seed=3, epoch=1, shuffle=True, slots=4)
+    d = plan_epoch(s, batch_size=8, seed=4, epoch=0, shuffle=True, slots=4)
+    np.testing.assert_array_equal(a.order, b.order)
+    assert not np.array_equal(a.order, c.order) and not np.array_equal(a.order, d.order)
+
+
+def test_no_shuffle_is_tile_order():
+    s = sample_set(COUNTS)
+    plan = plan_epoch(s, batch_size=8, seed=0, epoch=5, shuffle=False, slots=3)
+    np.testing.assert_array_equal(plan.order, np.arange(len(s)))
+
+
+@pytest.mark.parametrize("slots", [3, 5, 8])
+def test_residency_never_exceeds_the_ring(slots):
+    s = sample_set(COUNTS)
+    plan = plan_epoch(s, batch_size=16, seed=0, epoch=0, shuffle=True, slots=slots)
+    assert plan.max_resident() <= slots
+    # every batch's tiles are resident during that batch
+    for b in range(plan.num_batches):
+        needed = set(s.tile[plan.batch(b)].tolist())
+        live = {iv.tile for iv in plan.intervals if iv.first <= b <= iv.last}
+        assert needed <= live
+
+
+def test_global_shuffle_when_everything_fits():
+    s = sample_set(COUNTS)
+    plan = plan_epoch(s, batch_size=32, seed=0, epoch=0, shuffle=True, slots=len(COUNTS))
+    assert plan.window >= 8  # all non-empty tiles in one window
+    first = s.tile[plan.batch(0)]
+    assert len(set(first.tolist())) > 2
+
+
+def test_ring_too_small_for_a_batch_is_a_clear_error():
+    s = sample_set([1] * 40)
+    with pytest.raises(ConfigError, match="needs .* tiles resident but the ring has 2 slots"):
+        plan_epoch(s, batch_size=16, seed=0, epoch=0, shuffle=False, slots=2)
+
+
+@pytest.mark.parametrize("world,drop_last", [(2, False), (3, False), (2, True), (4, True)])
+def test_shards_disjoint_complete_equal(world, drop_last):
+    s = sample_set(COUNTS)
+    plans = [plan_epoch(s, batch_size=8, seed=2, epoch=1, shuffle=True, slots=4, rank=r, world_size=world,
+                        drop_last=drop_last) for r in range(world)]
+    assert len({p.num_batches for p in plans}) == 1
+    tiles = [set(s.tile[p.order].tolist()) for p in plans]
+    for i in range(world):
+        for j in range(i + 1, world):
+            assert not tiles[i] & tiles[j]
+    if not drop_last:
+        union = set(np.concatenate([p.order for p in plans]).tolist())
+        assert union == set(range(len(s)))
+    else:
+        for p in plans:
+            assert len(p.order) == p.num_batches * 8
+
+
+def test_more_ranks_than_tiles():
+    with pytest.raises(ConfigError, match="fewer than the 5 ranks"):
+        plan_epoch(sample_set([3, 4, 0, 2]), batch_size=2, seed=0, epoch=0, shuffle=True, slots=4, rank=0,
+                   world_size=5)
+
+
+def test_resume_intervals_start_at_batch():
+    s = sample_set(COUNTS)
+    plan = plan_epoch(s, batch_size=16, seed=0, epoch=0, shuffle=True, slots=4)
+    ivs = plan.intervals_from(7)
+    assert all(iv.first >= 7 and iv.last >= 7 for iv in ivs)
+    needed = set(s.tile[plan.batch(7)].tolist())
+    assert needed <= {iv.tile for iv in ivs if iv.first == 7}
