@@ -13,6 +13,8 @@ from typing import Any
 _SETTINGS: dict[str, tuple[str, Any, Any]] = {
     "cache_dir": ("HSGDS_CACHE_DIR", str(Path.home() / ".cache" / "hsgds"), str),
     "device": ("HSGDS_DEVICE", "auto", str),
+    # threads in kvikio's pool; 0 = KVIKIO_NTHREADS if set, else raised to min(8, CPUs) by KvikioReader
+    "kvikio_threads": ("HSGDS_KVIKIO_THREADS", 0, int),
 }
 _overrides: dict[str, Any] = {}
 

@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# The GPU check, in one call on a GPU machine, from the repo root:
+#
+#     bash benchmarks/gpu_check.sh OUTDIR
+#
+# (a) installs the wheels shipped beside the repo into /tmp/site: .whl/*.whl (kvikio, libkvikio,
+#     rapids-logger, crc32c, zarr & co.), and DALI when every part of its split wheel is in .dali/
+#     (.dali/NAME = wheel file name, .dali/PARTS = part count, .dali/SHA256, .dali/*.whl = its small deps);
+# (b) keeps cuFile's log in OUTDIR/cufile.log;
+# (c) writes the device report (hsgds.device.probe + doctor_report) to OUTDIR/doctor.txt;
+# (d) runs the GPU tests: pytest -m gpu ... --junitxml=OUTDIR/gpu_tests.xml tests;
+# (e) runs each GPU benchmark that exists, as
+#         python3 benchmarks/bench_engines.py --device cuda --json OUTDIR/bench_engines.json
+#         python3 benchmarks/bench_loader.py  --device cuda --json OUTDIR/bench_loader.json
+# (f) writes OUTDIR/summary.json: per-step status and seconds, test counts and failures, versions, GPU.
+#
+# It never stops at the first failure, and every step's timeout is cut to the time left, so the whole run
+# ends within GPU_CHECK_BUDGET_S seconds (default 420). OUTDIR stays flat with at most 7 files:
+# gpu_check.log doctor.txt gpu_tests.xml bench_engines.json bench_loader.json summary.json cufile.log.
+set -u
+shopt -s nullglob
+
+if [ $# -ne 1 ]; then
+    echo "usage: bash benchmarks/gpu_check.sh OUTDIR" >&2
+    exit 2
+fi
+mkdir -p "$1" || exit 2
+OUT=$(cd "$1" && pwd)
+SITE=${GPU_CHECK_SITE:-/tmp/site}  # override only to simulate the check elsewhere
+WORK=$(mktemp -d /tmp/hsgds-gpu-check.XXXXXX)  # scratch that must not land in OUTDIR
+T0=$(date +%s)
+BUDGET=${GPU_CHECK_BUDGET_S:-420}
+RESERVE=25  # seconds kept for the summary
+
+export CUFILE_LOGFILE_PATH="$OUT/cufile.log"
+export PYTHONPATH="$SITE:$PWD"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+left() { echo $((T0 + BUDGET - $(date +%s))); }
+
+# step NAME MAX_SECONDS CMD...: run CMD under a timeout cut to the time left; record status and seconds
+step() {
+    local name=$1 max=$2 t rc start
+    shift 2
+    t=$(( $(left) - RESERVE ))
+    [ "$t" -gt "$max" ] && t=$max
+    if [ "$t" -lt 5 ]; then
+        echo "== $name: skipped, out of time"
+        printf '%s\t%s\t%s\t%s\n' "$name" skipped 0 "out of time" >>"$WORK/steps.tsv"
+        return 0
+    fi
+    echo "== $name (timeout ${t}s): $*"
+    start=$(date +%s%N)
+    timeout -k 5 "$t" "$@"
+    rc=$?
+    local secs status=ok
+    secs=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.2f", (b - a) / 1e9 }')
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status=timeout; elif [ $rc -ne 0 ]; then status=failed; fi
+    echo "== $name: $status (rc=$rc, ${secs}s)"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$secs" "rc=$rc" >>"$WORK/steps.tsv"
+    return 0
+}
+
+note() {  # note NAME STATUS DETAIL: record a step that did not run
+    echo "== $1: $2 ($3)"
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" 0 "$3" >>"$WORK/steps.tsv"
+}
+
+# an array, not a function: `timeout` runs programs only
+PIP_TARGET=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE")
+
+join_dali() {  # reassemble the split DALI wheel into $WORK; prints its path
+    local name parts want
+    name=$(cat .dali/NAME)
+    parts=(.dali/"$name".part*)
+    want=$(cat .dali/PARTS 2>/dev/null || echo "${#parts[@]}")
+    if [ "${#parts[@]}" -eq 0 ] || [ "${#parts[@]}" -ne "$want" ]; then
+        echo "DALI: ${#parts[@]} of $want parts of $name present" >&2
+        return 3
+    fi
+    cat "${parts[@]}" >"$WORK/$name" || return 4
+    if [ -f .dali/SHA256 ] && ! echo "$(cat .dali/SHA256)  $WORK/$name" | sha256sum -c --quiet; then
+        echo "DALI: $name reassembled with a wrong sha256" >&2
+        return 4
+    fi
+    echo "$WORK/$name"
+}
+
+main() {
+    echo "gpu_check: $(date -u +%FT%TZ) in $PWD -> $OUT (budget ${BUDGET}s)"
+    : >"$WORK/steps.tsv"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$WORK/smi.txt" 2>&1 \
+        || echo "nvidia-smi failed" >>"$WORK/smi.txt"
+    cat "$WORK/smi.txt"
+    mkdir -p "$SITE"
+
+    # (a) wheels, in ONE pip call: with --target, a second call would replace whole top-level folders
+    # (nvidia/) that the first one wrote
+    local wheels=(.whl/*.whl) dali="" extra=()
+    if [ -f .dali/NAME ]; then
+        if dali=$(join_dali); then
+            extra=("$dali" .dali/*.whl)
+        else
+            dali=""
+            note install_dali incomplete "see the log: parts missing or damaged"
+        fi
+    else
+        note install_dali absent "no .dali/NAME"
+    fi
+    if [ "${#wheels[@]}" -eq 0 ] && [ -z "$dali" ]; then
+        note install_wheels missing "no .whl/*.whl: kvikio will not be importable"
+    else
+        [ "${#wheels[@]}" -eq 0 ] && echo "no .whl/*.whl: kvikio will not be importable"
+        step install_wheels 180 "${PIP_TARGET[@]}" "${wheels[@]}" "${extra[@]}"
+        if [ -n "$dali" ] && [ "$(tail -n 1 "$WORK/steps.tsv" | cut -f2)" != ok ] && [ "${#wheels[@]}" -gt 0 ]; then
+            note install_dali failed "the install with DALI failed; retrying without it"
+            step install_wheels_no_dali 90 "${PIP_TARGET[@]}" "${wheels[@]}"
+        elif [ -n "$dali" ]; then
+            note install_dali ok "installed with the wheels"
+        fi
+        rm -f "$dali"
+        # a regular `nvidia` package (with __init__.py) further down the path hides $SITE/nvidia (DALI,
+        # cuFile): make ours a package that extends its path over every nvidia/ folder on sys.path
+        if [ -d "$SITE/nvidia" ] && [ ! -f "$SITE/nvidia/__init__.py" ] && ! python3 -c "
+import nvidia, sys
+sys.exit(0 if any(p.startswith('$SITE') for p in nvidia.__path__) else 1)" 2>/dev/null; then
+            echo "__path__ = __import__('pkgutil').extend_path(__path__, __name__)" >"$SITE/nvidia/__init__.py"
+            echo "made $SITE/nvidia a package extending its path (a regular nvidia package hid it)"
+        fi
+    fi
+
+    # (c) the device report
+    step doctor 90 python3 - "$OUT/doctor.txt" "$WORK/probe.json" <<'EOF'
+import json, sys, time
+t = time.time()
+from hsgds.device import doctor_report, probe
+report = probe()
+text = doctor_report(report) + f"\n(probe took {time.time() - t:.2f} s)\n"
+with open(sys.argv[1], "w") as f:
+    f.write(text)
+with open(sys.argv[2], "w") as f:
+    json.dump(report.as_dict(), f, indent=1)
+print(text)
+EOF
+
+    # (d) the GPU tests (collection errors of CPU-only modules must not stop the GPU ones)
+    step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
+        -o junit_family=xunit2 --junitxml="$OUT/gpu_tests.xml" tests
+
+    # (e) GPU benchmarks, when present
+    local b
+    for b in bench_engines bench_loader; do
+        if [ -f "benchmarks/$b.py" ]; then
+            step "$b" 100 python3 "benchmarks/$b.py" --device cuda --json "$OUT/$b.json"
+        else
+            note "$b" absent "benchmarks/$b.py not present"
+        fi
+    done
+
+    # (f) the summary
+    python3 - "$OUT" "$WORK" "$T0" <<'EOF' || echo "{\"ok\": false, \"error\": \"summary failed\"}" >"$OUT/summary.json"
+import json, os, platform, sys, time
+import xml.etree.ElementTree as ET
+from importlib import metadata
+
+out, work, t0 = sys.argv[1], sys.argv[2], float(sys.argv[3])
+steps = {}
+with open(os.path.join(work, "steps.tsv")) as f:
+    for line in f:
+        name, status, secs, detail = (line.rstrip("\n").split("\t") + ["", "", ""])[:4]
+        steps[name] = {"status": status, "seconds": float(secs or 0), "detail": detail}
+
+tests = {"total": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "seconds": 0.0}
+problems, skips = [], {}
+junit = os.path.join(out, "gpu_tests.xml")
+if os.path.exists(junit):
+    try:
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            tests["total"] += 1
+            tests["seconds"] += float(case.get("time") or 0)
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            kinds = {child.tag: child for child in case}
+            if "failure" in kinds or "error" in kinds:
+                tag = "failure" if "failure" in kinds else "error"
+                tests["failed" if tag == "failure" else "errors"] += 1
+                msg = (kinds[tag].get("message") or kinds[tag].text or "").strip().splitlines()
+                problems.append({"test": name, "kind": tag, "message": (msg[0] if msg else "")[:400]})
+            elif "skipped" in kinds:
+                tests["skipped"] += 1
+                why = (kinds["skipped"].get("message") or "").strip()[:200]
+                skips[why] = skips.get(why, 0) + 1
+            else:
+                tests["passed"] += 1
+        tests["seconds"] = round(tests["seconds"], 2)
+    except ET.ParseError as exc:
+        problems.append({"test": "gpu_tests.xml", "kind": "unreadable", "message": str(exc)})
+
+report = {}
+try:
+    with open(os.path.join(work, "probe.json")) as f:
+        report = json.load(f)
+except (OSError, ValueError):
+    pass
+
+versions = {"python": platform.python_version()}
+for dist in ("torch", "numpy", "kvikio-cu13", "libkvikio-cu13", "nvidia-cufile", "cupy-cuda13x",
+             "nvidia-dali-cuda130", "zarr", "crc32c", "pytest"):
+    try:
+        versions[dist] = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        versions[dist] = None
+
+benches = {}
+for b in ("bench_engines", "bench_loader"):
+    path = os.path.join(out, b + ".json")
+    benches[b] = {"step": steps.get(b, {}).get("status"), "json": None}
+    if os.path.exists(path):
+        benches[b]["json"] = os.path.basename(path)
+        if os.path.getsize(path) <= 32768:  # small results are copied in, so one file tells all
+            try:
+                with open(path) as f:
+                    benches[b]["result"] = json.load(f)
+            except ValueError as exc:
+                benches[b]["result"] = f"unreadable JSON: {exc}"
+
+with open(os.path.join(work, "smi.txt")) as f:
+    smi = f.read().strip()
+installs_ok = "ok" in (steps.get("install_wheels", {}).get("status"),
+                      steps.get("install_wheels_no_dali", {}).get("status"))
+summary = {
+    # all skipped is not a pass: on the GPU machine it means CUDA or kvikio was not seen
+    "ok": installs_ok and tests["passed"] > 0 and tests["failed"] == 0 and tests["errors"] == 0
+          and steps.get("gpu_tests", {}).get("status") == "ok",
+    "seconds": round(time.time() - t0, 1),
+    "gpu": smi,
+    "steps": steps,
+    "tests": tests,
+    "problems": problems[:40],
+    "skip_reasons": skips,
+    "device": {k: report.get(k) for k in ("cuda", "device_name", "cuda_driver", "cuda_runtime",
+                                          "kvikio_usable", "kvikio_reason", "gds", "gds_reason",
+                                          "compat_mode", "cupy_usable", "dali_gpu", "dali_reason",
+                                          "wsl", "probe_error")},
+    "versions": versions,
+    "benchmarks": benches,
+    "files": sorted(os.listdir(out)) + ["summary.json"],
+}
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+print(json.dumps({k: summary[k] for k in ("ok", "seconds", "tests")}))
+EOF
+    echo "gpu_check: done in $(( $(date +%s) - T0 ))s; files: $(ls "$OUT" | tr '\n' ' ')"
+}
+
+main 2>&1 | tee "$OUT/gpu_check.log"
+rm -rf "$WORK"
+exit 0

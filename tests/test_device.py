@@ -1,0 +1,581 @@
+"""hsgds.device (probe / choose / doctor) on the CPU, and KvikioReader: a fake kvikio on the CPU, the
+real one on a GPU (``-m gpu``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+
+from hsgds import defaults
+from hsgds.device import AUTO_ENGINE, Choice, DeviceReport, choose, cuda_extra, doctor_report, probe
+from hsgds.errors import ChecksumError, ConfigError, DependencyError, TileReadError
+from hsgds.io.base import TileSource
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def _kvikio_importable() -> bool:
+    from hsgds.device import import_kvikio
+
+    try:
+        import_kvikio()
+    except DependencyError:
+        return False
+    return True
+
+
+requires_cuda = pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA driver and GPU")
+no_cuda_here = pytest.mark.skipif(_cuda_available(), reason="asserts the no-CUDA path; this machine has CUDA")
+
+# a GPU machine by hand: CUDA 13 with kvikio usable in compat mode, no DALI
+GPU = DeviceReport(cuda=True, cuda_reason="", cuda_runtime="13.0", cuda_driver="13.0", device_count=1,
+                   device_name="NVIDIA H200", compute_capability="9.0", torch_version="2.11.0+cu130",
+                   kvikio_version="26.10.00", kvikio_usable=True, kvikio_reason="", compat_mode="AUTO",
+                   gds=False, gds_reason="the nvidia-fs kernel module is not loaded",
+                   dali_reason="not installed")
+CPU = DeviceReport(cuda=False, cuda_reason="torch 2.13.0+cpu is a CPU-only build", torch_version="2.13.0+cpu",
+                   kvikio_reason="kvikio is not installed", gds_reason="kvikio not usable",
+                   dali_reason="not installed")
+
+
+# ------------------------------------------------------------------------------------------ probe
+
+def test_import_is_light():
+    code = ("import sys, hsgds.device, hsgds.io.kvikio_reader; "
+            "print([m for m in ('torch', 'kvikio', 'cupy', 'nvidia.dali') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.strip() == "[]"
+
+
+@no_cuda_here
+def test_probe_never_raises_and_reports_no_cuda():
+    report = probe()
+    assert isinstance(report, DeviceReport)
+    assert not report.cuda and report.cuda_reason
+    assert report.device_count == 0
+    assert not report.kvikio_usable and report.kvikio_reason
+    assert not report.gds and report.gds_reason
+    assert not report.cupy_usable and report.cupy_reason
+    assert not report.dali_gpu and report.dali_reason
+    assert report.probe_error == ""
+    json.dumps(report.as_dict())  # JSON-ready for gpu_check.sh / doctor
+    assert choose(report).device == "cpu"
+
+
+def test_report_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CPU.cuda = True  # type: ignore[misc]
+
+
+def test_probe_survives_missing_libraries(monkeypatch):
+    for name in ("torch", "kvikio", "cupy", "nvidia.dali"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
+    report = probe()
+    assert not report.cuda and "torch cannot be imported" in report.cuda_reason
+    assert not report.kvikio_usable and "hsgds[cu13]" in report.kvikio_reason
+    assert report.cupy_reason.startswith("not installed")
+    assert report.dali_version is None and report.dali_reason.startswith("not installed")
+    assert report.probe_error == ""
+
+
+@no_cuda_here
+def test_probe_records_cupy_without_driver(monkeypatch):
+    def no_driver():
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")
+
+    fake = types.ModuleType("cupy")
+    fake.__version__ = "14.2.0"
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_driver))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    report = probe()
+    assert report.cupy_version == "14.2.0"
+    assert not report.cupy_usable and "cudaErrorInsufficientDriver" in report.cupy_reason
+
+
+@pytest.mark.parametrize("how", ["env", "set"])
+def test_device_cpu_forces_cpu(monkeypatch, how):
+    monkeypatch.delenv("HSGDS_DEVICE", raising=False)
+    if how == "env":
+        monkeypatch.setenv("HSGDS_DEVICE", "cpu")
+        report = probe()
+    else:
+        with defaults.set(device="cpu"):
+            report = probe()
+    assert report.forced_cpu and report.device_setting == "cpu"
+    assert not report.cuda and "HSGDS_DEVICE=cpu" in report.cuda_reason
+    assert not report.kvikio_usable
+    choice = choose(report)
+    assert (choice.device, choice.reader, choice.engine) == ("cpu", "posix", AUTO_ENGINE["cpu"])
+    assert any("HSGDS_DEVICE=cpu" in r for r in choice.reasons)
+
+
+def test_device_cpu_overrides_a_gpu():
+    forced = dataclasses.replace(GPU, device_setting="cpu")
+    choice = choose(forced)
+    assert (choice.device, choice.reader) == ("cpu", "posix")
+    with pytest.raises(ConfigError, match="HSGDS_DEVICE=cpu forces the CPU path"):
+        choose(forced, reader="kvikio")
+
+
+def test_wsl_detected_from_env(monkeypatch):
+    monkeypatch.setenv("WSL_DISTRO_NAME", "Ubuntu-24.04")
+    assert probe().wsl
+
+
+def test_cufile_log_kept_out_of_the_working_directory(monkeypatch):
+    from hsgds.device import import_kvikio
+
+    monkeypatch.delenv("CUFILE_LOGFILE_PATH", raising=False)
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    with pytest.raises(DependencyError):
+        import_kvikio()
+    path = os.environ["CUFILE_LOGFILE_PATH"]
+    assert Path(path).parent == Path(__import__("tempfile").gettempdir())
+    monkeypatch.setenv("CUFILE_LOGFILE_PATH", "/somewhere/cufile.log")  # a user's choice is kept
+    with pytest.raises(DependencyError):
+        import_kvikio()
+    assert os.environ["CUFILE_LOGFILE_PATH"] == "/somewhere/cufile.log"
+
+
+def test_cuda_extra():
+    assert cuda_extra("13.0") == "pip install 'hsgds[cu13]'"
+    assert cuda_extra("12.8") == "pip install 'hsgds[cu12]'"
+    assert cuda_extra(None) == "pip install 'hsgds[cu13]'"
+
+
+# ------------------------------------------------------------------------------------------ choose
+
+def test_choose_cpu():
+    choice = choose(CPU)
+    assert isinstance(choice, Choice)
+    assert (choice.device, choice.reader, choice.engine, choice.kind) == ("cpu", "posix", "torch", "cpu")
+    assert len(choice.reasons) == 3
+
+
+def test_choose_cuda_with_kvikio():
+    choice = choose(GPU)
+    assert (choice.device, choice.reader, choice.engine) == ("cuda:0", "kvikio", AUTO_ENGINE["cuda"])
+    assert any("compat mode" in r and "nvidia-fs" in r for r in choice.reasons)
+
+
+def test_choose_cuda_with_gds():
+    gds = dataclasses.replace(GPU, gds=True, compat_mode="AUTO", gds_reason="GPUDirect Storage available")
+    choice = choose(gds)
+    assert choice.reader == "kvikio"
+    assert any("GPUDirect Storage" in r and "compat" not in r for r in choice.reasons)
+
+
+def test_choose_cuda_without_kvikio_native_windows():
+    windows = dataclasses.replace(GPU, windows=True, kvikio_version=None, kvikio_usable=False,
+                                  kvikio_reason="kvikio is Linux-only (native Windows)")
+    choice = choose(windows)
+    assert (choice.device, choice.reader) == ("cuda:0", "posix-pinned")
+    assert any("native Windows" in r for r in choice.reasons)
+    with pytest.raises(DependencyError, match=r"pip install 'hsgds\[cu13\]'"):
+        choose(windows, reader="kvikio")
+
+
+def test_choose_wsl_reports_compat_mode():
+    wsl = dataclasses.replace(GPU, wsl=True, gds_reason="GPUDirect Storage is not supported under WSL2")
+    choice = choose(wsl)
+    assert choice.reader == "kvikio"
+    assert any("compat mode" in r and "WSL2" in r for r in choice.reasons)
+
+
+def test_choose_explicit_readers_on_cuda():
+    assert choose(GPU, reader="posix-pinned").reader == "posix-pinned"
+    assert choose(GPU, reader="posix").reader == "posix"
+    assert choose(GPU, reader="kvikio").reader == "kvikio"
+    broken = dataclasses.replace(GPU, kvikio_usable=False, kvikio_reason="libcufile.so.0 not found")
+    with pytest.raises(DependencyError, match=r"libcufile.*pip install 'hsgds\[cu13\]'"):
+        choose(broken, reader="kvikio")
+    assert choose(broken).reader == "posix-pinned"
+
+
+def test_choose_kvikio_on_cpu_is_a_clear_error():
+    with pytest.raises(ConfigError, match=r"reader='kvikio' needs a CUDA driver.*CPU-only.*reader='posix'"):
+        choose(CPU, reader="kvikio")
+    with pytest.raises(ConfigError, match="posix-pinned.*reader='posix'"):
+        choose(CPU, reader="posix-pinned")
+
+
+@pytest.mark.parametrize("report, extra", [(CPU, "cpu"), (GPU, "cu13"),
+                                           (dataclasses.replace(GPU, cuda_runtime="12.8"), "cu12")])
+def test_choose_dali_without_dali_names_the_extra(report, extra):
+    with pytest.raises(DependencyError, match=rf"engine='dali'.*pip install 'hsgds\[{extra}\]'"):
+        choose(report, engine="dali")
+
+
+def test_choose_dali_when_usable(monkeypatch):
+    cpu_dali = dataclasses.replace(CPU, dali_version="2.4.0", dali_reason="CPU pipelines only")
+    assert choose(cpu_dali, engine="dali").engine == "dali"
+    gpu_dali = dataclasses.replace(GPU, dali_version="2.4.0", dali_gpu=True, dali_reason="")
+    assert choose(gpu_dali, engine="dali").engine == "dali"
+    no_gpu_backend = dataclasses.replace(GPU, dali_version="2.4.0", dali_reason="DALI cannot use CUDA")
+    with pytest.raises(DependencyError, match="DALI's GPU backend"):
+        choose(no_gpu_backend, engine="dali")
+    # the auto table decides; an unusable DALI default falls back to torch with a reason
+    monkeypatch.setitem(AUTO_ENGINE, "cuda", "dali")
+    assert choose(gpu_dali).engine == "dali"
+    fallback = choose(no_gpu_backend)
+    assert fallback.engine == "torch" and any("DALI is not usable" in r for r in fallback.reasons)
+
+
+def test_choose_device_setting_errors():
+    with pytest.raises(ConfigError, match="HSGDS_DEVICE=cuda but CUDA is not usable"):
+        choose(dataclasses.replace(CPU, device_setting="cuda"))
+    with pytest.raises(ConfigError, match="1 CUDA device"):
+        choose(dataclasses.replace(GPU, device_setting="cuda:3"))
+    with pytest.raises(ConfigError, match="'gpu' is not a device"):
+        choose(dataclasses.replace(GPU, device_setting="gpu"))
+    assert choose(dataclasses.replace(GPU, device_setting="cuda")).device == "cuda:0"
+    two = dataclasses.replace(GPU, device_setting="cuda:1", device_count=2)
+    assert choose(two).device == "cuda:1"
+
+
+def test_choose_unknown_names():
+    with pytest.raises(ConfigError, match="unknown reader 'gds'"):
+        choose(CPU, reader="gds")
+    with pytest.raises(ConfigError, match="unknown engine 'numpy'"):
+        choose(CPU, engine="numpy")
+
+
+def test_doctor_report():
+    text = doctor_report(GPU, choose(GPU))
+    assert "would use: device=cuda:0 reader=kvikio engine=torch" in text
+    assert "NVIDIA H200" in text and "kvikio-compat" in text and "nvidia-fs" in text
+    assert "cannot choose" in doctor_report(CPU, reader="kvikio")
+    assert "device=cpu reader=posix" in doctor_report(probe())
+
+
+# ------------------------------------------------------------------------------------------ tiles
+
+def _make_tiles(root: Path, count: int, nbytes: int, seed: int = 0) -> tuple[TileSource, list[bytes]]:
+    """A store-like TileSource: ``count`` random tile files of ``nbytes`` bytes with crc32c checksums."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    paths, data = [], []
+    for i in range(count):
+        blob = rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+        path = root / f"{i // 2}.{i % 2}"
+        path.write_bytes(blob)
+        paths.append(path)
+        data.append(blob)
+    return TileSource(tuple(paths), nbytes, tuple(crc32c.crc32c(b) for b in data)), data
+
+
+@pytest.fixture
+def tiles(tmp_path):
+    def make(count: int = 4, k: int = 2, seed: int = 0) -> tuple[TileSource, list[bytes]]:
+        return _make_tiles(tmp_path / f"tiles{seed}", count, 4096 * k, seed)
+
+    return make
+
+
+# ------------------------------------------------------------------------------- fake kvikio (CPU)
+
+class _FakeFuture:
+    def __init__(self, fn):
+        self._done = threading.Event()
+        self._result: int | BaseException = 0
+
+        def run():
+            try:
+                self._result = fn()
+            except RuntimeError as exc:
+                self._result = exc
+            self._done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def get(self) -> int:
+        self._done.wait()
+        if isinstance(self._result, BaseException):
+            raise self._result
+        return self._result
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+
+class _FakeCuFile:
+    """kvikio.CuFile's contract on the CPU: RuntimeError on open failure, pread -> future of a count."""
+
+    opened: list[str] = []
+
+    def __init__(self, path, flags="r"):
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise RuntimeError(f"Unable to open file. Linux system/library function call error: {exc.strerror}")
+        self.closed = False
+        _FakeCuFile.opened.append(str(path))
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def pread(self, buf, size=None, file_offset=0, task_size=None):
+        view = memoryview(buf.numpy())[:size]
+        return _FakeFuture(lambda: os.preadv(self._fd, [view], file_offset))
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+            self.closed = True
+
+
+@pytest.fixture
+def fake_kvikio(monkeypatch):
+    """A kvikio stand-in (compat mode) and a KvikioReader that accepts CPU tensors."""
+    from hsgds.io import kvikio_reader
+
+    kv = types.ModuleType("kvikio")
+    kv.__version__ = "0.0-fake"
+    state = {"num_threads": 1}
+    kv.defaults = types.ModuleType("kvikio.defaults")
+    kv.defaults.get = lambda name: {"compat_mode": "AUTO"}.get(name, state.get(name))
+    kv.defaults.set = lambda name, value: state.__setitem__(name, value)
+    kv.defaults.is_compat_mode_preferred = lambda: True
+    kv.CuFile = _FakeCuFile
+    kv.memory_register = kv.memory_deregister = lambda buf: None
+    monkeypatch.setitem(sys.modules, "kvikio", kv)
+    monkeypatch.setitem(sys.modules, "kvikio.defaults", kv.defaults)
+    monkeypatch.delenv("KVIKIO_NTHREADS", raising=False)
+    _FakeCuFile.opened = []
+
+    def as_bytes(self, dest):  # the real one insists on CUDA memory
+        import torch
+
+        if dest.numel() * dest.element_size() != self.source.nbytes:
+            raise ValueError("wrong size")
+        return dest.reshape(-1).view(torch.uint8)
+
+    monkeypatch.setattr(kvikio_reader.KvikioReader, "_as_bytes", as_bytes)
+    return state
+
+
+def test_fake_kvikio_reads_and_keeps_handles_open(fake_kvikio, tiles):
+    import torch
+
+    from hsgds.io.kvikio_reader import KvikioReader
+
+    source, data = tiles(count=4, k=3)
+    reader = KvikioReader(source, verify=True)
+    assert reader.name == "kvikio-compat" and "compat mode" in reader.mode_reason
+    assert fake_kvikio["num_threads"] == max(1, min(8, os.cpu_count() or 1))  # raised from kvikio's 1
+    storage = torch.empty((4, source.nbytes // 2), dtype=torch.int16)  # like the ring: one slot per row
+    reader.read_many([(i, storage[i]) for i in range(4)])
+    for i in range(4):
+        assert storage[i].view(torch.uint8).numpy().tobytes() == data[i]
+    reader.read_into(2, storage[0])
+    assert storage[0].view(torch.uint8).numpy().tobytes() == data[2]
+    assert reader.bytes_read == 5 * source.nbytes
+    assert len(_FakeCuFile.opened) == 4  # one handle per file, reused
+    reader.close()
+    reader.close()
+    with pytest.raises(TileReadError, match="closed"):
+        reader.read_into(0, storage[0])
+
+
+def test_fake_kvikio_threads_setting(fake_kvikio, tiles):
+    from hsgds.io.kvikio_reader import KvikioReader
+
+    source, _ = tiles(count=1)
+    with defaults.set(kvikio_threads=3):
+        KvikioReader(source).close()
+    assert fake_kvikio["num_threads"] == 3
+    KvikioReader(source, threads=5).close()
+    assert fake_kvikio["num_threads"] == 5
+    with pytest.raises(ConfigError, match=">= 0"):
+        KvikioReader(source, threads=-1)
+
+
+def test_fake_kvikio_errors_match_posix(fake_kvikio, tiles):
+    import torch
+
+    from hsgds.io.kvikio_reader import KvikioReader
+    from hsgds.io.posix import PosixReader
+
+    source, _ = tiles(count=4, k=2)
+    with open(source.paths[1], "r+b") as f:
+        f.truncate(source.nbytes - 100)
+    with open(source.paths[3], "ab") as f:
+        f.write(b"x" * 4096)
+    source.paths[2].unlink()
+    dest = torch.empty(source.nbytes, dtype=torch.uint8)
+    with KvikioReader(source) as kv, PosixReader(source, verify=False) as px:
+        for tile in (1, 2, 3):
+            with pytest.raises(TileReadError) as got:
+                kv.read_into(tile, dest)
+            with pytest.raises(TileReadError) as want:
+                px.read_into(tile, dest)
+            assert str(got.value) == str(want.value)
+            assert str(source.paths[tile]) in str(got.value) and f"tile {tile} " in str(got.value)
+        # a failure in a batch: the reads issued before it are waited for, then it is raised
+        storage = torch.empty((3, source.nbytes), dtype=torch.uint8)
+        with pytest.raises(TileReadError, match="tile 1 .* has 8092 bytes, expected 8192"):
+            kv.read_many([(0, storage[0]), (1, storage[1]), (3, storage[2])])
+        assert kv._inflight == 0
+        with pytest.raises(ValueError):
+            kv.read_into(0, torch.empty(10, dtype=torch.uint8))
+
+
+def test_fake_kvikio_verify(fake_kvikio, tiles):
+    import torch
+
+    from hsgds.io.kvikio_reader import KvikioReader
+
+    source, _ = tiles(count=2)
+    bad = dataclasses.replace(source, checksums=(source.checksums[0] ^ 1, source.checksums[1]))
+    dest = torch.empty(source.nbytes, dtype=torch.uint8)
+    with KvikioReader(bad) as reader:  # verify is off by default: nothing checks the bytes
+        reader.read_into(0, dest)
+    with KvikioReader(bad, verify=True) as reader:
+        reader.read_into(1, dest)
+        with pytest.raises(ChecksumError, match="tile 0"):
+            reader.read_into(0, dest)
+
+
+def test_kvikio_reader_without_kvikio_names_the_extra(monkeypatch, tiles):
+    from hsgds.io.kvikio_reader import KvikioReader
+
+    monkeypatch.setitem(sys.modules, "kvikio", None)
+    source, _ = tiles(count=1)
+    with pytest.raises(DependencyError, match=r"pip install 'hsgds\[cu1[23]\]'"):
+        KvikioReader(source)
+
+
+# ------------------------------------------------------------------------------------ GPU (real kvikio)
+
+@pytest.fixture
+def kvikio_ok():
+    if not _kvikio_importable():
+        pytest.skip("kvikio not installed: pip install 'hsgds[cu13]'")
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_probe_sees_cuda_and_kvikio():
+    report = probe()
+    assert report.cuda and report.device_count >= 1 and report.device_name
+    assert report.cuda_driver and report.cuda_runtime
+    choice = choose(report)
+    assert choice.device == "cuda:0"
+    if report.kvikio_version is not None:
+        assert report.kvikio_usable, report.kvikio_reason
+        assert choice.reader == "kvikio"
+        assert report.gds or "compat" in report.gds_reason
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("k", [1, 1029])  # one page, and a tile over kvikio's 4 MiB task size
+def test_gpu_kvikio_reads_bit_identical(kvikio_ok, tiles, k):
+    import torch
+
+    from hsgds.io.kvikio_reader import KvikioReader
+
+    source, data = tiles(count=3, k=k)
+    with KvikioReader(source) as reader:
+        assert reader.name == ("kvikio-gds" if probe().gds else "kvikio-compat")
+        for i, blob in enumerate(data):
+            dest = torch.empty(source.nbytes, dtype=torch.uint8, device="cuda")
+            reader.read_into(i, dest)
+            assert dest.cpu().numpy().tobytes() == blob
+        wide = torch.empty(source.nbytes // 2, dtype=torch.int16, device="cuda")  # the store's dtype
+        reader.read_into(1, wide)
+        assert wide.view(torch.uint8).cpu().numpy().tobytes() == data[1]
+        assert reader.bytes_read == 4 * source.nbytes
+    with KvikioReader(source, verify=True) as reader:
+        dest = torch.empty(source.nbytes, dtype=torch.uint8, device="cuda")
+        reader.read_into(2, dest)
+        assert dest.cpu().numpy().tobytes() == data[2]
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_kvikio_matches_posix_pinned(kvikio_ok, tiles):
+    import torch
+
+    from hsgds.io.kvikio_reader import KvikioReader
+    from hsgds.io.posix import PosixReader
+
+    source, _ = tiles(count=2, k=64)
+    a = torch.empty(source.nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    with KvikioReader(source) as kv, PosixReader(source) as px:
+        for i in range(2):
+            kv.read_into(i, a)
+            px.read_into(i, b)
+            assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_kvikio_read_many(kvikio_ok, tiles):
+    import torch
+
+    from hsgds.io.kvikio_reader import KvikioReader
+
+    source, data = tiles(count=6, k=256)
+    storage = torch.zeros((6, source.nbytes), dtype=torch.uint8, device="cuda")
+    with KvikioReader(source, threads=4) as reader:
+        reader.register(storage)
+        reader.read_many([(i, storage[5 - i]) for i in range(6)])
+        for i in range(6):
+            assert storage[5 - i].cpu().numpy().tobytes() == data[i]
+        assert reader.bytes_read == 6 * source.nbytes
+        source.paths[3].unlink()
+        with pytest.raises(TileReadError, match=r"tile 3 .*cannot open \(No such file or directory\)"):
+            reader.read_many([(i, storage[i]) for i in (0, 3, 4)])
+        assert reader._inflight == 0
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_kvikio_truncated_missing_and_misuse(kvikio_ok, tiles):
+    import torch
+
+    from hsgds.io.kvikio_reader import KvikioReader
+    from hsgds.io.posix import PosixReader
+
+    source, _ = tiles(count=3, k=8)
+    with open(source.paths[0], "r+b") as f:
+        f.truncate(source.nbytes - 4096)
+    source.paths[1].unlink()
+    dest = torch.empty(source.nbytes, dtype=torch.uint8, device="cuda")
+    with KvikioReader(source) as kv, PosixReader(source, verify=False) as px:
+        for tile in (0, 1):
+            with pytest.raises(TileReadError) as got:
+                kv.read_into(tile, dest)
+            with pytest.raises(TileReadError) as want:
+                px.read_into(tile, dest)
+            assert str(got.value) == str(want.value)
+        assert "has 28672 bytes, expected 32768" in str(
+            pytest.raises(TileReadError, kv.read_into, 0, dest).value)
+        with pytest.raises(TypeError, match="CUDA tensors"):
+            kv.read_into(2, torch.empty(source.nbytes, dtype=torch.uint8))
+        with pytest.raises(ValueError, match="bytes"):
+            kv.read_into(2, dest[:-1])
+        kv.read_into(2, dest)
+    kv.close()
+    with pytest.raises(TileReadError, match="closed"):
+        kv.read_into(2, dest)
