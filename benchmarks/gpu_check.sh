@@ -4,14 +4,17 @@
 #     bash benchmarks/gpu_check.sh OUTDIR
 #
 # (a) installs the wheels shipped beside the repo into /tmp/site: .whl/*.whl (kvikio, libkvikio,
-#     rapids-logger, crc32c, zarr & co.), and DALI when every part of its split wheel is in .dali/
-#     (.dali/NAME = wheel file name, .dali/PARTS = part count, .dali/SHA256, .dali/*.whl = its small deps);
+#     rapids-logger, crc32c, zarr & co., and DALI's small pure deps), and DALI when every part of its
+#     split wheel is in .dali/ (.dali/NAME = wheel file name, .dali/PARTS = part count, .dali/SHA256).
+#     The parts are <= 48 MiB so that one part plus .whl fits one device call; carry them over
+#     successive calls while the machine stays warm (ignored files already there are kept);
 # (b) keeps cuFile's log in OUTDIR/cufile.log;
 # (c) writes the device report (hsgds.device.probe + doctor_report) to OUTDIR/doctor.txt;
 # (d) runs the GPU tests: pytest -m gpu ... --junitxml=OUTDIR/gpu_tests.xml tests;
-# (e) runs each GPU benchmark that exists, as
-#         python3 benchmarks/bench_engines.py --device cuda --json OUTDIR/bench_engines.json
-#         python3 benchmarks/bench_loader.py  --device cuda --json OUTDIR/bench_loader.json
+# (e) runs each benchmark that exists with its defaults (they cover cuda when it is available),
+#     its JSON taken from stdout (logs go to stderr):
+#         python3 benchmarks/bench_engines.py > OUTDIR/bench_engines.json
+#         python3 benchmarks/bench_loader.py  > OUTDIR/bench_loader.json
 # (f) writes OUTDIR/summary.json: per-step status and seconds, test counts and failures, versions, GPU.
 #
 # It never stops at the first failure, and every step's timeout is cut to the time left, so the whole run
@@ -151,7 +154,8 @@ EOF
     local b
     for b in bench_engines bench_loader; do
         if [ -f "benchmarks/$b.py" ]; then
-            step "$b" 100 python3 "benchmarks/$b.py" --device cuda --json "$OUT/$b.json"
+            # JSON on stdout: the redirect lives inside the timed command, away from this log
+            step "$b" 120 bash -c 'exec python3 "$1" >"$2"' _ "benchmarks/$b.py" "$OUT/$b.json"
         else
             note "$b" absent "benchmarks/$b.py not present"
         fi

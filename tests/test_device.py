@@ -61,7 +61,8 @@ def test_import_is_light():
     code = ("import sys, hsgds.device, hsgds.io.kvikio_reader; "
             "print([m for m in ('torch', 'kvikio', 'cupy', 'nvidia.dali') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])})
     assert out.stdout.strip() == "[]"
 
 
