@@ -409,10 +409,11 @@ def _probe_dali(info: dict[str, Any], *, gpu: bool) -> None:
 
 # ---------------------------------------------------------------------------------------------- choose
 
-def _device_for(report: DeviceReport, reasons: list[str]) -> str:
-    setting = report.device_setting
+def _device_for(report: DeviceReport, reasons: list[str], requested: str | None = None) -> str:
+    setting = report.device_setting if requested is None else requested
+    origin = "HSGDS_DEVICE" if requested is None else "device"
     if setting == "cpu":
-        reasons.append("device cpu: HSGDS_DEVICE=cpu forces the CPU path")
+        reasons.append(f"device cpu: {origin}=cpu forces the CPU path")
         return "cpu"
     if setting == "auto":
         if report.cuda:
@@ -423,14 +424,14 @@ def _device_for(report: DeviceReport, reasons: list[str]) -> str:
     if setting == "cuda" or (setting.startswith("cuda:") and setting[5:].isdigit()):
         index = int(setting[5:]) if ":" in setting else 0
         if not report.cuda:
-            raise ConfigError(f"HSGDS_DEVICE={setting} but CUDA is not usable here ({report.cuda_reason}); "
-                              "unset HSGDS_DEVICE or set it to 'cpu'")
+            raise ConfigError(f"{origin}={setting} but CUDA is not usable here ({report.cuda_reason}); "
+                              f"unset {origin} or set it to 'cpu'")
         if index >= report.device_count:
-            raise ConfigError(f"HSGDS_DEVICE={setting} but this machine has {report.device_count} CUDA "
+            raise ConfigError(f"{origin}={setting} but this machine has {report.device_count} CUDA "
                               f"device(s); use cuda:0..cuda:{report.device_count - 1}")
-        reasons.append(f"device cuda:{index}: requested by HSGDS_DEVICE={setting}")
+        reasons.append(f"device cuda:{index}: requested by {origin}={setting}")
         return f"cuda:{index}"
-    raise ConfigError(f"HSGDS_DEVICE={setting!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    raise ConfigError(f"{origin}={setting!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
 
 def _compat_note(report: DeviceReport) -> str:
@@ -500,7 +501,7 @@ def _dali_ok(report: DeviceReport, kind: str) -> bool:
     return report.dali_gpu if kind == "cuda" else report.dali_version is not None
 
 
-def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto") -> Choice:
+def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", device: Any = None) -> Choice:
     """Pick the device, reader and engine for ``report``.
 
     Parameters
@@ -513,6 +514,9 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto") -> 
     engine
         "auto", "torch" or "dali". Auto: :data:`AUTO_ENGINE` for the device kind (falls back to torch
         when the default is DALI and DALI is not usable).
+    device
+        None (the ``HSGDS_DEVICE`` setting, "auto" by default), or an explicit "cpu", "cuda", "cuda:N"
+        or torch.device, which wins over the setting.
 
     Returns
     -------
@@ -531,7 +535,10 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto") -> 
     if engine not in ("auto", *ENGINES):
         raise ConfigError(f"unknown engine {engine!r}; use one of: auto, {', '.join(ENGINES)}")
     reasons: list[str] = []
-    device = _device_for(report, reasons)
+    requested = None if device is None else str(device)
+    if requested == "cuda" and report.cuda:
+        requested = "cuda:0"
+    device = _device_for(report, reasons, requested)
     kind = device.split(":")[0]
     picked_reader = _reader_for(report, device, reader, reasons)
     picked_engine = _engine_for(report, kind, engine, reasons)
