@@ -109,6 +109,16 @@ def verify(store) -> None:
     click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes verified")
 
 
+@cli.command()
+@click.option("--reader", default="auto", show_default=True, help="Reader to check: auto, posix, posix-pinned, kvikio.")
+@click.option("--engine", default="auto", show_default=True, help="Engine to check: auto, torch, dali.")
+def doctor(reader, engine) -> None:
+    """What this machine can use (CUDA, kvikio + GDS or compat mode, DALI, WSL) and what hsgds would pick."""
+    from hsgds.device import doctor_report, probe
+
+    click.echo(doctor_report(probe(), reader=reader, engine=engine))
+
+
 def demo_store(refresh: bool = False) -> Path:
     """Convert the embedded Indian Pines scene into the cache directory (once) and return the store."""
     from hsgds import defaults
