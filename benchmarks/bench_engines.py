@@ -1,0 +1,116 @@
+"""Time the patch engines side by side on synthetic ring storage; print one JSON document.
+
+Default case: uint16 store, B=200 bands, 4 slots of S=96 px, p=13 patches, batches of 256, NCHW, float32
+and bfloat16 outputs; every available (engine, device) pair: torch and DALI on the CPU, and on CUDA if present.
+Each run cycles through a few precomputed coordinate batches, so no two consecutive batches are alike.
+
+    python benchmarks/bench_engines.py [--seconds 2] [--layout NCHW] [--devices cpu,cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsgds.engines import PatchSpec, make_engine
+from hsgds.errors import DependencyError
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bench_one(engine_name: str, device: str, out_dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
+    p, bands, slots, side, batch, halo = args.patch, args.bands, args.slots, args.side, args.batch, args.halo
+    r = p // 2
+    gen = torch.Generator().manual_seed(0)
+    storage = torch.randint(0, 65536, (slots, side, side, bands), generator=gen, dtype=torch.int32)
+    storage = storage.to(torch.uint16).to(device)
+    rng = np.random.default_rng(1)
+    offset = rng.uniform(100, 5000, bands)
+    scale = 1.0 / rng.uniform(50, 2000, bands)
+    spec = PatchSpec(p, halo, bands, side, args.layout, out_dtype, offset, scale)
+    coords = []
+    for _ in range(8):
+        c = [torch.randint(0, slots, (batch,), generator=gen)]
+        c += [torch.randint(halo, side - halo, (batch,), generator=gen) for _ in range(2)]
+        coords.append([t.to(device) for t in c])
+    try:
+        engine = make_engine(engine_name, spec, device, max_batch_size=batch)
+    except DependencyError as exc:
+        return {"engine": engine_name, "device": device, "skipped": str(exc)}
+    out = None
+    for i in range(args.warmup):
+        out = engine.cut(storage, *coords[i % len(coords)])
+    _sync(device)
+    out_bytes = out.numel() * out.element_size()
+    n, start = 0, time.perf_counter()
+    while True:
+        engine.cut(storage, *coords[n % len(coords)])
+        n += 1
+        if n % 4 == 0:
+            _sync(device)
+            if time.perf_counter() - start >= args.seconds:
+                break
+    elapsed = time.perf_counter() - start
+    engine.close()
+    return {
+        "engine": engine_name,
+        "device": device,
+        "out_dtype": str(out_dtype).removeprefix("torch."),
+        "batches": n,
+        "ms_per_batch": round(elapsed / n * 1e3, 3),
+        "patches_per_s": round(n * batch / elapsed, 1),
+        "out_GB_per_s": round(n * out_bytes / elapsed / 1e9, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--patch", type=int, default=13)
+    ap.add_argument("--bands", type=int, default=200)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--side", type=int, default=96, help="padded tile side S")
+    ap.add_argument("--halo", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--layout", default="NCHW", choices=["NCHW", "NHWC"])
+    ap.add_argument("--out-dtypes", default="float32,bfloat16")
+    ap.add_argument("--engines", default="torch,dali")
+    ap.add_argument("--devices", default=None, help="default: cpu, plus cuda when available")
+    ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per case")
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args(argv)
+    devices = args.devices.split(",") if args.devices else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    results = []
+    for device in devices:
+        for out_name in args.out_dtypes.split(","):
+            for engine_name in args.engines.split(","):
+                results.append(bench_one(engine_name, device, getattr(torch, out_name), args))
+    doc = {
+        "case": {k: getattr(args, k) for k in ("patch", "bands", "slots", "side", "halo", "batch", "layout")},
+        "store_dtype": "uint16",
+        "host": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cpu_threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        },
+        "results": results,
+    }
+    json.dump(doc, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
