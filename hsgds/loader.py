@@ -174,6 +174,7 @@ class PatchLoader:
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
         self._ring = TileRing(self.slots, grid.tile_shape, _TORCH_DTYPES[grid.dtype], self.device, self._reader)
         self._epoch, self._batch, self._pass = 0, 0, 0
+        self._resume = False
         self._plans: dict[int, EpochPlan] = {}
         self._labels = torch.from_numpy(self.samples.label)
         self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
@@ -226,7 +227,7 @@ class PatchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at ``epoch`` (a new order). Iterating a whole epoch also advances it."""
-        self._epoch, self._batch = int(epoch), 0
+        self._epoch, self._batch, self._resume = int(epoch), 0, False
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is: the next iteration resumes exactly here."""
@@ -244,12 +245,15 @@ class PatchLoader:
                 raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
                                   f"{key}={mine[key]!r}; resume with the same settings")
         self._epoch, self._batch = int(state["epoch"]), int(state["batch"])
+        self._resume = True
 
     def __iter__(self):
         if self._closed:
             raise HsgdsError("this PatchLoader is closed; create a new one")
         plan = self._plan(self._epoch)
-        start = min(self._batch, plan.num_batches)
+        # only a restored state resumes mid-epoch; a new iteration after an early break restarts the epoch
+        start = min(self._batch, plan.num_batches) if self._resume else 0
+        self._resume, self._batch = False, start
         self._pass += 1
         self._ring.start(plan.intervals_from(start))
         return self._batches(plan, start, self._pass)

@@ -1,0 +1,296 @@
+"""PatchLoader against an independent numpy reference; epochs, resume, sharding, backpressure, faults."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import hsgds
+from hsgds.errors import ChecksumError, ConfigError, TileReadError
+from preprocess.convert import ConvertOptions, convert
+
+ENGINES = ["torch", "dali"]
+
+
+def _engine_or_skip(engine):
+    if engine == "dali":
+        pytest.importorskip("nvidia.dali")
+    return engine
+
+
+def reference_patches(cube, padding, halo, train_px, ys, xs, p, normalize="zscore"):
+    """Plain numpy: pad the source, cut p x p around each centre, normalize with train statistics."""
+    mode = "constant" if padding == "zero" else padding
+    padded = np.pad(cube, ((halo, halo), (halo, halo), (0, 0)), mode=mode).astype(np.float64)
+    r = p // 2
+    out = np.stack([padded[y + halo - r:y + halo + r + 1, x + halo - r:x + halo + r + 1] for y, x in zip(ys, xs)])
+    if normalize == "zscore":
+        mean, std = train_px.mean(0), train_px.std(0)
+        out = (out - mean) / np.where(std > 0, std, 1)
+    elif normalize == "minmax":
+        lo, hi = train_px.min(0), train_px.max(0)
+        out = (out - lo) / np.where(hi > lo, hi - lo, 1)
+    return out  # (N, p, p, B)
+
+
+@pytest.fixture(scope="module")
+def border_scene(tmp_path_factory):
+    """A small scene where every pixel, borders and corners included, is labelled; 3x3 tiles."""
+    from hsgds.synthetic import make_scene
+
+    d = tmp_path_factory.mktemp("border")
+    cube, labels = make_scene(40, 35, 6, classes=4, dtype="uint16", seed=7, labelled_fraction=1.0)
+    cube[0, 0, :] = 65000  # unsigned values above 32767 must survive
+    np.save(d / "cube.npy", cube)
+    np.save(d / "gt.npy", labels)
+    stores = {}
+    for padding in ("reflect", "edge", "zero"):
+        stores[padding] = convert(d / "cube.npy", d / f"{padding}.zarr",
+                                  ConvertOptions(labels=d / "gt.npy", padding=padding, tile=18, max_patch=15,
+                                                 train=0.5, val=0.2))
+    return cube, labels, stores
+
+
+def _collect(loader):
+    patches, labels, coords = [], [], []
+    for batch in loader:
+        p, lab, c = batch
+        patches.append(p.float().numpy())
+        labels.append(lab.numpy())
+        coords.append(c.numpy())
+    return np.concatenate(patches), np.concatenate(labels), np.concatenate(coords)
+
+
+def _train_pixels(cube, store):
+    y, x, _ = hsgds.open_scene(store).samples("train")
+    return cube[y, x].astype(np.float64)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("padding,p,dtype,layout,normalize", [
+    ("reflect", 13, torch.float32, "NCHW", "zscore"),
+    ("reflect", 15, torch.bfloat16, "NHWC", "zscore"),
+    ("edge", 5, torch.float16, "NCHW", "minmax"),
+    ("zero", 1, torch.float32, "NHWC", None),
+    ("zero", 15, torch.float32, "NCHW", "zscore"),
+])
+def test_every_patch_equals_numpy_reference(border_scene, engine, padding, p, dtype, layout, normalize):
+    cube, labels, stores = border_scene
+    store = stores[padding]
+    with hsgds.PatchLoader(store, patch_size=p, batch_size=97, split=None, dtype=dtype, layout=layout,
+                           normalize=normalize, engine=_engine_or_skip(engine), return_coords=True,
+                           device="cpu") as loader:
+        got, lab, coords = _collect(loader)
+    assert len(got) == cube.shape[0] * cube.shape[1]  # every pixel, corners included, exactly once
+    assert len({(y, x) for y, x in coords.tolist()}) == len(got)
+    ref = reference_patches(cube, padding, 7, _train_pixels(cube, store), coords[:, 0], coords[:, 1], p, normalize)
+    if layout == "NCHW":
+        ref = ref.transpose(0, 3, 1, 2)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(lab, labels[coords[:, 0], coords[:, 1]] - 1)
+
+
+def test_patch_larger_than_halo_is_a_clear_error(border_scene):
+    store = border_scene[2]["reflect"]
+    with pytest.raises(ConfigError, match="patch_size 17 is larger than this store serves .15x15.*--max-patch 17"):
+        hsgds.PatchLoader(store, patch_size=17, batch_size=8, device="cpu")
+    with pytest.raises(ConfigError, match="odd"):
+        hsgds.PatchLoader(store, patch_size=4, batch_size=8, device="cpu")
+    with pytest.raises(ConfigError, match="layout"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, layout="CHW", device="cpu")
+
+
+def _coords(loader, limit=None):
+    out = []
+    for i, (_, _, c) in enumerate(loader):
+        if limit is not None and i >= limit:
+            break
+        out.append(c.numpy())
+    return [tuple(map(tuple, c)) for c in out]
+
+
+def _loader(store, **kw):
+    opts = dict(patch_size=5, batch_size=16, split="train", return_coords=True, device="cpu", seed=3)
+    opts.update(kw)
+    return hsgds.PatchLoader(store, **opts)
+
+
+def test_epochs_cover_split_and_orders_differ(border_scene):
+    cube, labels, stores = border_scene
+    store = stores["reflect"]
+    y, x, _ = hsgds.open_scene(store).samples("train")
+    with _loader(store) as a, _loader(store) as b:
+        e0, e1 = _coords(a), _coords(a)
+        assert a.epoch == 2
+        same = _coords(b)
+    flat0 = [c for batch in e0 for c in batch]
+    assert sorted(flat0) == sorted(zip(y.tolist(), x.tolist()))
+    assert e0 == same
+    assert e0 != e1 and sorted(flat0) == sorted(c for batch in e1 for c in batch)
+
+
+@pytest.mark.parametrize("stop_after", [3, "end"])
+def test_exact_resume(border_scene, stop_after):
+    store = border_scene[2]["reflect"]
+    with _loader(store, shuffle_window=2, ring_bytes=4 * hsgds.open_scene(store).grid.tile_nbytes) as full:
+        expected = _coords(full) + _coords(full)  # two uninterrupted epochs
+    with _loader(store, shuffle_window=2, ring_bytes=4 * hsgds.open_scene(store).grid.tile_nbytes) as first:
+        n = len(first) if stop_after == "end" else stop_after
+        got = []
+        it = iter(first)
+        for _ in range(n):
+            got.append(tuple(map(tuple, next(it)[2].numpy())))
+        state = first.state_dict()
+    with _loader(store, shuffle_window=2, ring_bytes=4 * hsgds.open_scene(store).grid.tile_nbytes) as second:
+        second.load_state_dict(state)
+        got += _coords(second)  # rest of this epoch
+        got += _coords(second)  # and the next
+    assert got == expected
+
+
+def test_resume_refuses_other_settings(border_scene):
+    store = border_scene[2]["reflect"]
+    with _loader(store) as a, _loader(store, seed=9) as b:
+        with pytest.raises(ConfigError, match="seed"):
+            b.load_state_dict(a.state_dict())
+
+
+class SlowReader:
+    """Wraps a reader to add latency per tile."""
+
+    def __init__(self, inner, delay):
+        self.inner, self.delay = inner, delay
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def read_into(self, tile_id, dest):
+        time.sleep(self.delay)
+        self.inner.read_into(tile_id, dest)
+
+
+def test_backpressure_slow_consumer_never_exceeds_ring(border_scene):
+    store = border_scene[2]["reflect"]
+    nbytes = hsgds.open_scene(store).grid.tile_nbytes
+    with _loader(store, split=None, ring_bytes=3 * nbytes, batch_size=64, shuffle_window=1) as loader:
+        for _ in loader:
+            time.sleep(0.01)
+        assert loader.stats.slots == 3
+        assert loader.stats.max_resident <= 3
+        assert loader.stats.reader_wait_s > 0  # the reader waited for free slots
+
+
+def test_slow_reader_stall_is_counted(border_scene):
+    store = border_scene[2]["reflect"]
+    with _loader(store, split=None, batch_size=64) as loader:
+        loader._ring.reader = SlowReader(loader._ring.reader, 0.05)
+        for _ in loader:
+            pass
+        assert loader.stats.consumer_wait_s >= 0.04
+
+
+def _damaged_copy(store, tmp_path, how):
+    import shutil
+
+    dst = tmp_path / "damaged.zarr"
+    shutil.copytree(store, dst)
+    path = hsgds.open_scene(dst).tile_paths[4]
+    if how == "truncate":
+        path.write_bytes(path.read_bytes()[:-4096])
+    elif how == "flip":
+        raw = bytearray(path.read_bytes())
+        raw[100] ^= 1
+        path.write_bytes(bytes(raw))
+    elif how == "delete":
+        path.unlink()
+    return dst
+
+
+@pytest.mark.parametrize("how,error", [("truncate", TileReadError), ("flip", ChecksumError), ("delete", TileReadError)])
+def test_damaged_tile_raises_naming_it(border_scene, tmp_path, how, error):
+    store = _damaged_copy(border_scene[2]["reflect"], tmp_path, how)
+    t0 = time.perf_counter()
+    with _loader(store, split=None, shuffle=False) as loader:
+        with pytest.raises(error, match="tile 4"):
+            for _ in loader:
+                pass
+    assert time.perf_counter() - t0 < 5
+
+
+def test_store_deleted_mid_epoch(border_scene, tmp_path):
+    import shutil
+
+    store = tmp_path / "gone.zarr"
+    shutil.copytree(border_scene[2]["reflect"], store)
+    nbytes = hsgds.open_scene(store).grid.tile_nbytes
+    with _loader(store, split=None, shuffle=False, ring_bytes=2 * nbytes, batch_size=32) as loader:
+        with pytest.raises(TileReadError, match="tile"):
+            for i, _ in enumerate(loader):
+                if i == 0:
+                    shutil.rmtree(store)
+
+
+class RaisingReader(SlowReader):
+    def read_into(self, tile_id, dest):
+        raise RuntimeError("disk on fire")
+
+
+def test_reader_exception_reaches_consumer(border_scene):
+    with _loader(border_scene[2]["reflect"]) as loader:
+        loader._ring.reader = RaisingReader(loader._ring.reader, 0)
+        with pytest.raises(hsgds.HsgdsError, match="disk on fire"):
+            next(iter(loader))
+
+
+def _hsgds_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("hsgds") and t.is_alive()]
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_early_break_and_interrupt_leave_nothing_behind(border_scene):
+    store = border_scene[2]["reflect"]
+    fds = _open_fds()
+    with _loader(store, split=None, batch_size=8) as loader:
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        assert not [t for t in _hsgds_threads() if t.name == "hsgds-ring"]
+        with pytest.raises(KeyboardInterrupt):
+            for i, _ in enumerate(loader):
+                if i == 1:
+                    raise KeyboardInterrupt
+        assert len(list(loader)) == len(loader)  # still usable after both
+    assert _hsgds_threads() == []
+    assert _open_fds() == fds
+    loader.close()  # twice is fine
+    with pytest.raises(hsgds.HsgdsError, match="closed"):
+        iter(loader)
+
+
+def test_indian_pines_full_epoch_both_engines(indian_pines_store, indian_pines_arrays):
+    """The 'done when' check: p=13, batch 256, a full train epoch with each engine, equal to numpy."""
+    cube, gt = indian_pines_arrays
+    train_px = _train_pixels(cube, indian_pines_store)
+    results = {}
+    for engine in ENGINES:
+        if engine == "dali":
+            pytest.importorskip("nvidia.dali")
+        with hsgds.PatchLoader(indian_pines_store, patch_size=13, batch_size=256, engine=engine, device="cpu",
+                               return_coords=True) as loader:
+            got, lab, coords = _collect(loader)
+            results[engine] = (got, coords)
+        ref = reference_patches(cube, "reflect", 7, train_px, coords[:, 0], coords[:, 1], 13).transpose(0, 3, 1, 2)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(lab, gt[coords[:, 0], coords[:, 1]] - 1)
+        assert len(got) == 1027
+    np.testing.assert_array_equal(results["torch"][1], results["dali"][1])
+    np.testing.assert_allclose(results["torch"][0], results["dali"][0], rtol=1e-6, atol=1e-6)
