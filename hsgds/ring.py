@@ -71,6 +71,7 @@ class TileRing:
         self.state = [FREE] * slots
         self.tile_in = [-1] * slots  # which tile a slot holds (kept after it is freed, for reuse)
         self.freed_at = [0] * slots
+        self.refs = [0] * slots  # residency intervals currently holding each slot
         self.events: list[Any] = [None] * slots
         self.slot_of: dict[int, int] = {}  # resident tile -> slot
         self.stats = RingStats(slots=slots)
@@ -104,7 +105,11 @@ class TileRing:
         self._thread.start()
 
     def _take_slot(self, tile: int) -> tuple[int, bool] | None:
-        """A slot for ``tile``: the free slot still holding it, else an empty one, else the longest-freed."""
+        """A slot for ``tile``: the slot already holding it (resident or freed but intact), else an empty
+        one, else the longest-freed."""
+        held = self.slot_of.get(tile)
+        if held is not None and self.tile_in[held] == tile and self.state[held] != FREE:
+            return held, True
         free = [s for s in range(self.slots) if self.state[s] == FREE]
         if not free:
             return None
@@ -128,6 +133,9 @@ class TileRing:
                         return
                     slot, cached = got
                     self._pending.popleft()
+                    self.refs[slot] += 1
+                    if self.refs[slot] > 1:  # already resident for an overlapping interval
+                        continue
                     if self.tile_in[slot] >= 0 and self.slot_of.get(self.tile_in[slot]) == slot:
                         del self.slot_of[self.tile_in[slot]]
                     self.state[slot] = READY if cached else LOADING
@@ -162,6 +170,7 @@ class TileRing:
                 self.stats.bytes_read = self.reader.bytes_read
             else:  # cancelled or failed: the slot's bytes are undefined, forget the tile
                 self.state[slot] = FREE
+                self.refs[slot] = 0
                 self.tile_in[slot] = -1
                 if self.slot_of.get(tile) == slot:
                     del self.slot_of[tile]
@@ -227,12 +236,15 @@ class TileRing:
             for t in tiles:
                 slot = self.slot_of.get(t)
                 if slot is not None and self.state[slot] == READY:
-                    self.events[slot] = event
-                    self._free(slot)
+                    self.refs[slot] -= 1
+                    if self.refs[slot] <= 0:
+                        self.events[slot] = event
+                        self._free(slot)
             self._cond.notify_all()
 
     def _free(self, slot: int) -> None:
         self.state[slot] = FREE
+        self.refs[slot] = 0
         self._clock += 1
         self.freed_at[slot] = self._clock
 

@@ -101,6 +101,15 @@ def _intervals(tile_of_sample: np.ndarray, batch_size: int, segments: list[tuple
         _, last_rev = np.unique(tiles[::-1], return_index=True)
         last_idx = len(tiles) - 1 - last_rev
         out += [Interval(int(t), int(batches[f]), int(batches[l])) for t, f, l in zip(uniq, first_idx, last_idx)]
+    # a tile used at the end of one segment and the start of the next stays resident throughout
+    merged: dict[int, list[Interval]] = {}
+    for iv in sorted(out, key=lambda iv: (iv.tile, iv.first)):
+        runs = merged.setdefault(iv.tile, [])
+        if runs and iv.first <= runs[-1].last + 1:
+            runs[-1] = Interval(iv.tile, runs[-1].first, max(runs[-1].last, iv.last))
+        else:
+            runs.append(iv)
+    out = [iv for runs in merged.values() for iv in runs]
     out.sort(key=lambda iv: (iv.first, iv.last, iv.tile))
     return out
 

@@ -1,0 +1,64 @@
+"""Two real torch.distributed processes (gloo, CPU): disjoint shards, complete union, equal batch counts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    import torch.distributed as dist
+    import hsgds
+
+    store, rank, init, out, drop_last = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=32, split=None, device="cpu", return_coords=True,
+                           drop_last=drop_last, seed=11) as loader:
+        assert (loader.rank, loader.world_size) == (rank, 2)
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            n = len(loader)
+            coords = [c.tolist() for _, _, c in loader]
+            epochs.append({"len": n, "batches": len(coords), "coords": [p for b in coords for p in b]})
+    dist.barrier()
+    dist.destroy_process_group()
+    json.dump(epochs, open(out, "w"))
+""")
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_two_ranks_gloo(tmp_path, indian_pines_store, drop_last):
+    import hsgds
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, str(script), str(indian_pines_store), str(r), init,
+                               str(tmp_path / f"r{r}.json"), "1" if drop_last else "0"],
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    ranks = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    scene = hsgds.open_scene(indian_pines_store)
+    y, x, _ = scene.samples(None)
+    everything = set(zip(y.tolist(), x.tolist()))
+    tile = scene.grid.tile
+    for epoch in range(2):
+        a, b = ranks[0][epoch], ranks[1][epoch]
+        assert a["batches"] == b["batches"] == a["len"] == b["len"]
+        tiles_a = {(yy // tile, xx // tile) for yy, xx in a["coords"]}
+        tiles_b = {(yy // tile, xx // tile) for yy, xx in b["coords"]}
+        assert not tiles_a & tiles_b  # each rank reads its own tiles
+        union = {tuple(c) for c in a["coords"]} | {tuple(c) for c in b["coords"]}
+        if drop_last:
+            assert union <= everything
+            assert len(a["coords"]) == len(b["coords"]) == a["batches"] * 32
+        else:
+            assert union == everything
+    assert ranks[0][0]["coords"] != ranks[0][1]["coords"]
