@@ -173,6 +173,9 @@ class PatchLoader:
         self._reader = self._make_reader(self.choice.reader)
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
         self._ring = TileRing(self.slots, grid.tile_shape, _TORCH_DTYPES[grid.dtype], self.device, self._reader)
+        register = getattr(self._reader, "register", None)
+        if register is not None:  # GDS: pin the ring for DMA once, not per read
+            register(self._ring.storage)
         self._epoch, self._batch, self._pass = 0, 0, 0
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
@@ -205,7 +208,10 @@ class PatchLoader:
             return KvikioReader(source)
         from hsgds.io.posix import PosixReader
 
-        return PosixReader(source)
+        reader = PosixReader(source)
+        if name == "posix-pinned":  # a CUDA ring: reads land in a pinned host buffer, then copy
+            reader.name = "posix-pinned"
+        return reader
 
     def _plan(self, epoch: int) -> EpochPlan:
         plan = self._plans.get(epoch)

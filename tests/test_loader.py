@@ -60,9 +60,9 @@ def _collect(loader):
     patches, labels, coords = [], [], []
     for batch in loader:
         p, lab, c = batch
-        patches.append(p.float().numpy())
-        labels.append(lab.numpy())
-        coords.append(c.numpy())
+        patches.append(p.float().cpu().numpy())
+        labels.append(lab.cpu().numpy())
+        coords.append(c.cpu().numpy())
     return np.concatenate(patches), np.concatenate(labels), np.concatenate(coords)
 
 

@@ -1,0 +1,75 @@
+"""GPU checks (run by benchmarks/gpu_check.sh on a CUDA machine; skipped without a CUDA driver):
+kvikio / pinned readers into device memory, ring events under slot reuse, both engines on the GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hsgds
+from tests.test_loader import _collect, _train_pixels, border_scene, reference_patches  # noqa: F401
+
+pytestmark = pytest.mark.gpu
+
+
+def _readers():
+    out = ["posix-pinned"]
+    try:
+        import kvikio  # noqa: F401
+
+        out.append("kvikio")
+    except ImportError:
+        pass
+    return out
+
+
+def _engines():
+    out = ["torch"]
+    try:
+        import nvidia.dali  # noqa: F401
+
+        out.append("dali")
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("reader", _readers())
+@pytest.mark.parametrize("engine", _engines())
+def test_gpu_loader_matches_reference(border_scene, reader, engine):  # noqa: F811
+    cube, labels, stores = border_scene
+    store = stores["reflect"]
+    with hsgds.PatchLoader(store, patch_size=13, batch_size=101, split=None, device="cuda", reader=reader,
+                           engine=engine, dtype=torch.float32, return_coords=True) as loader:
+        assert loader.stats.reader.startswith(reader.split("-")[0])
+        got, lab, coords = _collect(loader)
+        assert loader.stats.device.startswith("cuda")
+    ref = reference_patches(cube, "reflect", 7, _train_pixels(cube, store), coords[:, 0], coords[:, 1], 13)
+    np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(lab, labels[coords[:, 0], coords[:, 1]] - 1)
+
+
+@pytest.mark.parametrize("reader", _readers())
+def test_ring_events_protect_reused_slots(border_scene, reader):  # noqa: F811
+    """Two slots for nine tiles, many epochs, no shuffle window: every slot is overwritten again and
+    again while earlier kernels may still run; a missing event would corrupt patches."""
+    cube, labels, stores = border_scene
+    store = stores["zero"]
+    nbytes = hsgds.open_scene(store).grid.tile_nbytes
+    train = _train_pixels(cube, store)
+    with hsgds.PatchLoader(store, patch_size=15, batch_size=16, split=None, device="cuda", reader=reader,
+                           ring_bytes=3 * nbytes, shuffle_window=1, return_coords=True) as loader:
+        for _ in range(3):
+            got, _, coords = _collect(loader)
+            ref = reference_patches(cube, "zero", 7, train, coords[:, 0], coords[:, 1], 15)
+            np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
+        assert loader.stats.slots == 3
+        assert loader.stats.tiles_loaded > 9  # slots really were reused
+
+
+def test_auto_choice_on_gpu(border_scene):  # noqa: F811
+    with hsgds.PatchLoader(border_scene[2]["edge"], patch_size=5, batch_size=64, split=None) as loader:
+        patches, labels = next(iter(loader))
+        assert patches.is_cuda and labels.is_cuda
+        assert patches.shape == (64, 6, 5, 5)
