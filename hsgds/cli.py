@@ -119,6 +119,40 @@ def doctor(reader, engine) -> None:
     click.echo(doctor_report(probe(), reader=reader, engine=engine))
 
 
+def _floats(value: str, n: int, what: str) -> tuple[float, ...]:
+    parts = [p for p in value.replace(" ", "").split(",") if p]
+    try:
+        out = tuple(float(p) for p in parts)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give {n} comma-separated numbers ({what})") from None
+    if len(out) != n:
+        raise click.BadParameter(f"{value!r}: give {n} comma-separated numbers ({what})")
+    return out
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="Image to write (.png, .pdf, .svg).")
+@click.option("--bands", help="Red,green,blue band indices (default: nearest 640/550/460 nm, if known).")
+@click.option("--stretch", default="2,98", show_default=True, help="Low,high percentiles of the colour stretch.")
+@click.option("--max-size", default=1024, show_default=True, help="Sample larger scenes down to this many pixels.")
+@click.option("--dpi", default=120, show_default=True)
+def preview(store, out, bands, stretch, max_size, dpi) -> None:
+    """False-colour image, class map and split map of a store, side by side (needs hsgds[preview])."""
+    from hsgds.preview import render_preview
+
+    rgb = None
+    if bands is not None:
+        floats = _floats(bands, 3, "red,green,blue band indices")
+        if not all(f.is_integer() for f in floats):
+            raise click.BadParameter(f"{bands!r}: band indices are integers")
+        rgb = tuple(int(f) for f in floats)
+    lo, hi = _floats(stretch, 2, "low,high percentiles")
+    path = render_preview(store, out, bands=rgb, percentiles=(lo, hi), max_size=max_size, dpi=dpi)
+    click.echo(f"wrote {path}")
+
+
 def demo_store(refresh: bool = False) -> Path:
     """Convert the embedded Indian Pines scene into the cache directory (once) and return the store."""
     from hsgds import defaults

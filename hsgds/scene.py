@@ -179,6 +179,18 @@ class Scene:
                                                              xa - tx * t + halo:xb - tx * t + halo]
         return out
 
+    def to_xarray(self):
+        """The cube as a lazily loaded ``xarray.DataArray`` with dims ``(y, x, band)``.
+
+        Coordinates: ``band`` (0..B-1), ``wavelength`` (nm, when the store knows them) and ``band_name``
+        (when known). Nothing is read until values are needed, and then only the tiles under the
+        selected window (``da.isel(y=slice(0, 64)).values`` reads one tile row). No dask needed.
+        Needs ``pip install 'hsgds[xarray]'``; raises :class:`~hsgds.errors.DependencyError` otherwise.
+        """
+        from hsgds._xarray import scene_to_xarray
+
+        return scene_to_xarray(self)
+
     def verify(self) -> list[str]:
         """Re-read every tile; return one line per bad tile (empty when the store is intact)."""
         problems = []

@@ -1,0 +1,32 @@
+"""Optional dependencies, imported when a feature needs them, with an error that names the pip extra."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from hsgds.errors import DependencyError
+
+__all__ = ["require"]
+
+
+def require(module: str, extra: str, feature: str) -> ModuleType:
+    """Import ``module`` or raise :class:`~hsgds.errors.DependencyError` naming ``pip install 'hsgds[extra]'``.
+
+    Parameters
+    ----------
+    module
+        Importable name, e.g. ``"matplotlib"``.
+    extra
+        The hsgds extra that installs it, e.g. ``"preview"``.
+    feature
+        What needs it, for the message (e.g. ``"hsgds preview"``).
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        top = module.split(".")[0]
+        missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == top
+        what = "is not installed" if missing else f"cannot be imported ({' '.join(str(exc).split())})"
+        raise DependencyError(f"{feature} needs {top}, which {what}; install it with "
+                              f"pip install 'hsgds[{extra}]'") from None

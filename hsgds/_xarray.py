@@ -1,0 +1,92 @@
+"""A scene as a lazily loaded ``xarray.DataArray`` (``Scene.to_xarray``); needs the ``xarray`` extra.
+
+No dask: the DataArray wraps xarray's own lazy indexing (``LazilyIndexedArray``) around a
+``BackendArray`` whose reads are :meth:`hsgds.scene.Scene.read` windows, so only the tiles that an
+indexing operation touches are read, when its values are asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hsgds._optional import require
+
+if TYPE_CHECKING:
+    from hsgds.scene import Scene
+
+__all__ = ["scene_to_xarray"]
+
+
+def _axis(key: Any, n: int) -> tuple[int, int, Any]:
+    """For one basic index on an axis of length n: the bounding window [start, stop) to read and the
+    index that picks the wanted positions out of that window (an int drops the axis, as numpy does)."""
+    if isinstance(key, slice):
+        idx = range(*key.indices(n))
+        if len(idx) == 0:
+            return 0, 0, slice(0, 0)
+        lo, hi = min(idx[0], idx[-1]), max(idx[0], idx[-1]) + 1
+        first, last = idx[0] - lo, idx[-1] - lo
+        end = last + 1 if idx.step > 0 else (last - 1 if last > 0 else None)
+        return lo, hi, slice(first, end, idx.step)
+    i = int(key)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"index {int(key)} is out of bounds for an axis of size {n}")
+    return i, i + 1, 0
+
+
+def _backend_array_class() -> type:
+    xr_backends = require("xarray.backends", "xarray", "Scene.to_xarray()")
+    indexing = require("xarray.core.indexing", "xarray", "Scene.to_xarray()")
+
+    class SceneBackendArray(xr_backends.BackendArray):
+        """(y, x, band) view of a scene; every basic index is one :meth:`Scene.read` window."""
+
+        __slots__ = ("dtype", "scene", "shape")
+
+        def __init__(self, scene: Scene) -> None:
+            self.scene = scene
+            self.shape = tuple(scene.shape)
+            self.dtype = np.dtype(scene.dtype)
+
+        def __getitem__(self, key: Any) -> np.ndarray:
+            return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC,
+                                                      self._read)
+
+        def _read(self, key: tuple) -> np.ndarray:
+            (y0, y1, yi), (x0, x1, xi) = _axis(key[0], self.shape[0]), _axis(key[1], self.shape[1])
+            if y1 <= y0 or x1 <= x0:
+                window = np.empty((max(0, y1 - y0), max(0, x1 - x0), self.shape[2]), dtype=self.dtype)
+            else:
+                window = self.scene.read(y0, y1, x0, x1)
+            return window[yi, xi][..., key[2]]
+
+    return SceneBackendArray
+
+
+def scene_to_xarray(scene: Scene) -> Any:
+    """See :meth:`hsgds.scene.Scene.to_xarray`."""
+    xr = require("xarray", "xarray", "Scene.to_xarray()")
+    indexing = require("xarray.core.indexing", "xarray", "Scene.to_xarray()")
+    h, w, b = scene.shape
+    coords: dict[str, Any] = {"band": ("band", np.arange(b))}
+    if scene.wavelengths is not None:
+        coords["wavelength"] = ("band", np.asarray(scene.wavelengths, dtype=np.float64), {"units": "nm"})
+    if scene.band_names is not None:
+        coords["band_name"] = ("band", np.asarray(scene.band_names, dtype=object))
+    meta = scene.meta
+    attrs = {
+        "store": str(scene.path),
+        "source": str(meta.source.get("name", "")),
+        "tile": scene.grid.tile,
+        "halo": scene.grid.halo,
+        "num_classes": scene.num_classes,
+    }
+    if scene.class_names:
+        attrs["class_names"] = list(scene.class_names)
+    data = indexing.LazilyIndexedArray(_backend_array_class()(scene))
+    var = xr.Variable(("y", "x", "band"), data)
+    return xr.DataArray(var, coords=coords, name="cube", attrs=attrs)

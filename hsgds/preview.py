@@ -1,0 +1,245 @@
+"""``hsgds preview``: a false-colour image, the class map and the split map of a store, side by side.
+
+:func:`preview_panels` computes the three panels as uint8 RGB arrays (numpy only, so tests can check
+every pixel); :func:`render_preview` lays them out with legends and writes an image with matplotlib
+(the ``preview`` extra), using its Agg canvas directly: no pyplot, no GUI backend, no global state.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hsgds import format as fmt
+from hsgds._optional import require
+from hsgds.errors import InputError
+
+__all__ = [
+    "RGB_TARGETS_NM",
+    "SPLIT_COLOURS",
+    "UNLABELLED",
+    "PreviewPanels",
+    "class_colours",
+    "pick_bands",
+    "preview_panels",
+    "render_preview",
+]
+
+#: Band centres used for the false-colour red, green and blue when the store knows its wavelengths.
+RGB_TARGETS_NM = (640.0, 550.0, 460.0)
+#: Band positions (fractions of the band range) used when it does not.
+_FALLBACK_FRACTIONS = (0.75, 0.5, 0.25)
+#: Colour of unlabelled pixels in the class and split maps.
+UNLABELLED = (0, 0, 0)
+#: Split map colours, by split name ("none" = labelled but in no split, e.g. a block split's guard band).
+SPLIT_COLOURS: dict[str, tuple[int, int, int]] = {
+    "train": (31, 119, 180),
+    "val": (255, 160, 0),
+    "test": (214, 39, 40),
+    "none": (150, 150, 150),
+}
+_SPLIT_LABELS = {"train": "train", "val": "val", "test": "test", "none": "guard / unused"}
+# well-separated colours for classes 1..20; more are spread around the hue circle
+_PALETTE = (
+    (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
+    (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (220, 190, 255),
+    (170, 110, 40), (255, 250, 200), (128, 0, 0), (170, 255, 195), (128, 128, 0), (255, 215, 180),
+    (0, 0, 128), (128, 128, 128),
+)
+
+
+def class_colours(num_classes: int) -> np.ndarray:
+    """(K+1, 3) uint8 lookup table: row 0 (unlabelled) is black, row k is class k's colour."""
+    table = [UNLABELLED, *_PALETTE[:num_classes]]
+    for k in range(len(_PALETTE), num_classes):  # golden-ratio hue steps, two brightness levels
+        r, g, b = colorsys.hsv_to_rgb((k * 0.618033988749895) % 1.0, 0.75, 0.95 if k % 2 else 0.7)
+        table.append((round(r * 255), round(g * 255), round(b * 255)))
+    return np.array(table, dtype=np.uint8)
+
+
+def pick_bands(num_bands: int, wavelengths: list[float] | None = None,
+               bands: tuple[int, int, int] | list[int] | None = None) -> tuple[tuple[int, int, int], str]:
+    """The (red, green, blue) band indices of the false-colour image and a note saying how they were chosen.
+
+    Explicit ``bands`` win; else the bands nearest :data:`RGB_TARGETS_NM` when wavelengths are known;
+    else the bands at 3/4, 1/2 and 1/4 of the band range.
+    """
+    if bands is not None:
+        picked = tuple(int(b) for b in bands)
+        if len(picked) != 3:
+            raise InputError(f"give three bands (red, green, blue), not {len(picked)}")
+        bad = [b for b in picked if not 0 <= b < num_bands]
+        if bad:
+            raise InputError(f"band {bad[0]} is out of range; the scene has bands 0..{num_bands - 1}")
+        return picked, "bands {}/{}/{} (chosen)".format(*picked)  # type: ignore[return-value]
+    if wavelengths is not None:
+        wl = np.asarray(wavelengths, dtype=np.float64)
+        picked = tuple(int(np.argmin(np.abs(wl - t))) for t in RGB_TARGETS_NM)
+        got = "/".join(f"{wl[i]:.0f}" for i in picked)
+        return picked, ("bands {}/{}/{} nearest 640/550/460 nm".format(*picked)  # type: ignore[return-value]
+                        + f" ({got} nm)")
+    picked = tuple(int(f * (num_bands - 1) + 0.5) for f in _FALLBACK_FRACTIONS)
+    return picked, ("bands {}/{}/{} (no wavelengths: at 3/4, 1/2, 1/4 of the range)"  # type: ignore[return-value]
+                    .format(*picked))
+
+
+def _stretch(values: np.ndarray, percentiles: tuple[float, float]) -> np.ndarray:
+    """Per-channel linear stretch of (h, w, 3) values between two percentiles, to uint8."""
+    out = np.zeros(values.shape, dtype=np.uint8)
+    for c in range(values.shape[-1]):
+        v = values[..., c].astype(np.float64)
+        lo, hi = np.percentile(v, percentiles)
+        if hi > lo:
+            out[..., c] = np.round(np.clip((v - lo) / (hi - lo), 0.0, 1.0) * 255.0).astype(np.uint8)
+    return out
+
+
+@dataclass(frozen=True)
+class PreviewPanels:
+    """The three panels of a preview, each (h, w, 3) uint8 RGB, sampled every ``step`` scene pixels.
+
+    ``class_legend`` holds ``(label, name, colour, pixel count)`` for each class present in the scene,
+    ``split_legend`` holds ``(split name, legend text, colour, pixel count)`` for each split present.
+    """
+
+    rgb: np.ndarray
+    classes: np.ndarray
+    splits: np.ndarray
+    bands: tuple[int, int, int]
+    band_note: str
+    step: int
+    class_legend: list[tuple[int, str, tuple[int, int, int], int]]
+    split_legend: list[tuple[str, str, tuple[int, int, int], int]]
+
+
+def preview_panels(scene, bands: tuple[int, int, int] | list[int] | None = None,
+                   percentiles: tuple[float, float] = (2.0, 98.0), max_size: int = 1024) -> PreviewPanels:
+    """Compute the preview panels of a scene (an open :class:`~hsgds.scene.Scene` or a store path).
+
+    Parameters
+    ----------
+    bands
+        (red, green, blue) band indices; default: see :func:`pick_bands`.
+    percentiles
+        Lower and upper percentile of each channel mapped to 0 and 255.
+    max_size
+        Scenes larger than this (pixels along the longer side) are sampled every ``step`` pixels, with
+        the smallest ``step`` that fits; every tile is still read once.
+    """
+    from hsgds.scene import Scene, open_scene
+
+    if not isinstance(scene, Scene):
+        scene = open_scene(scene)
+    lo, hi = (float(p) for p in percentiles)
+    if not 0.0 <= lo < hi <= 100.0:
+        raise InputError(f"percentiles must satisfy 0 <= low < high <= 100, not {lo:g}, {hi:g}")
+    if int(max_size) < 1:
+        raise InputError(f"max_size must be >= 1, not {max_size}")
+    h, w, b = scene.shape
+    step = max(1, math.ceil(max(h, w) / int(max_size)))
+    picked, note = pick_bands(b, scene.wavelengths, bands)
+    rows, cols = np.arange(0, h, step), np.arange(0, w, step)
+
+    # false colour: each tile read once; keep its core pixels on the sampling grid, three bands
+    values = np.empty((len(rows), len(cols), 3), dtype=scene.dtype)
+    g = scene.grid
+    band_idx = list(picked)
+    for tile_id in range(g.num_tiles):
+        y0, y1, x0, x1 = g.core_window(tile_id)
+        ry = np.nonzero((rows >= y0) & (rows < y1))[0]
+        rx = np.nonzero((cols >= x0) & (cols < x1))[0]
+        if len(ry) == 0 or len(rx) == 0:
+            continue
+        tile = scene.read_tile(tile_id)
+        ty = rows[ry] - y0 + g.halo
+        tx = cols[rx] - x0 + g.halo
+        values[ry[0]:ry[-1] + 1, rx[0]:rx[-1] + 1] = tile[np.ix_(ty, tx, band_idx)]
+    rgb = _stretch(values, (lo, hi))
+
+    # class map
+    labels = scene.labels.astype(np.int64)
+    k = max(scene.num_classes, int(labels.max(initial=0)))
+    lut = class_colours(k)
+    classes = lut[labels[::step, ::step]]
+    counts = np.bincount(labels.ravel(), minlength=k + 1)
+    names = scene.class_names
+    class_legend = [(c, names[c - 1] if names and c <= len(names) else f"class {c}",
+                     tuple(int(v) for v in lut[c]), int(counts[c]))
+                    for c in range(1, k + 1) if counts[c]]
+
+    # split map: from the sample table (every labelled pixel has one entry)
+    split_codes = np.full((h, w), -1, dtype=np.int16)
+    table = scene.sample_table()
+    ys, xs, _ = scene.samples(None)
+    split_codes[ys, xs] = table["split"]
+    split_lut = np.zeros((len(fmt.SPLIT_CODES) + 1, 3), dtype=np.uint8)  # row 0: unlabelled (-1 + 1)
+    split_lut[0] = UNLABELLED
+    for name, code in fmt.SPLIT_CODES.items():
+        split_lut[code + 1] = SPLIT_COLOURS[name]
+    splits = split_lut[split_codes[::step, ::step] + 1]
+    split_counts = np.bincount(table["split"].astype(np.int64), minlength=len(fmt.SPLIT_CODES))
+    split_legend = [(name, _SPLIT_LABELS[name], SPLIT_COLOURS[name], int(split_counts[fmt.SPLIT_CODES[name]]))
+                    for name in ("train", "val", "test", "none") if split_counts[fmt.SPLIT_CODES[name]]]
+    return PreviewPanels(rgb=rgb, classes=classes, splits=splits, bands=picked, band_note=note, step=step,
+                         class_legend=class_legend, split_legend=split_legend)
+
+
+def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, int, int] | list[int] | None = None,
+                   percentiles: tuple[float, float] = (2.0, 98.0), max_size: int = 1024,
+                   dpi: int = 120) -> Path:
+    """Write the preview image (format from the file suffix: .png, .pdf, .svg, ...) and return its path.
+
+    Needs matplotlib: ``pip install 'hsgds[preview]'`` (raises :class:`~hsgds.errors.DependencyError`
+    naming that extra when it is missing).
+    """
+    from hsgds.scene import Scene, open_scene
+
+    require("matplotlib", "preview", "hsgds preview")
+    figure_mod = require("matplotlib.figure", "preview", "hsgds preview")
+    patches = require("matplotlib.patches", "preview", "hsgds preview")
+    agg = require("matplotlib.backends.backend_agg", "preview", "hsgds preview")
+
+    if not isinstance(scene, Scene):
+        scene = open_scene(scene)
+    out = Path(out)
+    panels = preview_panels(scene, bands=bands, percentiles=percentiles, max_size=max_size)
+    ph, pw = panels.rgb.shape[:2]
+    panel_w = 4.0
+    panel_h = max(1.0, min(8.0, panel_w * ph / pw))
+    fig = figure_mod.Figure(figsize=(3 * panel_w + 0.6, panel_h + 2.4), dpi=dpi, layout="constrained")
+    fig.get_layout_engine().set(w_pad=0.1, wspace=0.03)
+    agg.FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
+    h, w, b = scene.shape
+    sampled = f", every {panels.step} px" if panels.step > 1 else ""
+    fig.suptitle(f"{scene.path.name}: {h}x{w}x{b} {scene.dtype}{sampled}", fontsize=11)
+
+    def patch(colour: tuple[int, int, int], text: str):
+        return patches.Patch(facecolor=tuple(c / 255 for c in colour), edgecolor="black", linewidth=0.4,
+                             label=text)
+
+    lo, hi = percentiles
+    titles = (f"false colour\n{panels.band_note}\nstretch {lo:g}-{hi:g} %",
+              f"classes ({len(panels.class_legend)})", "split")
+    images = (panels.rgb, panels.classes, panels.splits)
+    for ax, image, title in zip(axes, images, titles):
+        ax.imshow(image, interpolation="nearest")
+        ax.set_title(title, fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    class_handles = [patch(colour, f"{c} {name} ({n})") for c, name, colour, n in panels.class_legend]
+    class_handles.append(patch(UNLABELLED, "unlabelled"))
+    split_handles = [patch(colour, f"{text} ({n})") for _, text, colour, n in panels.split_legend]
+    split_handles.append(patch(UNLABELLED, "unlabelled"))
+    legend_kw = dict(loc="upper center", bbox_to_anchor=(0.5, -0.02), fontsize=6.5, frameon=False,
+                     handlelength=1.2, columnspacing=0.8)
+    axes[1].legend(handles=class_handles, ncol=2 if len(class_handles) > 6 else 1, **legend_kw)
+    axes[2].legend(handles=split_handles, ncol=1, **legend_kw)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, bbox_inches="tight")
+    return out

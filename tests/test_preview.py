@@ -1,0 +1,175 @@
+"""hsgds preview: panels checked pixel by pixel against numpy, band choice, the image file, the CLI."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hsgds
+from hsgds import format as fmt
+from hsgds.errors import DependencyError, InputError
+from hsgds.preview import (
+    SPLIT_COLOURS,
+    UNLABELLED,
+    class_colours,
+    pick_bands,
+    preview_panels,
+    render_preview,
+)
+from preprocess.convert import ConvertOptions, convert
+
+WAVELENGTHS = [400.0 + 50.0 * i for i in range(16)]  # 400..1150 nm: 650/550/450 are the nearest bands
+
+
+def write_envi(path: Path, cube: np.ndarray, wavelengths: list[float] | None) -> Path:
+    """A minimal ENVI scene (bip, little-endian int16), written by hand."""
+    h, w, b = cube.shape
+    path.with_suffix(".img").write_bytes(cube.astype("<i2").tobytes())
+    fields = [f"samples = {w}", f"lines = {h}", f"bands = {b}", "header offset = 0",
+              "file type = ENVI Standard", "data type = 2", "interleave = bip", "byte order = 0"]
+    if wavelengths is not None:
+        fields += ["wavelength units = Nanometers", "wavelength = {" + ", ".join(map(str, wavelengths)) + "}"]
+    hdr = path.with_suffix(".hdr")
+    hdr.write_text("ENVI\n" + "\n".join(fields) + "\n")
+    return hdr
+
+
+@pytest.fixture(scope="module")
+def envi_store(tmp_path_factory):
+    """A 61x47x16 int16 scene with wavelengths and a block split (so there is a guard band)."""
+    from hsgds.synthetic import make_scene
+
+    tmp = tmp_path_factory.mktemp("preview")
+    cube, labels = make_scene(61, 47, len(WAVELENGTHS), classes=5, dtype="int16", seed=11)
+    hdr = write_envi(tmp / "scene", cube, WAVELENGTHS)
+    np.save(tmp / "gt.npy", labels)
+    out = convert(hdr, tmp / "scene.zarr", ConvertOptions(labels=tmp / "gt.npy", split="blocks", block_size=16,
+                                                         train=0.5, val=0.2, max_patch=5, tile=12,
+                                                         class_names=("a", "b", "c", "d", "e")))
+    return out, cube, labels
+
+
+def stretch_reference(values: np.ndarray, lo: float = 2, hi: float = 98) -> np.ndarray:
+    out = np.zeros(values.shape, np.uint8)
+    for c in range(3):
+        v = values[..., c].astype(np.float64)
+        a, b = np.percentile(v, [lo, hi])
+        out[..., c] = np.round(np.clip((v - a) / (b - a), 0, 1) * 255)
+    return out
+
+
+def test_bands_nearest_640_550_460_nm():
+    assert pick_bands(16, WAVELENGTHS)[0] == (5, 3, 1)
+    bands, note = pick_bands(16, WAVELENGTHS)
+    assert "650/550/450 nm" in note
+    assert pick_bands(200, None)[0] == (149, 100, 50)  # no wavelengths: 3/4, 1/2, 1/4 of the range
+    assert pick_bands(1, None)[0] == (0, 0, 0)
+    assert pick_bands(16, WAVELENGTHS, bands=(0, 1, 2)) == ((0, 1, 2), "bands 0/1/2 (chosen)")
+    with pytest.raises(InputError, match="band 16 is out of range"):
+        pick_bands(16, None, bands=(0, 1, 16))
+    with pytest.raises(InputError, match="three bands"):
+        pick_bands(16, None, bands=(0, 1))
+
+
+def test_panels_are_exact(envi_store):
+    path, cube, labels = envi_store
+    scene = hsgds.open_scene(path)
+    assert scene.wavelengths == WAVELENGTHS
+    p = preview_panels(scene)
+    h, w, _ = cube.shape
+    assert p.step == 1 and p.bands == (5, 3, 1)
+    for panel in (p.rgb, p.classes, p.splits):
+        assert panel.shape == (h, w, 3) and panel.dtype == np.uint8
+
+    # false colour: the percentile stretch of bands 5/3/1
+    np.testing.assert_array_equal(p.rgb, stretch_reference(cube[..., [5, 3, 1]]))
+
+    # class map: every pixel has its class colour; unlabelled is black; class 1 is the palette's first
+    lut = class_colours(5)
+    assert tuple(lut[0]) == UNLABELLED and tuple(lut[1]) == (230, 25, 75)
+    assert len({tuple(c) for c in lut}) == 6
+    for c in range(6):
+        assert (p.classes[labels == c] == lut[c]).all()
+    assert [(c, name, n) for c, name, _, n in p.class_legend] == [
+        (c, "abcde"[c - 1], int((labels == c).sum())) for c in range(1, 6) if (labels == c).any()]
+
+    # split map: every labelled pixel has its split's colour (the guard band too), the rest black
+    expected = np.zeros((h, w, 3), np.uint8)
+    for name, code in fmt.SPLIT_CODES.items():
+        y, x, _ = scene.samples(name)
+        expected[y, x] = SPLIT_COLOURS[name]
+    np.testing.assert_array_equal(p.splits, expected)
+    names = [name for name, *_ in p.split_legend]
+    assert names[0] == "train" and "none" in names  # blocks split: guard band present
+    assert sum(n for *_, n in p.split_legend) == np.count_nonzero(labels)
+    assert (p.splits[labels == 0] == UNLABELLED).all()
+
+
+def test_panels_sampled_down(envi_store):
+    path, cube, labels = envi_store
+    full = preview_panels(path)
+    small = preview_panels(path, max_size=20, percentiles=(0, 100))
+    assert small.step == 4  # ceil(61 / 20)
+    np.testing.assert_array_equal(small.classes, full.classes[::4, ::4])
+    np.testing.assert_array_equal(small.splits, full.splits[::4, ::4])
+    np.testing.assert_array_equal(small.rgb, stretch_reference(cube[::4, ::4][..., [5, 3, 1]], 0, 100))
+
+
+def test_panels_bad_arguments(envi_store):
+    path = envi_store[0]
+    with pytest.raises(InputError, match="percentiles"):
+        preview_panels(path, percentiles=(98, 2))
+    with pytest.raises(InputError, match="max_size"):
+        preview_panels(path, max_size=0)
+
+
+def test_preview_png_via_cli(envi_store, tmp_path, run_cli):
+    import matplotlib.image
+
+    path, _, labels = envi_store
+    out = tmp_path / "sub" / "preview.png"
+    code, stdout, err = run_cli("preview", path, "-o", out)
+    assert code == 0, err
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {out}" in stdout
+    image = matplotlib.image.imread(out)
+    assert image.ndim == 3 and image.shape[1] > image.shape[0] > 200  # three panels side by side
+    colours = {tuple(px) for px in np.round(image[..., :3] * 255).astype(np.uint8).reshape(-1, 3)}
+    lut = class_colours(5)
+    for c in np.unique(labels[labels > 0]):
+        assert tuple(int(v) for v in lut[c]) in colours  # class map and legend drawn with exact colours
+    for name in ("train", "val", "test", "none"):
+        assert SPLIT_COLOURS[name] in colours
+
+
+def test_preview_cli_options_and_errors(envi_store, tmp_path, run_cli):
+    path = envi_store[0]
+    code, _, err = run_cli("preview", path, "-o", tmp_path / "p.pdf", "--bands", "0,1,2", "--stretch", "1,99")
+    assert code == 0, err
+    assert (tmp_path / "p.pdf").read_bytes()[:5] == b"%PDF-"
+    code, _, err = run_cli("preview", path, "-o", tmp_path / "x.png", "--bands", "0,1")
+    assert code == 2 and "3 comma-separated numbers" in err
+    code, _, err = run_cli("preview", path, "-o", tmp_path / "x.png", "--bands", "0,1,99")
+    assert code == 2 and "band 99 is out of range" in err
+    code, _, err = run_cli("preview", tmp_path / "missing.zarr", "-o", tmp_path / "x.png")
+    assert code == 2 and "hsgds convert" in err
+
+
+def test_indian_pines_preview(indian_pines_store, tmp_path):
+    out = render_preview(indian_pines_store, tmp_path / "ip.png", bands=(50, 27, 17))
+    assert out.stat().st_size > 10_000
+    p = preview_panels(indian_pines_store)
+    assert len(p.class_legend) == 16 and p.class_legend[0][1] == "Alfalfa"
+
+
+def test_missing_matplotlib_names_the_extra(envi_store, tmp_path, monkeypatch, run_cli):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(DependencyError, match=r"matplotlib, which is not installed; .*pip install 'hsgds\[preview\]'"):
+        render_preview(envi_store[0], tmp_path / "x.png")
+    code, _, err = run_cli("preview", envi_store[0], "-o", tmp_path / "x.png")
+    assert code == 2 and "hsgds[preview]" in err
+    assert preview_panels(envi_store[0]).rgb.size  # the panels need numpy only

@@ -1,0 +1,120 @@
+"""Scene.to_xarray (lazy, windows read through Scene.read) and plain zarr-python access to a store."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import hsgds
+from hsgds.errors import DependencyError
+from hsgds.scene import Scene
+from preprocess.convert import ConvertOptions, convert
+
+xr = pytest.importorskip("xarray")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from hsgds.synthetic import make_scene
+    from tests.test_preview import WAVELENGTHS, write_envi
+
+    tmp = tmp_path_factory.mktemp("xr")
+    cube, labels = make_scene(53, 70, len(WAVELENGTHS), classes=4, dtype="int16", seed=5)
+    hdr = write_envi(tmp / "scene", cube, WAVELENGTHS)
+    np.save(tmp / "gt.npy", labels)
+    out = convert(hdr, tmp / "scene.zarr", ConvertOptions(labels=tmp / "gt.npy", tile=12, max_patch=5,
+                                                         class_names=("w", "x", "y", "z")))
+    return out, cube, labels
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Record every Scene.read window."""
+    calls: list[tuple[int, int, int, int]] = []
+    real = Scene.read
+
+    def spy(self, y0, y1, x0, x1):
+        calls.append((y0, y1, x0, x1))
+        return real(self, y0, y1, x0, x1)
+
+    monkeypatch.setattr(Scene, "read", spy)
+    return calls
+
+
+def test_to_xarray_layout(store):
+    path, cube, _ = store
+    da = hsgds.open_scene(path).to_xarray()
+    assert isinstance(da, xr.DataArray)
+    assert da.dims == ("y", "x", "band") and da.shape == cube.shape and da.dtype == cube.dtype
+    assert da.name == "cube"
+    np.testing.assert_array_equal(da["wavelength"].values, [400.0 + 50.0 * i for i in range(16)])
+    assert da["wavelength"].dims == ("band",) and da["wavelength"].attrs["units"] == "nm"
+    np.testing.assert_array_equal(da["band"].values, np.arange(16))
+    assert da.attrs["class_names"] == ["w", "x", "y", "z"] and da.attrs["tile"] == 12
+    np.testing.assert_array_equal(da.values, cube)
+    # selecting by wavelength works the xarray way
+    red = da.swap_dims(band="wavelength").sel(wavelength=640, method="nearest")
+    np.testing.assert_array_equal(red.values, cube[..., 5])
+
+
+def test_to_xarray_is_lazy(store, reads):
+    path, cube, _ = store
+    da = hsgds.open_scene(path).to_xarray()
+    sub = da.isel(y=slice(13, 20), x=slice(25, 30)).sel(band=[2, 4])
+    assert reads == []  # nothing read yet, not even for the repr
+    repr(sub)
+    assert reads == []
+    np.testing.assert_array_equal(sub.values, cube[13:20, 25:30][..., [2, 4]])
+    assert reads == [(13, 20, 25, 30)]  # exactly the window, one call (one tile: tile 12 -> 24..35 is tx=2)
+
+
+@pytest.mark.parametrize("sel", [
+    dict(y=slice(3, 40, 3)),
+    dict(y=slice(None, None, -2), x=5),
+    dict(y=7, x=slice(50, 2, -7), band=[0, 3]),
+    dict(y=[1, 50, 5], x=[2, 3, 69]),
+    dict(band=2),
+    dict(y=slice(10, 10)),
+    dict(y=-1, x=-3),
+    dict(y=slice(-5, None), x=slice(None, 4), band=slice(None, None, -1)),
+])
+def test_to_xarray_indexing_matches_numpy(store, sel):
+    path, cube, _ = store
+    da = hsgds.open_scene(path).to_xarray()
+    want = xr.DataArray(cube, dims=("y", "x", "band")).isel(**sel).values
+    np.testing.assert_array_equal(da.isel(**sel).values, want)
+
+
+def test_to_xarray_without_xarray_names_the_extra(store, monkeypatch):
+    for name in [m for m in sys.modules if m == "xarray" or m.startswith("xarray.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "xarray", None)
+    with pytest.raises(DependencyError, match=r"xarray, which is not installed; install it with "
+                                              r"pip install 'hsgds\[xarray\]'"):
+        hsgds.open_scene(store[0]).to_xarray()
+
+
+def test_store_opens_with_plain_zarr(store):
+    """Any Zarr v3 reader can open a store: zarr-python sees the arrays, dimension names and metadata."""
+    import zarr
+
+    path, cube, labels = store
+    scene = hsgds.open_scene(path)
+    g = zarr.open_group(path, mode="r")
+    assert g.metadata.zarr_format == 3
+    assert g.attrs["hsgds"]["format_version"] == 1 and g.attrs["hsgds"]["wavelengths"] == scene.wavelengths
+    tiles = g["tiles"]
+    assert tiles.metadata.dimension_names == ("tile_y", "tile_x", "y", "x", "band")
+    assert tiles.shape == (scene.grid.nty, scene.grid.ntx, *scene.grid.tile_shape)
+    assert tiles.chunks == (1, 1, *scene.grid.tile_shape)
+    for tile_id in (0, scene.grid.num_tiles - 1):
+        ty, tx = scene.grid.tile_yx(tile_id)
+        np.testing.assert_array_equal(tiles[ty, tx], scene.read_tile(tile_id))
+    assert g["labels"].metadata.dimension_names == ("y", "x")
+    np.testing.assert_array_equal(g["labels"][...], labels)
+    n = scene.meta.num_samples
+    for name in ("tile", "y", "x", "label", "split"):
+        assert g[f"samples/{name}"].shape == (n,)
+    np.testing.assert_array_equal(g["stats/train/mean"][...], scene.stats["train"].mean)
