@@ -112,11 +112,24 @@ def verify(store) -> None:
 @cli.command()
 @click.option("--reader", default="auto", show_default=True, help="Reader to check: auto, posix, posix-pinned, kvikio.")
 @click.option("--engine", default="auto", show_default=True, help="Engine to check: auto, torch, dali.")
-def doctor(reader, engine) -> None:
+@click.option("--store", type=click.Path(), help="Also say which filesystem this store is on (WSL2: not /mnt/c).")
+@click.option("--require-gpu", is_flag=True,
+              help="Exit 1 unless hsgds would use a CUDA GPU (a container health check).")
+def doctor(reader, engine, store, require_gpu) -> None:
     """What this machine can use (CUDA, kvikio + GDS or compat mode, DALI, WSL) and what hsgds would pick."""
-    from hsgds.device import doctor_report, probe
+    from hsgds.device import choose, doctor_report, probe
 
-    click.echo(doctor_report(probe(), reader=reader, engine=engine))
+    report = probe()
+    click.echo(doctor_report(report, reader=reader, engine=engine, store=store))
+    if require_gpu:
+        try:
+            kind = choose(report, reader, engine).kind
+        except HsgdsError as exc:
+            click.echo(f"hsgds doctor: unhealthy: {exc}", err=True)
+            sys.exit(1)
+        if kind != "cuda":
+            click.echo(f"hsgds doctor: unhealthy: no usable CUDA GPU ({report.cuda_reason})", err=True)
+            sys.exit(1)
 
 
 def _floats(value: str, n: int, what: str) -> tuple[float, ...]:

@@ -33,6 +33,8 @@ __all__ = [
     "doctor_report",
     "import_kvikio",
     "kvikio_mode",
+    "mount_of",
+    "platform_notes",
     "probe",
 ]
 
@@ -385,6 +387,9 @@ def _probe_cupy(info: dict[str, Any]) -> None:
 
 def _probe_dali(info: dict[str, Any], *, gpu: bool) -> None:
     info["dali_gpu"] = False
+    if info.get("windows"):
+        info["dali_reason"] = _DALI_WINDOWS
+        return
     try:
         import nvidia.dali as dali
     except Exception as exc:
@@ -479,6 +484,9 @@ def _reader_for(report: DeviceReport, device: str, reader: str, reasons: list[st
     return "posix-pinned"
 
 
+_DALI_WINDOWS = "DALI has no native Windows build (Linux and WSL2 only); the torch engine is used"
+
+
 def _engine_for(report: DeviceReport, kind: str, engine: str, reasons: list[str]) -> str:
     if engine == "auto":
         picked = AUTO_ENGINE.get(kind, "torch")
@@ -488,6 +496,9 @@ def _engine_for(report: DeviceReport, kind: str, engine: str, reasons: list[str]
             return "torch"
         reasons.append(f"engine {picked}: the benchmark default for {kind}")
         return picked
+    if engine == "dali" and report.windows:
+        raise ConfigError("engine='dali' is not available on native Windows (DALI ships Linux wheels only); "
+                          "use engine='torch', or run under WSL2")
     if engine == "dali" and not _dali_ok(report, kind):
         extra = "pip install 'hsgds[cpu]'" if kind == "cpu" else cuda_extra(report.cuda_runtime)
         what = "DALI" if kind == "cpu" else "DALI's GPU backend"
@@ -547,13 +558,91 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", dev
 
 # ---------------------------------------------------------------------------------------------- doctor
 
+#: Filesystems through which WSL2 reaches Windows drives (/mnt/c ...): every read crosses the VM boundary.
+WINDOWS_DRIVE_FS = ("9p", "v9fs", "drvfs")
+NO_MAIN_GUARD = ('no worker processes (threads only): training scripts need no `if __name__ == "__main__":` '
+                 "guard, on Windows or anywhere else")
+
+
+def mount_of(path: str | os.PathLike, mounts: str | None = None) -> tuple[str, str] | None:
+    """(mount point, filesystem type) of the mount holding ``path``, from ``/proc/mounts`` (or the given
+    text in its format); None where that is not available (not Linux)."""
+    if mounts is None:
+        try:
+            with open("/proc/mounts", encoding="utf-8", errors="replace") as f:
+                mounts = f.read()
+        except OSError:
+            return None
+    target = os.path.abspath(os.fspath(path))
+    best: tuple[str, str] | None = None
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, parts[2])
+    return best
+
+
+def platform_notes(report: DeviceReport, choice: Choice | None, store: str | os.PathLike | None = None,
+                   mounts: str | None = None) -> list[str]:
+    """What the chosen path means on this platform (WSL2, native Windows, Linux), and where ``store`` is."""
+    notes: list[str] = []
+    reader = choice.reader if choice is not None else None
+    on_gpu = choice is not None and choice.kind == "cuda"
+    if report.windows:
+        notes.append("native Windows: kvikio and DALI are Linux-only, so hsgds reads with POSIX reads into "
+                     "pinned host memory + copies to the GPU (posix-pinned) and cuts patches with the torch "
+                     "engine; run under WSL2 to use kvikio")
+    elif report.wsl:
+        if reader == "kvikio":
+            notes.append("WSL2: kvikio in compat mode (WSL2 has no GPUDirect Storage): POSIX reads + "
+                         "host-to-device copies through kvikio's pinned bounce buffers")
+        elif on_gpu:
+            notes.append(f"WSL2: reader {reader}: POSIX reads into pinned host memory + copies to the GPU "
+                         "(WSL2 has no GPUDirect Storage)")
+        else:
+            notes.append("WSL2: the CPU path (POSIX reads, torch engine on the CPU)")
+        notes.append("WSL2: keep stores on the WSL ext4 disk (e.g. ~/data), not under /mnt/c: Windows drives "
+                     "are reached over 9P, many times slower")
+        if on_gpu:
+            notes.append("WSL2: pinned host memory is limited (it comes out of the WSL VM's memory, half of the "
+                         "host's RAM by default; .wslconfig memory=); keep kvikio_threads modest")
+    elif on_gpu and reader == "kvikio":
+        notes.append("Linux: " + ("GPUDirect Storage: cuFile DMA from NVMe into device memory" if report.gds
+                                  else "kvikio compat mode: POSIX reads + host-to-device copies"))
+    if report.windows or report.wsl:
+        notes.append(NO_MAIN_GUARD)
+    if store is not None:
+        where = mount_of(store, mounts)
+        if where is None:
+            notes.append(f"store {store}: filesystem unknown")
+        else:
+            point, fstype = where
+            notes.append(f"store {store}: on {fstype} (mounted at {point})")
+            if report.wsl and (fstype in WINDOWS_DRIVE_FS or
+                               os.path.abspath(os.fspath(store)).startswith("/mnt/")
+                               and fstype not in ("ext4", "xfs", "btrfs")):
+                notes.append(f"WARNING: store {store} is on a Windows drive ({fstype}); copy it to the WSL "
+                             "ext4 disk (e.g. ~/data) for full speed")
+            elif fstype in ("overlay", "tmpfs"):
+                notes.append(f"WARNING: store {store} is on {fstype}; in a container, mount the NVMe data "
+                             "volume and keep stores there (docker/README.md)")
+            elif report.gds and fstype not in ("ext4", "xfs"):
+                notes.append(f"note: GPUDirect Storage reads local NVMe through ext4 or xfs; on {fstype} "
+                             "cuFile may fall back to its compat mode")
+    return notes
+
 def _status(ok: bool, detail: str, reason: str) -> str:
     return f"yes  {detail}".rstrip() if ok else f"no   {detail + ': ' if detail else ''}{reason}"
 
 
 def doctor_report(report: DeviceReport, choice: Choice | None = None, *, reader: str = "auto",
-                  engine: str = "auto") -> str:
-    """A human-readable report of what this machine can use and what hsgds would pick, with reasons.
+                  engine: str = "auto", store: str | os.PathLike | None = None) -> str:
+    """A human-readable report of what this machine can use and what hsgds would pick, with reasons,
+    and what that path means on this platform (:func:`platform_notes`; ``store``: where it lives).
 
     ``choice`` defaults to ``choose(report, reader, engine)``; if that raises, the error is shown.
     """
@@ -589,9 +678,13 @@ def doctor_report(report: DeviceReport, choice: Choice | None = None, *, reader:
             choice = choose(report, reader, engine)
         except HsgdsError as exc:
             lines += ["", f"  cannot choose: {exc}"]
-            return "\n".join(lines) + "\n"
+            notes = platform_notes(report, None, store)
+            return "\n".join(lines + (["", "path:"] + [f"  - {n}" for n in notes] if notes else [])) + "\n"
     lines += ["", f"would use: device={choice.device} reader={choice.reader} engine={choice.engine}"]
     lines += [f"  - {r}" for r in choice.reasons]
     if choice.reader == "kvikio":
         lines.append(f"  - reader stats will show {'kvikio-gds' if report.gds else 'kvikio-compat'}")
+    notes = platform_notes(report, choice, store)
+    if notes:
+        lines += ["", "path:"] + [f"  - {n}" for n in notes]
     return "\n".join(lines) + "\n"

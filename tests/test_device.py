@@ -267,6 +267,137 @@ def test_doctor_report():
     assert "device=cpu reader=posix" in doctor_report(probe())
 
 
+# ------------------------------------------------------------------- platforms: WSL2, native Windows
+
+def _fake_kvikio_mode(compat: str, preferred: bool, gds: bool) -> types.SimpleNamespace:
+    """A kvikio module as kvikio_mode() sees it: requested compat mode, whether it reduces to ON, GDS."""
+    import enum
+
+    mode = enum.Enum("CompatMode", "ON OFF AUTO")[compat]
+    defaults_ = types.SimpleNamespace(get=lambda name: mode, is_compat_mode_preferred=lambda: preferred)
+    return types.SimpleNamespace(defaults=defaults_, DriverProperties=lambda: types.SimpleNamespace(
+        is_gds_available=gds))
+
+
+@pytest.fixture
+def old_kvikio_driver_api(monkeypatch):
+    """Make `from kvikio import cufile_driver` fail so kvikio_mode() uses DriverProperties (kvikio < 24.12)."""
+    monkeypatch.setitem(sys.modules, "kvikio", types.ModuleType("kvikio"))
+
+
+def test_kvikio_mode_compat_on_wsl_and_linux(old_kvikio_driver_api):
+    from hsgds.device import kvikio_mode
+
+    gds, mode, why = kvikio_mode(_fake_kvikio_mode("AUTO", preferred=False, gds=False), wsl=True)
+    assert (gds, mode) == (False, "AUTO") and "not supported under WSL2" in why and "compat mode" in why
+    gds, mode, why = kvikio_mode(_fake_kvikio_mode("ON", preferred=True, gds=True), wsl=False)
+    assert (gds, mode) == (False, "ON") and "KVIKIO_COMPAT_MODE" in why
+    gds, mode, why = kvikio_mode(_fake_kvikio_mode("AUTO", preferred=True, gds=False), wsl=False)
+    assert not gds and "falls back to compat mode" in why
+    gds, mode, why = kvikio_mode(_fake_kvikio_mode("AUTO", preferred=False, gds=True), wsl=False)
+    assert gds and "GPUDirect Storage available" in why
+
+
+def test_probe_parts_on_native_windows(monkeypatch):
+    from hsgds.device import _probe_dali, _probe_kvikio
+
+    imported = []
+    monkeypatch.setattr("hsgds.device.import_kvikio", lambda *a: imported.append(a))
+    info = {"windows": True, "cuda": True, "cuda_runtime": "13.0"}
+    _probe_kvikio(info, windows=True, wsl=False)
+    _probe_dali(info, gpu=True)
+    assert imported == []  # not even tried
+    assert not info["kvikio_usable"] and "Linux-only" in info["kvikio_reason"]
+    assert not info["gds"] and "Linux-only" in info["gds_reason"]
+    assert not info["dali_gpu"] and "no native Windows build" in info["dali_reason"]
+    assert "torch engine" in info["dali_reason"]
+
+
+WINDOWS = dataclasses.replace(GPU, platform="Windows AMD64", windows=True, kvikio_version=None,
+                              kvikio_usable=False, kvikio_reason="kvikio is Linux-only (native Windows)",
+                              gds_reason="GPUDirect Storage is Linux-only", compat_mode=None,
+                              dali_reason="DALI has no native Windows build (Linux and WSL2 only)")
+WSL = dataclasses.replace(GPU, platform="Linux x86_64", wsl=True,
+                          gds_reason="GPUDirect Storage is not supported under WSL2; cuFile runs in its compat mode")
+
+
+def test_native_windows_uses_posix_pinned_and_torch(monkeypatch):
+    choice = choose(WINDOWS)
+    assert (choice.device, choice.reader, choice.engine) == ("cuda:0", "posix-pinned", "torch")
+    with pytest.raises(ConfigError, match="not available on native Windows.*engine='torch'.*WSL2"):
+        choose(WINDOWS, engine="dali")
+    monkeypatch.setitem(AUTO_ENGINE, "cuda", "dali")  # even if benchmarks made DALI the default
+    fallback = choose(WINDOWS)
+    assert fallback.engine == "torch" and any("no native Windows build" in r for r in fallback.reasons)
+    text = doctor_report(WINDOWS)
+    assert "(native Windows)" in text and "reader=posix-pinned engine=torch" in text
+    assert "native Windows: kvikio and DALI are Linux-only" in text
+    assert 'no `if __name__ == "__main__":` guard' in text
+
+
+def test_wsl_doctor_says_compat_mode_and_where_data_goes():
+    text = doctor_report(WSL)
+    assert "(WSL2)" in text and "reader=kvikio" in text and "kvikio-compat" in text
+    assert "WSL2: kvikio in compat mode (WSL2 has no GPUDirect Storage)" in text
+    assert "not under /mnt/c" in text and "pinned host memory is limited" in text
+    assert 'no `if __name__ == "__main__":` guard' in text
+    # kvikio missing under WSL2: posix-pinned, with the extra that adds it
+    no_kvikio = dataclasses.replace(WSL, kvikio_version=None, kvikio_usable=False,
+                                    kvikio_reason="kvikio is not installed")
+    choice = choose(no_kvikio)
+    assert choice.reader == "posix-pinned"
+    assert any("pip install 'hsgds[cu13]' adds kvikio on Linux/WSL2" in r for r in choice.reasons)
+    assert "WSL2: reader posix-pinned" in doctor_report(no_kvikio)
+    # no usable GPU under WSL2: the CPU path, and no pinned-memory advice
+    cpu_text = doctor_report(dataclasses.replace(CPU, wsl=True))
+    assert "WSL2: the CPU path" in cpu_text and "pinned" not in cpu_text
+
+
+MOUNTS = """\
+/dev/sdc / ext4 rw,relatime 0 0
+C:\\134 /mnt/c 9p rw,noatime,aname=drvfs 0 0
+/dev/nvme0n1p1 /mnt/nvme xfs rw 0 0
+/dev/nvme1n1 /home/me/my\\040data ext4 rw 0 0
+overlay /work overlay rw 0 0
+"""
+
+
+def test_mount_of():
+    from hsgds.device import mount_of
+
+    assert mount_of("/mnt/c/Users/me/ip.zarr", MOUNTS) == ("/mnt/c", "9p")
+    assert mount_of("/mnt/nvme/ip.zarr", MOUNTS) == ("/mnt/nvme", "xfs")
+    assert mount_of("/mnt/nvmex/ip.zarr", MOUNTS) == ("/", "ext4")  # a prefix is not a parent
+    assert mount_of("/home/me/my data/ip.zarr", MOUNTS) == ("/home/me/my data", "ext4")
+    assert mount_of("/", MOUNTS) == ("/", "ext4")
+    assert mount_of(Path.cwd()) is not None or not sys.platform.startswith("linux")
+
+
+def test_doctor_store_warnings():
+    from hsgds.device import platform_notes
+
+    notes = platform_notes(WSL, choose(WSL), "/mnt/c/Users/me/ip.zarr", MOUNTS)
+    assert any(n.startswith("WARNING: store /mnt/c/Users/me/ip.zarr is on a Windows drive (9p)") for n in notes)
+    notes = platform_notes(WSL, choose(WSL), "/home/me/my data/ip.zarr", MOUNTS)
+    assert not any("WARNING" in n for n in notes) and "store /home/me/my data/ip.zarr: on ext4" in notes[-1]
+    notes = platform_notes(GPU, choose(GPU), "/work/ip.zarr", MOUNTS)
+    assert any("WARNING" in n and "overlay" in n and "docker/README.md" in n for n in notes)
+    assert notes[0] == "Linux: kvikio compat mode: POSIX reads + host-to-device copies"
+    gds = dataclasses.replace(GPU, gds=True)
+    assert platform_notes(gds, choose(gds))[0].startswith("Linux: GPUDirect Storage")
+    assert platform_notes(CPU, choose(CPU)) == []  # plain Linux CPU: nothing to add
+
+
+@no_cuda_here
+def test_doctor_cli_require_gpu_and_store(run_cli, tmp_path):
+    code, out, err = run_cli("doctor", "--store", tmp_path)
+    assert code == 0 and "would use: device=cpu" in out and f"store {tmp_path}: on " in out
+    code, out, err = run_cli("doctor", "--require-gpu")
+    assert code == 1 and "unhealthy: no usable CUDA GPU" in err
+    code, out, err = run_cli("doctor", "--require-gpu", "--reader", "kvikio")
+    assert code == 1 and "cannot choose" in out and "unhealthy" in err
+
+
 # ------------------------------------------------------------------------------------------ tiles
 
 def _make_tiles(root: Path, count: int, nbytes: int, seed: int = 0) -> tuple[TileSource, list[bytes]]:
