@@ -15,6 +15,8 @@ _SETTINGS: dict[str, tuple[str, Any, Any]] = {
     "device": ("HSGDS_DEVICE", "auto", str),
     # threads in kvikio's pool; 0 = KVIKIO_NTHREADS if set, else raised to min(8, CPUs) by KvikioReader
     "kvikio_threads": ("HSGDS_KVIKIO_THREADS", 0, int),
+    # 1: the torch engine uses its fused Triton kernel on CUDA when Triton imports; 0: plain torch ops
+    "triton": ("HSGDS_TRITON", 1, int),
 }
 _overrides: dict[str, Any] = {}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hsgds import defaults
 from hsgds.engines.base import LAYOUTS, PatchEngine, PatchSpec
 from hsgds.errors import ConfigError, DependencyError, InputError
 
@@ -21,6 +22,8 @@ except ImportError as exc:  # torch is an extra: users install the build matchin
     raise DependencyError(
         "the patch engines need PyTorch: install the build for your CUDA, or pip install 'hsgds[torch]'"
     ) from exc
+
+from hsgds.engines import triton_cut  # noqa: E402 (needs torch, checked above)
 
 __all__ = ["TorchEngine"]
 
@@ -232,8 +235,12 @@ class TorchEngine(PatchEngine):
         if n == 0:
             return out
 
-        # one gather of n*p*p pixel rows (B values each) in the store's own dtype: 2 bytes for int16
         slot, y, x = (t.to(device=device, dtype=torch.int64) for t in (slot, y, x))
+        if not cpu and self._fused_kernel(storage.dtype):  # one pass on the GPU
+            offset, scale = self._consts_for(device)
+            return triton_cut.cut(storage, slot, y, x, offset, scale, out, p, nchw)
+
+        # one gather of n*p*p pixel rows (B values each) in the store's own dtype: 2 bytes for int16
         base = (slot * side + (y - r)) * side + (x - r)
         idx = (base[:, None] + self._offsets_for(side, device)).view(-1)
         src_dtype = storage.dtype
@@ -279,6 +286,12 @@ class TorchEngine(PatchEngine):
         else:
             torch.mul(work, scale, out=out)  # computed in float32, rounded once to out_dtype
         return out
+
+    def _fused_kernel(self, src_dtype: torch.dtype) -> bool:
+        """Whether the one-pass Triton kernel serves this batch (setting ``triton``, HSGDS_TRITON)."""
+        if self._compute != torch.float32 or not triton_cut.supports(src_dtype, self._out_dtype):
+            return False
+        return bool(defaults.get("triton")) and triton_cut.available()
 
     def close(self) -> None:
         """Drop the reusable CPU work buffers. Idempotent; the engine can still be used afterwards."""

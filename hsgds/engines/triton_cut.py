@@ -1,0 +1,86 @@
+"""One fused CUDA kernel (Triton) for the torch engine: gather + cast + normalize + layout in one pass.
+
+The plain torch path on CUDA makes four passes over each batch (gather, cast, subtract, multiply);
+this kernel reads each patch row once in the store's dtype and writes the normalized output once.
+A patch row (p pixels x B bands) is contiguous in a band-last tile, so each program copies one row.
+The arithmetic is the torch path's: (float32(x) - offset) * scale, rounded once to the output dtype.
+Used only when Triton imports and the dtypes are supported; the torch path remains the fallback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# store dtypes the kernel reads directly (unsigned 16-bit is read through its signed view)
+_LOADABLE = {torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.float16, torch.float32}
+_OUTPUTS = {torch.float32, torch.float16, torch.bfloat16}
+
+_kernel: Any = None
+
+
+def available() -> bool:
+    """True when Triton can be imported (CUDA builds of torch ship it)."""
+    return _build() is not None
+
+
+def supports(src: torch.dtype, out: torch.dtype) -> bool:
+    return src in _LOADABLE and out in _OUTPUTS
+
+
+def _build() -> Any:
+    global _kernel
+    if _kernel is not None:
+        return _kernel or None
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        _kernel = False
+        return None
+
+    @triton.jit
+    def cut_rows(src, slot_ptr, y_ptr, x_ptr, off_ptr, scale_ptr, out, side,
+                 B: tl.constexpr, P: tl.constexpr, R: tl.constexpr, ROW: tl.constexpr,
+                 BLOCK: tl.constexpr, NCHW: tl.constexpr, U16: tl.constexpr):
+        pid = tl.program_id(0)  # one program per (patch n, patch row dy)
+        n = pid // P
+        dy = pid % P
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        y = tl.load(y_ptr + n).to(tl.int64)
+        x = tl.load(x_ptr + n).to(tl.int64)
+        start = ((slot * side + (y - R + dy)) * side + (x - R)) * B
+        for k in range(0, ROW, BLOCK):
+            offs = k + tl.arange(0, BLOCK)
+            mask = offs < ROW
+            v = tl.load(src + start + offs, mask=mask, other=0)
+            if U16:
+                v = v.to(tl.int32) & 0xFFFF
+            v = v.to(tl.float32)
+            b = offs % B
+            o = tl.load(off_ptr + b, mask=mask, other=0.0)
+            s = tl.load(scale_ptr + b, mask=mask, other=1.0)
+            r = (v - o) * s
+            if NCHW:
+                dst = ((n * B + b) * P + dy) * P + offs // B
+            else:
+                dst = (n * P + dy) * ROW + offs
+            tl.store(out + dst, r.to(out.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+    _kernel = cut_rows
+    return _kernel
+
+
+def cut(storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor, offset: torch.Tensor,
+        scale: torch.Tensor, out: torch.Tensor, patch_size: int, nchw: bool) -> torch.Tensor:
+    """Fill ``out`` ((N, B, p, p) or (N, p, p, B), contiguous, on CUDA) from ``storage`` (slots, S, S, B)."""
+    kernel = _build()
+    n, bands, side = slot.shape[0], storage.shape[3], storage.shape[1]
+    row = patch_size * bands
+    block = min(4096, 1 << max(0, (row - 1).bit_length()))
+    src = storage.view(torch.int16) if storage.dtype == torch.uint16 else storage
+    kernel[(n * patch_size,)](src, slot, y, x, offset, scale, out, side, B=bands, P=patch_size,
+                              R=patch_size // 2, ROW=row, BLOCK=block, NCHW=nchw,
+                              U16=storage.dtype == torch.uint16)
+    return out
