@@ -14,6 +14,23 @@ from hsgds.format import ALIGNMENT
 from hsgds.io.base import ChunkReader, TileSource
 
 
+#: Windows opens files in text mode unless told otherwise (newline translation would corrupt tiles).
+_O_BINARY = getattr(os, "O_BINARY", 0)
+
+
+def _read_at(fd: int, view: memoryview, offset: int, lock: threading.Lock) -> int:
+    """One positional read into ``view``: ``os.preadv`` where it exists (Linux, macOS, BSD); on Windows,
+    which has no positional read in ``os``, a seek and a read under ``lock``."""
+    preadv = getattr(os, "preadv", None)
+    if preadv is not None:
+        return preadv(fd, [view], offset)
+    with lock:
+        os.lseek(fd, offset, os.SEEK_SET)
+        data = os.read(fd, len(view))
+    view[:len(data)] = data
+    return len(data)
+
+
 class PosixReader(ChunkReader):
     """Reads tiles with ``os.preadv`` straight into the destination's memory and checks crc32c.
 
@@ -29,6 +46,7 @@ class PosixReader(ChunkReader):
         self.name = "posix-direct" if self.direct else "posix"
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._seek_lock = threading.Lock()  # only where os.preadv is missing (Windows)
         self._local = threading.local()
         self._closed = False
 
@@ -38,7 +56,7 @@ class PosixReader(ChunkReader):
                 raise TileReadError("reader is closed")
             fd = self._fds.get(tile_id)
             if fd is None:
-                flags = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
+                flags = os.O_RDONLY | _O_BINARY | (os.O_DIRECT if self.direct else 0)
                 path = self.source.paths[tile_id]
                 try:
                     fd = os.open(path, flags)
@@ -60,7 +78,7 @@ class PosixReader(ChunkReader):
         path = self.source.paths[tile_id]
         try:
             while done < n:
-                got = os.preadv(fd, [view[done:]], done)
+                got = _read_at(fd, view[done:], done, self._seek_lock)
                 if got == 0:
                     break
                 done += got
