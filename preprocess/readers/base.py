@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +26,48 @@ def check_dtype(dtype: Any, what: str) -> np.dtype:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise InputError(f"{what} has unsupported dtype {dt} (supported: {names})")
     return native
+
+
+#: Used when the operating system does not say how much memory is available.
+_FALLBACK_BUDGET = 8 << 30
+
+
+def memory_budget() -> int:
+    """Bytes of memory a whole-array load may take: the kernel's MemAvailable (Linux), else free pages."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return _FALLBACK_BUDGET
+
+
+def check_fits_in_memory(nbytes: int, what: str, fix: str) -> None:
+    """Refuse, before allocating, an array that a header says is larger than the memory available.
+
+    ``nbytes`` comes from values in the file (shape x itemsize); a damaged or hostile header must not
+    make the reader try to allocate it.
+    """
+    budget = memory_budget()
+    if nbytes > budget:
+        raise InputError(f"{what} needs {nbytes / 2**30:.1f} GiB in memory but only {budget / 2**30:.1f} GiB "
+                         f"is available; {fix}")
+
+
+def parse_failure(path: Path, what: str, exc: BaseException, fix: str) -> InputError:
+    """An InputError for a third-party parser that failed on ``path`` in any way (its exception types
+    on malformed input are not part of its contract, so they are reported, not trusted)."""
+    detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return InputError(f"cannot read {path} as {what} ({type(exc).__name__}{': ' + detail if detail else ''}); {fix}")
+
+
+def _stamp(paths: list[Path]) -> dict[Path, int]:
+    return {p: os.stat(p).st_size for p in paths}
 
 
 class SourceCube(Protocol):
@@ -70,11 +113,38 @@ class ArrayCube:
             raise InputError(f"cube has an empty axis: (H, W, B) = {self.shape}")
         self.dtype = check_dtype(self.array.dtype, "cube")
         self._perm = tuple(self.axes.index(a) for a in "HWB")
+        self._sizes = _stamp(self.files)
+
+    def _check_unchanged(self) -> None:
+        """A memory-mapped file that shrinks under us would kill the process (SIGBUS) on the next access
+        past its new end; notice the change before touching the window instead."""
+        for path, size in self._sizes.items():
+            try:
+                now = os.stat(path).st_size
+            except OSError as exc:
+                raise InputError(f"source {path} became unreadable during conversion ({exc.strerror}); "
+                                 "convert again once it is in place") from None
+            if now != size:
+                raise InputError(f"source {path} changed during conversion ({size} bytes when opened, now {now}): "
+                                 "it was truncated or rewritten; convert again once it is complete")
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        if self.array is None:
+            raise InputError("the source cube is closed")
+        self._check_unchanged()
         index = {"H": slice(y0, y1), "W": slice(x0, x1), "B": slice(None)}
-        window = np.asarray(self.array[tuple(index[a] for a in self.axes)])
+        try:
+            window = np.asarray(self.array[tuple(index[a] for a in self.axes)])
+        except (InputError, MemoryError):
+            raise
+        except Exception as exc:  # h5py / numpy on a damaged or vanished file: name the file and window
+            where = self.files[0] if self.files else "the source"
+            raise InputError(f"cannot read rows {y0}:{y1}, columns {x0}:{x1} of {where} "
+                             f"({type(exc).__name__}: {exc}); the file is damaged or truncated") from None
         window = window.transpose(self._perm)
+        if window.shape != (y1 - y0, x1 - x0, self.shape[2]):
+            raise InputError(f"source {self.files[0] if self.files else ''} returned a {window.shape} window for rows "
+                             f"{y0}:{y1}, columns {x0}:{x1}; the file is truncated or inconsistent")
         return np.ascontiguousarray(window, dtype=self.dtype)
 
     def close(self) -> None:

@@ -32,6 +32,9 @@ _INTERLEAVE_AXES = {"bsq": "BHW", "bil": "HBW", "bip": "HWB"}
 #: Suffixes tried, in order, for the binary next to a header (ENVI tools and GDAL use all of these).
 DATA_SUFFIXES = ("", ".img", ".dat", ".raw", ".bsq", ".bil", ".bip")
 
+#: Headers are a few KB of text (tens of KB with thousands of band names); anything larger is not one.
+MAX_HEADER_BYTES = 16 << 20
+
 #: Multipliers from a header's "wavelength units" to nanometres.
 _TO_NM = {
     "nanometers": 1.0, "nanometer": 1.0, "nanometres": 1.0, "nanometre": 1.0, "nm": 1.0,
@@ -108,7 +111,14 @@ def parse_header(path: Path) -> dict[str, str]:
     InputError
         The file does not start with "ENVI" or a braced value is never closed.
     """
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    try:
+        size = path.stat().st_size
+        if size > MAX_HEADER_BYTES:
+            raise InputError(f"{path} is {size} bytes, too large for an ENVI header (text of at most "
+                             f"{MAX_HEADER_BYTES >> 20} MiB); pass the .hdr file, not the binary")
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(f"cannot read ENVI header {path} ({exc.strerror}); check its permissions") from None
     lines = text.splitlines()
     if not lines or not lines[0].strip().startswith("ENVI"):
         raise InputError(f"{path} is not an ENVI header (first line must be 'ENVI')")
@@ -233,7 +243,10 @@ def _memmap(binary: Path, header_path: Path) -> tuple[np.memmap, str, dict[str, 
     dtype = np.dtype(_DATA_TYPES[code]).newbyteorder("<" if order == 0 else ">")
     # Python ints do not overflow, so an absurd header simply fails this check before any mapping.
     expected = offset + height * width * bands * dtype.itemsize
-    actual = binary.stat().st_size
+    try:
+        actual = binary.stat().st_size
+    except OSError as exc:
+        raise InputError(f"cannot read ENVI data file {binary} ({exc.strerror})") from None
     if actual < expected:
         raise InputError(
             f"ENVI data file {binary} is truncated: expected {expected} bytes from the header "
@@ -247,7 +260,10 @@ def _memmap(binary: Path, header_path: Path) -> tuple[np.memmap, str, dict[str, 
         )
     axes = _INTERLEAVE_AXES[interleave]
     dims = {"H": height, "W": width, "B": bands}
-    array = np.memmap(binary, dtype=dtype, mode="r", offset=offset, shape=tuple(dims[a] for a in axes))
+    try:
+        array = np.memmap(binary, dtype=dtype, mode="r", offset=offset, shape=tuple(dims[a] for a in axes))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot map ENVI data file {binary} ({exc}); check that it is a complete regular file") from None
     return array, axes, header
 
 

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube, check_dtype
+from preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
 
 __all__ = ["band_axes", "choose_variable", "list_datasets", "open_hdf5", "read_hdf5_labels"]
 
@@ -109,6 +109,31 @@ def _open(path: Path) -> h5py.File:
         return h5py.File(path, "r")
     except OSError as exc:
         raise InputError(f"cannot open {path} as HDF5 ({exc}); check that the file is complete") from None
+    except Exception as exc:  # the HDF5 library on a damaged superblock
+        raise parse_failure(path, "HDF5", exc, "check that the file is complete") from None
+
+
+def guarded(path: Path, what: str, fn):
+    """Run ``fn()`` (listing / selecting / reading objects of an open file); a damaged file may make h5py
+    raise RuntimeError, KeyError, OSError, ValueError...: report any of them as an InputError naming the file."""
+    try:
+        return fn()
+    except (InputError, MemoryError):
+        raise
+    except Exception as exc:
+        raise parse_failure(path, what, exc, "check that the file is complete") from None
+
+
+def check_dataset(dataset: h5py.Dataset, name: str, path: Path, *, whole: bool) -> None:
+    """Refuse, before any read, a dataset whose declared chunk (read even for a one-pixel window) or, when
+    it is loaded whole (``whole``), whose full size would not fit in memory."""
+    itemsize = dataset.dtype.itemsize
+    if dataset.chunks is not None:
+        check_fits_in_memory(int(np.prod(dataset.chunks, dtype=object)) * itemsize,
+                             f"one chunk of dataset {name!r} in {path.name}", "re-save it with smaller chunks")
+    if whole:
+        check_fits_in_memory(int(np.prod(dataset.shape, dtype=object)) * itemsize,
+                             f"dataset {name!r} in {path.name}", "check the file")
 
 
 def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
@@ -120,11 +145,16 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
     axes = band_axes(band_axis)
     f = _open(path)
     try:
-        datasets = list_datasets(f)
-        name = choose_variable({n: d.shape for n, d in datasets.items()}, 3, _strip(key), path.name, "dataset")
-        dataset = datasets[name]
-        check_dtype(dataset.dtype, f"dataset {name!r} in {path.name}")
-        return ArrayCube(dataset, axes=axes, files=[path], closer=f.close)
+        def select() -> h5py.Dataset:
+            datasets = list_datasets(f)
+            name = choose_variable({n: d.shape for n, d in datasets.items()}, 3, _strip(key), path.name, "dataset")
+            dataset = datasets[name]
+            check_dtype(dataset.dtype, f"dataset {name!r} in {path.name}")
+            check_dataset(dataset, name, path, whole=False)
+            return dataset
+
+        dataset = guarded(path, "HDF5", select)
+        return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close))
     except BaseException:
         f.close()
         raise
@@ -133,9 +163,13 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
 def read_hdf5_labels(path: Path, key: str | None = None) -> np.ndarray:
     """Read one 2-D dataset of an HDF5 file (``key`` or the only 2-D one) into memory."""
     with _open(path) as f:
-        datasets = list_datasets(f)
-        name = choose_variable({n: d.shape for n, d in datasets.items()}, 2, _strip(key), path.name, "dataset")
-        return datasets[name][()]
+        def read() -> np.ndarray:
+            datasets = list_datasets(f)
+            name = choose_variable({n: d.shape for n, d in datasets.items()}, 2, _strip(key), path.name, "dataset")
+            check_dataset(datasets[name], name, path, whole=True)
+            return datasets[name][()]
+
+        return guarded(path, "HDF5", read)
 
 
 def _strip(key: str | None) -> str | None:

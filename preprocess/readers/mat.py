@@ -6,6 +6,7 @@ reader says so with reversed axis letters instead of transposing anything in mem
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import h5py
@@ -13,8 +14,8 @@ import numpy as np
 import scipy.io
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube, check_dtype
-from preprocess.readers.hdf5 import band_axes, choose_variable, list_datasets
+from preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
+from preprocess.readers.hdf5 import band_axes, check_dataset, choose_variable, guarded, list_datasets
 
 __all__ = ["open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]
 
@@ -29,23 +30,56 @@ _MATLAB_INTERNALS = ("#refs#", "#subsystem#")
 _NUMERIC_CLASSES_73 = {c.encode() for c in _NUMERIC_CLASSES}
 
 
-def _variables_v5(path: Path) -> dict[str, tuple[int, ...]]:
-    """Numeric variables of a v4/v5 file, name to shape, without loading any of them."""
+#: Bytes per element of each numeric class (the real part only: a lower bound for complex data).
+_ITEMSIZE = {"double": 8, "single": 4, "logical": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2,
+             "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
+
+#: deflate cannot expand data more than about 1032:1, so a compressed v5 variable of n file bytes holds
+#: at most this many times n bytes of data.
+_DEFLATE_MAX_RATIO = 1032
+
+_RESAVE = "re-save it with save(..., '-v7') or '-v7.3'"
+
+
+def _listing_v5(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Numeric variables of a v4/v5 file, name to (shape, class), without loading any of them."""
     try:
         listing = scipy.io.whosmat(path)
-    except (scipy.io.matlab.MatReadError, ValueError, TypeError, OSError, NotImplementedError) as exc:
-        raise InputError(
-            f"cannot read {path} as a MATLAB file ({exc}); re-save it with save(..., '-v7') or '-v7.3'"
-        ) from None
-    return {name: tuple(int(n) for n in shape) for name, shape, cls in listing if cls in _NUMERIC_CLASSES}
+    except Exception as exc:  # scipy's parser on a damaged file raises many types (KeyError, IndexError...)
+        raise parse_failure(path, "a MATLAB file", exc, _RESAVE) from None
+    return {name: (tuple(int(n) for n in shape), cls) for name, shape, cls in listing if cls in _NUMERIC_CLASSES}
+
+
+def _variables_v5(path: Path) -> dict[str, tuple[int, ...]]:
+    """Numeric variables of a v4/v5 file, name to shape, without loading any of them."""
+    return {name: shape for name, (shape, _) in _listing_v5(path).items()}
+
+
+def _check_size_v5(path: Path, name: str, shape: tuple[int, ...], cls: str) -> None:
+    """Refuse a variable whose header promises more data than the file can hold, before scipy allocates it."""
+    nbytes = math.prod(shape) * _ITEMSIZE[cls]
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            major = scipy.io.matlab.matfile_version(f)[0]
+    except Exception as exc:
+        raise parse_failure(path, "a MATLAB file", exc, _RESAVE) from None
+    limit = size if major == 0 else _DEFLATE_MAX_RATIO * size + 4096  # v4 is never compressed
+    if nbytes > limit:
+        raise InputError(f"variable {name!r} in {path} claims shape {shape} ({nbytes} bytes) but the file has "
+                         f"{size} bytes; the file is damaged, {_RESAVE}")
+    check_fits_in_memory(nbytes, f"variable {name!r} in {path.name} (loaded whole)",
+                         "save it with save(..., '-v7.3'), which is read in windows")
 
 
 def _load_v5(path: Path, name: str) -> np.ndarray:
-    """Load one variable of a v4/v5 file."""
+    """Load one variable of a v4/v5 file, after checking its size against the file and the memory."""
+    shape, cls = _listing_v5(path)[name]
+    _check_size_v5(path, name, shape, cls)
     try:
         return scipy.io.loadmat(path, variable_names=[name], squeeze_me=False)[name]
-    except (scipy.io.matlab.MatReadError, ValueError, TypeError, OSError, NotImplementedError) as exc:
-        raise InputError(f"cannot load variable {name!r} from {path} ({exc}); re-save the file with MATLAB") from None
+    except Exception as exc:
+        raise parse_failure(path, f"a MATLAB file (variable {name!r})", exc, _RESAVE) from None
 
 
 def open_mat(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
@@ -84,6 +118,8 @@ def _open_73(path: Path) -> h5py.File:
         return h5py.File(path, "r")
     except OSError as exc:
         raise InputError(f"cannot open {path} as a MATLAB v7.3 file ({exc}); check that the file is complete") from None
+    except Exception as exc:  # the HDF5 library on a damaged superblock
+        raise parse_failure(path, "a MATLAB v7.3 file", exc, "check that the file is complete") from None
 
 
 def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
@@ -94,10 +130,15 @@ def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None)
     axes = band_axes(band_axis)[::-1]
     f = _open_73(path)
     try:
-        datasets, shapes = _variables_73(f)
-        name = choose_variable(shapes, 3, None if key is None else key.strip("/"), path.name, "variable")
-        check_dtype(datasets[name].dtype, f"variable {name!r} in {path.name}")
-        return ArrayCube(datasets[name], axes=axes, files=[path], closer=f.close)
+        def select() -> h5py.Dataset:
+            datasets, shapes = _variables_73(f)
+            name = choose_variable(shapes, 3, None if key is None else key.strip("/"), path.name, "variable")
+            check_dtype(datasets[name].dtype, f"variable {name!r} in {path.name}")
+            check_dataset(datasets[name], name, path, whole=False)
+            return datasets[name]
+
+        dataset = guarded(path, "a MATLAB v7.3 file", select)
+        return guarded(path, "a MATLAB v7.3 file", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close))
     except BaseException:
         f.close()
         raise
@@ -106,6 +147,10 @@ def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None)
 def read_mat73_labels(path: Path, key: str | None = None) -> np.ndarray:
     """Read a v7.3 .mat label map (``key`` or the only 2-D numeric variable) in MATLAB's (H, W) order."""
     with _open_73(path) as f:
-        datasets, shapes = _variables_73(f)
-        name = choose_variable(shapes, 2, None if key is None else key.strip("/"), path.name, "variable")
-        return datasets[name][()].T
+        def read() -> np.ndarray:
+            datasets, shapes = _variables_73(f)
+            name = choose_variable(shapes, 2, None if key is None else key.strip("/"), path.name, "variable")
+            check_dataset(datasets[name], name, path, whole=True)
+            return datasets[name][()].T
+
+        return guarded(path, "a MATLAB v7.3 file", read)

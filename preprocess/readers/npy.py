@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube, check_dtype
+from preprocess.readers.base import ArrayCube, check_dtype, parse_failure
 from preprocess.readers.hdf5 import band_axes
 
 __all__ = ["open_npy", "read_npy_labels"]
@@ -36,6 +36,8 @@ def _map(path: Path) -> np.ndarray:
         raise
     except (ValueError, OSError) as exc:
         raise InputError(f"cannot read {path} as .npy ({exc}); re-save it with np.save") from None
+    except Exception as exc:  # numpy's header parser (tokenize, literal_eval) on a damaged header
+        raise parse_failure(path, ".npy", exc, "re-save it with np.save") from None
 
 
 def open_npy(path: Path, band_axis: str | None = None) -> ArrayCube:

@@ -7,15 +7,37 @@ single-band pages. Uncompressed, contiguously stored images are memory-mapped; a
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import tifffile
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube, check_dtype
+from preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
 
 __all__ = ["open_tiff", "read_tiff_labels"]
+
+
+_FIX = "check that the file is complete"
+
+
+def _check_segments(series, path: Path) -> None:
+    """A damaged IFD can declare millions of strips for a few bytes of file (tifffile would then loop
+    over them) or strips beyond the end of the file: refuse both before decoding anything."""
+    size = path.stat().st_size
+    for page in series.pages:
+        if page is None:
+            continue
+        expected = math.prod(page.keyframe.chunked)
+        offsets, counts = page.dataoffsets, page.databytecounts
+        if len(offsets) != expected or len(counts) != expected:
+            raise InputError(f"{path} is damaged: an image needs {expected} strips/tiles but the file lists "
+                             f"{len(offsets)} offsets and {len(counts)} byte counts; {_FIX}")
+        for offset, count in zip(offsets, counts):
+            if offset < 0 or count < 0 or (count and offset + count > size):
+                raise InputError(f"{path} is damaged: a strip/tile of {count} bytes at offset {offset} lies past "
+                                 f"the end of the {size}-byte file; {_FIX}")
 
 
 def _load(path: Path) -> tuple[np.ndarray, str]:
@@ -29,16 +51,22 @@ def _load(path: Path) -> tuple[np.ndarray, str]:
                 raise InputError(f"{path} holds no image; check the file")
             series = tif.series[0]
             axes, shape = series.axes, tuple(series.shape)
+            dtype = np.dtype(series.dtype)
             # dataoffset is set only when the series is uncompressed and stored in one contiguous run.
             if series.dataoffset is not None:
-                dtype = np.dtype(series.dtype).newbyteorder(tif.byteorder)
-                array = np.memmap(path, dtype=dtype, mode="r", offset=series.dataoffset, shape=shape)
+                array = np.memmap(path, dtype=dtype.newbyteorder(tif.byteorder), mode="r",
+                                  offset=series.dataoffset, shape=shape)
             else:
+                check_fits_in_memory(math.prod(shape) * dtype.itemsize, f"{path.name} (decoded whole)",
+                                     "save it uncompressed (it is then read in windows)")
+                _check_segments(series, path)
                 array = series.asarray()
-    except InputError:
+    except (InputError, MemoryError):
         raise
     except (tifffile.TiffFileError, ValueError, OSError) as exc:
-        raise InputError(f"cannot read {path} as TIFF ({exc}); check that the file is complete") from None
+        raise InputError(f"cannot read {path} as TIFF ({exc}); {_FIX}") from None
+    except Exception as exc:  # tifffile / its codecs on a damaged file: TypeError, ZeroDivisionError, zlib.error...
+        raise parse_failure(path, "TIFF", exc, _FIX) from None
     return array, axes
 
 
