@@ -694,7 +694,11 @@ def test_gpu_kvikio_read_many(kvikio_ok, tiles):
         for i in range(6):
             assert storage[5 - i].cpu().numpy().tobytes() == data[i]
         assert reader.bytes_read == 6 * source.nbytes
-        source.paths[3].unlink()
+        assert reader._inflight == 0
+    # handles stay open once used (an unlinked open file still reads, as POSIX says), so a file missing
+    # before its first read is the case to check
+    source.paths[3].unlink()
+    with KvikioReader(source, threads=4) as reader:
         with pytest.raises(TileReadError, match=r"tile 3 .*cannot open \(No such file or directory\)"):
             reader.read_many([(i, storage[i]) for i in (0, 3, 4)])
         assert reader._inflight == 0
