@@ -18,6 +18,7 @@ SPLIT_TEST = 3
 SPLIT_CODES = {"none": SPLIT_NONE, "train": SPLIT_TRAIN, "val": SPLIT_VAL, "test": SPLIT_TEST}
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,14 @@ ALIGNMENT = 4096
 PADDING_MODES = ("reflect", "edge", "zero")
 DEFAULT_HALO = 7  # patches up to 15x15
 CHECKSUM_ALGORITHM = "crc32c"
+
+#: Largest tile the runtime accepts: a ring slot is allocated per tile, so metadata must not be able to
+#: ask for more (the converter's automatic choice is 1-8 MiB).
+MAX_TILE_BYTES = 1 << 31
+#: Largest halo (patch radius) a store may declare; patches beyond 1025x1025 are not patches.
+MAX_HALO = 512
+#: numpy names of the sample types a store may hold (docs/format.md).
+DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32", "float64")
 
 TILES = "tiles"
 LABELS = "labels"
@@ -134,6 +143,9 @@ class TileGrid:
             raise StoreError(f"invalid tile geometry: tile={self.tile}, halo={self.halo}")
         if self.tile_nbytes % ALIGNMENT:
             raise StoreError(f"tile of {self.tile_nbytes} bytes is not a multiple of {ALIGNMENT}")
+        if self.tile_nbytes > MAX_TILE_BYTES:
+            raise StoreError(f"tiles of {self.side}x{self.side}x{self.bands} {self.dtype} are {self.tile_nbytes} "
+                             f"bytes, over the {MAX_TILE_BYTES >> 30} GiB limit; use a smaller --tile")
 
 
 def padded_index(positions: np.ndarray, n: int, halo: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -201,41 +213,149 @@ class StoreMeta:
 
     @classmethod
     def from_json(cls, attrs: dict[str, Any], where: str) -> "StoreMeta":
-        meta = attrs.get(FORMAT_NAME)
+        """Parse and validate the ``hsgds`` attribute; every problem is a StoreError naming the field.
+
+        Store metadata is untrusted input: types and ranges are checked before any value is used to size
+        an allocation or build a path.
+        """
+        meta = attrs.get(FORMAT_NAME) if isinstance(attrs, dict) else None
         if not isinstance(meta, dict):
             raise StoreError(f"{where} is not a complete hsgds store (no 'hsgds' metadata); "
                              "convert the source again with `hsgds convert`")
         version = meta.get("format_version")
-        if version != FORMAT_VERSION:
-            raise StoreError(f"{where} has store format version {version}; this hsgds reads version "
+        if version != FORMAT_VERSION or isinstance(version, bool):
+            raise StoreError(f"{where} has store format version {version!r}; this hsgds reads version "
                              f"{FORMAT_VERSION}: convert the source again with this version")
         known = {f for f in cls.__dataclass_fields__}
         try:
             out = cls(**{k: v for k, v in meta.items() if k in known})
-            out.shape = tuple(int(v) for v in out.shape)  # type: ignore[assignment]
-            out.grid.check()
-        except (TypeError, ValueError) as exc:
+        except TypeError as exc:
             raise StoreError(f"{where} has invalid hsgds metadata ({exc}); convert the source again") from None
-        if out.padding not in PADDING_MODES:
-            raise StoreError(f"{where} has unknown padding mode {out.padding!r}")
-        if len(out.checksums) != out.grid.num_tiles:
-            raise StoreError(f"{where} lists {len(out.checksums)} tile checksums for {out.grid.num_tiles} tiles")
+        out._validate(where)
         return out
+
+    def _validate(self, where: str) -> None:
+        def bad(name: str, why: str) -> StoreError:
+            value = repr(getattr(self, name, None))
+            return StoreError(f"{where}: invalid hsgds metadata: {name} = {value[:80]} ({why}); convert the source again")
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def str_list(name: str, length: int | None) -> None:
+            v = getattr(self, name)
+            if v is None:
+                return
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise bad(name, "must be a list of strings or null")
+            if length is not None and len(v) != length:
+                raise bad(name, f"must have {length} entries")
+
+        if self.format != FORMAT_NAME:
+            raise bad("format", f"must be {FORMAT_NAME!r}")
+        if not isinstance(self.shape, (list, tuple)) or len(self.shape) != 3 or \
+                not all(is_int(v) and v >= 1 for v in self.shape):
+            raise bad("shape", "must be [H, W, B], three positive integers")
+        self.shape = tuple(self.shape)  # type: ignore[assignment]
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"must be one of {', '.join(DTYPES)}")
+        if not is_int(self.tile) or self.tile < 1:
+            raise bad("tile", "must be a positive integer")
+        if not is_int(self.halo) or not 0 <= self.halo <= MAX_HALO:
+            raise bad("halo", f"must be an integer in 0..{MAX_HALO}")
+        if self.padding not in PADDING_MODES:
+            raise StoreError(f"{where} has unknown padding mode {str(self.padding)[:40]!r}")
+        for name in ("num_classes", "num_samples"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise bad(name, "must be a non-negative integer")
+        h, w, b = self.shape
+        if self.num_samples > h * w:
+            raise bad("num_samples", f"a {h}x{w} scene has at most {h * w} labelled pixels")
+        if self.checksum_algorithm != CHECKSUM_ALGORITHM:
+            raise bad("checksum_algorithm", f"must be {CHECKSUM_ALGORITHM!r}")
+        if self.stats_split not in ("train", "all"):
+            raise bad("stats_split", "must be 'train' or 'all'")
+        for name in ("source", "split"):
+            if not isinstance(getattr(self, name), dict):
+                raise bad(name, "must be an object")
+        if self.labels_source is not None and not isinstance(self.labels_source, dict):
+            raise bad("labels_source", "must be an object or null")
+        if not isinstance(self.created_by, str):
+            raise bad("created_by", "must be a string")
+        str_list("class_names", None)
+        str_list("band_names", b)
+        if self.wavelengths is not None:
+            if not isinstance(self.wavelengths, list) or len(self.wavelengths) != b or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in self.wavelengths):
+                raise bad("wavelengths", f"must be {b} finite numbers or null")
+        self.grid.check()
+        # a tile count computed from hostile numbers must be compared before anything is sized by it
+        if not isinstance(self.checksums, list):
+            raise bad("checksums", "must be a list")
+        if len(self.checksums) != self.grid.num_tiles:
+            raise StoreError(f"{where} lists {len(self.checksums)} tile checksums for {self.grid.num_tiles} tiles")
+        if not all(is_int(c) and 0 <= c <= 0xFFFFFFFF for c in self.checksums):
+            raise bad("checksums", "must be unsigned 32-bit integers")
+
+
+#: Chunk key separators the Zarr v3 spec allows; anything else could make a key a path (``../x``).
+CHUNK_KEY_SEPARATORS = ("/", ".")
 
 
 def chunk_key(array_meta: dict[str, Any], coords: tuple[int, ...]) -> str:
     """The store key of one chunk, from the array's own ``chunk_key_encoding`` (Zarr v3 spec)."""
-    enc = array_meta.get("chunk_key_encoding", {"name": "default"})
-    sep = enc.get("configuration", {}).get("separator", "/" if enc.get("name") == "default" else ".")
-    if enc.get("name") == "default":
-        return "c" + sep + sep.join(str(c) for c in coords)
-    if enc.get("name") == "v2":
-        return sep.join(str(c) for c in coords)
-    raise StoreError(f"unsupported chunk key encoding {enc!r}")
+    enc = array_meta.get("chunk_key_encoding", {"name": "default"}) if isinstance(array_meta, dict) else None
+    if not isinstance(enc, dict) or enc.get("name") not in ("default", "v2"):
+        raise StoreError(f"unsupported chunk key encoding {str(enc)[:80]}")
+    config = enc.get("configuration", {})
+    if not isinstance(config, dict):
+        raise StoreError(f"unsupported chunk key encoding {str(enc)[:80]}")
+    sep = config.get("separator", "/" if enc["name"] == "default" else ".")
+    if sep not in CHUNK_KEY_SEPARATORS:
+        raise StoreError(f"invalid chunk key separator {str(sep)[:20]!r} (Zarr allows '/' or '.')")
+    if not all(isinstance(c, (int, np.integer)) and c >= 0 for c in coords):
+        raise StoreError(f"invalid chunk coordinates {coords}")
+    if enc["name"] == "default":
+        return "c" + sep + sep.join(str(int(c)) for c in coords)
+    return sep.join(str(int(c)) for c in coords)
+
+
+def inside(store: Path, path: Path, where: str, _checked: dict[str, str] | None = None) -> Path:
+    """Return ``path`` after checking that it stays inside ``store``: lexically (no ``..``) and through
+    every symbolic link on the way, so store metadata or planted links cannot make a reader open files
+    elsewhere. The store folder itself may be a link.
+
+    ``_checked`` caches folders already checked across calls (chunks share most of their folders).
+    """
+    checked = {} if _checked is None else _checked
+    base = os.fspath(store)
+    root = checked.get("")
+    if root is None:
+        root = checked[""] = os.path.realpath(base)
+    full = os.fspath(path)
+    rel = full[len(base) + 1:] if full.startswith(base + os.sep) else os.path.relpath(full, base)
+    parts = rel.split(os.sep)
+    if rel in ("", os.curdir) or os.path.isabs(rel) or os.pardir in parts:
+        raise StoreError(f"{where}: {path} is outside the store; the store was tampered with: convert the source again")
+    cur = base
+    for part in parts:
+        cur = cur + os.sep + part
+        if cur in checked:
+            continue
+        if os.path.islink(cur):
+            real = os.path.realpath(cur)
+            if os.path.commonpath([root, real]) != root:
+                raise StoreError(f"{where}: {path} leads through a link to {real}, outside the store {root}; "
+                                 "the store was tampered with: convert the source again")
+        checked[cur] = cur
+    return path
 
 
 def tile_paths(store: Path, grid: TileGrid, array_meta: dict[str, Any]) -> list[Path]:
-    """File path of every tile chunk, indexed by tile id (ty * ntx + tx)."""
-    base = Path(store) / TILES
-    return [base / chunk_key(array_meta, (ty, tx, 0, 0, 0))
+    """File path of every tile chunk, indexed by tile id (ty * ntx + tx); each checked to lie inside the store."""
+    store = Path(store)
+    base = store / TILES
+    cache: dict[Path, Path] = {}
+    return [inside(store, base / chunk_key(array_meta, (ty, tx, 0, 0, 0)), str(store), cache)
             for ty in range(grid.nty) for tx in range(grid.ntx)]
