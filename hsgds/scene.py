@@ -26,29 +26,63 @@ class BandStats:
     max: np.ndarray
 
 
+#: Largest zarr.json read: a root with a million tile checksums is ~12 MB; anything far larger is not ours.
+MAX_JSON_BYTES = 256 << 20
+#: dtypes of the small arrays (labels, samples, stats) a store may hold.
+_SMALL_DTYPES = ("uint8", "uint16", "int32", "int64", "float64")
+
+
 def _read_json(path: Path, where: str) -> dict:
     try:
-        return json.loads(path.read_text())
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise StoreError(f"{where}: {path.name} is {size} bytes, not Zarr metadata; convert the source again")
+        out = json.loads(path.read_text())
     except FileNotFoundError:
         raise StoreError(f"{where}: {path.name} is missing; this is not a complete hsgds store") from None
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"{where}: cannot read {path.name} ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise StoreError(f"{where}: cannot read {path.name} ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(out, dict):
+        raise StoreError(f"{where}: {path.name} is not a JSON object; convert the source again")
+    return out
 
 
-def _read_raw_array(root: Path, name: str) -> np.ndarray:
-    """Read a small uncompressed Zarr v3 array written by the converter (one chunk, codec bytes)."""
+def _read_raw_array(root: Path, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Read a small uncompressed Zarr v3 array written by the converter (one chunk, codec bytes).
+
+    ``shape`` is what the store's own metadata implies; the array's zarr.json must agree, and the chunk
+    file must have exactly that many bytes, before anything is allocated."""
+    where = f"{root}: array {name}"
     meta = _read_json(root / name / "zarr.json", str(root))
-    shape = tuple(meta["shape"])
-    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    try:
+        declared = tuple(meta["shape"])
+        dtype_name = meta["data_type"]
+        chunk_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
+        codecs = [c["name"] for c in meta["codecs"]]
+    except (KeyError, TypeError) as exc:
+        raise StoreError(f"{where} has invalid Zarr metadata ({type(exc).__name__}: {exc}); convert again") from None
+    if declared != shape:
+        raise StoreError(f"{where} has shape {list(declared)[:8]}, expected {list(shape)}; convert again")
+    if dtype_name not in _SMALL_DTYPES:
+        raise StoreError(f"{where} has data type {str(dtype_name)[:20]!r}, not one of {', '.join(_SMALL_DTYPES)}")
+    dtype = np.dtype(dtype_name).newbyteorder("<")
     if 0 in shape:
         return np.zeros(shape, dtype=dtype.newbyteorder("="))
-    if tuple(meta["chunk_grid"]["configuration"]["chunk_shape"]) != shape or \
-            [c["name"] for c in meta["codecs"]] != ["bytes"]:
-        raise StoreError(f"{root}: array {name} is not stored as a single raw chunk")
-    path = root / name / fmt.chunk_key(meta, (0,) * len(shape))
-    data = np.fromfile(path, dtype=dtype)
+    if chunk_shape != shape or codecs != ["bytes"]:
+        raise StoreError(f"{where} is not stored as a single raw chunk")
+    path = fmt.inside(root, root / name / fmt.chunk_key(meta, (0,) * len(shape)), str(root))
+    expected = int(np.prod(shape)) * dtype.itemsize
+    try:
+        size = path.stat().st_size
+        if size != expected:
+            raise StoreError(f"{where} has {size} bytes, expected {expected}; convert again")
+        data = np.fromfile(path, dtype=dtype)
+    except OSError as exc:
+        if isinstance(exc, StoreError):
+            raise
+        raise StoreError(f"{where}: cannot read {path.name} ({exc.strerror or exc})") from None
     if data.size != int(np.prod(shape)):
-        raise StoreError(f"{root}: array {name} has {data.size} values, expected {int(np.prod(shape))}")
+        raise StoreError(f"{where} has {data.size} values, expected {int(np.prod(shape))}")
     return data.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
 
 
@@ -76,7 +110,7 @@ class Scene:
         self.class_names = self.meta.class_names
         tiles_meta = _read_json(self.path / fmt.TILES / "zarr.json", where)
         expected = [self.grid.nty, self.grid.ntx, *self.grid.tile_shape]
-        if list(tiles_meta.get("shape", [])) != expected:
+        if not isinstance(tiles_meta.get("shape"), list) or tiles_meta["shape"] != expected:
             raise StoreError(f"{where}: tiles array has shape {tiles_meta.get('shape')}, expected {expected}")
         self.tile_paths = fmt.tile_paths(self.path, self.grid, tiles_meta)
         self._labels: np.ndarray | None = None
@@ -93,19 +127,38 @@ class Scene:
     def labels(self) -> np.ndarray:
         """(H, W) class map; 0 = unlabelled."""
         if self._labels is None:
-            self._labels = _read_raw_array(self.path, fmt.LABELS)
+            self._labels = _read_raw_array(self.path, fmt.LABELS, self.shape[:2])
         return self._labels
 
     def sample_table(self) -> dict[str, np.ndarray]:
         """The raw per-sample arrays (tile, y, x local to the tile core, label, split) and ``offsets``."""
         if self._samples is None:
-            table = {f: _read_raw_array(self.path, f"{fmt.SAMPLES}/{f}") for f in fmt.SAMPLE_FIELDS}
-            table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets")
             n = self.meta.num_samples
-            if any(len(table[f]) != n for f in fmt.SAMPLE_FIELDS) or len(table["offsets"]) != self.grid.num_tiles + 1:
-                raise StoreError(f"{self.path}: sample arrays disagree with the metadata; convert again")
+            table = {f: _read_raw_array(self.path, f"{fmt.SAMPLES}/{f}", (n,)) for f in fmt.SAMPLE_FIELDS}
+            table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets", (self.grid.num_tiles + 1,))
+            self._check_samples(table)
             self._samples = table
         return self._samples
+
+    def _check_samples(self, t: dict[str, np.ndarray]) -> None:
+        """Sample coordinates index tiles and ring slots at training time: refuse out-of-range values here."""
+        g, n = self.grid, self.meta.num_samples
+        problems = []
+        if n and (t["tile"].min() < 0 or t["tile"].max() >= g.num_tiles or np.any(np.diff(t["tile"]) < 0)):
+            problems.append("tile ids out of range or unsorted")
+        if n and (min(t["y"].min(), t["x"].min()) < 0 or max(t["y"].max(), t["x"].max()) >= g.tile):
+            problems.append(f"positions outside the {g.tile}x{g.tile} tile core")
+        if n and (t["split"].max() > fmt.SPLIT_TEST):
+            problems.append("unknown split codes")
+        if n and (t["label"].min() < 1 or t["label"].max() > self.meta.num_classes):
+            problems.append(f"labels outside 1..{self.meta.num_classes}")
+        counts = np.bincount(t["tile"].astype(np.int64), minlength=g.num_tiles) if n and not problems else None
+        offsets = t["offsets"]
+        if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0) or (
+                counts is not None and not np.array_equal(np.diff(offsets), counts)):
+            problems.append("offsets disagree with the tile ids")
+        if problems:
+            raise StoreError(f"{self.path}: sample arrays are inconsistent ({'; '.join(problems)}); convert again")
 
     def samples(self, split: str | None = "train") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(y, x, label) of the labelled pixels of ``split`` ("train", "val", "test", "none" or None for
@@ -131,7 +184,7 @@ class Scene:
             out: dict[str, BandStats | None] = {}
             for group in fmt.STAT_GROUPS:
                 if (self.path / fmt.STATS / group).is_dir():
-                    out[group] = BandStats(*(_read_raw_array(self.path, f"{fmt.STATS}/{group}/{f}")
+                    out[group] = BandStats(*(_read_raw_array(self.path, f"{fmt.STATS}/{group}/{f}", (self.shape[2],))
                                              for f in fmt.STAT_FIELDS))
                 else:
                     out[group] = None
