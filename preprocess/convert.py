@@ -7,12 +7,14 @@ metadata last, is written: an interrupted conversion never leaves a store that o
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import secrets
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +26,16 @@ import zarr
 
 from hsgds import format as fmt
 from hsgds._version import __version__
-from hsgds.errors import ConfigError, InputError, StoreError
+from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from preprocess import splits as splitting
 from preprocess.readers import open_cube, read_labels
-from preprocess.readers.base import SourceCube
+from preprocess.readers.base import SourceCube, check_fits_in_memory
 from preprocess.stats import BandAccumulator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
+    fcntl = None
 
 __all__ = ["ConvertOptions", "convert"]
 
@@ -204,27 +211,155 @@ def _create_arrays(root: zarr.Group, grid: fmt.TileGrid, labels: np.ndarray, tab
     return tiles.metadata.to_dict()
 
 
+_FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+@contextmanager
+def _writing(out: Path, what: str) -> Iterator[None]:
+    """Turn an OSError while writing the store into a one-line StoreError that names the store and says
+    what to do (disk full, file size limit, read-only folder)."""
+    try:
+        yield
+    except HsgdsError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if exc.errno in _FULL:
+            hint = "the disk is full, over quota or past the file size limit: free space and convert again"
+        elif exc.errno in _READ_ONLY:
+            hint = "the output folder is not writable: choose another -o"
+        else:
+            hint = "check the output disk and convert again"
+        raise StoreError(f"cannot write {what} of {out} ({reason}); {hint}") from None
+
+
+def _stamp(paths: list[Path]) -> dict[Path, tuple[int, int]]:
+    """(size, mtime in ns) of each file, to tell whether a source changed while it was being converted."""
+    out = {}
+    for p in paths:
+        st = os.stat(p)
+        out[Path(p)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _check_unchanged(stamps: dict[Path, tuple[int, int]]) -> None:
+    for path, (size, mtime) in stamps.items():
+        try:
+            st = os.stat(path)
+            now = (st.st_size, st.st_mtime_ns)
+        except OSError as exc:
+            now = None
+            detail = f"it became unreadable ({exc.strerror})"
+        if now != (size, mtime):
+            if now is not None:
+                detail = (f"size {size} -> {now[0]} bytes" if now[0] != size else
+                          "it was modified (same size, new modification time)")
+            raise InputError(f"source changed during conversion: {path} ({detail}); "
+                             "convert again once it is complete")
+
+
+def _is_store(path: Path) -> bool:
+    """Whether ``path`` is a (complete) hsgds store of any format version: the only thing --overwrite replaces."""
+    import json
+
+    try:
+        attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
+        return isinstance(attrs, dict) and isinstance(attrs.get(fmt.FORMAT_NAME), dict)
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+
+
+def _lock(folder: Path) -> int | None:
+    """Hold an exclusive advisory lock on ``folder`` for as long as the returned descriptor is open; the
+    kernel drops it when the process dies, which is how a later run tells a stale temporary folder."""
+    if fcntl is None:
+        return None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_stale(out: Path) -> None:
+    """Delete temporary folders that killed conversions into ``out`` left behind (their lock is free);
+    folders of conversions still running hold their lock and are left alone."""
+    if fcntl is None:
+        return
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        try:
+            fd = _lock(stale)
+        except OSError:
+            continue  # in use, or not ours to judge
+        try:
+            shutil.rmtree(stale, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def _make_tmp(out: Path) -> tuple[Path, int | None]:
+    """Create and lock the hidden folder the store is written into (renamed into place at the end)."""
+    token = secrets.token_hex(4)
+    staging = out.parent / f".{out.name}.new-{token}"
+    tmp = out.parent / f".{out.name}.tmp-{token}"
+    with _writing(out, "a temporary folder"):
+        staging.mkdir()
+    try:
+        fd = _lock(staging)
+        os.rename(staging, tmp)  # only ever visible as tmp-* while locked
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return tmp, fd
+
+
 def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions = ConvertOptions(),
             progress: Callable[[int, int], None] | None = None) -> Path:
-    """Convert ``src`` into the store ``out``; returns the store path. See ``hsgds convert --help``."""
+    """Convert ``src`` into the store ``out``; returns the store path. See ``hsgds convert --help``.
+
+    Nothing appears at ``out`` until the store is complete: it is written into a hidden locked folder
+    beside it and renamed into place. A conversion that fails removes that folder; one that is killed
+    leaves it, and the next conversion into ``out`` removes it. ``--overwrite`` replaces only an
+    existing hsgds store. Sources that change while being converted are refused.
+    """
     opts.check()
     src, out = Path(src), Path(out)
     if out.exists() and not opts.overwrite:
         raise InputError(f"{out} already exists; pass --overwrite to replace it")
+    if out.exists() and not _is_store(out):
+        raise InputError(f"{out} exists and is not an hsgds store; --overwrite only replaces stores: "
+                         "remove it yourself or choose another -o")
     if not out.parent.is_dir():
         raise InputError(f"output folder {out.parent} does not exist; create it first")
-    cube = open_cube(src, key=opts.key, band_axis=opts.band_axis)
-    tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
+    side = [Path(p) for p in (opts.labels, opts.train_mask, opts.val_mask, opts.test_mask) if p is not None]
     try:
-        return _convert(cube, src, out, tmp, opts, progress)
+        stamps = _stamp(side)
+    except OSError as exc:
+        raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
+    _remove_stale(out)
+    tmp, lock = _make_tmp(out)
+    cube = None
+    try:
+        cube = open_cube(src, key=opts.key, band_axis=opts.band_axis)
+        stamps.update(_stamp(cube.files))
+        return _convert(cube, src, out, tmp, opts, progress, stamps)
     finally:
-        cube.close()
+        if cube is not None:
+            cube.close()
         shutil.rmtree(tmp, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
 
 
 def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOptions,
-             progress: Callable[[int, int], None] | None) -> Path:
+             progress: Callable[[int, int], None] | None, stamps: dict[Path, tuple[int, int]]) -> Path:
     H, W, B = cube.shape
+    # labels, split map and sample table are per-pixel arrays in memory (about 16 bytes a pixel at peak)
+    check_fits_in_memory(H * W * 16, f"the per-pixel label and split maps of a {H}x{W} scene",
+                         "the scene is too large for this machine (or its header is damaged)")
     if opts.halo > 0 and opts.padding == "reflect" and min(H, W) < 2:
         raise InputError(f"a {H}x{W} scene cannot be reflect-padded; use --padding edge or zero")
     labels = _load_labels(opts, (H, W))
@@ -246,16 +381,17 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     hasher = threading.Thread(target=hash_source, name="hsgds-sha256", daemon=True)
     hasher.start()
 
-    root = zarr.open_group(tmp, mode="w", zarr_format=3)
-    paths = fmt.tile_paths(tmp, grid, _create_arrays(root, grid, labels, table))
-    for p in paths:
-        p.parent.mkdir(parents=True, exist_ok=True)
+    with _writing(out, "the store layout"):
+        root = zarr.open_group(tmp, mode="w", zarr_format=3)
+        paths = fmt.tile_paths(tmp, grid, _create_arrays(root, grid, labels, table))
+        for p in paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
 
     def one_tile(tile_id: int) -> tuple[int, BandAccumulator, BandAccumulator]:
         tile = build_tile(cube, grid, opts.padding, tile_id)
         _check_finite(tile, tile_id, grid, opts.nan_fill)
         raw = memoryview(np.ascontiguousarray(tile, dtype=np.dtype(grid.dtype).newbyteorder("<"))).cast("B")
-        with open(paths[tile_id], "wb") as f:
+        with _writing(out, f"tile {tile_id}"), open(paths[tile_id], "wb") as f:
             f.write(raw)
         y0, y1, x0, x1 = grid.core_window(tile_id)
         h = grid.halo
@@ -285,12 +421,17 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         result = acc.result()
         if result is not None:
             for name, values in result.items():
-                root.create_array(f"{fmt.STATS}/{group}/{name}", data=values, chunks=(B,), compressors=None,
-                                  config={"write_empty_chunks": True}, dimension_names=["band"])
+                with _writing(out, "the band statistics"):
+                    root.create_array(f"{fmt.STATS}/{group}/{name}", data=values, chunks=(B,), compressors=None,
+                                      config={"write_empty_chunks": True}, dimension_names=["band"])
 
     hasher.join()
     if "error" in hashed:
         raise InputError(f"cannot read {src} to hash it ({hashed['error']})")
+    hashed_size = sum(stamps[Path(p)][0] for p in cube.files)
+    if hashed["size"] != hashed_size:
+        raise InputError(f"source changed during conversion: {src} (hashed {hashed['size']} bytes, "
+                         f"{hashed_size} when opened); convert again once it is complete")
     labels_source = None
     if opts.labels is not None:
         lp = Path(opts.labels)
@@ -305,14 +446,20 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
                 "sha256": hashed["sha256"]},
         labels_source=labels_source, split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
-    root.attrs.update({fmt.FORMAT_NAME: meta.to_json()})  # written last: marks the store complete
-    _replace(tmp, out)
+    _check_unchanged(stamps)  # what was tiled and hashed is what the metadata will describe
+    with _writing(out, "the store metadata"):
+        root.attrs.update({fmt.FORMAT_NAME: meta.to_json()})  # written last: marks the store complete
+    _check_unchanged(stamps)
+    _replace(tmp, out, opts.overwrite)
     return out
 
 
-def _replace(tmp: Path, out: Path) -> None:
+def _replace(tmp: Path, out: Path, overwrite: bool = True) -> None:
     """Move the finished store into place; an existing one is swapped out first, then removed."""
     old = None
+    if out.exists() and not (overwrite and _is_store(out)):
+        raise InputError(f"{out} appeared during the conversion and is not ours to replace; "
+                         "remove it or choose another -o, then convert again")
     if out.exists():
         old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
         os.rename(out, old)
