@@ -1,0 +1,94 @@
+"""Packaging, offline: the extras' contents and platform markers, the checks of .ci/check_extras.py (which
+resolves the extras for real with `pip install --dry-run` in CI), and the extras that error messages name."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ce():
+    pytest.importorskip("packaging")
+    spec = importlib.util.spec_from_file_location("check_extras", ROOT / ".ci" / "check_extras.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        module.load_project()
+    except ModuleNotFoundError:
+        pytest.skip("needs tomllib (Python >= 3.11) or tomli")
+    return module
+
+
+def names(reqs) -> set[str]:
+    from packaging.utils import canonicalize_name
+
+    return {canonicalize_name(r.name) for r in reqs}
+
+
+@pytest.mark.parametrize("extra", ["cu12", "cu13"])
+def test_gpu_extras_bring_kvikio_cupy_dali_on_linux_and_cupy_on_windows(ce, extra):
+    extras = ce.load_extras()
+    assert ce.EXPECTED[extra] <= names(ce.requirements_on(extra, extras, "linux"))
+    on_windows = names(ce.requirements_on(extra, extras, "win32"))
+    assert {"cupy-cuda12x" if extra == "cu12" else "cupy-cuda13x"} <= on_windows
+    assert not [n for n in on_windows if n.startswith(ce.LINUX_ONLY)]
+
+
+def test_cpu_extra_has_dali_on_linux_only(ce):
+    extras = ce.load_extras()
+    assert "nvidia-dali-cuda130" in names(ce.requirements_on("cpu", extras, "linux"))
+    assert "nvidia-dali-cuda130" not in names(ce.requirements_on("cpu", extras, "win32"))
+
+
+def test_unmarked_linux_only_package_is_caught(ce):
+    extras = {"cu13": ["kvikio-cu13", "cupy-cuda13x"]}  # what pyproject had before the markers
+    assert "kvikio-cu13" in names(ce.requirements_on("cu13", extras, "win32"))
+    with_base = ce.requirements_on("cu13", extras, "win32", base=["numpy>=1.24", "pywin32; sys_platform == 'linux'"])
+    assert names(with_base) == {"numpy", "kvikio-cu13", "cupy-cuda13x"}
+
+
+def test_ecosystem_extras(ce):
+    extras = ce.load_extras()
+    assert "matplotlib" in names(ce.requirements_on("preview", extras, "linux"))
+    assert "xarray" in names(ce.requirements_on("xarray", extras, "linux"))
+    assert {"matplotlib", "xarray", "pyyaml", "pytest"} <= names(ce.requirements_on("test", extras, "linux"))
+
+
+def test_check_plan(ce):
+    def item(name, version="1.0", url="https://files.example/x.whl", local=False):
+        info = {"url": url, "dir_info": {}} if local else {"url": url, "archive_info": {}}
+        return {"metadata": {"name": name, "version": version}, "download_info": info}
+
+    good = {"install": [item("hsgds", url="file:///src/hsgds", local=True), item("kvikio-cu13"),
+                        item("CuPy-CUDA13x"), item("nvidia_dali_cuda130")]}
+    assert ce.check_plan(good, ce.EXPECTED["cu13"] | {"hsgds"}) == []
+    from_index = {"install": [item("hsgds")]}
+    assert ce.check_plan(from_index, {"hsgds"}) == ["hsgds would come from https://files.example/x.whl, "
+                                                     "not from this checkout"]
+    missing = {"install": [item("cupy-cuda13x")]}
+    assert ce.check_plan(missing, {"kvikio-cu13", "cupy-cuda13x"}) == ["kvikio-cu13 is not in the plan"]
+    assert ce.check_plan(good, set(), ce.LINUX_ONLY) == ["kvikio-cu13 1.0 would be installed",
+                                                         "nvidia-dali-cuda130 1.0 would be installed"]
+
+
+def test_docker_torch_version_is_read(ce):
+    assert re.fullmatch(r"\d+\.\d+\.\d+", ce.docker_torch_version())
+
+
+def test_extras_named_in_messages_exist(ce):
+    """Every `hsgds[NAME]` a message tells users to install, and every extra passed to
+    hsgds._optional.require(), is an extra of pyproject.toml."""
+    extras = set(ce.load_extras())
+    named = set()
+    for path in (ROOT / "hsgds").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        named |= set(re.findall(r"hsgds\[(\w+)\]", text)) - {"extra"}  # _optional's docstring
+        named |= set(re.findall(r"require\(\s*\"[\w.]+\",\s*\"(\w+)\"", text))
+    assert {"cpu", "cu13", "preview", "xarray"} <= named
+    assert named <= extras, f"messages name extras that do not exist: {sorted(named - extras)}"
