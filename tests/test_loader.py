@@ -294,3 +294,29 @@ def test_indian_pines_full_epoch_both_engines(indian_pines_store, indian_pines_a
         assert len(got) == 1027
     np.testing.assert_array_equal(results["torch"][1], results["dali"][1])
     np.testing.assert_allclose(results["torch"][0], results["dali"][0], rtol=1e-6, atol=1e-6)
+
+
+def test_split_that_fits_is_read_once_across_epochs(border_scene):
+    store = border_scene[2]["edge"]
+    scene = hsgds.open_scene(store)
+    with _loader(store, split=None) as loader:
+        for _ in range(3):
+            for _ in loader:
+                pass
+        assert loader.stats.tiles_loaded == scene.grid.num_tiles
+        assert loader.stats.bytes_read == scene.grid.num_tiles * scene.grid.tile_nbytes
+        assert loader.stats.tiles_reused >= 2 * scene.grid.num_tiles
+
+
+def test_posix_reader_o_direct_reads_the_same_bytes(border_scene):
+    from hsgds.io import PosixReader, TileSource
+
+    scene = hsgds.open_scene(border_scene[2]["reflect"])
+    source = TileSource.from_scene(scene)
+    dest = torch.empty(source.nbytes + 1, dtype=torch.uint8)[1:]  # deliberately misaligned
+    with PosixReader(source, direct=True) as reader:
+        try:
+            reader.read_into(3, dest)
+        except TileReadError as exc:  # tmpfs and some overlay filesystems refuse O_DIRECT
+            pytest.skip(f"O_DIRECT not supported here: {exc}")
+        assert dest.numpy().tobytes() == scene.tile_paths[3].read_bytes()
