@@ -1,4 +1,4 @@
-"""MATLAB .mat reader: v4/v5/v7 through scipy (loaded whole), v7.3 through h5py (sliced lazily).
+"""MATLAB .mat reader: v5/v7 through a bounded parser (matv5), v4 through scipy (both loaded whole), v7.3 through h5py (sliced lazily).
 
 MATLAB is column-major, so in a v7.3 file an (H, W, B) variable appears to h5py as (B, W, H). The
 reader says so with reversed axis letters instead of transposing anything in memory.
@@ -15,6 +15,7 @@ import scipy.io
 
 from hsgds.errors import InputError
 from preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
+from preprocess.readers import matv5
 from preprocess.readers.hdf5 import band_axes, check_dataset, choose_variable, guarded, list_datasets
 
 __all__ = ["open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]
@@ -34,15 +35,28 @@ _NUMERIC_CLASSES_73 = {c.encode() for c in _NUMERIC_CLASSES}
 _ITEMSIZE = {"double": 8, "single": 4, "logical": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2,
              "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
 
-#: deflate cannot expand data more than about 1032:1, so a compressed v5 variable of n file bytes holds
-#: at most this many times n bytes of data.
-_DEFLATE_MAX_RATIO = 1032
-
 _RESAVE = "re-save it with save(..., '-v7') or '-v7.3'"
 
 
+def _version(path: Path) -> int:
+    """0 for a v4 file (no header), 1 for level 5 (v5/v6/v7)."""
+    try:
+        with path.open("rb") as f:
+            major = scipy.io.matlab.matfile_version(f)[0]
+    except Exception as exc:
+        raise parse_failure(path, "a MATLAB file", exc, _RESAVE) from None
+    if major not in (0, 1):
+        raise InputError(f"{path} has MATLAB format version {major} but no HDF5 signature; {_RESAVE}")
+    return major
+
+
 def _listing_v5(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Numeric variables of a v4/v5 file, name to (shape, class), without loading any of them."""
+    """Numeric variables of a v4/v5 file, name to (shape, class), without loading any of them.
+
+    Level-5 files go through hsgds's own bounded parser (matv5): scipy's C parser crashes on some
+    damaged files. v4 files (pure-Python parser in scipy) go through scipy."""
+    if _version(path) == 1:
+        return {v.name: (v.shape, v.cls) for v in matv5.list_variables(path).values() if v.numeric}
     try:
         listing = scipy.io.whosmat(path)
     except Exception as exc:  # scipy's parser on a damaged file raises many types (KeyError, IndexError...)
@@ -55,27 +69,18 @@ def _variables_v5(path: Path) -> dict[str, tuple[int, ...]]:
     return {name: shape for name, (shape, _) in _listing_v5(path).items()}
 
 
-def _check_size_v5(path: Path, name: str, shape: tuple[int, ...], cls: str) -> None:
-    """Refuse a variable whose header promises more data than the file can hold, before scipy allocates it."""
+def _load_v5(path: Path, name: str) -> np.ndarray:
+    """Load one variable of a v4/v5 file, after checking its size against the file and the memory."""
+    if _version(path) == 1:
+        return matv5.load_variable(path, matv5.list_variables(path)[name])
+    shape, cls = _listing_v5(path)[name]
     nbytes = math.prod(shape) * _ITEMSIZE[cls]
     size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            major = scipy.io.matlab.matfile_version(f)[0]
-    except Exception as exc:
-        raise parse_failure(path, "a MATLAB file", exc, _RESAVE) from None
-    limit = size if major == 0 else _DEFLATE_MAX_RATIO * size + 4096  # v4 is never compressed
-    if nbytes > limit:
+    if nbytes > size:  # v4 files are never compressed: the data must be in the file
         raise InputError(f"variable {name!r} in {path} claims shape {shape} ({nbytes} bytes) but the file has "
                          f"{size} bytes; the file is damaged, {_RESAVE}")
     check_fits_in_memory(nbytes, f"variable {name!r} in {path.name} (loaded whole)",
                          "save it with save(..., '-v7.3'), which is read in windows")
-
-
-def _load_v5(path: Path, name: str) -> np.ndarray:
-    """Load one variable of a v4/v5 file, after checking its size against the file and the memory."""
-    shape, cls = _listing_v5(path)[name]
-    _check_size_v5(path, name, shape, cls)
     try:
         return scipy.io.loadmat(path, variable_names=[name], squeeze_me=False)[name]
     except Exception as exc:
