@@ -22,6 +22,41 @@ __all__ = ["open_tiff", "read_tiff_labels"]
 _FIX = "check that the file is complete"
 
 
+def _check_ifd_chain(path: Path) -> None:
+    """Walk the chain of image file directories before tifffile does: a damaged file whose chain loops
+    (past the first hundred pages, which is all tifffile checks) would make it read pages forever.
+
+    Each directory must sit at a new offset; the walk ends at offset 0 or at an offset past the file
+    (which tifffile also treats as the end), so it takes at most one step per directory in the file.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(16)
+        order = {b"II": "little", b"MM": "big"}.get(head[:2])
+        magic = int.from_bytes(head[2:4], order or "little")
+        if order is None or magic not in (42, 43) or len(head) < 8:
+            return  # not a TIFF tifffile reads this way; it reports the problem itself
+        big = magic == 43
+        count_size, tag_size, offset_size = (8, 20, 8) if big else (2, 12, 4)
+        offset = int.from_bytes(head[8:16] if big else head[4:8], order)
+        seen: set[int] = set()
+        while 0 < offset < size:
+            if offset in seen:
+                raise InputError(f"{path} is damaged: its chain of image directories loops back to offset "
+                                 f"{offset}; {_FIX}")
+            seen.add(offset)
+            f.seek(offset)
+            raw = f.read(count_size)
+            if len(raw) < count_size:
+                return
+            tags = int.from_bytes(raw, order)
+            f.seek(offset + count_size + tags * tag_size)
+            raw = f.read(offset_size)
+            if len(raw) < offset_size:
+                return
+            offset = int.from_bytes(raw, order)
+
+
 def _check_segments(series, path: Path) -> None:
     """A damaged IFD can declare millions of strips for a few bytes of file (tifffile would then loop
     over them) or strips beyond the end of the file: refuse both before decoding anything."""
@@ -46,6 +81,7 @@ def _load(path: Path) -> tuple[np.ndarray, str]:
     tifffile names the axes: Y rows, X columns, S samples per pixel, and Q/I/Z/C/... for pages.
     """
     try:
+        _check_ifd_chain(path)
         with tifffile.TiffFile(path) as tif:
             if not tif.series:
                 raise InputError(f"{path} holds no image; check the file")
