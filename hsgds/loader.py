@@ -270,6 +270,8 @@ class PatchLoader:
         base_elapsed = self.stats.elapsed_s
         try:
             for b in range(start, plan.num_batches):
+                if self._closed:
+                    raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: create a new loader")
                 if pass_id != self._pass:
                     raise HsgdsError("this iterator was superseded by a newer iteration of the same loader")
                 idx = plan.batch(b)
