@@ -8,6 +8,7 @@ computed once, so a batch is ``index_select(storage.view(-1, B), 0, base[:, None
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,13 @@ _STORE_DTYPES = (
 # index_select/take are not implemented for torch's "barebones" unsigned types (uint16/32/64), but views
 # and copy_ (conversion) are: gather through a same-size signed view, convert through the unsigned view.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# CPU path: bytes of float work per chunk of patches (a core's L2 holds it with the gather and the cast)
+_CHUNK_BYTES = 1 << 20
+# CPU path: at most this many threads cut chunks of one batch; torch's parallel grain size (elements)
+_MAX_THREADS = 8
+# CPU path: output buffers kept for reuse (the batch the caller holds, the one autograd may hold, ...)
+_POOL = 4
 
 
 def resolve_out_dtype(value: Any) -> torch.dtype:
@@ -139,8 +147,8 @@ class TorchEngine(PatchEngine):
     device : torch.device, str or None
         Where the storage lives (None: CPU). Outputs are made on the storage's device.
     max_batch_size : int or None
-        Expected batch size; on the CPU the work buffers are sized for it up front (they grow if a bigger
-        batch comes). Accepted for every engine so that callers can build any engine the same way.
+        Expected batch size. Accepted for every engine so that callers can build any engine the same way
+        (the torch engine's CPU buffers are sized per chunk of patches, not per batch).
     check_bounds : bool or None
         Check that every patch lies inside its tile and slot (InputError otherwise). The check needs a
         device-to-host sync on CUDA, so the default (None) checks only coordinates that are on the CPU.
@@ -148,8 +156,10 @@ class TorchEngine(PatchEngine):
     Notes
     -----
     The arithmetic is ``(x.float() - offset) * scale`` in float32 (float64 when ``out_dtype`` is float64),
-    then one rounding to ``out_dtype``; this is bit-for-bit what the DALI engine computes. On the CPU the
-    gather and float32 work buffers are kept between batches (fresh large allocations cost page faults);
+    then one rounding to ``out_dtype``; this is bit-for-bit what the DALI engine computes. On the CPU a
+    batch is cut in cache-sized chunks of patches (gather, cast, normalize, then one transposing copy for
+    NCHW), the chunk buffers are kept between batches, and output tensors come from a small pool that
+    reuses a buffer only once no reference to it is left (fresh large allocations cost page faults);
     this makes one engine instance unsafe to share between threads without the internal lock, which
     serializes ``cut`` calls. On CUDA the caching allocator makes fresh temporaries cheap and stream-safe.
     """
@@ -179,13 +189,15 @@ class TorchEngine(PatchEngine):
         self._check_bounds = check_bounds
         self._offsets: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._offsets_for(spec.tile_side, self._device)  # the usual side, computed once up front
-        self._bufs: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        self._bufs: dict[tuple[Any, torch.dtype], torch.Tensor] = {}
         self._lock = threading.Lock()
-        if max_batch_size is not None and self._device.type == "cpu":
-            # the work buffer exists only for 16-bit outputs; the gather buffer's dtype is known per batch
-            numel = int(max_batch_size) * spec.patch_size**2 * spec.bands
-            if out_dtype != self._compute:
-                self._buffer("work", self._compute, numel)
+        # CPU: output buffers handed out again once nobody holds them (see _output)
+        self._outs: list[tuple[torch.Tensor, int]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
+        pixel = spec.patch_size**2 * spec.bands
+        # CPU: patches per chunk, so that a chunk's gather and float work stay in the core's cache
+        self._chunk = max(1, _CHUNK_BYTES // (pixel * (8 if self._compute == torch.float64 else 4)))
 
     # -- cached per-device constants ------------------------------------------------------------------
     def _consts_for(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +218,7 @@ class TorchEngine(PatchEngine):
             offsets = self._offsets[key] = (d[:, None] * side + d[None, :]).reshape(-1).to(device)
         return offsets
 
-    def _buffer(self, kind: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    def _buffer(self, kind: Any, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """A reusable CPU buffer of at least ``numel`` elements (grown, never shrunk, until close())."""
         buf = self._bufs.get((kind, dtype))
         if buf is None or buf.numel() < numel:
@@ -231,12 +243,13 @@ class TorchEngine(PatchEngine):
         cpu = device.type == "cpu"
         nchw = spec.layout == "NCHW"
         shape = (n, bands, p, p) if nchw else (n, p, p, bands)
-        out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if n == 0:
-            return out
-
+            return torch.empty(shape, dtype=self._out_dtype, device=device)
         slot, y, x = (t.to(device=device, dtype=torch.int64) for t in (slot, y, x))
-        if not cpu and self._fused_kernel(storage.dtype):  # one pass on the GPU
+        if cpu:
+            return self._cut_cpu(storage, slot, y, x, shape)
+        out = torch.empty(shape, dtype=self._out_dtype, device=device)
+        if self._fused_kernel(storage.dtype):  # one pass on the GPU
             offset, scale = self._consts_for(device)
             return triton_cut.cut(storage, slot, y, x, offset, scale, out, p, nchw)
 
@@ -247,11 +260,7 @@ class TorchEngine(PatchEngine):
         flat = storage.view(-1, bands)
         if src_dtype in _SIGNED_VIEW:
             flat = flat.view(_SIGNED_VIEW[src_dtype])
-        if cpu:
-            g = self._buffer("gather", flat.dtype, n * p * p * bands).view(n * p * p, bands)
-            torch.index_select(flat, 0, idx, out=g)
-        else:
-            g = torch.index_select(flat, 0, idx)
+        g = torch.index_select(flat, 0, idx)
         g = g.view(src_dtype).view(n, p, p, bands)  # back to the real (unsigned) dtype: a free view
 
         offset, scale = self._consts_for(device)
@@ -260,17 +269,11 @@ class TorchEngine(PatchEngine):
             offset, scale = offset.view(bands, 1, 1), scale.view(bands, 1, 1)
 
         direct = self._out_dtype == self._compute
-        if direct:
-            work = out
-        elif cpu:
-            work = self._buffer("work", self._compute, out.numel()).view(shape)
-        else:
-            work = torch.empty(shape, dtype=self._compute, device=device)
+        work = out if direct else torch.empty(shape, dtype=self._compute, device=device)
         # CUDA kernels cast inputs on the fly, so sub() reads the native dtype and writes float32 in one
-        # pass. The CPU would materialize a promoted copy first, so there copy_ (the cast) then sub_.
-        # Unsigned and float64 inputs always take copy_: sub() lacks unsigned kernels, and it would
+        # pass. Unsigned and float64 inputs take copy_: sub() lacks unsigned kernels, and it would
         # compute in float64 instead of rounding x to float32 first.
-        fused = not cpu and src_dtype not in _SIGNED_VIEW and not (
+        fused = src_dtype not in _SIGNED_VIEW and not (
             src_dtype == torch.float64 and self._compute != torch.float64
         )
         if fused:
@@ -280,12 +283,91 @@ class TorchEngine(PatchEngine):
             work.sub_(offset)
         if direct:
             work.mul_(scale)
-        elif cpu:
-            work.mul_(scale)
-            out.copy_(work)
         else:
             torch.mul(work, scale, out=out)  # computed in float32, rounded once to out_dtype
         return out
+
+    def _output(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """A CPU output tensor of ``shape``: a pooled buffer that nobody else references any more, else a
+        fresh one. A fresh large allocation is mmapped and page-faulted in on every batch, which costs
+        more than the whole cut; a pooled buffer is reused only when its storage's use count shows that
+        no tensor, view or numpy array handed out earlier is still alive, so no caller ever sees a batch
+        it holds change."""
+        numel = int(np.prod(shape))
+        for i, (buf, idle) in enumerate(self._outs):
+            if _storage_refs(buf) == idle:
+                if buf.numel() < numel:  # a bigger batch: replace the idle buffer
+                    buf = torch.empty(numel, dtype=self._out_dtype)
+                    self._outs[i] = (buf, _storage_refs(buf))
+                return buf[:numel].view(shape)
+        buf = torch.empty(numel, dtype=self._out_dtype)
+        refs = _storage_refs(buf)
+        if refs is not None and len(self._outs) < _POOL:
+            self._outs.append((buf, refs))
+        return buf.view(shape)
+
+    def _cut_cpu(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+                 shape: tuple[int, ...]) -> torch.Tensor:
+        """The CPU path. The batch is cut in chunks of patches small enough to stay in a core's cache:
+        gather (store dtype), cast to float32, subtract, multiply (pixel-interleaved, so the per-band
+        constants broadcast along the contiguous axis), round to the output dtype, and for NCHW one
+        transposing copy into the output; only that last write leaves the cache, so a batch costs about
+        one pass over its output bytes. Chunks are shared out to ``torch.get_num_threads()`` threads of
+        the engine's own, each running torch's kernels single-threaded (OpenMP teams per small step
+        would meet at a barrier after every step, which stalls badly when the cores are shared)."""
+        spec = self.spec
+        r, bands = spec.radius, spec.bands
+        n, side = slot.shape[0], storage.shape[1]
+        out = self._output(shape)
+        base = (slot * side + (y - r)) * side + (x - r)  # top-left pixel of each patch
+        offsets = self._offsets_for(side, storage.device)
+        flat = storage.view(-1, bands)
+        if flat.dtype in _SIGNED_VIEW:
+            flat = flat.view(_SIGNED_VIEW[flat.dtype])
+        chunks = [(i, min(self._chunk, n - i)) for i in range(0, n, self._chunk)]
+        workers = max(1, min(len(chunks), torch.get_num_threads(), _MAX_THREADS))
+        if workers == 1:
+            self._cut_chunks(chunks, flat, storage.dtype, base, offsets, out)
+            return out
+        if self._pool is None or self._pool_size < workers:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool, self._pool_size = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels), workers
+        futures = [self._pool.submit(self._cut_chunks, chunks[w::workers], flat, storage.dtype, base, offsets, out)
+                   for w in range(workers)]
+        for f in futures:
+            f.result()
+        return out
+
+    def _cut_chunks(self, chunks: list[tuple[int, int]], flat: torch.Tensor, src_dtype: torch.dtype,
+                    base: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
+        """Cut ``chunks`` ((first patch, count) pairs) into ``out`` with this thread's own buffers."""
+        spec = self.spec
+        bands, pp = spec.bands, spec.patch_size**2
+        nchw, direct = spec.layout == "NCHW", self._out_dtype == self._compute
+        numel = max(k for _, k in chunks) * pp * bands
+        me = threading.get_ident()
+        ibuf = self._buffer(("index", me), torch.int64, numel // bands)
+        gbuf = self._buffer(("gather", me), flat.dtype, numel)
+        wbuf = self._buffer(("work", me), self._compute, numel)
+        obuf = self._buffer(("cast", me), self._out_dtype, numel) if nchw and not direct else None
+        offset, scale = self._consts_for(torch.device("cpu"))
+        for i, k in chunks:
+            rows = k * pp
+            g = gbuf[:rows * bands].view(rows, bands)
+            idx = ibuf[:rows]
+            torch.add(base[i:i + k, None], offsets, out=idx.view(k, pp))  # every pixel of the chunk's patches
+            torch.index_select(flat, 0, idx, out=g)
+            dst = out[i:i + k].view(rows, bands)
+            # NHWC float32 out: normalize in place in the output; otherwise in the cached work buffer
+            w = dst if direct and not nchw else wbuf[:rows * bands].view(rows, bands)
+            w.copy_(g.view(src_dtype))  # the cast, through the real (unsigned) dtype
+            w.sub_(offset)
+            w.mul_(scale)
+            if not direct:  # one rounding to the 16-bit output dtype
+                w = (obuf[:rows * bands].view(rows, bands) if nchw else dst).copy_(w)
+            if nchw:
+                _transpose_into(out[i:i + k].view(k, bands, pp), w.view(k, pp, bands))
 
     def _fused_kernel(self, src_dtype: torch.dtype) -> bool:
         """Whether the one-pass Triton kernel serves this batch (setting ``triton``, HSGDS_TRITON)."""
@@ -296,3 +378,58 @@ class TorchEngine(PatchEngine):
     def close(self) -> None:
         """Drop the reusable CPU work buffers. Idempotent; the engine can still be used afterwards."""
         self._bufs.clear()
+        self._outs.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _storage_refs(t: torch.Tensor) -> int | None:
+    """How many references the storage of ``t`` has (None if this torch cannot tell: then no pooling)."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return None
+    return int(count(t.untyped_storage()._cdata))
+
+
+def _single_threaded_kernels() -> None:
+    """Pool-thread initializer: make torch's kernels run single-threaded in this thread only.
+
+    ATen's intra-op parallelism asks OpenMP for this thread's team size; OpenMP keeps that setting per
+    thread, so setting it to 1 here leaves the training loop's threads (and MKL) alone. Where the OpenMP
+    runtime cannot be found (not Linux, or another backend), the kernels keep their default teams.
+    """
+    torch.get_num_threads()  # ATen initializes this thread's OpenMP settings first
+    lib = _openmp()
+    if lib is not None:
+        lib.omp_set_num_threads(1)
+
+
+def _openmp() -> Any:
+    """The OpenMP runtime torch loaded (ctypes handle), or None."""
+    global _OPENMP
+    if _OPENMP is False:
+        import ctypes
+
+        _OPENMP = None
+        try:
+            with open("/proc/self/maps") as f:
+                paths = {line.split()[-1] for line in f if "/lib" in line}
+            for path in sorted(paths):
+                if path.rsplit("/", 1)[-1].startswith(("libgomp", "libiomp5", "libomp")):
+                    _OPENMP = ctypes.CDLL(path)
+                    break
+        except (OSError, IndexError):
+            _OPENMP = None
+    return _OPENMP
+
+
+_OPENMP: Any = False
+
+
+def _transpose_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[k, b, s] = src[k, s, b] for contiguous CPU tensors of one dtype. numpy's strided copy is ~3x
+    faster than torch's for this shape; the bits are moved through a same-size integer view, so any
+    dtype (bfloat16 included) is copied exactly."""
+    as_int = _INT_OF_SIZE[dst.element_size()]
+    np.copyto(dst.view(as_int).numpy(), src.view(as_int).numpy().transpose(0, 2, 1))
