@@ -173,3 +173,15 @@ def test_missing_matplotlib_names_the_extra(envi_store, tmp_path, monkeypatch, r
     code, _, err = run_cli("preview", envi_store[0], "-o", tmp_path / "x.png")
     assert code == 2 and "hsgds[preview]" in err
     assert preview_panels(envi_store[0]).rgb.size  # the panels need numpy only
+
+
+def test_unlabelled_single_band_scene(tmp_path):
+    cube = np.random.default_rng(0).integers(0, 1000, (40, 30, 1)).astype("float32")
+    np.save(tmp_path / "u.npy", cube)
+    store = convert(tmp_path / "u.npy", tmp_path / "u.zarr", ConvertOptions())
+    p = preview_panels(store)
+    assert p.bands == (0, 0, 0)  # one band: grey
+    assert (p.rgb[..., 0] == p.rgb[..., 1]).all() and (p.rgb[..., 1] == p.rgb[..., 2]).all()
+    assert p.class_legend == [] and p.split_legend == []
+    assert not p.classes.any() and not p.splits.any()  # all unlabelled: black
+    assert render_preview(store, tmp_path / "u.png").stat().st_size > 0
