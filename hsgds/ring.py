@@ -263,8 +263,8 @@ class TileRing:
     def close(self) -> None:
         if self._closed:
             return
+        with self._cond:  # a consumer waiting in acquire() (another thread) wakes now, not after in-flight reads
+            self._closed = True
+            self._cond.notify_all()
         self.stop()
         self._pool.shutdown(wait=True)
-        self._closed = True
-        with self._cond:
-            self._cond.notify_all()
