@@ -1,0 +1,157 @@
+"""Runtime faults test_loader.py does not cover: slow storage with a fast consumer, a consumer that raises,
+two loaders on one store, a loader used after (or closed during) iteration (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hsgds
+from hsgds.errors import HsgdsError
+from preprocess.convert import ConvertOptions, convert
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """40x35x6 uint16, every pixel labelled, 3x2 tiles of 18 px (halo 7)."""
+    from hsgds.synthetic import make_scene
+
+    d = tmp_path_factory.mktemp("faults")
+    cube, labels = make_scene(40, 35, 6, classes=4, dtype="uint16", seed=3, labelled_fraction=1.0)
+    np.save(d / "cube.npy", cube)
+    np.save(d / "gt.npy", labels)
+    return convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", tile=18, train=0.5))
+
+
+def _loader(store, **kw):
+    opts = dict(patch_size=5, batch_size=16, split="train", return_coords=True, device="cpu", seed=1)
+    opts.update(kw)
+    return hsgds.PatchLoader(store, **opts)
+
+
+def _epoch(loader):
+    """One epoch as (patches, labels, coords) arrays, in yield order."""
+    out = [(p.numpy().copy(), lab.numpy().copy(), c.numpy().copy()) for p, lab, c in loader]
+    return tuple(np.concatenate(parts) for parts in zip(*out))
+
+
+def _same(a, b):
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def _ring_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("hsgds") and t.is_alive()]
+
+
+class JitterReader:
+    """Wraps a reader: 0-15 ms of random latency per tile, sometimes a 60 ms spike (a slow disk)."""
+
+    def __init__(self, inner, seed=0):
+        self.inner, self.rng, self.lock = inner, random.Random(seed), threading.Lock()
+        self.delays = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def read_into(self, tile_id, dest):
+        with self.lock:
+            delay = 0.06 if self.rng.random() < 0.1 else self.rng.uniform(0, 0.015)
+            self.delays.append(delay)
+        time.sleep(delay)
+        self.inner.read_into(tile_id, dest)
+
+
+def test_slow_storage_fast_consumer_yields_exactly_the_same(store):
+    nbytes = hsgds.open_scene(store).grid.tile_nbytes
+    with _loader(store, split=None, ring_bytes=2 * nbytes, shuffle_window=1) as fast:
+        expected = _epoch(fast)
+    with _loader(store, split=None, ring_bytes=2 * nbytes, shuffle_window=1) as slow:
+        slow._ring.reader = jitter = JitterReader(slow._ring.reader)
+        t0 = time.perf_counter()
+        got = _epoch(slow)
+        elapsed = time.perf_counter() - t0
+        stats = slow.stats
+    _same(got, expected)
+    assert len(jitter.delays) >= 6  # every tile went through the slow reader
+    assert stats.consumer_wait_s > 0.5 * sum(jitter.delays) / 2  # the consumer waited (2 reads in flight)
+    assert stats.max_resident <= 2
+    assert elapsed < sum(jitter.delays) + 5  # waits end when tiles land: no polling stall, no hang
+
+
+def test_consumer_raising_leaves_loader_usable(store):
+    fds = len(os.listdir("/proc/self/fd"))
+    with _loader(store) as fresh:
+        first = _epoch(fresh)
+    with _loader(store) as loader:
+        with pytest.raises(ValueError, match="training step failed"):
+            for i, _ in enumerate(loader):
+                if i == 2:
+                    raise ValueError("training step failed")
+        assert not [t for t in _ring_threads() if t.name == "hsgds-ring"]  # the pass was stopped
+        _same(_epoch(loader), first)  # a new iteration restarts the interrupted epoch, bit-identical
+    assert _ring_threads() == []
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_two_loaders_on_one_store_interleaved(store):
+    scene = hsgds.open_scene(store)
+    settings = [dict(patch_size=5, seed=1), dict(patch_size=9, seed=2, split=None, batch_size=7, shuffle_window=2,
+                                                 ring_bytes=2 * scene.grid.tile_nbytes)]
+    alone = []
+    for kw in settings:
+        with _loader(store, **kw) as one:
+            alone.append(_epoch(one))
+    got = [[], []]
+    with _loader(store, **settings[0]) as a, _loader(scene, **settings[1]) as b:
+        ia, ib = iter(a), iter(b)
+        done = [False, False]
+        while not all(done):  # strictly alternating, each at its own pace
+            for k, it in enumerate((ia, ib)):
+                if not done[k]:
+                    try:
+                        p, lab, c = next(it)
+                        got[k].append((p.numpy().copy(), lab.numpy().copy(), c.numpy().copy()))
+                    except StopIteration:
+                        done[k] = True
+    for k in range(2):
+        _same(tuple(np.concatenate(parts) for parts in zip(*got[k])), alone[k])
+
+
+def test_iterator_used_after_close_raises(store):
+    loader = _loader(store)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(HsgdsError, match="closed"):
+        next(it)
+    with pytest.raises(HsgdsError, match="closed"):
+        iter(loader)
+    assert _ring_threads() == []
+
+
+def test_close_from_another_thread_wakes_a_waiting_consumer(store):
+    """A consumer blocked on a slow tile is woken by close() from another thread, with a clear error."""
+
+    class Stuck(JitterReader):
+        def read_into(self, tile_id, dest):
+            time.sleep(2.0)
+            self.inner.read_into(tile_id, dest)
+
+    loader = _loader(store, shuffle=False)
+    loader._ring.reader = Stuck(loader._ring.reader)
+    closer = threading.Timer(0.2, loader.close)
+    closer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(HsgdsError, match="closed"):
+        for _ in loader:
+            pass
+    assert time.perf_counter() - t0 < 1.5  # woken by close(), not by the end of the stuck read
+    closer.join(5)  # close() itself returns once the read in flight has finished
+    assert not closer.is_alive()
+    assert _ring_threads() == []
