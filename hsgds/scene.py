@@ -47,6 +47,15 @@ def _read_json(path: Path, where: str) -> dict:
     return out
 
 
+def _is_raw(meta: dict) -> bool:
+    """Whether an array's codecs are exactly one ``bytes`` codec, little-endian (the runtime reads raw bytes)."""
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(codecs[0], dict):
+        return False
+    config = codecs[0].get("configuration") or {}
+    return codecs[0].get("name") == "bytes" and isinstance(config, dict) and config.get("endian", "little") == "little"
+
+
 def _read_raw_array(root: Path, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """Read a small uncompressed Zarr v3 array written by the converter (one chunk, codec bytes).
 
@@ -58,7 +67,6 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...]) -> np.ndarray
         declared = tuple(meta["shape"])
         dtype_name = meta["data_type"]
         chunk_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
-        codecs = [c["name"] for c in meta["codecs"]]
     except (KeyError, TypeError) as exc:
         raise StoreError(f"{where} has invalid Zarr metadata ({type(exc).__name__}: {exc}); convert again") from None
     if declared != shape:
@@ -68,8 +76,8 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...]) -> np.ndarray
     dtype = np.dtype(dtype_name).newbyteorder("<")
     if 0 in shape:
         return np.zeros(shape, dtype=dtype.newbyteorder("="))
-    if chunk_shape != shape or codecs != ["bytes"]:
-        raise StoreError(f"{where} is not stored as a single raw chunk")
+    if chunk_shape != shape or not _is_raw(meta):
+        raise StoreError(f"{where} is not stored as a single raw little-endian chunk")
     path = fmt.inside(root, root / name / fmt.chunk_key(meta, (0,) * len(shape)), str(root))
     expected = int(np.prod(shape)) * dtype.itemsize
     try:
@@ -112,6 +120,9 @@ class Scene:
         expected = [self.grid.nty, self.grid.ntx, *self.grid.tile_shape]
         if not isinstance(tiles_meta.get("shape"), list) or tiles_meta["shape"] != expected:
             raise StoreError(f"{where}: tiles array has shape {tiles_meta.get('shape')}, expected {expected}")
+        if tiles_meta.get("data_type") != self.meta.dtype or not _is_raw(tiles_meta):
+            raise StoreError(f"{where}: tiles are not raw little-endian {self.meta.dtype} chunks "
+                             f"(data type {str(tiles_meta.get('data_type'))[:20]}); convert the source again")
         self.tile_paths = fmt.tile_paths(self.path, self.grid, tiles_meta)
         self._labels: np.ndarray | None = None
         self._samples: dict[str, np.ndarray] | None = None
