@@ -289,7 +289,10 @@ class StoreMeta:
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                     for v in self.wavelengths):
                 raise bad("wavelengths", f"must be {b} finite numbers or null")
-        self.grid.check()
+        try:
+            self.grid.check()
+        except StoreError as exc:
+            raise StoreError(f"{where}: {exc}; convert the source again") from None
         # a tile count computed from hostile numbers must be compared before anything is sized by it
         if not isinstance(self.checksums, list):
             raise bad("checksums", "must be a list")
