@@ -1,0 +1,248 @@
+"""Store metadata is untrusted input: hand-crafted malicious zarr.json files and planted links must end in
+a StoreError naming the problem, before anything is allocated from them or any file outside the store is
+opened (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hsgds
+from hsgds import format as fmt
+from hsgds import scene as scene_mod
+from hsgds.errors import StoreError
+from preprocess.convert import ConvertOptions, convert
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    from hsgds.synthetic import make_scene
+
+    d = tmp_path_factory.mktemp("meta")
+    cube, labels = make_scene(30, 30, 4, classes=3, dtype="int16", seed=1)
+    np.save(d / "cube.npy", cube)
+    np.save(d / "gt.npy", labels)
+    return convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", tile=18))
+
+
+@pytest.fixture
+def store(pristine, tmp_path):
+    return Path(shutil.copytree(pristine, tmp_path / "s.zarr"))
+
+
+def _edit(path: Path, fn) -> None:
+    meta = json.loads(path.read_text())
+    fn(meta)
+    path.write_text(json.dumps(meta))
+
+
+def _set_attr(store: Path, key: str, value) -> None:
+    def put(meta):
+        if value is _DELETE:
+            del meta["attributes"]["hsgds"][key]
+        else:
+            meta["attributes"]["hsgds"][key] = value
+    _edit(store / "zarr.json", put)
+
+
+_DELETE = object()
+_NAN = float("nan")
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("shape", [0, 30, 4], "shape .* three positive integers"),
+    ("shape", [30, 30], "shape .* three positive integers"),
+    ("shape", [30.0, 30, 4], "shape .* three positive integers"),
+    ("shape", [True, 30, 4], "shape .* three positive integers"),
+    ("shape", "30x30x4", "shape .* three positive integers"),
+    ("shape", [-1, 30, 4], "shape .* three positive integers"),
+    ("dtype", "object", "dtype = .*must be one of"),
+    ("dtype", "complex64", "dtype = .*must be one of"),
+    ("dtype", ["int16"], "dtype = .*must be one of"),
+    ("tile", 0, "tile .* positive integer"),
+    ("tile", "18", "tile .* positive integer"),
+    ("tile", 1.5, "tile .* positive integer"),
+    ("tile", 1_000_000, r"s.zarr: tile of \d+ bytes is not a multiple of 4096"),
+    ("halo", -1, r"halo .* 0\.\.512"),
+    ("halo", 10**9, r"halo .* 0\.\.512"),
+    ("halo", None, r"halo .* 0\.\.512"),
+    ("padding", "wrap", "unknown padding mode"),
+    ("num_classes", -3, "num_classes .* non-negative"),
+    ("num_samples", 10**12, "at most 900 labelled pixels"),
+    ("num_samples", "450", "num_samples .* non-negative"),
+    ("checksums", [1, 2, 3], "lists 3 tile checksums for 4 tiles"),
+    ("checksums", [1, 2, 3, -1], "unsigned 32-bit"),
+    ("checksums", [1, 2, 3, 2**32], "unsigned 32-bit"),
+    ("checksums", [1, 2, 3, "4"], "unsigned 32-bit"),
+    ("checksums", {"0": 1}, "checksums = .*must be a list"),
+    ("wavelengths", [400.0, 500.0], "wavelengths .* 4 finite numbers"),
+    ("wavelengths", [400.0, 500.0, 600.0, _NAN], "wavelengths .* 4 finite numbers"),
+    ("band_names", ["a", "b", "c", 4], "band_names .* list of strings"),
+    ("band_names", ["a"], "band_names .* 4 entries"),
+    ("class_names", "abc", "class_names .* list of strings"),
+    ("format", "other", "format = 'other' .must be 'hsgds'"),
+    ("format_version", 2, "format version 2"),
+    ("format_version", "1", "format version '1'"),
+    ("format_version", True, "format version True"),
+    ("checksum_algorithm", "md5", "checksum_algorithm"),
+    ("stats_split", "test", "stats_split"),
+    ("source", "x", "source .* object"),
+    ("tile", _DELETE, "invalid hsgds metadata"),
+])
+def test_invalid_root_metadata_is_a_store_error(store, key, value, message):
+    _set_attr(store, key, value)
+    with pytest.raises(StoreError, match=message):
+        hsgds.open_scene(store)
+
+
+def test_huge_tiles_are_refused_before_allocating(store):
+    """A grid whose single tile would be 64 GiB (B = 2**22 bands): refused by size, not by an allocation."""
+    _set_attr(store, "shape", [30, 30, 2**22])
+    _set_attr(store, "tile", 30)
+    _set_attr(store, "halo", 33)
+    _set_attr(store, "checksums", [0])
+    with pytest.raises(StoreError, match="over the 2 GiB limit"):
+        hsgds.open_scene(store)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[" * 100_000 + "]" * 100_000, "RecursionError"),  # nesting deeper than the parser's stack
+    ("[1, 2, 3]", "not a JSON object"),
+    ('{"attributes": []}', "no 'hsgds' metadata"),
+    ('{"attributes": {"hsgds": [1]}}', "no 'hsgds' metadata"),
+    ("{not json", "cannot read zarr.json"),
+])
+def test_malformed_root_json(store, text, message):
+    (store / "zarr.json").write_text(text)
+    with pytest.raises(StoreError, match=message):
+        hsgds.open_scene(store)
+
+
+def test_oversized_json_is_not_read(store, monkeypatch):
+    monkeypatch.setattr(scene_mod, "MAX_JSON_BYTES", 100)
+    with pytest.raises(StoreError, match="bytes, not Zarr metadata"):
+        hsgds.open_scene(store)
+
+
+@pytest.mark.parametrize("encoding,message", [
+    ({"name": "default", "configuration": {"separator": "/../../../../etc/"}}, "invalid chunk key separator"),
+    ({"name": "v2", "configuration": {"separator": "/.."}}, "invalid chunk key separator"),
+    ({"name": "default", "configuration": {"separator": ""}}, "invalid chunk key separator"),
+    ({"name": "default", "configuration": {"separator": 1}}, "invalid chunk key separator"),
+    ({"name": "custom"}, "unsupported chunk key encoding"),
+    ("default", "unsupported chunk key encoding"),
+    ({"name": "default", "configuration": "/"}, "unsupported chunk key encoding"),
+])
+def test_chunk_key_encoding_cannot_escape(store, encoding, message):
+    _edit(store / "tiles" / "zarr.json", lambda m: m.update(chunk_key_encoding=encoding))
+    with pytest.raises(StoreError, match=message):
+        hsgds.open_scene(store)
+
+
+def test_v2_dot_encoding_is_accepted(store):
+    """The other legal encoding works (the chunk files renamed to match): validation is not a blanket ban."""
+    scene = hsgds.open_scene(store)
+    for tid, path in enumerate(scene.tile_paths):
+        ty, tx = scene.grid.tile_yx(tid)
+        path.rename(store / "tiles" / f"{ty}.{tx}.0.0.0")
+    _edit(store / "tiles" / "zarr.json",
+          lambda m: m.update(chunk_key_encoding={"name": "v2", "configuration": {"separator": "."}}))
+    assert hsgds.open_scene(store).verify() == []
+
+
+def test_tile_link_outside_the_store_is_refused(store, tmp_path):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"\0" * 4096)
+    tile = hsgds.open_scene(store).tile_paths[1]
+    tile.unlink()
+    tile.symlink_to(secret)
+    with pytest.raises(StoreError, match=r"leads through a link to .*secret.bin, outside the store"):
+        hsgds.open_scene(store)
+
+
+def test_tiles_folder_link_outside_the_store_is_refused(store, tmp_path):
+    shutil.move(store / "tiles" / "c", tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", store / "tiles" / "c")
+    with pytest.raises(StoreError, match="outside the store"):
+        hsgds.open_scene(store)
+
+
+def test_links_inside_the_store_and_a_linked_store_are_fine(store, tmp_path):
+    scene = hsgds.open_scene(store)
+    a, b = scene.tile_paths[0], scene.tile_paths[1]
+    b.unlink()
+    b.symlink_to(a)  # inside the store: allowed, and the checksum then names the tile
+    link = tmp_path / "via-link.zarr"
+    link.symlink_to(store)
+    problems = hsgds.open_scene(link).verify()
+    assert len(problems) == 1 and "tile 1" in problems[0]
+
+
+def test_inside_rejects_lexical_escapes(store):
+    for bad in (store / ".." / "x", store.parent, Path("/etc/passwd")):
+        with pytest.raises(StoreError, match="outside the store"):
+            fmt.inside(store, bad, "test")
+
+
+# -- the small arrays: labels, samples, statistics --------------------------------------------------------
+
+@pytest.mark.parametrize("array,change,message", [
+    ("labels", {"data_type": "object"}, "data type 'object'"),
+    ("labels", {"data_type": "|O"}, "data type"),
+    ("labels", {"shape": [10**6, 10**6], "chunk_grid": {"name": "regular", "configuration": {
+        "chunk_shape": [10**6, 10**6]}}}, r"has shape \[1000000, 1000000\], expected \[30, 30\]"),
+    ("labels", {"codecs": [{"name": "bytes", "configuration": {"endian": "big"}}]}, "raw little-endian"),
+    ("labels", {"codecs": [{"name": "bytes"}, {"name": "gzip"}]}, "raw little-endian"),
+    ("labels", {"chunk_key_encoding": {"name": "default", "configuration": {"separator": "/../"}}},
+     "invalid chunk key separator"),
+    ("labels", {"shape": "30"}, "has shape"),
+    ("samples/tile", {"shape": [10**12]}, "expected"),
+])
+def test_invalid_small_array_metadata(store, array, change, message):
+    _edit(store / array / "zarr.json", lambda m: m.update(change))
+    scene = hsgds.open_scene(store)
+    with pytest.raises(StoreError, match=message):
+        scene.labels if array == "labels" else scene.sample_table()
+
+
+def test_oversized_chunk_is_not_read(store):
+    chunk = store / "labels" / "c" / "0" / "0"
+    with open(chunk, "ab") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB claimed, nothing allocated unless the reader trusts it
+    with pytest.raises(StoreError, match=r"labels has 1073741824 bytes, expected 1800"):
+        hsgds.open_scene(store).labels
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("tile", 99, "tile ids out of range"),
+    ("y", 18, "positions outside the 18x18 tile core"),
+    ("x", -1, "positions outside"),
+    ("split", 9, "unknown split codes"),
+    ("label", 77, r"labels outside 1\.\.3"),
+])
+def test_out_of_range_samples_are_refused(store, field, value, message):
+    """Sample coordinates index ring slots at training time: a hostile table must not reach the gather."""
+    scene = hsgds.open_scene(store)
+    meta = json.loads((store / "samples" / field / "zarr.json").read_text())
+    path = store / "samples" / field / fmt.chunk_key(meta, (0,))
+    data = np.fromfile(path, dtype=np.dtype(meta["data_type"]).newbyteorder("<"))
+    data[len(data) // 2] = value
+    data.tofile(path)
+    with pytest.raises(StoreError, match=message):
+        scene.sample_table()
+    with pytest.raises(StoreError, match=message):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu")
+
+
+def test_tiles_array_must_match_the_metadata(store):
+    _edit(store / "tiles" / "zarr.json", lambda m: m.update(data_type="float64"))
+    with pytest.raises(StoreError, match="not raw little-endian int16"):
+        hsgds.open_scene(store)
+    _edit(store / "tiles" / "zarr.json", lambda m: m.update(data_type="int16", shape=7))
+    with pytest.raises(StoreError, match="tiles array has shape 7"):
+        hsgds.open_scene(store)
