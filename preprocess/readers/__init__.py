@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from hsgds.errors import InputError
-from preprocess.readers.base import SourceCube
+from preprocess.readers.base import SourceCube, check_fits_in_memory
 from preprocess.readers.envi import find_pair, open_envi, read_envi_labels
 from preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
 from preprocess.readers.mat import open_mat, open_mat73, read_mat73_labels, read_mat_labels
@@ -210,6 +210,7 @@ def _as_labels(raw: np.ndarray, path: Path) -> np.ndarray:
         raise InputError(f"{where} have shape {raw.shape}; a label map needs 2 dimensions (H, W)")
     if raw.size == 0:
         raise InputError(f"{where} are empty (shape {raw.shape}); pass a non-empty label map")
+    check_fits_in_memory(raw.size * 8, f"{where} as int64", "pass a smaller label map")
     kind = raw.dtype.kind
     if kind == "b":
         return np.ascontiguousarray(raw, dtype=np.int64)

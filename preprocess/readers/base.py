@@ -59,6 +59,23 @@ def check_fits_in_memory(nbytes: int, what: str, fix: str) -> None:
                          f"is available; {fix}")
 
 
+#: deflate, the strongest codec in common use for rasters, expands at most ~1032:1; a file decoding to
+#: more than this many times its size (with a floor for small files) is damaged or hostile.
+MAX_DECODE_RATIO = 1032
+_DECODE_FLOOR = 256 << 20
+
+
+def check_decoded_size(nbytes: int, path: Path, what: str) -> None:
+    """Refuse, before decoding, data that would be far larger than the file could hold: a few hundred
+    bytes of header (with missing strips or unallocated chunks filled by a fill value) must not make the
+    reader allocate gigabytes."""
+    size = os.stat(path).st_size
+    limit = max(MAX_DECODE_RATIO * size, _DECODE_FLOOR)
+    if nbytes > limit:
+        raise InputError(f"{what} claims {nbytes} bytes of data but {path.name} has only {size} bytes (more than "
+                         f"{MAX_DECODE_RATIO}x): the file is damaged; re-save it (uncompressed, or with deflate)")
+
+
 def parse_failure(path: Path, what: str, exc: BaseException, fix: str) -> InputError:
     """An InputError for a third-party parser that failed on ``path`` in any way (its exception types
     on malformed input are not part of its contract, so they are reported, not trusted)."""

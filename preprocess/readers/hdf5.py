@@ -12,7 +12,8 @@ import h5py
 import numpy as np
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
+from preprocess.readers.base import (ArrayCube, check_decoded_size, check_dtype, check_fits_in_memory,
+                                     parse_failure)
 
 __all__ = ["band_axes", "choose_variable", "list_datasets", "open_hdf5", "read_hdf5_labels"]
 
@@ -132,8 +133,9 @@ def check_dataset(dataset: h5py.Dataset, name: str, path: Path, *, whole: bool) 
         check_fits_in_memory(int(np.prod(dataset.chunks, dtype=object)) * itemsize,
                              f"one chunk of dataset {name!r} in {path.name}", "re-save it with smaller chunks")
     if whole:
-        check_fits_in_memory(int(np.prod(dataset.shape, dtype=object)) * itemsize,
-                             f"dataset {name!r} in {path.name}", "check the file")
+        nbytes = int(np.prod(dataset.shape, dtype=object)) * itemsize
+        check_decoded_size(nbytes, path, f"dataset {name!r} of shape {dataset.shape}")
+        check_fits_in_memory(nbytes, f"dataset {name!r} in {path.name}", "check the file")
 
 
 def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:

@@ -14,7 +14,8 @@ import numpy as np
 import tifffile
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
+from preprocess.readers.base import (ArrayCube, check_decoded_size, check_dtype, check_fits_in_memory,
+                                     parse_failure)
 
 __all__ = ["open_tiff", "read_tiff_labels"]
 
@@ -93,7 +94,9 @@ def _load(path: Path) -> tuple[np.ndarray, str]:
                 array = np.memmap(path, dtype=dtype.newbyteorder(tif.byteorder), mode="r",
                                   offset=series.dataoffset, shape=shape)
             else:
-                check_fits_in_memory(math.prod(shape) * dtype.itemsize, f"{path.name} (decoded whole)",
+                nbytes = math.prod(shape) * dtype.itemsize
+                check_decoded_size(nbytes, path, f"the {shape} {dtype} image in {path.name}")
+                check_fits_in_memory(nbytes, f"{path.name} (decoded whole)",
                                      "save it uncompressed (it is then read in windows)")
                 _check_segments(series, path)
                 array = series.asarray()
