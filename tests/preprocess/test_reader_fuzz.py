@@ -338,12 +338,31 @@ def test_tiff_strip_count_bomb_is_refused():
     buf = io.BytesIO()
     tifffile.imwrite(buf, np.zeros((4, 4, 3), np.uint16), photometric="rgb", compression="zlib", rowsperstrip=2)
     raw = bytearray(buf.getvalue())
-    ifd = struct.unpack("<I", raw[4:8])[0]
-    for i in range(struct.unpack("<H", raw[ifd:ifd + 2])[0]):
-        at = ifd + 2 + 12 * i
-        if struct.unpack("<H", raw[at:at + 2])[0] == 257:  # ImageLength
-            raw[at:at + 12] = struct.pack("<HHII", 257, 4, 1, 2**31 - 1)
+    _patch_ifd(raw, {257: 2**31 - 1})  # ImageLength
     t0 = time.perf_counter()
     with pytest.raises(InputError, match="bomb.tif"):
         open_cube(_write("bomb.tif", bytes(raw)))
+    assert time.perf_counter() - t0 < 1
+
+
+def _patch_ifd(raw: bytearray, values: dict[int, int]) -> None:
+    """Set tags of the first IFD of a little-endian classic TIFF to LONG ``values``."""
+    ifd = struct.unpack("<I", raw[4:8])[0]
+    for i in range(struct.unpack("<H", raw[ifd:ifd + 2])[0]):
+        at = ifd + 2 + 12 * i
+        tag = struct.unpack("<H", raw[at:at + 2])[0]
+        if tag in values:
+            raw[at:at + 12] = struct.pack("<HHII", tag, 4, 1, values[tag])
+
+
+def test_tiff_sparse_giant_is_refused_before_decoding():
+    """One missing strip (0 bytes) of a 2**28-row image: tifffile would allocate and fill 1 GiB (then the
+    label conversion 8 GiB) for a file of a few hundred bytes (found by fuzz/fuzz_readers.py)."""
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, np.ones((4, 4), np.uint8), compression="zlib", rowsperstrip=4)
+    raw = bytearray(buf.getvalue())
+    _patch_ifd(raw, {257: 2**28, 278: 2**28, 279: 0})  # ImageLength, RowsPerStrip, StripByteCounts
+    t0 = time.perf_counter()
+    with pytest.raises(InputError, match=r"claims 1073741824 bytes of data but sparse.tif has only \d+ bytes"):
+        read_labels(_write("sparse.tif", bytes(raw)))
     assert time.perf_counter() - t0 < 1
