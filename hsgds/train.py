@@ -1,0 +1,264 @@
+"""Training, evaluation and accuracy metrics for the demo, ``hsgds bench`` and the benchmarks.
+
+Metrics follow the hyperspectral literature: overall accuracy (OA, the fraction of test pixels right),
+average accuracy (AA, the mean of the per-class recalls over the classes present in the test split) and
+Cohen's kappa (agreement corrected for chance, from the confusion matrix).
+
+The timed loops separate the time the training loop waits for its next batch (``data_wait_s``) from the
+rest of the step, so that a slow input pipeline shows up as a stall fraction rather than hiding in the
+step time. On CUDA the GPU runs asynchronously, so the loop synchronizes once per step (after the
+optimizer step) to make the split honest; the cost of that sync is the same for every loader compared.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = [
+    "Metrics",
+    "StepTimes",
+    "classification_metrics",
+    "compute_only",
+    "confusion_matrix",
+    "evaluate",
+    "train_epochs",
+    "train_steps",
+]
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+def confusion_matrix(y_true: Any, y_pred: Any, num_classes: int) -> np.ndarray:
+    """(num_classes, num_classes) int64 counts; row = true class, column = predicted class."""
+    t = np.asarray(y_true, dtype=np.int64).reshape(-1)
+    p = np.asarray(y_pred, dtype=np.int64).reshape(-1)
+    if t.shape != p.shape:
+        raise ValueError(f"y_true and y_pred differ in length: {t.size} vs {p.size}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    for name, a in (("y_true", t), ("y_pred", p)):
+        if a.size and (a.min() < 0 or a.max() >= num_classes):
+            raise ValueError(f"{name} holds classes outside 0..{num_classes - 1}")
+    return np.bincount(t * num_classes + p, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Overall accuracy, average (per-class) accuracy, Cohen's kappa, per-class recall (NaN for a class
+    absent from the test split) and the confusion matrix."""
+
+    oa: float
+    aa: float
+    kappa: float
+    per_class: tuple[float, ...]
+    confusion: np.ndarray = field(repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"oa": self.oa, "aa": self.aa, "kappa": self.kappa,
+                "per_class": [None if np.isnan(v) else v for v in self.per_class]}
+
+
+def classification_metrics(y_true: Any, y_pred: Any, num_classes: int) -> Metrics:
+    """OA, AA and kappa of predictions ``y_pred`` against labels ``y_true`` (class indices 0..K-1)."""
+    cm = confusion_matrix(y_true, y_pred, num_classes).astype(np.float64)
+    n = cm.sum()
+    if n == 0:
+        raise ValueError("no samples to score")
+    oa = float(np.trace(cm) / n)
+    support = cm.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        recall = np.where(support > 0, np.diag(cm) / support, np.nan)
+    aa = float(np.nanmean(recall))
+    pe = float((cm.sum(axis=0) * support).sum() / (n * n))  # agreement expected by chance
+    kappa = 1.0 if pe == 1.0 else float((oa - pe) / (1.0 - pe))
+    return Metrics(oa=oa, aa=aa, kappa=kappa, per_class=tuple(float(v) for v in recall), confusion=cm.astype(np.int64))
+
+
+# ------------------------------------------------------------------------------------------- loops
+
+@dataclass
+class StepTimes:
+    """What a timed training loop did: steps, samples, wall time, and the time spent waiting for data."""
+
+    steps: int = 0
+    samples: int = 0
+    elapsed_s: float = 0.0
+    data_wait_s: float = 0.0
+    first_batch_s: float | None = None
+    losses: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def step_s(self) -> float:
+        return self.elapsed_s / self.steps if self.steps else float("nan")
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.data_wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("losses")
+        d.update(step_s=self.step_s, steps_per_s=self.steps_per_s, stall_fraction=self.stall_fraction,
+                 final_loss=self.losses[-1] if self.losses else None)
+        return d
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    optimizer.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def _to(batch: Any, device: torch.device, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = batch[0], batch[1]
+    x = x.to(device, non_blocking=True)
+    if dtype is not None and x.dtype != dtype:
+        x = x.to(dtype)
+    return x, y.to(device, non_blocking=True)
+
+
+def train_steps(model: nn.Module, batches: Iterable[Any], optimizer: torch.optim.Optimizer, *,
+                device: Any, steps: int | None = None, warmup: int = 0, dtype: torch.dtype | None = None,
+                times: StepTimes | None = None) -> StepTimes:
+    """Train on ``batches`` ((x, y, ...) tuples) for ``steps`` steps (None: until exhausted).
+
+    The first ``warmup`` steps run untimed (allocator, kernel selection). The clock starts before the first
+    timed ``next()``; ``data_wait_s`` sums the time blocked in ``next()`` (plus the copy to ``device``).
+    ``dtype`` casts the inputs (e.g. to float32 when a loader yields bfloat16 for a float32 model).
+    Pass ``times`` to accumulate over several calls (e.g. epochs).
+    """
+    device = torch.device(device)
+    model.train()
+    times = StepTimes() if times is None else times
+    it: Iterator[Any] = iter(batches)
+    done = 0
+    for _ in range(warmup):
+        try:
+            x, y = _to(next(it), device, dtype)
+        except StopIteration:
+            break
+        _step(model, optimizer, x, y)
+        done += 1
+    _sync(device)
+    t0 = time.perf_counter()
+    while steps is None or done < steps + warmup:
+        w = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        x, y = _to(batch, device, dtype)
+        got = time.perf_counter()
+        times.data_wait_s += got - w
+        if times.first_batch_s is None:
+            times.first_batch_s = got - t0
+        loss = _step(model, optimizer, x, y)
+        _sync(device)
+        times.steps += 1
+        times.samples += len(y)
+        done += 1
+        if times.steps % 10 == 1:
+            times.losses.append(float(loss.detach()))
+    times.elapsed_s += time.perf_counter() - t0
+    return times
+
+
+def train_epochs(model: nn.Module, loader: Any, optimizer: torch.optim.Optimizer, *, epochs: int, device: Any,
+                 dtype: torch.dtype | None = None, scheduler: Any = None, log: Any = None) -> StepTimes:
+    """Train for ``epochs`` full passes over ``loader`` (set_epoch is called when the loader has it)."""
+    times = StepTimes()
+    for epoch in range(epochs):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        before = times.steps
+        train_steps(model, loader, optimizer, device=device, dtype=dtype, times=times)
+        if scheduler is not None:
+            scheduler.step()
+        if log is not None:
+            log(f"epoch {epoch + 1}/{epochs}: {times.steps - before} steps, loss "
+                f"{times.losses[-1] if times.losses else float('nan'):.3f}, {times.elapsed_s:.1f} s so far")
+    return times
+
+
+def compute_only(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                 optimizer: torch.optim.Optimizer, *, steps: int, warmup: int = 2) -> StepTimes:
+    """The ceiling: the same training step on batches already resident on the device (no loader)."""
+    if not batches:
+        raise ValueError("compute_only needs at least one resident batch")
+    device = batches[0][0].device
+
+    def cycle() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield from batches
+
+    return train_steps(model, cycle(), optimizer, device=device, steps=steps, warmup=warmup)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[Any], *, device: Any,
+             dtype: torch.dtype | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(y_true, y_pred) over ``batches`` in eval mode."""
+    device = torch.device(device)
+    model.eval()
+    trues, preds = [], []
+    for batch in batches:
+        x, y = _to(batch, device, dtype)
+        preds.append(model(x).argmax(1).cpu().numpy())
+        trues.append(y.cpu().numpy())
+    model.train()
+    if not trues:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(trues), np.concatenate(preds)
+
+
+# ------------------------------------------------------------------------------------------- demo
+
+def run_demo(store: Any, *, epochs: int = 12, patch_size: int = 7, batch_size: int = 64, lr: float = 3e-3,
+             device: Any = None, seed: int = 0, log: Any = print) -> dict[str, Any]:
+    """Train :class:`~hsgds.models.Hamida3D` on ``store``'s train split with :class:`~hsgds.PatchLoader`,
+    score the test split; return metrics, timings and the loaders' stats."""
+    from hsgds.loader import PatchLoader
+    from hsgds.models import make_model
+
+    torch.manual_seed(seed)
+    with PatchLoader(store, patch_size=patch_size, batch_size=batch_size, split="train", device=device,
+                     seed=seed) as train:
+        dev = train.device
+        scene = train.scene
+        classes = scene.num_classes or int(train.samples.label.max()) + 1
+        model = make_model(scene.shape[2], classes, patch_size).to(dev)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, epochs))
+        log(f"training Hamida3D ({sum(p.numel() for p in model.parameters())} parameters) on {dev}: "
+            f"{len(train.samples)} train pixels, {epochs} epochs of {len(train)} batches of {batch_size}, "
+            f"{patch_size}x{patch_size} patches; {train.stats.reader} reader, {train.stats.engine} engine")
+        times = train_epochs(model, train, optimizer, epochs=epochs, device=dev, scheduler=scheduler, log=log)
+        train_stats = train.stats.as_dict()
+    with PatchLoader(store, patch_size=patch_size, batch_size=max(batch_size, 256), split="test", device=dev,
+                     shuffle=False) as test:
+        t0 = time.perf_counter()
+        y_true, y_pred = evaluate(model, test, device=dev)
+        eval_s = time.perf_counter() - t0
+        test_stats = test.stats.as_dict()
+    metrics = classification_metrics(y_true, y_pred, classes)
+    return {"metrics": metrics, "train": times, "eval_s": eval_s, "test_pixels": int(len(y_true)),
+            "train_loader": train_stats, "test_loader": test_stats, "device": str(dev),
+            "class_names": scene.class_names}
