@@ -32,19 +32,76 @@ def check_dtype(dtype: Any, what: str) -> np.dtype:
 _FALLBACK_BUDGET = 8 << 30
 
 
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes left under this process's cgroup memory limit (v2 or v1), or None when there is none."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            limit, used = (_read_int(f"/sys/fs/cgroup{rel}/memory.max"),
+                           _read_int(f"/sys/fs/cgroup{rel}/memory.current"))
+        elif "memory" in controllers.split(","):
+            base = f"/sys/fs/cgroup/memory{rel}"
+            limit, used = _read_int(f"{base}/memory.limit_in_bytes"), _read_int(f"{base}/memory.usage_in_bytes")
+        else:
+            continue
+        if limit is not None and used is not None and limit < (1 << 60):
+            return max(0, limit - used)
+    return None
+
+
 def memory_budget() -> int:
-    """Bytes of memory a whole-array load may take: the kernel's MemAvailable (Linux), else free pages."""
+    """Bytes of memory a whole-array load may take: the least of the kernel's MemAvailable (or free
+    pages), the room left under a container's cgroup limit and under this process's RLIMIT_AS."""
+    candidates = []
     try:
         with open("/proc/meminfo", "rb") as f:
             for line in f:
                 if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    candidates.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
+    if not candidates:
+        try:
+            candidates.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            candidates.append(_FALLBACK_BUDGET)
+    headroom = _cgroup_headroom()
+    if headroom is not None:
+        candidates.append(headroom)
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return _FALLBACK_BUDGET
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            vm = _status_kb("VmSize")
+            candidates.append(max(0, soft - (vm or 0) * 1024))
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(candidates)
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_fits_in_memory(nbytes: int, what: str, fix: str) -> None:
