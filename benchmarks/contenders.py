@@ -57,7 +57,7 @@ class PatchDataset(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         if self.cube is None:
-            self.cube = np.load(self.path, mmap_mode="r")
+            self.cube = np.load(self.path, mmap_mode="r", allow_pickle=False)
         patch = _cut(self.cube, int(self.ys[i]), int(self.xs[i]), self.p, self.offset, self.scale)
         t = torch.from_numpy(patch).permute(2, 0, 1).to(self.out_dtype, memory_format=torch.contiguous_format)
         return t, int(self.labels[i])
