@@ -182,10 +182,19 @@ def demo_store(refresh: bool = False) -> Path:
     return store
 
 
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
 @cli.command()
 @click.option("--refresh", is_flag=True, help="Convert the scene again even if the cache has it.")
-def demo(refresh) -> None:
-    """Convert the embedded real Indian Pines scene (once, into the cache) and describe it."""
+@click.option("--epochs", default=15, show_default=True, help="Training epochs (0: convert and describe only).")
+@click.option("--patch-size", default=7, show_default=True, help="Patch side p (odd, at most 15).")
+@click.option("--batch-size", default=64, show_default=True)
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
+@click.option("--seed", default=0, show_default=True)
+def demo(refresh, epochs, patch_size, batch_size, device, seed) -> None:
+    """Convert the embedded real Indian Pines scene (once, into the cache), describe it, train the small
+    3-D CNN with PatchLoader and print OA, AA and kappa on the test split with the loader statistics."""
     from hsgds.info import describe
     from hsgds.scene import open_scene
 
@@ -195,6 +204,53 @@ def demo(refresh) -> None:
     if problems:
         _fail(f"{problems[0]} (run `hsgds demo --refresh`)")
     click.echo("verify:     all tiles intact")
+    if epochs <= 0:
+        return
+    from hsgds.train import run_demo
+
+    click.echo("")
+    r = run_demo(store, epochs=epochs, patch_size=patch_size, batch_size=batch_size, device=device, seed=seed,
+                 log=click.echo)
+    m, t = r["metrics"], r["train"]
+    names = r["class_names"] or [f"class {i + 1}" for i in range(len(m.per_class))]
+    click.echo(f"\ntest split ({r['test_pixels']} pixels):  OA {100 * m.oa:.2f}%   AA {100 * m.aa:.2f}%   "
+               f"kappa {m.kappa:.4f}")
+    click.echo("per class:  " + ", ".join(f"{n} {100 * v:.0f}%" for n, v in zip(names, m.per_class) if v == v))
+    click.echo(f"training:   {t.steps} steps in {t.elapsed_s:.1f} s ({t.steps_per_s:.1f} steps/s, "
+               f"{t.samples / max(t.elapsed_s, 1e-9):.0f} patches/s), {100 * t.stall_fraction:.1f}% of it waiting "
+               f"for data; evaluation {r['eval_s']:.1f} s")
+    ls = r["train_loader"]
+    click.echo(f"loader:     {ls['device']}, reader {ls['reader']}, engine {ls['engine']}, {ls['slots']} ring slots "
+               f"({ls['ring_bytes'] / 2**20:.1f} MiB); {ls['patches']} patches in {ls['batches']} batches, "
+               f"{ls['patches_per_s']:.0f} patches/s while iterating; {ls['bytes_read'] / 2**20:.1f} MiB read "
+               f"({ls['tiles_loaded']} tile reads, {ls['tiles_reused']} reused); first batch "
+               f"{1e3 * (ls['first_batch_s'] or 0):.0f} ms; consumer waited {ls['consumer_wait_s']:.3f} s")
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
+@click.option("--patch-size", default=13, show_default=True)
+@click.option("--batch-size", default=256, show_default=True)
+@click.option("--split", default="train", show_default=True, help="train, val, test, none or all.")
+@click.option("--steps", default=10, show_default=True, help="Timed training steps (after 2 warm-up steps).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(sorted(_DTYPES)))
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
+@click.option("--engine", default="auto", show_default=True)
+@click.option("--reader", default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+def bench(store, patch_size, batch_size, split, steps, dtype, device, engine, reader, as_json) -> None:
+    """Measure t_io (reading STORE), t_compute (the demo model on resident batches) and the end-to-end loop;
+    say whether training is input-bound and the best possible speed-up."""
+    import json
+
+    import torch
+
+    from hsgds.bench import bench_store, format_report
+
+    r = bench_store(store, patch_size=patch_size, batch_size=batch_size, split=None if split == "all" else split,
+                    steps=steps, device=device, dtype=getattr(torch, _DTYPES[dtype]), engine=engine, reader=reader,
+                    log=None if as_json else (lambda msg: click.echo(msg, err=True)))
+    click.echo(json.dumps(r.as_dict(), indent=1) if as_json else format_report(r))
 
 
 def main(argv: list[str] | None = None) -> None:

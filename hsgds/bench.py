@@ -1,0 +1,181 @@
+"""``hsgds bench STORE``: is training on this store input-bound, and how much could a faster input help?
+
+Three measurements on the same device, batch and patch size:
+
+- ``t_io``: reading the split's tiles from storage with the reader hsgds uses (once, as an epoch does), and
+  the loader alone (read + cut + normalize) per batch, with nothing consuming the batches;
+- ``t_compute``: one training step of the model on batches already resident on the device (the ceiling);
+- the end-to-end loop: PatchLoader feeding the same training step.
+
+Training is input-bound when the loader's time per batch exceeds the compute step (or the end-to-end loop
+waits for data a noticeable part of the time). The best possible speed-up from a faster input pipeline is
+``t_end_to_end / t_compute`` (input made free); from a faster model, ``t_end_to_end / t_loader``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["BenchReport", "bench_store", "format_report"]
+
+#: stall fraction above which the loop is called input-bound even if the loader alone looks fast enough
+STALL_INPUT_BOUND = 0.05
+
+
+@dataclass
+class BenchReport:
+    store: str
+    device: str
+    reader: str
+    engine: str
+    patch_size: int
+    batch_size: int
+    dtype: str
+    tiles: int
+    tile_bytes: int
+    t_io_s: float  # reading the split's tiles once
+    io_GBps: float
+    loader_batch_s: float  # loader alone, per batch (read + cut), steady state
+    loader_patches_per_s: float
+    compute_step_s: float  # model step on resident batches
+    e2e_step_s: float  # loader + model step
+    e2e_stall_fraction: float
+    steps: int
+
+    @property
+    def input_bound(self) -> bool:
+        return self.loader_batch_s > self.compute_step_s or self.e2e_stall_fraction > STALL_INPUT_BOUND
+
+    @property
+    def best_speedup_from_input(self) -> float:
+        """End-to-end step / compute-only step: what an infinitely fast input pipeline would give (>= 1)."""
+        return max(1.0, self.e2e_step_s / self.compute_step_s)
+
+    @property
+    def best_speedup_from_compute(self) -> float:
+        """End-to-end step / loader-only batch time: what an infinitely fast model would give (>= 1)."""
+        return max(1.0, self.e2e_step_s / self.loader_batch_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "input_bound": self.input_bound,
+                "best_speedup_from_input": self.best_speedup_from_input,
+                "best_speedup_from_compute": self.best_speedup_from_compute}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _read_tiles(loader: Any) -> tuple[int, float]:
+    """Read every tile holding samples of the loader's split once, into one ring slot; (tiles, seconds)."""
+    import numpy as np
+
+    counts = loader.samples.counts()
+    tiles = [int(t) for t in np.flatnonzero(counts)]
+    dest = loader._ring.storage[0]
+    t0 = time.perf_counter()
+    for t in tiles:
+        loader._reader.read_into(t, dest)
+    _sync(loader.device)
+    return len(tiles), time.perf_counter() - t0
+
+
+def bench_store(store: Any, *, patch_size: int = 13, batch_size: int = 256, split: str | None = "train",
+                steps: int = 10, warmup: int = 2, device: Any = None, dtype: torch.dtype = torch.float32,
+                engine: str = "auto", reader: str = "auto", seed: int = 0, log: Any = None) -> BenchReport:
+    """Measure t_io, t_compute and the end-to-end loop for the demo model on ``store``."""
+    from hsgds.loader import PatchLoader
+    from hsgds.models import make_model
+    from hsgds.train import compute_only, train_steps
+
+    say = log or (lambda msg: None)
+
+    def loader(**kw: Any) -> PatchLoader:
+        return PatchLoader(store, patch_size=patch_size, batch_size=batch_size, split=split, device=device,
+                           dtype=dtype, engine=engine, reader=reader, seed=seed, **kw)
+
+    with loader() as ld:
+        dev = ld.device
+        scene = ld.scene
+        classes = scene.num_classes or int(ld.samples.label.max()) + 1
+        ntiles, t_io = _read_tiles(ld)
+        io_bytes = ntiles * scene.grid.tile_nbytes
+        say(f"t_io: {ntiles} tiles ({io_bytes / 2**20:.1f} MiB) read in {t_io:.3f} s")
+        # loader alone: one warm-up epoch (reads), then the steady state over up to 4*steps batches
+        for _ in ld:
+            pass
+        n = b = 0
+        target = max(4, 4 * steps)
+        _sync(dev)
+        t0 = time.perf_counter()
+        while b < target:
+            got = 0
+            for x, _ in ld:
+                n, b, got = n + len(x), b + 1, got + 1
+                if b >= target:
+                    break
+            if got == 0:
+                break
+        _sync(dev)
+        t_loader = (time.perf_counter() - t0) / max(1, b)
+        say(f"loader alone: {1e3 * t_loader:.1f} ms per batch ({n / max(1e-9, t_loader * b):.0f} patches/s)")
+        resident = []
+        for x, y in ld:
+            resident.append((x.float().clone(), y.clone()))
+            if len(resident) == 4:
+                break
+        names = (ld.stats.reader, ld.stats.engine)
+    torch.manual_seed(seed)
+    model = make_model(scene.shape[2], classes, patch_size).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ceiling = compute_only(model, resident, opt, steps=steps, warmup=warmup)
+    del resident
+    say(f"t_compute: {1e3 * ceiling.step_s:.1f} ms per step on resident batches")
+    torch.manual_seed(seed)
+    model = make_model(scene.shape[2], classes, patch_size).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def batches():
+        with loader() as ld2:
+            epoch = 0
+            while True:
+                ld2.set_epoch(epoch)
+                yield from ld2
+                epoch += 1
+
+    e2e = train_steps(model, batches(), opt, device=dev, steps=steps, warmup=warmup,
+                      dtype=torch.float32 if dtype != torch.float32 else None)
+    say(f"end to end: {1e3 * e2e.step_s:.1f} ms per step, {100 * e2e.stall_fraction:.1f}% waiting for data")
+    return BenchReport(store=str(scene.path), device=str(dev), reader=names[0], engine=names[1],
+                       patch_size=patch_size, batch_size=batch_size, dtype=str(dtype).removeprefix("torch."),
+                       tiles=ntiles, tile_bytes=scene.grid.tile_nbytes, t_io_s=t_io,
+                       io_GBps=io_bytes / t_io / 1e9 if t_io > 0 else float("inf"), loader_batch_s=t_loader,
+                       loader_patches_per_s=batch_size / t_loader if t_loader > 0 else float("inf"),
+                       compute_step_s=ceiling.step_s, e2e_step_s=e2e.step_s, e2e_stall_fraction=e2e.stall_fraction,
+                       steps=e2e.steps)
+
+
+def format_report(r: BenchReport) -> str:
+    """The human summary printed by ``hsgds bench``."""
+    lines = [
+        f"store:        {r.store}",
+        f"setup:        {r.device}, reader {r.reader}, engine {r.engine}, p={r.patch_size}, batch {r.batch_size}, "
+        f"{r.dtype}, model Hamida3D",
+        f"t_io:         {r.t_io_s:.3f} s to read {r.tiles} tiles ({r.io_GBps:.2f} GB/s)",
+        f"loader alone: {1e3 * r.loader_batch_s:.1f} ms/batch ({r.loader_patches_per_s:.0f} patches/s)",
+        f"t_compute:    {1e3 * r.compute_step_s:.1f} ms/step (model on resident batches)",
+        f"end to end:   {1e3 * r.e2e_step_s:.1f} ms/step, {100 * r.e2e_stall_fraction:.1f}% of it waiting for data "
+        f"({r.steps} steps)",
+    ]
+    if r.input_bound:
+        lines.append(f"verdict:      INPUT-BOUND: the loader limits training; a faster input pipeline could speed "
+                     f"it up by at most {r.best_speedup_from_input:.2f}x")
+    else:
+        lines.append(f"verdict:      compute-bound: the model limits training; a faster input pipeline can gain at "
+                     f"most {r.best_speedup_from_input:.2f}x, a faster model up to {r.best_speedup_from_compute:.1f}x")
+    return "\n".join(lines)
