@@ -51,7 +51,7 @@ def store(tmp_path_factory):
 
 
 def _open(store, ring_bytes):
-    return hsgds.PatchLoader(store, patch_size=7, batch_size=24, split="train", device="cpu", seed=4,
+    return hsgds.PatchLoader(store, patch_size=7, batch_size=8, split="train", device="cpu", seed=4,
                              return_coords=True, shuffle_window=2, ring_bytes=ring_bytes)
 
 
