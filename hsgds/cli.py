@@ -221,8 +221,8 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed) -> None:
                f"for data; evaluation {r['eval_s']:.1f} s")
     ls = r["train_loader"]
     click.echo(f"loader:     {ls['device']}, reader {ls['reader']}, engine {ls['engine']}, {ls['slots']} ring slots "
-               f"({ls['ring_bytes'] / 2**20:.1f} MiB); {ls['patches']} patches in {ls['batches']} batches, "
-               f"{ls['patches_per_s']:.0f} patches/s while iterating; {ls['bytes_read'] / 2**20:.1f} MiB read "
+               f"({ls['ring_bytes'] / 2**20:.1f} MiB); {ls['patches']} patches in {ls['batches']} batches; "
+               f"{ls['bytes_read'] / 2**20:.1f} MiB read "
                f"({ls['tiles_loaded']} tile reads, {ls['tiles_reused']} reused); first batch "
                f"{1e3 * (ls['first_batch_s'] or 0):.0f} ms; consumer waited {ls['consumer_wait_s']:.3f} s")
 

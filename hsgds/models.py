@@ -11,7 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["Hamida3D", "make_model"]
+__all__ = ["MIN_BANDS", "Hamida3D", "make_model"]
+
+#: fewest bands the spectral convolutions and strides leave at least one band for
+MIN_BANDS = 37
 
 
 class Hamida3D(nn.Module):
@@ -33,8 +36,8 @@ class Hamida3D(nn.Module):
         super().__init__()
         if patch_size < 3:
             raise ValueError(f"patch_size must be >= 3 for Hamida3D, got {patch_size}")
-        if bands < 16:
-            raise ValueError(f"Hamida3D needs at least 16 bands, got {bands}")
+        if bands < MIN_BANDS:
+            raise ValueError(f"Hamida3D needs at least {MIN_BANDS} bands (its spectral strides), got {bands}")
         w1, w2 = width, 2 * width
         self.bands, self.classes, self.patch_size = bands, classes, patch_size
         self.features = nn.Sequential(

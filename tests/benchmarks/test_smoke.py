@@ -1,0 +1,127 @@
+"""Each benchmark runs at a tiny size, so none of them can rot. Nothing here is timed or asserts a speed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+
+def _run(args: list[str], tmp_path: Path, timeout: float = 90) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HSGDS_DEVICE": "cpu", "HSGDS_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_bench_loader_tiny(tmp_path):
+    pytest.importorskip("tensorly")
+    out = tmp_path / "out"
+    proc = _run([str(BENCH / "bench_loader.py"), "--scenes", "indian_pines", "--patch", "5", "--batch", "32",
+                 "--batches", "2", "--dtypes", "bfloat16", "--cache", "warm,cold", "--workers", "1",
+                 "--shm-workers", "1", "--e2e-steps", "1", "--e2e-patch", "3", "--e2e-batch", "16",
+                 "--device", "cpu", "--out", str(out)], tmp_path)
+    doc = json.loads(proc.stdout)  # the JSON document is all of stdout
+    assert doc["machine"]["cores"] >= 1 and doc["ceilings"]["memcpy"]["GBps"] > 0
+    rows = {(r["cache"], r["contender"]): r for r in doc["loader"]}
+    for cache in ("warm", "cold"):
+        for name in ("naive", "tuned", "shm_ring", "hsgds[torch,posix]"):
+            row = rows[(cache, name)]
+            assert row["status"] == "ok", row
+            assert row["patches"] == 64 and row["patches_per_s"] > 0 and row["GBps"] > 0
+            assert row["bytes_read_per_epoch"] > 0 and row["time_to_first_batch_s"] > 0
+    assert "x_naive" in rows[("warm", "hsgds[torch,posix]")]
+    e2e = doc["e2e"]
+    assert e2e["compute_only"]["steps"] == 1
+    assert {r["contender"] for r in e2e["rows"] if r["status"] == "ok"} >= {"naive", "tuned", "shm_ring"}
+    assert any(t["target"].startswith("CPU loader bfloat16") for t in doc["targets"])
+    table = (out / "table.md").read_text()
+    assert "| naive |" in table and "End to end" in table and "Targets" in table
+    assert json.loads((out / "results.json").read_text())["args"]["patch"] == 5
+    if (out / "plot.png").exists():  # matplotlib is in the bench/test extras
+        assert (out / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_contenders_cut_the_same_patches(tmp_path, monkeypatch):
+    """The contenders' Dataset and the shared-memory ring cut what hsgds cuts (same normalization)."""
+    import numpy as np
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCH))  # spawned ring workers import contenders from here too
+    from contenders import PatchDataset, ShmRingLoader
+    import hsgds
+    from hsgds.loader import _normalization
+    from hsgds.synthetic import make_scene
+    from preprocess.convert import ConvertOptions, convert
+
+    cube, gt = make_scene(30, 26, 8, classes=3, dtype="uint16", seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", gt)
+    store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "g.npy", max_patch=5))
+    scene = hsgds.open_scene(store)
+    off, sc = _normalization(scene, "zscore", 8)
+    padded = np.pad(cube, ((2, 2), (2, 2), (0, 0)), mode="reflect")
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=1000, split=None, device="cpu", shuffle=False,
+                           return_coords=True) as loader:
+        ref, _, coords = next(iter(loader))
+    ys, xs = coords[:, 0].numpy(), coords[:, 1].numpy()
+    labels = np.zeros(len(ys), np.int64)
+    ds = PatchDataset(padded, ys, xs, labels, 5, off, sc, torch.float32)
+    for i in (0, len(ys) // 2, len(ys) - 1):
+        torch.testing.assert_close(ds[i][0], ref[i], rtol=1e-5, atol=1e-5)
+    with ShmRingLoader(padded, ys[:40], xs[:40], np.arange(40), 5, off, sc, torch.float32, 16, workers=1) as ring:
+        got = torch.cat([x for x, _ in ring])
+        order = torch.cat([y for _, y in ring])  # a second epoch: same patches, another order
+    assert sorted(order.tolist()) == list(range(40))
+    assert got.shape == (40, 8, 5, 5)
+    torch.testing.assert_close(torch.sort(got.flatten(1), dim=0)[0], torch.sort(ref[:40].flatten(1), dim=0)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_bench_engines_tiny(tmp_path):
+    proc = _run([str(BENCH / "bench_engines.py"), "--seconds", "0.05", "--warmup", "1", "--slots", "2", "--side", "32",
+                 "--bands", "16", "--batch", "16", "--engines", "torch", "--devices", "cpu"], tmp_path)
+    doc = json.loads(proc.stdout)
+    assert {r["out_dtype"] for r in doc["results"]} == {"float32", "bfloat16"}
+
+
+def test_hsgds_bench_cli(tmp_path, run_cli):
+    import numpy as np
+
+    from hsgds.synthetic import make_scene
+    from preprocess.convert import ConvertOptions, convert
+
+    cube, gt = make_scene(36, 30, 40, classes=3, dtype="int16", seed=4)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", gt)
+    store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "g.npy", max_patch=5,
+                                                                               train=0.5))
+    code, out, err = run_cli("bench", store, "--patch-size", "5", "--batch-size", "32", "--steps", "1",
+                             "--device", "cpu")
+    assert code == 0, err
+    assert "t_io:" in out and "t_compute:" in out and "end to end:" in out and "verdict:" in out
+    assert "input-bound" in out.lower() or "compute-bound" in out
+    code, out, err = run_cli("bench", store, "--patch-size", "5", "--batch-size", "32", "--steps", "1",
+                             "--device", "cpu", "--dtype", "bfloat16", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["dtype"] == "bfloat16" and doc["compute_step_s"] > 0 and doc["best_speedup_from_input"] >= 1
+    assert isinstance(doc["input_bound"], bool)
+
+
+def test_hsgds_demo_cli(tmp_path, run_cli, monkeypatch):
+    pytest.importorskip("tensorly")
+    monkeypatch.setenv("HSGDS_CACHE_DIR", str(tmp_path / "cache"))
+    code, out, err = run_cli("demo", "--epochs", "1", "--patch-size", "3", "--batch-size", "256", "--device", "cpu")
+    assert code == 0, err
+    assert "verify:     all tiles intact" in out
+    assert "OA " in out and "AA " in out and "kappa " in out and "loader:" in out
+    assert (tmp_path / "cache" / "indian_pines.zarr" / "zarr.json").is_file()

@@ -1,0 +1,116 @@
+"""Metrics against an independent hand computation; the model; the timed loops; the demo on a tiny store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hsgds.models import Hamida3D, make_model
+from hsgds.train import (classification_metrics, compute_only, confusion_matrix, evaluate, run_demo,
+                         train_steps)
+
+
+def test_metrics_match_a_hand_computation():
+    # 3 classes, 10 samples. Confusion (rows true, cols pred):
+    #   class 0: 3 right, 1 as class 1       -> row [3, 1, 0]
+    #   class 1: 2 right, 1 as class 2       -> row [0, 2, 1]
+    #   class 2: 1 right, 1 as class 0, 1 as 1 -> row [1, 1, 1]
+    y_true = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    y_pred = [0, 0, 0, 1, 1, 1, 2, 2, 0, 1]
+    cm = confusion_matrix(y_true, y_pred, 3)
+    assert cm.tolist() == [[3, 1, 0], [0, 2, 1], [1, 1, 1]]
+    m = classification_metrics(y_true, y_pred, 3)
+    # OA = 6/10; recalls 3/4, 2/3, 1/3 -> AA = (0.75 + 0.6667 + 0.3333)/3 = 0.58333
+    assert m.oa == pytest.approx(0.6)
+    assert m.per_class == pytest.approx((0.75, 2 / 3, 1 / 3))
+    assert m.aa == pytest.approx((0.75 + 2 / 3 + 1 / 3) / 3)
+    # kappa: row sums (4, 3, 3), column sums (4, 4, 2); pe = (4*4 + 3*4 + 3*2) / 100 = 0.34
+    # kappa = (0.6 - 0.34) / (1 - 0.34) = 0.26 / 0.66
+    assert m.kappa == pytest.approx(0.26 / 0.66)
+
+
+def test_metrics_perfect_chance_and_absent_classes():
+    m = classification_metrics([0, 1, 2, 2], [0, 1, 2, 2], 4)  # class 3 absent from the test split
+    assert m.oa == 1.0 and m.aa == 1.0 and m.kappa == pytest.approx(1.0)
+    assert np.isnan(m.per_class[3])
+    # predicting a single class for everything: agreement no better than chance -> kappa 0
+    m = classification_metrics([0, 0, 1, 1], [0, 0, 0, 0], 2)
+    assert m.oa == 0.5 and m.aa == 0.5 and m.kappa == pytest.approx(0.0)
+    assert m.as_dict()["per_class"] == [1.0, 0.0]
+
+
+def test_metrics_against_an_independent_loop():
+    rng = np.random.default_rng(3)
+    t = rng.integers(0, 7, 500)
+    p = np.where(rng.random(500) < 0.6, t, rng.integers(0, 7, 500))
+    k = 7
+    cm = np.zeros((k, k))
+    for a, b in zip(t, p):
+        cm[a, b] += 1
+    n = cm.sum()
+    po = sum(cm[i, i] for i in range(k)) / n
+    pe = sum(cm[i, :].sum() * cm[:, i].sum() for i in range(k)) / n**2
+    m = classification_metrics(t, p, k)
+    assert m.oa == pytest.approx(po)
+    assert m.kappa == pytest.approx((po - pe) / (1 - pe))
+    assert m.aa == pytest.approx(np.mean([cm[i, i] / cm[i].sum() for i in range(k)]))
+
+
+def test_metrics_reject_bad_input():
+    with pytest.raises(ValueError, match="differ in length"):
+        confusion_matrix([0, 1], [0], 2)
+    with pytest.raises(ValueError, match="outside 0..1"):
+        confusion_matrix([0, 2], [0, 1], 2)
+    with pytest.raises(ValueError, match="no samples"):
+        classification_metrics([], [], 2)
+
+
+def test_model_shapes_and_errors():
+    m = make_model(40, 5, 7)
+    assert isinstance(m, Hamida3D)
+    assert m(torch.randn(3, 40, 7, 7)).shape == (3, 5)
+    assert Hamida3D(37, 2, 3)(torch.randn(2, 37, 3, 3)).shape == (2, 2)
+    with pytest.raises(ValueError, match="at least 37 bands"):
+        Hamida3D(36, 2, 3)
+    with pytest.raises(ValueError, match="NCHW"):
+        m(torch.randn(3, 7, 7, 40))
+    with pytest.raises(ValueError, match="patch_size"):
+        Hamida3D(40, 5, 1)
+
+
+def test_loops_learn_and_time():
+    torch.manual_seed(0)
+    x = torch.randn(64, 40, 5, 5)
+    y = (x[:, :10].mean((1, 2, 3)) > 0).long()  # learnable from the inputs
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    model = make_model(40, 2, 5)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    t = compute_only(model, batches, opt, steps=30, warmup=1)
+    assert t.steps == 30 and t.samples == 30 * 16 and t.elapsed_s > 0
+    assert 0 <= t.stall_fraction < 1 and t.first_batch_s is not None
+    assert t.as_dict()["steps_per_s"] > 0
+    yt, yp = evaluate(model, batches, device="cpu")
+    assert len(yt) == 64 and classification_metrics(yt, yp, 2).oa > 0.8
+    # a loader that runs out ends the loop early; bfloat16 inputs are cast for a float32 model
+    t2 = train_steps(model, [(a.bfloat16(), b) for a, b in batches], opt, device="cpu", steps=100,
+                     dtype=torch.float32)
+    assert t2.steps == 4
+
+
+def test_run_demo_on_a_tiny_store(tmp_path):
+    from hsgds.synthetic import make_scene
+    from preprocess.convert import ConvertOptions, convert
+
+    cube, labels = make_scene(40, 36, 40, classes=3, dtype="uint16", seed=5)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    store = convert(tmp_path / "c.npy", tmp_path / "s.zarr",
+                    ConvertOptions(labels=tmp_path / "g.npy", train=0.3, max_patch=7))
+    lines = []
+    r = run_demo(store, epochs=2, patch_size=5, batch_size=32, device="cpu", log=lines.append)
+    m = r["metrics"]
+    assert 0 <= m.oa <= 1 and -1 <= m.kappa <= 1 and len(m.per_class) == 3
+    assert r["train"].steps > 0 and r["test_pixels"] > 0
+    assert r["train_loader"]["engine"] == "torch" and r["train_loader"]["patches"] > 0
+    assert any("epoch 2/2" in s for s in lines)
