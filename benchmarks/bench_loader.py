@@ -126,7 +126,7 @@ def _scene_arrays(name: str, args: argparse.Namespace) -> tuple[np.ndarray, np.n
             from hsgds.datasets import INDIAN_PINES_CLASSES, indian_pines_files
 
             cube, gt = indian_pines_files()
-            return np.load(cube), np.load(gt), "Indian Pines (AVIRIS, tensorly 0.10.0)", INDIAN_PINES_CLASSES
+            return np.load(cube, allow_pickle=False), np.load(gt, allow_pickle=False), "Indian Pines (AVIRIS, tensorly 0.10.0)", INDIAN_PINES_CLASSES
         except DependencyError as exc:
             log(f"Indian Pines unavailable ({exc}); using a synthetic scene of its size")
             c, g = make_scene(145, 145, 200, classes=16, dtype="uint16", seed=0)
@@ -353,9 +353,9 @@ def make_loader(name: str, sd: SceneData, idx: np.ndarray, args: argparse.Namesp
     if name == "naive":
         return naive_loader(str(sd.padded), *common, seed=args.seed, device=device)
     if name == "tuned":
-        return tuned_loader(np.load(sd.padded), *common, workers=args.workers, seed=args.seed, device=device)
+        return tuned_loader(np.load(sd.padded, allow_pickle=False), *common, workers=args.workers, seed=args.seed, device=device)
     if name == "shm_ring":
-        return ShmRingLoader(np.load(sd.padded), *common, workers=args.shm_workers, seed=args.seed, device=device)
+        return ShmRingLoader(np.load(sd.padded, allow_pickle=False), *common, workers=args.shm_workers, seed=args.seed, device=device)
     if name.startswith("hsgds["):
         engine, reader = name[6:-1].split(",")
         return hsgds.PatchLoader(sd.store, patch_size=p, batch_size=batch, split=None, dtype=dtype, device=device,
