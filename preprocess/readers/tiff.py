@@ -7,6 +7,7 @@ single-band pages. Uncompressed, contiguously stored images are memory-mapped; a
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -18,6 +19,11 @@ from preprocess.readers.base import (ArrayCube, check_decoded_size, check_dtype,
                                      parse_failure)
 
 __all__ = ["open_tiff", "read_tiff_labels"]
+
+# tifffile logs every repair it attempts on a damaged file; with no logging configured Python would print
+# them all to stderr ahead of hsgds's own one-line error. A NullHandler keeps them silent unless the
+# application configures logging (records still propagate to its handlers).
+logging.getLogger("tifffile").addHandler(logging.NullHandler())
 
 
 _FIX = "check that the file is complete"

@@ -301,3 +301,24 @@ def test_concurrent_conversion_keeps_its_temporary_folder(scene):
     finally:
         os.close(fd)
         shutil.rmtree(tmp)
+
+
+def test_damaged_tiff_is_one_line_on_the_command_line(tmp_path, run_cli):
+    """tifffile's repair log stays quiet: the user sees hsgds's one line naming the file."""
+    import io
+    import struct
+
+    import tifffile
+
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, np.zeros((4, 4, 3), np.uint16), photometric="rgb", compression="zlib", rowsperstrip=2)
+    raw = bytearray(buf.getvalue())
+    ifd = struct.unpack("<I", raw[4:8])[0]
+    for i in range(struct.unpack("<H", raw[ifd:ifd + 2])[0]):
+        at = ifd + 2 + 12 * i
+        if struct.unpack("<H", raw[at:at + 2])[0] == 257:  # ImageLength: millions of strips, three recorded
+            raw[at:at + 12] = struct.pack("<HHII", 257, 4, 1, 2**31 - 1)
+    (tmp_path / "bad.tif").write_bytes(bytes(raw))
+    code, _, err = run_cli("convert", tmp_path / "bad.tif", "-o", tmp_path / "o.zarr")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "bad.tif" in err, err
+    _only(tmp_path, "bad.tif")
