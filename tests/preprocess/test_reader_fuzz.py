@@ -7,8 +7,10 @@ The longer coverage-guided run is fuzz/fuzz_readers.py (atheris, not run in CI);
 
 from __future__ import annotations
 
+import atexit
 import io
 import logging
+import shutil
 import struct
 import tempfile
 import time
@@ -31,6 +33,7 @@ FUZZ = settings(max_examples=150, deadline=3000, derandomize=True, database=None
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SUFFIXES = (".npy", ".tif", ".h5", ".mat", ".hdr", ".img", "")
 _DIR = Path(tempfile.mkdtemp(prefix="hsgds-prop-"))
+atexit.register(shutil.rmtree, _DIR, True)
 
 
 @pytest.fixture(autouse=True, scope="module")
