@@ -7,6 +7,7 @@ computed once, so a batch is ``index_select(storage.view(-1, B), 0, base[:, None
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -406,25 +407,31 @@ def _single_threaded_kernels() -> None:
 
 
 def _openmp() -> Any:
-    """The OpenMP runtime torch loaded (ctypes handle), or None."""
+    """The OpenMP runtime torch loaded (ctypes handle), or None. Pool threads start concurrently: the
+    lookup is done once, under a lock, and published only when complete."""
     global _OPENMP
-    if _OPENMP is False:
-        import ctypes
+    with _OPENMP_LOCK:
+        if _OPENMP is False:
+            import ctypes
 
-        _OPENMP = None
-        try:
-            with open("/proc/self/maps") as f:
-                paths = {line.split()[-1] for line in f if "/lib" in line}
-            for path in sorted(paths):
-                if path.rsplit("/", 1)[-1].startswith(("libgomp", "libiomp5", "libomp")):
-                    _OPENMP = ctypes.CDLL(path)
-                    break
-        except (OSError, IndexError):
-            _OPENMP = None
-    return _OPENMP
+            found = None
+            try:
+                with open("/proc/self/maps") as f:
+                    paths = {line.split()[-1] for line in f if "/lib" in line}
+                torch_lib = os.path.dirname(torch.__file__)
+                # prefer the runtime shipped inside torch (the one ATen's kernels use)
+                for path in sorted(paths, key=lambda q: (not q.startswith(torch_lib), q)):
+                    if os.path.basename(path).startswith(("libgomp", "libiomp5", "libomp")):
+                        found = ctypes.CDLL(path)
+                        break
+            except (OSError, IndexError):
+                found = None
+            _OPENMP = found
+        return _OPENMP
 
 
 _OPENMP: Any = False
+_OPENMP_LOCK = threading.Lock()
 
 
 def _transpose_into(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -69,3 +69,16 @@ def test_threads_and_chunks_give_the_same_bits(monkeypatch, layout, dtype):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one.view(torch.uint8), many.view(torch.uint8))
+
+
+def test_pool_threads_find_the_openmp_runtime():
+    """Where torch runs on OpenMP (Linux wheels), the cut threads must find it: without it their kernels
+    would form OpenMP teams per small step, which stall on shared cores."""
+    import sys
+
+    import hsgds.engines.torch_engine as te
+
+    if not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch does not use OpenMP here")
+    lib = te._openmp()
+    assert lib is not None and hasattr(lib, "omp_set_num_threads")
