@@ -8,6 +8,7 @@ metadata last, is written: an interrupted conversion never leaves a store that o
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import secrets
@@ -289,7 +290,7 @@ def _remove_stale(out: Path) -> None:
     folders of conversions still running hold their lock and are left alone."""
     if fcntl is None:
         return
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
         try:
             fd = _lock(stale)
         except OSError:
