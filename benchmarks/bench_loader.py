@@ -726,6 +726,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--e2e-patch", type=int, default=None, help="patch size of the end-to-end runs (default --patch)")
     ap.add_argument("--e2e-batch", type=int, default=None, help="batch size of the end-to-end runs (default --batch)")
     ap.add_argument("--e2e-contenders", default="naive,tuned,shm_ring,hsgds")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads for this process (default: torch's own; workers use 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None, help="folder for the converted scenes (default: a temporary one)")
     ap.add_argument("--out", default=None, help="also write results.json, table.md and plot.png here")
@@ -737,6 +739,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     rep = probe()
     if args.device == "auto":
         device = torch.device("cuda:0" if rep.cuda else "cpu")

@@ -59,7 +59,10 @@ class PatchDataset(Dataset):
         if self.cube is None:
             self.cube = np.load(self.path, mmap_mode="r", allow_pickle=False)
         patch = _cut(self.cube, int(self.ys[i]), int(self.xs[i]), self.p, self.offset, self.scale)
-        t = torch.from_numpy(patch).permute(2, 0, 1).to(self.out_dtype, memory_format=torch.contiguous_format)
+        # the usual HSI code: HWC -> CHW in numpy, then a tensor (cast only for 16-bit outputs)
+        t = torch.from_numpy(np.ascontiguousarray(patch.transpose(2, 0, 1)))
+        if self.out_dtype != torch.float32:
+            t = t.to(self.out_dtype)
         return t, int(self.labels[i])
 
 
