@@ -23,10 +23,12 @@ findings in one run); without it the first one stops the run with its traceback,
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,11 @@ SUFFIXES = (".npy", ".tif", ".tiff", ".h5", ".hdf5", ".mat", ".hdr", ".img", ".d
 #: instead of swapping the machine
 ADDRESS_SPACE = 6 << 30
 
-_scratch = Path(tempfile.mkdtemp(prefix="hsgds-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+# libFuzzer ends the process from C, so atexit may not run: `all` gives each target a folder it removes itself
+_scratch = Path(os.environ.get("HSGDS_FUZZ_SCRATCH") or tempfile.mkdtemp(
+    prefix="hsgds-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+_scratch.mkdir(parents=True, exist_ok=True)
+atexit.register(shutil.rmtree, _scratch, True)
 _seen: set[str] = set()
 _keep_going = False
 _findings: list[dict] = []
@@ -252,11 +258,18 @@ def _run_all(libfuzzer_args: list[str]) -> None:
     summary = {}
     for target in TARGETS:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, target, *libfuzzer_args], capture_output=True, text=True)
+        scratch = tempfile.mkdtemp(prefix=f"hsgds-fuzz-{target}-", dir=_scratch.parent)
+        try:
+            proc = subprocess.run([sys.executable, __file__, target, *libfuzzer_args], capture_output=True, text=True,
+                                  env={**os.environ, "HSGDS_FUZZ_SCRATCH": scratch})
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         elapsed = time.perf_counter() - t0
         done = [line for line in proc.stderr.splitlines() if line.startswith("Done ")]
+        final = [line for line in proc.stderr.splitlines() if "\tDONE " in line]
         findings = [line for line in proc.stderr.splitlines() if line.startswith("FINDING")]
         summary[target] = {"returncode": proc.returncode, "libfuzzer": done[-1] if done else None,
+                           "coverage": final[-1].split("DONE", 1)[1].strip() if final else None,
                            "seconds": round(elapsed, 1), "findings": findings}
         if proc.returncode != 0:
             summary[target]["tail"] = proc.stderr[-3000:]

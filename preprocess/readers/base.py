@@ -119,7 +119,7 @@ def check_fits_in_memory(nbytes: int, what: str, fix: str) -> None:
 #: deflate, the strongest codec in common use for rasters, expands at most ~1032:1; a file decoding to
 #: more than this many times its size (with a floor for small files) is damaged or hostile.
 MAX_DECODE_RATIO = 1032
-_DECODE_FLOOR = 256 << 20
+_DECODE_FLOOR = 64 << 20
 
 
 def check_decoded_size(nbytes: int, path: Path, what: str) -> None:
