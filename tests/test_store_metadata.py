@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hsgds
 from hsgds import format as fmt
@@ -246,3 +248,23 @@ def test_tiles_array_must_match_the_metadata(store):
     _edit(store / "tiles" / "zarr.json", lambda m: m.update(data_type="int16", shape=7))
     with pytest.raises(StoreError, match="tiles array has shape 7"):
         hsgds.open_scene(store)
+
+
+# -- any JSON at all: StoreError or a valid StoreMeta, nothing else -----------------------------------------
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+                     max_leaves=12)
+_VALID = {"shape": [30, 30, 4], "dtype": "int16", "tile": 18, "halo": 7, "padding": "reflect", "num_classes": 3,
+          "checksums": [0, 1, 2, 3], "num_samples": 10, "format_version": 1}
+
+
+@settings(max_examples=300, deadline=1000, derandomize=True, database=None)
+@given(changes=st.dictionaries(st.sampled_from(sorted(fmt.StoreMeta.__dataclass_fields__)), _json, max_size=4))
+def test_random_metadata_is_valid_or_a_store_error(changes):
+    try:
+        meta = fmt.StoreMeta.from_json({"hsgds": {**_VALID, **changes}}, "s.zarr")
+    except StoreError:
+        return
+    grid = meta.grid  # whatever passed is usable: a sane grid, one checksum per tile
+    assert grid.tile_nbytes <= fmt.MAX_TILE_BYTES and len(meta.checksums) == grid.num_tiles
