@@ -20,7 +20,7 @@ read each file once first. With no arguments: a quick run (Indian Pines, synthet
 and a Pavia-University-sized synthetic scene; warm cache; CUDA when usable). Logs go to stderr.
 
     python benchmarks/bench_loader.py [--scenes indian_pines,pavia,aviris] [--patch 13] [--batch 256]
-        [--dtypes float32,bfloat16] [--cache warm,cold] [--batches 40] [--repeats 1] [--e2e-steps N]
+        [--dtypes float32,bfloat16] [--cache warm,cold] [--batches 30] [--repeats 1] [--e2e-steps N]
         [--aviris-size 1024] [--out DIR]
 """
 
@@ -724,13 +724,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--cache", default="warm", help="warm, cold or warm,cold")
-    ap.add_argument("--batches", type=int, default=40, help="batches per epoch (each scene's labelled pixels, capped)")
+    ap.add_argument("--batches", type=int, default=30, help="batches per epoch (each scene's labelled pixels, capped)")
     ap.add_argument("--repeats", type=int, default=1, help="steady-state epochs per contender (the best counts)")
     ap.add_argument("--contenders", default="naive,tuned,shm_ring,kvikio_zarr,hsgds")
     ap.add_argument("--workers", type=int, default=None, help="tuned DataLoader workers (default: cores)")
     ap.add_argument("--shm-workers", type=int, default=None, help="shared-memory ring workers (default: cores, at most 8)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when usable), cpu or cuda")
-    ap.add_argument("--e2e-steps", type=int, default=None, help="timed training steps per loader (0: skip; default 30 on GPU, 4 on CPU)")
+    ap.add_argument("--e2e-steps", type=int, default=None, help="timed training steps per loader (0: skip; default 20 on GPU, 4 on CPU)")
     ap.add_argument("--e2e-patch", type=int, default=None, help="patch size of the end-to-end runs (default --patch)")
     ap.add_argument("--e2e-batch", type=int, default=None, help="batch size of the end-to-end runs (default --batch)")
     ap.add_argument("--e2e-contenders", default="naive,tuned,shm_ring,hsgds")
@@ -755,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = torch.device(args.device)
     if args.e2e_steps is None:
-        args.e2e_steps = 30 if device.type == "cuda" else 4
+        args.e2e_steps = 20 if device.type == "cuda" else 4  # the quick default fits gpu_check's 120 s step
     log(f"device {device}; {os.cpu_count()} cores; torch {torch.__version__}")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="hsgds-bench-"))
     doc: dict[str, Any] = {"args": vars(args), "machine": machine(device), "scenes": {}, "ceilings": {},
