@@ -155,7 +155,8 @@ EOF
     for b in bench_engines bench_loader; do
         if [ -f "benchmarks/$b.py" ]; then
             # JSON on stdout: the redirect lives inside the timed command, away from this log
-            step "$b" 120 bash -c 'exec python3 "$1" >"$2"' _ "benchmarks/$b.py" "$OUT/$b.json"
+            limit=90; [ "$b" = bench_loader ] && limit=200
+            step "$b" "$limit" bash -c 'exec python3 "$1" >"$2"' _ "benchmarks/$b.py" "$OUT/$b.json"
         else
             note "$b" absent "benchmarks/$b.py not present"
         fi
