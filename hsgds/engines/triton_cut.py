@@ -2,7 +2,8 @@
 
 The plain torch path on CUDA makes four passes over each batch (gather, cast, subtract, multiply);
 this kernel reads each patch row once in the store's dtype and writes the normalized output once.
-A patch row (p pixels x B bands) is contiguous in a band-last tile, so each program copies one row.
+NHWC: a patch row (p pixels x B bands) is contiguous in a band-last tile and in the output, so each
+program copies one row. NCHW: each program writes a contiguous run of one patch's (B, p, p) output.
 The arithmetic is the torch path's: (float32(x) - offset) * scale, rounded once to the output dtype.
 Used only when Triton imports and the dtypes are supported; the torch path remains the fallback.
 """
@@ -43,8 +44,8 @@ def _build() -> Any:
     @triton.jit
     def cut_rows(src, slot_ptr, y_ptr, x_ptr, off_ptr, scale_ptr, out, side,
                  B: tl.constexpr, P: tl.constexpr, R: tl.constexpr, ROW: tl.constexpr,
-                 BLOCK: tl.constexpr, NCHW: tl.constexpr, U16: tl.constexpr):
-        pid = tl.program_id(0)  # one program per (patch n, patch row dy)
+                 BLOCK: tl.constexpr, U16: tl.constexpr):
+        pid = tl.program_id(0).to(tl.int64)  # NHWC: one program per (patch n, patch row dy)
         n = pid // P
         dy = pid % P
         slot = tl.load(slot_ptr + n).to(tl.int64)
@@ -62,25 +63,53 @@ def _build() -> Any:
             o = tl.load(off_ptr + b, mask=mask, other=0.0)
             s = tl.load(scale_ptr + b, mask=mask, other=1.0)
             r = (v - o) * s
-            if NCHW:
-                dst = ((n * B + b) * P + dy) * P + offs // B
-            else:
-                dst = (n * P + dy) * ROW + offs
+            dst = (n * P + dy) * ROW + offs
             tl.store(out + dst, r.to(out.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
-    _kernel = cut_rows
+    @triton.jit
+    def cut_planes(src, slot_ptr, y_ptr, x_ptr, off_ptr, scale_ptr, out, side,
+                   B: tl.constexpr, P: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
+                   U16: tl.constexpr):
+        # NCHW: a patch is B*P*P contiguous outputs; walk them in output order so every store is
+        # coalesced (the gathered 2-byte loads hit the patch's rows, which stay in cache)
+        n = tl.program_id(0).to(tl.int64)
+        j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = j < B * P * P
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        y = tl.load(y_ptr + n).to(tl.int64)
+        x = tl.load(x_ptr + n).to(tl.int64)
+        b = j // (P * P)
+        rem = j % (P * P)
+        dy = rem // P
+        dx = rem % P
+        v = tl.load(src + ((slot * side + (y - R + dy)) * side + (x - R + dx)) * B + b, mask=mask, other=0)
+        if U16:
+            v = v.to(tl.int32) & 0xFFFF
+        v = v.to(tl.float32)
+        o = tl.load(off_ptr + b, mask=mask, other=0.0)
+        s = tl.load(scale_ptr + b, mask=mask, other=1.0)
+        r = (v - o) * s
+        tl.store(out + n * (B * P * P) + j, r.to(out.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+    _kernel = (cut_rows, cut_planes)
     return _kernel
 
 
 def cut(storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor, offset: torch.Tensor,
         scale: torch.Tensor, out: torch.Tensor, patch_size: int, nchw: bool) -> torch.Tensor:
     """Fill ``out`` ((N, B, p, p) or (N, p, p, B), contiguous, on CUDA) from ``storage`` (slots, S, S, B)."""
-    kernel = _build()
+    rows_kernel, planes_kernel = _build()
     n, bands, side = slot.shape[0], storage.shape[3], storage.shape[1]
+    src = storage.view(torch.int16) if storage.dtype == torch.uint16 else storage
+    u16 = storage.dtype == torch.uint16
+    if nchw:
+        block = 1024
+        grid = (n, -(-(bands * patch_size * patch_size) // block))
+        planes_kernel[grid](src, slot, y, x, offset, scale, out, side, B=bands, P=patch_size,
+                            R=patch_size // 2, BLOCK=block, U16=u16)
+        return out
     row = patch_size * bands
     block = min(4096, 1 << max(0, (row - 1).bit_length()))
-    src = storage.view(torch.int16) if storage.dtype == torch.uint16 else storage
-    kernel[(n * patch_size,)](src, slot, y, x, offset, scale, out, side, B=bands, P=patch_size,
-                              R=patch_size // 2, ROW=row, BLOCK=block, NCHW=nchw,
-                              U16=storage.dtype == torch.uint16)
+    rows_kernel[(n * patch_size,)](src, slot, y, x, offset, scale, out, side, B=bands, P=patch_size,
+                                   R=patch_size // 2, ROW=row, BLOCK=block, U16=u16)
     return out
