@@ -179,7 +179,6 @@ class PatchLoader:
         self._epoch, self._batch, self._pass = 0, 0, 0
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
-        self._labels = torch.from_numpy(self.samples.label)
         self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
                                  slots=self.slots, ring_bytes=self.slots * grid.tile_nbytes,
                                  reasons=list(self.choice.reasons))
@@ -277,16 +276,22 @@ class PatchLoader:
                 idx = plan.batch(b)
                 tiles, inverse = np.unique(s.tile[idx], return_inverse=True)
                 slots = self._ring.acquire(tiles)[inverse]
-                index = torch.from_numpy(np.stack([slots, s.y[idx], s.x[idx]]))
-                index = index.to(dev, non_blocking=True)
+                # one host-to-device copy per batch carries the cut coordinates, labels and centres;
+                # from pinned memory it is asynchronous, so it never waits for the training stream
+                rows = [slots, s.y[idx], s.x[idx], s.label[idx]]
+                if self.return_coords:
+                    rows += [s.scene_y[idx], s.scene_x[idx]]
+                host = torch.from_numpy(np.stack(rows))
+                if dev.type == "cuda":
+                    host = host.pin_memory()
+                index = host.to(dev, non_blocking=True)
                 patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2])
-                labels = self._labels[idx].to(dev, non_blocking=True)
+                labels = index[3]
                 self._ring.release_batch(b)
                 self._batch = b + 1
                 self._account(len(idx), t0, base_elapsed)
                 if self.return_coords:
-                    coords = torch.from_numpy(np.stack([s.scene_y[idx], s.scene_x[idx]], axis=1)).to(dev)
-                    yield patches, labels, coords
+                    yield patches, labels, index[4:6].t().contiguous()
                 else:
                     yield patches, labels
             if pass_id == self._pass:
