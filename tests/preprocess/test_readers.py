@@ -9,8 +9,10 @@ import h5py
 import numpy as np
 import pytest
 import scipy.io
-import spectral.io.envi as spy_envi
 import tifffile
+
+# SPy writes the ENVI fixtures; it is in the [test] extra (absent on the bare GPU check machine)
+spy_envi = pytest.importorskip("spectral.io.envi")
 
 from hsgds.errors import InputError
 from preprocess.readers import FORMATS, detect_format, open_cube, read_labels
