@@ -125,3 +125,11 @@ def test_hsgds_demo_cli(tmp_path, run_cli, monkeypatch):
     assert "verify:     all tiles intact" in out
     assert "OA " in out and "AA " in out and "kappa " in out and "loader:" in out
     assert (tmp_path / "cache" / "indian_pines.zarr" / "zarr.json").is_file()
+
+
+def test_bench_epoch_tiny(tmp_path):
+    pytest.importorskip("tensorly")
+    proc = _run([str(BENCH / "bench_epoch.py"), "--epochs", "1"], tmp_path)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 4 and all("patches/s" in line or "skipped" in line for line in lines), proc.stdout
+    assert "1027 patches per epoch" in lines[0]
