@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from hsgds.errors import ConfigError
+
 __all__ = ["BenchReport", "bench_store", "format_report"]
 
 #: stall fraction above which the loop is called input-bound even if the loader alone looks fast enough
@@ -94,6 +96,8 @@ def bench_store(store: Any, *, patch_size: int = 13, batch_size: int = 256, spli
     from hsgds.train import compute_only, train_steps
 
     say = log or (lambda msg: None)
+    if steps < 1 or warmup < 0:
+        raise ConfigError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
 
     def loader(**kw: Any) -> PatchLoader:
         return PatchLoader(store, patch_size=patch_size, batch_size=batch_size, split=split, device=device,
@@ -123,7 +127,8 @@ def bench_store(store: Any, *, patch_size: int = 13, batch_size: int = 256, spli
                 break
         _sync(dev)
         t_loader = (time.perf_counter() - t0) / max(1, b)
-        say(f"loader alone: {1e3 * t_loader:.1f} ms per batch ({n / max(1e-9, t_loader * b):.0f} patches/s)")
+        patches_per_s = n / (t_loader * b) if t_loader > 0 and b else float("inf")  # counts short batches
+        say(f"loader alone: {1e3 * t_loader:.1f} ms per batch ({patches_per_s:.0f} patches/s)")
         resident = []
         for x, y in ld:
             resident.append((x.float().clone(), y.clone()))
@@ -155,7 +160,7 @@ def bench_store(store: Any, *, patch_size: int = 13, batch_size: int = 256, spli
                        patch_size=patch_size, batch_size=batch_size, dtype=str(dtype).removeprefix("torch."),
                        tiles=ntiles, tile_bytes=scene.grid.tile_nbytes, t_io_s=t_io,
                        io_GBps=io_bytes / t_io / 1e9 if t_io > 0 else float("inf"), loader_batch_s=t_loader,
-                       loader_patches_per_s=batch_size / t_loader if t_loader > 0 else float("inf"),
+                       loader_patches_per_s=patches_per_s,
                        compute_step_s=ceiling.step_s, e2e_step_s=e2e.step_s, e2e_stall_fraction=e2e.stall_fraction,
                        steps=e2e.steps)
 

@@ -9,9 +9,15 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-# name -> (environment variable, default, parser)
+from hsgds.errors import ConfigError
+
+def _default_cache_dir() -> str:
+    return str(Path.home() / ".cache" / "hsgds")
+
+
+# name -> (environment variable, default (a value, or a function computing it when asked), parser)
 _SETTINGS: dict[str, tuple[str, Any, Any]] = {
-    "cache_dir": ("HSGDS_CACHE_DIR", str(Path.home() / ".cache" / "hsgds"), str),
+    "cache_dir": ("HSGDS_CACHE_DIR", _default_cache_dir, str),
     "device": ("HSGDS_DEVICE", "auto", str),
     # threads in kvikio's pool; 0 = KVIKIO_NTHREADS if set, else raised to min(8, CPUs) by KvikioReader
     "kvikio_threads": ("HSGDS_KVIKIO_THREADS", 0, int),
@@ -30,7 +36,8 @@ def env_var(name: str) -> str:
 
 
 def default(name: str) -> Any:
-    return _SETTINGS[name][1]
+    value = _SETTINGS[name][1]
+    return value() if callable(value) else value
 
 
 def get(name: str) -> Any:
@@ -39,9 +46,15 @@ def get(name: str) -> Any:
         raise KeyError(f"unknown hsgds setting {name!r}; known: {', '.join(names())}")
     if name in _overrides:
         return _overrides[name]
-    var, value, parse = _SETTINGS[name]
+    var, _, parse = _SETTINGS[name]
     raw = os.environ.get(var)
-    return parse(raw) if raw not in (None, "") else value
+    if raw in (None, ""):
+        return default(name)
+    try:
+        return parse(raw)
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a valid {parse.__name__}; unset it or see docs/settings.md "
+                          f"(default: {default(name)!r})") from None
 
 
 class set(AbstractContextManager):  # noqa: N801 - reads as a verb: defaults.set(...)

@@ -116,7 +116,7 @@ class PatchLoader:
     layout : "NCHW" (N, B, p, p) or "NHWC" (N, p, p, B).
     normalize : "zscore" (train mean / population std), "minmax", or None (cast only).
     shuffle, seed, drop_last : as in torch's DataLoader; the order is a pure function of
-        (seed, epoch, rank, world size).
+        (seed, epoch, rank, world size, shuffle window, ring slots).
     shuffle_window : int or None
         Tiles whose samples are mixed together; default: as many as the ring holds (all of them when
         the split fits: a true global shuffle).
@@ -151,8 +151,10 @@ class PatchLoader:
             raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
         if dtype not in _FLOAT_DTYPES:
             raise ConfigError(f"dtype must be a torch floating dtype (float32, float16, bfloat16, float64), got {dtype}")
-        if shuffle_window is not None and shuffle_window < 1:
-            raise ConfigError(f"shuffle_window must be >= 1 tile, got {shuffle_window}")
+        if shuffle_window is not None and (not isinstance(shuffle_window, int) or shuffle_window < 1):
+            raise ConfigError(f"shuffle_window must be an integer >= 1 (tiles), got {shuffle_window!r}")
+        if not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
         self.patch_size, self.batch_size, self.split = patch_size, batch_size, split
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_window, self.return_coords = shuffle_window, return_coords
@@ -167,6 +169,10 @@ class PatchLoader:
         self.device = torch.device(self.choice.device)
         needed = int(np.count_nonzero(self.samples.counts()))
         self.slots = self._slots(ring_bytes, needed)
+        self._epoch, self._batch, self._pass = 0, 0, 0
+        self._resume = False
+        self._plans: dict[int, EpochPlan] = {}
+        self._plan(self._epoch)  # a ring too small for a batch is reported now, before anything is allocated
         offset, scale = _normalization(self.scene, normalize, grid.bands)
         spec = PatchSpec(patch_size=patch_size, halo=grid.halo, bands=grid.bands, tile_side=grid.side,
                          layout=layout, out_dtype=dtype, offset=offset, scale=scale)
@@ -176,9 +182,6 @@ class PatchLoader:
         register = getattr(self._reader, "register", None)
         if register is not None:  # GDS: pin the ring for DMA once, not per read
             register(self._ring.storage)
-        self._epoch, self._batch, self._pass = 0, 0, 0
-        self._resume = False
-        self._plans: dict[int, EpochPlan] = {}
         self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
                                  slots=self.slots, ring_bytes=self.slots * grid.tile_nbytes,
                                  reasons=list(self.choice.reasons))
@@ -231,25 +234,46 @@ class PatchLoader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at ``epoch`` (a new order). Iterating a whole epoch also advances it."""
-        self._epoch, self._batch, self._resume = int(epoch), 0, False
+        """Start the next iteration at ``epoch`` (a new order). Iterating a whole epoch also advances it.
+
+        After :meth:`load_state_dict`, setting the restored epoch keeps the restored position, so the
+        usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes where the state says.
+        """
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        if self._resume and epoch == self._epoch:
+            return
+        self._epoch, self._batch, self._resume = epoch, 0, False
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: the next iteration resumes exactly here."""
+        """Where the loader is (epoch, batches yielded) and the settings the order depends on.
+
+        A loader given this state with :meth:`load_state_dict` yields exactly the rest of the sequence.
+        (Iterating this same loader again without loading a state restarts the current epoch.)
+        """
         return {"version": STATE_VERSION, "epoch": self._epoch, "batch": self._batch, "seed": self.seed,
                 "batch_size": self.batch_size, "split": self.split, "rank": self.rank,
                 "world_size": self.world_size, "num_samples": len(self.samples), "shuffle": self.shuffle,
-                "drop_last": self.drop_last}
+                "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
             raise ConfigError(f"loader state has version {state.get('version')}, expected {STATE_VERSION}")
         mine = self.state_dict()
-        for key in ("seed", "batch_size", "split", "world_size", "num_samples", "shuffle", "drop_last"):
+        for key in ("seed", "batch_size", "split", "world_size", "num_samples", "shuffle", "drop_last",
+                    "shuffle_window"):
             if state.get(key) != mine[key]:
                 raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
                                   f"{key}={mine[key]!r}; resume with the same settings")
-        self._epoch, self._batch = int(state["epoch"]), int(state["batch"])
+        if state.get("slots") != self.slots:  # the shuffle window, hence the order, depends on the ring
+            raise ConfigError(f"loader state was saved with a ring of {state.get('slots')} tiles but this loader "
+                              f"has {self.slots}; pass ring_bytes={state.get('slots')} * "
+                              f"{self.scene.grid.tile_nbytes} to resume the same order")
+        epoch, batch = state.get("epoch"), state.get("batch")
+        if not (isinstance(epoch, int) and isinstance(batch, int) and epoch >= 0 and batch >= 0):
+            raise ConfigError(f"loader state has an invalid position epoch={epoch!r}, batch={batch!r}")
+        self._epoch, self._batch = epoch, batch
         self._resume = True
 
     def __iter__(self):

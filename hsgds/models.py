@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hsgds.errors import ConfigError
+
 __all__ = ["MIN_BANDS", "Hamida3D", "make_model"]
 
 #: fewest bands the spectral convolutions and strides leave at least one band for
@@ -35,9 +37,10 @@ class Hamida3D(nn.Module):
     def __init__(self, bands: int, classes: int, patch_size: int, width: int = 8) -> None:
         super().__init__()
         if patch_size < 3:
-            raise ValueError(f"patch_size must be >= 3 for Hamida3D, got {patch_size}")
+            raise ConfigError(f"patch_size must be >= 3 for the Hamida3D model, got {patch_size}")
         if bands < MIN_BANDS:
-            raise ValueError(f"Hamida3D needs at least {MIN_BANDS} bands (its spectral strides), got {bands}")
+            raise ConfigError(f"the Hamida3D model needs at least {MIN_BANDS} bands (its spectral strides), "
+                              f"but the store has {bands}")
         w1, w2 = width, 2 * width
         self.bands, self.classes, self.patch_size = bands, classes, patch_size
         self.features = nn.Sequential(

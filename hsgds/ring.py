@@ -60,7 +60,8 @@ class TileRing:
         try:
             self.storage = torch.empty((slots, *tile_shape), dtype=dtype, device=device)
         except (RuntimeError, MemoryError) as exc:
-            if "out of memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
+            text = str(exc).lower()
+            if not isinstance(exc, MemoryError) and "out of memory" not in text and "allocate" not in text:
                 raise
             raise ConfigError(f"cannot allocate the tile ring: {slots} slots of {nbytes // slots} bytes = "
                               f"{nbytes / 2**20:.0f} MiB on {device}; pass a smaller ring_bytes "
@@ -90,10 +91,13 @@ class TileRing:
     def start(self, intervals: Iterable[Interval]) -> None:
         """Begin loading the residency ``intervals`` (sorted by first use) for one pass."""
         self.stop()
+        event = self._consumer_event()
         with self._cond:
-            # tiles of an earlier pass that are still resident are freed (kept for reuse)
+            # tiles of an earlier pass that are still resident are freed (kept for reuse); its last
+            # batch may still be running on the GPU, so they are overwritten only after this event
             for slot, st in enumerate(self.state):
                 if st == READY:
+                    self.events[slot] = event
                     self._free(slot)
             self._pending = deque(intervals)
             self._release_at = {}
@@ -226,12 +230,7 @@ class TileRing:
         tiles = self._release_at.pop(batch, ())
         if not tiles:
             return
-        event = None
-        if self.device.type == "cuda":
-            import torch
-
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
+        event = self._consumer_event()
         with self._cond:
             for t in tiles:
                 slot = self.slot_of.get(t)
@@ -241,6 +240,16 @@ class TileRing:
                         self.events[slot] = event
                         self._free(slot)
             self._cond.notify_all()
+
+    def _consumer_event(self) -> Any:
+        """On CUDA, an event recorded on the consumer's stream after everything it has enqueued so far."""
+        if self.device.type != "cuda":
+            return None
+        import torch
+
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
 
     def _free(self, slot: int) -> None:
         self.state[slot] = FREE

@@ -1,6 +1,6 @@
 """The epoch plan: which samples, in which order, from which tiles, for this rank.
 
-Everything here is a pure function of (seed, epoch, rank, world size, batch position), so an epoch
+Everything here is a pure function of (seed, epoch, rank, world size, window, ring slots), so an epoch
 can be resumed exactly from a batch index, and every rank computes every other rank's share without
 communicating.
 """

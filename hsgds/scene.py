@@ -206,7 +206,10 @@ class Scene:
     def norm_stats(self) -> BandStats:
         """The statistics used for normalization: TRAIN pixels, or every pixel if the scene has no train split."""
         s = self.stats
-        return s["train"] if s["train"] is not None else s["all"]  # type: ignore[return-value]
+        picked = s["train"] if s["train"] is not None else s["all"]
+        if picked is None:
+            raise StoreError(f"{self.path} has no band statistics (stats/ is missing); convert the source again")
+        return picked
 
     # -- tiles and windows -----------------------------------------------------------------------
     def read_tile(self, tile_id: int, verify: bool = True) -> np.ndarray:

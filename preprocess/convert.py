@@ -74,6 +74,13 @@ class ConvertOptions:
     def check(self) -> None:
         if self.max_patch < 1 or self.max_patch % 2 == 0:
             raise ConfigError(f"--max-patch must be a positive odd number (patches are pixel-centred), got {self.max_patch}")
+        if self.halo > fmt.MAX_HALO:
+            raise ConfigError(f"--max-patch {self.max_patch} is larger than a store can serve "
+                              f"({2 * fmt.MAX_HALO + 1}); use a smaller patch")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ConfigError(f"--block-size must be a positive number of pixels, got {self.block_size}")
         if self.padding not in fmt.PADDING_MODES:
             raise ConfigError(f"--padding must be one of {', '.join(fmt.PADDING_MODES)}, got {self.padding!r}")
         if self.split not in SPLIT_METHODS:
@@ -136,7 +143,7 @@ def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, di
         params.update(train=opts.train, val=opts.val)
         return splitting.random_split(labels, train=opts.train, val=opts.val, seed=opts.seed), params
     if opts.split == "blocks":
-        block = opts.block_size or splitting.default_block_size(labels.shape, opts.halo)
+        block = splitting.default_block_size(labels.shape, opts.halo) if opts.block_size is None else opts.block_size
         params.update(train=opts.train, val=opts.val, block_size=block, guard=opts.halo)
         return splitting.block_split(labels, block_size=block, train=opts.train, val=opts.val,
                                      guard=opts.halo, seed=opts.seed), params

@@ -110,3 +110,20 @@ def test_fused_kernel_equals_plain_torch_ops(src, out, layout):
         plain = engine.cut(storage, slot, y, x)
     assert fused.shape == plain.shape and fused.dtype == plain.dtype
     torch.testing.assert_close(fused, plain, rtol=0, atol=0)
+
+
+def test_fused_kernel_with_strided_coordinates():
+    """Coordinates given as columns of an (N, 3) tensor (not contiguous) give the same patches."""
+    from hsgds.engines import PatchSpec, TorchEngine
+
+    rng = np.random.default_rng(3)
+    storage = torch.from_numpy(rng.integers(0, 60000, (2, 40, 40, 9)).astype(np.int32)).to(torch.int16)
+    storage = storage.view(torch.uint16).cuda()
+    spec = PatchSpec(patch_size=9, halo=4, bands=9, tile_side=40, layout="NCHW", out_dtype=torch.float32,
+                     offset=np.zeros(9), scale=np.ones(9))
+    idx = torch.from_numpy(np.stack([rng.integers(0, 2, 64), rng.integers(4, 36, 64), rng.integers(4, 36, 64)],
+                                    axis=1)).cuda()
+    engine = TorchEngine(spec, "cuda")
+    strided = engine.cut(storage, idx[:, 0], idx[:, 1], idx[:, 2])
+    plain = engine.cut(storage, idx[:, 0].contiguous(), idx[:, 1].contiguous(), idx[:, 2].contiguous())
+    torch.testing.assert_close(strided, plain, rtol=0, atol=0)

@@ -320,3 +320,57 @@ def test_posix_reader_o_direct_reads_the_same_bytes(border_scene):
         except TileReadError as exc:  # tmpfs and some overlay filesystems refuse O_DIRECT
             pytest.skip(f"O_DIRECT not supported here: {exc}")
         assert dest.numpy().tobytes() == scene.tile_paths[3].read_bytes()
+
+
+def test_resume_needs_the_same_ring_and_set_epoch_keeps_the_position(border_scene):
+    store = border_scene[2]["reflect"]
+    nbytes = hsgds.open_scene(store).grid.tile_nbytes
+    with _loader(store, split=None, ring_bytes=4 * nbytes) as full:
+        expected = _coords(full)
+    with _loader(store, split=None, ring_bytes=4 * nbytes) as first:
+        it = iter(first)
+        head = [tuple(map(tuple, next(it)[2].numpy())) for _ in range(5)]
+        state = first.state_dict()
+    with _loader(store, split=None, ring_bytes=6 * nbytes) as other_ring:
+        with pytest.raises(ConfigError, match="ring of 4 tiles .* ring_bytes="):
+            other_ring.load_state_dict(state)
+    with _loader(store, split=None, ring_bytes=4 * nbytes) as second:
+        second.load_state_dict(state)
+        second.set_epoch(0)  # the usual epoch loop: must not discard the restored position
+        assert head + _coords(second) == expected
+    with _loader(store, split=None, ring_bytes=4 * nbytes) as third:
+        with pytest.raises(ConfigError, match="invalid position"):
+            third.load_state_dict({**state, "batch": -1})
+
+
+def test_bad_loader_arguments_are_config_errors(border_scene):
+    store = border_scene[2]["reflect"]
+    nbytes = hsgds.open_scene(store).grid.tile_nbytes
+    with pytest.raises(ConfigError, match="seed must be a non-negative integer"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, seed=-1, device="cpu")
+    with pytest.raises(ConfigError, match="shuffle_window must be an integer"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, shuffle_window=2.5, device="cpu")
+    # a ring that cannot hold one batch is reported when the loader is built, not at the first batch
+    with pytest.raises(ConfigError, match="needs .* tiles resident but the ring has 1 slots"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=900, split=None, ring_bytes=nbytes, device="cpu",
+                          shuffle=False)
+
+
+def test_store_without_statistics_is_a_store_error(border_scene, tmp_path):
+    import shutil
+
+    store = tmp_path / "nostats.zarr"
+    shutil.copytree(border_scene[2]["reflect"], store)
+    shutil.rmtree(store / "stats")
+    with pytest.raises(hsgds.StoreError, match="no band statistics"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu")
+
+
+def test_posix_reader_keeps_no_descriptor_open(border_scene):
+    store = border_scene[2]["reflect"]
+    nbytes = hsgds.open_scene(store).grid.tile_nbytes
+    fds = _open_fds()
+    with _loader(store, split=None, ring_bytes=3 * nbytes, shuffle_window=1) as loader:
+        for _ in loader:
+            assert _open_fds() <= fds + 2  # a read in flight may hold one
+        assert loader.stats.tiles_loaded >= hsgds.open_scene(store).grid.num_tiles

@@ -107,3 +107,12 @@ def test_unknown_setting_names_the_known_ones():
         defaults.get("gpu")
     with pytest.raises(KeyError, match=r"unknown hsgds setting\(s\) \['gpu'\]"):
         defaults.set(gpu=1)
+
+
+def test_bad_environment_value_is_a_config_error(monkeypatch):
+    from hsgds import defaults
+    from hsgds.errors import ConfigError
+
+    monkeypatch.setenv("HSGDS_TRITON", "yes")
+    with pytest.raises(ConfigError, match="HSGDS_TRITON='yes' is not a valid int"):
+        defaults.get("triton")

@@ -38,6 +38,7 @@ _STORE_DTYPES = (
     torch.int32,
     torch.uint32,
     torch.int64,
+    torch.uint64,
     torch.float32,
     torch.float64,
 )
@@ -246,7 +247,7 @@ class TorchEngine(PatchEngine):
         shape = (n, bands, p, p) if nchw else (n, p, p, bands)
         if n == 0:
             return torch.empty(shape, dtype=self._out_dtype, device=device)
-        slot, y, x = (t.to(device=device, dtype=torch.int64) for t in (slot, y, x))
+        slot, y, x = (t.to(device=device, dtype=torch.int64).contiguous() for t in (slot, y, x))
         if cpu:
             return self._cut_cpu(storage, slot, y, x, shape)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)

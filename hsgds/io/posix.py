@@ -44,26 +44,22 @@ class PosixReader(ChunkReader):
         self.verify = verify
         self.direct = direct and hasattr(os, "O_DIRECT")
         self.name = "posix-direct" if self.direct else "posix"
-        self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self._seek_lock = threading.Lock()  # only where os.preadv is missing (Windows)
         self._local = threading.local()
         self._closed = False
 
-    def _fd(self, tile_id: int) -> int:
-        with self._lock:
-            if self._closed:
-                raise TileReadError("reader is closed")
-            fd = self._fds.get(tile_id)
-            if fd is None:
-                flags = os.O_RDONLY | _O_BINARY | (os.O_DIRECT if self.direct else 0)
-                path = self.source.paths[tile_id]
-                try:
-                    fd = os.open(path, flags)
-                except OSError as exc:
-                    raise TileReadError(f"tile {tile_id} ({path}): cannot open ({exc.strerror})") from None
-                self._fds[tile_id] = fd
-            return fd
+    def _open(self, tile_id: int) -> int:
+        """Open a tile file for one read. Opening costs microseconds next to a MiB-sized read, and no
+        descriptor stays open: a store of thousands of tiles never meets the open-files limit."""
+        if self._closed:
+            raise TileReadError("reader is closed")
+        flags = os.O_RDONLY | _O_BINARY | (os.O_DIRECT if self.direct else 0)
+        path = self.source.paths[tile_id]
+        try:
+            return os.open(path, flags)
+        except OSError as exc:
+            raise TileReadError(f"tile {tile_id} ({path}): cannot open ({exc.strerror})") from None
 
     def _bounce(self, nbytes: int) -> Any:
         buf = getattr(self._local, "buf", None)
@@ -73,19 +69,22 @@ class PosixReader(ChunkReader):
         return buf
 
     def _read(self, tile_id: int, view: memoryview) -> None:
-        fd = self._fd(tile_id)
+        fd = self._open(tile_id)
         n, done = len(view), 0
         path = self.source.paths[tile_id]
         try:
-            while done < n:
-                got = _read_at(fd, view[done:], done, self._seek_lock)
-                if got == 0:
-                    break
-                done += got
-        except OSError as exc:
-            raise TileReadError(f"tile {tile_id} ({path}): read failed ({exc.strerror})") from None
-        if done != n or os.fstat(fd).st_size != n:
+            try:
+                while done < n:
+                    got = _read_at(fd, view[done:], done, self._seek_lock)
+                    if got == 0:
+                        break
+                    done += got
+            except OSError as exc:
+                raise TileReadError(f"tile {tile_id} ({path}): read failed ({exc.strerror})") from None
             size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if done != n or size != n:
             raise TileReadError(f"tile {tile_id} ({path}) has {size} bytes, expected {n}: the store is damaged; "
                                 "convert the source again")
 
@@ -102,7 +101,8 @@ class PosixReader(ChunkReader):
             self._local.stream.synchronize()
         else:
             self._read_checked(tile_id, dest)
-        self.bytes_read += n
+        with self._lock:  # the ring reads from several threads
+            self.bytes_read += n
 
     def _read_checked(self, tile_id: int, dest: Any) -> None:
         arr = dest.view(-1).view(_u8()).numpy()
@@ -127,11 +127,7 @@ class PosixReader(ChunkReader):
         return host
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
+        self._closed = True
 
 
 def _u8() -> Any:

@@ -32,6 +32,7 @@ DTYPES = {
     "int32": (-(2**31), 2**31),
     "uint32": (0, 2**32),
     "int64": (-(2**40), 2**40),
+    "uint64": (0, 2**63 + 2**40),
     "float32": (-1e4, 1e4),
     "float64": (-1e4, 1e4),
 }
@@ -59,7 +60,7 @@ def make_storage(dtype: str, seed: int = 0) -> np.ndarray:
     shape = (SLOTS, SIDE, SIDE, BANDS)
     if dtype.startswith("float"):
         return rng.uniform(lo, hi, size=shape).astype(dtype)
-    return rng.integers(lo, hi, size=shape, dtype=np.int64 if dtype != "uint32" else np.uint64).astype(dtype)
+    return rng.integers(lo, hi, size=shape, dtype=np.uint64 if dtype in ("uint32", "uint64") else np.int64).astype(dtype)
 
 
 def make_coords(n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -311,3 +311,11 @@ def test_cli_usage_error_exit_2(run_cli):
 
 def test_env_does_not_leak_cufile_log():
     assert os.environ.get("CUFILE_LOGFILE_PATH")
+
+
+def test_bad_seed_patch_and_block_size(npy_scene, tmp_path, run_cli):
+    cp, lp, _, _ = npy_scene(b=3)
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--seed", "-1", match="--seed must be a non-negative")
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--max-patch", "1027", match="larger than a store can serve")
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "blocks", "--block-size", "0",
+         match="--block-size must be a positive")
