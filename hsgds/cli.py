@@ -119,7 +119,7 @@ def doctor(reader, engine, store, require_gpu) -> None:
     """What this machine can use (CUDA, kvikio + GDS or compat mode, DALI, WSL) and what hsgds would pick."""
     from hsgds.device import choose, doctor_report, probe
 
-    report = probe()
+    report = probe(refresh=True)
     click.echo(doctor_report(report, reader=reader, engine=engine, store=store))
     if require_gpu:
         try:

@@ -233,12 +233,28 @@ def _driver_version(windows: bool) -> tuple[str | None, str]:
     return None, "no CUDA driver (" + "; ".join(errors) + ")"
 
 
-def probe() -> DeviceReport:
+_cached: dict[str, DeviceReport] = {}
+
+
+def probe(refresh: bool = False) -> DeviceReport:
     """Look at this machine. Never raises; heavy imports happen here, not at module import.
 
     ``HSGDS_DEVICE=cpu`` (setting ``device``) skips every GPU check, so a broken driver cannot get
-    in the way of the CPU path.
+    in the way of the CPU path. The report is cached per process and device setting (a full probe
+    imports kvikio, CuPy and DALI and makes a test read: seconds on a GPU machine); ``refresh=True``
+    looks again.
     """
+    try:
+        key = str(defaults.get("device"))
+    except ConfigError:
+        key = "?"
+    if not refresh and key in _cached:
+        return _cached[key]
+    report = _cached[key] = _probe_now()
+    return report
+
+
+def _probe_now() -> DeviceReport:
     with warnings.catch_warnings():
         # torch/CuPy/DALI may warn about a missing or old driver; the report carries the reason instead
         warnings.simplefilter("ignore")

@@ -30,10 +30,6 @@ class SampleSet:
     def __len__(self) -> int:
         return len(self.tile)
 
-    @property
-    def num_tiles(self) -> int:
-        return len(self.offsets) - 1
-
     def counts(self) -> np.ndarray:
         return np.diff(self.offsets)
 

@@ -22,6 +22,16 @@ from hsgds.errors import ChecksumError, ConfigError, DependencyError, TileReadEr
 from hsgds.io.base import TileSource
 
 
+@pytest.fixture(autouse=True)
+def fresh_probe():
+    """probe() caches its report per process; these tests change the machine under it."""
+    from hsgds import device
+
+    device._cached.clear()
+    yield
+    device._cached.clear()
+
+
 def _cuda_available() -> bool:
     try:
         import torch

@@ -31,7 +31,8 @@ class TileSource:
 class ChunkReader(abc.ABC):
     """Reads whole tiles into preallocated buffers (ring slots). Thread-safe for distinct destinations."""
 
-    #: short name reported in loader stats ("posix", "posix+pinned", "kvikio-gds", "kvikio-compat")
+    #: short name reported in loader stats ("posix", "posix-direct", "posix-pinned", "kvikio-gds",
+    #: "kvikio-compat")
     name: str = "reader"
 
     def __init__(self, source: TileSource) -> None:
