@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hsgds.errors import StoreError
+from hsgds.errors import ChecksumError, StoreError, TileReadError
 
 #: Every tile chunk's byte size is a multiple of this, so GDS / O_DIRECT reads need no bounce buffer.
 ALIGNMENT = 4096
@@ -362,3 +362,16 @@ def tile_paths(store: Path, grid: TileGrid, array_meta: dict[str, Any]) -> list[
     cache: dict[Path, Path] = {}
     return [inside(store, base / chunk_key(array_meta, (ty, tx, 0, 0, 0)), str(store), cache)
             for ty in range(grid.nty) for tx in range(grid.ntx)]
+
+
+def tile_size_error(tile_id: int, path: Any, size: int, expected: int) -> TileReadError:
+    """The error for a tile file of the wrong size (truncated, padded or replaced)."""
+    return TileReadError(f"tile {tile_id} ({path}) has {size} bytes, expected {expected}: the store is damaged; "
+                         "run `hsgds verify` and convert the source again")
+
+
+def check_tile_crc(tile_id: int, path: Any, crc: int, expected: int) -> None:
+    """Raise ChecksumError when a tile's crc32c differs from the one recorded at conversion."""
+    if crc != expected:
+        raise ChecksumError(f"tile {tile_id} ({path}) fails its {CHECKSUM_ALGORITHM} checksum: the store is "
+                            "damaged; run `hsgds verify` and convert the source again")

@@ -11,7 +11,7 @@ import crc32c
 import numpy as np
 
 from hsgds import format as fmt
-from hsgds.errors import ChecksumError, InputError, StoreError, TileReadError
+from hsgds.errors import InputError, StoreError, TileReadError
 
 __all__ = ["BandStats", "Scene", "open_scene"]
 
@@ -222,11 +222,9 @@ class Scene:
         except OSError as exc:
             raise TileReadError(f"tile {tile_id} ({path}): cannot read ({exc.strerror or exc})") from None
         if len(raw) != self.grid.tile_nbytes:
-            raise TileReadError(f"tile {tile_id} ({path}) has {len(raw)} bytes, expected "
-                                f"{self.grid.tile_nbytes}: the store is damaged; convert again")
-        if verify and crc32c.crc32c(raw) != self.meta.checksums[tile_id]:
-            raise ChecksumError(f"tile {tile_id} ({path}) fails its {self.meta.checksum_algorithm} "
-                                "checksum: the store is damaged; convert again")
+            raise fmt.tile_size_error(tile_id, path, len(raw), self.grid.tile_nbytes)
+        if verify:
+            fmt.check_tile_crc(tile_id, path, crc32c.crc32c(raw), self.meta.checksums[tile_id])
         return np.frombuffer(raw, dtype=self.dtype.newbyteorder("<")).reshape(self.grid.tile_shape)
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:

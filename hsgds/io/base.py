@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsgds.errors import ChecksumError
+from hsgds.errors import TileReadError
+from hsgds.format import check_tile_crc, tile_size_error
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,10 @@ class TileSource:
         return cls(tuple(scene.tile_paths), scene.grid.tile_nbytes, tuple(scene.meta.checksums))
 
     def check_crc(self, tile_id: int, crc: int) -> None:
-        if crc != self.checksums[tile_id]:
-            raise ChecksumError(f"tile {tile_id} ({self.paths[tile_id]}) fails its crc32c checksum: the store is "
-                                "damaged; run `hsgds verify` and convert the source again")
+        check_tile_crc(tile_id, self.paths[tile_id], crc, self.checksums[tile_id])
+
+    def size_error(self, tile_id: int, size: int) -> TileReadError:
+        return tile_size_error(tile_id, self.paths[tile_id], size, self.nbytes)
 
 
 class ChunkReader(abc.ABC):

@@ -89,8 +89,7 @@ class KvikioReader(ChunkReader):
         except OSError as exc:
             return TileReadError(f"tile {tile_id} ({path}): read failed ({exc.strerror})")
         if size != n:
-            return TileReadError(f"tile {tile_id} ({path}) has {size} bytes, expected {n}: the store is "
-                                 "damaged; convert the source again")
+            return self.source.size_error(tile_id, size)
         return None
 
     def register(self, buffer: Any) -> None:

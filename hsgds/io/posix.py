@@ -85,8 +85,7 @@ class PosixReader(ChunkReader):
         finally:
             os.close(fd)
         if done != n or size != n:
-            raise TileReadError(f"tile {tile_id} ({path}) has {size} bytes, expected {n}: the store is damaged; "
-                                "convert the source again")
+            raise self.source.size_error(tile_id, size)
 
     def read_into(self, tile_id: int, dest: Any) -> None:
         n = self.source.nbytes
