@@ -31,7 +31,6 @@ def _sync(device: str) -> None:
 
 def bench_one(engine_name: str, device: str, out_dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
     p, bands, slots, side, batch, halo = args.patch, args.bands, args.slots, args.side, args.batch, args.halo
-    r = p // 2
     gen = torch.Generator().manual_seed(0)
     storage = torch.randint(0, 65536, (slots, side, side, bands), generator=gen, dtype=torch.int32)
     storage = storage.to(torch.uint16).to(device)

@@ -64,7 +64,7 @@ class LoaderStats:
 
 def _sample_set(scene: Scene, split: str | None) -> SampleSet:
     table = scene.sample_table()
-    keep = scene._split_mask(table["split"], split)
+    keep = scene.split_mask(table["split"], split)
     tile = table["tile"][keep].astype(np.int64)
     h, t = scene.grid.halo, scene.grid.tile
     ty, tx = np.divmod(tile, scene.grid.ntx)

@@ -175,14 +175,15 @@ class Scene:
         """(y, x, label) of the labelled pixels of ``split`` ("train", "val", "test", "none" or None for
         all), in scene coordinates, sorted by tile."""
         t = self.sample_table()
-        keep = self._split_mask(t["split"], split)
+        keep = self.split_mask(t["split"], split)
         ty, tx = np.divmod(t["tile"][keep].astype(np.int64), self.grid.ntx)
         y = ty * self.grid.tile + t["y"][keep]
         x = tx * self.grid.tile + t["x"][keep]
         return y, x, t["label"][keep].astype(np.int64)
 
     @staticmethod
-    def _split_mask(codes: np.ndarray, split: str | None) -> np.ndarray:
+    def split_mask(codes: np.ndarray, split: str | None) -> np.ndarray:
+        """Which entries of a ``samples/split`` array belong to ``split`` (None: all of them)."""
         if split is None:
             return np.ones(len(codes), dtype=bool)
         if split not in fmt.SPLIT_CODES:
