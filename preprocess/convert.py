@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -412,18 +413,23 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     checksums: list[int] = []
     all_stats, train_stats = BandAccumulator(B), BandAccumulator(B)
     window = 2 * opts.workers  # tiles in flight: bounds memory to a few tiles
+
+    def collect(future) -> None:  # in tile order, so checksums and merged stats are deterministic
+        crc, part_all, part_train = future.result()
+        checksums.append(crc)
+        all_stats.merge(part_all)
+        train_stats.merge(part_train)
+        if progress is not None:
+            progress(len(checksums), grid.num_tiles)
+
     with ThreadPoolExecutor(opts.workers, thread_name_prefix="hsgds-convert") as pool:
-        pending = []
+        pending: deque = deque()
         for tile_id in range(grid.num_tiles):
             pending.append(pool.submit(one_tile, tile_id))
-            if len(pending) >= window or tile_id == grid.num_tiles - 1:
-                while pending and (len(pending) >= window or tile_id == grid.num_tiles - 1):
-                    crc, part_all, part_train = pending.pop(0).result()
-                    checksums.append(crc)
-                    all_stats.merge(part_all)
-                    train_stats.merge(part_train)
-                    if progress is not None:
-                        progress(len(checksums), grid.num_tiles)
+            if len(pending) >= window:
+                collect(pending.popleft())
+        while pending:
+            collect(pending.popleft())
 
     for group, acc in (("all", all_stats), ("train", train_stats)):
         result = acc.result()
