@@ -306,6 +306,11 @@ class StoreMeta:
 CHUNK_KEY_SEPARATORS = ("/", ".")
 
 
+def tile_offsets(tile: np.ndarray, num_tiles: int) -> np.ndarray:
+    """The per-tile offset table of samples sorted by tile: tile t's samples are offsets[t]:offsets[t+1]."""
+    return np.concatenate([[0], np.cumsum(np.bincount(tile, minlength=num_tiles))]).astype(np.int64)
+
+
 def chunk_key(array_meta: dict[str, Any], coords: tuple[int, ...]) -> str:
     """The store key of one chunk, from the array's own ``chunk_key_encoding`` (Zarr v3 spec)."""
     enc = array_meta.get("chunk_key_encoding", {"name": "default"}) if isinstance(array_meta, dict) else None

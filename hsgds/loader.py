@@ -17,6 +17,7 @@ import torch
 from hsgds.engines import make_engine
 from hsgds.engines.base import LAYOUTS, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
+from hsgds.format import tile_offsets
 from hsgds.io.base import TileSource
 from hsgds.ring import TileRing
 from hsgds.sampling import EpochPlan, SampleSet, plan_epoch
@@ -69,9 +70,8 @@ def _sample_set(scene: Scene, split: str | None) -> SampleSet:
     h, t = scene.grid.halo, scene.grid.tile
     ty, tx = np.divmod(tile, scene.grid.ntx)
     y, x = table["y"][keep].astype(np.int64), table["x"][keep].astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(tile, minlength=scene.grid.num_tiles))]).astype(np.int64)
     return SampleSet(tile=tile, y=y + h, x=x + h, label=table["label"][keep].astype(np.int64) - 1,
-                     scene_y=ty * t + y, scene_x=tx * t + x, offsets=offsets)
+                     scene_y=ty * t + y, scene_x=tx * t + x, offsets=tile_offsets(tile, scene.grid.num_tiles))
 
 
 def _normalization(scene: Scene, normalize: str | None, bands: int) -> tuple[np.ndarray, np.ndarray]:

@@ -168,7 +168,7 @@ def _sample_table(labels: np.ndarray, split_map: np.ndarray, grid: fmt.TileGrid)
         "x": (x % grid.tile).astype(np.int32),
         "label": labels[y, x],
         "split": split_map[y, x].astype(np.uint8),
-        "offsets": np.concatenate([[0], np.cumsum(np.bincount(tile, minlength=grid.num_tiles))]).astype(np.int64),
+        "offsets": fmt.tile_offsets(tile, grid.num_tiles),
     }
 
 
