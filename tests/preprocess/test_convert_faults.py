@@ -74,19 +74,27 @@ def _write_envi(folder: Path, cube: np.ndarray) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["npy", "envi"])
-def test_source_truncated_mid_read_is_noticed(scene, kind):
+def test_source_truncated_mid_read_is_noticed(scene, kind, monkeypatch):
+    import preprocess.convert as conv
+
     cp, lp, cube = scene
     folder = cp.parent
     src, data = (cp, cp) if kind == "npy" else (_write_envi(folder, cube), folder / "scene.img")
     before = sorted(p.name for p in folder.iterdir())
+    real_build_tile = conv.build_tile
 
-    def cut(done, total):
-        if done == 2:  # the file is memory-mapped: reading past its new end would be a SIGBUS
+    def cut_then_build(cube_, grid, padding, tile_id):
+        # truncate in the (single) worker thread just before it reads tile 2: the file is memory-mapped,
+        # so a read already past the size check when the file shrinks would be a SIGBUS (the documented
+        # race); truncating from another thread while a tile is in flight made this test crash at random
+        if tile_id == 2:
             with open(data, "r+b") as f:
                 f.truncate(os.path.getsize(data) // 2)
+        return real_build_tile(cube_, grid, padding, tile_id)
 
+    monkeypatch.setattr(conv, "build_tile", cut_then_build)
     with pytest.raises(InputError, match=rf"{data.name} changed during conversion \(\d+ bytes when opened, now \d+\)"):
-        convert(src, folder / "o.zarr", ConvertOptions(labels=lp, tile=18, workers=1), progress=cut)
+        convert(src, folder / "o.zarr", ConvertOptions(labels=lp, tile=18, workers=1))
     _only(folder, *before)
 
 
