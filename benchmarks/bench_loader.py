@@ -143,7 +143,7 @@ def _scene_arrays(name: str, args: argparse.Namespace) -> tuple[np.ndarray, np.n
 
 def prepare(name: str, work: Path, args: argparse.Namespace) -> SceneData:
     from hsgds.loader import _normalization
-    from preprocess.convert import ConvertOptions, convert
+    from hsgds.preprocess.convert import ConvertOptions, convert
 
     d = work / name
     d.mkdir(parents=True, exist_ok=True)

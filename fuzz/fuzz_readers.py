@@ -41,13 +41,13 @@ import atheris
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-with atheris.instrument_imports(include=["preprocess", "hsgds.errors", "tifffile", "scipy.io.matlab",
+with atheris.instrument_imports(include=["hsgds.preprocess", "hsgds.errors", "tifffile", "scipy.io.matlab",
                                          "numpy.lib.format", "numpy.lib._format_impl"]):
     import numpy as np
 
     from hsgds.errors import HsgdsError
-    from preprocess.readers import detect_format, open_cube, read_labels
-    from preprocess.readers.envi import parse_header
+    from hsgds.preprocess.readers import detect_format, open_cube, read_labels
+    from hsgds.preprocess.readers.envi import parse_header
 
 TARGETS = ("envi", "npy", "mat", "hdf5", "tiff", "detect")
 SUFFIXES = (".npy", ".tif", ".tiff", ".h5", ".hdf5", ".mat", ".hdr", ".img", ".dat", "")

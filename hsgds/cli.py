@@ -59,8 +59,8 @@ def _number(value: str) -> float:
 def convert(src, out, labels, key, labels_key, band_axis, max_patch, tile, padding, split, train, val,
             block_size, train_mask, val_mask, test_mask, seed, nan_fill, class_names, overwrite, workers) -> None:
     """Convert a cube (.mat v5/v7.3, ENVI, GeoTIFF, HDF5, .npy) into an hsgds store."""
-    from preprocess.convert import ConvertOptions
-    from preprocess.convert import convert as run_convert
+    from hsgds.preprocess.convert import ConvertOptions
+    from hsgds.preprocess.convert import convert as run_convert
 
     opts = ConvertOptions(
         key=key, labels=labels, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
@@ -170,8 +170,8 @@ def demo_store(refresh: bool = False) -> Path:
     """Convert the embedded Indian Pines scene into the cache directory (once) and return the store."""
     from hsgds import defaults
     from hsgds.datasets import INDIAN_PINES_CLASSES, indian_pines_files
-    from preprocess.convert import ConvertOptions
-    from preprocess.convert import convert as run_convert
+    from hsgds.preprocess.convert import ConvertOptions
+    from hsgds.preprocess.convert import convert as run_convert
 
     store = Path(defaults.get("cache_dir")) / "indian_pines.zarr"
     if refresh or not (store / "zarr.json").is_file():

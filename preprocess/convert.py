@@ -29,10 +29,10 @@ import zarr
 from hsgds import format as fmt
 from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
-from preprocess import splits as splitting
-from preprocess.readers import open_cube, read_labels
-from preprocess.readers.base import SourceCube, check_fits_in_memory
-from preprocess.stats import BandAccumulator
+from hsgds.preprocess import splits as splitting
+from hsgds.preprocess.readers import open_cube, read_labels
+from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
+from hsgds.preprocess.stats import BandAccumulator
 
 try:
     import fcntl

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 def indian_pines_store(tmp_path_factory):
     """The real Indian Pines scene (tensorly wheel) converted once per test session (random 10% split)."""
     from hsgds.datasets import INDIAN_PINES_CLASSES, indian_pines_files
-    from preprocess.convert import ConvertOptions, convert
+    from hsgds.preprocess.convert import ConvertOptions, convert
 
     cube, gt = indian_pines_files()
     out = tmp_path_factory.mktemp("ip") / "indian_pines.zarr"

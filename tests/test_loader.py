@@ -12,7 +12,7 @@ import torch
 
 import hsgds
 from hsgds.errors import ChecksumError, ConfigError, TileReadError
-from preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.convert import ConvertOptions, convert
 
 ENGINES = ["torch", "dali"]
 

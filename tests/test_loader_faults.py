@@ -13,7 +13,7 @@ import pytest
 
 import hsgds
 from hsgds.errors import HsgdsError
-from preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.convert import ConvertOptions, convert
 
 
 @pytest.fixture(scope="module")

@@ -92,3 +92,24 @@ def test_extras_named_in_messages_exist(ce):
         named |= set(re.findall(r"require\(\s*\"[\w.]+\",\s*\"(\w+)\"", text))
     assert {"cpu", "cu13", "preview", "xarray"} <= named
     assert named <= extras, f"messages name extras that do not exist: {sorted(named - extras)}"
+
+
+def test_converter_is_installed_as_hsgds_preprocess(tmp_path):
+    """The wheel holds the converter as hsgds/preprocess/ and no top-level `preprocess` package (PyPI has an
+    unrelated one), and every package folder of the checkout is in the wheel."""
+    import subprocess
+    import sys
+    import zipfile
+
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (wheel,) = tmp_path.glob("hsgds-*.whl")
+    files = set(zipfile.ZipFile(wheel).namelist())
+    assert "hsgds/preprocess/convert.py" in files
+    assert "hsgds/preprocess/readers/envi.py" in files
+    assert not [f for f in files if f.startswith("preprocess/")]
+    expected = {f"hsgds/{p.relative_to(ROOT / 'hsgds').as_posix()}" for p in (ROOT / "hsgds").rglob("*.py")}
+    expected |= {f"hsgds/preprocess/{p.relative_to(ROOT / 'preprocess').as_posix()}"
+                 for p in (ROOT / "preprocess").rglob("*.py")}
+    assert expected <= files, f"missing from the wheel (add the package to pyproject): {sorted(expected - files)}"

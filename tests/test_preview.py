@@ -19,7 +19,7 @@ from hsgds.preview import (
     preview_panels,
     render_preview,
 )
-from preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.convert import ConvertOptions, convert
 
 WAVELENGTHS = [400.0 + 50.0 * i for i in range(16)]  # 400..1150 nm: 650/550/450 are the nearest bands
 

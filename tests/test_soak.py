@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import hsgds
-from preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.convert import ConvertOptions, convert
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 

@@ -18,7 +18,7 @@ import hsgds
 from hsgds import format as fmt
 from hsgds import scene as scene_mod
 from hsgds.errors import StoreError
-from preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.convert import ConvertOptions, convert
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ def test_loops_learn_and_time():
 
 def test_run_demo_on_a_tiny_store(tmp_path):
     from hsgds.synthetic import make_scene
-    from preprocess.convert import ConvertOptions, convert
+    from hsgds.preprocess.convert import ConvertOptions, convert
 
     cube, labels = make_scene(40, 36, 40, classes=3, dtype="uint16", seed=5)
     np.save(tmp_path / "c.npy", cube)

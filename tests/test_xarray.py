@@ -10,7 +10,7 @@ import pytest
 import hsgds
 from hsgds.errors import DependencyError
 from hsgds.scene import Scene
-from preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.convert import ConvertOptions, convert
 
 xr = pytest.importorskip("xarray")
 

@@ -14,12 +14,12 @@ import h5py
 import numpy as np
 
 from hsgds.errors import InputError
-from preprocess.readers.base import SourceCube, check_fits_in_memory
-from preprocess.readers.envi import find_pair, open_envi, read_envi_labels
-from preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
-from preprocess.readers.mat import open_mat, open_mat73, read_mat73_labels, read_mat_labels
-from preprocess.readers.npy import open_npy, read_npy_labels
-from preprocess.readers.tiff import open_tiff, read_tiff_labels
+from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
+from hsgds.preprocess.readers.envi import find_pair, open_envi, read_envi_labels
+from hsgds.preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
+from hsgds.preprocess.readers.mat import open_mat, open_mat73, read_mat73_labels, read_mat_labels
+from hsgds.preprocess.readers.npy import open_npy, read_npy_labels
+from hsgds.preprocess.readers.tiff import open_tiff, read_tiff_labels
 
 __all__ = ["FORMATS", "detect_format", "open_cube", "read_labels"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube
+from hsgds.preprocess.readers.base import ArrayCube
 
 __all__ = ["DATA_SUFFIXES", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
 

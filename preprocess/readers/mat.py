@@ -14,9 +14,9 @@ import numpy as np
 import scipy.io
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
-from preprocess.readers import matv5
-from preprocess.readers.hdf5 import band_axes, check_dataset, choose_variable, guarded, list_datasets
+from hsgds.preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
+from hsgds.preprocess.readers import matv5
+from hsgds.preprocess.readers.hdf5 import band_axes, check_dataset, choose_variable, guarded, list_datasets
 
 __all__ = ["open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]
 

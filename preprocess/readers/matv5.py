@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hsgds.errors import InputError
-from preprocess.readers.base import check_fits_in_memory
+from hsgds.preprocess.readers.base import check_fits_in_memory
 
 __all__ = ["Variable", "list_variables", "load_variable"]
 

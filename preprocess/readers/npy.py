@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from hsgds.errors import InputError
-from preprocess.readers.base import ArrayCube, check_dtype, parse_failure
-from preprocess.readers.hdf5 import band_axes
+from hsgds.preprocess.readers.base import ArrayCube, check_dtype, parse_failure
+from hsgds.preprocess.readers.hdf5 import band_axes
 
 __all__ = ["open_npy", "read_npy_labels"]
 

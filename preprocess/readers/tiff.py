@@ -15,7 +15,7 @@ import numpy as np
 import tifffile
 
 from hsgds.errors import InputError
-from preprocess.readers.base import (ArrayCube, check_decoded_size, check_dtype, check_fits_in_memory,
+from hsgds.preprocess.readers.base import (ArrayCube, check_decoded_size, check_dtype, check_fits_in_memory,
                                      parse_failure)
 
 __all__ = ["open_tiff", "read_tiff_labels"]

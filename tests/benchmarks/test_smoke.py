@@ -60,7 +60,7 @@ def test_contenders_cut_the_same_patches(tmp_path, monkeypatch):
     import hsgds
     from hsgds.loader import _normalization
     from hsgds.synthetic import make_scene
-    from preprocess.convert import ConvertOptions, convert
+    from hsgds.preprocess.convert import ConvertOptions, convert
 
     cube, gt = make_scene(30, 26, 8, classes=3, dtype="uint16", seed=3)
     np.save(tmp_path / "c.npy", cube)
@@ -97,7 +97,7 @@ def test_hsgds_bench_cli(tmp_path, run_cli):
     import numpy as np
 
     from hsgds.synthetic import make_scene
-    from preprocess.convert import ConvertOptions, convert
+    from hsgds.preprocess.convert import ConvertOptions, convert
 
     cube, gt = make_scene(36, 30, 40, classes=3, dtype="int16", seed=4)
     np.save(tmp_path / "c.npy", cube)

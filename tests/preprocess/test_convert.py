@@ -15,7 +15,7 @@ import zarr
 
 import hsgds
 from hsgds import format as fmt
-from preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.convert import ConvertOptions, convert
 
 
 def reference_tiles(cube: np.ndarray, tile: int, halo: int, padding: str) -> np.ndarray:
@@ -136,7 +136,7 @@ def test_verify_names_the_damaged_tile(indian_pines_store, tmp_path, run_cli, da
 
 def test_failed_conversion_leaves_nothing(npy_scene, tmp_path, monkeypatch):
     cp, lp, _, _ = npy_scene(h=60, w=60, b=4)
-    import preprocess.convert as conv
+    import hsgds.preprocess.convert as conv
 
     real = conv.build_tile
 
@@ -156,7 +156,7 @@ def test_killed_conversion_leaves_no_valid_store(npy_scene, tmp_path):
     out = tmp_path / "k.zarr"
     script = textwrap.dedent(f"""
         import os, signal
-        from preprocess.convert import ConvertOptions, convert
+        from hsgds.preprocess.convert import ConvertOptions, convert
         def progress(done, total):
             if done == 3:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -17,7 +17,7 @@ import pytest
 
 import hsgds
 from hsgds.errors import InputError, StoreError
-from preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.convert import ConvertOptions, convert
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ def _write_envi(folder: Path, cube: np.ndarray) -> Path:
 
 @pytest.mark.parametrize("kind", ["npy", "envi"])
 def test_source_truncated_mid_read_is_noticed(scene, kind, monkeypatch):
-    import preprocess.convert as conv
+    import hsgds.preprocess.convert as conv
 
     cp, lp, cube = scene
     folder = cp.parent
@@ -221,7 +221,7 @@ def test_target_appearing_during_conversion_is_not_replaced(scene):
 
 _KILL = """
     import os, random, signal, threading, time
-    import preprocess.convert as conv
+    import hsgds.preprocess.convert as conv
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
     {setup}
@@ -298,7 +298,7 @@ def test_killed_after_random_delays(scene):
 def test_concurrent_conversion_keeps_its_temporary_folder(scene):
     """A conversion still running holds a lock on its temporary folder: another one into the same target
     does not delete it (only folders whose owner died are removed)."""
-    from preprocess import convert as conv
+    from hsgds.preprocess import convert as conv
 
     cp, lp, _ = scene
     out = cp.parent / "c.zarr"

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hsgds.errors import HsgdsError, InputError
-from preprocess.readers import base as reader_base
-from preprocess.readers import detect_format, open_cube, read_labels
-from preprocess.readers.envi import parse_header
+from hsgds.preprocess.readers import base as reader_base
+from hsgds.preprocess.readers import detect_format, open_cube, read_labels
+from hsgds.preprocess.readers.envi import parse_header
 
 FUZZ = settings(max_examples=150, deadline=3000, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -15,7 +15,7 @@ import tifffile
 spy_envi = pytest.importorskip("spectral.io.envi")
 
 from hsgds.errors import InputError
-from preprocess.readers import FORMATS, detect_format, open_cube, read_labels
+from hsgds.preprocess.readers import FORMATS, detect_format, open_cube, read_labels
 
 # Odd, distinct sizes so a swapped axis cannot go unnoticed.
 H, W, B = 13, 11, 7

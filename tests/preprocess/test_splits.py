@@ -12,7 +12,7 @@ from hypothesis.extra.numpy import arrays
 
 from hsgds.errors import InputError
 from hsgds.format import SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL
-from preprocess.splits import (
+from hsgds.preprocess.splits import (
     block_assignment,
     block_split,
     default_block_size,
