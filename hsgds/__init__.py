@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from hsgds._version import __version__
+from hsgds.collection import Collection, open_collection
 from hsgds.errors import (
     ChecksumError,
     ConfigError,
@@ -23,6 +24,7 @@ from hsgds.scene import BandStats, Scene, open_scene
 __all__ = [
     "BandStats",
     "ChecksumError",
+    "Collection",
     "ConfigError",
     "DependencyError",
     "HsgdsError",
@@ -32,6 +34,7 @@ __all__ = [
     "StoreError",
     "TileReadError",
     "__version__",
+    "open_collection",
     "open_scene",
 ]
 

@@ -1,0 +1,330 @@
+"""A collection of stores: ``collection.json`` (written by ``hsgds convert-many``) and the scenes it lists.
+
+Opening a collection reads only ``collection.json``: every scene's shape, dtype, bands, wavelengths and
+classes come from there, so opening thousands of scenes costs one small JSON parse. A store is opened
+(and checked against its entry) the first time its :class:`~hsgds.scene.Scene` is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hsgds._version import __version__
+from hsgds.errors import StoreError
+from hsgds.scene import MAX_JSON_BYTES, Scene, open_scene
+
+__all__ = ["COLLECTION_FILE", "Collection", "SceneEntry", "open_collection", "write_collection"]
+
+COLLECTION_FILE = "collection.json"
+COLLECTION_FORMAT = "hsgds-collection"
+COLLECTION_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SceneEntry:
+    """One scene of ``collection.json``: what is known about it without opening its store.
+
+    ``path`` is absolute (``collection.json`` holds it relative to its own folder). ``stamps`` maps
+    absolute source/label file paths to ``(size, mtime_ns)`` as they were when the store was made
+    (``convert-many`` uses them to tell unchanged sources without hashing them again).
+    """
+
+    name: str
+    path: Path
+    shape: tuple[int, int, int]
+    dtype: str
+    wavelengths: tuple[float, ...] | None
+    band_names: tuple[str, ...] | None
+    num_classes: int
+    class_names: tuple[str, ...] | None
+    num_samples: int
+    source_sha256: str
+    labels_sha256: str | None = None
+    stamps: dict[str, tuple[int, int]] | None = None
+
+    @property
+    def bands(self) -> int:
+        return self.shape[2]
+
+    @classmethod
+    def of_scene(cls, name: str, scene: Scene, stamps: dict[str, tuple[int, int]] | None = None) -> "SceneEntry":
+        """The entry describing an opened store."""
+        m = scene.meta
+        return cls(name=name, path=scene.path.resolve(), shape=tuple(m.shape), dtype=m.dtype,
+                   wavelengths=None if m.wavelengths is None else tuple(float(w) for w in m.wavelengths),
+                   band_names=None if m.band_names is None else tuple(m.band_names),
+                   num_classes=int(m.num_classes),
+                   class_names=None if m.class_names is None else tuple(m.class_names),
+                   num_samples=int(m.num_samples), source_sha256=str(m.source.get("sha256", "")),
+                   labels_sha256=None if not m.labels_source else m.labels_source.get("sha256"),
+                   stamps=stamps)
+
+    def to_json(self, root: Path) -> dict[str, Any]:
+        try:
+            rel = os.path.relpath(self.path, root)
+        except ValueError:  # another drive on Windows: keep it absolute
+            rel = str(self.path)
+        return {"name": self.name, "path": Path(rel).as_posix(), "shape": list(self.shape), "dtype": self.dtype,
+                "bands": self.bands, "wavelengths": None if self.wavelengths is None else list(self.wavelengths),
+                "band_names": None if self.band_names is None else list(self.band_names),
+                "num_classes": self.num_classes,
+                "class_names": None if self.class_names is None else list(self.class_names),
+                "num_samples": self.num_samples, "source_sha256": self.source_sha256,
+                "labels_sha256": self.labels_sha256,
+                "stamps": None if self.stamps is None else {k: list(v) for k, v in sorted(self.stamps.items())}}
+
+
+def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
+    """Parse and check one entry of ``scenes``; a problem is a one-line StoreError naming the entry."""
+    label = f"scene {i}" + (f" ({str(d.get('name'))[:60]!r})" if isinstance(d, dict) and "name" in d else "")
+
+    def bad(why: str) -> StoreError:
+        return StoreError(f"{where}: {label}: {why}; write it again with `hsgds convert-many`")
+
+    if not isinstance(d, dict):
+        raise bad("is not a JSON object")
+    for key in ("name", "path", "shape", "dtype", "num_classes", "source_sha256"):
+        if key not in d:
+            raise bad(f"has no {key!r}")
+    name, path, shape, dtype = d["name"], d["path"], d["shape"], d["dtype"]
+    if not isinstance(name, str) or not name:
+        raise bad("name must be a non-empty string")
+    if not isinstance(path, str) or not path:
+        raise bad("path must be a non-empty string")
+    if (not isinstance(shape, list) or len(shape) != 3
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)):
+        raise bad(f"shape must be [H, W, B] of positive integers, got {str(shape)[:60]}")
+    try:
+        if not isinstance(dtype, str):
+            raise TypeError
+        np.dtype(dtype)
+    except TypeError:
+        raise bad(f"dtype {str(dtype)[:30]!r} is not a numpy type name") from None
+    bands = shape[2]
+    if "bands" in d and d["bands"] != bands:
+        raise bad(f"bands = {str(d['bands'])[:20]} disagrees with shape {shape}")
+
+    def names_or_none(key: str, n: int | None) -> tuple | None:
+        v = d.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(s, str) for s in v) or (n is not None and len(v) != n):
+            raise bad(f"{key} must be null or a list of {n if n is not None else ''} strings".replace("  ", " "))
+        return tuple(v)
+
+    wl = d.get("wavelengths")
+    if wl is not None and (not isinstance(wl, list) or len(wl) != bands
+                           or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in wl)):
+        raise bad(f"wavelengths must be null or a list of {bands} numbers (nm)")
+    k = d["num_classes"]
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise bad(f"num_classes must be a non-negative integer, got {str(k)[:20]}")
+    samples = d.get("num_samples", 0)
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+        raise bad(f"num_samples must be a non-negative integer, got {str(samples)[:20]}")
+    if not isinstance(d["source_sha256"], str):
+        raise bad("source_sha256 must be a string")
+    labels_sha = d.get("labels_sha256")
+    if labels_sha is not None and not isinstance(labels_sha, str):
+        raise bad("labels_sha256 must be null or a string")
+    stamps = d.get("stamps")
+    if stamps is not None:
+        ok = isinstance(stamps, dict) and all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            for v in stamps.values())
+        if not ok:
+            raise bad("stamps must be null or an object of [size, mtime_ns] pairs")
+        stamps = {str(key): (v[0], v[1]) for key, v in stamps.items()}
+    full = Path(path) if os.path.isabs(path) else root / path
+    return SceneEntry(name=name, path=full, shape=tuple(shape), dtype=np.dtype(dtype).name,
+                      wavelengths=None if wl is None else tuple(float(w) for w in wl),
+                      band_names=names_or_none("band_names", bands), num_classes=k,
+                      class_names=names_or_none("class_names", None), num_samples=samples,
+                      source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps)
+
+
+class Collection:
+    """Scenes listed by a ``collection.json``; use :func:`open_collection`.
+
+    ``len(c)``, ``c[i]`` / ``c["name"]`` / ``c.scene(i)`` (a :class:`~hsgds.scene.Scene`, opened on first
+    use and then kept), iteration over the scenes (each opened as it is reached), ``c.scenes`` (the same
+    lazy sequence), ``c.entries`` (per-scene metadata from ``collection.json``, nothing opened), and the
+    per-scene lists ``names``, ``paths``, ``shapes``, ``bands``, ``wavelengths``, ``class_names``,
+    ``num_classes``.
+    """
+
+    def __init__(self, path: Path, entries: Sequence[SceneEntry]) -> None:
+        self.path = path  #: the collection.json file
+        self.root = path.parent
+        self.entries: tuple[SceneEntry, ...] = tuple(entries)
+        self._index = {e.name: i for i, e in enumerate(self.entries)}
+        self._open: dict[int, Scene] = {}
+
+    def __repr__(self) -> str:
+        return f"Collection({str(self.path)!r}, {len(self)} scenes)"
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return [self.scene(i) for i in range(len(self))[key]]
+        return self.scene(key)
+
+    def __iter__(self) -> Iterator[Scene]:
+        for i in range(len(self)):
+            yield self.scene(i)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    @property
+    def scenes(self) -> "Collection":
+        """The scenes as a lazy sequence (each store is opened when its scene is first used)."""
+        return self
+
+    def index(self, name: str) -> int:
+        """Position of the scene called ``name``."""
+        if not isinstance(name, str) or name not in self._index:
+            raise KeyError(f"{self.path}: no scene named {str(name)[:80]!r}")
+        return self._index[name]
+
+    def scene(self, key: int | str) -> Scene:
+        """Open (once) and return scene ``key`` (position or name), checked against its entry."""
+        i = self.index(key) if isinstance(key, str) else int(key)
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"scene index {key} out of range for {len(self)} scenes")
+        i %= len(self)
+        if i not in self._open:
+            self._open[i] = self._open_scene(self.entries[i])
+        return self._open[i]
+
+    def _open_scene(self, e: SceneEntry) -> Scene:
+        where = f"{self.path}: scene {e.name!r}"
+        if not e.path.exists():
+            raise StoreError(f"{where}: store {e.path} is missing; run `hsgds convert-many` again "
+                             "or remove the scene from the collection")
+        try:
+            scene = open_scene(e.path)
+        except StoreError as exc:
+            raise StoreError(f"{where}: {exc}") from None
+        found = (tuple(scene.shape), scene.meta.dtype, str(scene.meta.source.get("sha256", "")))
+        listed = (e.shape, e.dtype, e.source_sha256)
+        if found != listed:
+            what = ("shape" if found[0] != listed[0] else "dtype" if found[1] != listed[1] else "source sha256")
+            raise StoreError(f"{where}: the store's {what} differs from collection.json (the store was replaced "
+                             "after the collection was written); run `hsgds convert-many` again")
+        return scene
+
+    # -- per-scene metadata, from collection.json alone ----------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+    @property
+    def paths(self) -> list[Path]:
+        """Absolute store paths."""
+        return [e.path for e in self.entries]
+
+    @property
+    def shapes(self) -> list[tuple[int, int, int]]:
+        return [e.shape for e in self.entries]
+
+    @property
+    def bands(self) -> list[int]:
+        return [e.bands for e in self.entries]
+
+    @property
+    def wavelengths(self) -> list[tuple[float, ...] | None]:
+        return [e.wavelengths for e in self.entries]
+
+    @property
+    def class_names(self) -> list[tuple[str, ...] | None]:
+        return [e.class_names for e in self.entries]
+
+    @property
+    def num_classes(self) -> list[int]:
+        return [e.num_classes for e in self.entries]
+
+
+def _collection_file(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        p = p / COLLECTION_FILE
+        if not p.is_file():
+            raise StoreError(f"{p.parent} has no {COLLECTION_FILE}; write one with `hsgds convert-many`")
+    elif not p.exists():
+        raise StoreError(f"{p} does not exist; give a folder holding {COLLECTION_FILE}, or that file")
+    return p.resolve()
+
+
+def open_collection(path: str | os.PathLike) -> Collection:
+    """Open a collection: a folder holding ``collection.json``, or that file.
+
+    Only ``collection.json`` is read; stores are opened lazily (``collection.scene(i)``), so a listed
+    store that is missing or damaged is reported, naming the scene, when that scene is first used.
+    Problems with ``collection.json`` itself raise a one-line :class:`~hsgds.errors.StoreError`.
+    """
+    file = _collection_file(path)
+    where = str(file)
+    try:
+        if file.stat().st_size > MAX_JSON_BYTES:
+            raise StoreError(f"{where} is {file.stat().st_size} bytes, too large for a collection listing")
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        if isinstance(exc, StoreError):
+            raise
+        raise StoreError(f"{where}: cannot read it ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                         "write it again with `hsgds convert-many`") from None
+    if not isinstance(doc, dict) or doc.get("format") != COLLECTION_FORMAT:
+        raise StoreError(f"{where} is not an hsgds collection (no \"format\": \"{COLLECTION_FORMAT}\"); "
+                         "write it with `hsgds convert-many`")
+    version = doc.get("format_version")
+    if version != COLLECTION_VERSION or isinstance(version, bool):
+        raise StoreError(f"{where} has collection format version {str(version)[:20]}; this hsgds reads version "
+                         f"{COLLECTION_VERSION}: write it again with `hsgds convert-many`")
+    scenes = doc.get("scenes")
+    if not isinstance(scenes, list):
+        raise StoreError(f"{where}: \"scenes\" must be a list; write it again with `hsgds convert-many`")
+    entries = [_entry_from_json(d, i, file.parent, where) for i, d in enumerate(scenes)]
+    seen: dict[str, int] = {}
+    for i, e in enumerate(entries):
+        if e.name in seen:
+            raise StoreError(f"{where}: scenes {seen[e.name]} and {i} are both named {e.name!r}; names must be unique")
+        seen[e.name] = i
+    return Collection(file, entries)
+
+
+def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry]) -> Path:
+    """Write ``folder/collection.json`` atomically (a temporary file renamed over it); returns its path.
+
+    Store paths are written relative to ``folder``. Readers either see the previous file or the new one.
+    """
+    folder = Path(folder)
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise StoreError(f"{folder}: scene names must be unique in a collection")
+    root = folder.resolve()
+    doc = {"format": COLLECTION_FORMAT, "format_version": COLLECTION_VERSION, "created_by": f"hsgds {__version__}",
+           "scenes": [e.to_json(root) for e in entries]}
+    out = folder / COLLECTION_FILE
+    tmp = folder / f".{COLLECTION_FILE}.tmp-{secrets.token_hex(4)}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {out} ({exc.strerror or exc}); check the output folder") from None
+    return out

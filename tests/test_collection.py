@@ -1,0 +1,126 @@
+"""open_collection / Collection / write_collection: metadata from collection.json, stores opened lazily."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import hsgds
+from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
+from hsgds.errors import StoreError
+from hsgds.preprocess.convert import ConvertOptions, convert
+from hsgds.scene import open_scene
+
+
+@pytest.fixture(scope="module")
+def three_stores(tmp_path_factory):
+    """Three converted seeded scenes (different sizes and band counts) in one folder."""
+    from hsgds.synthetic import make_scene
+
+    root = tmp_path_factory.mktemp("coll")
+    out = []
+    for i, (h, w, b) in enumerate([(20, 17, 5), (31, 12, 8), (9, 25, 5)]):
+        cube, labels = make_scene(h, w, b, classes=3, seed=i)
+        np.save(root / f"c{i}.npy", cube)
+        np.save(root / f"g{i}.npy", labels)
+        out.append(convert(root / f"c{i}.npy", root / f"s{i}.zarr",
+                           ConvertOptions(labels=root / f"g{i}.npy", class_names=("a", "b", "c"), max_patch=5)))
+    return root, out
+
+
+def _write(root, stores):
+    entries = [SceneEntry.of_scene(f"scene{i}", open_scene(p)) for i, p in enumerate(stores)]
+    return write_collection(root, entries)
+
+
+def test_round_trip_matches_each_store(three_stores):
+    root, stores = three_stores
+    file = _write(root, stores)
+    assert file == root / COLLECTION_FILE
+    assert not [p for p in root.iterdir() if p.name.startswith(".collection")]  # no temporary file left
+    raw = json.loads(file.read_text())
+    assert raw["format"] == "hsgds-collection" and raw["format_version"] == 1
+    assert [s["path"] for s in raw["scenes"]] == ["s0.zarr", "s1.zarr", "s2.zarr"]  # relative to the folder
+
+    for c in (hsgds.open_collection(root), open_collection(file)):
+        assert isinstance(c, hsgds.Collection)
+        assert len(c) == 3 and c.names == ["scene0", "scene1", "scene2"] and "scene1" in c
+        assert c.paths == [p.resolve() for p in stores]
+        for i, p in enumerate(stores):
+            ref = json.loads((p / "zarr.json").read_text())["attributes"]["hsgds"]  # independent of Scene
+            e = c.entries[i]
+            assert list(e.shape) == ref["shape"] and e.dtype == ref["dtype"] and e.bands == ref["shape"][2]
+            assert e.source_sha256 == ref["source"]["sha256"] and e.labels_sha256 == ref["labels_source"]["sha256"]
+            assert list(e.class_names) == ref["class_names"] and e.num_classes == ref["num_classes"]
+            assert e.num_samples == ref["num_samples"]
+        assert c.bands == [5, 8, 5] and c.class_names == [("a", "b", "c")] * 3
+        s1 = c.scene("scene1")
+        assert s1 is c[1] is c.scene(1) is c.scene(-2)  # opened once, then kept
+        assert s1.path == stores[1].resolve()
+        np.testing.assert_array_equal(s1.read(0, 31, 0, 12), np.load(root / "c1.npy"))
+        assert [s.shape for s in c] == [(20, 17, 5), (31, 12, 8), (9, 25, 5)]
+
+
+def test_thousand_scenes_open_without_touching_a_store(three_stores, tmp_path):
+    """collection.json alone answers every metadata question: the 1,000 stores do not exist yet, and only
+    the scene that is asked for is looked at."""
+    root, stores = three_stores
+    template = SceneEntry.of_scene("x", open_scene(stores[0])).to_json(root)
+    scenes = [dict(template, name=f"s{i:04d}", path=f"stores/s{i:04d}.zarr") for i in range(1000)]
+    (tmp_path / COLLECTION_FILE).write_text(json.dumps({"format": "hsgds-collection", "format_version": 1,
+                                                        "scenes": scenes}))
+    c = open_collection(tmp_path)
+    assert len(c) == 1000 and c.names[999] == "s0999" and c.paths[7] == tmp_path.resolve() / "stores/s0007.zarr"
+    assert c.shapes == [(20, 17, 5)] * 1000 and c.wavelengths == [None] * 1000
+    with pytest.raises(StoreError, match=r"scene 's0007': store .*s0007.zarr is missing; run `hsgds convert-many`"):
+        c.scene(7)
+    (tmp_path / "stores").mkdir()
+    shutil.copytree(stores[0], tmp_path / "stores/s0007.zarr")
+    assert c.scene(7).shape == (20, 17, 5)  # appears once the store exists: nothing was cached or pre-checked
+    with pytest.raises(StoreError, match="s0008"):
+        c.scene("s0008")
+
+
+def test_a_replaced_store_is_refused(three_stores, tmp_path):
+    root, stores = three_stores
+    entry = SceneEntry.of_scene("a", open_scene(stores[0]))
+    shutil.copytree(stores[1], tmp_path / "a.zarr")  # another scene where "a" was
+    write_collection(tmp_path, [SceneEntry(**{**entry.__dict__, "path": tmp_path / "a.zarr"})])
+    with pytest.raises(StoreError, match="scene 'a': the store's shape differs from collection.json"):
+        open_collection(tmp_path).scene(0)
+
+
+def _doc(**scene):
+    base = {"name": "a", "path": "a.zarr", "shape": [4, 4, 3], "dtype": "int16", "num_classes": 0,
+            "source_sha256": "00"}
+    return {"format": "hsgds-collection", "format_version": 1, "scenes": [{**base, **scene}]}
+
+
+@pytest.mark.parametrize("doc, message", [
+    ("{not json", "cannot read it"),
+    ([], "is not an hsgds collection"),
+    ({"format": "hsgds-collection", "format_version": 2, "scenes": []}, "collection format version 2"),
+    ({"format": "hsgds-collection", "format_version": 1, "scenes": {}}, '"scenes" must be a list'),
+    (_doc(shape=[4, 4]), r"scene 0 \('a'\): shape must be \[H, W, B\]"),
+    (_doc(dtype="float99"), "dtype 'float99' is not a numpy type name"),
+    (_doc(wavelengths=[400.0]), "wavelengths must be null or a list of 3 numbers"),
+    (_doc(bands=4), "bands = 4 disagrees with shape"),
+    (_doc(num_classes=-1), "num_classes must be a non-negative integer"),
+    ({**_doc(), "scenes": [_doc()["scenes"][0]] * 2}, "scenes 0 and 1 are both named 'a'"),
+    ({**_doc(), "scenes": [{"name": "b"}]}, r"scene 0 \('b'\): has no 'path'"),
+])
+def test_invalid_collection_json_is_one_line_error(tmp_path, doc, message):
+    (tmp_path / COLLECTION_FILE).write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    with pytest.raises(StoreError, match=message) as info:
+        open_collection(tmp_path / COLLECTION_FILE)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_collection(tmp_path):
+    with pytest.raises(StoreError, match="has no collection.json; write one with `hsgds convert-many`"):
+        open_collection(tmp_path)
+    with pytest.raises(StoreError, match="does not exist"):
+        open_collection(tmp_path / "nowhere")
