@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contenders import ShmRingLoader, naive_loader, tuned_loader  # noqa: E402
 
 import hsgds  # noqa: E402
-from hsgds.device import probe  # noqa: E402
+from hsgds.probe import probe  # noqa: E402
 from hsgds.errors import DependencyError  # noqa: E402
 
 SCENES = ("indian_pines", "pavia", "aviris")

@@ -9,7 +9,7 @@
 #     The parts are <= 48 MiB so that one part plus .whl fits one device call; carry them over
 #     successive calls while the machine stays warm (ignored files already there are kept);
 # (b) keeps cuFile's log in OUTDIR/cufile.log;
-# (c) writes the device report (hsgds.device.probe + doctor_report) to OUTDIR/doctor.txt;
+# (c) writes the device report (hsgds.probe.probe + hsgds.doctor.doctor_report) to OUTDIR/doctor.txt;
 # (d) runs the GPU tests: pytest -m gpu ... --junitxml=OUTDIR/gpu_tests.xml tests;
 # (e) runs each benchmark that exists with its defaults (they cover cuda when it is available),
 #     its JSON taken from stdout (logs go to stderr):
@@ -136,7 +136,8 @@ sys.exit(0 if any(p.startswith('$SITE') for p in nvidia.__path__) else 1)" 2>/de
     step doctor 90 python3 - "$OUT/doctor.txt" "$WORK/probe.json" <<'EOF'
 import json, sys, time
 t = time.time()
-from hsgds.device import doctor_report, probe
+from hsgds.doctor import doctor_report
+from hsgds.probe import probe
 report = probe()
 text = doctor_report(report) + f"\n(probe took {time.time() - t:.2f} s)\n"
 with open(sys.argv[1], "w") as f:

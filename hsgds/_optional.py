@@ -7,7 +7,7 @@ from types import ModuleType
 
 from hsgds.errors import DependencyError
 
-__all__ = ["require"]
+__all__ = ["cuda_extra", "require"]
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:
@@ -30,3 +30,9 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
         what = "is not installed" if missing else f"cannot be imported ({' '.join(str(exc).split())})"
         raise DependencyError(f"{feature} needs {top}, which {what}; install it with "
                               f"pip install 'hsgds[{extra}]'") from None
+
+
+def cuda_extra(cuda_runtime: str | None = None) -> str:
+    """The pip command installing the GPU extra that matches a CUDA runtime version ("12.8" -> cu12)."""
+    major = (cuda_runtime or "").split(".")[0]
+    return f"pip install 'hsgds[cu{major if major in ('12', '13') else '13'}]'"

@@ -117,7 +117,9 @@ def verify(store) -> None:
               help="Exit 1 unless hsgds would use a CUDA GPU (a container health check).")
 def doctor(reader, engine, store, require_gpu) -> None:
     """What this machine can use (CUDA, kvikio + GDS or compat mode, DALI, WSL) and what hsgds would pick."""
-    from hsgds.device import choose, doctor_report, probe
+    from hsgds.choice import choose
+    from hsgds.doctor import doctor_report
+    from hsgds.probe import probe
 
     report = probe(refresh=True)
     click.echo(doctor_report(report, reader=reader, engine=engine, store=store))

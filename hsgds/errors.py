@@ -10,6 +10,7 @@ __all__ = [
     "InputError",
     "StoreError",
     "TileReadError",
+    "one_line",
 ]
 
 
@@ -39,3 +40,10 @@ class ChecksumError(TileReadError):
 
 class DependencyError(HsgdsError, ImportError):
     """An optional dependency is missing; the message names the pip extra to install."""
+
+
+def one_line(exc: BaseException) -> str:
+    """Another library's error message on one line (whitespace collapsed, at most 300 characters), for
+    embedding in an hsgds message."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."

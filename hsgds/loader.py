@@ -163,7 +163,8 @@ class PatchLoader:
         if len(self.samples) == 0:
             raise ConfigError(f"split {split!r} of {self.scene.path} has no samples; see `hsgds info`")
 
-        from hsgds.device import choose, probe
+        from hsgds.choice import choose
+        from hsgds.probe import probe
 
         self.choice = choose(probe(), reader=reader, engine=engine, device=device)
         self.device = torch.device(self.choice.device)

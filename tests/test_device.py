@@ -1,4 +1,4 @@
-"""hsgds.device (probe / choose / doctor) on the CPU, and KvikioReader: a fake kvikio on the CPU, the
+"""hsgds.probe / hsgds.choice / hsgds.doctor on the CPU, and KvikioReader: a fake kvikio on the CPU, the
 real one on a GPU (``-m gpu``)."""
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ import numpy as np
 import pytest
 
 from hsgds import defaults
-from hsgds.device import AUTO_ENGINE, Choice, DeviceReport, choose, cuda_extra, doctor_report, probe
+from hsgds._optional import cuda_extra
+from hsgds.choice import AUTO_ENGINE, Choice, choose
+from hsgds.doctor import doctor_report
+from hsgds.probe import DeviceReport, probe
 from hsgds.errors import ChecksumError, ConfigError, DependencyError, TileReadError
 from hsgds.io.base import TileSource
 
@@ -25,11 +28,11 @@ from hsgds.io.base import TileSource
 @pytest.fixture(autouse=True)
 def fresh_probe():
     """probe() caches its report per process; these tests change the machine under it."""
-    from hsgds import device
+    import hsgds.probe
 
-    device._cached.clear()
+    hsgds.probe._cached.clear()
     yield
-    device._cached.clear()
+    hsgds.probe._cached.clear()
 
 
 def _cuda_available() -> bool:
@@ -42,7 +45,7 @@ def _cuda_available() -> bool:
 
 
 def _kvikio_importable() -> bool:
-    from hsgds.device import import_kvikio
+    from hsgds.io.kvikio_support import import_kvikio
 
     try:
         import_kvikio()
@@ -68,7 +71,7 @@ CPU = DeviceReport(cuda=False, cuda_reason="torch 2.13.0+cpu is a CPU-only build
 # ------------------------------------------------------------------------------------------ probe
 
 def test_import_is_light():
-    code = ("import sys, hsgds.device, hsgds.io.kvikio_reader; "
+    code = ("import sys, hsgds.probe, hsgds.choice, hsgds.doctor, hsgds.io.kvikio_reader; "
             "print([m for m in ('torch', 'kvikio', 'cupy', 'nvidia.dali') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -152,7 +155,7 @@ def test_wsl_detected_from_env(monkeypatch):
 
 
 def test_cufile_log_kept_out_of_the_working_directory(monkeypatch):
-    from hsgds.device import import_kvikio
+    from hsgds.io.kvikio_support import import_kvikio
 
     monkeypatch.delenv("CUFILE_LOGFILE_PATH", raising=False)
     monkeypatch.setitem(sys.modules, "kvikio", None)
@@ -296,7 +299,7 @@ def old_kvikio_driver_api(monkeypatch):
 
 
 def test_kvikio_mode_compat_on_wsl_and_linux(old_kvikio_driver_api):
-    from hsgds.device import kvikio_mode
+    from hsgds.io.kvikio_support import kvikio_mode
 
     gds, mode, why = kvikio_mode(_fake_kvikio_mode("AUTO", preferred=False, gds=False), wsl=True)
     assert (gds, mode) == (False, "AUTO") and "not supported under WSL2" in why and "compat mode" in why
@@ -309,10 +312,10 @@ def test_kvikio_mode_compat_on_wsl_and_linux(old_kvikio_driver_api):
 
 
 def test_probe_parts_on_native_windows(monkeypatch):
-    from hsgds.device import _probe_dali, _probe_kvikio
+    from hsgds.probe import _probe_dali, _probe_kvikio
 
     imported = []
-    monkeypatch.setattr("hsgds.device.import_kvikio", lambda *a: imported.append(a))
+    monkeypatch.setattr("hsgds.probe.import_kvikio", lambda *a: imported.append(a))
     info = {"windows": True, "cuda": True, "cuda_runtime": "13.0"}
     _probe_kvikio(info, windows=True, wsl=False)
     _probe_dali(info, gpu=True)
@@ -373,7 +376,7 @@ overlay /work overlay rw 0 0
 
 
 def test_mount_of():
-    from hsgds.device import mount_of
+    from hsgds.doctor import mount_of
 
     assert mount_of("/mnt/c/Users/me/ip.zarr", MOUNTS) == ("/mnt/c", "9p")
     assert mount_of("/mnt/nvme/ip.zarr", MOUNTS) == ("/mnt/nvme", "xfs")
@@ -384,7 +387,7 @@ def test_mount_of():
 
 
 def test_doctor_store_warnings():
-    from hsgds.device import platform_notes
+    from hsgds.doctor import platform_notes
 
     notes = platform_notes(WSL, choose(WSL), "/mnt/c/Users/me/ip.zarr", MOUNTS)
     assert any(n.startswith("WARNING: store /mnt/c/Users/me/ip.zarr is on a Windows drive (9p)") for n in notes)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hsgds import defaults
-from hsgds.device import import_kvikio, kvikio_mode
+from hsgds.io.kvikio_support import import_kvikio, kvikio_mode
 from hsgds.errors import ConfigError, TileReadError
 from hsgds.io.base import ChunkReader, TileSource
 
