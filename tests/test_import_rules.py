@@ -33,8 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sampling", ("hsgds.sampling",)),
     # tile readers (POSIX, kvikio) and the kvikio helpers they need; no device probing
     ("io", ("hsgds.io.*",)),
-    # an opened store: metadata, labels, samples, statistics (and its xarray view)
-    ("scene", ("hsgds.scene", "hsgds._xarray")),
+    # an opened store: metadata, labels, samples, statistics (and its xarray view); collections of stores
+    ("scene", ("hsgds.scene", "hsgds._xarray", "hsgds.collection")),
     ("ring", ("hsgds.ring",)),
     ("engines", ("hsgds.engines.*",)),
     # what this machine can use, and which device / reader / engine to pick
