@@ -17,11 +17,11 @@ import torch
 from hsgds.engines import make_engine
 from hsgds.engines.base import LAYOUTS, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
-from hsgds.format import tile_offsets
-from hsgds.io.base import TileSource
+from hsgds.pixels import PIXELS, all_pixels, check_mask, labelled_pixels
 from hsgds.ring import TileRing
 from hsgds.sampling import EpochPlan, SampleSet, plan_epoch
-from hsgds.scene import Scene, open_scene
+from hsgds.scene import Scene
+from hsgds.scene_set import SceneSet, band_selection, normalization, open_scene_set, scene_tables
 
 __all__ = ["LoaderStats", "PatchLoader"]
 
@@ -63,28 +63,38 @@ class LoaderStats:
         return {**asdict(self), "patches_per_s": self.patches_per_s}
 
 
-def _sample_set(scene: Scene, split: str | None) -> SampleSet:
-    table = scene.sample_table()
-    keep = scene.split_mask(table["split"], split)
-    tile = table["tile"][keep].astype(np.int64)
-    h, t = scene.grid.halo, scene.grid.tile
-    ty, tx = np.divmod(tile, scene.grid.ntx)
-    y, x = table["y"][keep].astype(np.int64), table["x"][keep].astype(np.int64)
-    return SampleSet(tile=tile, y=y + h, x=x + h, label=table["label"][keep].astype(np.int64) - 1,
-                     scene_y=ty * t + y, scene_x=tx * t + x, offsets=tile_offsets(tile, scene.grid.num_tiles))
+_UNSET: Any = object()  # split's default depends on ``pixels``
 
 
-def _normalization(scene: Scene, normalize: str | None, bands: int) -> tuple[np.ndarray, np.ndarray]:
-    if normalize is None:
-        return np.zeros(bands), np.ones(bands)
-    st = scene.norm_stats
-    if normalize == "zscore":
-        offset, spread = st.mean, st.std
+def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask: Any) -> SampleSet:
+    """The samples of every scene, with global tile ids (scene's first tile id + tile id)."""
+    if mask is not None and ss.is_collection:
+        if not isinstance(mask, (list, tuple)) or len(mask) != len(ss):
+            raise ConfigError(f"for a collection, mask must be a list of {len(ss)} boolean (H, W) arrays (or None "
+                              f"entries), one per scene; got {type(mask).__name__}")
+        masks = list(mask)
     else:
-        offset, spread = st.min, st.max - st.min
-    # a constant band carries no information: map it to 0 instead of dividing by zero
-    scale = np.where(spread > 0, 1.0 / np.where(spread > 0, spread, 1.0), 1.0)
-    return np.asarray(offset, np.float64), scale
+        masks = [mask] * len(ss)
+    parts = []
+    for i, scene in enumerate(ss.scenes):
+        m = check_mask(masks[i], scene, f"scene {ss.names[i]!r}")
+        parts.append(all_pixels(scene, stride, split, m) if pixels == "all" else labelled_pixels(scene, split, m))
+    if len(parts) == 1:
+        return parts[0]
+    starts = ss.tile_starts()
+    cat = {f: np.concatenate([getattr(p, f) for p in parts]) for f in ("y", "x", "label", "scene_y", "scene_x")}
+    tile = np.concatenate([p.tile.astype(np.int64) + starts[i] for i, p in enumerate(parts)])
+    offsets = np.concatenate([[0]] + [p.offsets[1:] + sum(len(q) for q in parts[:i]) for i, p in enumerate(parts)])
+    return SampleSet(tile=tile if starts[-1] > np.iinfo(np.int32).max else tile.astype(np.int32),
+                     offsets=offsets.astype(np.int64), **cat)
+
+
+def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-band (offset, scale) the loader uses for one scene: out = (x - offset) * scale."""
+    if normalize not in NORMALIZATIONS:
+        raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
+    offset, scale = normalization(open_scene_set(scene), normalize, None)
+    return offset[0], scale[0]
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -125,19 +135,49 @@ class PatchLoader:
         GPU memory).
     engine : "auto", "torch" or "dali"; reader : "auto", "posix", "posix-pinned" or "kvikio".
     rank, world_size : default to torch.distributed when initialised.
-    return_coords : also yield the (N, 2) scene (y, x) of each patch centre.
+    return_coords : also yield the scene (y, x) of each patch centre: (N, 2) int64 for one store,
+        (N, 3) rows (scene index in the loader's order, y, x) for several scenes.
+    pixels : "labelled" (the store's labelled samples of ``split``) or "all": patches centred on every
+        ``stride``-th pixel (rows and columns, in scene coordinates) of every scene, labelled or not (label
+        -1 where unlabelled), tile by tile and in raster order inside a tile when ``shuffle=False``. With
+        "all", ``split`` (default None) drops the labelled pixels of other splits; unlabelled pixels stay.
+    stride : int, the step between centres with ``pixels="all"``.
+    mask : a boolean (H, W) array (for several scenes, a list with one array or None per scene): only
+        pixels where it is True are yielded.
+    bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands).
+    wavelengths : wavelengths in nm; each scene contributes its band nearest each one, within
+        ``wavelength_tolerance`` nm (default 5). Scenes with different band counts need this.
+    norm_scope : "scene" (each scene's own train statistics) or "collection" (the train statistics pooled
+        exactly over all scenes).
+
+    Several scenes (a list of stores / Scenes, or a collection path) are read as one: every tile gets a
+    global id, tiles of all scenes are shuffled, sharded and resumed together, and each batch is still cut,
+    cast, band-selected and normalized in one engine pass (the torch engine; engine="dali" serves one
+    scene with all its bands only).
     """
 
-    def __init__(self, store: Any, *, patch_size: int, batch_size: int, split: str | None = "train",
+    def __init__(self, store: Any, *, patch_size: int, batch_size: int, split: str | None = _UNSET,
                  device: Any = None, dtype: torch.dtype = torch.float32, layout: str = "NCHW",
                  normalize: str | None = "zscore", shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  shuffle_window: int | None = None, ring_bytes: int | None = None, engine: str = "auto",
                  reader: str = "auto", rank: int | None = None, world_size: int | None = None,
-                 return_coords: bool = False) -> None:
+                 return_coords: bool = False, pixels: str = "labelled", stride: int = 1, mask: Any = None,
+                 bands: Any = None, wavelengths: Any = None, wavelength_tolerance: float = 5.0,
+                 norm_scope: str = "scene") -> None:
         self._closed = True  # until fully built, so close() in __del__ is safe
-        self.scene = store if isinstance(store, Scene) else open_scene(store)
+        if pixels not in PIXELS:
+            raise ConfigError(f"pixels must be 'labelled' or 'all', got {pixels!r}")
+        if not isinstance(stride, (int, np.integer)) or isinstance(stride, bool) or stride < 1:
+            raise ConfigError(f"stride must be a positive integer (pixels between patch centres), got {stride!r}")
+        if stride != 1 and pixels != "all":
+            raise ConfigError("stride applies to pixels='all'; the labelled samples are taken as they are")
+        if split is _UNSET:
+            split = None if pixels == "all" else "train"
+        self.scenes = open_scene_set(store)
+        self.scenes.check()
+        self.scene = self.scenes.scenes[0]
         grid = self.scene.grid
-        max_p = 2 * grid.halo + 1
+        max_p = 2 * min(s.grid.halo for s in self.scenes.scenes) + 1
         if not isinstance(patch_size, int) or patch_size < 1 or patch_size % 2 == 0:
             raise ConfigError(f"patch_size must be a positive odd integer (patches are pixel-centred), got {patch_size!r}")
         if patch_size > max_p:
@@ -155,28 +195,51 @@ class PatchLoader:
             raise ConfigError(f"shuffle_window must be an integer >= 1 (tiles), got {shuffle_window!r}")
         if not isinstance(seed, int) or seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+        selection = band_selection(self.scenes, bands, wavelengths, wavelength_tolerance)
+        offset, scale = normalization(self.scenes, normalize, selection, norm_scope)
+        sizes = {s.grid.tile_nbytes for s in self.scenes.scenes}
+        if len(sizes) > 1:
+            raise ConfigError("scenes with different band counts or tile sizes cannot share one ring yet; convert "
+                              "them with the same bands, --tile and --max-patch")
         self.patch_size, self.batch_size, self.split = patch_size, batch_size, split
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_window, self.return_coords = shuffle_window, return_coords
+        self.pixels, self.stride, self.norm_scope = pixels, int(stride), norm_scope
         self.rank, self.world_size = _distributed(rank, world_size)
-        self.samples = _sample_set(self.scene, split)
+        self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask)
         if len(self.samples) == 0:
-            raise ConfigError(f"split {split!r} of {self.scene.path} has no samples; see `hsgds info`")
+            where = self.scene.path if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes"
+            raise ConfigError(f"split {split!r} of {where} has no samples (pixels={pixels!r}); see `hsgds info`")
+        # per-scene tables only where needed: one store with all its bands keeps the single-table engines
+        self._tables = None
+        if len(self.scenes) > 1 or selection is not None:
+            self._tables = scene_tables(self.scenes, selection, offset, scale)
+            self._tile_scene = self.scenes.tile_scene()
 
         from hsgds.choice import choose
         from hsgds.probe import probe
 
         self.choice = choose(probe(), reader=reader, engine=engine, device=device)
+        if self._tables is not None and self.choice.engine == "dali":
+            from hsgds.engines.dali_engine import NO_TABLES
+
+            if engine != "auto":
+                raise ConfigError(NO_TABLES)
+            from dataclasses import replace
+
+            self.choice = replace(self.choice, engine="torch", reasons=[
+                *self.choice.reasons, "engine torch: several scenes or a band selection need per-scene tables"])
         self.device = torch.device(self.choice.device)
+        self._tile_nbytes = grid.tile_nbytes
         needed = int(np.count_nonzero(self.samples.counts()))
         self.slots = self._slots(ring_bytes, needed)
         self._epoch, self._batch, self._pass = 0, 0, 0
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
         self._plan(self._epoch)  # a ring too small for a batch is reported now, before anything is allocated
-        offset, scale = _normalization(self.scene, normalize, grid.bands)
-        spec = PatchSpec(patch_size=patch_size, halo=grid.halo, bands=grid.bands, tile_side=grid.side,
-                         layout=layout, out_dtype=dtype, offset=offset, scale=scale)
+        out_bands = grid.bands if selection is None else len(selection[0])
+        spec = PatchSpec(patch_size=patch_size, halo=grid.halo, bands=out_bands, tile_side=grid.side,
+                         layout=layout, out_dtype=dtype, offset=offset[0], scale=scale[0], tables=self._tables)
         self._reader = self._make_reader(self.choice.reader)
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
         self._ring = TileRing(self.slots, grid.tile_shape, _TORCH_DTYPES[grid.dtype], self.device, self._reader)
@@ -190,7 +253,7 @@ class PatchLoader:
 
     # -- construction helpers -------------------------------------------------------------------------
     def _slots(self, ring_bytes: int | None, needed: int) -> int:
-        nbytes = self.scene.grid.tile_nbytes
+        nbytes = self._tile_nbytes
         if ring_bytes is None:
             if self.device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(self.device)
@@ -204,7 +267,7 @@ class PatchLoader:
         return max(1, min(needed, ring_bytes // nbytes))
 
     def _make_reader(self, name: str):
-        source = TileSource.from_scene(self.scene)
+        source = self.scenes.tile_source()
         if name == "kvikio":
             from hsgds.io.kvikio_reader import KvikioReader
 
@@ -256,21 +319,23 @@ class PatchLoader:
         return {"version": STATE_VERSION, "epoch": self._epoch, "batch": self._batch, "seed": self.seed,
                 "batch_size": self.batch_size, "split": self.split, "rank": self.rank,
                 "world_size": self.world_size, "num_samples": len(self.samples), "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots}
+                "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots,
+                "pixels": self.pixels, "stride": self.stride, "scenes": len(self.scenes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
             raise ConfigError(f"loader state has version {state.get('version')}, expected {STATE_VERSION}")
         mine = self.state_dict()
+        older = {"pixels": "labelled", "stride": 1, "scenes": 1}  # states saved before these settings existed
         for key in ("seed", "batch_size", "split", "world_size", "num_samples", "shuffle", "drop_last",
-                    "shuffle_window"):
-            if state.get(key) != mine[key]:
+                    "shuffle_window", "pixels", "stride", "scenes"):
+            if state.get(key, older.get(key)) != mine[key]:
                 raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
                                   f"{key}={mine[key]!r}; resume with the same settings")
         if state.get("slots") != self.slots:  # the shuffle window, hence the order, depends on the ring
             raise ConfigError(f"loader state was saved with a ring of {state.get('slots')} tiles but this loader "
                               f"has {self.slots}; pass ring_bytes={state.get('slots')} * "
-                              f"{self.scene.grid.tile_nbytes} to resume the same order")
+                              f"{self._tile_nbytes} to resume the same order")
         epoch, batch = state.get("epoch"), state.get("batch")
         if not (isinstance(epoch, int) and isinstance(batch, int) and epoch >= 0 and batch >= 0):
             raise ConfigError(f"loader state has an invalid position epoch={epoch!r}, batch={batch!r}")
@@ -290,6 +355,8 @@ class PatchLoader:
 
     def _batches(self, plan: EpochPlan, start: int, pass_id: int):
         s, dev = self.samples, self.device
+        tables, coords3 = self._tables is not None, self.scenes.is_collection
+        coord_row = 5 if tables else 4
         t0 = time.perf_counter()
         base_elapsed = self.stats.elapsed_s
         try:
@@ -304,19 +371,26 @@ class PatchLoader:
                 # one host-to-device copy per batch carries the cut coordinates, labels and centres;
                 # from pinned memory it is asynchronous, so it never waits for the training stream
                 rows = [slots, s.y[idx], s.x[idx], s.label[idx]]
+                if tables:
+                    rows.append(self._tile_scene[s.tile[idx]])
                 if self.return_coords:
+                    if coords3:
+                        rows.append(self._tile_scene[s.tile[idx]])
                     rows += [s.scene_y[idx], s.scene_x[idx]]
-                host = torch.from_numpy(np.stack(rows))
+                host = torch.from_numpy(np.stack(rows).astype(np.int64, copy=False))
                 if dev.type == "cuda":
                     host = host.pin_memory()
                 index = host.to(dev, non_blocking=True)
-                patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2])
+                if tables:
+                    patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2], index[4])
+                else:
+                    patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2])
                 labels = index[3]
                 self._ring.release_batch(b)
                 self._batch = b + 1
                 self._account(len(idx), t0, base_elapsed)
                 if self.return_coords:
-                    yield patches, labels, index[4:6].t().contiguous()
+                    yield patches, labels, index[coord_row:].t().contiguous()
                 else:
                     yield patches, labels
             if pass_id == self._pass:

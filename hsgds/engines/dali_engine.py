@@ -70,6 +70,11 @@ def _default_threads() -> int:
     return max(1, min(n, 16))
 
 
+#: why a DALI engine refuses per-scene tables (its pipeline slices one tile layout with one normalization)
+NO_TABLES = ("engine='dali' cuts one scene with all its bands; for several scenes or a band selection "
+             "use engine='torch'")
+
+
 class DaliEngine(PatchEngine):
     """Cut patches with a DALI pipeline (GPU pipeline for CUDA devices, CPU pipeline otherwise).
 
@@ -102,6 +107,8 @@ class DaliEngine(PatchEngine):
         max_batch_size: int = _DEFAULT_MAX_BATCH,
         num_threads: int | None = None,
     ) -> None:
+        if spec.tables is not None:
+            raise ConfigError(NO_TABLES)
         out_dtype, offset, scale = check_spec(spec)
         if not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
@@ -209,7 +216,7 @@ class DaliEngine(PatchEngine):
         return self._views[1]
 
     # -- the batch ------------------------------------------------------------------------------------
-    def cut(self, storage: Any, slot: Any, y: Any, x: Any) -> Any:
+    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None) -> Any:
         """Cut, normalize and lay out one batch; see :class:`~hsgds.engines.base.PatchEngine`."""
         spec = self.spec
         check_storage(storage, spec)

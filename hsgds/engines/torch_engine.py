@@ -86,6 +86,9 @@ def check_spec(spec: PatchSpec) -> tuple[torch.dtype, np.ndarray, np.ndarray]:
     if spec.layout not in LAYOUTS:
         raise ConfigError(f"layout must be one of {LAYOUTS}, got {spec.layout!r}")
     out_dtype = resolve_out_dtype(spec.out_dtype)
+    if spec.tables is not None:
+        check_tables(spec)
+        return out_dtype, np.zeros(bands), np.ones(bands)
     offset = np.asarray(spec.offset, dtype=np.float64).reshape(-1)
     scale = np.asarray(spec.scale, dtype=np.float64).reshape(-1)
     for what, arr in (("offset", offset), ("scale", scale)):
@@ -94,6 +97,26 @@ def check_spec(spec: PatchSpec) -> tuple[torch.dtype, np.ndarray, np.ndarray]:
         if not np.all(np.isfinite(arr)):
             raise ConfigError(f"{what} has non-finite values; check the store's band statistics")
     return out_dtype, offset, scale
+
+
+def check_tables(spec: PatchSpec) -> None:
+    """Raise ConfigError unless ``spec.tables`` is consistent: (T,) geometry, (T, bands) band/offset/scale."""
+    tb = spec.tables
+    t, bands = len(tb.side), spec.bands
+    if t < 1:
+        raise ConfigError("tables must describe at least one scene")
+    for what, arr in (("side", tb.side), ("stride", tb.stride)):
+        if np.shape(arr) != (t,) or np.any(np.asarray(arr) < 1):
+            raise ConfigError(f"tables.{what} must hold one positive value per table ({t}), got {arr!r}")
+    if np.any(np.asarray(tb.side) < spec.patch_size):
+        raise ConfigError(f"a table's tile side {int(np.min(tb.side))} is smaller than patch_size {spec.patch_size}")
+    for what, arr in (("band", tb.band), ("offset", tb.offset), ("scale", tb.scale)):
+        if np.shape(arr) != (t, bands):
+            raise ConfigError(f"tables.{what} must have shape ({t}, {bands}), got {np.shape(arr)}")
+        if not np.all(np.isfinite(np.asarray(arr, dtype=np.float64))):
+            raise ConfigError(f"tables.{what} has non-finite values; check the stores' band statistics")
+    if np.any(tb.band < 0) or np.any(tb.band >= np.asarray(tb.stride)[:, None]):
+        raise ConfigError("tables.band selects a band outside its scene's stored bands")
 
 
 def check_storage(storage: Any, spec: PatchSpec) -> None:
@@ -228,9 +251,11 @@ class TorchEngine(PatchEngine):
         return buf[:numel]
 
     # -- the batch ------------------------------------------------------------------------------------
-    def cut(self, storage: Any, slot: Any, y: Any, x: Any) -> Any:
+    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None) -> Any:
         """Cut, normalize and lay out one batch; see :class:`~hsgds.engines.base.PatchEngine`."""
         spec = self.spec
+        if spec.tables is not None:
+            return self._cut_tables(storage, slot, y, x, table)
         check_storage(storage, spec)
         check_coords(storage, slot, y, x, spec.radius, self._check_bounds)
         if storage.device.type == "cpu":
@@ -370,6 +395,131 @@ class TorchEngine(PatchEngine):
                 w = (obuf[:rows * bands].view(rows, bands) if nchw else dst).copy_(w)
             if nchw:
                 _transpose_into(out[i:i + k].view(k, bands, pp), w.view(k, pp, bands))
+
+    # -- several scenes (per-scene tables) -----------------------------------------------------------
+    def _tables_for(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The spec's SceneTables as tensors on ``device`` (offset/scale rounded to the compute dtype once)."""
+        key = ("tables", device)
+        got = self._consts.get(key)
+        if got is None:
+            tb = self.spec.tables
+            got = self._consts[key] = {
+                "side": torch.as_tensor(np.asarray(tb.side, np.int64)).to(device),
+                "stride": torch.as_tensor(np.asarray(tb.stride, np.int64)).to(device),
+                "band": torch.as_tensor(np.asarray(tb.band, np.int64)).to(device),
+                "offset": torch.as_tensor(np.asarray(tb.offset, np.float64), dtype=self._compute).to(device),
+                "scale": torch.as_tensor(np.asarray(tb.scale, np.float64), dtype=self._compute).to(device),
+            }
+        return got
+
+    def _cut_tables(self, storage: Any, slot: Any, y: Any, x: Any, table: Any) -> torch.Tensor:
+        """Cut from tiles of several scenes: per sample, its table's tile geometry, band selection and
+        normalization. Still one gather per chunk of patches (per batch on CUDA) and one fused
+        normalization: the per-sample tables only change the index arithmetic and the constants."""
+        spec, tb = self.spec, self.spec.tables
+        if not isinstance(storage, torch.Tensor) or storage.ndim < 2 or not storage.is_contiguous():
+            raise InputError("storage must be a contiguous (slots, ...) torch.Tensor")
+        if storage.dtype not in _STORE_DTYPES:
+            raise InputError(f"storage dtype {storage.dtype} is not supported")
+        if table is None:
+            raise InputError("this engine cuts from several scenes: pass table= (each sample's scene table)")
+        for name, t in (("slot", slot), ("y", y), ("x", x), ("table", table)):
+            if not isinstance(t, torch.Tensor) or t.ndim != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+                raise InputError(f"{name} must be a 1-D integer torch.Tensor")
+        if not slot.shape == y.shape == x.shape == table.shape:
+            raise InputError("slot, y, x, table must have the same length")
+        p, r, bands = spec.patch_size, spec.radius, spec.bands
+        n, device = slot.shape[0], storage.device
+        nchw = spec.layout == "NCHW"
+        shape = (n, bands, p, p) if nchw else (n, p, p, bands)
+        if n == 0:
+            return torch.empty(shape, dtype=self._out_dtype, device=device)
+        slot, y, x, table = (t.to(device=device, dtype=torch.int64).contiguous() for t in (slot, y, x, table))
+        bounds = self._check_bounds if self._check_bounds is not None else device.type == "cpu"
+        tab = self._tables_for(device)
+        if bounds:
+            self._check_table_coords(storage, slot, y, x, table, tab)
+        slot_elems = storage[0].numel()
+        side, stride = tab["side"][table], tab["stride"][table]
+        # first element of each patch's top-left pixel in the flattened ring
+        base = slot * slot_elems + ((y - r) * side + (x - r)) * stride
+        flat = storage.view(-1)
+        if flat.dtype in _SIGNED_VIEW:
+            flat = flat.view(_SIGNED_VIEW[flat.dtype])
+        d = torch.arange(p, dtype=torch.int64, device=device)
+        uniform = tb.uniform
+        if uniform:  # one geometry, every band in order: gather whole pixel rows
+            rows_base = base // bands
+            pix = None
+        else:  # element gather: pixel offsets and band offsets per sample
+            rows_base = None
+            pix = ((d[None, :, None] * side[:, None, None] + d[None, None, :]) * stride[:, None, None]).view(n, p * p)
+        off, scl = tab["offset"][table], tab["scale"][table]  # (n, B) per-sample constants
+        band = None if uniform else tab["band"][table]
+        if device.type != "cpu":
+            out = torch.empty(shape, dtype=self._out_dtype, device=device)
+            self._cut_table_chunk(flat, storage.dtype, 0, n, base, rows_base, pix, band, off, scl, out)
+            return out
+        with self._lock:
+            out = self._output(shape)
+            chunks = [(i, min(self._chunk, n - i)) for i in range(0, n, self._chunk)]
+            workers = max(1, min(len(chunks), torch.get_num_threads(), _MAX_THREADS))
+
+            def run(part: list[tuple[int, int]]) -> None:
+                for i, k in part:
+                    self._cut_table_chunk(flat, storage.dtype, i, k, base, rows_base, pix, band, off, scl, out)
+
+            if workers == 1:
+                run(chunks)
+                return out
+            if self._pool is None or self._pool_size < workers:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=True)
+                self._pool = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels)
+                self._pool_size = workers
+            for f in [self._pool.submit(run, chunks[w::workers]) for w in range(workers)]:
+                f.result()
+            return out
+
+    def _cut_table_chunk(self, flat: torch.Tensor, src_dtype: torch.dtype, i: int, k: int, base: torch.Tensor,
+                         rows_base: torch.Tensor | None, pix: torch.Tensor | None, band: torch.Tensor | None,
+                         off: torch.Tensor, scl: torch.Tensor, out: torch.Tensor) -> None:
+        """Patches i..i+k: gather (store dtype), cast, per-sample normalize, lay out into ``out``."""
+        spec = self.spec
+        bands, pp = spec.bands, spec.patch_size**2
+        if rows_base is not None:
+            side = int(spec.tables.side[0])
+            idx = rows_base[i:i + k, None] + self._offsets_for(side, flat.device)
+            g = torch.index_select(flat.view(-1, bands), 0, idx.view(-1))
+        else:
+            idx = base[i:i + k, None, None] + pix[i:i + k, :, None] + band[i:i + k, None, :]
+            g = torch.take(flat, idx.view(-1))
+        w = g.view(src_dtype).to(self._compute).view(k, pp, bands)
+        w.sub_(off[i:i + k, None, :])
+        w.mul_(scl[i:i + k, None, :])
+        dst = out[i:i + k]
+        if spec.layout == "NCHW":
+            dst.view(k, bands, pp).copy_(w.transpose(1, 2))  # one rounding to the output dtype
+        else:
+            dst.view(k, pp, bands).copy_(w)
+
+    def _check_table_coords(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+                            table: torch.Tensor, tab: dict[str, torch.Tensor]) -> None:
+        r, ntab, slots = self.spec.radius, len(self.spec.tables), storage.shape[0]
+        bad = (table < 0) | (table >= ntab) | (slot < 0) | (slot >= slots)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise InputError(f"sample {i} has table {int(table[i])} / slot {int(slot[i])}: tables are 0..{ntab - 1}, "
+                             f"slots 0..{slots - 1}")
+        side = tab["side"][table]
+        bad = (y < r) | (x < r) | (y > side - r - 1) | (x > side - r - 1)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise InputError(f"sample {i} (slot {int(slot[i])}, y {int(y[i])}, x {int(x[i])}) is outside its "
+                             f"{int(side[i])}-px tile for a {2 * r + 1}-px patch")
+        need = (tab["side"] ** 2 * tab["stride"]).max()
+        if int(need) > storage[0].numel():
+            raise InputError(f"ring slots hold {storage[0].numel()} values, a table's tile needs {int(need)}")
 
     def _fused_kernel(self, src_dtype: torch.dtype) -> bool:
         """Whether the one-pass Triton kernel serves this batch (setting ``triton``, HSGDS_TRITON)."""

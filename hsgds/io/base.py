@@ -23,6 +23,15 @@ class TileSource:
     def from_scene(cls, scene: Any) -> "TileSource":
         return cls(tuple(scene.tile_paths), scene.grid.tile_nbytes, tuple(scene.meta.checksums))
 
+    @classmethod
+    def concat(cls, sources: "list[TileSource]") -> "TileSource":
+        """One source over the tiles of several scenes: global tile id = the scene's first id + its tile id."""
+        sizes = {s.nbytes for s in sources}
+        if len(sizes) != 1:
+            raise ValueError(f"tiles of one source must have one size, got {sorted(sizes)}")
+        return cls(tuple(p for s in sources for p in s.paths), sizes.pop(),
+                   tuple(c for s in sources for c in s.checksums))
+
     def check_crc(self, tile_id: int, crc: int) -> None:
         check_tile_crc(tile_id, self.paths[tile_id], crc, self.checksums[tile_id])
 

@@ -1,0 +1,102 @@
+"""Which pixels a loader yields from one scene: its labelled samples, or every s-th pixel.
+
+Both give a :class:`~hsgds.sampling.SampleSet` sorted by tile (a tile's samples are one slice), built
+with whole-array numpy operations (no Python per pixel). ``pixels="all"`` is what self-supervised
+training and full-scene inference read: every ``stride``-th row and column of the scene, labelled or not
+(label -1 where unlabelled), in raster order inside each tile; borders come from the store's padding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hsgds import format as fmt
+from hsgds.errors import ConfigError
+from hsgds.format import tile_offsets
+from hsgds.sampling import SampleSet
+from hsgds.scene import Scene
+
+__all__ = ["PIXELS", "all_pixels", "check_mask", "labelled_pixels"]
+
+PIXELS = ("labelled", "all")
+
+
+def check_mask(mask: object, scene: Scene, where: str) -> np.ndarray | None:
+    """``mask`` as a boolean (H, W) array, or None; a wrong shape or type is a ConfigError."""
+    if mask is None:
+        return None
+    arr = np.asarray(mask)
+    h, w = scene.shape[:2]
+    if arr.dtype != bool:
+        raise ConfigError(f"mask for {where} must be a boolean array, got dtype {arr.dtype}; pass e.g. labels > 0")
+    if arr.shape != (h, w):
+        raise ConfigError(f"mask for {where} has shape {arr.shape}, but the scene is {h}x{w}; pass an (H, W) array")
+    return arr
+
+
+def _compact(scene: Scene, tile: np.ndarray, sy: np.ndarray, sx: np.ndarray, label: np.ndarray) -> SampleSet:
+    """A SampleSet of scene pixels (sorted by tile) in small dtypes: a 4096x1024 scene at stride 1 is
+    4M samples, so int32/int16 instead of int64 keeps the set at ~80 MB."""
+    t, h = scene.grid.tile, scene.grid.halo
+    ty, tx = np.divmod(tile, scene.grid.ntx)
+    return SampleSet(tile=tile.astype(np.int32), y=(sy - ty * t + h).astype(np.int32),
+                     x=(sx - tx * t + h).astype(np.int32), label=label.astype(np.int16),
+                     scene_y=sy.astype(np.int32), scene_x=sx.astype(np.int32),
+                     offsets=tile_offsets(tile.astype(np.int64), scene.grid.num_tiles))
+
+
+def labelled_pixels(scene: Scene, split: str | None, mask: np.ndarray | None = None) -> SampleSet:
+    """The store's labelled samples of ``split`` (None: all of them), optionally restricted by ``mask``."""
+    table = scene.sample_table()
+    keep = scene.split_mask(table["split"], split)
+    tile = table["tile"][keep].astype(np.int64)
+    ty, tx = np.divmod(tile, scene.grid.ntx)
+    t = scene.grid.tile
+    sy = ty * t + table["y"][keep]
+    sx = tx * t + table["x"][keep]
+    label = table["label"][keep].astype(np.int64) - 1
+    if mask is not None:
+        inside = mask[sy, sx]
+        tile, sy, sx, label = tile[inside], sy[inside], sx[inside], label[inside]
+    return _compact(scene, tile, sy, sx, label)
+
+
+def all_pixels(scene: Scene, stride: int = 1, split: str | None = None,
+               mask: np.ndarray | None = None) -> SampleSet:
+    """Every ``stride``-th pixel (rows and columns, from 0, in scene coordinates), labelled or not.
+
+    ``split`` drops the labelled pixels of other splits (unlabelled pixels stay: they belong to no
+    split), so e.g. ``split="train"`` never shows a validation or test pixel. ``mask`` (H, W) keeps only
+    the pixels where it is True. Order: tile by tile, raster order inside each tile.
+    """
+    h, w = scene.shape[:2]
+    t = scene.grid.tile
+    ys = np.arange(0, h, stride, dtype=np.int32)
+    xs = np.arange(0, w, stride, dtype=np.int32)
+    # tiles of the grid, then rows, then columns: a stable sort of the raster order by tile id keeps
+    # each tile's pixels in raster order
+    tile = ((ys // t)[:, None] * scene.grid.ntx + (xs // t)[None, :]).reshape(-1)
+    order = np.argsort(tile, kind="stable")
+    tile = tile[order]
+    sy = np.repeat(ys, len(xs))[order]
+    sx = np.tile(xs, len(ys))[order]
+    del order
+    keep = None
+    if mask is not None:
+        keep = mask[sy, sx]
+    labels = scene.labels
+    label = labels[sy, sx].astype(np.int16) - 1  # 0 (unlabelled) becomes -1
+    if split is not None:
+        code = fmt.SPLIT_CODES.get(split)
+        if code is None:
+            scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error
+        table = scene.sample_table()
+        split_map = np.full((h, w), -1, dtype=np.int8)  # -1: unlabelled, in no split
+        ty, tx = np.divmod(table["tile"].astype(np.int64), scene.grid.ntx)
+        split_map[ty * t + table["y"], tx * t + table["x"]] = table["split"]
+        codes = split_map[sy, sx]
+        other = (codes >= 0) & (codes != code)
+        keep = ~other if keep is None else keep & ~other
+    if keep is not None:
+        tile, sy, sx, label = tile[keep], sy[keep], sx[keep], label[keep]
+    return _compact(scene, tile.astype(np.int64), sy, sx, label)

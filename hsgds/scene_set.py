@@ -1,0 +1,261 @@
+"""The scenes one loader reads: resolved from its ``store`` argument, checked to fit together, and turned
+into the tables below the loader works with (global tile ids, band selection, normalization).
+
+A loader over several scenes gives every tile a global id (the scene's first id + its tile id): the epoch
+plan, the ring and the reader work on global ids only, and the engine reads per-scene tables
+(:class:`~hsgds.engines.base.SceneTables`: tile geometry, band index, offset/scale) on the device.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from hsgds.engines.base import SceneTables
+from hsgds.errors import ConfigError
+from hsgds.io.base import TileSource
+from hsgds.scene import BandStats, Scene, open_scene
+
+__all__ = ["NORM_SCOPES", "SceneSet", "band_selection", "normalization", "open_scene_set", "pooled_stats"]
+
+NORM_SCOPES = ("scene", "collection")
+COLLECTION_FILE = "collection.json"
+_LISTED = 12  # scenes named in a mismatch message before "... and N more"
+
+
+@dataclass(frozen=True)
+class SceneSet:
+    """Scenes in the loader's order, their names, and whether the input was a collection (several stores,
+    or a collection path) rather than one store."""
+
+    scenes: tuple[Scene, ...]
+    names: tuple[str, ...]
+    is_collection: bool
+
+    def __len__(self) -> int:
+        return len(self.scenes)
+
+    def tile_starts(self) -> np.ndarray:
+        """Global id of each scene's first tile, and the total tile count last ((S + 1,) int64)."""
+        return np.concatenate([[0], np.cumsum([s.grid.num_tiles for s in self.scenes])]).astype(np.int64)
+
+    def tile_scene(self) -> np.ndarray:
+        """The scene index of every global tile id (int32)."""
+        counts = [s.grid.num_tiles for s in self.scenes]
+        return np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+
+    def tile_source(self) -> TileSource:
+        if len(self.scenes) == 1:
+            return TileSource.from_scene(self.scenes[0])
+        return TileSource.concat([TileSource.from_scene(s) for s in self.scenes])
+
+    def check(self) -> None:
+        """Refuse scenes that cannot be cut into one batch: mixed dtypes, tile geometries or classes."""
+        if len(self.scenes) == 1:
+            return
+        _same(self, "dtype", lambda s: str(s.dtype), "convert them to one dtype (e.g. --dtype int16)")
+        _same(self, "tile geometry (tile, halo)", lambda s: f"{s.grid.tile}+{s.grid.halo}",
+              "convert them with the same --tile and --max-patch")
+        labelled = [(n, s) for n, s in zip(self.names, self.scenes) if s.class_names or s.num_classes]
+        if labelled:
+            key = (lambda s: tuple(s.class_names)) if labelled[0][1].class_names else (lambda s: s.num_classes)
+            first = key(labelled[0][1])
+            bad = [n for n, s in labelled if key(s) != first]
+            if bad:
+                raise ConfigError(f"scenes disagree on their classes: {_names(bad)} differ from "
+                                  f"{labelled[0][0]!r} ({_short(first)}); load scenes with the same classes together")
+
+    def describe(self, index: int) -> str:
+        return f"{self.names[index]!r} ({self.scenes[index].path})"
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:_LISTED])
+    return shown + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
+
+
+def _short(value: Any) -> str:
+    text = str(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) < 120 else text[:117] + "..."
+
+
+def _same(ss: SceneSet, what: str, key, fix: str) -> None:
+    values = [key(s) for s in ss.scenes]
+    if len(set(values)) > 1:
+        listed = ", ".join(f"{n}: {v}" for n, v in list(zip(ss.names, values))[:_LISTED])
+        more = f" and {len(values) - _LISTED} more" if len(values) > _LISTED else ""
+        raise ConfigError(f"scenes have different {what} ({listed}{more}); {fix}")
+
+
+def _scene_name(path: Path) -> str:
+    return path.name[:-5] if path.name.endswith(".zarr") else path.name
+
+
+def _is_collection_path(path: Path) -> bool:
+    return (path.is_dir() and (path / COLLECTION_FILE).is_file()) or (path.is_file() and path.suffix == ".json")
+
+
+def open_scene_set(store: Any) -> SceneSet:
+    """Resolve a loader's ``store``: a store path, a Scene, a list of those, or a collection path (a folder
+    holding ``collection.json``, or that file)."""
+    if isinstance(store, Scene):
+        return SceneSet((store,), (_scene_name(store.path),), False)
+    if isinstance(store, (str, os.PathLike)):
+        path = Path(store)
+        if _is_collection_path(path):
+            from hsgds.collection import open_collection
+
+            coll = open_collection(path)
+            scenes = tuple(coll.scene(i) for i in range(len(coll.names)))
+            if not scenes:
+                raise ConfigError(f"collection {path} lists no scenes")
+            return SceneSet(scenes, tuple(coll.names), True)
+        scene = open_scene(path)
+        return SceneSet((scene,), (_scene_name(scene.path),), False)
+    if isinstance(store, (list, tuple)):
+        if not store:
+            raise ConfigError("store is an empty list; pass at least one store path or Scene")
+        scenes = []
+        for item in store:
+            if not isinstance(item, (Scene, str, os.PathLike)):
+                raise ConfigError(f"a list of stores holds store paths or Scenes, got {type(item).__name__}")
+            scenes.append(item if isinstance(item, Scene) else open_scene(item))
+        names = [_scene_name(s.path) for s in scenes]
+        if len(set(names)) != len(names):  # same folder name in different places: name them by position
+            names = [f"{i}:{n}" for i, n in enumerate(names)]
+        return SceneSet(tuple(scenes), tuple(names), True)
+    raise ConfigError(f"store must be a store path, a Scene, a list of them or a collection path, "
+                      f"got {type(store).__name__}")
+
+
+def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Sequence[float] | None,
+                   tolerance: float) -> list[np.ndarray] | None:
+    """Each scene's stored band for each output band, or None when every scene gives all its bands.
+
+    Raises
+    ------
+    ConfigError
+        Different band counts without ``wavelengths``; a wavelength without a band within ``tolerance``;
+        a band index out of range.
+    """
+    if bands is not None and wavelengths is not None:
+        raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
+    counts = [s.shape[2] for s in ss.scenes]
+    if wavelengths is None and len(set(counts)) > 1:
+        listed = ", ".join(f"{n}: {c}" for n, c in list(zip(ss.names, counts))[:_LISTED])
+        more = f" and {len(counts) - _LISTED} more" if len(counts) > _LISTED else ""
+        raise ConfigError(f"scenes have different band counts ({listed}{more}); pass wavelengths=[...] (nm) to "
+                          "take each scene's band nearest each wavelength")
+    if bands is not None:
+        idx = np.asarray(bands)
+        if idx.ndim != 1 or len(idx) == 0 or idx.dtype.kind not in "iu":
+            raise ConfigError(f"bands must be a non-empty list of band indices, got {bands!r}")
+        if idx.min() < 0 or idx.max() >= counts[0]:
+            raise ConfigError(f"bands must be in 0..{counts[0] - 1} (the scenes have {counts[0]} bands), got {bands!r}")
+        return [idx.astype(np.int64)] * len(ss)
+    if wavelengths is None:
+        return None
+    want = np.asarray(wavelengths, dtype=np.float64)
+    if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
+        raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
+    if not (isinstance(tolerance, (int, float)) and tolerance >= 0):
+        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
+    out = []
+    for name, scene in zip(ss.names, ss.scenes):
+        if scene.wavelengths is None:
+            raise ConfigError(f"scene {name!r} has no band wavelengths; convert it with its wavelengths "
+                              "(ENVI header, --wavelengths) or select bands with bands=[...]")
+        have = np.asarray(scene.wavelengths, dtype=np.float64)
+        nearest = np.abs(have[None, :] - want[:, None]).argmin(axis=1)
+        miss = np.abs(have[nearest] - want) > tolerance
+        if miss.any():
+            i = int(np.flatnonzero(miss)[0])
+            raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
+                              f"{have[nearest[i]]:g} nm); raise wavelength_tolerance or drop that wavelength")
+        out.append(nearest.astype(np.int64))
+    return out
+
+
+def _train_count(scene: Scene) -> int:
+    """Pixels the store's normalization statistics were computed from: its TRAIN samples, or every pixel
+    when the scene has no train split (the converter's rule)."""
+    if scene.stats["train"] is not None:
+        from hsgds import format as fmt
+
+        return int(np.count_nonzero(scene.sample_table()["split"] == fmt.SPLIT_TRAIN))
+    return int(scene.shape[0] * scene.shape[1])
+
+
+def pooled_stats(parts: Sequence[tuple[int, BandStats]]) -> BandStats:
+    """Exact statistics of the union of several pixel sets from their (count, stats): Chan et al.'s merge
+    of counts, means and M2 (population variance), and min / max."""
+    n, mean, m2 = 0, None, None
+    lo = hi = None
+    for count, st in parts:
+        if count == 0:
+            continue
+        mu, var = np.asarray(st.mean, np.float64), np.asarray(st.std, np.float64) ** 2
+        if mean is None:
+            n, mean, m2, lo, hi = count, mu.copy(), var * count, np.asarray(st.min, np.float64), np.asarray(st.max, np.float64)
+            continue
+        total = n + count
+        delta = mu - mean
+        mean = mean + delta * (count / total)
+        m2 = m2 + var * count + delta ** 2 * (n * count / total)
+        lo, hi = np.minimum(lo, st.min), np.maximum(hi, st.max)
+        n = total
+    if mean is None:
+        raise ConfigError("no scene has statistics to pool")
+    return BandStats(mean=mean, std=np.sqrt(m2 / n), min=lo, max=hi)
+
+
+def _select(st: BandStats, idx: np.ndarray | None) -> BandStats:
+    if idx is None:
+        return st
+    return BandStats(*(np.asarray(a, np.float64)[idx] for a in (st.mean, st.std, st.min, st.max)))
+
+
+def _offset_scale(st: BandStats, normalize: str) -> tuple[np.ndarray, np.ndarray]:
+    if normalize == "zscore":
+        offset, spread = np.asarray(st.mean, np.float64), np.asarray(st.std, np.float64)
+    else:
+        offset, spread = np.asarray(st.min, np.float64), np.asarray(st.max, np.float64) - np.asarray(st.min, np.float64)
+    # a constant band carries no information: map it to 0 instead of dividing by zero
+    scale = np.where(spread > 0, 1.0 / np.where(spread > 0, spread, 1.0), 1.0)
+    return offset, scale
+
+
+def normalization(ss: SceneSet, normalize: str | None, selection: list[np.ndarray] | None,
+                  scope: str = "scene") -> tuple[np.ndarray, np.ndarray]:
+    """Per-scene (S, B) offset and scale: out = (x - offset) * scale.
+
+    ``scope="scene"``: each scene's own train statistics; ``"collection"``: the train statistics pooled
+    exactly over all scenes (the same row for every scene).
+    """
+    if scope not in NORM_SCOPES:
+        raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {scope!r}")
+    bands = len(selection[0]) if selection is not None else ss.scenes[0].shape[2]
+    if normalize is None:
+        return np.zeros((len(ss), bands)), np.ones((len(ss), bands))
+    picked = [_select(s.norm_stats, None if selection is None else selection[i]) for i, s in enumerate(ss.scenes)]
+    if scope == "collection" and len(ss) > 1:
+        pooled = pooled_stats([(_train_count(s), st) for s, st in zip(ss.scenes, picked)])
+        picked = [pooled] * len(ss)
+    rows = [_offset_scale(st, normalize) for st in picked]
+    return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+
+def scene_tables(ss: SceneSet, selection: list[np.ndarray] | None, offset: np.ndarray,
+                 scale: np.ndarray) -> SceneTables:
+    """The engine's per-scene tables."""
+    side = np.array([s.grid.side for s in ss.scenes], dtype=np.int64)
+    stride = np.array([s.grid.bands for s in ss.scenes], dtype=np.int64)
+    if selection is None:
+        band = np.broadcast_to(np.arange(stride[0], dtype=np.int64), (len(ss), int(stride[0]))).copy()
+    else:
+        band = np.stack(selection).astype(np.int64)
+    return SceneTables(side=side, stride=stride, band=band, offset=offset, scale=scale)

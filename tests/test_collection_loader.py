@@ -1,0 +1,316 @@
+"""PatchLoader over several scenes and pixels="all", against plain numpy cuts of the source cubes."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import hsgds
+from hsgds.errors import ConfigError, TileReadError
+from hsgds.preprocess.convert import ConvertOptions, convert
+
+HALO = 7  # max_patch 15
+CLASSES = ("a", "b", "c", "d")
+
+
+def _write_envi(path, cube, wavelengths):
+    """An ENVI pair written by hand (band-interleaved-by-pixel int16, wavelengths in nm)."""
+    h, w, b = cube.shape
+    cube.astype("<i2").tofile(path.with_suffix(".img"))
+    wl = ", ".join(f"{v:g}" for v in wavelengths)
+    path.with_suffix(".hdr").write_text(
+        f"ENVI\nsamples = {w}\nlines = {h}\nbands = {b}\nheader offset = 0\nfile type = ENVI Standard\n"
+        f"data type = 2\ninterleave = bip\nbyte order = 0\nwavelength units = Nanometers\nwavelength = {{{wl}}}\n")
+    return path.with_suffix(".hdr")
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory):
+    """Seeded scenes of different sizes: A, B (6 bands, 400..900 nm), C (6 bands, 300..800 nm: other band
+    indices for the same wavelengths), D (other class names), E (8 bands). Every pixel labelled."""
+    from hsgds.synthetic import make_scene
+
+    d = tmp_path_factory.mktemp("coll")
+    specs = {"A": (40, 35, 6, 400, CLASSES), "B": (23, 41, 6, 400, CLASSES), "C": (30, 30, 6, 300, CLASSES),
+             "D": (20, 20, 6, 400, ("x", "y", "z", "w")), "E": (20, 20, 8, 400, CLASSES)}
+    out = {}
+    for i, (name, (h, w, b, wl0, names)) in enumerate(specs.items()):
+        cube, labels = make_scene(h, w, b, classes=4, dtype="int16", seed=11 + i, labelled_fraction=1.0)
+        labels[0, 0] = 4  # every scene has all four classes
+        labels[1, 0] = 1
+        np.save(d / f"{name}_gt.npy", labels)
+        hdr = _write_envi(d / f"{name}_cube", cube, [wl0 + 100 * k for k in range(b)])
+        store = convert(hdr, d / f"{name}.zarr", ConvertOptions(labels=d / f"{name}_gt.npy", tile=18,
+                                                                  max_patch=15, train=0.3, val=0.2, class_names=names))
+        out[name] = (cube, labels, store)
+    return out
+
+
+def _cut(cube, ys, xs, p, padding="reflect"):
+    mode = "constant" if padding == "zero" else padding
+    padded = np.pad(cube, ((HALO, HALO), (HALO, HALO), (0, 0)), mode=mode).astype(np.float64)
+    r = p // 2
+    return np.stack([padded[y + HALO - r:y + HALO + r + 1, x + HALO - r:x + HALO + r + 1] for y, x in zip(ys, xs)])
+
+
+def _train_px(cube, store):
+    y, x, _ = hsgds.open_scene(store).samples("train")
+    return cube[y, x].astype(np.float64)
+
+
+def _collect(loader):
+    got, lab, coords = [], [], []
+    for p, lb, c in loader:
+        got.append(p.float().numpy())
+        lab.append(lb.numpy())
+        coords.append(c.numpy())
+    return np.concatenate(got), np.concatenate(lab), np.concatenate(coords)
+
+
+def _reference(scenes, names, coords, p, bands=None, pooled=None, normalize="zscore"):
+    """(N, p, p, B) float64 reference for (scene, y, x) rows, normalized with each scene's train stats
+    (or ``pooled`` (mean, std))."""
+    out = None
+    for s, name in enumerate(names):
+        cube, _, store = scenes[name]
+        rows = coords[:, 0] == s
+        ref = _cut(cube, coords[rows, 1], coords[rows, 2], p)
+        train = _train_px(cube, store)
+        sel = np.arange(cube.shape[2]) if bands is None else np.asarray(bands[s])
+        ref = ref[..., sel]
+        if normalize == "zscore":
+            mean, std = (train.mean(0)[sel], train.std(0)[sel]) if pooled is None else pooled
+            ref = (ref - mean) / np.where(std > 0, std, 1)
+        if out is None:
+            out = np.zeros((len(coords), *ref.shape[1:]))
+        out[rows] = ref
+    return out
+
+
+@pytest.mark.parametrize("layout,dtype,p", [("NCHW", torch.float32, 7), ("NHWC", torch.float32, 15),
+                                            ("NCHW", torch.bfloat16, 1)])
+def test_collection_batches_equal_numpy_reference(scenes, layout, dtype, p):
+    names = ["A", "B", "C"]
+    with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=p, batch_size=64, split=None, layout=layout,
+                           dtype=dtype, return_coords=True, device="cpu", seed=1) as loader:
+        got, lab, coords = _collect(loader)
+    assert coords.shape[1] == 3 and coords.dtype == np.int64
+    expected = {(s, y, x) for s, n in enumerate(names)
+                for y in range(scenes[n][0].shape[0]) for x in range(scenes[n][0].shape[1])}
+    assert len(got) == len(expected) and set(map(tuple, coords.tolist())) == expected  # each labelled pixel once
+    # tiles of all scenes are shuffled together: the first batches already mix scenes
+    assert len(set(coords[:256, 0].tolist())) == 3
+    ref = _reference(scenes, names, coords, p)
+    if layout == "NCHW":
+        ref = ref.transpose(0, 3, 1, 2)
+    tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    for s, n in enumerate(names):
+        rows = coords[:, 0] == s
+        np.testing.assert_array_equal(lab[rows], scenes[n][1][coords[rows, 1], coords[rows, 2]] - 1)
+
+
+def test_single_store_keeps_two_coordinate_columns(scenes):
+    with hsgds.PatchLoader(scenes["A"][2], patch_size=5, batch_size=32, return_coords=True, device="cpu") as ld:
+        _, _, c = next(iter(ld))
+    assert c.shape[1] == 2
+
+
+def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
+    names = ["A", "C"]  # A: 400..900 nm, C: 300..800 nm, so 500/700/800 nm are bands 1,3,4 of A and 2,4,5 of C
+    with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=50, split=None,
+                           wavelengths=[502, 700, 797], return_coords=True, device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    assert got.shape[1] == 3
+    ref = _reference(scenes, names, coords, 5, bands=[[1, 3, 4], [2, 4, 5]]).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match=r"scene 'C' has no band within 5 nm of 900 nm \(nearest: 800 nm\)"):
+        hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, wavelengths=[500, 900],
+                          device="cpu")
+    with pytest.raises(ConfigError, match=r"within 60 nm"):
+        hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, wavelengths=[500, 1000],
+                          wavelength_tolerance=60, device="cpu")
+
+
+def test_band_indices_select_the_same_bands_of_every_scene(scenes):
+    names = ["A", "B"]
+    with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=3, batch_size=40, split="train",
+                           bands=[5, 0, 2], layout="NHWC", return_coords=True, device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    ref = _reference(scenes, names, coords, 3, bands=[[5, 0, 2]] * 2)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # a band selection on one store goes through the same per-scene tables
+    with hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=40, bands=[4], return_coords=True,
+                           device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    ref = _reference(scenes, ["A"], np.column_stack([np.zeros(len(coords), np.int64), coords]), 3, bands=[[4]])
+    np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="bands must be in 0..5"):
+        hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, bands=[6], device="cpu")
+
+
+@pytest.mark.parametrize("normalize", ["zscore", "minmax"])
+def test_collection_norm_scope_pools_train_pixels_exactly(scenes, normalize):
+    names = ["A", "B", "C"]
+    train = np.concatenate([_train_px(scenes[n][0], scenes[n][2]) for n in names])
+    with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=3, batch_size=64, split="val",
+                           normalize=normalize, norm_scope="collection", layout="NHWC", return_coords=True,
+                           device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    raw = _reference(scenes, names, coords, 3, normalize=None)
+    if normalize == "zscore":
+        lo, spread = train.mean(0), train.std(0)
+    else:
+        lo, spread = train.min(0), train.max(0) - train.min(0)
+    np.testing.assert_allclose(got, (raw - lo) / spread, rtol=2e-5, atol=2e-5)
+    with pytest.raises(ConfigError, match="norm_scope"):
+        hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, norm_scope="global", device="cpu")
+
+
+def test_mismatched_collections_are_refused_naming_the_scenes(scenes):
+    with pytest.raises(ConfigError, match=r"classes: 'D' differ from 'A'"):
+        hsgds.PatchLoader([scenes["A"][2], scenes["D"][2]], patch_size=3, batch_size=4, device="cpu")
+    with pytest.raises(ConfigError, match=r"different band counts \(A: 6, B: 6, E: 8\); pass wavelengths="):
+        hsgds.PatchLoader([scenes[n][2] for n in "ABE"], patch_size=3, batch_size=4, device="cpu")
+    with pytest.raises(ConfigError, match="engine='torch'"):
+        hsgds.PatchLoader([scenes["A"][2], scenes["B"][2]], patch_size=3, batch_size=4, engine="dali",
+                          device="cpu")
+
+
+def _all_pixels(loader):
+    out = []
+    for _, lab, c in loader:
+        out.append(np.column_stack([c.numpy(), lab.numpy()]))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_pixels_all_yields_every_pixel_once_in_tile_raster_order(tmp_path, stride):
+    from hsgds.synthetic import make_scene
+
+    cube, labels = make_scene(41, 37, 4, classes=3, dtype="uint16", seed=5, labelled_fraction=0.4)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    store = convert(tmp_path / "c.npy", tmp_path / "s.zarr",
+                    ConvertOptions(labels=tmp_path / "g.npy", tile=18, max_patch=15, padding="edge"))
+    with hsgds.PatchLoader(store, patch_size=15, batch_size=50, pixels="all", stride=stride, shuffle=False,
+                           normalize=None, return_coords=True, device="cpu") as loader:
+        got, lab, coords = _collect(loader)
+    ys, xs = np.meshgrid(np.arange(0, 41, stride), np.arange(0, 37, stride), indexing="ij")
+    assert sorted(map(tuple, coords.tolist())) == sorted(zip(ys.ravel().tolist(), xs.ravel().tolist()))
+    np.testing.assert_array_equal(lab, labels[coords[:, 0], coords[:, 1]].astype(np.int64) - 1)  # -1: unlabelled
+    assert (lab == -1).any() and (lab >= 0).any()
+    # tile by tile (tiles in grid order), raster order inside each tile
+    tile = (coords[:, 0] // 18) * 3 + coords[:, 1] // 18
+    assert np.all(np.diff(tile) >= 0)
+    key = tile * 10_000 + coords[:, 0] * 100 + coords[:, 1]
+    assert np.all(np.diff(key) > 0)
+    np.testing.assert_array_equal(got, _cut(cube, coords[:, 0], coords[:, 1], 15, "edge").transpose(0, 3, 1, 2))
+
+
+def test_pixels_all_split_and_mask_restrict_pixels(scenes):
+    cube, labels, store = scenes["A"]
+    scene = hsgds.open_scene(store)
+    table = scene.sample_table()
+    h, w = labels.shape
+    split_map = np.full((h, w), -1)
+    ty, tx = np.divmod(table["tile"].astype(np.int64), scene.grid.ntx)
+    split_map[ty * 18 + table["y"], tx * 18 + table["x"]] = table["split"]
+    mask = np.zeros((h, w), bool)
+    mask[5:30, 3:20] = True
+    with hsgds.PatchLoader(store, patch_size=3, batch_size=64, pixels="all", split="train", mask=mask,
+                           shuffle=False, return_coords=True, device="cpu") as loader:
+        got = _all_pixels(loader)
+    want = mask & ((split_map == 1) | (split_map == -1))
+    assert sorted(map(tuple, got[:, :2].tolist())) == sorted(zip(*np.nonzero(want)))
+    with pytest.raises(ConfigError, match=r"mask .* has shape \(3, 3\)"):
+        hsgds.PatchLoader(store, patch_size=3, batch_size=4, pixels="all", mask=np.ones((3, 3), bool), device="cpu")
+    with pytest.raises(ConfigError, match="stride"):
+        hsgds.PatchLoader(store, patch_size=3, batch_size=4, stride=2, device="cpu")
+
+
+def test_pixels_all_over_a_collection_with_masks(scenes):
+    names = ["A", "B"]
+    masks = [None, np.zeros(scenes["B"][1].shape, bool)]
+    masks[1][:, :7] = True
+    with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=100, pixels="all", stride=2,
+                           mask=masks, return_coords=True, device="cpu") as loader:
+        got = _all_pixels(loader)
+    want = {(0, y, x) for y in range(0, 40, 2) for x in range(0, 35, 2)}
+    want |= {(1, y, x) for y in range(0, 23, 2) for x in range(0, 7, 2)}
+    assert len(got) == len(want) and set(map(tuple, got[:, :3].tolist())) == want
+    with pytest.raises(ConfigError, match="list of 2"):
+        hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, pixels="all",
+                          mask=masks[1], device="cpu")
+
+
+def _coord_batches(loader, limit=None):
+    out = []
+    for i, (_, _, c) in enumerate(loader):
+        if limit is not None and i >= limit:
+            break
+        out.append(tuple(map(tuple, c.numpy())))
+    return out
+
+
+@pytest.mark.parametrize("stop_after", [0, 4, "end"])
+def test_collection_resumes_exactly(scenes, stop_after):
+    stores = [scenes[n][2] for n in "ABC"]
+    opts = dict(patch_size=5, batch_size=24, split="train", return_coords=True, device="cpu", seed=4,
+                shuffle_window=3, ring_bytes=6 * hsgds.open_scene(stores[0]).grid.tile_nbytes)
+    with hsgds.PatchLoader(stores, **opts) as full:
+        expected = _coord_batches(full) + _coord_batches(full)
+    with hsgds.PatchLoader(stores, **opts) as first:
+        n = len(first) if stop_after == "end" else stop_after
+        it = iter(first)
+        got = [tuple(map(tuple, next(it)[2].numpy())) for _ in range(n)]
+        state = first.state_dict()
+    with hsgds.PatchLoader(stores, **opts) as second:
+        second.load_state_dict(state)
+        got += _coord_batches(second) + _coord_batches(second)
+    assert got == expected
+    with hsgds.PatchLoader(stores[:2], **opts) as other, pytest.raises(ConfigError):
+        other.load_state_dict(state)
+
+
+def test_collection_shards_across_two_ranks(scenes):
+    stores = [scenes[n][2] for n in "ABC"]
+    shards = []
+    for rank in (0, 1):
+        with hsgds.PatchLoader(stores, patch_size=3, batch_size=16, split="train", rank=rank, world_size=2,
+                               return_coords=True, device="cpu", seed=2) as ld:
+            shards.append(_coord_batches(ld))
+    assert len(shards[0]) == len(shards[1])
+    seen = [c for shard in shards for batch in shard for c in batch]
+    want = {(s, int(y), int(x)) for s, n in enumerate("ABC")
+            for y, x in zip(*hsgds.open_scene(scenes[n][2]).samples("train")[:2])}
+    assert set(seen) == want  # together the ranks cover every train sample (padding repeats a few)
+
+
+def test_scene_missing_mid_epoch_names_scene_and_tile(scenes, tmp_path):
+    stores = []
+    for n in "AB":
+        stores.append(shutil.copytree(scenes[n][2], tmp_path / f"{n}.zarr"))
+    with hsgds.PatchLoader(stores, patch_size=3, batch_size=8, split=None, shuffle=False, device="cpu",
+                           ring_bytes=2 * hsgds.open_scene(stores[0]).grid.tile_nbytes) as loader:
+        it = iter(loader)
+        next(it)
+        shutil.rmtree(stores[1])
+        with pytest.raises(TileReadError, match=r"B\.zarr.*tiles"):
+            for _ in it:
+                pass
+
+
+def test_open_descriptors_stay_bounded(scenes):
+    import os
+
+    stores = [scenes[n][2] for n in "ABC"]
+    before = len(os.listdir("/proc/self/fd"))
+    peak = before
+    with hsgds.PatchLoader(stores, patch_size=3, batch_size=8, split=None, device="cpu") as loader:
+        for _ in loader:
+            peak = max(peak, len(os.listdir("/proc/self/fd")))
+    assert peak - before <= 64
