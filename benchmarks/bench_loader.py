@@ -142,7 +142,7 @@ def _scene_arrays(name: str, args: argparse.Namespace) -> tuple[np.ndarray, np.n
 
 
 def prepare(name: str, work: Path, args: argparse.Namespace) -> SceneData:
-    from hsgds.loader import normalization_constants
+    from hsgds.loader import _normalization
     from hsgds.preprocess.convert import ConvertOptions, convert
 
     d = work / name
@@ -158,7 +158,7 @@ def prepare(name: str, work: Path, args: argparse.Namespace) -> SceneData:
     (d / "cube.npy").unlink()
     scene = hsgds.open_scene(store)
     ys, xs, lab = scene.samples(None)
-    offset, scale = normalization_constants(scene, "zscore")
+    offset, scale = _normalization(scene, "zscore", scene.shape[2])
     return SceneData(name, source, Path(store), d / "padded.npy", tuple(cube.shape), str(cube.dtype),
                      ys.astype(np.int64), xs.astype(np.int64), lab.astype(np.int64) - 1,
                      int(scene.num_classes or lab.max()), offset, scale)

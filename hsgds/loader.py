@@ -97,6 +97,11 @@ def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.nda
     return offset[0], scale[0]
 
 
+def _normalization(scene: Scene, normalize: str | None, bands: int) -> tuple[np.ndarray, np.ndarray]:
+    """Kept for the benchmarks that import it; use :func:`normalization_constants`."""
+    return normalization_constants(scene, normalize)
+
+
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None and world_size is None:
         dist = torch.distributed

@@ -1,0 +1,244 @@
+"""A collection of many small scenes against the same pixels as one scene, and the streaming regime.
+
+    python benchmarks/bench_collection.py                  # 200 HySpecNet-shaped scenes (128x128x224 int16)
+    python benchmarks/bench_collection.py --quick          # 24 scenes, fewer repeats
+
+1. Throughput: ``PatchLoader`` over N seeded 128x128x224 int16 scenes (a list of stores, so every batch
+   mixes scenes through the per-scene tables) against one scene made of the same N cubes side by side
+   (same tile geometry: one 128-px tile per scene), ``pixels="all"`` with a stride, shuffled, in one run,
+   alternating the two. Reported: patches/s of the second epoch (tiles resident) and of the first (tiles
+   read), construction time, time to first batch, and the ratio collection / single.
+2. Streaming: the collection read through a ring ``--ring-mib`` (default 256 MiB, at least 4x smaller than
+   the collection) in a child process, page cache dropped for the store files first (posix_fadvise), a
+   large stride so the cut is negligible: tile read rate (bytes read / epoch time) against the raw read
+   rate of the same tile files (plain preadv, same order, cold, in the same child), peak RSS against the
+   child's baseline + ring, and bytes read per epoch against the collection's size.
+JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SIDE, BANDS = 128, 224
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def prepare(work: Path, n: int, cols: int) -> tuple[list[Path], Path]:
+    """N seeded scenes as stores (tile 128, max patch 9: one 136x136x224 tile each) and their mosaic."""
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    opts = dict(tile=SIDE, max_patch=9, workers=2)
+    stores = []
+    rows = -(-n // cols)
+    mosaic_path = work / f"mosaic_{n}.npy"
+    mosaic = None
+    if not (work / f"mosaic_{n}.zarr").exists():
+        mosaic = np.lib.format.open_memmap(mosaic_path, mode="w+", dtype=np.int16,
+                                           shape=(rows * SIDE, cols * SIDE, BANDS))
+    t0 = time.perf_counter()
+    for i in range(n):
+        store = work / f"scene_{i:04d}.zarr"
+        if not store.exists() or mosaic is not None:
+            cube, _ = make_scene(SIDE, SIDE, BANDS, classes=6, dtype="int16", seed=1000 + i, labelled_fraction=0.0)
+            if not store.exists():
+                np.save(work / "tmp.npy", cube)
+                convert(work / "tmp.npy", store, ConvertOptions(**opts))
+            if mosaic is not None:
+                r, c = divmod(i, cols)
+                mosaic[r * SIDE:(r + 1) * SIDE, c * SIDE:(c + 1) * SIDE] = cube
+        stores.append(store)
+        if (i + 1) % 50 == 0:
+            _log(f"  {i + 1}/{n} scenes ({time.perf_counter() - t0:.0f} s)")
+    single = work / f"mosaic_{n}.zarr"
+    if mosaic is not None:
+        if n % cols:  # cells without a scene: make them the first scene again (never sampled, see mask)
+            mosaic[(rows - 1) * SIDE:, (n % cols) * SIDE:] = 0
+        mosaic.flush()
+        del mosaic
+        convert(mosaic_path, single, ConvertOptions(**opts))
+        mosaic_path.unlink()
+    (work / "tmp.npy").unlink(missing_ok=True)
+    return stores, single
+
+
+def _mosaic_mask(n: int, cols: int) -> np.ndarray | None:
+    rows = -(-n // cols)
+    if n % cols == 0:
+        return None
+    mask = np.ones((rows * SIDE, cols * SIDE), bool)
+    mask[(rows - 1) * SIDE:, (n % cols) * SIDE:] = False
+    return mask
+
+
+def _epoch(loader) -> tuple[int, float]:
+    t, n = time.perf_counter(), 0
+    for patches, _ in loader:
+        n += len(patches)
+    return n, time.perf_counter() - t
+
+
+def throughput(stores: list[Path], single: Path, args: argparse.Namespace) -> dict:
+    import hsgds
+
+    opts = dict(patch_size=args.patch, batch_size=args.batch, pixels="all", stride=args.stride, device="cpu",
+                shuffle=True, seed=0)
+    runs: dict[str, list[dict]] = {"collection": [], "single": []}
+    for rep in range(args.repeats):
+        for name in ("collection", "single"):
+            t = time.perf_counter()
+            if name == "collection":
+                loader = hsgds.PatchLoader([str(s) for s in stores], **opts)
+            else:
+                loader = hsgds.PatchLoader(single, mask=_mosaic_mask(len(stores), args.cols), **opts)
+            built = time.perf_counter() - t
+            with loader:
+                n1, t1 = _epoch(loader)  # reads every tile into the ring
+                first = loader.stats.first_batch_s
+                n2, t2 = _epoch(loader)  # tiles resident: the cut alone
+            runs[name].append({"construct_s": built, "first_batch_s": first, "patches": n2,
+                               "epoch1_patches_per_s": n1 / t1, "epoch2_patches_per_s": n2 / t2,
+                               "bytes_read": loader.stats.bytes_read, "slots": loader.stats.slots})
+            _log(f"  rep {rep} {name:10s} {n2 / t2:10,.0f} patches/s (epoch 1 {n1 / t1:,.0f}), built in {built:.2f} s")
+    best = {k: max(v, key=lambda r: r["epoch2_patches_per_s"]) for k, v in runs.items()}
+    return {"runs": runs, "best": best,
+            "ratio_collection_vs_single": best["collection"]["epoch2_patches_per_s"]
+            / best["single"]["epoch2_patches_per_s"],
+            "ratio_epoch1": best["collection"]["epoch1_patches_per_s"] / best["single"]["epoch1_patches_per_s"]}
+
+
+def _drop_cache(paths: list[Path]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
+    """Runs in its own process so that its peak RSS is the loader's."""
+    import torch  # noqa: F401 (the baseline includes torch and hsgds)
+
+    import hsgds
+
+    scenes = [hsgds.open_scene(s) for s in stores]
+    tiles = [p for s in scenes for p in s.tile_paths]
+    total = sum(p.stat().st_size for p in tiles)
+    baseline = _rss_mib()
+    ring = args.ring_mib << 20
+    out: dict = {"collection_bytes": total, "ring_bytes": ring, "collection_over_ring": total / ring,
+                 "baseline_rss_mib": baseline}
+    loader = hsgds.PatchLoader(stores, patch_size=args.patch, batch_size=args.batch, pixels="all",
+                               stride=args.stream_stride, device="cpu", ring_bytes=ring, shuffle=True)
+    with loader:
+        out["slots"] = loader.stats.slots
+        out["ring_alloc_mib"] = loader.stats.ring_bytes / 2**20
+        for cache in ("cold", "warm"):
+            if cache == "cold":
+                _drop_cache(tiles)
+            before = loader.stats.bytes_read
+            n, dt = _epoch(loader)
+            read = loader.stats.bytes_read - before
+            out[f"loader_{cache}"] = {"patches": n, "epoch_s": dt, "bytes_read_per_epoch": read,
+                                      "tile_read_GBps": read / dt / 1e9}
+        # the raw read rate of the same files, in the loader's tile order, same cache states
+        order = loader._plan(loader.epoch).intervals
+        buf = bytearray(max(p.stat().st_size for p in tiles))
+        view = memoryview(buf)
+        seq = [tiles[iv.tile] for iv in order]
+    for cache in ("cold", "warm"):
+        if cache == "cold":
+            _drop_cache(tiles)
+        t, nbytes = time.perf_counter(), 0
+        for p in seq:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                got = 0
+                while got < size:
+                    got += os.preadv(fd, [view[got:size]], got)
+                nbytes += got
+            finally:
+                os.close(fd)
+        dt = time.perf_counter() - t
+        out[f"raw_{cache}"] = {"bytes": nbytes, "s": dt, "GBps": nbytes / dt / 1e9}
+        out[f"ratio_{cache}"] = out[f"loader_{cache}"]["tile_read_GBps"] / out[f"raw_{cache}"]["GBps"]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mib"] = peak
+    out["peak_over_baseline_plus_ring"] = peak / (baseline + ring / 2**20)
+    out["peak_minus_baseline_minus_ring_mib"] = peak - baseline - ring / 2**20
+    return out
+
+
+def streaming(stores: list[Path], args: argparse.Namespace) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump([str(s) for s in stores], f)
+    cmd = [sys.executable, __file__, "--child", f.name, "--patch", str(args.patch), "--batch", str(args.batch),
+           "--ring-mib", str(args.ring_mib), "--stream-stride", str(args.stream_stride)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HSGDS_DEVICE": "cpu"})
+    os.unlink(f.name)
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenes", type=int, default=200)
+    ap.add_argument("--cols", type=int, default=20, help="scenes per row of the single-scene mosaic")
+    ap.add_argument("--quick", action="store_true", help="24 scenes, 1 repeat, 64 MiB ring")
+    ap.add_argument("--work", type=Path, default=None, help="where the stores go (kept for reruns)")
+    ap.add_argument("--patch", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--stride", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--ring-mib", type=int, default=256)
+    ap.add_argument("--stream-stride", type=int, default=32)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        stores = json.loads(Path(args.child).read_text())
+        print(json.dumps(stream_child(stores, args)))
+        return
+    if args.quick:
+        args.scenes, args.cols, args.repeats, args.ring_mib = min(args.scenes, 24), 6, 1, 32
+    work = args.work or Path(tempfile.gettempdir()) / "hsgds-bench-collection"
+    work.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    _log(f"preparing {args.scenes} scenes in {work}")
+    stores, single = prepare(work, args.scenes, args.cols)
+    doc = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           "machine": {"cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "loadavg": os.getloadavg()}}
+    _log("throughput: collection vs one scene of the same pixels")
+    doc["throughput"] = throughput(stores, single, args)
+    _log("streaming: collection through a small ring")
+    doc["streaming"] = streaming(stores, args)
+    doc["machine"]["loadavg_end"] = os.getloadavg()
+    print(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
