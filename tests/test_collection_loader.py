@@ -314,3 +314,22 @@ def test_open_descriptors_stay_bounded(scenes):
         for _ in loader:
             peak = max(peak, len(os.listdir("/proc/self/fd")))
     assert peak - before <= 64
+
+
+def test_collection_path_is_read_like_a_list_of_its_stores(scenes, tmp_path):
+    from hsgds.collection import SceneEntry, write_collection
+
+    names = ["A", "B"]
+    folder = tmp_path / "coll"
+    folder.mkdir()
+    for n in names:
+        shutil.copytree(scenes[n][2], folder / f"{n}.zarr")
+    write_collection(folder, [SceneEntry.of_scene(n, hsgds.open_scene(folder / f"{n}.zarr")) for n in names])
+    opts = dict(patch_size=3, batch_size=32, split="train", return_coords=True, device="cpu", seed=5)
+    with hsgds.PatchLoader(folder, **opts) as a, hsgds.PatchLoader(folder / "collection.json", **opts) as b, \
+            hsgds.PatchLoader([scenes[n][2] for n in names], **opts) as c:
+        assert a.scenes.names == ("A", "B")
+        got_a, got_b, got_c = _collect(a), _collect(b), _collect(c)
+    for x, y in ((got_a, got_b), (got_a, got_c)):
+        for u, v in zip(x, y):
+            np.testing.assert_array_equal(u, v)

@@ -34,12 +34,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # tile readers (POSIX, kvikio) and the kvikio helpers they need; no device probing
     ("io", ("hsgds.io.*",)),
     # an opened store: metadata, labels, samples, statistics (and its xarray view); collections of stores
-    ("scene", ("hsgds.scene", "hsgds._xarray", "hsgds.collection")),
+    # which pixels of a scene a loader yields (labelled samples, or every s-th pixel)
+    ("scene", ("hsgds.scene", "hsgds._xarray", "hsgds.collection", "hsgds.pixels")),
     ("ring", ("hsgds.ring",)),
     ("engines", ("hsgds.engines.*",)),
     # what this machine can use, and which device / reader / engine to pick
     ("device", ("hsgds.probe", "hsgds.choice")),
-    ("loader", ("hsgds.loader",)),
+    # the loader, and the scenes it reads as one (global tile ids, per-scene engine tables)
+    ("loader", ("hsgds.loader", "hsgds.scene_set")),
     # users of the loader and of the layers below, that the commands build on
     ("tools", ("hsgds.models", "hsgds.datasets", "hsgds.synthetic", "hsgds.info", "hsgds.preview",
                "hsgds.doctor")),
