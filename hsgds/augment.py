@@ -1,0 +1,281 @@
+"""Seeded augmentation: a pure function of (seed, epoch, sample index) -> per-sample parameters.
+
+Every random number comes from Philox4x32-10 (Salmon et al., SC'11), a counter-based generator: the
+counter is (sample index, epoch, purpose) and the key is the loader's seed, so a sample draws the same
+parameters whatever the batch size, world size, ring size or resume point, and nothing carries state
+from one batch to the next. Parameters are computed on the host per batch with exact uint64 numpy
+arithmetic (a few hundred microseconds for a batch of 256) and applied on the device:
+
+- flips and quarter turns are one of the 8 dihedral codes ``c = 4*t + 2*v + h`` (t: transpose,
+  v: flip rows, h: flip columns). Output pixel (i, j) of a p×p patch reads the source offset (a, b)
+  with (a, b) = (j, i) if t else (i, j), then a = p-1-a if v, b = p-1-b if h. The engines apply it
+  inside the cut as index arithmetic (no extra pass). flip=True draws v and h; rot90=True draws one of
+  the 4 rotations {0, 90, 180, 270 degrees} = codes {0, 6, 3, 5}; both together give all 8 equally often.
+- radiation noise (probability ``radiation_noise``, as DeepHyperX): x <- alpha * x + noise_std * n,
+  alpha ~ U(radiation_scale), n ~ N(0, 1) per output value. The normals come from a bank of 2^20
+  Philox/Box-Muller normals keyed on the seed; a sample reads a window of it that starts at a
+  per-sample random offset (in NCHW element order, so both layouts and engines add the same numbers).
+- mixture noise (probability ``mixture_noise``): the patch's centre spectrum c becomes
+  (a1 * c + a2 * c2) / (a1 + a2), a1, a2 ~ U(0.01, 1) (DeepHyperX's rule), where c2 is the centre
+  spectrum of another sample of the same class in the same batch (every sample of a batch is resident
+  in the ring). The partner is the next sample of that class when the batch's samples of the class are
+  ordered by a per-sample Philox key; a sample alone of its class in its batch is left unmixed. This
+  is the one choice that depends on the batch's composition (whether to mix and the weights do not).
+- band dropout (probability ``band_dropout`` per band): the band is zeroed after normalization and
+  after the noises above, so a dropped band is exactly 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsgds.errors import ConfigError
+
+__all__ = ["Augment", "AugmentBatch", "dihedral_offsets", "draw", "philox4x32", "apply_after_cut"]
+
+_MASK = np.uint64(0xFFFFFFFF)
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+
+# what a Philox call is for (the counter's last word), so streams never overlap
+_SCALARS, _MIXTURE, _BANK, _BANDS = 0, 1, 2, 3
+BANK_SIZE = 1 << 20
+ROTATIONS = np.array([0, 6, 3, 5], dtype=np.int8)  # 0, 90, 180, 270 degrees in the code convention
+
+
+def philox4x32(counter: np.ndarray, key: tuple[int, int]) -> np.ndarray:
+    """Philox4x32-10. ``counter``: (..., 4) uint32-valued array; returns (..., 4) uint32 random words."""
+    c = [np.asarray(counter[..., i], dtype=np.uint64) for i in range(4)]
+    k0, k1 = np.uint64(key[0] & 0xFFFFFFFF), np.uint64(key[1] & 0xFFFFFFFF)
+    for _ in range(10):
+        p0, p1 = _M0 * c[0], _M1 * c[2]  # 32 x 32 -> 64 bits: exact in uint64
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _MASK, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _MASK]
+        k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    return np.stack(c, axis=-1).astype(np.uint32)
+
+
+def _uniform(words: np.ndarray) -> np.ndarray:
+    """uint32 words -> float64 in [0, 1) (24 random bits: exactly representable in float32 too)."""
+    return (words >> np.uint32(8)).astype(np.float64) * (1.0 / (1 << 24))
+
+
+def _counters(index: np.ndarray, epoch: int, purpose: int) -> np.ndarray:
+    index = np.asarray(index, dtype=np.uint64)
+    out = np.empty(index.shape + (4,), dtype=np.uint64)
+    out[..., 0] = index & _MASK
+    out[..., 1] = index >> np.uint64(32)
+    out[..., 2] = np.uint64(epoch & 0xFFFFFFFF)
+    out[..., 3] = np.uint64(purpose)
+    return out
+
+
+def _key(seed: int) -> tuple[int, int]:
+    return seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Augment:
+    """On-device augmentation applied by :class:`~hsgds.PatchLoader` (see the module notes for the rules).
+
+    Parameters
+    ----------
+    flip : random horizontal and vertical flips.
+    rot90 : random quarter turns. With ``flip`` every patch gets one of the 8 dihedral variants.
+    radiation_noise : probability of x <- alpha * x + noise_std * N(0, 1), alpha ~ U(radiation_scale).
+    radiation_scale : (low, high) of alpha.
+    noise_std : standard deviation of the additive noise, on the normalized values.
+    mixture_noise : probability of mixing the centre spectrum with a same-class sample's.
+    band_dropout : probability of zeroing each band of a patch.
+    """
+
+    flip: bool = False
+    rot90: bool = False
+    radiation_noise: float = 0.0
+    radiation_scale: tuple[float, float] = (0.9, 1.1)
+    noise_std: float = 1 / 25
+    mixture_noise: float = 0.0
+    band_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("flip", "rot90"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"Augment.{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("radiation_noise", "mixture_noise", "band_dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r}")
+        scale = self.radiation_scale
+        if (not isinstance(scale, (tuple, list)) or len(scale) != 2
+                or not all(isinstance(v, (int, float)) and np.isfinite(v) for v in scale) or scale[0] > scale[1]):
+            raise ConfigError(f"Augment.radiation_scale must be (low, high) with low <= high, got {scale!r}")
+        object.__setattr__(self, "radiation_scale", (float(scale[0]), float(scale[1])))
+        std = self.noise_std
+        if isinstance(std, bool) or not isinstance(std, (int, float)) or not (np.isfinite(std) and std >= 0):
+            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r}")
+
+    @property
+    def geometric(self) -> bool:
+        return self.flip or self.rot90
+
+
+@dataclass
+class AugmentBatch:
+    """One batch's parameters (host numpy arrays, one row per sample of the batch)."""
+
+    dihedral: np.ndarray | None  # (N,) int8 codes, None when neither flips nor turns are asked
+    radiated: np.ndarray  # (R,) positions in the batch that get radiation noise
+    alpha: np.ndarray  # (R,) float32
+    bank_start: np.ndarray  # (R,) int64 start of each one's noise window in the bank
+    mixed: np.ndarray  # (M,) positions that are mixed
+    partner: np.ndarray  # (M,) their partners' positions
+    weight: np.ndarray  # (M,) float32 a1 / (a1 + a2)
+    dropped: np.ndarray  # (D, 2) (position, band) pairs zeroed
+
+
+def draw(aug: Augment, seed: int, epoch: int, index: np.ndarray, label: np.ndarray | None, bands: int,
+         patch_size: int) -> AugmentBatch:
+    """The parameters of the samples ``index`` (their indices in the split: stable keys), in batch order."""
+    index = np.asarray(index, dtype=np.int64)
+    n, key = len(index), _key(seed)
+    words = philox4x32(_counters(index, epoch, _SCALARS), key)  # (N, 4)
+    dihedral = None
+    if aug.geometric:
+        code = (words[:, 0] & np.uint32(7)).astype(np.int8)
+        if not aug.flip:
+            code = ROTATIONS[code & 3]
+        elif not aug.rot90:
+            code = code & np.int8(3)
+        dihedral = code
+    u = _uniform(words[:, 1:4])
+    radiated = np.flatnonzero(u[:, 0] < aug.radiation_noise)
+    lo, hi = aug.radiation_scale
+    alpha = (lo + (hi - lo) * u[radiated, 1]).astype(np.float32)
+    window = bands * patch_size * patch_size
+    span = max(1, BANK_SIZE - window) if window < BANK_SIZE else 1
+    bank_start = (words[radiated, 3].astype(np.int64) % span).astype(np.int64)
+
+    mixed = partner = np.zeros(0, np.int64)
+    weight = np.zeros(0, np.float32)
+    if aug.mixture_noise > 0 and n > 1:
+        if label is None:
+            raise ConfigError("Augment(mixture_noise=...) needs labelled samples (pixels='labelled')")
+        m = philox4x32(_counters(index, epoch, _MIXTURE), key)
+        um = _uniform(m[:, :3])
+        label = np.asarray(label, dtype=np.int64)
+        # group by class, order inside a class by a per-sample key; partner = next in the group (cyclic)
+        order = np.lexsort((m[:, 3], label))
+        lab = label[order]
+        first = np.r_[True, lab[1:] != lab[:-1]]
+        group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+        last = np.r_[lab[1:] != lab[:-1], True]
+        nxt = np.where(last, group_start, np.arange(n) + 1)
+        partner_sorted = order[nxt]
+        partner_of = np.empty(n, np.int64)
+        partner_of[order] = partner_sorted
+        alone = partner_of == np.arange(n)
+        mixed = np.flatnonzero((um[:, 0] < aug.mixture_noise) & ~alone & (label >= 0))
+        partner = partner_of[mixed]
+        a1 = 0.01 + 0.99 * um[mixed, 1]
+        a2 = 0.01 + 0.99 * um[mixed, 2]
+        weight = (a1 / (a1 + a2)).astype(np.float32)
+
+    dropped = np.zeros((0, 2), np.int64)
+    if aug.band_dropout > 0:
+        groups = -(-bands // 4)
+        ctr = _counters(index[:, None] * groups + np.arange(groups), epoch, _BANDS)  # (N, groups, 4)
+        ub = _uniform(philox4x32(ctr, key)).reshape(n, groups * 4)[:, :bands]
+        dropped = np.argwhere(ub < aug.band_dropout).astype(np.int64)
+    return AugmentBatch(dihedral=dihedral, radiated=radiated, alpha=alpha, bank_start=bank_start, mixed=mixed,
+                        partner=partner, weight=weight, dropped=dropped)
+
+
+def noise_bank(seed: int) -> np.ndarray:
+    """BANK_SIZE standard normals (float32, Box-Muller on Philox words), a pure function of the seed."""
+    words = philox4x32(_counters(np.arange(BANK_SIZE // 4), 0, _BANK), _key(seed))  # (M/4, 4)
+    u = _uniform(words.reshape(-1, 2, 2)[..., 0]), _uniform(words.reshape(-1, 2, 2)[..., 1])
+    u1 = 1.0 - u[0]  # (0, 1]: log is finite
+    radius = np.sqrt(-2.0 * np.log(u1))
+    angle = 2.0 * np.pi * u[1]
+    normals = np.stack((radius * np.cos(angle), radius * np.sin(angle)), axis=-1)
+    return normals.reshape(-1)[:BANK_SIZE].astype(np.float32)
+
+
+def dihedral_offsets(patch_size: int) -> np.ndarray:
+    """(8, p, p, 2) source offsets (a, b) read by output pixel (i, j) under each dihedral code."""
+    p = patch_size
+    i, j = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
+    out = np.empty((8, p, p, 2), dtype=np.int64)
+    for code in range(8):
+        t, v, h = code >> 2 & 1, code >> 1 & 1, code & 1
+        a, b = (j, i) if t else (i, j)
+        out[code, ..., 0] = p - 1 - a if v else a
+        out[code, ..., 1] = p - 1 - b if h else b
+    return out
+
+
+def apply_dihedral_numpy(patch: np.ndarray, code: int) -> np.ndarray:
+    """Reference: the dihedral transform of one (p, p, ...) patch: flip the source's rows (v) and columns
+    (h), then swap its two axes (t)."""
+    t, v, h = code >> 2 & 1, code >> 1 & 1, code & 1
+    out = patch[::-1] if v else patch
+    if h:
+        out = out[:, ::-1]
+    return np.swapaxes(out, 0, 1) if t else out
+
+
+class Augmenter:
+    """Applies one batch's non-geometric parameters to the cut batch in place, on its device.
+
+    Costs are proportional to what is drawn: radiation noise touches only the chosen patches, mixture
+    only their centre spectra, band dropout only the dropped (patch, band) planes.
+    """
+
+    def __init__(self, aug: Augment, seed: int, layout: str) -> None:
+        self.aug, self.seed, self.nchw = aug, seed, layout == "NCHW"
+        self._bank: dict[Any, torch.Tensor] = {}
+
+    def _bank_on(self, device: torch.device) -> torch.Tensor:
+        bank = self._bank.get(device)
+        if bank is None:
+            bank = self._bank[device] = torch.from_numpy(noise_bank(self.seed)).to(device)
+        return bank
+
+    def __call__(self, out: torch.Tensor, batch: AugmentBatch) -> torch.Tensor:
+        apply_after_cut(out, batch, self.aug, self.nchw, self._bank_on if len(batch.radiated) else None)
+        return out
+
+
+def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: bool, bank_on: Any) -> None:
+    """Radiation noise, then mixture, then band dropout, on ``out`` ((N, B, p, p) or (N, p, p, B))."""
+    device = out.device
+    if nchw:
+        n, bands, p, _ = out.shape
+        view = out  # (N, B, p, p)
+    else:
+        n, p, _, bands = out.shape
+        view = out.permute(0, 3, 1, 2)  # a view in NCHW element order
+    window = bands * p * p
+    if len(batch.radiated):
+        rad = torch.from_numpy(batch.radiated).to(device)
+        bank = bank_on(device)
+        starts = torch.from_numpy(batch.bank_start).to(device)
+        noise = bank[(starts[:, None] + torch.arange(window, device=device)) % BANK_SIZE].view(-1, bands, p, p)
+        alpha = torch.from_numpy(batch.alpha).to(device).view(-1, 1, 1, 1)
+        x = view[rad].float()
+        x = x * alpha + noise * np.float32(aug.noise_std)
+        view[rad] = x.to(out.dtype)
+    if len(batch.mixed):
+        r = p // 2
+        mixed = torch.from_numpy(batch.mixed).to(device)
+        partner = torch.from_numpy(batch.partner).to(device)
+        w = torch.from_numpy(batch.weight).to(device).view(-1, 1)
+        centre = view[:, :, r, r]  # (N, B) view
+        c, c2 = centre[mixed].float(), centre[partner].float()  # read both before writing any
+        centre[mixed] = (w * c + (1 - w) * c2).to(out.dtype)
+    if len(batch.dropped):
+        d = torch.from_numpy(batch.dropped).to(device)
+        view[d[:, 0], d[:, 1]] = 0

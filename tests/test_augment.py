@@ -1,0 +1,153 @@
+"""hsgds.augment: the counter-based generator, the per-sample parameters and the post-cut application,
+checked against Random123's known-answer vectors and plain numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from hsgds.augment import (Augment, Augmenter, apply_dihedral_numpy, dihedral_offsets, draw, noise_bank,
+                           philox4x32)
+from hsgds.errors import ConfigError
+
+
+@pytest.mark.parametrize("counter, key, expected", [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+])
+def test_philox_known_answers(counter, key, expected):
+    """Random123's kat_vectors for philox4x32-10."""
+    assert tuple(int(v) for v in philox4x32(np.array([counter]), key)[0]) == expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"flip": 1}, "flip must be True or False"),
+    ({"radiation_noise": 1.5}, "radiation_noise is a probability"),
+    ({"band_dropout": -0.1}, "band_dropout is a probability"),
+    ({"mixture_noise": True}, "mixture_noise is a probability"),
+    ({"radiation_scale": (1.1, 0.9)}, "low <= high"),
+    ({"noise_std": float("nan")}, "noise_std must be a finite number"),
+])
+def test_bad_settings_are_one_line_config_errors(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        Augment(**kwargs)
+
+
+def test_dihedral_offsets_match_numpy_flips_and_transposes():
+    p = 5
+    patch = np.random.default_rng(0).integers(0, 1000, (p, p, 3))
+    offsets = dihedral_offsets(p)
+    seen = set()
+    for code in range(8):
+        a, b = offsets[code, ..., 0], offsets[code, ..., 1]
+        np.testing.assert_array_equal(patch[a, b], apply_dihedral_numpy(patch, code))
+        seen.add(patch[a, b].tobytes())
+    assert len(seen) == 8  # 8 distinct transforms
+    rotations = {np.rot90(patch, k).tobytes() for k in range(4)}
+    assert {apply_dihedral_numpy(patch, c).tobytes() for c in (0, 3, 5, 6)} == rotations
+
+
+def _codes(aug, n=40_000, epoch=0):
+    return draw(aug, seed=7, epoch=epoch, index=np.arange(n), label=None, bands=4, patch_size=3).dihedral
+
+
+def test_code_sets_and_uniformity():
+    assert set(np.unique(_codes(Augment(flip=True)))) == {0, 1, 2, 3}
+    assert set(np.unique(_codes(Augment(rot90=True)))) == {0, 3, 5, 6}
+    codes = _codes(Augment(flip=True, rot90=True))
+    counts = np.bincount(codes, minlength=8)
+    assert (counts > 0).all()
+    assert stats.chisquare(counts).pvalue > 1e-4
+    assert _codes(Augment()) is None
+
+
+def test_parameters_depend_on_the_sample_not_the_batch():
+    aug = Augment(flip=True, rot90=True, radiation_noise=0.3, band_dropout=0.2)
+    index = np.array([11, 5, 900, 42, 7])
+    whole = draw(aug, 3, 2, index, None, bands=6, patch_size=3)
+    for pos, i in enumerate(index):
+        alone = draw(aug, 3, 2, np.array([i]), None, bands=6, patch_size=3)
+        assert alone.dihedral[0] == whole.dihedral[pos]
+        assert (pos in whole.radiated) == (len(alone.radiated) == 1)
+        if len(alone.radiated):
+            k = int(np.flatnonzero(whole.radiated == pos)[0])
+            assert alone.alpha[0] == whole.alpha[k] and alone.bank_start[0] == whole.bank_start[k]
+        np.testing.assert_array_equal(alone.dropped[:, 1], whole.dropped[whole.dropped[:, 0] == pos, 1])
+    other_epoch = draw(aug, 3, 3, index, None, bands=6, patch_size=3)
+    other_seed = draw(aug, 4, 2, index, None, bands=6, patch_size=3)
+    assert not np.array_equal(whole.dihedral, other_epoch.dihedral) or not np.array_equal(
+        whole.dihedral, other_seed.dihedral)
+
+
+def test_rates_within_binomial_intervals():
+    n, bands = 20_000, 10
+    aug = Augment(radiation_noise=0.1, band_dropout=0.05, mixture_noise=0.2)
+    labels = np.arange(n) % 5
+    b = draw(aug, 1, 0, np.arange(n), labels, bands=bands, patch_size=1)
+    for hits, trials, prob in ((len(b.radiated), n, 0.1), (len(b.dropped), n * bands, 0.05),
+                               (len(b.mixed), n, 0.2)):
+        lo, hi = stats.binom.interval(0.9999, trials, prob)
+        assert lo <= hits <= hi
+    assert ((b.alpha >= 0.9) & (b.alpha <= 1.1)).all()
+    assert (labels[b.mixed] == labels[b.partner]).all() and (b.mixed != b.partner).all()
+    assert ((b.weight > 0) & (b.weight < 1)).all()
+
+
+def test_noise_bank_is_standard_normal_and_seeded():
+    bank = noise_bank(5)
+    assert bank.dtype == np.float32 and np.isfinite(bank).all()
+    assert abs(bank.mean()) < 0.01 and abs(bank.std() - 1) < 0.01
+    assert stats.kstest(bank[:50_000], "norm").pvalue > 1e-4
+    np.testing.assert_array_equal(bank, noise_bank(5))
+    assert not np.array_equal(bank[:100], noise_bank(6)[:100])
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_radiation_noise_recovers_alpha_and_std(layout):
+    n, bands, p = 400, 8, 5
+    rng = np.random.default_rng(2)
+    clean = rng.normal(size=(n, bands, p, p)).astype(np.float32)
+    aug = Augment(radiation_noise=1.0, noise_std=0.05)
+    batch = draw(aug, 9, 0, np.arange(n), None, bands=bands, patch_size=p)
+    out = torch.from_numpy(clean.copy() if layout == "NCHW" else clean.transpose(0, 2, 3, 1).copy())
+    Augmenter(aug, 9, layout)(out, batch)
+    got = out.numpy() if layout == "NCHW" else out.numpy().transpose(0, 3, 1, 2)
+    for k in range(n):
+        x, yv = clean[k].ravel(), got[k].ravel()
+        alpha = float(x @ yv / (x @ x))  # least squares
+        assert alpha == pytest.approx(batch.alpha[k], abs=0.02)
+        assert np.std(yv - alpha * x) == pytest.approx(0.05, rel=0.2)
+
+
+def test_both_layouts_add_the_same_numbers():
+    n, bands, p = 6, 3, 3
+    clean = np.random.default_rng(1).normal(size=(n, bands, p, p)).astype(np.float32)
+    aug = Augment(radiation_noise=0.5, mixture_noise=0.5, band_dropout=0.3)
+    batch = draw(aug, 2, 1, np.arange(n), np.array([0, 0, 1, 1, 1, 2]), bands=bands, patch_size=p)
+    a = torch.from_numpy(clean.copy())
+    b = torch.from_numpy(clean.transpose(0, 2, 3, 1).copy())
+    Augmenter(aug, 2, "NCHW")(a, batch)
+    Augmenter(aug, 2, "NHWC")(b, batch)
+    np.testing.assert_array_equal(a.numpy(), b.numpy().transpose(0, 3, 1, 2))
+
+
+def test_mixture_and_dropout_follow_the_documented_rule():
+    n, bands, p = 8, 4, 3
+    clean = np.random.default_rng(3).normal(size=(n, bands, p, p)).astype(np.float32)
+    labels = np.array([0, 1, 0, 1, 0, 2, 1, 0])
+    aug = Augment(mixture_noise=1.0, band_dropout=0.25)
+    batch = draw(aug, 4, 0, np.arange(100, 100 + n), labels, bands=bands, patch_size=p)
+    out = torch.from_numpy(clean.copy())
+    Augmenter(aug, 4, "NCHW")(out, batch)
+    expect = clean.copy()
+    for m, q, w in zip(batch.mixed, batch.partner, batch.weight):
+        expect[m, :, 1, 1] = w * clean[m, :, 1, 1] + (1 - w) * clean[q, :, 1, 1]
+    for pos, band in batch.dropped:
+        expect[pos, band] = 0
+    assert 5 not in batch.mixed  # alone of its class in the batch
+    assert len(batch.mixed) == n - 1
+    np.testing.assert_allclose(out.numpy(), expect, rtol=1e-6, atol=1e-7)
