@@ -69,6 +69,8 @@ class PatchEngine(abc.ABC):
     patch is storage[slot, y-r:y+r+1, x-r:x+r+1, :]. Returns (N, B, p, p) for NCHW or (N, p, p, B) for
     NHWC, contiguous, ``spec.out_dtype``, on the storage's device. With ``spec.tables``, ``table`` (N,)
     gives each sample's table (its scene) and ``storage`` may be any (slots, ...) contiguous tensor.
+    ``dihedral``, when given, is an (N,) integer tensor of codes 0..7 (hsgds.augment): each patch is cut
+    flipped / turned, as a different read order.
     """
 
     name: str = "engine"
@@ -78,7 +80,7 @@ class PatchEngine(abc.ABC):
         self.device = device
 
     @abc.abstractmethod
-    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None) -> Any: ...
+    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None) -> Any: ...
 
     def close(self) -> None:
         """Release pipelines / buffers. Idempotent."""

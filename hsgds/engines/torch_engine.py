@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from hsgds import defaults
+from hsgds.augment import dihedral_offsets
 from hsgds.engines.base import LAYOUTS, PatchEngine, PatchSpec
 from hsgds.errors import ConfigError, DependencyError, InputError
 
@@ -135,6 +136,18 @@ def check_storage(storage: Any, spec: PatchSpec) -> None:
         raise InputError("storage must be contiguous (the ring allocates it so); got a strided view")
 
 
+def check_dihedral(dihedral: Any, slot: torch.Tensor) -> None:
+    """Raise InputError unless ``dihedral`` is None or one integer code in 0..7 per sample."""
+    if dihedral is None:
+        return
+    if not isinstance(dihedral, torch.Tensor) or dihedral.ndim != 1 or dihedral.shape != slot.shape:
+        raise InputError(f"dihedral must be None or a 1-D tensor with one code per sample ({len(slot)})")
+    if dihedral.dtype.is_floating_point or dihedral.dtype == torch.bool:
+        raise InputError(f"dihedral codes must be integers, got {dihedral.dtype}")
+    if dihedral.device.type == "cpu" and len(dihedral) and bool(((dihedral < 0) | (dihedral > 7)).any()):
+        raise InputError("dihedral codes must be in 0..7 (4*transpose + 2*flip rows + flip columns)")
+
+
 def check_coords(storage: torch.Tensor, slot: Any, y: Any, x: Any, radius: int, bounds: bool | None) -> None:
     """Raise InputError for mismatched coordinate tensors, or (``bounds``) patches outside their tile.
 
@@ -212,7 +225,7 @@ class TorchEngine(PatchEngine):
         self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._consts_for(self._device)
         self._check_bounds = check_bounds
-        self._offsets: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._offsets: dict[tuple[Any, ...], torch.Tensor] = {}
         self._offsets_for(spec.tile_side, self._device)  # the usual side, computed once up front
         self._bufs: dict[tuple[Any, torch.dtype], torch.Tensor] = {}
         self._lock = threading.Lock()
@@ -243,6 +256,27 @@ class TorchEngine(PatchEngine):
             offsets = self._offsets[key] = (d[:, None] * side + d[None, :]).reshape(-1).to(device)
         return offsets
 
+    def _patch_offsets(self, side: int, device: torch.device, dihedral: torch.Tensor | None,
+                       lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """Pixel offsets of patches lo..hi: (p*p,) shared by all, or (k, p*p) per patch under its dihedral
+        code (flips and quarter turns are a different read order, not an extra pass; hsgds.augment)."""
+        if dihedral is None:
+            return self._offsets_for(side, device)
+        key = ("dihedral", int(side), device)
+        table = self._offsets.get(key)
+        if table is None:
+            ab = self._dihedral_ab(device)
+            table = self._offsets[key] = (ab[..., 0] * side + ab[..., 1]).reshape(8, -1)
+        return table[dihedral[lo:hi].long()]
+
+    def _dihedral_ab(self, device: torch.device) -> torch.Tensor:
+        """(8, p, p, 2) source offsets (a, b) of output pixel (i, j) under each dihedral code."""
+        key = ("dihedral-ab", device)
+        ab = self._offsets.get(key)
+        if ab is None:
+            ab = self._offsets[key] = torch.from_numpy(dihedral_offsets(self.spec.patch_size)).to(device)
+        return ab
+
     def _buffer(self, kind: Any, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """A reusable CPU buffer of at least ``numel`` elements (grown, never shrunk, until close())."""
         buf = self._bufs.get((kind, dtype))
@@ -251,19 +285,21 @@ class TorchEngine(PatchEngine):
         return buf[:numel]
 
     # -- the batch ------------------------------------------------------------------------------------
-    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None) -> Any:
+    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None) -> Any:
         """Cut, normalize and lay out one batch; see :class:`~hsgds.engines.base.PatchEngine`."""
         spec = self.spec
+        check_dihedral(dihedral, slot)
         if spec.tables is not None:
-            return self._cut_tables(storage, slot, y, x, table)
+            return self._cut_tables(storage, slot, y, x, table, dihedral)
         check_storage(storage, spec)
         check_coords(storage, slot, y, x, spec.radius, self._check_bounds)
         if storage.device.type == "cpu":
             with self._lock:
-                return self._cut(storage, slot, y, x)
-        return self._cut(storage, slot, y, x)
+                return self._cut(storage, slot, y, x, dihedral)
+        return self._cut(storage, slot, y, x, dihedral)
 
-    def _cut(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def _cut(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+             dihedral: torch.Tensor | None = None) -> torch.Tensor:
         spec = self.spec
         p, r, bands = spec.patch_size, spec.radius, spec.bands
         n, side, device = slot.shape[0], storage.shape[1], storage.device
@@ -273,16 +309,18 @@ class TorchEngine(PatchEngine):
         if n == 0:
             return torch.empty(shape, dtype=self._out_dtype, device=device)
         slot, y, x = (t.to(device=device, dtype=torch.int64).contiguous() for t in (slot, y, x))
+        if dihedral is not None:
+            dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
         if cpu:
-            return self._cut_cpu(storage, slot, y, x, shape)
+            return self._cut_cpu(storage, slot, y, x, shape, dihedral)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if self._fused_kernel(storage.dtype):  # one pass on the GPU
             offset, scale = self._consts_for(device)
-            return triton_cut.cut(storage, slot, y, x, offset, scale, out, p, nchw)
+            return triton_cut.cut(storage, slot, y, x, offset, scale, out, p, nchw, dihedral)
 
         # one gather of n*p*p pixel rows (B values each) in the store's own dtype: 2 bytes for int16
         base = (slot * side + (y - r)) * side + (x - r)
-        idx = (base[:, None] + self._offsets_for(side, device)).view(-1)
+        idx = (base[:, None] + self._patch_offsets(side, device, dihedral)).view(-1)
         src_dtype = storage.dtype
         flat = storage.view(-1, bands)
         if src_dtype in _SIGNED_VIEW:
@@ -334,7 +372,7 @@ class TorchEngine(PatchEngine):
         return buf.view(shape)
 
     def _cut_cpu(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
-                 shape: tuple[int, ...]) -> torch.Tensor:
+                 shape: tuple[int, ...], dihedral: torch.Tensor | None = None) -> torch.Tensor:
         """The CPU path. The batch is cut in chunks of patches small enough to stay in a core's cache:
         gather (store dtype), cast to float32, subtract, multiply (pixel-interleaved, so the per-band
         constants broadcast along the contiguous axis), round to the output dtype, and for NCHW one
@@ -347,7 +385,7 @@ class TorchEngine(PatchEngine):
         n, side = slot.shape[0], storage.shape[1]
         out = self._output(shape)
         base = (slot * side + (y - r)) * side + (x - r)  # top-left pixel of each patch
-        offsets = self._offsets_for(side, storage.device)
+        offsets = self._offsets_for(side, storage.device) if dihedral is None else (side, dihedral)
         flat = storage.view(-1, bands)
         if flat.dtype in _SIGNED_VIEW:
             flat = flat.view(_SIGNED_VIEW[flat.dtype])
@@ -367,8 +405,9 @@ class TorchEngine(PatchEngine):
         return out
 
     def _cut_chunks(self, chunks: list[tuple[int, int]], flat: torch.Tensor, src_dtype: torch.dtype,
-                    base: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
-        """Cut ``chunks`` ((first patch, count) pairs) into ``out`` with this thread's own buffers."""
+                    base: torch.Tensor, offsets: Any, out: torch.Tensor) -> None:
+        """Cut ``chunks`` ((first patch, count) pairs) into ``out`` with this thread's own buffers.
+        ``offsets``: the shared (p*p,) pixel offsets, or (side, dihedral codes) for per-patch ones."""
         spec = self.spec
         bands, pp = spec.bands, spec.patch_size**2
         nchw, direct = spec.layout == "NCHW", self._out_dtype == self._compute
@@ -383,7 +422,9 @@ class TorchEngine(PatchEngine):
             rows = k * pp
             g = gbuf[:rows * bands].view(rows, bands)
             idx = ibuf[:rows]
-            torch.add(base[i:i + k, None], offsets, out=idx.view(k, pp))  # every pixel of the chunk's patches
+            own = offsets if isinstance(offsets, torch.Tensor) else self._patch_offsets(
+                offsets[0], flat.device, offsets[1], i, i + k)
+            torch.add(base[i:i + k, None], own, out=idx.view(k, pp))  # every pixel of the chunk's patches
             torch.index_select(flat, 0, idx, out=g)
             dst = out[i:i + k].view(rows, bands)
             # NHWC float32 out: normalize in place in the output; otherwise in the cached work buffer
@@ -412,7 +453,8 @@ class TorchEngine(PatchEngine):
             }
         return got
 
-    def _cut_tables(self, storage: Any, slot: Any, y: Any, x: Any, table: Any) -> torch.Tensor:
+    def _cut_tables(self, storage: Any, slot: Any, y: Any, x: Any, table: Any,
+                    dihedral: torch.Tensor | None = None) -> torch.Tensor:
         """Cut from tiles of several scenes: per sample, its table's tile geometry, band selection and
         normalization. Still one gather per chunk of patches (per batch on CUDA) and one fused
         normalization: the per-sample tables only change the index arithmetic and the constants."""
@@ -435,6 +477,8 @@ class TorchEngine(PatchEngine):
         if n == 0:
             return torch.empty(shape, dtype=self._out_dtype, device=device)
         slot, y, x, table = (t.to(device=device, dtype=torch.int64).contiguous() for t in (slot, y, x, table))
+        if dihedral is not None:
+            dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
         bounds = self._check_bounds if self._check_bounds is not None else device.type == "cpu"
         tab = self._tables_for(device)
         if bounds:
@@ -453,12 +497,16 @@ class TorchEngine(PatchEngine):
             pix = None
         else:  # element gather: pixel offsets and band offsets per sample
             rows_base = None
-            pix = ((d[None, :, None] * side[:, None, None] + d[None, None, :]) * stride[:, None, None]).view(n, p * p)
+            if dihedral is None:
+                pix = ((d[None, :, None] * side[:, None, None] + d[None, None, :]) * stride[:, None, None]).view(n, p * p)
+            else:  # each patch's own read order (hsgds.augment): source (a, b) of output (i, j)
+                ab = self._dihedral_ab(device)[dihedral.long()]  # (n, p, p, 2)
+                pix = ((ab[..., 0] * side[:, None, None] + ab[..., 1]) * stride[:, None, None]).view(n, p * p)
         off, scl = tab["offset"][table], tab["scale"][table]  # (n, B) per-sample constants
         band = None if uniform else tab["band"][table]
         if device.type != "cpu":
             out = torch.empty(shape, dtype=self._out_dtype, device=device)
-            self._cut_table_chunk(flat, storage.dtype, 0, n, base, rows_base, pix, band, off, scl, out)
+            self._cut_table_chunk(flat, storage.dtype, 0, n, base, rows_base, pix, band, off, scl, out, dihedral)
             return out
         with self._lock:
             out = self._output(shape)
@@ -467,7 +515,8 @@ class TorchEngine(PatchEngine):
 
             def run(part: list[tuple[int, int]]) -> None:
                 for i, k in part:
-                    self._cut_table_chunk(flat, storage.dtype, i, k, base, rows_base, pix, band, off, scl, out)
+                    self._cut_table_chunk(flat, storage.dtype, i, k, base, rows_base, pix, band, off, scl, out,
+                                          dihedral)
 
             if workers == 1:
                 run(chunks)
@@ -483,13 +532,14 @@ class TorchEngine(PatchEngine):
 
     def _cut_table_chunk(self, flat: torch.Tensor, src_dtype: torch.dtype, i: int, k: int, base: torch.Tensor,
                          rows_base: torch.Tensor | None, pix: torch.Tensor | None, band: torch.Tensor | None,
-                         off: torch.Tensor, scl: torch.Tensor, out: torch.Tensor) -> None:
+                         off: torch.Tensor, scl: torch.Tensor, out: torch.Tensor,
+                         dihedral: torch.Tensor | None = None) -> None:
         """Patches i..i+k: gather (store dtype), cast, per-sample normalize, lay out into ``out``."""
         spec = self.spec
         bands, pp = spec.bands, spec.patch_size**2
         if rows_base is not None:
             side = int(spec.tables.side[0])
-            idx = rows_base[i:i + k, None] + self._offsets_for(side, flat.device)
+            idx = rows_base[i:i + k, None] + self._patch_offsets(side, flat.device, dihedral, i, i + k)
             g = torch.index_select(flat.view(-1, bands), 0, idx.view(-1))
         else:
             idx = base[i:i + k, None, None] + pix[i:i + k, :, None] + band[i:i + k, None, :]
