@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from hsgds.engines.base import PatchEngine, PatchSpec
-from hsgds.engines.torch_engine import check_coords, check_spec, check_storage
+from hsgds.engines.torch_engine import check_coords, check_dihedral, check_spec, check_storage
 from hsgds.errors import ConfigError, DependencyError
 
 import torch  # noqa: E402 - torch_engine above already raised DependencyError if it is missing
@@ -134,25 +134,32 @@ class DaliEngine(PatchEngine):
         self._lock = threading.Lock()
 
     # -- pipeline -------------------------------------------------------------------------------------
-    def _build(self, store_dtype: torch.dtype, gpu: bool, device_id: int | None, batch: int) -> None:
+    def _build(self, store_dtype: torch.dtype, gpu: bool, device_id: int | None, batch: int,
+               geometric: bool) -> None:
         dali, fn, types = self._dali, self._fn, self._types
         spec = self.spec
         p, bands = spec.patch_size, spec.bands
         nchw = spec.layout == "NCHW"
-        pipe = dali.Pipeline(
-            batch_size=batch,
-            num_threads=self._threads,
-            device_id=device_id,
-            # one batch in flight, run as soon as it is fed: the inputs are views of ring slots that
-            # the ring may refill once cut() has returned, so nothing may be prefetched or run ahead.
-            # The default (dynamic) executor is kept: it can bind outputs to the caller's CUDA stream.
-            prefetch_queue_depth=1,
-        )
         where = "gpu" if gpu else "cpu"
-        with pipe:
+
+        # one batch in flight, run as soon as it is fed: the inputs are views of ring slots that the
+        # ring may refill once cut() has returned, so nothing may be prefetched or run ahead. The
+        # default (dynamic) executor is kept: it can bind outputs to the caller's CUDA stream.
+        # Conditionals (a per-sample `if`, for the transposing dihedral codes) need AutoGraph's rewrite
+        # of a pipeline_def function; without codes the graph has no branch.
+        @dali.pipeline_def(batch_size=batch, num_threads=self._threads, device_id=device_id,
+                           prefetch_queue_depth=1, enable_conditionals=geometric)
+        def graph() -> Any:
             tiles = fn.external_source(name="tiles", device=where, no_copy=True, ndim=3, layout="HWC")
             starts = fn.external_source(name="starts", device="cpu", no_copy=True, ndim=1)
             x = fn.slice(tiles, start=starts, shape=[p, p], axes=[0, 1])
+            if geometric:  # dihedral code 4t + 2v + h: flip the source's rows / columns, then swap axes
+                t = fn.external_source(name="transpose", device="cpu", no_copy=True, ndim=0)
+                v = fn.external_source(name="flip_rows", device="cpu", no_copy=True, ndim=0)
+                h = fn.external_source(name="flip_cols", device="cpu", no_copy=True, ndim=0)
+                x = fn.flip(x, horizontal=h, vertical=v)
+                if t:
+                    x = fn.transpose(x, perm=[1, 0, 2], output_layout="HWC")
             if nchw:
                 x = fn.transpose(x, perm=[2, 0, 1])
                 shape = (bands, 1, 1)
@@ -176,19 +183,20 @@ class DaliEngine(PatchEngine):
                 if gpu:
                     stats = [torch.from_numpy(v).to(f"cuda:{device_id}") for v in stats]
                 self._stats = stats
-            x = (x - offset) * scale
-            pipe.set_outputs(x)  # no cast to float16 here: see the module notes (rounding of ties)
+            return (x - offset) * scale  # no cast to float16 here: see the module notes (rounding of ties)
+
+        pipe = graph()
         pipe.build()
         self._pipe = pipe
 
-    def _pipeline(self, store_dtype: torch.dtype, device: torch.device, n: int) -> Any:
+    def _pipeline(self, store_dtype: torch.dtype, device: torch.device, n: int, geometric: bool) -> Any:
         gpu = device.type == "cuda"
         device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
-        key = (store_dtype, gpu, device_id)
+        key = (store_dtype, gpu, device_id, geometric)
         if self._pipe is None or self._pipe_key != key or n > self._max_batch:
             self._release_pipe()
             self._max_batch = max(self._max_batch, n)
-            self._build(store_dtype, gpu, device_id, self._max_batch)
+            self._build(store_dtype, gpu, device_id, self._max_batch, geometric)
             self._pipe_key = key
         return self._pipe
 
@@ -216,10 +224,11 @@ class DaliEngine(PatchEngine):
         return self._views[1]
 
     # -- the batch ------------------------------------------------------------------------------------
-    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None) -> Any:
+    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None) -> Any:
         """Cut, normalize and lay out one batch; see :class:`~hsgds.engines.base.PatchEngine`."""
         spec = self.spec
         check_storage(storage, spec)
+        check_dihedral(dihedral, slot)
         # always checked (on the host, where DALI needs the anchors anyway): DALI would otherwise fail
         # inside the pipeline and leave it unusable
         check_coords(storage, slot, y, x, spec.radius, False)  # types and lengths, on any device
@@ -238,13 +247,18 @@ class DaliEngine(PatchEngine):
         with self._lock:
             views = self._slot_views(storage)
             tiles = [views[s] for s in slot_h.tolist()]
-            pipe = self._pipeline(storage.dtype, storage.device, n)
+            pipe = self._pipeline(storage.dtype, storage.device, n, dihedral is not None)
             gpu = storage.device.type == "cuda"
             stream = torch.cuda.current_stream(storage.device) if gpu else None
             try:
                 # GPU: DALI waits for the torch stream that wrote the ring before reading it
                 pipe.feed_input("tiles", tiles, cuda_stream=stream)  # layout: set on the views
                 pipe.feed_input("starts", starts)
+                if dihedral is not None:
+                    codes = dihedral.to("cpu", torch.int32).numpy()
+                    pipe.feed_input("transpose", list((codes >> 2 & 1).astype(np.bool_)))
+                    pipe.feed_input("flip_rows", list((codes >> 1 & 1).astype(np.int32)))
+                    pipe.feed_input("flip_cols", list((codes & 1).astype(np.int32)))
                 if self._stats is not None:
                     pipe.feed_input("offset", self._stats[0][:n], cuda_stream=stream)
                     pipe.feed_input("scale", self._stats[1][:n], cuda_stream=stream)

@@ -8,14 +8,17 @@ import pytest
 import torch
 
 from hsgds.augment import apply_dihedral_numpy
-from hsgds.engines import PatchSpec, TorchEngine
+from hsgds.engines import PatchSpec, TorchEngine, make_engine
 from hsgds.errors import InputError
 
 
+@pytest.mark.parametrize("engine_name", ["torch", "dali"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("store, out", [(np.uint16, torch.float32), (np.int16, torch.bfloat16),
                                         (np.float32, torch.float64)])
-def test_torch_engine_applies_each_patch_code(layout, store, out):
+def test_engines_apply_each_patch_code(engine_name, layout, store, out):
+    if engine_name == "dali":
+        pytest.importorskip("nvidia.dali")
     rng = np.random.default_rng(5)
     slots, side, bands, p = 4, 11, 6, 7
     r = p // 2
@@ -26,7 +29,7 @@ def test_torch_engine_applies_each_patch_code(layout, store, out):
     offset, scale = rng.normal(50, 5, bands), 1 / rng.uniform(5, 50, bands)
     spec = PatchSpec(patch_size=p, halo=r, bands=bands, tile_side=side, layout=layout, out_dtype=out,
                      offset=offset, scale=scale)
-    engine = TorchEngine(spec)
+    engine = make_engine(engine_name, spec, max_batch_size=300)
     t = [torch.from_numpy(a) for a in (slot, y, x)]
     plain = engine.cut(torch.from_numpy(tiles), *t).clone()
     turned = engine.cut(torch.from_numpy(tiles), *t, dihedral=torch.from_numpy(codes))
@@ -37,6 +40,10 @@ def test_torch_engine_applies_each_patch_code(layout, store, out):
         got = b.view(torch.int16 if out == torch.bfloat16 else out).numpy()
         np.testing.assert_array_equal(got, expect)
     identity = engine.cut(torch.from_numpy(tiles), *t, dihedral=torch.zeros(n, dtype=torch.int8))
+    if engine_name == "dali":  # the same numbers as the torch engine, bit for bit
+        ref = TorchEngine(spec).cut(torch.from_numpy(tiles), *t, dihedral=torch.from_numpy(codes))
+        assert torch.equal(ref.view(torch.int16) if out == torch.bfloat16 else ref,
+                           turned.view(torch.int16) if out == torch.bfloat16 else turned)
     assert torch.equal(identity.view(torch.int16) if out == torch.bfloat16 else identity,
                        plain.view(torch.int16) if out == torch.bfloat16 else plain)
 
