@@ -22,6 +22,7 @@ from hsgds.errors import (
 from hsgds.scene import BandStats, Scene, open_scene
 
 __all__ = [
+    "Augment",
     "BandStats",
     "ChecksumError",
     "Collection",
@@ -44,4 +45,8 @@ def __getattr__(name: str) -> Any:
         from hsgds.loader import PatchLoader
 
         return PatchLoader
+    if name == "Augment":  # imports torch
+        from hsgds.augment import Augment
+
+        return Augment
     raise AttributeError(f"module 'hsgds' has no attribute {name!r}")

@@ -29,8 +29,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("format", ("hsgds.format",)),
     # the offline converter: may use the store format and the base, nothing of the runtime
     ("converter", ("hsgds.preprocess.*",)),
-    # pure index arithmetic of an epoch (which samples, in which order); no I/O
-    ("sampling", ("hsgds.sampling",)),
+    # pure index arithmetic of an epoch (which samples, in which order) and the per-sample augmentation
+    # parameters (counter-based, a pure function of seed, epoch and sample); no I/O
+    ("sampling", ("hsgds.sampling", "hsgds.augment")),
     # tile readers (POSIX, kvikio) and the kvikio helpers they need; no device probing
     ("io", ("hsgds.io.*",)),
     # an opened store: metadata, labels, samples, statistics (and its xarray view); collections of stores
