@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hsgds.augment import Augment, Augmenter, draw
 from hsgds.engines import make_engine
 from hsgds.engines.base import LAYOUTS, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
@@ -154,6 +155,10 @@ class PatchLoader:
         ``wavelength_tolerance`` nm (default 5). Scenes with different band counts need this.
     norm_scope : "scene" (each scene's own train statistics) or "collection" (the train statistics pooled
         exactly over all scenes).
+    augment : hsgds.Augment or None
+        On-device augmentation (flips / quarter turns inside the cut, radiation and mixture noise, band
+        dropout), seeded per (seed, epoch, sample): the same whatever the batch size, world size, ring size
+        or resume point; see :mod:`hsgds.augment`. None (the default) leaves the batches untouched.
 
     Several scenes (a list of stores / Scenes, or a collection path) are read as one: every tile gets a
     global id, tiles of all scenes are shuffled, sharded and resumed together, and each batch is still cut,
@@ -168,8 +173,11 @@ class PatchLoader:
                  reader: str = "auto", rank: int | None = None, world_size: int | None = None,
                  return_coords: bool = False, pixels: str = "labelled", stride: int = 1, mask: Any = None,
                  bands: Any = None, wavelengths: Any = None, wavelength_tolerance: float = 5.0,
-                 norm_scope: str = "scene") -> None:
+                 norm_scope: str = "scene", augment: Augment | None = None) -> None:
         self._closed = True  # until fully built, so close() in __del__ is safe
+        if augment is not None and not isinstance(augment, Augment):
+            raise ConfigError(f"augment must be an hsgds.Augment(...) or None, got {type(augment).__name__}")
+        self.augment = augment
         if pixels not in PIXELS:
             raise ConfigError(f"pixels must be 'labelled' or 'all', got {pixels!r}")
         if not isinstance(stride, (int, np.integer)) or isinstance(stride, bool) or stride < 1:
@@ -247,6 +255,8 @@ class PatchLoader:
                          layout=layout, out_dtype=dtype, offset=offset[0], scale=scale[0], tables=self._tables)
         self._reader = self._make_reader(self.choice.reader)
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
+        self._out_bands = out_bands
+        self._augmenter = None if augment is None else Augmenter(augment, self.seed, layout)
         self._ring = TileRing(self.slots, grid.tile_shape, _TORCH_DTYPES[grid.dtype], self.device, self._reader)
         register = getattr(self._reader, "register", None)
         if register is not None:  # GDS: pin the ring for DMA once, not per read
@@ -325,7 +335,8 @@ class PatchLoader:
                 "batch_size": self.batch_size, "split": self.split, "rank": self.rank,
                 "world_size": self.world_size, "num_samples": len(self.samples), "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots,
-                "pixels": self.pixels, "stride": self.stride, "scenes": len(self.scenes)}
+                "pixels": self.pixels, "stride": self.stride, "scenes": len(self.scenes),
+                "augment": None if self.augment is None else repr(self.augment)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
@@ -333,7 +344,7 @@ class PatchLoader:
         mine = self.state_dict()
         older = {"pixels": "labelled", "stride": 1, "scenes": 1}  # states saved before these settings existed
         for key in ("seed", "batch_size", "split", "world_size", "num_samples", "shuffle", "drop_last",
-                    "shuffle_window", "pixels", "stride", "scenes"):
+                    "shuffle_window", "pixels", "stride", "scenes", "augment"):
             if state.get(key, older.get(key)) != mine[key]:
                 raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
                                   f"{key}={mine[key]!r}; resume with the same settings")
@@ -361,7 +372,8 @@ class PatchLoader:
     def _batches(self, plan: EpochPlan, start: int, pass_id: int):
         s, dev = self.samples, self.device
         tables, coords3 = self._tables is not None, self.scenes.is_collection
-        coord_row = 5 if tables else 4
+        geometric = self.augment is not None and self.augment.geometric
+        coord_row = 4 + tables + geometric  # rows: slot, y, x, label, [table], [dihedral], [coords]
         t0 = time.perf_counter()
         base_elapsed = self.stats.elapsed_s
         try:
@@ -378,6 +390,12 @@ class PatchLoader:
                 rows = [slots, s.y[idx], s.x[idx], s.label[idx]]
                 if tables:
                     rows.append(self._tile_scene[s.tile[idx]])
+                aug = None
+                if self.augment is not None:  # keyed on each sample's index in the sample set
+                    aug = draw(self.augment, self.seed, self._epoch, idx, s.label[idx], self._out_bands,
+                               self.patch_size)
+                    if aug.dihedral is not None:
+                        rows.append(aug.dihedral)
                 if self.return_coords:
                     if coords3:
                         rows.append(self._tile_scene[s.tile[idx]])
@@ -386,10 +404,11 @@ class PatchLoader:
                 if dev.type == "cuda":
                     host = host.pin_memory()
                 index = host.to(dev, non_blocking=True)
-                if tables:
-                    patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2], index[4])
-                else:
-                    patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2])
+                dihedral = index[coord_row - 1] if aug is not None and aug.dihedral is not None else None
+                patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2],
+                                           index[4] if tables else None, dihedral=dihedral)
+                if aug is not None:
+                    self._augmenter(patches, aug)
                 labels = index[3]
                 self._ring.release_batch(b)
                 self._batch = b + 1
