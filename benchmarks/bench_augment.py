@@ -84,7 +84,8 @@ def main() -> None:
     # the same split and normalization, cut from the reflect-padded cube in RAM, one sample at a time
     offset, scale = normalization_constants(scene, "zscore")
     sample = labelled_pixels(scene, "train")
-    cube = np.pad(scene.read(), ((6, 6), (6, 6), (0, 0)), mode="reflect")
+    h, w = scene.shape[:2]
+    cube = np.pad(scene.read(0, h, 0, w), ((6, 6), (6, 6), (0, 0)), mode="reflect")
     ds = DeepHyperXAugmented(cube, sample.scene_y, sample.scene_x, sample.label, 13, offset, scale, torch.float32)
     loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=0)
     results["deephyperx-style"] = best_rate(lambda: loader, args.epochs)

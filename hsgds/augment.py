@@ -14,7 +14,9 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
 - radiation noise (probability ``radiation_noise``, as DeepHyperX): x <- alpha * x + noise_std * n,
   alpha ~ U(radiation_scale), n ~ N(0, 1) per output value. The normals come from a bank of 2^20
   Philox/Box-Muller normals keyed on the seed; a sample reads a window of it that starts at a
-  per-sample random offset (in NCHW element order, so both layouts and engines add the same numbers).
+  per-sample random multiple of 64 (in NCHW element order, so both layouts and engines add the same
+  numbers). Windows of two samples may overlap (their noises are then shifted copies); within a
+  patch the values are independent.
 - mixture noise (probability ``mixture_noise``): the patch's centre spectrum c becomes
   (a1 * c + a2 * c2) / (a1 + a2), a1, a2 ~ U(0.01, 1) (DeepHyperX's rule), where c2 is the centre
   spectrum of another sample of the same class in the same batch (every sample of a batch is resident
@@ -44,6 +46,7 @@ _W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
 # what a Philox call is for (the counter's last word), so streams never overlap
 _SCALARS, _MIXTURE, _BANK, _BANDS = 0, 1, 2, 3
 BANK_SIZE = 1 << 20
+BANK_STEP = 64  # granularity of a noise window's start in the bank
 ROTATIONS = np.array([0, 6, 3, 5], dtype=np.int8)  # 0, 90, 180, 270 degrees in the code convention
 
 
@@ -155,8 +158,9 @@ def draw(aug: Augment, seed: int, epoch: int, index: np.ndarray, label: np.ndarr
     lo, hi = aug.radiation_scale
     alpha = (lo + (hi - lo) * u[radiated, 1]).astype(np.float32)
     window = bands * patch_size * patch_size
-    span = max(1, BANK_SIZE - window) if window < BANK_SIZE else 1
-    bank_start = (words[radiated, 3].astype(np.int64) % span).astype(np.int64)
+    # window starts on a BANK_STEP grid: every window is then a row of one strided view of the bank
+    starts = max(1, (BANK_SIZE - window) // BANK_STEP + 1) if window <= BANK_SIZE else 1
+    bank_start = (words[radiated, 3].astype(np.int64) % starts) * BANK_STEP
 
     mixed = partner = np.zeros(0, np.int64)
     weight = np.zeros(0, np.float32)
@@ -185,9 +189,10 @@ def draw(aug: Augment, seed: int, epoch: int, index: np.ndarray, label: np.ndarr
 
     dropped = np.zeros((0, 2), np.int64)
     if aug.band_dropout > 0:
-        groups = -(-bands // 4)
+        # 16 random bits per band (8 bands per Philox call): resolution 2^-16 for the drop probability
+        groups = -(-bands // 8)
         ctr = _counters(index[:, None] * groups + np.arange(groups), epoch, _BANDS)  # (N, groups, 4)
-        ub = _uniform(philox4x32(ctr, key)).reshape(n, groups * 4)[:, :bands]
+        ub = philox4x32(ctr, key).view(np.uint16).reshape(n, groups * 8)[:, :bands] * (1.0 / 65536)
         dropped = np.argwhere(ub < aug.band_dropout).astype(np.int64)
     return AugmentBatch(dihedral=dihedral, radiated=radiated, alpha=alpha, bank_start=bank_start, mixed=mixed,
                         partner=partner, weight=weight, dropped=dropped)
@@ -262,11 +267,13 @@ def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: 
     if len(batch.radiated):
         rad = torch.from_numpy(batch.radiated).to(device)
         bank = bank_on(device)
-        starts = torch.from_numpy(batch.bank_start).to(device)
-        noise = bank[(starts[:, None] + torch.arange(window, device=device)) % BANK_SIZE].view(-1, bands, p, p)
+        if window > BANK_SIZE:  # a patch bigger than the bank reads it cyclically
+            bank = bank.repeat(-(-window // BANK_SIZE) + 1)
+        rows = torch.from_numpy(batch.bank_start // BANK_STEP).to(device)
+        noise = bank.unfold(0, window, BANK_STEP).index_select(0, rows).view(-1, bands, p, p)
         alpha = torch.from_numpy(batch.alpha).to(device).view(-1, 1, 1, 1)
         x = view[rad].float()
-        x = x * alpha + noise * np.float32(aug.noise_std)
+        x.mul_(alpha).add_(noise, alpha=float(np.float32(aug.noise_std)))
         view[rad] = x.to(out.dtype)
     if len(batch.mixed):
         r = p // 2
