@@ -4,6 +4,8 @@ input or usage, with a one-line error on stderr."""
 from __future__ import annotations
 
 import sys
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -32,6 +34,33 @@ def _number(value: str) -> float:
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a number") from None
     return int(f) if f >= 1 and f.is_integer() else f
+
+
+@contextmanager
+def _split_warnings():
+    """Show a split's warnings (classes that could not be split) as one line each on stderr."""
+    from hsgds.preprocess.splits import UnsplittableClassWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnsplittableClassWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                if issubclass(w.category, UnsplittableClassWarning):
+                    click.echo(f"hsgds: warning: {w.message}", err=True)
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _echo_split(store) -> None:
+    """One line saying what a split gave: train share, and for a block split the guard loss."""
+    from hsgds.info import split_summary
+    from hsgds.scene import open_scene
+
+    line = split_summary(open_scene(store))
+    if line:
+        click.echo(line)
 
 
 @cli.command()
@@ -78,20 +107,25 @@ def convert(src, out, labels, key, labels_key, band_axis, max_patch, tile, paddi
             bar.update(done - bar.pos)
 
     try:
-        path = run_convert(src, out, opts, progress)
+        with _split_warnings():
+            path = run_convert(src, out, opts, progress)
     finally:
         if bar is not None:
             bar.render_finish()
     click.echo(f"wrote {path}")
+    _echo_split(path)
 
 
 @cli.command()
 @click.argument("store", type=click.Path())
-def info(store) -> None:
-    """Print a store's shape, dtype, tiling, classes and per-class counts per split."""
+@click.option("--patch-size", type=int,
+              help="Patch side p of the leakage line (default: the store's largest patch, 2*halo+1).")
+def info(store, patch_size) -> None:
+    """Print a store's shape, dtype, tiling, split (with its train/test patch leakage), classes and
+    per-class counts per split."""
     from hsgds.info import describe
 
-    click.echo(describe(store))
+    click.echo(describe(store, patch_size))
 
 
 @cli.command()

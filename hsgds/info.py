@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
+from scipy.ndimage import maximum_filter
 
 from hsgds import format as fmt
+from hsgds.errors import InputError
 from hsgds.scene import open_scene
 
 
@@ -18,7 +21,91 @@ def split_class_counts(scene) -> dict[str, np.ndarray]:
             for name, code in fmt.SPLIT_CODES.items()}
 
 
-def describe(path: str | os.PathLike) -> str:
+def split_map(scene) -> np.ndarray:
+    """(H, W) uint8 map of ``SPLIT_*`` codes from the store's sample table (unlabelled pixels: none)."""
+    out = np.zeros(scene.shape[:2], dtype=np.uint8)
+    y, x, _ = scene.samples(None)
+    out[y, x] = scene.sample_table()["split"]
+    return out
+
+
+@dataclass(frozen=True)
+class Leakage:
+    """How many test pixels have a ``patch_size`` footprint sharing scene pixels with a train footprint."""
+
+    patch_size: int
+    test: int  # test pixels
+    leaky: int  # of which overlap a train footprint
+    train: int  # train pixels
+
+    @property
+    def share(self) -> float:
+        return self.leaky / self.test if self.test else 0.0
+
+
+def leakage(scene, patch_size: int | None = None) -> Leakage:
+    """Count the test pixels whose ``p x p`` patch overlaps the patch of some train pixel.
+
+    Two pixel-centred ``p x p`` patches share scene pixels exactly when their centres are within
+    Chebyshev distance ``p - 1`` (= ``2 * h``), so this counts test pixels within ``p - 1`` of a train
+    pixel. ``patch_size`` defaults to the store's largest patch (``2 * halo + 1``).
+    """
+    p = 2 * scene.grid.halo + 1 if patch_size is None else patch_size
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1 or p % 2 == 0:
+        raise InputError(f"--patch-size must be a positive odd number (patches are pixel-centred), got {p}")
+    codes = split_map(scene)
+    train = codes == fmt.SPLIT_TRAIN
+    test = codes == fmt.SPLIT_TEST
+    n_train, n_test = int(np.count_nonzero(train)), int(np.count_nonzero(test))
+    if n_train == 0 or n_test == 0:
+        return Leakage(int(p), n_test, 0, n_train)
+    # test pixels within Chebyshev distance p - 1 of a train pixel: a (2p - 1)-wide max filter of train
+    near = maximum_filter(train.view(np.uint8), size=2 * int(p) - 1, mode="constant", cval=0).view(bool)
+    return Leakage(int(p), n_test, int(np.count_nonzero(near & test)), n_train)
+
+
+def leakage_line(leak: Leakage) -> str:
+    """The ``leakage:`` line of ``hsgds info``."""
+    p = leak.patch_size
+    if leak.train == 0 or leak.test == 0:
+        return f"leakage:    no train/test split to compare ({leak.train} train, {leak.test} test pixels)"
+    head = (f"leakage:    {leak.leaky} of {leak.test} test pixels ({100 * leak.share:.1f}%) have a {p}x{p} patch "
+            f"sharing pixels with a train patch")
+    if leak.leaky == 0:
+        return head + ": train and test footprints are disjoint"
+    return head + "; their scores are optimistic: use `--split blocks` (convert or resplit) for disjoint footprints"
+
+
+def split_line(params: dict) -> str:
+    """The split parameters as ``key=value`` pairs; a block split's guard loss is spelled out."""
+    shown = {k: v for k, v in params.items() if k not in ("guard_lost", "unsplit_classes", "block_origin",
+                                                          "adaptive_block_size", "guard_distance")}
+    text = ", ".join(f"{k}={v}" for k, v in shown.items())
+    if params.get("method") == "blocks" and "guard_lost" in params:
+        adaptive = " (adaptive)" if params.get("adaptive_block_size") else ""
+        text = text.replace(f"block_size={params.get('block_size')}", f"block_size={params.get('block_size')}{adaptive}")
+        text += f"; guard {params.get('guard_distance')} px dropped {params['guard_lost']} labelled pixels"
+        unsplit = params.get("unsplit_classes") or {}
+        if unsplit:
+            text += "; not split: class " + ", ".join(f"{c} ({n} blocks)" for c, n in unsplit.items())
+    return text
+
+
+def split_summary(scene) -> str | None:
+    """``split: train 1024 (10.0%), val 0, test 7890, dropped by the guard 1335 (13.0%) of 10249 labelled pixels``."""
+    n = scene.meta.num_samples
+    if n == 0:
+        return None
+    counts = np.bincount(scene.sample_table()["split"].astype(np.int64), minlength=len(fmt.SPLIT_CODES))
+    train, val, test, none = (int(counts[fmt.SPLIT_CODES[k]]) for k in ("train", "val", "test", "none"))
+    text = f"split: train {train} ({100 * train / n:.1f}%), val {val}, test {test}"
+    if none:
+        what = "dropped by the guard" if scene.meta.split.get("method") == "blocks" else "in no split"
+        text += f", {what} {none} ({100 * none / n:.1f}%)"
+    return text + f" of {n} labelled pixels"
+
+
+def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     scene = open_scene(path)
     m, g = scene.meta, scene.grid
     h, w, b = scene.shape
@@ -31,8 +118,8 @@ def describe(path: str | os.PathLike) -> str:
     ]
     if scene.wavelengths:
         lines.append(f"bands:      {scene.wavelengths[0]:.1f}-{scene.wavelengths[-1]:.1f} nm")
-    lines.append(f"split:      {', '.join(f'{k}={v}' for k, v in m.split.items())}; "
-                 f"normalization stats from {m.stats_split} pixels")
+    lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
+    lines.append(leakage_line(leakage(scene, patch_size)))
     n_classes = int(np.count_nonzero(np.bincount(scene.sample_table()["label"].astype(np.int64))[1:]))
     lines.append(f"classes:    {n_classes} (labels 1..{scene.num_classes}), {m.num_samples} labelled pixels")
     if m.num_samples:

@@ -140,14 +140,9 @@ def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, di
     params: dict[str, Any] = {"method": opts.split, "seed": opts.seed}
     if not labels.any():
         return np.zeros(labels.shape, np.uint8), {"method": "none"}
-    if opts.split == "random":
-        params.update(train=opts.train, val=opts.val)
-        return splitting.random_split(labels, train=opts.train, val=opts.val, seed=opts.seed), params
-    if opts.split == "blocks":
-        block = splitting.default_block_size(labels.shape, opts.halo) if opts.block_size is None else opts.block_size
-        params.update(train=opts.train, val=opts.val, block_size=block, guard=opts.halo)
-        return splitting.block_split(labels, block_size=block, train=opts.train, val=opts.val,
-                                     guard=opts.halo, seed=opts.seed), params
+    if opts.split in ("random", "blocks"):
+        return splitting.make_split(labels, opts.split, train=opts.train, val=opts.val, block_size=opts.block_size,
+                                    guard=opts.halo, seed=opts.seed)
     masks = {name: None if p is None else read_labels(p) != 0
              for name, p in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
                              ("test_mask", opts.test_mask))}

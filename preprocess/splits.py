@@ -8,17 +8,28 @@ Unlabelled pixels are always ``SPLIT_NONE``. Randomised splits are deterministic
 Three strategies:
 
 * :func:`random_split` -- stratified per class, pixels drawn independently. Simple, but neighbouring
-  train and test pixels share most of a patch, which inflates test scores for patch-based models.
-* :func:`block_split` -- spatially disjoint: square blocks go to one split each, and a guard band
-  removes every labelled pixel whose patch of radius ``guard`` would see a block of another split.
+  train and test pixels share most of a patch, which inflates test scores for patch-based models
+  (``hsgds info`` reports how many test patches overlap a train patch).
+* :func:`block_split` -- spatially disjoint and stratified. The scene is cut into square blocks (the
+  block size is chosen adaptively, the grid origin is seeded); blocks are moved to train greedily so
+  that each class's train share approaches the target, preferring blocks next to train blocks (so the
+  guard drops few pixels) and never taking a class's last val/test pixels; val blocks are chosen the
+  same way from the rest; the rest is test. The guard is applied on one side: every val/test pixel
+  within Chebyshev distance ``2 * guard`` of a train pixel is dropped, so no scene pixel is seen by a
+  train patch and a val/test patch of radius ``guard``. Classes that cannot be split (all pixels close
+  together, or in one block) are named in an :class:`UnsplittableClassWarning`. The full algorithm is
+  in :func:`block_split`'s notes and in docs/splits.md.
 * :func:`mask_split` -- user-supplied masks (e.g. an official benchmark split).
 
-:func:`split_counts` tabulates the result per split and class.
+:func:`make_split` is what the converter and ``hsgds resplit`` call; :func:`split_counts` tabulates a
+split per split and class.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
@@ -29,16 +40,19 @@ from hsgds.errors import InputError
 from hsgds.format import SPLIT_CODES, SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL
 
 __all__ = [
-    "block_assignment",
+    "TRAIN_SHARE_TOLERANCE",
+    "BlockSplit",
+    "UnsplittableClassWarning",
     "block_split",
+    "block_split_details",
+    "candidate_block_sizes",
     "default_block_size",
+    "make_split",
     "mask_split",
+    "min_block_size",
     "random_split",
     "split_counts",
 ]
-
-_SPLITS = (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST)
-
 
 # --------------------------------------------------------------------------------------------------
 # argument checks
@@ -217,16 +231,86 @@ def random_split(
 
 
 # --------------------------------------------------------------------------------------------------
-# block split
+# block split: stratified assignment of blocks, guard on the val/test side
+
+#: The overall train share of a fractional ``train`` is kept within this of the target.
+TRAIN_SHARE_TOLERANCE = 0.03
+#: Weight of the guard loss against the per-class share error in the greedy block choice. The loss is
+#: counted in shares of a mean-sized class (pixels * K / N): with weight 3, dropping 10% of a mean class's
+#: worth of val/test pixels costs as much as missing a class's train target by 30 points. Chosen on
+#: Indian Pines and the synthetic scenes of the tests (1, 3 and 10 tried; 3 lost fewest pixels overall).
+_LOSS_WEIGHT = 3.0
+#: A block that gives a class its first pixel of a split earns this much (a full share): a class with
+#: train and test pixels can be learnt and measured, whatever its size.
+_FIRST_PIXEL_BONUS = 1.0
+#: Seeded relative perturbation of the block scores (besides the seeded grid origin), so that seeds
+#: give different splits of similar quality.
+_JITTER = 0.2
+#: The greedy keeps adding train blocks (even at a loss) until the train share is this close below target.
+_MANDATORY_SLACK = 0.015
+#: ...and until every class that can be split has at least this share of its own target.
+_CLASS_FLOOR = 0.7
+
+
+class UnsplittableClassWarning(UserWarning):
+    """Some classes did not get pixels in every split (too few blocks, or all within the guard)."""
+
+
+@dataclass(frozen=True)
+class BlockSplit:
+    """Result of :func:`block_split_details`.
+
+    Attributes
+    ----------
+    split : numpy.ndarray of uint8, shape (H, W)
+        ``SPLIT_*`` codes per pixel.
+    blocks : numpy.ndarray of uint8, shape (nby, nbx)
+        Split of each block (``SPLIT_NONE`` for blocks without labelled pixels). Block ``[i, j]``
+        covers rows ``origin[0] + i * block_size`` up to (excluding) ``origin[0] + (i + 1) * block_size``,
+        and likewise for columns, clipped to the scene.
+    block_size : int
+        Side of the blocks (the chosen one when the size was adaptive).
+    origin : (int, int)
+        Scene coordinates of the top-left corner of block ``[0, 0]`` (``-block_size < origin <= 0``).
+    guard : int
+        Patch radius ``h``: no val/test pixel lies within Chebyshev distance ``2 * h`` of a train pixel.
+    lost : int
+        Labelled pixels of val/test blocks dropped by the guard (``SPLIT_NONE``).
+    unsplit : dict of int to int
+        Classes without a pixel in some split (train, test, and val when asked), mapped to the number
+        of blocks their pixels lie in, ascending by class.
+    tried : dict of int to tuple
+        Per block size tried, ``(classes that could be split but were not, excess of the train share over
+        the tolerance, guard loss + per-class share error)``: the ranking key, smallest wins.
+    """
+
+    split: np.ndarray
+    blocks: np.ndarray
+    block_size: int
+    origin: tuple[int, int]
+    guard: int
+    lost: int
+    unsplit: dict[int, int]
+    tried: dict[int, tuple[int, float, float]]
+    val: bool = False
+
+    def warning(self) -> str | None:
+        """One line naming the classes that could not be split, or None when every class was."""
+        if not self.unsplit:
+            return None
+        parts = ", ".join(f"{c} ({n} block{'' if n == 1 else 's'})" for c, n in self.unsplit.items())
+        which = "train, val and test" if self.val else "train and test"
+        return (f"block split: class{'es' if len(self.unsplit) > 1 else ''} {parts} could not be split into "
+                f"{which} with {2 * self.guard} px between train and the others: too few pixels or blocks, "
+                "or all close together; such a class is missing from some split (a smaller --max-patch "
+                "narrows the guard)")
 
 
 def default_block_size(shape: tuple[int, ...], guard: int = 7) -> int:
-    """Block side used by :func:`block_split` when none is given.
+    """Largest block side the adaptive block size tries: ``max(4 * guard + 1, min(H, W) // 8)``.
 
-    ``max(4 * guard + 1, min(H, W) // 8)``: about 8 blocks along the short side of the scene (so the
-    split has enough blocks to approach the requested fractions), but never smaller than
-    ``4 * guard + 1``, so that a block surrounded by blocks of other splits still keeps more than half
-    of its side (the inner ``2 * guard + 1``) outside the guard band.
+    About 8 blocks along the short side of the scene, and never narrower than the guard band around a
+    block (``2 * guard`` on both sides).
     """
     if len(shape) < 2:
         raise InputError(f"shape must have at least 2 dimensions (H, W), got {tuple(shape)}")
@@ -235,190 +319,405 @@ def default_block_size(shape: tuple[int, ...], guard: int = 7) -> int:
     return max(4 * g + 1, min(h, w) // 8)
 
 
-def _expand_blocks(blocks: np.ndarray, block_size: int, shape: tuple[int, int]) -> np.ndarray:
-    """Per-block codes -> per-pixel codes, cropped to the scene."""
-    h, w = shape
-    return np.repeat(np.repeat(blocks, block_size, axis=0), block_size, axis=1)[:h, :w]
+def min_block_size(guard: int) -> int:
+    """Smallest block side accepted: ``max(2, ceil(guard / 2))``.
+
+    The guard bookkeeping pairs each labelled pixel with the blocks within ``2 * guard`` of it, about
+    ``(4 * guard / block_size + 2) ** 2`` of them; smaller blocks would also cost guard loss all round.
+    """
+    return max(2, -(-int(guard) // 2))
 
 
-def _apply_guard(lab: np.ndarray, blocks: np.ndarray, block_size: int, guard: int) -> np.ndarray:
-    """Split map from a block assignment, with the guard band applied."""
-    pix = _expand_blocks(blocks, block_size, lab.shape)
-    labelled = lab != 0
-    out = np.where(labelled, pix, SPLIT_NONE).astype(np.uint8)
-    if guard == 0:
-        return out
-    # How many distinct splits occur within Chebyshev distance `guard` of each pixel. A labelled
-    # pixel sees its own split, so it survives only if it sees exactly one. Blocks without labelled
-    # pixels are SPLIT_NONE and take part in no split, so they never cause a guard.
-    size = 2 * guard + 1
-    seen = np.zeros(lab.shape, dtype=np.uint8)
-    for s in _SPLITS:
-        seen += maximum_filter((pix == s).view(np.uint8), size=size, mode="constant", cval=0)
-    out[seen > 1] = SPLIT_NONE
+def candidate_block_sizes(shape: tuple[int, ...], guard: int = 7) -> list[int]:
+    """Block sides tried when none is given: from a quarter of :func:`default_block_size` up to it, in
+    steps of about 1.4x (Indian Pines, guard 7: 8, 11, 15, 21, 29)."""
+    top = default_block_size(shape, guard)
+    b = max(min_block_size(guard), -(-top // 4))
+    out = []
+    while b < top:
+        out.append(b)
+        b = max(b + 1, int(round(b * 1.4)))
+    out.append(top)
     return out
 
 
-def _block_split(
-    labels: Any, block_size: int | None, train: float, val: float, guard: int, seed: Any
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Shared body of :func:`block_split` and :func:`block_assignment`: (blocks, split map, size)."""
+def _targets(counts: np.ndarray, spec: float | int) -> np.ndarray:
+    """Wanted pixels per class: ``spec * n`` for a fraction (unrounded), ``min(spec, n - 1)`` for a count."""
+    if _is_float(spec) or spec == 0:
+        return float(spec) * counts.astype(np.float64)
+    return np.minimum(float(spec), np.maximum(counts - 1, 1)).astype(np.float64)
+
+
+def _csr(ptr: np.ndarray, data: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Entries of ``rows`` in a CSR (ptr, data): (the data, the row each entry came from)."""
+    lengths = ptr[rows + 1] - ptr[rows]
+    start = np.repeat(ptr[rows] - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+    return data[start + np.arange(int(lengths.sum()))], np.repeat(rows, lengths)
+
+
+def _group(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR grouping of ``arange(len(keys))`` by key in ``0..n-1``: (ptr, members)."""
+    order = np.argsort(keys, kind="stable")
+    return np.concatenate(([0], np.cumsum(np.bincount(keys, minlength=n)))), order
+
+
+@dataclass
+class _Grid:
+    """The labelled pixels of a scene on one block grid."""
+
+    bs: int
+    origin: tuple[int, int]
+    shape: tuple[int, int]  # blocks (nby, nbx)
+    ub: np.ndarray  # flat grid index of each block holding labelled pixels (compact block ids index it)
+    blk: np.ndarray  # compact block id of each labelled pixel
+    hist: np.ndarray  # (nb, K) pixels per block and class
+    bptr: np.ndarray  # CSR: labelled pixels of each block
+    bpix: np.ndarray
+    ptr: np.ndarray  # CSR: per labelled pixel, the blocks whose window (block grown by 2*guard) holds it
+    pair_blk: np.ndarray
+    wptr: np.ndarray  # CSR: per block, the labelled pixels in its window
+    wpix: np.ndarray
+
+
+def _make_grid(shape: tuple[int, int], ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, k: int, bs: int,
+               origin: tuple[int, int], guard: int) -> _Grid:
+    h, w = shape
+    oy, ox = origin
+    nby, nbx = -(-(h - oy) // bs), -(-(w - ox) // bs)
+    by, bx = (ys - oy) // bs, (xs - ox) // bs
+    ub, blk, _ = _compact(by * nbx + bx)
+    nb = ub.size
+    hist = np.bincount(blk * k + cls, minlength=nb * k).reshape(nb, k)
+    bptr, bpix = _group(blk, nb)
+    # per axis, the blocks b whose window [b*bs - 2g, (b+1)*bs + 2g) holds the pixel
+    d = 2 * guard
+    lo_y = np.maximum(-(-(ys - oy - d - bs + 1) // bs), 0)
+    lo_x = np.maximum(-(-(xs - ox - d - bs + 1) // bs), 0)
+    hi_y, hi_x = np.minimum((ys - oy + d) // bs, nby - 1), np.minimum((xs - ox + d) // bs, nbx - 1)
+    r = -(-2 * d // bs) + 1
+    dy, dx = np.divmod(np.arange(r * r), r)
+    cy, cx = lo_y[:, None] + dy[None, :], lo_x[:, None] + dx[None, :]
+    flat = np.where((cy <= hi_y[:, None]) & (cx <= hi_x[:, None]), cy * nbx + cx, nby * nbx)
+    remap = np.full(nby * nbx + 1, -1, dtype=np.int64)
+    remap[ub] = np.arange(nb)
+    comp = remap[flat]  # -1: outside the grid, or a block without labelled pixels
+    keep = comp >= 0
+    ptr = np.concatenate(([0], np.cumsum(keep.sum(axis=1))))
+    pair_blk = comp[keep]
+    pair_pix = np.repeat(np.arange(ys.size), keep.sum(axis=1))
+    wptr, worder = _group(pair_blk, nb)
+    return _Grid(bs, origin, (nby, nbx), ub, blk, hist, bptr, bpix, ptr, pair_blk, wptr, pair_pix[worder])
+
+
+def _splittable(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, guard: int) -> np.ndarray:
+    """Per class: whether two of its pixels in different blocks are more than ``2 * guard`` apart."""
+    nb, k = g.hist.shape
+    key = g.blk * k + cls
+    boxes = []
+    for coord in (ys, xs):
+        lo = np.full(nb * k, np.iinfo(np.int64).max, dtype=np.int64)
+        hi = np.full(nb * k, np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(lo, key, coord)
+        np.maximum.at(hi, key, coord)
+        boxes.append((lo.reshape(nb, k), hi.reshape(nb, k)))
+    out = np.zeros(k, dtype=bool)
+    for c in range(k):
+        rows = np.flatnonzero(g.hist[:, c])
+        if rows.size < 2:
+            continue
+        far = np.zeros((rows.size, rows.size), dtype=np.int64)  # farthest pixels of blocks a and b
+        for lo, hi in boxes:
+            a, b = lo[rows, c], hi[rows, c]
+            far = np.maximum(far, np.maximum(b[:, None] - a[None, :], b[None, :] - a[:, None]))
+        np.fill_diagonal(far, 0)
+        out[c] = bool((far > 2 * guard).any())
+    return out
+
+
+@dataclass
+class _Assignment:
+    in_train: np.ndarray  # per block
+    in_val: np.ndarray  # per block
+    is_train: np.ndarray  # per labelled pixel
+    near: np.ndarray  # per labelled pixel: within 2*guard of a train pixel (and not train)
+
+
+def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np.ndarray, guard: int,
+            t_train: np.ndarray, t_val: np.ndarray | None, keep: np.ndarray, jitter: np.ndarray) -> _Assignment:
+    """Greedy train then val block choice on one grid (see :func:`block_split`'s notes)."""
+    nb, k = g.hist.shape
+    n = ys.size
+    w = 1.0 / n_cls
+    need = 1 if t_val is None else 2  # survivors a splittable class keeps for test (and val)
+    is_train = np.zeros(n, dtype=bool)
+    near = np.zeros(n, dtype=bool)
+    # `free` pixels: neither train nor within the guard of one. Per block and class: free pixels in the
+    # block's window (`reach`, what moving the block to train would take from val/test at most), in the
+    # block itself (`own`), and guarded pixels in the block (`own_near`, given back if it goes to train).
+    pair_cls = cls[np.repeat(np.arange(n), np.diff(g.ptr))]
+    reach = np.bincount(g.pair_blk * k + pair_cls, minlength=nb * k).reshape(nb, k).astype(np.int64)
+    own = g.hist.astype(np.int64).copy()
+    own_near = np.zeros((nb, k), dtype=np.int64)
+    free = n_cls.astype(np.int64).copy()
+    train = np.zeros(k)
+    in_train = np.zeros(nb, dtype=bool)
+    d = 2 * guard
+    floor = t_train.sum() - _MANDATORY_SLACK * n  # below this many train pixels, any improving move is made
+
+    def leave_free(pix: np.ndarray) -> None:
+        blocks, rows = _csr(g.ptr, g.pair_blk, pix)
+        np.subtract.at(reach, (blocks, cls[rows]), 1)
+        np.subtract.at(own, (g.blk[pix], cls[pix]), 1)
+        np.subtract.at(free, cls[pix], 1)
+
+    while True:
+        dev = np.abs(train - t_train)
+        gain = ((dev - np.abs(train + g.hist - t_train)) * w).sum(axis=1)
+        first = ((g.hist > 0) & (train == 0) & (t_train > 0) & keep).sum(axis=1)
+        gain += _FIRST_PIXEL_BONUS * first
+        lost = (reach - own - own_near).sum(axis=1) * (k / n)  # pixels, in units of a mean class
+        guarded = keep & (free >= need)  # classes whose val/test pixels must not all go
+        feasible = ~in_train & ~((free - reach < need) & guarded).any(axis=1)
+        cand = feasible & (gain > 1e-12)
+        score = gain * jitter - _LOSS_WEIGHT * lost
+        if train.sum() >= floor:
+            # past the overall share's lower bound: only moves that pay for their loss, or that serve a
+            # class that can be split and is still far below its target
+            short = keep & (train < _CLASS_FLOOR * t_train)
+            cand &= (score > 0) | (g.hist[:, short] > 0).any(axis=1)
+        if not cand.any():
+            break
+        j = int(np.argmax(np.where(cand, score, -np.inf)))
+        in_train[j] = True
+        train += g.hist[j]
+        pix = g.bpix[g.bptr[j]:g.bptr[j + 1]]
+        was_near = pix[near[pix]]
+        np.subtract.at(own_near, (g.blk[was_near], cls[was_near]), 1)
+        near[was_near] = False
+        leave_free(pix[~is_train[pix] & ~np.isin(pix, was_near)])
+        is_train[pix] = True
+        # exact guard of the new train pixels: Chebyshev distance <= 2*guard, on a local raster
+        win = g.wpix[g.wptr[j]:g.wptr[j + 1]]
+        win = win[~is_train[win] & ~near[win]]
+        if win.size and d > 0:
+            y0, x0 = int(ys[pix].min()) - d, int(xs[pix].min()) - d
+            hh, ww = int(ys[pix].max()) + d + 1 - y0, int(xs[pix].max()) + d + 1 - x0
+            img = np.zeros((hh, ww), dtype=bool)
+            img[ys[pix] - y0, xs[pix] - x0] = True
+            img = maximum_filter(img, size=2 * d + 1, mode="constant", cval=False)
+            wy, wx = ys[win] - y0, xs[win] - x0
+            inside = (wy >= 0) & (wy < hh) & (wx >= 0) & (wx < ww)
+            hit = np.zeros(win.size, dtype=bool)
+            hit[inside] = img[wy[inside], wx[inside]]
+            newly = win[hit]
+            near[newly] = True
+            np.add.at(own_near, (g.blk[newly], cls[newly]), 1)
+            leave_free(newly)
+
+    in_val = np.zeros(nb, dtype=bool)
+    if t_val is not None:
+        val = np.zeros(k)
+        test_left = free.copy()
+        while True:
+            dev = np.abs(val - t_val)
+            gain = ((dev - np.abs(val + own - t_val)) * w).sum(axis=1)
+            gain += _FIRST_PIXEL_BONUS * ((own > 0) & (val == 0) & (t_val > 0) & keep).sum(axis=1)
+            guarded = keep & (test_left >= 1)
+            feasible = ~in_train & ~in_val & ~((test_left - own < 1) & guarded).any(axis=1)
+            cand = feasible & (gain > 1e-12)
+            if not cand.any():
+                break
+            j = int(np.argmax(np.where(cand, gain * jitter, -np.inf)))
+            in_val[j] = True
+            val += own[j]
+            test_left -= own[j]
+    return _Assignment(in_train, in_val, is_train, near)
+
+
+def _check_block_args(labels: Any, block_size: Any, train: Any, val: Any, guard: Any) -> tuple[np.ndarray, int]:
     lab = _check_labels(labels)
     g = _check_int("guard", guard, 0)
-    if block_size is None:
-        bs = default_block_size(lab.shape, g)
-    else:
+    if block_size is not None:
         bs = _check_int("block_size", block_size, 1)
-    if bs <= 2 * g:
-        raise InputError(
-            f"block_size ({bs}) must be larger than 2*guard ({2 * g}), else the guard band removes every "
-            f"pixel of a block whose neighbours are in other splits; use block_size >= {2 * g + 1} "
-            f"({4 * g + 1} or more keeps most of each block) or a smaller guard"
-        )
-    _check_amount("train", train, allow_zero=False, allow_count=False)
-    _check_amount("val", val, allow_zero=True, allow_count=False)
+        if bs < min_block_size(g):
+            raise InputError(f"block_size ({bs}) must be at least {min_block_size(g)} for guard {g} "
+                             "(smaller blocks make the guard bookkeeping explode); use a larger block size")
+    _check_amount("train", train, allow_zero=False, allow_count=True)
+    _check_amount("val", val, allow_zero=True, allow_count=True)
     _check_fraction_sum(train, val)
+    return lab, g
 
+
+def block_split_details(
+    labels: Any,
+    *,
+    block_size: int | None = None,
+    train: float | int = 0.1,
+    val: float | int = 0.0,
+    guard: int = 7,
+    seed: Any = 0,
+) -> BlockSplit:
+    """:func:`block_split` with everything it decided: blocks, chosen size, guard loss, unsplit classes.
+
+    Takes the same arguments as :func:`block_split` and returns a :class:`BlockSplit`; issues no warning
+    (see :meth:`BlockSplit.warning`).
+    """
+    lab, g = _check_block_args(labels, block_size, train, val, guard)
     h, w = lab.shape
-    nby, nbx = -(-h // bs), -(-w // bs)
-    blocks = np.zeros((nby, nbx), dtype=np.uint8)
     ys, xs = np.nonzero(lab)
-    if ys.size == 0:
-        return blocks, np.zeros(lab.shape, dtype=np.uint8), bs
-
-    # Only blocks holding labelled pixels get a split; `ub` indexes them compactly.
-    by, bx = ys // bs, xs // bs
-    ub, binv, bcount = _compact(by * nbx + bx)
-    classes, cinv, _ = _compact(lab[ys, xs])
-    n_cls = classes.size
-
+    sizes = candidate_block_sizes(lab.shape, g) if block_size is None else [int(block_size)]
     rng = np.random.default_rng(seed)
-    order = rng.permutation(ub.size)
+    origins = [(-int(rng.integers(b)), -int(rng.integers(b))) for b in sizes]
+    want_val = val != 0
+    if ys.size == 0:
+        bs, origin = sizes[-1], origins[-1]
+        blocks = np.zeros((-(-(h - origin[0]) // bs), -(-(w - origin[1]) // bs)), dtype=np.uint8)
+        return BlockSplit(np.zeros(lab.shape, np.uint8), blocks, bs, origin, g, 0, {}, {}, want_val)
+    classes, cls, n_cls = _compact(lab[ys, xs])
+    k = classes.size
+    t_train = _targets(n_cls, train)
+    t_val = _targets(n_cls, val) if want_val else None
+    # a class whose pixels are all within 2*guard of each other cannot have both train and val/test
+    diameter = np.zeros(k, dtype=np.int64)
+    for coord in (ys, xs):
+        lo = np.full(k, np.iinfo(np.int64).max)
+        hi = np.full(k, np.iinfo(np.int64).min)
+        np.minimum.at(lo, cls, coord)
+        np.maximum.at(hi, cls, coord)
+        diameter = np.maximum(diameter, hi - lo)
+    far_apart = diameter > 2 * g
 
-    # Greedy fill in random block order: each block goes to the split furthest below its target
-    # number of labelled pixels. Interleaving (rather than filling train first) spreads every split
-    # over the scene and overshoots each target by less than one block.
-    total = float(ys.size)
-    target = [train * total, float(val) * total, (1.0 - train - val) * total]
-    # a split with a zero target (val=0) never takes a block
-    active = [k for k in range(3) if target[k] > 0]
-    have = [0.0, 0.0, 0.0]
-    pick = np.zeros(ub.size, dtype=np.int64)
-    sizes = bcount.tolist()
-    for b in order.tolist():  # plain Python: ~1 us per block, scenes have at most ~1e5 blocks
-        k = max(active, key=lambda i: target[i] - have[i])  # ties -> train, then val, then test
-        pick[b] = k
-        have[k] += sizes[b]
-    split_of = np.asarray(_SPLITS, dtype=np.uint8)[pick]
-
-    blocks.reshape(-1)[ub] = split_of
-    out = _apply_guard(lab, blocks, bs, g)
-
-    # Class coverage: every class should keep at least one train pixel after the guard. For a class
-    # without one, pick its pixel whose guard window touches the fewest blocks of val/test, and move
-    # those blocks (at most 4, as block_size > 2*guard) to train: that pixel then survives. Moving
-    # blocks to train never removes a train pixel elsewhere, so one pass over the classes suffices.
-    train_cls = np.bincount(cinv[out[ys, xs] == SPLIT_TRAIN], minlength=n_cls)
-    missing = np.flatnonzero(train_cls == 0)
-    if missing.size:
-        rank = np.zeros((nby, nbx), dtype=np.int64)  # blocks' position in the shuffled order
-        rank.reshape(-1)[ub[order]] = np.arange(ub.size)
-
-        def foreign(yy: np.ndarray, xx: np.ndarray) -> np.ndarray:
-            code = blocks[yy, xx]
-            return ((code != SPLIT_TRAIN) & (code != SPLIT_NONE)).astype(np.int64)
-
-        for c in missing:
-            py, px = ys[cinv == c], xs[cinv == c]
-            # first and last block row/column each pixel's window reaches
-            y0, y1 = np.maximum(py - g, 0) // bs, np.minimum(py + g, h - 1) // bs
-            x0, x1 = np.maximum(px - g, 0) // bs, np.minimum(px + g, w - 1) // bs
-            two_y, two_x = (y1 != y0).astype(np.int64), (x1 != x0).astype(np.int64)
-            cost = (foreign(y0, x0) + two_x * foreign(y0, x1) + two_y * foreign(y1, x0)
-                    + two_y * two_x * foreign(y1, x1))
-            # fewest blocks to move; ties -> earliest block in the shuffled order, then raster order
-            k = np.lexsort((rank[py // bs, px // bs], cost))[0]
-            if cost[k] == 0:
-                continue  # an earlier move already freed a pixel of this class
-            for yy in {int(y0[k]), int(y1[k])}:
-                for xx in {int(x0[k]), int(x1[k])}:
-                    if blocks[yy, xx] != SPLIT_NONE:
-                        blocks[yy, xx] = SPLIT_TRAIN
-        out = _apply_guard(lab, blocks, bs, g)
-    return blocks, out, bs
+    best = None
+    tried: dict[int, tuple[int, float, float]] = {}
+    for bs, origin in zip(sizes, origins):
+        grid = _make_grid(lab.shape, ys, xs, cls, k, bs, origin, g)
+        jitter = 1.0 + _JITTER * rng.random(grid.ub.size)
+        a = _assign(grid, ys, xs, cls, n_cls, g, t_train, t_val, _splittable(grid, ys, xs, cls, g), jitter)
+        code = np.where(a.is_train, SPLIT_TRAIN,
+                        np.where(a.near, SPLIT_NONE, np.where(a.in_val[grid.blk], SPLIT_VAL, SPLIT_TEST)))
+        per = np.zeros((4, k), dtype=np.int64)
+        np.add.at(per, (code, cls), 1)
+        missing = (per[SPLIT_TRAIN] == 0) | (per[SPLIT_TEST] == 0) | ((per[SPLIT_VAL] == 0) & want_val)
+        share = per[SPLIT_TRAIN].sum() / ys.size
+        excess = max(0.0, abs(share - train) - TRAIN_SHARE_TOLERANCE) if _is_float(train) else 0.0
+        error = np.abs(per[SPLIT_TRAIN] - t_train) / n_cls
+        if want_val:
+            error = error + np.abs(per[SPLIT_VAL] - t_val) / n_cls
+        key = (int((missing & far_apart).sum()), round(float(excess), 9),
+               round(float(per[SPLIT_NONE].sum() / ys.size + error.mean()), 9))
+        tried[bs] = key
+        if best is None or key < best[0]:
+            best = (key, grid, a, code, per, missing)
+    _, grid, a, code, per, missing = best
+    out = np.zeros(lab.shape, dtype=np.uint8)
+    out[ys, xs] = code
+    blocks = np.zeros(grid.shape, dtype=np.uint8)
+    block_code = np.where(a.in_train, SPLIT_TRAIN, np.where(a.in_val, SPLIT_VAL, SPLIT_TEST)).astype(np.uint8)
+    blocks.reshape(-1)[grid.ub] = block_code
+    n_blocks = (grid.hist > 0).sum(axis=0)
+    unsplit = {int(classes[c]): int(n_blocks[c]) for c in np.flatnonzero(missing)}
+    return BlockSplit(out, blocks, grid.bs, grid.origin, g, int(per[SPLIT_NONE].sum()), unsplit, tried, want_val)
 
 
 def block_split(
     labels: Any,
     *,
     block_size: int | None = None,
-    train: float = 0.5,
-    val: float = 0.0,
+    train: float | int = 0.1,
+    val: float | int = 0.0,
     guard: int = 7,
     seed: Any = 0,
 ) -> np.ndarray:
-    """Spatially disjoint split: whole blocks go to one split, with a guard band between splits.
+    """Spatially disjoint, stratified split: whole blocks go to one split, val/test keep away from train.
 
     Parameters
     ----------
     labels : array_like of int, shape (H, W)
         0 = unlabelled, 1..K = classes.
     block_size : int, optional
-        Side of the square blocks the scene is tiled into, from the top-left corner (the last row and
-        column of blocks may be cut by the scene edge). Must be larger than ``2 * guard``. Default:
-        :func:`default_block_size`.
-    train, val : float
-        Target fractions of the *labelled* pixels in train and val (before the guard band); ``val``
-        may be 0. ``train + val`` must be below 1; the rest is test.
+        Side of the square blocks. Default: adaptive, the best of :func:`candidate_block_sizes` (see
+        Notes). At least :func:`min_block_size`.
+    train, val : float or int
+        A float in (0, 1) is the wanted share of each class (so also of all labelled pixels); an int
+        >= 1 is a pixel count per class (capped at ``n - 1``). ``val`` may be 0 (no val split).
     guard : int
-        Guard radius, normally the patch radius used in training (a 15x15 patch -> 7). 0 disables it.
+        Patch radius ``h`` of the largest patch used (a 15x15 patch -> 7). No val or test pixel is
+        left within Chebyshev distance ``2 * guard`` of a train pixel, so no scene pixel is seen by
+        both a train patch and a val/test patch. 0 disables the guard.
     seed : int, optional
-        Seed of :func:`numpy.random.default_rng`; the same seed gives the same map.
+        Seeds the grid origin and the tie-breaking; the same seed gives the same map.
 
     Returns
     -------
     numpy.ndarray of uint8, shape (H, W)
-        ``SPLIT_*`` codes.
+        ``SPLIT_*`` codes. Guarded pixels are ``SPLIT_NONE``.
+
+    Warns
+    -----
+    UnsplittableClassWarning
+        Naming each class left without a pixel in some split, with its block count.
 
     Notes
     -----
-    Assignment (see :func:`block_assignment` for the per-block result):
+    The scene is cut into square blocks on a grid whose origin is shifted by a seeded offset. With
+    ``n[b, c]`` the pixels of class ``c`` in block ``b`` and ``t[c]`` the train target of class ``c``:
 
-    * Only blocks that contain labelled pixels are assigned; empty blocks belong to no split and
-      never cause a guard.
-    * Blocks are visited in a seeded random order; each goes to the split furthest below its target
-      count of labelled pixels. Each split thus overshoots its target by less than one block, so the
-      fractions are close when blocks are small compared with the scene.
-    * Class coverage: if a class ends up with no train pixel after the guard band, its pixel whose
-      guard window touches the fewest val/test blocks is chosen and those blocks (at most 4) are
-      moved to train, so every class keeps at least one train pixel. This takes priority over the
-      fractions (which drift by the moved blocks) and over val/test coverage: a class found in one
-      block only goes wholly to train.
+    1. **Train, greedily.** Repeatedly, among blocks not yet train, move to train the block with the best
+       score ``gain * (1 + 0.2 u_b) - loss``: ``gain`` is the drop of ``sum_c |train[c] - t[c]| / N[c]``
+       (the per-class train share error) plus 1 for each class the block gives its first train pixel;
+       ``loss`` is ``sum_c`` (val/test pixels of class ``c`` the guard would newly drop, over ``N[c]``),
+       counted in the block grown by ``2 * guard``, so blocks next to train blocks are preferred and
+       train areas stay compact; ``u_b`` is a seeded uniform number. Only blocks with a positive gain
+       are taken, and none that would leave a class that can be split with fewer than one val/test pixel
+       (two with val). It stops when no block improves the share error.
+    2. **Guard, on one side.** Train pixels are kept; every other labelled pixel within Chebyshev
+       distance ``2 * guard`` of a train pixel becomes ``SPLIT_NONE``. (Guarding both sides by ``guard``,
+       the alternative, loses about as many pixels and makes the train share drift.)
+    3. **Val, greedily** (when ``val`` is not 0), the same way over the remaining blocks with their
+       surviving pixels, never taking a class's last test pixel. Val and test are not guarded from each
+       other.
+    4. The rest is test.
+    5. **Block size.** Without ``block_size``, steps 1-4 run for each of :func:`candidate_block_sizes`
+       and the result with, in this order, the fewest classes left without a split although their pixels
+       lie more than ``2 * guard`` apart, the overall train share nearest the target's
+       ``TRAIN_SHARE_TOLERANCE`` band, and the least (guard loss + mean per-class share error) wins.
 
-    Guard band: a labelled pixel is set to ``SPLIT_NONE`` when any pixel (labelled or not) within
-    Chebyshev distance ``guard`` lies in a block assigned to another split. This applies to train,
-    val and test alike, so no patch of radius ``guard`` centred on a pixel of one split contains a
-    pixel of a block of another split.
+    A class "can be split" when two of its pixels in different blocks are more than ``2 * guard`` apart;
+    the others (and any the greedy could not serve) get no test (or no train) pixel and are named in
+    the warning.
     """
-    return _block_split(labels, block_size, train, val, guard, seed)[1]
+    result = block_split_details(labels, block_size=block_size, train=train, val=val, guard=guard, seed=seed)
+    message = result.warning()
+    if message is not None:
+        warnings.warn(message, UnsplittableClassWarning, stacklevel=2)
+    return result.split
 
 
-def block_assignment(
-    labels: Any,
-    *,
-    block_size: int | None = None,
-    train: float = 0.5,
-    val: float = 0.0,
-    guard: int = 7,
-    seed: Any = 0,
-) -> np.ndarray:
-    """Per-block split codes that :func:`block_split` uses for the same arguments.
+def make_split(labels: Any, method: str, *, train: float | int = 0.1, val: float | int = 0.0,
+               block_size: int | None = None, guard: int = 7, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    """A ``random`` or ``blocks`` split map and the parameters a store records for it (``split`` metadata).
 
-    Returns a uint8 array of shape ``(ceil(H / block_size), ceil(W / block_size))``; element
-    ``[i, j]`` covers pixels ``[i*block_size:(i+1)*block_size, j*block_size:(j+1)*block_size]``.
-    Blocks without labelled pixels are ``SPLIT_NONE``. Useful to plot or audit a split.
+    Used by ``hsgds convert`` and ``hsgds resplit``. A block split that leaves classes unsplit issues an
+    :class:`UnsplittableClassWarning`; its record holds the chosen block size and origin, the guard, the
+    labelled pixels the guard dropped (``guard_lost``) and the unsplit classes with their block counts.
     """
-    return _block_split(labels, block_size, train, val, guard, seed)[0]
+    params: dict[str, Any] = {"method": method, "seed": seed}
+    lab = _check_labels(labels)
+    if not lab.any():
+        return np.zeros(lab.shape, np.uint8), {"method": "none"}
+    if method == "random":
+        params.update(train=train, val=val)
+        return random_split(lab, train=train, val=val, seed=seed), params
+    if method != "blocks":
+        raise InputError(f"unknown split method {method!r}; choose random or blocks")
+    result = block_split_details(lab, block_size=block_size, train=train, val=val, guard=guard, seed=seed)
+    params.update(train=train, val=val, block_size=result.block_size, block_origin=list(result.origin),
+                  adaptive_block_size=block_size is None, guard=result.guard, guard_distance=2 * result.guard,
+                  guard_lost=result.lost, unsplit_classes={str(c): n for c, n in result.unsplit.items()})
+    message = result.warning()
+    if message is not None:
+        warnings.warn(message, UnsplittableClassWarning, stacklevel=2)
+    return result.split, params
 
 
 # --------------------------------------------------------------------------------------------------
@@ -522,3 +821,4 @@ def split_counts(labels: Any, split_map: Any) -> dict[str, dict[int, int]]:
     return {
         name: {int(c): int(n) for c, n in zip(classes, table[SPLIT_CODES[name]])} for name in order
     }
+
