@@ -1,4 +1,4 @@
-"""The ``hsgds`` command: convert, info, verify (and the runtime verbs). Exit 0 on success, 2 on bad
+"""The ``hsgds`` command: convert, info, resplit, verify (and the runtime verbs). Exit 0 on success, 2 on bad
 input or usage, with a one-line error on stderr."""
 
 from __future__ import annotations
@@ -126,6 +126,25 @@ def info(store, patch_size) -> None:
     from hsgds.info import describe
 
     click.echo(describe(store, patch_size))
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
+@click.option("--split", required=True, type=click.Choice(["random", "blocks"]),
+              help="random: stratified per pixel; blocks: spatially disjoint and stratified (docs/splits.md).")
+@click.option("--train", default="0.1", show_default=True, help="Train fraction, or pixels per class if >= 1.")
+@click.option("--val", default="0", show_default=True, help="Validation fraction, or pixels per class if >= 1.")
+@click.option("--block-size", type=int, help="Block side for --split blocks (default: adaptive).")
+@click.option("--seed", default=0, show_default=True)
+def resplit(store, split, train, val, block_size, seed) -> None:
+    """Re-split an existing store without its source: new split codes and train statistics, written
+    atomically (a loader reading the store meanwhile sees the old split or the new one); tiles untouched."""
+    from hsgds.preprocess.resplit import resplit as run_resplit
+
+    with _split_warnings():
+        run_resplit(store, split, train=_number(train), val=_number(val), block_size=block_size, seed=seed)
+    click.echo(f"re-split {store}")
+    _echo_split(store)
 
 
 @cli.command()

@@ -50,6 +50,21 @@ SAMPLE_FIELDS = ("tile", "y", "x", "label", "split")
 STAT_FIELDS = ("mean", "std", "min", "max")
 #: ``stats/train`` (train pixels only, used for normalization) and ``stats/all`` (every scene pixel)
 STAT_GROUPS = ("train", "all")
+#: Largest ``split_generation`` a store may declare (``hsgds resplit`` adds one each time).
+MAX_SPLIT_GENERATION = 2**31 - 1
+
+
+def split_array(generation: int = 0) -> str:
+    """Store path of the per-sample split codes of a split generation (0: as converted, ``samples/split``).
+
+    ``hsgds resplit`` writes a new split under a new name and then switches the root metadata to it, so
+    a reader always finds the split its metadata names (see docs/format.md)."""
+    return f"{SAMPLES}/split" if generation == 0 else f"{SAMPLES}/split-{int(generation)}"
+
+
+def train_stats_group(generation: int = 0) -> str:
+    """Store path of the train statistics of a split generation (0: ``stats/train``)."""
+    return f"{STATS}/train" if generation == 0 else f"{STATS}/train-{int(generation)}"
 
 
 def alignment_step(bytes_per_pixel: int) -> int:
@@ -196,6 +211,7 @@ class StoreMeta:
     labels_source: dict[str, Any] | None = None
     split: dict[str, Any] = field(default_factory=dict)
     stats_split: str = "train"
+    split_generation: int = 0
     checksum_algorithm: str = CHECKSUM_ALGORITHM
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
@@ -275,6 +291,8 @@ class StoreMeta:
             raise bad("checksum_algorithm", f"must be {CHECKSUM_ALGORITHM!r}")
         if self.stats_split not in ("train", "all"):
             raise bad("stats_split", "must be 'train' or 'all'")
+        if not is_int(self.split_generation) or not 0 <= self.split_generation <= MAX_SPLIT_GENERATION:
+            raise bad("split_generation", f"must be an integer in 0..{MAX_SPLIT_GENERATION}")
         for name in ("source", "split"):
             if not isinstance(getattr(self, name), dict):
                 raise bad(name, "must be an object")

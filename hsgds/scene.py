@@ -145,7 +145,10 @@ class Scene:
         """The raw per-sample arrays (tile, y, x local to the tile core, label, split) and ``offsets``."""
         if self._samples is None:
             n = self.meta.num_samples
-            table = {f: _read_raw_array(self.path, f"{fmt.SAMPLES}/{f}", (n,)) for f in fmt.SAMPLE_FIELDS}
+            # the split codes of the generation the metadata names (`hsgds resplit` writes new ones aside)
+            names = {f: fmt.split_array(self.meta.split_generation) if f == "split" else f"{fmt.SAMPLES}/{f}"
+                     for f in fmt.SAMPLE_FIELDS}
+            table = {f: _read_raw_array(self.path, names[f], (n,)) for f in fmt.SAMPLE_FIELDS}
             table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets", (self.grid.num_tiles + 1,))
             self._check_samples(table)
             self._samples = table
@@ -195,8 +198,9 @@ class Scene:
         if self._stats is None:
             out: dict[str, BandStats | None] = {}
             for group in fmt.STAT_GROUPS:
-                if (self.path / fmt.STATS / group).is_dir():
-                    out[group] = BandStats(*(_read_raw_array(self.path, f"{fmt.STATS}/{group}/{f}", (self.shape[2],))
+                name = fmt.train_stats_group(self.meta.split_generation) if group == "train" else f"{fmt.STATS}/{group}"
+                if (self.path / name).is_dir():
+                    out[group] = BandStats(*(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],))
                                              for f in fmt.STAT_FIELDS))
                 else:
                     out[group] = None

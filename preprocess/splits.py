@@ -448,14 +448,19 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
     nb, k = g.hist.shape
     n = ys.size
     w = 1.0 / n_cls
-    need = 1 if t_val is None else 2  # survivors a splittable class keeps for test (and val)
+    need = 1 if t_val is None else 2  # blocks with val/test pixels a splittable class keeps (test, val)
     is_train = np.zeros(n, dtype=bool)
     near = np.zeros(n, dtype=bool)
     # `free` pixels: neither train nor within the guard of one. Per block and class: free pixels in the
     # block's window (`reach`, what moving the block to train would take from val/test at most), in the
     # block itself (`own`), and guarded pixels in the block (`own_near`, given back if it goes to train).
-    pair_cls = cls[np.repeat(np.arange(n), np.diff(g.ptr))]
+    pair_pix = np.repeat(np.arange(n), np.diff(g.ptr))
+    pair_cls = cls[pair_pix]
     reach = np.bincount(g.pair_blk * k + pair_cls, minlength=nb * k).reshape(nb, k).astype(np.int64)
+    # the same per (window block j, block b, class c): which blocks would keep free pixels of a class
+    grp_ids, pair_grp, grp_count = _compact((g.pair_blk * nb + g.blk[pair_pix]) * k + pair_cls)
+    grp_j, rest = np.divmod(grp_ids, nb * k)
+    grp_b, grp_c = np.divmod(rest, k)
     own = g.hist.astype(np.int64).copy()
     own_near = np.zeros((nb, k), dtype=np.int64)
     free = n_cls.astype(np.int64).copy()
@@ -467,6 +472,7 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
     def leave_free(pix: np.ndarray) -> None:
         blocks, rows = _csr(g.ptr, g.pair_blk, pix)
         np.subtract.at(reach, (blocks, cls[rows]), 1)
+        np.subtract.at(grp_count, _csr(g.ptr, pair_grp, pix)[0], 1)
         np.subtract.at(own, (g.blk[pix], cls[pix]), 1)
         np.subtract.at(free, cls[pix], 1)
 
@@ -476,8 +482,13 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
         first = ((g.hist > 0) & (train == 0) & (t_train > 0) & keep).sum(axis=1)
         gain += _FIRST_PIXEL_BONUS * first
         lost = (reach - own - own_near).sum(axis=1) * (k / n)  # pixels, in units of a mean class
-        guarded = keep & (free >= need)  # classes whose val/test pixels must not all go
-        feasible = ~in_train & ~((free - reach < need) & guarded).any(axis=1)
+        # blocks that keep free pixels of each class if block j goes to train (j itself among the lost)
+        alive = own > 0
+        own_g = own[grp_b, grp_c]
+        dead = (own_g > 0) & (own_g == grp_count)
+        left = alive.sum(axis=0) - np.bincount(grp_j * k + grp_c, weights=dead, minlength=nb * k).reshape(nb, k)
+        guarded = keep & (alive.sum(axis=0) >= need)  # classes whose val/test blocks must not all go
+        feasible = ~in_train & ~((left < need) & guarded).any(axis=1)
         cand = feasible & (gain > 1e-12)
         score = gain * jitter - _LOSS_WEIGHT * lost
         if train.sum() >= floor:

@@ -1,0 +1,278 @@
+"""``hsgds resplit``: same result as converting with the split, no source needed, atomic for readers."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hsgds
+from hsgds import format as fmt
+from hsgds.errors import ChecksumError, InputError
+from hsgds.preprocess.convert import ConvertOptions, convert
+from hsgds.preprocess.resplit import resplit
+
+
+def tree_digest(path: Path, skip=lambda rel: False) -> dict[str, str]:
+    """sha256 of every file under ``path`` by relative name (an independent snapshot of the store)."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        rel = p.relative_to(path).as_posix()
+        if p.is_file() and not skip(rel):
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def split_state(store: Path) -> tuple:
+    """What a reader sees: (split codes, train mean) -- read the way the loader reads them."""
+    scene = hsgds.open_scene(store)
+    codes = scene.sample_table()["split"].tobytes()
+    train = scene.stats["train"]
+    return hashlib.sha256(codes).hexdigest(), None if train is None else train.mean.tobytes()
+
+
+@pytest.fixture
+def ip_copy(indian_pines_store, tmp_path):
+    """A private copy of the session's Indian Pines store (random 10% split), free to re-split."""
+    dst = tmp_path / "ip.zarr"
+    shutil.copytree(indian_pines_store, dst)
+    return dst
+
+
+def test_resplit_equals_converting_with_that_split(ip_copy, tmp_path, run_cli):
+    from hsgds.datasets import INDIAN_PINES_CLASSES, indian_pines_files
+
+    tiles_before = tree_digest(ip_copy / fmt.TILES)
+    labels_before = tree_digest(ip_copy / fmt.LABELS)
+    code, out, err = run_cli("resplit", ip_copy, "--split", "blocks", "--train", "0.3", "--val", "0.1",
+                             "--seed", "2")
+    assert code == 0, err
+    assert "dropped by the guard" in out and "hsgds: warning: block split: classes 1 (" in err
+    cube, gt = indian_pines_files()
+    ref = tmp_path / "ref.zarr"
+    with pytest.warns(UserWarning, match="could not be split"):
+        convert(cube, ref, ConvertOptions(labels=gt, class_names=INDIAN_PINES_CLASSES, split="blocks", train=0.3,
+                                          val=0.1, seed=2))
+    a, b = hsgds.open_scene(ip_copy), hsgds.open_scene(ref)
+    for field in (*fmt.SAMPLE_FIELDS, "offsets"):
+        np.testing.assert_array_equal(a.sample_table()[field], b.sample_table()[field])
+    for group in fmt.STAT_GROUPS:
+        for field in fmt.STAT_FIELDS:  # bit-identical: same accumulator, same tile order
+            assert getattr(a.stats[group], field).tobytes() == getattr(b.stats[group], field).tobytes()
+    assert a.meta.split == b.meta.split and a.meta.split_generation == 1 and b.meta.split_generation == 0
+    assert a.meta.checksums == b.meta.checksums
+    # tiles and labels untouched, and verify passes
+    assert tree_digest(ip_copy / fmt.TILES) == tiles_before
+    assert tree_digest(ip_copy / fmt.LABELS) == labels_before
+    code, out, err = run_cli("verify", ip_copy)
+    assert code == 0 and out.startswith("ok: 4 tiles"), err
+
+
+def test_resplit_needs_no_source_and_keeps_one_previous_generation(npy_scene, tmp_path, run_cli):
+    cp, lp, _, labels = npy_scene(h=70, w=60, b=4, seed=5)
+    store = tmp_path / "s.zarr"
+    convert(cp, store, ConvertOptions(labels=lp, max_patch=5))
+    os.remove(cp)
+    os.remove(lp)
+    states = [split_state(store)]
+    for i, args in enumerate([("--split", "blocks", "--train", "0.2"), ("--split", "random", "--train", "5"),
+                              ("--split", "random", "--train", "0.5", "--seed", "3")], start=1):
+        code, out, err = run_cli("resplit", store, *args)
+        assert code == 0, err
+        scene = hsgds.open_scene(store)
+        assert scene.meta.split_generation == i
+        states.append(split_state(store))
+        # the current and the previous generation are on disk, nothing older
+        names = sorted(p.name for p in (store / fmt.SAMPLES).iterdir() if p.name.startswith("split"))
+        want = sorted(Path(fmt.split_array(g)).name for g in (i - 1, i))
+        assert names == want
+        if i == 2:  # per-class count 5 (random split): every class of >= 6 pixels has exactly 5 train pixels
+            _, _, lab = scene.samples("train")
+            counts = np.bincount(lab, minlength=labels.max() + 1)
+            for c in range(1, labels.max() + 1):
+                if np.count_nonzero(labels == c) >= 6:
+                    assert counts[c] == 5
+    assert len(set(states)) == 4
+    # back to a known split: the same split codes as the first block re-split
+    code, _, err = run_cli("resplit", store, "--split", "blocks", "--train", "0.2")
+    assert code == 0, err
+    assert split_state(store) == states[1]
+
+
+def test_resplit_failure_leaves_the_store_as_it_was(ip_copy):
+    before = tree_digest(ip_copy)
+    scene = hsgds.open_scene(ip_copy)
+    # damage a tile: the train statistics cannot be computed, and nothing may change
+    victim = scene.tile_paths[3]
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumError, match="tile 3"):
+        resplit(ip_copy, "random", train=0.5, seed=1)
+    after = tree_digest(ip_copy)
+    assert {k: v for k, v in after.items() if k != victim.relative_to(ip_copy).as_posix()} == \
+        {k: v for k, v in before.items() if k != victim.relative_to(ip_copy).as_posix()}
+
+
+def _resplit_cmd(store: Path, seed: int) -> list[str]:
+    return [sys.executable, "-c", "from hsgds.cli import main; main()", "resplit", str(store), "--split", "blocks",
+            "--train", "0.3", "--seed", str(seed)]
+
+
+def test_resplit_killed_at_any_point_leaves_old_or_new(ip_copy, tmp_path):
+    """SIGKILL a re-split at spread-out moments: the store always opens, with the old split or the new one."""
+    old = split_state(ip_copy)
+    pristine = tmp_path / "pristine.zarr"
+    shutil.copytree(ip_copy, pristine)
+    ref = tmp_path / "ref.zarr"
+    shutil.copytree(ip_copy, ref)
+    done = subprocess.run(_resplit_cmd(ref, 4), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    new = split_state(ref)
+    assert new != old
+    # deterministic points first: the process kills itself just before and just after the commit rename
+    for where in ("before", "after"):
+        code = ("import os, signal\n"
+                "from hsgds.preprocess import resplit as r\n"
+                "commit = r._commit\n"
+                "def dying(store, meta):\n"
+                f"    if {where!r} == 'after':\n"
+                "        commit(store, meta)\n"
+                "    os.kill(os.getpid(), signal.SIGKILL)\n"
+                "r._commit = dying\n"
+                f"r.resplit({str(ip_copy)!r}, 'blocks', train=0.3, seed=4)\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        assert split_state(ip_copy) == (old if where == "before" else new)
+        assert (ip_copy / fmt.split_array(1)).is_dir()  # the new generation was written, committed or not
+        if where == "before":
+            continue
+        shutil.rmtree(ip_copy)
+        shutil.copytree(pristine, ip_copy)
+    # then at spread-out moments
+    for delay in (0.8, 1.6):
+        proc = subprocess.Popen(_resplit_cmd(ip_copy, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        state = split_state(ip_copy)
+        assert state in (old, new), delay
+        if state == new:  # finished before the kill: start again from the old split
+            shutil.rmtree(ip_copy)
+            shutil.copytree(pristine, ip_copy)
+    # a later re-split removes whatever a killed one left, and succeeds
+    done = subprocess.run(_resplit_cmd(ip_copy, 4), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert split_state(ip_copy) == new
+    assert [p.name for p in ip_copy.rglob("*") if ".resplit-" in p.name] == []
+    assert sorted(p.name for p in (ip_copy / fmt.SAMPLES).iterdir() if p.name.startswith("split")) == \
+        ["split", "split-1"]
+
+
+def test_readers_never_see_a_half_rewritten_store(ip_copy):
+    """Readers open the store and read split codes and train statistics while it is re-split again and
+    again: every read pairs codes and statistics of one and the same split."""
+    from hsgds.preprocess.resplit import train_stats
+
+    scene = hsgds.open_scene(ip_copy)
+    expected = {split_state(ip_copy)}
+    plans = [("random", 0.5, 1), ("random", 0.2, 2), ("random", 0.5, 1)]
+    stop = threading.Event()
+    reads: list[tuple] = []
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                s = hsgds.open_scene(ip_copy)
+                codes = s.sample_table()["split"]
+                mean = s.stats["train"].mean
+                reads.append((hashlib.sha256(codes.tobytes()).hexdigest(), mean.tobytes()))
+                # the statistics are those of these very codes (an independent recomputation)
+                if len(reads) % 40 == 0:
+                    assert train_stats(s, codes)["mean"].tobytes() == mean.tobytes()
+            except BaseException as exc:  # noqa: BLE001 -- reported below
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for method, train, seed in plans:
+            resplit(ip_copy, method, train=train, seed=seed)
+            expected.add(split_state(ip_copy))
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors[0]
+    assert len(reads) > 10
+    assert set(reads) <= expected
+    assert len(expected) == 3  # the converted split and the two alternating ones
+    del scene
+
+
+def test_resplit_refuses_while_another_runs(ip_copy, run_cli):
+    fd = os.open(ip_copy, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, _, err = run_cli("resplit", ip_copy, "--split", "random")
+    finally:
+        os.close(fd)
+    assert code == 2 and "another `hsgds resplit` is rewriting" in err and err.count("\n") == 1
+    assert hsgds.open_scene(ip_copy).meta.split_generation == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("--split", "masks"), "Invalid value for '--split'"),
+        (("--split", "random", "--train", "1.5"), r"train fraction must be in \(0, 1\), got 1.5"),
+        (("--split", "random", "--train", "0.6", "--val", "0.4"), "below 1"),
+        (("--split", "blocks", "--block-size", "0"), "--block-size must be a positive"),
+        (("--split", "blocks", "--block-size", "2"), r"block_size \(2\) must be at least 4 for guard 7"),
+        (("--split", "random", "--seed", "-1"), "--seed must be a non-negative"),
+    ],
+)
+def test_resplit_bad_arguments(ip_copy, run_cli, args, match):
+    before = tree_digest(ip_copy)
+    code, out, err = run_cli("resplit", ip_copy, *args)
+    assert code == 2 and re.search(match, err), err
+    assert "Traceback" not in err
+    assert tree_digest(ip_copy) == before
+
+
+def test_resplit_bad_store(tmp_path, run_cli, npy_scene):
+    code, _, err = run_cli("resplit", tmp_path / "nothing.zarr", "--split", "random")
+    assert code == 2 and "is not a store directory" in err
+    cp, _, _, _ = npy_scene(b=3)
+    store = tmp_path / "unlabelled.zarr"
+    convert(cp, store, ConvertOptions())
+    code, _, err = run_cli("resplit", store, "--split", "blocks")
+    assert code == 2 and "has no labelled pixels" in err
+    with pytest.raises(InputError, match="for resplit"):
+        resplit(store, "masks")
+
+
+def test_split_generation_metadata_is_validated(ip_copy):
+    import json
+
+    doc = json.loads((ip_copy / "zarr.json").read_text())
+    for bad in (-1, "1", 1.5, True, 2**31):
+        doc["attributes"]["hsgds"]["split_generation"] = bad
+        (ip_copy / "zarr.json").write_text(json.dumps(doc))
+        with pytest.raises(hsgds.errors.StoreError, match="split_generation"):
+            hsgds.open_scene(ip_copy)

@@ -1,0 +1,94 @@
+"""``hsgds info``: the leakage line (test patches overlapping train patches) and the split line."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+from scipy.ndimage import distance_transform_cdt
+
+import hsgds
+from hsgds import format as fmt
+from hsgds.info import leakage
+from hsgds.preprocess.convert import ConvertOptions, convert
+
+
+def leaky_reference(scene, p):
+    """Test pixels whose p x p patch shares a scene pixel with some train pixel's p x p patch, by brute force
+    on the footprints for a sample and by scipy's chessboard distance transform for all of them."""
+    h, w = scene.shape[:2]
+    codes = np.zeros((h, w), np.uint8)
+    for name, code in fmt.SPLIT_CODES.items():
+        y, x, _ = scene.samples(name)
+        codes[y, x] = code
+    train = codes == fmt.SPLIT_TRAIN
+    test = codes == fmt.SPLIT_TEST
+    dist = distance_transform_cdt(~train, metric="chessboard")
+    leaky = test & (dist <= p - 1)
+    # brute force on a few test pixels: does any scene pixel of its footprint lie in a train footprint?
+    r = (p - 1) // 2
+    cover = np.zeros((h + 2 * r, w + 2 * r), bool)  # union of train footprints (scene padded by r)
+    for y, x in zip(*np.nonzero(train)):
+        cover[y:y + p, x:x + p] = True
+    ty, tx = np.nonzero(test)
+    for i in np.linspace(0, len(ty) - 1, 60).astype(int):
+        y, x = ty[i], tx[i]
+        assert bool(cover[y:y + p, x:x + p].any()) == bool(leaky[y, x])
+    return int(leaky.sum()), int(test.sum())
+
+
+@pytest.mark.parametrize("p", [15, 7, 3, 1])
+def test_leakage_random_split_indian_pines(indian_pines_store, p):
+    scene = hsgds.open_scene(indian_pines_store)
+    leak = leakage(scene, p)
+    assert (leak.leaky, leak.test) == leaky_reference(scene, p)
+    if p == 1:
+        assert leak.leaky == 0  # a 1x1 patch is the pixel itself: no overlap in a split
+    if p == 15:
+        assert leak.leaky == leak.test  # a 10% random split: every test patch overlaps a train patch
+
+
+def test_info_leakage_lines(indian_pines_store, tmp_path, run_cli, npy_scene):
+    code, out, err = run_cli("info", indian_pines_store)
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("leakage:"))
+    scene = hsgds.open_scene(indian_pines_store)
+    n_leaky, n_test = leaky_reference(scene, 15)
+    assert f"{n_leaky} of {n_test} test pixels (100.0%) have a 15x15 patch" in line
+    assert "use `--split blocks`" in line
+    code, out, err = run_cli("info", indian_pines_store, "--patch-size", "5")
+    n_leaky, n_test = leaky_reference(scene, 5)
+    assert f"leakage:    {n_leaky} of {n_test} test pixels ({100 * n_leaky / n_test:.1f}%) have a 5x5 patch" in out
+    # a block split: footprints disjoint, and the split line reports the guard loss
+    cp, lp, _, _ = npy_scene(h=90, w=80, b=3, seed=7)
+    store = tmp_path / "b.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        convert(cp, store, ConvertOptions(labels=lp, split="blocks", train=0.3, max_patch=7))
+    code, out, err = run_cli("info", store)
+    assert code == 0, err
+    assert re.search(r"leakage:    0 of \d+ test pixels \(0\.0%\) have a 7x7 patch .* disjoint", out)
+    meta = hsgds.open_scene(store).meta
+    assert f"guard 6 px dropped {meta.split['guard_lost']} labelled pixels" in out
+    assert f"block_size={meta.split['block_size']} (adaptive)" in out
+    # a larger patch than the split was made for leaks again
+    code, out, err = run_cli("info", store, "--patch-size", "15")
+    assert re.search(r"leakage:    [1-9]\d* of \d+ test pixels .* 15x15 patch", out)
+
+
+@pytest.mark.parametrize("bad", ["4", "0", "-3"])
+def test_info_bad_patch_size(indian_pines_store, run_cli, bad):
+    code, out, err = run_cli("info", indian_pines_store, "--patch-size", bad)
+    assert code == 2 and out == ""
+    assert err == f"hsgds: error: --patch-size must be a positive odd number (patches are pixel-centred), got {bad}\n"
+
+
+def test_info_without_labels(npy_scene, tmp_path, run_cli):
+    cp, _, _, _ = npy_scene(b=3)
+    store = tmp_path / "u.zarr"
+    convert(cp, store, ConvertOptions())
+    code, out, err = run_cli("info", store)
+    assert code == 0, err
+    assert "leakage:    no train/test split to compare (0 train, 0 test pixels)" in out
