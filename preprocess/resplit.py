@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import numpy as np
 import zarr
 
@@ -31,7 +32,6 @@ from hsgds import format as fmt
 from hsgds.errors import InputError, StoreError
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.stats import BandAccumulator
-from hsgds.scene import Scene, open_scene
 
 try:
     import fcntl
@@ -56,19 +56,71 @@ def _lock_store(path: Path) -> int | None:
     return fd
 
 
-def train_stats(scene: Scene, codes: np.ndarray) -> dict[str, np.ndarray] | None:
+class _Store:
+    """What a re-split reads from a store: its metadata, labels, sample table and tiles. Read with zarr and
+    the format module only (the converter does not use the runtime), and checked before anything is used
+    to index: a re-split rewrites the store, so it must not trust a damaged one."""
+
+    def __init__(self, path: Path) -> None:
+        where = str(path)
+        try:
+            doc = json.loads((path / "zarr.json").read_text())
+        except FileNotFoundError:
+            raise StoreError(f"{path} is not a store directory; create one with `hsgds convert`") from None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{where}: cannot read zarr.json ({exc}); convert the source again") from None
+        self.path = path
+        self.meta = fmt.StoreMeta.from_json(doc.get("attributes", {}) if isinstance(doc, dict) else {}, where)
+        self.grid = self.meta.grid
+        root = zarr.open_group(path, mode="r", zarr_format=3)
+        h, w, _ = self.meta.shape
+        n = self.meta.num_samples
+        try:
+            self.labels = np.asarray(root[fmt.LABELS][...])
+            table = {f: np.asarray(root[f"{fmt.SAMPLES}/{f}"][...]) for f in ("tile", "y", "x", "offsets")}
+        except (KeyError, OSError, ValueError) as exc:
+            raise StoreError(f"{where}: cannot read its labels or samples ({exc}); convert the source again") from None
+        g = self.grid
+        ok = self.labels.shape == (h, w) and all(table[f].shape == (n,) for f in ("tile", "y", "x"))
+        if ok and n:
+            t = table["tile"].astype(np.int64)
+            ok = (t.min() >= 0 and t.max() < g.num_tiles and not np.any(np.diff(t) < 0)
+                  and min(table["y"].min(), table["x"].min()) >= 0 and max(table["y"].max(), table["x"].max()) < g.tile
+                  and np.array_equal(table["offsets"], fmt.tile_offsets(t, g.num_tiles)))
+        if not ok:
+            raise StoreError(f"{where}: labels or sample arrays are inconsistent; convert the source again")
+        self.table = table
+        tiles_meta = json.loads((path / fmt.TILES / "zarr.json").read_text())
+        self.tile_paths = fmt.tile_paths(path, g, tiles_meta)
+
+    def scene_yx(self) -> tuple[np.ndarray, np.ndarray]:
+        """Scene coordinates of the samples, in sample order."""
+        ty, tx = np.divmod(self.table["tile"].astype(np.int64), self.grid.ntx)
+        return ty * self.grid.tile + self.table["y"], tx * self.grid.tile + self.table["x"]
+
+    def read_tile(self, tile_id: int) -> np.ndarray:
+        """One halo-padded tile, its size and checksum checked against the metadata."""
+        path = self.tile_paths[tile_id]
+        raw = path.read_bytes()
+        if len(raw) != self.grid.tile_nbytes:
+            raise fmt.tile_size_error(tile_id, path, len(raw), self.grid.tile_nbytes)
+        fmt.check_tile_crc(tile_id, path, crc32c.crc32c(raw), self.meta.checksums[tile_id])
+        return np.frombuffer(raw, dtype=np.dtype(self.meta.dtype).newbyteorder("<")).reshape(self.grid.tile_shape)
+
+
+def train_stats(store: _Store, codes: np.ndarray) -> dict[str, np.ndarray] | None:
     """Band statistics of the pixels whose code is train, read from the store's tiles in tile order
     (the converter's order and accumulator, so the result is bit-identical to a conversion's)."""
-    table = scene.sample_table()
+    table = store.table
     offsets = table["offsets"]
-    acc = BandAccumulator(scene.shape[2])
-    h = scene.grid.halo
-    for tile_id in range(scene.grid.num_tiles):
+    acc = BandAccumulator(store.meta.shape[2])
+    h = store.grid.halo
+    for tile_id in range(store.grid.num_tiles):
         lo, hi = int(offsets[tile_id]), int(offsets[tile_id + 1])
         train = codes[lo:hi] == fmt.SPLIT_TRAIN
         if not train.any():
             continue
-        tile = scene.read_tile(tile_id)  # checksum verified: statistics never come from a damaged tile
+        tile = store.read_tile(tile_id)  # checksum verified: statistics never come from a damaged tile
         acc.merge(BandAccumulator.of(tile[h + table["y"][lo:hi][train], h + table["x"][lo:hi][train]]))
     return acc.result()
 
@@ -172,23 +224,23 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
     if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
         raise InputError(f"--block-size must be a positive number of pixels, got {block_size}")
     path = Path(store)
-    open_scene(path)  # a clear error for a path that is not a store, before locking anything
+    if not path.is_dir():
+        raise StoreError(f"{path} is not a store directory; create one with `hsgds convert`")
     lock = _lock_store(path)
     try:
-        scene = open_scene(path)  # again, under the lock: the metadata the new generation follows
-        meta = scene.meta
+        src = _Store(path)  # read under the lock: the metadata the new generation follows
+        meta = src.meta
         if meta.num_samples == 0:
             raise InputError(f"{path} has no labelled pixels: there is nothing to split")
         if meta.split_generation >= fmt.MAX_SPLIT_GENERATION:
             raise StoreError(f"{path} has been re-split {meta.split_generation} times; convert it again")
-        labels = scene.labels
-        split_map, params = splitting.make_split(labels, split, train=train, val=val, block_size=block_size,
+        split_map, params = splitting.make_split(src.labels, split, train=train, val=val, block_size=block_size,
                                                  guard=meta.halo, seed=seed)
-        ys, xs, _ = scene.samples(None)
+        ys, xs = src.scene_yx()
         codes = split_map[ys, xs].astype(np.uint8)
         if progress is not None:
             progress("computing train statistics from the tiles")
-        stats = train_stats(scene, codes)
+        stats = train_stats(src, codes)
         generation = meta.split_generation + 1
         current = meta.split_generation
         _remove_generations(path, lambda g: g > current)  # leftovers of killed re-splits

@@ -183,7 +183,7 @@ def test_resplit_killed_at_any_point_leaves_old_or_new(ip_copy, tmp_path):
 def test_readers_never_see_a_half_rewritten_store(ip_copy):
     """Readers open the store and read split codes and train statistics while it is re-split again and
     again: every read pairs codes and statistics of one and the same split."""
-    from hsgds.preprocess.resplit import train_stats
+    from hsgds.preprocess.resplit import _Store, train_stats
 
     scene = hsgds.open_scene(ip_copy)
     expected = {split_state(ip_copy)}
@@ -201,7 +201,7 @@ def test_readers_never_see_a_half_rewritten_store(ip_copy):
                 reads.append((hashlib.sha256(codes.tobytes()).hexdigest(), mean.tobytes()))
                 # the statistics are those of these very codes (an independent recomputation)
                 if len(reads) % 40 == 0:
-                    assert train_stats(s, codes)["mean"].tobytes() == mean.tobytes()
+                    assert train_stats(_Store(ip_copy), codes)["mean"].tobytes() == mean.tobytes()
             except BaseException as exc:  # noqa: BLE001 -- reported below
                 errors.append(exc)
                 return
