@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hsgds import defaults
 from hsgds.augment import Augment, Augmenter, draw
 from hsgds.engines import make_engine
 from hsgds.engines.base import LAYOUTS, PatchSpec
@@ -137,8 +138,8 @@ class PatchLoader:
         Tiles whose samples are mixed together; default: as many as the ring holds (all of them when
         the split fits: a true global shuffle).
     ring_bytes : int or None
-        Memory for resident tiles; default: the whole split, capped (2 GiB on CPU, a quarter of free
-        GPU memory).
+        Memory for resident tiles; default: the whole split, capped (settings ``ring_cpu_bytes``, 2 GiB on
+        CPU, and ``ring_gpu_fraction``, a quarter of free GPU memory; see docs/settings.md).
     engine : "auto", "torch" or "dali"; reader : "auto", "posix", "posix-pinned" or "kvikio".
     rank, world_size : default to torch.distributed when initialised.
     return_coords : also yield the scene (y, x) of each patch centre: (N, 2) int64 for one store,
@@ -272,9 +273,9 @@ class PatchLoader:
         if ring_bytes is None:
             if self.device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(self.device)
-                cap = free // 4
+                cap = int(free * defaults.get("ring_gpu_fraction"))
             else:
-                cap = 2 << 30
+                cap = int(defaults.get("ring_cpu_bytes"))
             return max(2, min(needed, cap // nbytes))
         if ring_bytes < nbytes:
             raise ConfigError(f"ring_bytes={ring_bytes} is smaller than one tile ({nbytes} bytes); "

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from hsgds import defaults
 from hsgds.errors import ConfigError, HsgdsError, TileReadError
 from hsgds.io.base import ChunkReader
 from hsgds.sampling import Interval
 
 FREE, LOADING, READY = 0, 1, 2
-_POLL = 0.05  # seconds between checks of the stop flag while waiting
 
 
 @dataclass
@@ -78,6 +78,7 @@ class TileRing:
         self.stats = RingStats(slots=slots)
         self._cond = threading.Condition()
         self._stop = threading.Event()
+        self._poll = float(defaults.get("ring_poll_s"))  # seconds between checks of the stop flag
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max(1, inflight), thread_name_prefix="hsgds-read")
@@ -131,7 +132,7 @@ class TileRing:
                 with self._cond:
                     got = self._take_slot(iv.tile)
                     while got is None and not self._stop.is_set() and self._error is None:
-                        self._cond.wait(_POLL)
+                        self._cond.wait(self._poll)
                         got = self._take_slot(iv.tile)
                     if got is None:
                         return
@@ -210,7 +211,7 @@ class TileRing:
                         raise HsgdsError(f"tiles {tiles} were never scheduled for loading")
                 if deadline is not None and time.perf_counter() > deadline:
                     raise TimeoutError(f"tiles {tiles} not loaded after {timeout} s")
-                self._cond.wait(_POLL)
+                self._cond.wait(self._poll)
             busy = sum(1 for s in self.state if s != FREE)
             self.stats.occupancy_sum += busy / self.slots
             self.stats.occupancy_samples += 1

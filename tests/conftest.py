@@ -83,3 +83,21 @@ def npy_scene(tmp_path):
     return make
 
 
+
+
+@pytest.fixture
+def hsgds_env(monkeypatch):
+    """``hsgds_env(var, value)`` sets (or with None unsets) an ``HSGDS_*`` variable for one test.
+    hsgds.defaults reads each variable once, so what it read is forgotten now and after the test (when
+    monkeypatch has put the environment back)."""
+    from hsgds import defaults
+
+    def change(var: str, value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+        defaults.reload()
+
+    yield change
+    defaults.reload()

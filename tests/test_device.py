@@ -125,10 +125,10 @@ def test_probe_records_cupy_without_driver(monkeypatch):
 
 
 @pytest.mark.parametrize("how", ["env", "set"])
-def test_device_cpu_forces_cpu(monkeypatch, how):
-    monkeypatch.delenv("HSGDS_DEVICE", raising=False)
+def test_device_cpu_forces_cpu(hsgds_env, how):
+    hsgds_env("HSGDS_DEVICE", None)
     if how == "env":
-        monkeypatch.setenv("HSGDS_DEVICE", "cpu")
+        hsgds_env("HSGDS_DEVICE", "cpu")
         report = probe()
     else:
         with defaults.set(device="cpu"):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hsgds import defaults
+from hsgds.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "settings.md"
@@ -30,6 +34,8 @@ def documented_settings() -> dict[str, tuple[str, str]]:
 
 
 def _as_written(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     text = str(value)
     home = str(Path.home())
     return "~" + text[len(home):] if text.startswith(home + "/") else text
@@ -66,21 +72,68 @@ def test_no_undocumented_hsgds_variable_in_the_sources():
     assert not missing, f"HSGDS_* variables used but not in docs/settings.md: {missing}"
 
 
-def test_get_prefers_override_then_environment_then_default(monkeypatch):
-    monkeypatch.delenv("HSGDS_KVIKIO_THREADS", raising=False)
+@pytest.fixture
+def env(hsgds_env):
+    return hsgds_env
+
+
+def test_get_prefers_override_then_environment_then_default(env):
+    env("HSGDS_KVIKIO_THREADS", None)
     assert defaults.get("kvikio_threads") == 0
-    monkeypatch.setenv("HSGDS_KVIKIO_THREADS", "6")
+    env("HSGDS_KVIKIO_THREADS", "6")
     assert defaults.get("kvikio_threads") == 6  # parsed to the setting's type
-    monkeypatch.setenv("HSGDS_KVIKIO_THREADS", "")
+    env("HSGDS_KVIKIO_THREADS", "")
     assert defaults.get("kvikio_threads") == 0  # empty = unset
-    monkeypatch.setenv("HSGDS_KVIKIO_THREADS", "6")
+    env("HSGDS_KVIKIO_THREADS", "6")
     with defaults.set(kvikio_threads=2):
         assert defaults.get("kvikio_threads") == 2
     assert defaults.get("kvikio_threads") == 6
 
 
-def test_set_as_context_manager_nests_and_restores(monkeypatch):
-    monkeypatch.delenv("HSGDS_DEVICE", raising=False)
+def test_environment_is_read_once(env, monkeypatch):
+    env("HSGDS_RING_POLL_S", "0.5")
+    assert defaults.get("ring_poll_s") == 0.5
+    monkeypatch.setenv("HSGDS_RING_POLL_S", "0.25")  # after the first use: not seen ...
+    assert defaults.get("ring_poll_s") == 0.5
+    defaults.reload()  # ... until the environment is read again
+    assert defaults.get("ring_poll_s") == 0.25
+
+
+def test_nothing_is_read_at_import_time(tmp_path):
+    # a bad value breaks only the use of its setting, not `import hsgds` (nor the other settings)
+    code = ("import hsgds, hsgds.defaults as d\n"
+            "print(d.get('device'))\n"
+            "try:\n    d.get('read_inflight')\nexcept hsgds.ConfigError as e:\n    print('error:', e)\n")
+    env = {**os.environ, "HSGDS_READ_INFLIGHT": "many", "HSGDS_DEVICE": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "cpu", "error: HSGDS_READ_INFLIGHT='many' is not an integer >= 1; fix or unset it (see docs/settings.md; "
+        "default: 4)"]
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("0", False), ("true", True), ("False", False),
+                                         ("YES", True), ("no", False), ("on", True), (" off ", False)])
+def test_booleans_are_parsed(env, text, value):
+    env("HSGDS_TRITON", text)
+    assert defaults.get("triton") is value
+    with defaults.set(triton=text):
+        assert defaults.get("triton") is value
+
+
+def test_every_default_is_a_valid_value():
+    for name in defaults.names():
+        value = defaults.default(name)
+        with defaults.set(**{name: value}):
+            assert defaults.get(name) == value
+        with defaults.set(**{name: _as_written(value) if not isinstance(value, str) else value}):
+            assert defaults.get(name) == value, name  # the documented text means the default
+
+
+def test_set_as_context_manager_nests_and_restores(env):
+    env("HSGDS_DEVICE", None)
     with defaults.set(device="cpu", kvikio_threads=3):
         assert (defaults.get("device"), defaults.get("kvikio_threads")) == ("cpu", 3)
         with defaults.set(device="cuda:1"):
@@ -92,8 +145,8 @@ def test_set_as_context_manager_nests_and_restores(monkeypatch):
     assert (defaults.get("device"), defaults.get("kvikio_threads")) == ("auto", 0)
 
 
-def test_set_without_with_lasts_until_undone(monkeypatch):
-    monkeypatch.delenv("HSGDS_DEVICE", raising=False)
+def test_set_without_with_lasts_until_undone(env):
+    env("HSGDS_DEVICE", None)
     override = defaults.set(device="cpu")
     try:
         assert defaults.get("device") == "cpu"
@@ -102,17 +155,44 @@ def test_set_without_with_lasts_until_undone(monkeypatch):
     assert defaults.get("device") == "auto"
 
 
-def test_unknown_setting_names_the_known_ones():
-    with pytest.raises(KeyError, match="unknown hsgds setting 'gpu'.*device"):
+def test_unknown_setting_is_a_config_error_naming_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown hsgds setting 'gpu'.*device"):
         defaults.get("gpu")
-    with pytest.raises(KeyError, match=r"unknown hsgds setting\(s\) \['gpu'\]"):
+    with pytest.raises(ConfigError, match=r"unknown hsgds setting\(s\) \['gpu'\]"):
         defaults.set(gpu=1)
+    with pytest.raises(ConfigError, match="unknown hsgds setting 'gpu'"):
+        defaults.env_var("gpu")
 
 
-def test_bad_environment_value_is_a_config_error(monkeypatch):
-    from hsgds import defaults
-    from hsgds.errors import ConfigError
+@pytest.mark.parametrize("name, bad", [("triton", "maybe"), ("read_inflight", "0"), ("read_inflight", "2.5"),
+                                       ("ring_gpu_fraction", "0"), ("ring_gpu_fraction", "1.5"),
+                                       ("ring_poll_s", "nan"), ("kvikio_threads", "-1")])
+def test_bad_environment_value_is_a_config_error(env, name, bad):
+    var = defaults.env_var(name)
+    env(var, bad)
+    with pytest.raises(ConfigError, match=f"{var}='{re.escape(bad)}' is not .*docs/settings.md"):
+        defaults.get(name)
 
-    monkeypatch.setenv("HSGDS_TRITON", "yes")
-    with pytest.raises(ConfigError, match="HSGDS_TRITON='yes' is not a valid int"):
-        defaults.get("triton")
+
+def test_bad_value_given_to_set_changes_nothing(env):
+    env("HSGDS_READ_INFLIGHT", None)
+    with pytest.raises(ConfigError, match="read_inflight=0 is not an integer >= 1"):
+        defaults.set(device="cpu", read_inflight=0)
+    with pytest.raises(ConfigError, match="triton=2 is not a boolean"):
+        defaults.set(triton=2)
+    with pytest.raises(ConfigError, match="torch_threads=True is not an integer"):
+        defaults.set(torch_threads=True)
+    assert (defaults.get("device"), defaults.get("read_inflight")) == ("auto", 4)
+
+
+def test_ring_cpu_bytes_caps_the_default_ring(indian_pines_store):
+    from hsgds.loader import PatchLoader
+    from hsgds.scene import open_scene
+
+    tile = open_scene(indian_pines_store).grid.tile_nbytes
+    with defaults.set(device="cpu"):
+        with PatchLoader(indian_pines_store, patch_size=5, batch_size=8, split=None) as loader:
+            whole = loader.slots  # the whole split fits under the default 2 GiB
+        with defaults.set(ring_cpu_bytes=3 * tile), \
+                PatchLoader(indian_pines_store, patch_size=5, batch_size=8, split=None) as loader:
+            assert loader.slots == 3 < whole

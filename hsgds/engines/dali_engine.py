@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from hsgds import defaults
 from hsgds.engines.base import PatchEngine, PatchSpec
 from hsgds.engines.torch_engine import check_coords, check_dihedral, check_spec, check_storage
 from hsgds.errors import ConfigError, DependencyError
@@ -63,6 +64,10 @@ def _import_dali() -> tuple[Any, Any, Any]:
 
 
 def _default_threads() -> int:
+    """The ``dali_threads`` setting; 0 (its default): the usable CPU cores, at most 16."""
+    n = int(defaults.get("dali_threads"))
+    if n > 0:
+        return n
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -88,7 +93,8 @@ class DaliEngine(PatchEngine):
         The pipeline's batch size; use the loader's batch size. Smaller batches (the last one) run as they
         are; a bigger batch rebuilds the pipeline for that size.
     num_threads : int or None
-        DALI worker threads (default: the usable CPU cores, at most 16).
+        DALI worker threads (default: the ``dali_threads`` setting, ``HSGDS_DALI_THREADS``; its default 0
+        means the usable CPU cores, at most 16).
 
     Notes
     -----

@@ -47,12 +47,6 @@ _STORE_DTYPES = (
 # and copy_ (conversion) are: gather through a same-size signed view, convert through the unsigned view.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-# CPU path: bytes of float work per chunk of patches (a core's L2 holds it with the gather and the cast)
-_CHUNK_BYTES = 1 << 20
-# CPU path: at most this many threads cut chunks of one batch; torch's parallel grain size (elements)
-_MAX_THREADS = 8
-# CPU path: output buffers kept for reuse (the batch the caller holds, the one autograd may hold, ...)
-_POOL = 4
 
 
 def resolve_out_dtype(value: Any) -> torch.dtype:
@@ -233,9 +227,15 @@ class TorchEngine(PatchEngine):
         self._outs: list[tuple[torch.Tensor, int]] = []
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
+        # CPU path tunables (docs/settings.md), read once per engine: output buffers kept for reuse (the
+        # batch the caller holds, the one autograd may hold, ...), and at most this many cutting threads
+        self._pool_max = int(defaults.get("torch_out_pool"))
+        self._max_threads = int(defaults.get("torch_threads"))
         pixel = spec.patch_size**2 * spec.bands
-        # CPU: patches per chunk, so that a chunk's gather and float work stay in the core's cache
-        self._chunk = max(1, _CHUNK_BYTES // (pixel * (8 if self._compute == torch.float64 else 4)))
+        # CPU: patches per chunk, so that a chunk's gather and float work stay in the core's cache (setting
+        # torch_chunk_bytes: bytes of float work per chunk; a core's L2 holds it with the gather and the cast)
+        chunk_bytes = int(defaults.get("torch_chunk_bytes"))
+        self._chunk = max(1, chunk_bytes // (pixel * (8 if self._compute == torch.float64 else 4)))
 
     # -- cached per-device constants ------------------------------------------------------------------
     def _consts_for(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -367,7 +367,7 @@ class TorchEngine(PatchEngine):
                 return buf[:numel].view(shape)
         buf = torch.empty(numel, dtype=self._out_dtype)
         refs = _storage_refs(buf)
-        if refs is not None and len(self._outs) < _POOL:
+        if refs is not None and len(self._outs) < self._pool_max:
             self._outs.append((buf, refs))
         return buf.view(shape)
 
@@ -390,7 +390,7 @@ class TorchEngine(PatchEngine):
         if flat.dtype in _SIGNED_VIEW:
             flat = flat.view(_SIGNED_VIEW[flat.dtype])
         chunks = [(i, min(self._chunk, n - i)) for i in range(0, n, self._chunk)]
-        workers = max(1, min(len(chunks), torch.get_num_threads(), _MAX_THREADS))
+        workers = max(1, min(len(chunks), torch.get_num_threads(), self._max_threads))
         if workers == 1:
             self._cut_chunks(chunks, flat, storage.dtype, base, offsets, out)
             return out

@@ -117,9 +117,9 @@ def test_hsgds_bench_cli(tmp_path, run_cli):
     assert isinstance(doc["input_bound"], bool)
 
 
-def test_hsgds_demo_cli(tmp_path, run_cli, monkeypatch):
+def test_hsgds_demo_cli(tmp_path, run_cli, hsgds_env):
     pytest.importorskip("tensorly")
-    monkeypatch.setenv("HSGDS_CACHE_DIR", str(tmp_path / "cache"))
+    hsgds_env("HSGDS_CACHE_DIR", str(tmp_path / "cache"))
     code, out, err = run_cli("demo", "--epochs", "1", "--patch-size", "3", "--batch-size", "256", "--device", "cpu")
     assert code == 0, err
     assert "verify:     all tiles intact" in out

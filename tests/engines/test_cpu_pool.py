@@ -51,8 +51,8 @@ def test_idle_buffers_are_reused():
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-def test_threads_and_chunks_give_the_same_bits(monkeypatch, layout, dtype):
-    import hsgds.engines.torch_engine as te
+def test_threads_and_chunks_give_the_same_bits(layout, dtype):
+    from hsgds import defaults
 
     storage, spec, coords = _setup(layout, dtype, n=57)
     co = coords(4)
@@ -62,10 +62,10 @@ def test_threads_and_chunks_give_the_same_bits(monkeypatch, layout, dtype):
         one = TorchEngine(spec).cut(storage, *co).clone()
     finally:
         torch.set_num_threads(threads)
-    monkeypatch.setattr(te, "_CHUNK_BYTES", 4096)  # many small chunks, shared by the threads
     torch.set_num_threads(max(2, threads))
     try:
-        many = TorchEngine(spec).cut(storage, *co)
+        with defaults.set(torch_chunk_bytes=4096):  # many small chunks, shared by the threads
+            many = TorchEngine(spec).cut(storage, *co)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one.view(torch.uint8), many.view(torch.uint8))
