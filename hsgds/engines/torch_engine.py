@@ -511,7 +511,7 @@ class TorchEngine(PatchEngine):
         with self._lock:
             out = self._output(shape)
             chunks = [(i, min(self._chunk, n - i)) for i in range(0, n, self._chunk)]
-            workers = max(1, min(len(chunks), torch.get_num_threads(), _MAX_THREADS))
+            workers = max(1, min(len(chunks), torch.get_num_threads(), self._max_threads))
 
             def run(part: list[tuple[int, int]]) -> None:
                 for i, k in part:
