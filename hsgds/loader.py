@@ -17,7 +17,7 @@ import torch
 from hsgds import defaults
 from hsgds.augment import Augment, Augmenter, draw
 from hsgds.engines import make_engine
-from hsgds.engines.base import LAYOUTS, PatchSpec
+from hsgds.engines.base import TORCH_DTYPES, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
 from hsgds.pixels import PIXELS, all_pixels, check_mask, labelled_pixels
 from hsgds.ring import TileRing
@@ -29,10 +29,6 @@ __all__ = ["LoaderStats", "PatchLoader"]
 
 NORMALIZATIONS = ("zscore", "minmax", None)
 STATE_VERSION = 1
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "uint16": torch.uint16,
-                 "int32": torch.int32, "uint32": torch.uint32, "int64": torch.int64, "uint64": torch.uint64,
-                 "float32": torch.float32, "float64": torch.float64}
 
 
 @dataclass
@@ -191,20 +187,10 @@ class PatchLoader:
         self.scenes.check()
         self.scene = self.scenes.scenes[0]
         grid = self.scene.grid
-        max_p = 2 * min(s.grid.halo for s in self.scenes.scenes) + 1
-        if not isinstance(patch_size, int) or patch_size < 1 or patch_size % 2 == 0:
-            raise ConfigError(f"patch_size must be a positive odd integer (patches are pixel-centred), got {patch_size!r}")
-        if patch_size > max_p:
-            raise ConfigError(f"patch_size {patch_size} is larger than this store serves ({max_p}x{max_p}, halo "
-                              f"{grid.halo}); convert again with --max-patch {patch_size}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if layout not in LAYOUTS:
-            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if normalize not in NORMALIZATIONS:
             raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
-        if dtype not in _FLOAT_DTYPES:
-            raise ConfigError(f"dtype must be a torch floating dtype (float32, float16, bfloat16, float64), got {dtype}")
         if shuffle_window is not None and (not isinstance(shuffle_window, int) or shuffle_window < 1):
             raise ConfigError(f"shuffle_window must be an integer >= 1 (tiles), got {shuffle_window!r}")
         if not isinstance(seed, int) or seed < 0:
@@ -215,6 +201,16 @@ class PatchLoader:
         if len(sizes) > 1:
             raise ConfigError("scenes with different band counts or tile sizes cannot share one ring yet; convert "
                               "them with the same bands, --tile and --max-patch")
+        # per-scene tables only where needed: one store with all its bands keeps the single-table engines
+        self._tables = None
+        if len(self.scenes) > 1 or selection is not None:
+            self._tables = scene_tables(self.scenes, selection, offset, scale)
+            self._tile_scene = self.scenes.tile_scene()
+        # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself
+        out_bands = grid.bands if selection is None else len(selection[0])
+        spec = PatchSpec(patch_size=patch_size, halo=min(s.grid.halo for s in self.scenes.scenes), bands=out_bands,
+                         tile_side=grid.side, layout=layout, out_dtype=dtype, offset=offset[0], scale=scale[0],
+                         tables=self._tables)
         self.patch_size, self.batch_size, self.split = patch_size, batch_size, split
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_window, self.return_coords = shuffle_window, return_coords
@@ -224,11 +220,6 @@ class PatchLoader:
         if len(self.samples) == 0:
             where = self.scene.path if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes"
             raise ConfigError(f"split {split!r} of {where} has no samples (pixels={pixels!r}); see `hsgds info`")
-        # per-scene tables only where needed: one store with all its bands keeps the single-table engines
-        self._tables = None
-        if len(self.scenes) > 1 or selection is not None:
-            self._tables = scene_tables(self.scenes, selection, offset, scale)
-            self._tile_scene = self.scenes.tile_scene()
 
         from hsgds.choice import choose
         from hsgds.probe import probe
@@ -251,14 +242,11 @@ class PatchLoader:
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
         self._plan(self._epoch)  # a ring too small for a batch is reported now, before anything is allocated
-        out_bands = grid.bands if selection is None else len(selection[0])
-        spec = PatchSpec(patch_size=patch_size, halo=grid.halo, bands=out_bands, tile_side=grid.side,
-                         layout=layout, out_dtype=dtype, offset=offset[0], scale=scale[0], tables=self._tables)
         self._reader = self._make_reader(self.choice.reader)
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
         self._out_bands = out_bands
         self._augmenter = None if augment is None else Augmenter(augment, self.seed, layout)
-        self._ring = TileRing(self.slots, grid.tile_shape, _TORCH_DTYPES[grid.dtype], self.device, self._reader)
+        self._ring = TileRing(self.slots, grid.tile_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader)
         register = getattr(self._reader, "register", None)
         if register is not None:  # GDS: pin the ring for DMA once, not per read
             register(self._ring.storage)

@@ -12,7 +12,6 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds.errors import ConfigError
-from hsgds.format import tile_offsets
 from hsgds.sampling import SampleSet
 from hsgds.scene import Scene
 
@@ -34,31 +33,9 @@ def check_mask(mask: object, scene: Scene, where: str) -> np.ndarray | None:
     return arr
 
 
-def _compact(scene: Scene, tile: np.ndarray, sy: np.ndarray, sx: np.ndarray, label: np.ndarray) -> SampleSet:
-    """A SampleSet of scene pixels (sorted by tile) in small dtypes: a 4096x1024 scene at stride 1 is
-    4M samples, so int32/int16 instead of int64 keeps the set at ~80 MB."""
-    t, h = scene.grid.tile, scene.grid.halo
-    ty, tx = np.divmod(tile, scene.grid.ntx)
-    return SampleSet(tile=tile.astype(np.int32), y=(sy - ty * t + h).astype(np.int32),
-                     x=(sx - tx * t + h).astype(np.int32), label=label.astype(np.int16),
-                     scene_y=sy.astype(np.int32), scene_x=sx.astype(np.int32),
-                     offsets=tile_offsets(tile.astype(np.int64), scene.grid.num_tiles))
-
-
 def labelled_pixels(scene: Scene, split: str | None, mask: np.ndarray | None = None) -> SampleSet:
     """The store's labelled samples of ``split`` (None: all of them), optionally restricted by ``mask``."""
-    table = scene.sample_table()
-    keep = scene.split_mask(table["split"], split)
-    tile = table["tile"][keep].astype(np.int64)
-    ty, tx = np.divmod(tile, scene.grid.ntx)
-    t = scene.grid.tile
-    sy = ty * t + table["y"][keep]
-    sx = tx * t + table["x"][keep]
-    label = table["label"][keep].astype(np.int64) - 1
-    if mask is not None:
-        inside = mask[sy, sx]
-        tile, sy, sx, label = tile[inside], sy[inside], sx[inside], label[inside]
-    return _compact(scene, tile, sy, sx, label)
+    return scene.sample_set(split, mask)
 
 
 def all_pixels(scene: Scene, stride: int = 1, split: str | None = None,
@@ -99,4 +76,4 @@ def all_pixels(scene: Scene, stride: int = 1, split: str | None = None,
         keep = ~other if keep is None else keep & ~other
     if keep is not None:
         tile, sy, sx, label = tile[keep], sy[keep], sx[keep], label[keep]
-    return _compact(scene, tile.astype(np.int64), sy, sx, label)
+    return scene.samples_at(tile.astype(np.int64), sy, sx, label)

@@ -1,4 +1,8 @@
-"""The patch-engine interface: resident tiles + sample coordinates -> a normalized patch batch."""
+"""The patch-engine interface: resident tiles + sample coordinates -> a normalized patch batch.
+
+Everything the engines and the loader agree on lives here once: the torch dtypes of a store and of a
+patch batch, :class:`PatchSpec` (which validates itself), and the checks of a batch's inputs.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,40 @@ from typing import Any
 
 import numpy as np
 
+from hsgds.errors import ConfigError, DependencyError, InputError
+from hsgds.format import DTYPES
+
+try:
+    import torch
+except ImportError as exc:  # torch is an extra: users install the build matching their CUDA
+    raise DependencyError(
+        "the patch engines need PyTorch: install the build for your CUDA, or pip install 'hsgds[torch]'"
+    ) from exc
+
+__all__ = ["LAYOUTS", "OUT_DTYPES", "TORCH_DTYPES", "PatchEngine", "PatchSpec", "SceneTables", "check_coords",
+           "check_dihedral", "check_storage", "is_store_dtype", "resolve_out_dtype"]
+
 LAYOUTS = ("NCHW", "NHWC")
+#: store dtype (numpy name, :data:`hsgds.format.DTYPES`) -> the torch dtype of the ring holding its tiles
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
+_STORE_TORCH_DTYPES = frozenset(TORCH_DTYPES.values())
+#: dtypes a patch batch may have
+OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def resolve_out_dtype(value: Any) -> torch.dtype:
+    """A torch floating dtype from a ``torch.dtype`` or its name (e.g. "bfloat16").
+
+    Raises
+    ------
+    ConfigError
+        When ``value`` is not one of :data:`OUT_DTYPES`.
+    """
+    dtype = getattr(torch, value, None) if isinstance(value, str) else value
+    if dtype not in OUT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in OUT_DTYPES)
+        raise ConfigError(f"dtype must be a torch floating dtype ({names}), got {value}")
+    return dtype
 
 
 @dataclass(frozen=True)
@@ -37,13 +74,41 @@ class SceneTables:
         return bool(np.all(self.side == self.side[0]) and np.all(self.stride == b)
                     and np.array_equal(self.band, np.broadcast_to(np.arange(b), self.band.shape)))
 
+    def check(self, bands: int, patch_size: int) -> None:
+        """Raise ConfigError unless consistent: (T,) geometry, (T, bands) band/offset/scale."""
+        t = len(self.side)
+        if t < 1:
+            raise ConfigError("tables must describe at least one scene")
+        for what, arr in (("side", self.side), ("stride", self.stride)):
+            if np.shape(arr) != (t,) or np.any(np.asarray(arr) < 1):
+                raise ConfigError(f"tables.{what} must hold one positive value per table ({t}), got {arr!r}")
+        if np.any(np.asarray(self.side) < patch_size):
+            raise ConfigError(f"a table's tile side {int(np.min(self.side))} is smaller than patch_size {patch_size}")
+        for what, arr in (("band", self.band), ("offset", self.offset), ("scale", self.scale)):
+            if np.shape(arr) != (t, bands):
+                raise ConfigError(f"tables.{what} must have shape ({t}, {bands}), got {np.shape(arr)}")
+            if not np.all(np.isfinite(np.asarray(arr, dtype=np.float64))):
+                raise ConfigError(f"tables.{what} has non-finite values; check the stores' band statistics")
+        if np.any(self.band < 0) or np.any(self.band >= np.asarray(self.stride)[:, None]):
+            raise ConfigError("tables.band selects a band outside its scene's stored bands")
+
 
 @dataclass(frozen=True)
 class PatchSpec:
-    """What every batch looks like. ``offset``/``scale`` are per band: out = (x - offset) * scale,
-    computed in float32 then cast to ``out_dtype`` (a torch dtype). With ``tables`` (several scenes, or a
-    band selection) the per-scene :class:`SceneTables` give the geometry, bands and normalization of each
-    sample's table instead, ``bands`` is the output band count and ``offset``/``scale`` are unused."""
+    """What every batch looks like, validated on construction.
+
+    ``offset``/``scale`` are per band: out = (x - offset) * scale, computed in float32 then cast to
+    ``out_dtype``. With ``tables`` (several scenes, or a band selection) the per-scene
+    :class:`SceneTables` give the geometry, bands and normalization of each sample's table instead,
+    ``bands`` is the output band count and ``offset``/``scale`` are unused (zeros and ones). After
+    construction ``out_dtype`` is a torch dtype (a name such as "bfloat16" is accepted) and
+    ``offset``/``scale`` are float64 arrays of shape (bands,).
+
+    Raises
+    ------
+    ConfigError
+        When a field is out of range or inconsistent with the others.
+    """
 
     patch_size: int
     halo: int
@@ -55,9 +120,99 @@ class PatchSpec:
     scale: np.ndarray
     tables: SceneTables | None = None
 
+    def __post_init__(self) -> None:
+        p, halo, bands = self.patch_size, self.halo, self.bands
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1 or p % 2 == 0:
+            raise ConfigError(f"patch_size must be a positive odd integer (patches are pixel-centred), got {p!r}")
+        if halo < 0:
+            raise ConfigError(f"halo must be >= 0, got {halo}")
+        if p // 2 > halo:
+            max_p = 2 * halo + 1
+            raise ConfigError(f"patch_size {p} is larger than this store serves ({max_p}x{max_p}, halo "
+                              f"{halo}); convert again with --max-patch {p}")
+        if bands < 1:
+            raise ConfigError(f"bands must be >= 1, got {bands}")
+        if self.tile_side < p:
+            raise ConfigError(f"tile_side {self.tile_side} is smaller than patch_size {p}")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        set_field = object.__setattr__  # frozen: store the normalized forms once, here
+        set_field(self, "out_dtype", resolve_out_dtype(self.out_dtype))
+        if self.tables is not None:
+            self.tables.check(bands, p)
+            set_field(self, "offset", np.zeros(bands))
+            set_field(self, "scale", np.ones(bands))
+            return
+        for what in ("offset", "scale"):
+            arr = np.asarray(getattr(self, what), dtype=np.float64).reshape(-1)
+            if arr.shape != (bands,):
+                raise ConfigError(f"{what} must hold one value per band ({bands}), got shape {arr.shape}")
+            if not np.all(np.isfinite(arr)):
+                raise ConfigError(f"{what} has non-finite values; check the store's band statistics")
+            set_field(self, what, arr)
+
     @property
     def radius(self) -> int:
         return self.patch_size // 2
+
+
+def is_store_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` (a torch dtype) is one a store's tiles, hence a ring, can have."""
+    return dtype in _STORE_TORCH_DTYPES
+
+
+def check_storage(storage: Any, spec: PatchSpec) -> None:
+    """Raise InputError unless ``storage`` is a contiguous (slots, S, S, B) tensor of a store dtype."""
+    if not isinstance(storage, torch.Tensor):
+        raise InputError(f"storage must be a torch.Tensor, got {type(storage).__name__}")
+    if storage.ndim != 4 or storage.shape[1] != storage.shape[2] or storage.shape[3] != spec.bands:
+        raise InputError(
+            f"storage must have shape (slots, S, S, {spec.bands}), got {tuple(storage.shape)}"
+        )
+    if storage.shape[1] < spec.patch_size:
+        raise InputError(f"storage tiles ({storage.shape[1]} px) are smaller than the patch ({spec.patch_size})")
+    if not is_store_dtype(storage.dtype):
+        raise InputError(f"storage dtype {storage.dtype} is not supported")
+    if not storage.is_contiguous():
+        raise InputError("storage must be contiguous (the ring allocates it so); got a strided view")
+
+
+def check_coords(storage: torch.Tensor, slot: Any, y: Any, x: Any, radius: int, bounds: bool | None) -> None:
+    """Raise InputError for mismatched coordinate tensors, or (``bounds``) patches outside their tile.
+
+    ``bounds=None`` checks the bounds only when the coordinates are on the CPU (no device sync).
+    """
+    for name, t in (("slot", slot), ("y", y), ("x", x)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 1:
+            raise InputError(f"{name} must be a 1-D torch.Tensor, got {type(t).__name__}")
+        if t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise InputError(f"{name} must hold integers, got {t.dtype}")
+    if not slot.shape == y.shape == x.shape:
+        raise InputError(f"slot, y, x must have the same length, got {len(slot)}, {len(y)}, {len(x)}")
+    if bounds is None:
+        bounds = slot.device.type == "cpu"
+    if bounds and len(slot):
+        slots, side = storage.shape[0], storage.shape[1]
+        lo, hi = radius, side - radius - 1
+        bad = (slot < 0) | (slot >= slots) | (y < lo) | (y > hi) | (x < lo) | (x > hi)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise InputError(
+                f"sample {i} (slot {int(slot[i])}, y {int(y[i])}, x {int(x[i])}) is outside the storage: slot must "
+                f"be in [0, {slots}) and y, x in [{lo}, {hi}] so the {2 * radius + 1}-px patch stays in its tile"
+            )
+
+
+def check_dihedral(dihedral: Any, slot: torch.Tensor) -> None:
+    """Raise InputError unless ``dihedral`` is None or one integer code in 0..7 per sample."""
+    if dihedral is None:
+        return
+    if not isinstance(dihedral, torch.Tensor) or dihedral.ndim != 1 or dihedral.shape != slot.shape:
+        raise InputError(f"dihedral must be None or a 1-D tensor with one code per sample ({len(slot)})")
+    if dihedral.dtype.is_floating_point or dihedral.dtype == torch.bool:
+        raise InputError(f"dihedral codes must be integers, got {dihedral.dtype}")
+    if dihedral.device.type == "cpu" and len(dihedral) and bool(((dihedral < 0) | (dihedral > 7)).any()):
+        raise InputError("dihedral codes must be in 0..7 (4*transpose + 2*flip rows + flip columns)")
 
 
 class PatchEngine(abc.ABC):
@@ -76,6 +231,8 @@ class PatchEngine(abc.ABC):
     name: str = "engine"
 
     def __init__(self, spec: PatchSpec, device: Any) -> None:
+        if not isinstance(spec, PatchSpec):
+            raise ConfigError(f"spec must be a PatchSpec, got {type(spec).__name__}")
         self.spec = spec
         self.device = device
 

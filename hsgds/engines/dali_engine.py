@@ -37,12 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from hsgds import defaults
-from hsgds.engines.base import PatchEngine, PatchSpec
-from hsgds.engines.torch_engine import check_coords, check_dihedral, check_spec, check_storage
-from hsgds.errors import ConfigError, DependencyError
+import torch
 
-import torch  # noqa: E402 - torch_engine above already raised DependencyError if it is missing
+from hsgds import defaults
+from hsgds.engines.base import PatchEngine, PatchSpec, check_coords, check_dihedral, check_storage
+from hsgds.errors import ConfigError, DependencyError
 
 __all__ = ["DaliEngine"]
 
@@ -115,7 +114,6 @@ class DaliEngine(PatchEngine):
     ) -> None:
         if spec.tables is not None:
             raise ConfigError(NO_TABLES)
-        out_dtype, offset, scale = check_spec(spec)
         if not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if num_threads is not None and (not isinstance(num_threads, (int, np.integer)) or num_threads < 1):
@@ -125,12 +123,12 @@ class DaliEngine(PatchEngine):
         self._device = torch.device("cpu") if device is None else torch.device(device)
         if self._device.type not in ("cpu", "cuda"):
             raise ConfigError(f"the 'dali' engine runs on 'cpu' or 'cuda', not {self._device.type!r}")
-        self._out_dtype = out_dtype
+        self._out_dtype = out_dtype = spec.out_dtype
         self._compute = torch.float64 if out_dtype == torch.float64 else torch.float32
         np_compute = np.float64 if self._compute == torch.float64 else np.float32
         # rounded once to the compute dtype, like TorchEngine's device constants
-        self._offset = offset.astype(np_compute)
-        self._scale = scale.astype(np_compute)
+        self._offset = spec.offset.astype(np_compute)
+        self._scale = spec.scale.astype(np_compute)
         self._max_batch = int(max_batch_size)
         self._threads = int(num_threads) if num_threads is not None else _default_threads()
         self._pipe: Any = None

@@ -14,158 +14,20 @@ from typing import Any
 
 import numpy as np
 
+import torch
+
 from hsgds import defaults
 from hsgds.augment import dihedral_offsets
-from hsgds.engines.base import LAYOUTS, PatchEngine, PatchSpec
-from hsgds.errors import ConfigError, DependencyError, InputError
-
-try:
-    import torch
-except ImportError as exc:  # torch is an extra: users install the build matching their CUDA
-    raise DependencyError(
-        "the patch engines need PyTorch: install the build for your CUDA, or pip install 'hsgds[torch]'"
-    ) from exc
-
-from hsgds.engines import triton_cut  # noqa: E402 (needs torch, checked above)
+from hsgds.engines import triton_cut
+from hsgds.engines.base import PatchEngine, PatchSpec, check_coords, check_dihedral, check_storage, is_store_dtype
+from hsgds.errors import ConfigError, InputError
 
 __all__ = ["TorchEngine"]
 
-_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_STORE_DTYPES = (
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.uint16,
-    torch.int32,
-    torch.uint32,
-    torch.int64,
-    torch.uint64,
-    torch.float32,
-    torch.float64,
-)
 # index_select/take are not implemented for torch's "barebones" unsigned types (uint16/32/64), but views
 # and copy_ (conversion) are: gather through a same-size signed view, convert through the unsigned view.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def resolve_out_dtype(value: Any) -> torch.dtype:
-    """A torch floating dtype from ``spec.out_dtype`` (a ``torch.dtype`` or its name, e.g. "bfloat16")."""
-    dtype = getattr(torch, value, None) if isinstance(value, str) else value
-    if dtype not in _OUT_DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in _OUT_DTYPES)
-        raise ConfigError(f"out_dtype {value!r} is not supported; use one of: {names}")
-    return dtype
-
-
-def check_spec(spec: PatchSpec) -> tuple[torch.dtype, np.ndarray, np.ndarray]:
-    """Validate a :class:`PatchSpec`; return (out dtype, offset, scale) with offset/scale as float64 (B,).
-
-    Raises
-    ------
-    ConfigError
-        When a field is out of range or inconsistent with the others.
-    """
-    p, halo, bands, side = spec.patch_size, spec.halo, spec.bands, spec.tile_side
-    if not isinstance(p, (int, np.integer)) or p < 1 or p % 2 == 0:
-        raise ConfigError(f"patch_size must be an odd integer >= 1 (a patch is centred on a pixel), got {p!r}")
-    if halo < 0 or p // 2 > halo:
-        raise ConfigError(
-            f"patch_size {p} needs a halo of at least {p // 2}, but the store's halo is {halo}; "
-            "use a smaller patch or re-convert the scene with a larger halo"
-        )
-    if bands < 1:
-        raise ConfigError(f"bands must be >= 1, got {bands}")
-    if side < p:
-        raise ConfigError(f"tile_side {side} is smaller than patch_size {p}")
-    if spec.layout not in LAYOUTS:
-        raise ConfigError(f"layout must be one of {LAYOUTS}, got {spec.layout!r}")
-    out_dtype = resolve_out_dtype(spec.out_dtype)
-    if spec.tables is not None:
-        check_tables(spec)
-        return out_dtype, np.zeros(bands), np.ones(bands)
-    offset = np.asarray(spec.offset, dtype=np.float64).reshape(-1)
-    scale = np.asarray(spec.scale, dtype=np.float64).reshape(-1)
-    for what, arr in (("offset", offset), ("scale", scale)):
-        if arr.shape != (bands,):
-            raise ConfigError(f"{what} must hold one value per band ({bands}), got shape {arr.shape}")
-        if not np.all(np.isfinite(arr)):
-            raise ConfigError(f"{what} has non-finite values; check the store's band statistics")
-    return out_dtype, offset, scale
-
-
-def check_tables(spec: PatchSpec) -> None:
-    """Raise ConfigError unless ``spec.tables`` is consistent: (T,) geometry, (T, bands) band/offset/scale."""
-    tb = spec.tables
-    t, bands = len(tb.side), spec.bands
-    if t < 1:
-        raise ConfigError("tables must describe at least one scene")
-    for what, arr in (("side", tb.side), ("stride", tb.stride)):
-        if np.shape(arr) != (t,) or np.any(np.asarray(arr) < 1):
-            raise ConfigError(f"tables.{what} must hold one positive value per table ({t}), got {arr!r}")
-    if np.any(np.asarray(tb.side) < spec.patch_size):
-        raise ConfigError(f"a table's tile side {int(np.min(tb.side))} is smaller than patch_size {spec.patch_size}")
-    for what, arr in (("band", tb.band), ("offset", tb.offset), ("scale", tb.scale)):
-        if np.shape(arr) != (t, bands):
-            raise ConfigError(f"tables.{what} must have shape ({t}, {bands}), got {np.shape(arr)}")
-        if not np.all(np.isfinite(np.asarray(arr, dtype=np.float64))):
-            raise ConfigError(f"tables.{what} has non-finite values; check the stores' band statistics")
-    if np.any(tb.band < 0) or np.any(tb.band >= np.asarray(tb.stride)[:, None]):
-        raise ConfigError("tables.band selects a band outside its scene's stored bands")
-
-
-def check_storage(storage: Any, spec: PatchSpec) -> None:
-    """Raise InputError unless ``storage`` is a contiguous (slots, S, S, B) tensor of a supported dtype."""
-    if not isinstance(storage, torch.Tensor):
-        raise InputError(f"storage must be a torch.Tensor, got {type(storage).__name__}")
-    if storage.ndim != 4 or storage.shape[1] != storage.shape[2] or storage.shape[3] != spec.bands:
-        raise InputError(
-            f"storage must have shape (slots, S, S, {spec.bands}), got {tuple(storage.shape)}"
-        )
-    if storage.shape[1] < spec.patch_size:
-        raise InputError(f"storage tiles ({storage.shape[1]} px) are smaller than the patch ({spec.patch_size})")
-    if storage.dtype not in _STORE_DTYPES:
-        raise InputError(f"storage dtype {storage.dtype} is not supported")
-    if not storage.is_contiguous():
-        raise InputError("storage must be contiguous (the ring allocates it so); got a strided view")
-
-
-def check_dihedral(dihedral: Any, slot: torch.Tensor) -> None:
-    """Raise InputError unless ``dihedral`` is None or one integer code in 0..7 per sample."""
-    if dihedral is None:
-        return
-    if not isinstance(dihedral, torch.Tensor) or dihedral.ndim != 1 or dihedral.shape != slot.shape:
-        raise InputError(f"dihedral must be None or a 1-D tensor with one code per sample ({len(slot)})")
-    if dihedral.dtype.is_floating_point or dihedral.dtype == torch.bool:
-        raise InputError(f"dihedral codes must be integers, got {dihedral.dtype}")
-    if dihedral.device.type == "cpu" and len(dihedral) and bool(((dihedral < 0) | (dihedral > 7)).any()):
-        raise InputError("dihedral codes must be in 0..7 (4*transpose + 2*flip rows + flip columns)")
-
-
-def check_coords(storage: torch.Tensor, slot: Any, y: Any, x: Any, radius: int, bounds: bool | None) -> None:
-    """Raise InputError for mismatched coordinate tensors, or (``bounds``) patches outside their tile.
-
-    ``bounds=None`` checks the bounds only when the coordinates are on the CPU (no device sync).
-    """
-    for name, t in (("slot", slot), ("y", y), ("x", x)):
-        if not isinstance(t, torch.Tensor) or t.ndim != 1:
-            raise InputError(f"{name} must be a 1-D torch.Tensor, got {type(t).__name__}")
-        if t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise InputError(f"{name} must hold integers, got {t.dtype}")
-    if not slot.shape == y.shape == x.shape:
-        raise InputError(f"slot, y, x must have the same length, got {len(slot)}, {len(y)}, {len(x)}")
-    if bounds is None:
-        bounds = slot.device.type == "cpu"
-    if bounds and len(slot):
-        slots, side = storage.shape[0], storage.shape[1]
-        lo, hi = radius, side - radius - 1
-        bad = (slot < 0) | (slot >= slots) | (y < lo) | (y > hi) | (x < lo) | (x > hi)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            raise InputError(
-                f"sample {i} (slot {int(slot[i])}, y {int(y[i])}, x {int(x[i])}) is outside the storage: slot must "
-                f"be in [0, {slots}) and y, x in [{lo}, {hi}] so the {2 * radius + 1}-px patch stays in its tile"
-            )
 
 
 class TorchEngine(PatchEngine):
@@ -206,16 +68,15 @@ class TorchEngine(PatchEngine):
         max_batch_size: int | None = None,
         check_bounds: bool | None = None,
     ) -> None:
-        out_dtype, offset, scale = check_spec(spec)
         if max_batch_size is not None and (not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1):
             raise ConfigError(f"max_batch_size must be a positive integer or None, got {max_batch_size!r}")
         super().__init__(spec, device)
         self._device = torch.device("cpu") if device is None else torch.device(device)
-        self._out_dtype = out_dtype
+        self._out_dtype = out_dtype = spec.out_dtype
         # float32 arithmetic unless the caller asks for float64 output (then float32 would lose precision)
         self._compute = torch.float64 if out_dtype == torch.float64 else torch.float32
-        self._offset_np = offset
-        self._scale_np = scale
+        self._offset_np = spec.offset
+        self._scale_np = spec.scale
         self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._consts_for(self._device)
         self._check_bounds = check_bounds
@@ -461,7 +322,7 @@ class TorchEngine(PatchEngine):
         spec, tb = self.spec, self.spec.tables
         if not isinstance(storage, torch.Tensor) or storage.ndim < 2 or not storage.is_contiguous():
             raise InputError("storage must be a contiguous (slots, ...) torch.Tensor")
-        if storage.dtype not in _STORE_DTYPES:
+        if not is_store_dtype(storage.dtype):
             raise InputError(f"storage dtype {storage.dtype} is not supported")
         if table is None:
             raise InputError("this engine cuts from several scenes: pass table= (each sample's scene table)")

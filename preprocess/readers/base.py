@@ -10,12 +10,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from hsgds.errors import InputError
+from hsgds.format import DTYPES
 
 #: dtypes a store can hold (native dtype is kept; casting happens at training time).
-SUPPORTED_DTYPES = tuple(
-    np.dtype(t) for t in ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
-                          "float32", "float64")
-)
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in DTYPES)
 
 
 def check_dtype(dtype: Any, what: str) -> np.dtype:

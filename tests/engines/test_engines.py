@@ -244,6 +244,28 @@ def test_bad_specs(engine_name: str) -> None:
             pytest.fail(what)
 
 
+def test_spec_validates_itself() -> None:
+    """The spec is checked once, where it is made: no engine needed to reject it, one message per field."""
+    good = make_spec(make_storage("int16"), 5, "NCHW", torch.float32)
+    bad = {
+        "patch_size must be a positive odd integer": dict(patch_size=4),
+        r"patch_size 17 is larger than this store serves \(15x15, halo 7\)": dict(patch_size=17),
+        "tile_side 9 is smaller than patch_size 15": dict(patch_size=15, tile_side=9),
+        "bands must be >= 1": dict(bands=0, offset=np.zeros(0), scale=np.zeros(0)),
+        "layout must be one of NCHW, NHWC": dict(layout="CHW"),
+        "dtype must be a torch floating dtype": dict(out_dtype=torch.int16),
+        r"offset must hold one value per band \(5\)": dict(offset=np.zeros(BANDS + 1)),
+        "scale has non-finite values": dict(scale=np.full(BANDS, np.nan)),
+    }
+    for message, change in bad.items():
+        with pytest.raises(ConfigError, match=message):
+            PatchSpec(**{**good.__dict__, **change})
+    spec = PatchSpec(**{**good.__dict__, "out_dtype": "bfloat16", "offset": [1] * BANDS, "scale": (2,) * BANDS})
+    assert spec.out_dtype is torch.bfloat16
+    assert spec.offset.dtype == np.float64 and spec.offset.tolist() == [1.0] * BANDS
+    assert spec.scale.dtype == np.float64 and spec.scale.tolist() == [2.0] * BANDS
+
+
 def test_unknown_engine() -> None:
     spec = make_spec(make_storage("int16"), 5, "NCHW", torch.float32)
     with pytest.raises(ConfigError, match="dali, torch"):
