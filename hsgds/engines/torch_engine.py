@@ -363,11 +363,12 @@ class TorchEngine(PatchEngine):
             else:  # each patch's own read order (hsgds.augment): source (a, b) of output (i, j)
                 ab = self._dihedral_ab(device)[dihedral.long()]  # (n, p, p, 2)
                 pix = ((ab[..., 0] * side[:, None, None] + ab[..., 1]) * stride[:, None, None]).view(n, p * p)
-        off, scl = tab["offset"][table], tab["scale"][table]  # (n, B) per-sample constants
-        band = None if uniform else tab["band"][table]
+        # per-sample constants are gathered chunk by chunk in the cutting threads: a whole-batch (n, B)
+        # gather here would start an OpenMP team whose spinning competes with those threads
+        consts = (table, tab)
         if device.type != "cpu":
             out = torch.empty(shape, dtype=self._out_dtype, device=device)
-            self._cut_table_chunk(flat, storage.dtype, 0, n, base, rows_base, pix, band, off, scl, out, dihedral)
+            self._cut_table_chunk(flat, storage.dtype, 0, n, base, rows_base, pix, consts, out, dihedral)
             return out
         with self._lock:
             out = self._output(shape)
@@ -376,8 +377,7 @@ class TorchEngine(PatchEngine):
 
             def run(part: list[tuple[int, int]]) -> None:
                 for i, k in part:
-                    self._cut_table_chunk(flat, storage.dtype, i, k, base, rows_base, pix, band, off, scl, out,
-                                          dihedral)
+                    self._cut_table_chunk(flat, storage.dtype, i, k, base, rows_base, pix, consts, out, dihedral)
 
             if workers == 1:
                 run(chunks)
@@ -392,27 +392,55 @@ class TorchEngine(PatchEngine):
             return out
 
     def _cut_table_chunk(self, flat: torch.Tensor, src_dtype: torch.dtype, i: int, k: int, base: torch.Tensor,
-                         rows_base: torch.Tensor | None, pix: torch.Tensor | None, band: torch.Tensor | None,
-                         off: torch.Tensor, scl: torch.Tensor, out: torch.Tensor,
-                         dihedral: torch.Tensor | None = None) -> None:
-        """Patches i..i+k: gather (store dtype), cast, per-sample normalize, lay out into ``out``."""
+                         rows_base: torch.Tensor | None, pix: torch.Tensor | None, consts: tuple[torch.Tensor, dict],
+                         out: torch.Tensor, dihedral: torch.Tensor | None = None) -> None:
+        """Patches i..i+k: gather (store dtype), cast, per-sample normalize, lay out into ``out``. On the CPU
+        the chunk's buffers are this thread's own and reused, as in the single-table path."""
         spec = self.spec
         bands, pp = spec.bands, spec.patch_size**2
-        if rows_base is not None:
-            side = int(spec.tables.side[0])
-            idx = rows_base[i:i + k, None] + self._patch_offsets(side, flat.device, dihedral, i, i + k)
-            g = torch.index_select(flat.view(-1, bands), 0, idx.view(-1))
-        else:
-            idx = base[i:i + k, None, None] + pix[i:i + k, :, None] + band[i:i + k, None, :]
-            g = torch.take(flat, idx.view(-1))
-        w = g.view(src_dtype).to(self._compute).view(k, pp, bands)
-        w.sub_(off[i:i + k, None, :])
-        w.mul_(scl[i:i + k, None, :])
+        rows = k * pp
+        cpu = flat.device.type == "cpu"
+        me = threading.get_ident()
+        table, tab = consts
+        t = table[i:i + k]
+
+        def buf(kind: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
+            if cpu:
+                return self._buffer((kind, me), dtype, numel)
+            return torch.empty(numel, dtype=dtype, device=flat.device)
+
+        if rows_base is not None:  # whole pixel rows
+            idx = buf("t-index", torch.int64, rows)
+            torch.add(rows_base[i:i + k, None],
+                      self._patch_offsets(int(spec.tables.side[0]), flat.device, dihedral, i, i + k),
+                      out=idx.view(k, pp))
+            g = buf("t-gather", flat.dtype, rows * bands).view(rows, bands)
+            torch.index_select(flat.view(-1, bands), 0, idx, out=g)
+        else:  # single values: per-sample pixel offsets plus per-scene band offsets
+            idx = buf("t-index", torch.int64, rows * bands).view(k, pp, bands)
+            torch.add(pix[i:i + k, :, None], tab["band"].index_select(0, t)[:, None, :], out=idx)
+            idx.add_(base[i:i + k, None, None])
+            g = buf("t-gather", flat.dtype, rows * bands)
+            torch.take(flat, idx.view(-1), out=g)
         dst = out[i:i + k]
-        if spec.layout == "NCHW":
+        nchw, direct = spec.layout == "NCHW", self._out_dtype == self._compute
+        # NHWC in the compute dtype: normalize in place in the output; otherwise in a work buffer
+        if direct and not nchw:
+            w = dst.view(k, pp, bands)
+        else:
+            w = buf("t-work", self._compute, rows * bands).view(k, pp, bands)
+        w.copy_(g.view(src_dtype).view(k, pp, bands))  # the cast, through the real (unsigned) dtype
+        w.sub_(tab["offset"].index_select(0, t)[:, None, :])
+        w.mul_(tab["scale"].index_select(0, t)[:, None, :])
+        if not nchw:
+            if not direct:
+                dst.view(k, pp, bands).copy_(w)  # one rounding to the output dtype
+        elif not cpu:
             dst.view(k, bands, pp).copy_(w.transpose(1, 2))  # one rounding to the output dtype
         else:
-            dst.view(k, pp, bands).copy_(w)
+            if self._out_dtype != self._compute:
+                w = buf("t-cast", self._out_dtype, rows * bands).view(k, pp, bands).copy_(w)
+            _transpose_into(dst.view(k, bands, pp), w)
 
     def _check_table_coords(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
                             table: torch.Tensor, tab: dict[str, torch.Tensor]) -> None:
