@@ -10,8 +10,9 @@
    read), construction time, time to first batch, and the ratio collection / single.
 2. Streaming: the collection read through a ring ``--ring-mib`` (default 256 MiB, at least 4x smaller than
    the collection) in a child process, page cache dropped for the store files first (posix_fadvise), a
-   large stride so the cut is negligible: tile read rate (bytes read / epoch time) against the raw read
-   rate of the same tile files (plain preadv, same order, cold, in the same child), peak RSS against the
+   large stride and small batches so the cut is negligible: tile read rate (bytes read / epoch time) against the raw read
+   rate of the same tile files (plain preadv, same order, same cache state, 1 and 2 threads, the faster
+   one counts), peak RSS (VmHWM) against the
    child's baseline + ring, and bytes read per epoch against the collection's size.
 JSON on stdout.
 """
@@ -136,6 +137,15 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _peak_rss_mib() -> float:
+    """VmHWM: this process image's peak RSS (ru_maxrss would include the parent's before the exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
     """Runs in its own process so that its peak RSS is the loader's."""
     import torch  # noqa: F401 (the baseline includes torch and hsgds)
@@ -145,46 +155,66 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
     scenes = [hsgds.open_scene(s) for s in stores]
     tiles = [p for s in scenes for p in s.tile_paths]
     total = sum(p.stat().st_size for p in tiles)
+    # the baseline: everything a loader imports and probes, with a one-tile ring over one scene
+    with hsgds.PatchLoader(stores[:1], patch_size=args.patch, batch_size=args.stream_batch, pixels="all",
+                           stride=args.stream_stride, device="cpu", ring_bytes=scenes[0].grid.tile_nbytes) as warm:
+        for _ in warm:
+            pass
     baseline = _rss_mib()
     ring = args.ring_mib << 20
     out: dict = {"collection_bytes": total, "ring_bytes": ring, "collection_over_ring": total / ring,
                  "baseline_rss_mib": baseline}
-    loader = hsgds.PatchLoader(stores, patch_size=args.patch, batch_size=args.batch, pixels="all",
+    loader = hsgds.PatchLoader(stores, patch_size=args.patch, batch_size=args.stream_batch, pixels="all",
                                stride=args.stream_stride, device="cpu", ring_bytes=ring, shuffle=True)
+    from concurrent.futures import ThreadPoolExecutor
+
+    def read(p: Path, view: memoryview) -> int:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            got = 0
+            while got < size:
+                got += os.preadv(fd, [view[got:size]], got)
+            return got
+        finally:
+            os.close(fd)
+
+    def raw(seq: list[Path], threads: int) -> dict:
+        t = time.perf_counter()
+        if threads == 1:
+            nbytes = sum(read(p, views[0]) for p in seq)
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                nbytes = sum(pool.map(lambda ip: read(ip[1], views[ip[0] % threads]), enumerate(seq)))
+        dt = time.perf_counter() - t
+        return {"threads": threads, "bytes": nbytes, "s": dt, "GBps": nbytes / dt / 1e9}
+
+    views = [memoryview(bytearray(max(p.stat().st_size for p in tiles))) for _ in range(2)]
+    rows: dict[str, list[dict]] = {}
     with loader:
         out["slots"] = loader.stats.slots
         out["ring_alloc_mib"] = loader.stats.ring_bytes / 2**20
-        for cache in ("cold", "warm"):
-            if cache == "cold":
-                _drop_cache(tiles)
-            before = loader.stats.bytes_read
-            n, dt = _epoch(loader)
-            read = loader.stats.bytes_read - before
-            out[f"loader_{cache}"] = {"patches": n, "epoch_s": dt, "bytes_read_per_epoch": read,
-                                      "tile_read_GBps": read / dt / 1e9}
-        # the raw read rate of the same files, in the loader's tile order, same cache states
-        order = loader._plan(loader.epoch).intervals
-        buf = bytearray(max(p.stat().st_size for p in tiles))
-        view = memoryview(buf)
-        seq = [tiles[iv.tile] for iv in order]
+        # interleaved, best of --stream-repeats: this machine's read rate moves a lot between moments
+        for _ in range(args.stream_repeats):
+            for cache in ("cold", "warm"):
+                if cache == "cold":
+                    _drop_cache(tiles)
+                before = loader.stats.bytes_read
+                n, dt = _epoch(loader)
+                read_bytes = loader.stats.bytes_read - before
+                rows.setdefault(f"loader_{cache}", []).append(
+                    {"patches": n, "epoch_s": dt, "bytes_read_per_epoch": read_bytes, "GBps": read_bytes / dt / 1e9})
+                seq = [tiles[iv.tile] for iv in loader._plan(loader.epoch - 1).intervals]  # the same tile order
+                for threads in (1, 2):  # one reader, and as many reads in flight as the ring keeps
+                    if cache == "cold":
+                        _drop_cache(tiles)
+                    rows.setdefault(f"raw_{cache}", []).append(raw(seq, threads))
+    for key, runs in rows.items():
+        out[key] = max(runs, key=lambda r: r["GBps"])
+        out[key + "_runs"] = runs
     for cache in ("cold", "warm"):
-        if cache == "cold":
-            _drop_cache(tiles)
-        t, nbytes = time.perf_counter(), 0
-        for p in seq:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                size = os.fstat(fd).st_size
-                got = 0
-                while got < size:
-                    got += os.preadv(fd, [view[got:size]], got)
-                nbytes += got
-            finally:
-                os.close(fd)
-        dt = time.perf_counter() - t
-        out[f"raw_{cache}"] = {"bytes": nbytes, "s": dt, "GBps": nbytes / dt / 1e9}
-        out[f"ratio_{cache}"] = out[f"loader_{cache}"]["tile_read_GBps"] / out[f"raw_{cache}"]["GBps"]
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out[f"ratio_{cache}"] = out[f"loader_{cache}"]["GBps"] / out[f"raw_{cache}"]["GBps"]
+    peak = _peak_rss_mib()
     out["peak_rss_mib"] = peak
     out["peak_over_baseline_plus_ring"] = peak / (baseline + ring / 2**20)
     out["peak_minus_baseline_minus_ring_mib"] = peak - baseline - ring / 2**20
@@ -194,7 +224,8 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
 def streaming(stores: list[Path], args: argparse.Namespace) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump([str(s) for s in stores], f)
-    cmd = [sys.executable, __file__, "--child", f.name, "--patch", str(args.patch), "--batch", str(args.batch),
+    cmd = [sys.executable, __file__, "--child", f.name, "--patch", str(args.patch), "--stream-batch",
+           str(args.stream_batch), "--stream-repeats", str(args.stream_repeats),
            "--ring-mib", str(args.ring_mib), "--stream-stride", str(args.stream_stride)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HSGDS_DEVICE": "cpu"})
     os.unlink(f.name)
@@ -214,7 +245,11 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--ring-mib", type=int, default=256)
-    ap.add_argument("--stream-stride", type=int, default=32)
+    ap.add_argument("--stream-stride", type=int, default=32,
+                    help="streaming: a 128-px scene gives (128/stride)^2 patches, so the cut is negligible")
+    ap.add_argument("--stream-batch", type=int, default=16)
+    ap.add_argument("--stream-repeats", type=int, default=3)
+    ap.add_argument("--prepare-only", action="store_true", help="write the stores and stop")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -222,13 +257,15 @@ def main() -> None:
         print(json.dumps(stream_child(stores, args)))
         return
     if args.quick:
-        args.scenes, args.cols, args.repeats, args.ring_mib = min(args.scenes, 24), 6, 1, 32
+        args.scenes, args.cols, args.repeats, args.ring_mib, args.stream_repeats = min(args.scenes, 24), 6, 1, 32, 2
     work = args.work or Path(tempfile.gettempdir()) / "hsgds-bench-collection"
     work.mkdir(parents=True, exist_ok=True)
     import torch
 
     _log(f"preparing {args.scenes} scenes in {work}")
     stores, single = prepare(work, args.scenes, args.cols)
+    if args.prepare_only:
+        return
     doc = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
            "machine": {"cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "loadavg": os.getloadavg()}}

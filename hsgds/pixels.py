@@ -61,9 +61,11 @@ def all_pixels(scene: Scene, stride: int = 1, split: str | None = None,
     keep = None
     if mask is not None:
         keep = mask[sy, sx]
-    labels = scene.labels
-    label = labels[sy, sx].astype(np.int16) - 1  # 0 (unlabelled) becomes -1
-    if split is not None:
+    if scene.meta.num_samples:
+        label = scene.labels[sy, sx].astype(np.int16) - 1  # 0 (unlabelled) becomes -1
+    else:  # a scene without labels (e.g. an archive for self-supervised training): nothing to read
+        label = np.full(len(sy), -1, dtype=np.int16)
+    if split is not None and scene.meta.num_samples:
         code = fmt.SPLIT_CODES.get(split)
         if code is None:
             scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error

@@ -379,9 +379,9 @@ class TorchEngine(PatchEngine):
                 for i, k in part:
                     self._cut_table_chunk(flat, storage.dtype, i, k, base, rows_base, pix, consts, out, dihedral)
 
-            if workers == 1:
-                run(chunks)
-                return out
+            # even one chunk is cut in a pool thread: its kernels run single-threaded there, while in the
+            # caller's thread a small op would wait at an OpenMP barrier for a team member that the
+            # reader threads keep off the cores (tens of ms per op on a busy machine)
             if self._pool is None or self._pool_size < workers:
                 if self._pool is not None:
                     self._pool.shutdown(wait=True)
