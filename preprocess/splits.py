@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
@@ -250,6 +251,10 @@ _JITTER = 0.2
 _MANDATORY_SLACK = 0.015
 #: ...and until every class that can be split has at least this share of its own target.
 _CLASS_FLOOR = 0.7
+#: The local search runs on this many of the block sizes, the best after the greedy.
+_REFINED = 2
+#: ...and moves no class's train count further than this share of its target from it.
+_REFINE_DRIFT = 0.25
 
 
 class UnsplittableClassWarning(UserWarning):
@@ -443,8 +448,10 @@ class _Assignment:
 
 
 def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np.ndarray, guard: int,
-            t_train: np.ndarray, t_val: np.ndarray | None, keep: np.ndarray, jitter: np.ndarray) -> _Assignment:
-    """Greedy train then val block choice on one grid (see :func:`block_split`'s notes)."""
+            t_train: np.ndarray, t_val: np.ndarray | None, keep: np.ndarray, jitter: np.ndarray,
+            refine: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None) -> _Assignment:
+    """Greedy train then val block choice on one grid (see :func:`block_split`'s notes); ``refine``
+    improves the train blocks between the two."""
     nb, k = g.hist.shape
     n = ys.size
     w = 1.0 / n_cls
@@ -525,6 +532,11 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
             np.add.at(own_near, (g.blk[newly], cls[newly]), 1)
             leave_free(newly)
 
+    if refine is not None:
+        in_train, is_train, near = refine(in_train)
+        fp = ~is_train & ~near
+        own = np.bincount(g.blk[fp] * k + cls[fp], minlength=nb * k).reshape(nb, k)
+        free = np.bincount(cls[fp], minlength=k)
     in_val = np.zeros(nb, dtype=bool)
     if t_val is not None:
         val = np.zeros(k)
@@ -543,6 +555,107 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
             val += own[j]
             test_left -= own[j]
     return _Assignment(in_train, in_val, is_train, near)
+
+
+def _box_count(a: np.ndarray, r: int) -> np.ndarray:
+    """Per pixel, the number of nonzero pixels of ``a`` within Chebyshev distance ``r`` (zero outside)."""
+    h, w = a.shape
+    c = np.zeros((h + 2 * r + 1, w + 2 * r + 1), dtype=np.int32)
+    c[r + 1:r + 1 + h, r + 1:r + 1 + w] = a
+    c = c.cumsum(axis=0).cumsum(axis=1)
+    e = 2 * r + 1
+    return c[e:e + h, e:e + w] - c[:h, e:e + w] - c[e:e + h, :w] + c[:h, :w]
+
+
+def _refiner(g: _Grid, shape: tuple[int, int], ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np.ndarray,
+             guard: int, t_train: np.ndarray, keep: np.ndarray, need: int, share_range: tuple[float, float] | None,
+             rng: np.random.Generator) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Local search after the greedy: flip single blocks between train and not-train while that lowers
+    (guard loss / N + mean per-class train share error), keeping every class's coverage (train pixels,
+    val/test blocks), its train floor and the overall share band. Exact: the guard is recomputed around
+    each flipped block."""
+    nb, k = g.hist.shape
+    n = ys.size
+    d = 2 * guard
+    h, w = shape
+    labelled = np.zeros(shape, dtype=bool)
+    labelled[ys, xs] = True
+    cls_img = np.zeros(shape, dtype=np.int64)
+    cls_img[ys, xs] = cls
+    blk_img = np.zeros(shape, dtype=np.int64)
+    blk_img[ys, xs] = g.blk
+    weight = 1.0 / (n_cls * k)
+    floor = _CLASS_FLOOR * t_train
+    boxes = []
+    for j in range(nb):
+        pix = g.bpix[g.bptr[j]:g.bptr[j + 1]]
+        y0, y1 = max(int(ys[pix].min()) - d, 0), min(int(ys[pix].max()) + d + 1, h)
+        x0, x1 = max(int(xs[pix].min()) - d, 0), min(int(xs[pix].max()) + d + 1, w)
+        boxes.append((y0, y1, x0, x1, pix))
+
+    def run(in_train: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        in_train = in_train.copy()
+        train_img = np.zeros(shape, dtype=bool)
+        train_px = in_train[g.blk]
+        train_img[ys[train_px], xs[train_px]] = True
+        cover = _box_count(train_img, d) if d > 0 else train_img.astype(np.int32)
+        fp_img = labelled & ~train_img & (cover == 0)
+        own = np.bincount(g.blk[fp_img[ys, xs]] * k + cls[fp_img[ys, xs]], minlength=nb * k).reshape(nb, k)
+        alive = (own > 0).sum(axis=0)
+        train = np.bincount(cls[train_px], minlength=k).astype(np.float64)
+        for _ in range(8):
+            improved = False
+            for j in rng.permutation(nb).tolist():
+                y0, y1, x0, x1, pix = boxes[j]
+                sign = -1 if in_train[j] else 1
+                local = np.zeros((y1 - y0, x1 - x0), dtype=bool)
+                local[ys[pix] - y0, xs[pix] - x0] = True
+                cov0 = cover[y0:y1, x0:x1]
+                cov1 = cov0 + sign * (_box_count(local, d) if d > 0 else local)
+                lab = labelled[y0:y1, x0:x1]
+                tr0 = train_img[y0:y1, x0:x1]
+                tr1 = (tr0 & ~local) | (local if sign > 0 else False)
+                lost0 = lab & ~tr0 & (cov0 > 0)
+                lost1 = lab & ~tr1 & (cov1 > 0)
+                new_train = train + sign * g.hist[j]
+                d_err = ((np.abs(new_train - t_train) - np.abs(train - t_train)) * weight).sum()
+                d_j = (int(lost1.sum()) - int(lost0.sum())) / n + d_err
+                if d_j >= -1e-12:
+                    continue
+                if share_range is not None and not share_range[0] <= new_train.sum() / n <= share_range[1]:
+                    continue
+                if (keep & (((train >= 1) & (new_train < 1)) | ((train >= floor) & (new_train < floor)))).any():
+                    continue
+                # no class's train count may drift further from its target than _REFINE_DRIFT of it
+                dev0, dev1 = np.abs(train - t_train), np.abs(new_train - t_train)
+                if ((dev1 > dev0) & (dev1 > _REFINE_DRIFT * t_train)).any():
+                    continue
+                # val/test blocks left per class
+                f0, f1 = lab & ~tr0 & (cov0 == 0), lab & ~tr1 & (cov1 == 0)
+                bl, cl = blk_img[y0:y1, x0:x1], cls_img[y0:y1, x0:x1]
+                delta = np.zeros((nb, k), dtype=np.int64)
+                np.add.at(delta, (bl[f1], cl[f1]), 1)
+                np.subtract.at(delta, (bl[f0], cl[f0]), 1)
+                rows = np.flatnonzero(delta.any(axis=1))
+                own_new = own[rows] + delta[rows]
+                new_alive = alive + (own_new > 0).sum(axis=0) - (own[rows] > 0).sum(axis=0)
+                if (keep & (alive >= need) & (new_alive < need)).any():
+                    continue
+                # accept
+                in_train[j] = sign > 0
+                train = new_train
+                cover[y0:y1, x0:x1] = cov1
+                train_img[y0:y1, x0:x1] = tr1
+                own[rows] = own_new
+                alive = new_alive
+                improved = True
+            if not improved:
+                break
+        is_train = train_img[ys, xs]
+        near = ~is_train & (cover[ys, xs] > 0)
+        return in_train, is_train, near
+
+    return run
 
 
 def _check_block_args(labels: Any, block_size: Any, train: Any, val: Any, guard: Any) -> tuple[np.ndarray, int]:
@@ -598,12 +711,16 @@ def block_split_details(
         diameter = np.maximum(diameter, hi - lo)
     far_apart = diameter > 2 * g
 
-    best = None
-    tried: dict[int, tuple[int, float, float]] = {}
-    for bs, origin in zip(sizes, origins):
+    margin = min(TRAIN_SHARE_TOLERANCE - 0.005, 0.2 * float(train)) if _is_float(train) else 0.0
+    band = (train - margin, train + margin) if _is_float(train) else None
+
+    def attempt(bs: int, origin: tuple[int, int], seeds: tuple[int, int], refined: bool):
         grid = _make_grid(lab.shape, ys, xs, cls, k, bs, origin, g)
-        jitter = 1.0 + _JITTER * rng.random(grid.ub.size)
-        a = _assign(grid, ys, xs, cls, n_cls, g, t_train, t_val, _splittable(grid, ys, xs, cls, g), jitter)
+        jitter = 1.0 + _JITTER * np.random.default_rng(seeds[0]).random(grid.ub.size)
+        keep = _splittable(grid, ys, xs, cls, g)
+        refine = _refiner(grid, lab.shape, ys, xs, cls, n_cls, g, t_train, keep, 1 + want_val, band,
+                          np.random.default_rng(seeds[1])) if refined else None
+        a = _assign(grid, ys, xs, cls, n_cls, g, t_train, t_val, keep, jitter, refine)
         code = np.where(a.is_train, SPLIT_TRAIN,
                         np.where(a.near, SPLIT_NONE, np.where(a.in_val[grid.blk], SPLIT_VAL, SPLIT_TEST)))
         per = np.zeros((4, k), dtype=np.int64)
@@ -616,10 +733,19 @@ def block_split_details(
             error = error + np.abs(per[SPLIT_VAL] - t_val) / n_cls
         key = (int((missing & far_apart).sum()), round(float(excess), 9),
                round(float(per[SPLIT_NONE].sum() / ys.size + error.mean()), 9))
-        tried[bs] = key
-        if best is None or key < best[0]:
-            best = (key, grid, a, code, per, missing)
-    _, grid, a, code, per, missing = best
+        return key, (grid, a, code, per, missing)
+
+    # greedy on every size, then the local search on the best _REFINED of them
+    seeds = [(int(rng.integers(2**63)), int(rng.integers(2**63))) for _ in sizes]
+    greedy = {bs: attempt(bs, origin, sd, False) for bs, origin, sd in zip(sizes, origins, seeds)}
+    tried: dict[int, tuple[int, float, float]] = {bs: r[0] for bs, r in greedy.items()}
+    best = min(greedy.values(), key=lambda r: r[0])
+    for i in sorted(range(len(sizes)), key=lambda i: tried[sizes[i]])[:_REFINED]:
+        result = attempt(sizes[i], origins[i], seeds[i], True)
+        tried[sizes[i]] = min(tried[sizes[i]], result[0])
+        if result[0] < best[0]:
+            best = result
+    _, (grid, a, code, per, missing) = best
     out = np.zeros(lab.shape, dtype=np.uint8)
     out[ys, xs] = code
     blocks = np.zeros(grid.shape, dtype=np.uint8)
