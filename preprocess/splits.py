@@ -797,31 +797,34 @@ def block_split(
     Notes
     -----
     The scene is cut into square blocks on a grid whose origin is shifted by a seeded offset. With
-    ``n[b, c]`` the pixels of class ``c`` in block ``b`` and ``t[c]`` the train target of class ``c``:
+    ``n[b, c]`` the pixels of class ``c`` in block ``b``, ``N[c]`` the class's size and ``t[c]`` its train
+    target (docs/splits.md has the same with examples and tables):
 
-    1. **Train, greedily.** Repeatedly, among blocks not yet train, move to train the block with the best
-       score ``gain * (1 + 0.2 u_b) - loss``: ``gain`` is the drop of ``sum_c |train[c] - t[c]| / N[c]``
-       (the per-class train share error) plus 1 for each class the block gives its first train pixel;
-       ``loss`` is ``sum_c`` (val/test pixels of class ``c`` the guard would newly drop, over ``N[c]``),
-       counted in the block grown by ``2 * guard``, so blocks next to train blocks are preferred and
-       train areas stay compact; ``u_b`` is a seeded uniform number. Only blocks with a positive gain
-       are taken, and none that would leave a class that can be split with fewer than one val/test pixel
-       (two with val). It stops when no block improves the share error.
-    2. **Guard, on one side.** Train pixels are kept; every other labelled pixel within Chebyshev
-       distance ``2 * guard`` of a train pixel becomes ``SPLIT_NONE``. (Guarding both sides by ``guard``,
-       the alternative, loses about as many pixels and makes the train share drift.)
-    3. **Val, greedily** (when ``val`` is not 0), the same way over the remaining blocks with their
-       surviving pixels, never taking a class's last test pixel. Val and test are not guarded from each
+    1. **Train, greedily.** Repeatedly move to train the block with the best score
+       ``gain * (1 + 0.2 u_b) - 3 * loss``: ``gain`` is the drop of ``sum_c |train[c] - t[c]| / N[c]`` plus 1
+       for each splittable class the block gives its first train pixel; ``loss`` counts the val/test
+       pixels the guard would newly drop (in the block grown by ``2 * guard``, in units of a mean class,
+       ``pixels * K / N``), so train areas stay compact; ``u_b`` is seeded. Candidates have a positive gain
+       and never leave a splittable class without a val/test block (two with val). The best candidate is
+       taken even at a loss until the train share is within 1.5 points below target and every splittable
+       class has 70% of its target; after that only candidates with a positive score.
+    2. **Local search.** Single blocks flip between train and not-train while that lowers ``guard loss /
+       N + mean_c |train[c] - t[c]| / N[c]``, keeping coverage, the 70% floors, every class within 25% of
+       its target (or no further off than it was) and the share within ``min(2.5 points, T / 5)``.
+    3. **Guard, on one side.** Train pixels are kept; every other labelled pixel within Chebyshev
+       distance ``2 * guard`` of a train pixel becomes ``SPLIT_NONE``.
+    4. **Val, greedily** (when ``val`` is not 0), the same way over the remaining blocks with their
+       surviving pixels, never taking a class's last test block. Val and test are not guarded from each
        other.
-    4. The rest is test.
-    5. **Block size.** Without ``block_size``, steps 1-4 run for each of :func:`candidate_block_sizes`
-       and the result with, in this order, the fewest classes left without a split although their pixels
-       lie more than ``2 * guard`` apart, the overall train share nearest the target's
-       ``TRAIN_SHARE_TOLERANCE`` band, and the least (guard loss + mean per-class share error) wins.
+    5. The rest is test.
+    6. **Block size.** Without ``block_size``, steps 1-5 run for each of :func:`candidate_block_sizes` (the
+       local search for the two best after the greedy) and the result with, in this order, the fewest
+       classes left without a split although their pixels lie more than ``2 * guard`` apart, a train share
+       within ``TRAIN_SHARE_TOLERANCE`` of a fractional target, and the least (guard loss + mean per-class
+       share error) wins.
 
     A class "can be split" when two of its pixels in different blocks are more than ``2 * guard`` apart;
-    the others (and any the greedy could not serve) get no test (or no train) pixel and are named in
-    the warning.
+    the others (and any the search could not serve) miss a split and are named in the warning.
     """
     result = block_split_details(labels, block_size=block_size, train=train, val=val, guard=guard, seed=seed)
     message = result.warning()
