@@ -28,7 +28,7 @@ TRAINS = (0.05, 0.1, 0.3, 0.5)
 
 def scenes() -> dict[str, np.ndarray]:
     return {
-        "Indian Pines (145x145, 16 classes)": np.load(indian_pines_files()[1]),
+        "Indian Pines (145x145, 16 classes)": np.load(indian_pines_files()[1], allow_pickle=False),
         "Pavia-like synthetic (305x170, 9 classes, elongated)": pavia_like_labels(seed=0),
         "blob synthetic (160x160, 8 classes)": make_scene(160, 160, 2, classes=8, seed=3)[1],
     }

@@ -174,7 +174,7 @@ H = 7  # patch radius (halo) of the scenes below: 15x15 patches, as the converte
 def _ip_labels():
     from hsgds.datasets import indian_pines_files
 
-    return np.load(indian_pines_files()[1])
+    return np.load(indian_pines_files()[1], allow_pickle=False)
 
 
 SCENES = {
