@@ -208,6 +208,7 @@ class StoreMeta:
     wavelengths: list[float] | None = None
     band_names: list[str] | None = None
     source: dict[str, Any] = field(default_factory=dict)
+    georeference: dict[str, Any] | None = None
     labels_source: dict[str, Any] | None = None
     split: dict[str, Any] = field(default_factory=dict)
     stats_split: str = "train"
@@ -300,6 +301,10 @@ class StoreMeta:
             raise bad("labels_source", "must be an object or null")
         if not isinstance(self.created_by, str):
             raise bad("created_by", "must be a string")
+        if self.georeference is not None:
+            why = georeference_problem(self.georeference)
+            if why:
+                raise bad("georeference", why)
         str_list("class_names", None)
         str_list("band_names", b)
         if self.wavelengths is not None:
@@ -318,6 +323,44 @@ class StoreMeta:
             raise StoreError(f"{where} lists {len(self.checksums)} tile checksums for {self.grid.num_tiles} tiles")
         if not all(is_int(c) and 0 <= c <= 0xFFFFFFFF for c in self.checksums):
             raise bad("checksums", "must be unsigned 32-bit integers")
+
+
+#: Largest coordinate reference system text accepted (a WKT is a few KB).
+MAX_CRS_WKT = 1 << 16
+
+
+def georeference_problem(geo: Any) -> str | None:
+    """Why ``geo`` is not a valid ``georeference`` value, or None when it is.
+
+    The value is ``{"transform": [6 numbers], "crs_wkt": str | None, "epsg": int | None}``: the affine
+    transform from pixel (column, row) to map coordinates in GDAL order (x0, dx, rx, y0, ry, dy), whose
+    pixel (0, 0) corner is at (x0, y0), and the coordinate reference system as WKT and/or EPSG code
+    (both may be absent when the source had a transform only).
+    """
+    if not isinstance(geo, dict):
+        return "must be an object or null"
+    unknown = set(geo) - {"transform", "crs_wkt", "epsg"}
+    if unknown:
+        return f"unknown keys {sorted(unknown)[:4]}"
+    t = geo.get("transform")
+    if not isinstance(t, list) or len(t) != 6 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in t):
+        return "transform must be 6 finite numbers (GDAL order x0, dx, rx, y0, ry, dy)"
+    if t[1] * t[5] - t[2] * t[4] == 0:
+        return "transform is singular (zero pixel size)"
+    wkt = geo.get("crs_wkt")
+    if wkt is not None and (not isinstance(wkt, str) or not 0 < len(wkt) <= MAX_CRS_WKT):
+        return f"crs_wkt must be a non-empty string of at most {MAX_CRS_WKT} characters or null"
+    epsg = geo.get("epsg")
+    if epsg is not None and (not isinstance(epsg, int) or isinstance(epsg, bool) or not 0 < epsg < 1 << 20):
+        return "epsg must be a positive integer code or null"
+    return None
+
+
+def make_georeference(transform: Any, crs_wkt: str | None = None, epsg: int | None = None) -> dict[str, Any]:
+    """The ``georeference`` metadata value, normalized (floats, None for absent parts)."""
+    return {"transform": [float(v) for v in transform], "crs_wkt": crs_wkt or None,
+            "epsg": None if epsg is None else int(epsg)}
 
 
 #: Chunk key separators the Zarr v3 spec allows; anything else could make a key a path (``../x``).

@@ -453,6 +453,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
         source={"name": src.name, "files": [p.name for p in cube.files], "size": hashed["size"],
                 "sha256": hashed["sha256"]},
+        georeference=getattr(cube, "georeference", None),
         labels_source=labels_source, split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
     _check_unchanged(stamps)  # what was tiled and hashed is what the metadata will describe

@@ -95,6 +95,13 @@ _NAN = float("nan")
     ("stats_split", "test", "stats_split"),
     ("source", "x", "source .* object"),
     ("tile", _DELETE, "invalid hsgds metadata"),
+    ("georeference", [1, 2], "georeference .* object or null"),
+    ("georeference", {"transform": [0, 1, 0, 0, 0]}, "georeference .* 6 finite numbers"),
+    ("georeference", {"transform": [0, 1, 0, 0, 0, _NAN]}, "georeference .* 6 finite numbers"),
+    ("georeference", {"transform": [0, 0, 0, 0, 0, -1]}, "georeference .* singular"),
+    ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "epsg": "4326"}, "georeference .*epsg must"),
+    ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "crs_wkt": ""}, "georeference .*crs_wkt must"),
+    ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "path": "/etc"}, "georeference .*unknown keys"),
 ])
 def test_invalid_root_metadata_is_a_store_error(store, key, value, message):
     _set_attr(store, key, value)

@@ -150,6 +150,8 @@ class SourceCube(Protocol):
     wavelengths: list[float] | None
     band_names: list[str] | None
     files: list[Path]
+    #: ``{"transform", "crs_wkt", "epsg"}`` (see :func:`hsgds.format.georeference_problem`) or None
+    georeference: dict[str, Any] | None
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Return rows y0:y1, columns x0:x1, all bands, as a C-contiguous native-endian (h, w, B) array."""
@@ -173,6 +175,7 @@ class ArrayCube:
     band_names: list[str] | None = None
     files: list[Path] = field(default_factory=list)
     closer: Any = None
+    georeference: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

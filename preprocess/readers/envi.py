@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hsgds import format as fmt
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import ArrayCube
 
@@ -209,6 +210,82 @@ def _band_names(header: dict[str, str], bands: int, path: Path) -> list[str] | N
     return names
 
 
+#: EPSG codes of UTM zones by ENVI datum name: zone z north is base + z, south base + 100 + z (WGS 84)
+_UTM_EPSG = {"wgs-84": (32600, 32700), "wgs84": (32600, 32700), "north america 1983": (26900, None),
+             "north america 1927": (26700, None)}
+
+
+def _map_info_transform(items: list[str], path: Path) -> list[float]:
+    """GDAL-order transform from ENVI ``map info`` fields, computed exactly as GDAL's ENVI driver does
+    (so the store agrees with what a GIS shows for the source).
+
+    Fields 1-6 are the reference pixel (x, y; 1-based, (1, 1) = the upper-left corner of the first pixel),
+    its map coordinates (easting, northing) and the pixel size (x, y); an optional ``rotation=`` item
+    (degrees) rotates the pixel axes.
+    """
+    try:
+        ref_x, ref_y, east, north, dx, dy = (float(v) for v in items[1:7])
+    except ValueError:
+        raise InputError(f"ENVI header {path}: 'map info' fields 2-7 (reference pixel, map coordinates, pixel "
+                         f"size) must be numbers, got {', '.join(items[1:7])[:120]}; fix or remove the field") from None
+    rotation = 0.0
+    for item in items[7:]:
+        key, _, value = item.partition("=")
+        if key.strip().lower() == "rotation":
+            try:
+                rotation = float(value)
+            except ValueError:
+                raise InputError(f"ENVI header {path}: 'map info' rotation {value.strip()[:40]!r} is not a number; "
+                                 "fix the field") from None
+    r = -math.radians(rotation)
+    t = [east - (ref_x - 1) * dx, math.cos(r) * dx, -math.sin(r) * dx,
+         north + (ref_y - 1) * dy, -math.sin(r) * dy, -math.cos(r) * dy]
+    if abs(rotation) == 180.0:  # as GDAL: exact values instead of cos/sin round-off
+        t[1], t[2], t[4], t[5] = dx, 0.0, 0.0, dy
+    if not all(math.isfinite(v) for v in t) or t[1] * t[5] - t[2] * t[4] == 0:
+        raise InputError(f"ENVI header {path}: 'map info' gives no usable transform (pixel size {dx} x {dy}); "
+                         "fix or remove the field")
+    return t
+
+
+def _georeference(header: dict[str, str], path: Path) -> dict | None:
+    """CRS and transform from ``map info`` and ``coordinate system string``, or None without map info.
+
+    The CRS is the WKT of ``coordinate system string`` when present; otherwise UTM zones on WGS-84 /
+    NAD83 / NAD27 and ``Geographic Lat/Lon`` on WGS-84 are named by their EPSG code; any other
+    projection keeps its transform only.
+    """
+    if "map info" not in header:
+        return None
+    items = _split_list(header["map info"])
+    if len(items) < 7:
+        raise InputError(f"ENVI header {path}: 'map info' has {len(items)} fields, needs at least 7 "
+                         "(projection, reference pixel x y, easting, northing, pixel size x y); fix or remove it")
+    transform = _map_info_transform(items, path)
+    wkt = header.get("coordinate system string", "").strip()
+    if wkt.startswith("{") and wkt.endswith("}"):
+        wkt = wkt[1:-1].strip()
+    epsg = None
+    name = items[0].strip().lower()
+    extra = [v.strip().lower() for v in items[7:] if "=" not in v]
+    if not wkt and name == "utm" and len(extra) >= 3:
+        try:
+            zone = int(extra[0])
+        except ValueError:
+            zone = 0
+        north, south = _UTM_EPSG.get(extra[2], (None, None))
+        base = north if extra[1] == "north" else south if extra[1] == "south" else None
+        if base is not None and 1 <= zone <= 60:
+            epsg = base + zone
+    elif not wkt and name == "geographic lat/lon" and extra and extra[0] in ("wgs-84", "wgs84"):
+        epsg = 4326
+    geo = fmt.make_georeference(transform, wkt or None, epsg)
+    why = fmt.georeference_problem(geo)
+    if why:
+        raise InputError(f"ENVI header {path}: unusable georeference ({why}); fix or remove 'map info'")
+    return geo
+
+
 def _memmap(binary: Path, header_path: Path) -> tuple[np.memmap, str, dict[str, str]]:
     """Validate the header against the binary and memory-map it; returns (array, axes, header)."""
     header = parse_header(header_path)
@@ -277,6 +354,7 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         wavelengths=_wavelengths_nm(header, bands, header_path),
         band_names=_band_names(header, bands, header_path),
         files=[binary, header_path],
+        georeference=_georeference(header, header_path),
     )
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)

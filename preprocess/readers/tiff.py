@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tifffile
 
+from hsgds import format as fmt
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import (ArrayCube, check_decoded_size, check_dtype, check_fits_in_memory,
                                      parse_failure)
@@ -82,16 +85,82 @@ def _check_segments(series, path: Path) -> None:
                                  f"the end of the {size}-byte file; {_FIX}")
 
 
-def _load(path: Path) -> tuple[np.ndarray, str]:
+#: GeoTIFF geokey value meaning "user-defined" (the CRS is spelled out in other keys, not by a code)
+_USER_DEFINED = 32767
+_PIXEL_IS_POINT = 2
+
+
+def _geo_transform(tags: dict[str, Any]) -> list[float] | None:
+    """GDAL-order transform from ModelTransformation, or ModelPixelScale + one ModelTiepoint (GeoTIFF 1.1).
+
+    Several tiepoints are ground control points, not an affine transform: those give None. A
+    PixelIsPoint raster's coordinates name pixel centres; like GDAL, the origin is moved to the corner.
+    """
+    matrix, scale, ties = (tags.get(k) for k in ("ModelTransformation", "ModelPixelScale", "ModelTiepoint"))
+    matrix = None if matrix is None else np.asarray(matrix, dtype=np.float64).reshape(-1)  # tifffile gives 4x4
+    if matrix is not None and len(matrix) == 16:
+        m = [float(v) for v in matrix]
+        t = [m[3], m[0], m[1], m[7], m[4], m[5]]
+    elif scale is not None and ties is not None and len(scale) >= 2 and len(ties) == 6:
+        i, j, _, x, y, _ = (float(v) for v in ties)
+        sx, sy = float(scale[0]), float(scale[1])
+        t = [x - i * sx, sx, 0.0, y + j * sy, 0.0, -sy]
+    else:
+        return None
+    if int(tags.get("GTRasterTypeGeoKey", 1)) == _PIXEL_IS_POINT:
+        t[0] -= 0.5 * (t[1] + t[2])
+        t[3] -= 0.5 * (t[4] + t[5])
+    return t
+
+
+def _georeference(tif: tifffile.TiffFile, path: Path) -> dict[str, Any] | None:
+    """CRS and transform of a GeoTIFF from its geokeys, or None when it carries none.
+
+    A CRS given by EPSG code is kept as that code. A user-defined CRS (parameters spelled out in the
+    geokeys) is turned into WKT by rasterio/GDAL, the field's reference implementation, when it is
+    installed (``hsgds[geo]``); without it only the transform is kept, with a warning.
+    """
+    page = tif.pages[0]
+    if not getattr(page, "is_geotiff", False):
+        return None
+    tags = page.geotiff_tags or {}
+    transform = _geo_transform(tags)
+    if transform is None or fmt.georeference_problem(fmt.make_georeference(transform)):
+        return None
+    model = int(tags.get("GTModelTypeGeoKey", 0))
+    code = tags.get("ProjectedCSTypeGeoKey") if model == 1 else tags.get("GeographicTypeGeoKey")
+    epsg = int(code) if code is not None and 0 < int(code) < _USER_DEFINED else None
+    wkt = None
+    if epsg is None and model in (1, 2):
+        try:
+            import rasterio
+        except ImportError:
+            warnings.warn(f"{path.name} has a user-defined coordinate reference system; recording it needs "
+                          "rasterio (pip install 'hsgds[geo]'), so the store keeps its transform only",
+                          stacklevel=3)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # rasterio's NotGeoreferencedWarning and the like
+                with rasterio.open(path) as ds:
+                    crs = ds.crs
+            if crs is not None:
+                wkt, epsg = crs.to_wkt(), crs.to_epsg()
+    return fmt.make_georeference(transform, wkt, epsg)
+
+
+def _load(path: Path, geo: dict[str, Any] | None = None) -> tuple[np.ndarray, str]:
     """Return the first image series (memory-mapped when possible) and tifffile's axis letters.
 
     tifffile names the axes: Y rows, X columns, S samples per pixel, and Q/I/Z/C/... for pages.
+    Pass a dict as ``geo`` to receive the file's georeference under the key ``"georeference"``.
     """
     try:
         _check_ifd_chain(path)
         with tifffile.TiffFile(path) as tif:
             if not tif.series:
                 raise InputError(f"{path} holds no image; check the file")
+            if geo is not None:
+                geo["georeference"] = _georeference(tif, path)
             series = tif.series[0]
             axes, shape = series.axes, tuple(series.shape)
             dtype = np.dtype(series.dtype)
@@ -116,8 +185,10 @@ def _load(path: Path) -> tuple[np.ndarray, str]:
 
 
 def open_tiff(path: Path) -> ArrayCube:
-    """Open a 3-D TIFF as a cube, taking the band axis from the file's layout."""
-    array, axes = _load(path)
+    """Open a 3-D TIFF as a cube, taking the band axis from the file's layout and its georeference
+    from the GeoTIFF keys."""
+    geo: dict[str, Any] = {}
+    array, axes = _load(path, geo)
     if array.ndim == 3 and axes[:2] == "YX":
         order = "HWB"  # pixel-interleaved: samples per pixel are the bands
     elif array.ndim == 3 and axes[1:] == "YX":
@@ -132,7 +203,7 @@ def open_tiff(path: Path) -> ArrayCube:
             "save the cube as (H, W, B) with planarconfig contig or as (B, H, W) pages"
         )
     check_dtype(array.dtype, path.name)
-    cube = ArrayCube(array, axes=order, files=[path])
+    cube = ArrayCube(array, axes=order, files=[path], georeference=geo.get("georeference"))
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
     return cube

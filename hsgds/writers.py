@@ -1,0 +1,292 @@
+"""Class-map writers, one function per output format, chosen by the output file's suffix.
+
+Every writer is atomic: it writes a hidden temporary file in the target's folder, flushes it to disk
+(fsync), then renames it over the target (and fsyncs the folder). A run killed or failing mid-way
+leaves at most a hidden ``.<name>.*.partial`` file, never a file at the target that looks complete.
+
+Class maps follow the store's label convention: 0 = not predicted / unlabelled (nodata), k = class k.
+
+- ``.tif`` / ``.tiff``: GeoTIFF, uint8 (uint16 beyond 255 classes), one band with a colour table,
+  nodata 0, and the source's CRS and geotransform when the store has them (rasterio, ``hsgds[geo]``).
+- ``.png``: the colour map with a legend; with ground truth also the ground truth and an error map
+  (matplotlib, ``hsgds[preview]``).
+- ``.hdr``: an ENVI Classification file (header + ``.img`` binary) with class names and lookup colours.
+- ``.npy``: the array itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hsgds._optional import require
+from hsgds.errors import InputError
+from hsgds.preview import UNLABELLED, class_colours
+
+__all__ = [
+    "FORMATS",
+    "atomic_path",
+    "check_output",
+    "write_class_map",
+    "write_envi",
+    "write_geotiff",
+    "write_npy",
+    "write_png",
+]
+
+#: Output suffix -> (format name, module it needs or None, the extra that installs it)
+FORMATS: dict[str, tuple[str, str | None, str | None]] = {
+    ".tif": ("GeoTIFF", "rasterio", "geo"),
+    ".tiff": ("GeoTIFF", "rasterio", "geo"),
+    ".png": ("PNG", "matplotlib", "preview"),
+    ".hdr": ("ENVI classification", None, None),
+    ".npy": ("NumPy", None, None),
+}
+#: Colour of wrong pixels in the error map (right ones are grey, unlabelled ones black).
+ERROR_COLOUR = (220, 20, 60)
+CORRECT_COLOUR = (200, 200, 200)
+
+
+def check_output(path: str | os.PathLike) -> str:
+    """Check, before any work, that ``path`` can be written as a class map; return its suffix.
+
+    Raises InputError for an unknown suffix or a missing folder, DependencyError when the format's
+    library is not installed.
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in FORMATS:
+        raise InputError(f"cannot write a class map as {p.name!r}: unknown suffix {p.suffix or '(none)'!r}; "
+                         f"use one of {', '.join(FORMATS)}")
+    name, module, extra = FORMATS[suffix]
+    if module is not None:
+        require(module, extra, f"writing a {name} class map ({p.name})")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"cannot write {p}: the folder {folder} does not exist; create it first")
+    if p.is_dir():
+        raise InputError(f"cannot write {p}: it is a directory; name a file")
+    return suffix
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms (Windows) cannot open folders: the rename is what matters
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; when the block succeeds, fsync it and rename it onto ``path``.
+
+    On any exception (or KeyboardInterrupt) the temporary file is removed and ``path`` is untouched.
+    """
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(target.parent)
+
+
+def _check_map(classmap: Any) -> np.ndarray:
+    a = np.asarray(classmap)
+    if a.ndim != 2 or a.dtype.kind not in "iu":
+        raise InputError(f"a class map is a 2-D integer array, got {a.dtype} of shape {a.shape}")
+    if a.size and a.min() < 0:
+        raise InputError("a class map holds classes 1..K and 0 for nodata; it has negative values")
+    return a
+
+
+def _num_classes(a: np.ndarray, num_classes: int | None, class_names: list[str] | None) -> int:
+    k = int(a.max(initial=0))
+    if class_names:
+        k = max(k, len(class_names))
+    return max(k, num_classes or 0, 1)
+
+
+def _names(k: int, class_names: list[str] | None) -> list[str]:
+    names = list(class_names or [])[:k]
+    return names + [f"class {i}" for i in range(len(names) + 1, k + 1)]
+
+
+def _map_dtype(k: int) -> np.dtype:
+    if k > 65535:
+        raise InputError(f"{k} classes do not fit a uint16 class map")
+    return np.dtype(np.uint8 if k <= 255 else np.uint16)
+
+
+def write_npy(path: str | os.PathLike, array: Any) -> Path:
+    """Write ``array`` as a ``.npy`` file, atomically."""
+    a = np.asarray(array)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, a, allow_pickle=False)
+    return Path(path)
+
+
+def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
+                  class_names: list[str] | None = None, georeference: dict[str, Any] | None = None) -> Path:
+    """Write a single-band GeoTIFF class map with a colour table, nodata 0 and the store's georeference.
+
+    ``georeference`` is the store's ``{"transform", "crs_wkt", "epsg"}`` (None: a plain TIFF whose pixel
+    grid is the scene's). Class names go into the band's category names (GDAL's RAT-less class names).
+    """
+    rasterio = require("rasterio", "geo", "writing a GeoTIFF class map")
+    a = _check_map(classmap)
+    k = _num_classes(a, num_classes, class_names)
+    dtype = _map_dtype(k)
+    profile: dict[str, Any] = dict(driver="GTiff", height=a.shape[0], width=a.shape[1], count=1, dtype=dtype.name,
+                                   nodata=0, compress="deflate", photometric="palette")
+    if georeference is not None:
+        from rasterio.crs import CRS
+        from rasterio.transform import Affine
+
+        profile["transform"] = Affine.from_gdal(*georeference["transform"])
+        if georeference.get("crs_wkt"):
+            profile["crs"] = CRS.from_wkt(georeference["crs_wkt"])
+        elif georeference.get("epsg"):
+            profile["crs"] = CRS.from_epsg(georeference["epsg"])
+    lut = class_colours(k)
+    with atomic_path(path) as tmp:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+            with rasterio.open(tmp, "w", **profile) as dst:
+                dst.write(a.astype(dtype, copy=False), 1)
+                dst.write_colormap(1, {i: (*map(int, lut[i]), 255) for i in range(k + 1)})
+                dst.update_tags(1, **{f"CLASS_{i}": n for i, n in enumerate(_names(k, class_names), start=1)})
+                dst.set_band_description(1, "class (0 = nodata)")
+    return Path(path)
+
+
+def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
+               class_names: list[str] | None = None, georeference: dict[str, Any] | None = None) -> Path:
+    """Write an ENVI Classification file: ``path`` (the ``.hdr``) and its binary beside it (``.img``).
+
+    Class 0 is "Unclassified"; ``class names`` and ``class lookup`` (RGB triplets) list classes 0..K.
+    The binary is renamed into place first and the header last, so a partial run never leaves a
+    header (what ENVI tools open) without its complete binary. With a georeference the header gets a
+    ``map info`` (reference pixel 1, 1) and the CRS as ``coordinate system string`` when it is WKT.
+    """
+    a = _check_map(classmap)
+    k = _num_classes(a, num_classes, class_names)
+    dtype = _map_dtype(k)
+    header = Path(path)
+    binary = header.with_suffix(".img")
+    lut = class_colours(k)
+    names = ["Unclassified", *_names(k, class_names)]
+    lines = ["ENVI", "description = {hsgds class map}", f"samples = {a.shape[1]}", f"lines = {a.shape[0]}",
+             "bands = 1", "header offset = 0", "file type = ENVI Classification",
+             f"data type = {1 if dtype == np.uint8 else 12}", "interleave = bsq", "byte order = 0",
+             f"classes = {k + 1}",
+             "class names = {" + ", ".join(n.replace(",", ";").replace("}", ")") for n in names) + "}",
+             "class lookup = {" + ", ".join(str(int(v)) for v in lut.reshape(-1)) + "}",
+             "band names = {class}"]
+    if georeference is not None:
+        x0, dx, rx, y0, ry, dy = georeference["transform"]
+        if rx == 0 and ry == 0:  # ENVI's map info has no general affine form; rotated grids keep none
+            lines.append(f"map info = {{Arbitrary, 1, 1, {x0!r}, {y0!r}, {dx!r}, {-dy!r}}}")
+        if georeference.get("crs_wkt"):
+            lines.append("coordinate system string = {" + georeference["crs_wkt"] + "}")
+    with atomic_path(binary) as tmp:
+        a.astype(dtype.newbyteorder("<"), copy=False).tofile(tmp)
+    with atomic_path(header) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    return header
+
+
+def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
+              class_names: list[str] | None = None, ground_truth: Any = None, title: str | None = None,
+              dpi: int = 120) -> Path:
+    """Write the class map as a colour image with a legend; with ``ground_truth`` (an (H, W) label map,
+    0 = unlabelled) three panels: prediction | ground truth | errors (wrong labelled pixels in red)."""
+    require("matplotlib", "preview", "writing a PNG class map")
+    figure_mod = require("matplotlib.figure", "preview", "writing a PNG class map")
+    patches = require("matplotlib.patches", "preview", "writing a PNG class map")
+    agg = require("matplotlib.backends.backend_agg", "preview", "writing a PNG class map")
+    a = _check_map(classmap)
+    gt = None if ground_truth is None else _check_map(ground_truth)
+    if gt is not None and gt.shape != a.shape:
+        raise InputError(f"ground truth of shape {gt.shape} does not match the {a.shape} class map")
+    k = _num_classes(a if gt is None else np.maximum(a, gt), num_classes, class_names)
+    lut = class_colours(k)
+    names = _names(k, class_names)
+    panels = [("prediction", lut[a])]
+    if gt is not None:
+        labelled = gt > 0
+        wrong = labelled & (a != gt)
+        err = np.zeros((*a.shape, 3), np.uint8)
+        err[labelled] = CORRECT_COLOUR
+        err[wrong] = ERROR_COLOUR
+        n = int(labelled.sum())
+        acc = f"{100 * (1 - wrong.sum() / n):.2f}% of {n} labelled pixels right" if n else "no labelled pixels"
+        panels += [("ground truth", lut[gt]), (f"errors ({acc})", err)]
+    h, w = a.shape
+    panel_w = 4.0
+    panel_h = max(1.0, min(8.0, panel_w * h / w))
+    fig = figure_mod.Figure(figsize=(len(panels) * panel_w + 0.6, panel_h + 2.4), dpi=dpi, layout="constrained")
+    agg.FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    if title:
+        fig.suptitle(title, fontsize=11)
+    for ax, (name, image) in zip(axes, panels):
+        ax.imshow(image, interpolation="nearest")
+        ax.set_title(name, fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+
+    def patch(colour: Any, text: str):
+        return patches.Patch(facecolor=tuple(int(c) / 255 for c in colour), edgecolor="black", linewidth=0.4,
+                             label=text)
+
+    present = np.bincount(a.reshape(-1).astype(np.int64), minlength=k + 1)
+    handles = [patch(lut[c], f"{c} {names[c - 1]} ({int(present[c])})") for c in range(1, k + 1)]
+    handles.append(patch(UNLABELLED, "not predicted / unlabelled"))
+    axes[0].legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), fontsize=6.5, frameon=False,
+                   handlelength=1.2, columnspacing=0.8, ncol=2 if len(handles) > 6 else 1)
+    if gt is not None:
+        axes[-1].legend(handles=[patch(CORRECT_COLOUR, "right"), patch(ERROR_COLOUR, "wrong"),
+                                 patch(UNLABELLED, "unlabelled")], loc="upper center",
+                        bbox_to_anchor=(0.5, -0.02), fontsize=6.5, frameon=False, handlelength=1.2)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        fig.savefig(f, format="png", bbox_inches="tight")
+    return Path(path)
+
+
+def write_class_map(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
+                    class_names: list[str] | None = None, georeference: dict[str, Any] | None = None,
+                    ground_truth: Any = None, title: str | None = None) -> Path:
+    """Write ``classmap`` in the format named by ``path``'s suffix (see the module docstring)."""
+    suffix = check_output(path)
+    if suffix in (".tif", ".tiff"):
+        return write_geotiff(path, classmap, num_classes=num_classes, class_names=class_names,
+                             georeference=georeference)
+    if suffix == ".png":
+        return write_png(path, classmap, num_classes=num_classes, class_names=class_names,
+                         ground_truth=ground_truth, title=title)
+    if suffix == ".hdr":
+        return write_envi(path, classmap, num_classes=num_classes, class_names=class_names,
+                          georeference=georeference)
+    return write_npy(path, _check_map(classmap))

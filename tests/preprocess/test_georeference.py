@@ -1,0 +1,142 @@
+"""Georeference carried from the source into the store: GeoTIFFs written by rasterio and ENVI files written
+by SPy, each read back independently by rasterio/GDAL (the field's reference) and compared with what the
+converter stored; `hsgds info` shows it; old stores without it still open."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+rasterio = pytest.importorskip("rasterio")
+envi = pytest.importorskip("spectral.io.envi")
+from rasterio.crs import CRS  # noqa: E402
+from rasterio.transform import Affine  # noqa: E402
+
+import hsgds  # noqa: E402
+from hsgds.preprocess.convert import ConvertOptions, convert  # noqa: E402
+from hsgds.preprocess.readers import open_cube  # noqa: E402
+
+UTM16N = CRS.from_epsg(32616)
+ALBERS = CRS.from_proj4("+proj=aea +lat_1=29.5 +lat_2=45.5 +lat_0=23 +lon_0=-96 +x_0=0 +y_0=0 +ellps=GRS80 "
+                        "+towgs84=0,0,0,0,0,0,0 +units=m +no_defs")
+
+
+def gdal_view(path):
+    """(crs, GDAL transform) as rasterio/GDAL reads ``path``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(path) as ds:
+            return ds.crs, ds.transform.to_gdal()
+
+
+def stored_crs(geo):
+    return CRS.from_wkt(geo["crs_wkt"]) if geo["crs_wkt"] else CRS.from_epsg(geo["epsg"]) if geo["epsg"] else None
+
+
+def write_geotiff(path, cube, crs, transform, **extra):
+    with rasterio.open(path, "w", driver="GTiff", height=cube.shape[1], width=cube.shape[2], count=cube.shape[0],
+                       dtype=cube.dtype, crs=crs, transform=transform, **extra) as dst:
+        dst.write(cube)
+    return path
+
+
+@pytest.fixture
+def cube():
+    return np.random.default_rng(0).integers(0, 1000, (5, 23, 31)).astype(np.int16)
+
+
+@pytest.mark.parametrize("crs,transform", [
+    (UTM16N, Affine(30.0, 0.0, 620000.5, 0.0, -20.0, 4000000.25)),
+    (CRS.from_epsg(4326), Affine(0.001, 0.0, -86.5, 0.0, -0.001, 40.5)),
+    (ALBERS, Affine(30.0, 0.0, 100.0, 0.0, -30.0, 200.0)),  # user-defined CRS: WKT through rasterio
+    (UTM16N, Affine.translation(620000, 4000000) @ Affine.rotation(20) @ Affine.scale(30, -20)),  # ModelTransformation
+])
+def test_geotiff_georeference_matches_gdal(tmp_path, cube, crs, transform):
+    src = write_geotiff(tmp_path / "c.tif", cube, crs, transform)
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    geo = hsgds.open_scene(store).meta.georeference
+    ref_crs, ref_t = gdal_view(src)
+    assert np.allclose(geo["transform"], ref_t, rtol=0, atol=1e-9)
+    assert stored_crs(geo) == ref_crs
+
+
+def test_geotiff_pixel_is_point_moves_origin_like_gdal(tmp_path, cube):
+    src = write_geotiff(tmp_path / "p.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+    import tifffile
+
+    # rewrite GTRasterTypeGeoKey to PixelIsPoint (2) in place: the key directory is (key, loc, count, value)
+    with tifffile.TiffFile(src) as tif:
+        tag = tif.pages[0].tags["GeoKeyDirectoryTag"]
+        keys = list(tag.value)
+        offset, count, dtype = tag.valueoffset, tag.count, tag.dtype
+    i = [keys[j] for j in range(4, len(keys), 4)].index(1025)
+    keys[4 + 4 * i + 3] = 2
+    with open(src, "r+b") as f:
+        f.seek(offset)
+        f.write(np.asarray(keys, dtype="<u2").tobytes())
+    geo = open_cube(src).georeference
+    _, ref_t = gdal_view(src)
+    assert geo["transform"][0] == pytest.approx(620000.0 - 15.0) and np.allclose(geo["transform"], ref_t)
+
+
+def test_plain_tiff_has_no_georeference(tmp_path, cube):
+    import tifffile
+
+    tifffile.imwrite(tmp_path / "plain.tif", cube)
+    assert open_cube(tmp_path / "plain.tif").georeference is None
+
+
+@pytest.mark.parametrize("map_info,css,epsg", [
+    (["UTM", "1.000", "1.000", "620000.5", "4000000.25", "30.0", "20.0", "16", "North", "WGS-84", "units=Meters"],
+     None, 32616),
+    (["UTM", "1", "1", "620000.5", "4000000.25", "30.0", "20.0", "16", "South", "WGS-84"], None, 32716),
+    (["Geographic Lat/Lon", "1", "1", "-86.5", "40.5", "0.001", "0.001", "WGS-84", "units=Degrees"], None, 4326),
+    (["UTM", "3.5", "2.0", "620000.5", "4000000.25", "30.0", "20.0", "16", "North", "WGS-84", "units=Meters",
+      "rotation=30.0"], None, 32616),
+    (["Albers Conical Equal Area", "1", "1", "100", "200", "30", "30", "North America 1983", "units=Meters"],
+     CRS.from_epsg(5070).to_wkt(), None),
+])
+def test_envi_map_info_matches_gdal(tmp_path, map_info, css, epsg):
+    data = np.random.default_rng(1).integers(0, 1000, (17, 19, 4)).astype(np.int16)
+    md = {"map info": map_info}
+    if css:
+        md["coordinate system string"] = css
+    envi.save_image(str(tmp_path / "e.hdr"), data, metadata=md, interleave="bil", ext=".img")
+    store = convert(tmp_path / "e.hdr", tmp_path / "s.zarr", ConvertOptions())
+    geo = hsgds.open_scene(store).meta.georeference
+    ref_crs, ref_t = gdal_view(tmp_path / "e.img")
+    assert np.allclose(geo["transform"], ref_t, rtol=0, atol=1e-9)
+    assert geo["epsg"] == epsg
+    assert stored_crs(geo) == ref_crs
+
+
+@pytest.mark.parametrize("map_info,message", [
+    (["UTM", "1", "1"], "needs at least 7"),
+    (["UTM", "1", "1", "east", "4000000", "30", "30"], "must be numbers"),
+    (["UTM", "1", "1", "0", "0", "0", "30"], "no usable transform"),
+    (["UTM", "1", "1", "0", "0", "30", "30", "rotation=abc"], "rotation"),
+])
+def test_bad_envi_map_info_is_one_line(tmp_path, map_info, message):
+    data = np.zeros((4, 5, 2), np.int16)
+    envi.save_image(str(tmp_path / "e.hdr"), data, metadata={"map info": map_info}, ext=".img")
+    with pytest.raises(hsgds.InputError, match=message):
+        open_cube(tmp_path / "e.hdr")
+
+
+def test_info_shows_georeference_and_old_stores_still_open(tmp_path, cube, run_cli):
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.5, 0.0, -20.0, 4000000.25))
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    code, out, _ = run_cli("info", store)
+    assert code == 0
+    assert "georef:     EPSG:32616; origin (620000.5, 4000000.25), pixel 30 x -20" in out
+    # a store written before the field existed (no key at all) opens with georeference None
+    root = store / "zarr.json"
+    meta = json.loads(root.read_text())
+    del meta["attributes"]["hsgds"]["georeference"]
+    root.write_text(json.dumps(meta))
+    assert hsgds.open_scene(store).meta.georeference is None
+    code, out, _ = run_cli("info", store)
+    assert code == 0 and "georef:" not in out

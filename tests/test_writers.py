@@ -1,0 +1,146 @@
+"""Class-map writers: each format read back by an independent reader (rasterio/GDAL, SPy, numpy, matplotlib's
+PNG decoder), and atomicity: a writer that fails mid-way leaves nothing at the target."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+from hsgds import writers
+from hsgds.errors import DependencyError, InputError
+from hsgds.preview import class_colours
+
+NAMES = ["corn", "soy, late", "woods", "water"]
+GEO = {"transform": [620000.5, 30.0, 0.0, 4000000.25, 0.0, -20.0], "crs_wkt": None, "epsg": 32616}
+
+
+@pytest.fixture
+def classmap():
+    return np.random.default_rng(0).integers(0, 5, (23, 31)).astype(np.uint8)
+
+
+def leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".partial"))
+
+
+def test_geotiff_round_trip_with_rasterio(tmp_path, classmap):
+    rasterio = pytest.importorskip("rasterio")
+    out = writers.write_class_map(tmp_path / "m.tif", classmap, class_names=NAMES, georeference=GEO)
+    with rasterio.open(out) as ds:
+        assert ds.count == 1 and ds.dtypes == ("uint8",) and ds.nodata == 0
+        assert np.array_equal(ds.read(1), classmap)
+        assert ds.crs == rasterio.crs.CRS.from_epsg(32616)
+        assert ds.transform.to_gdal() == tuple(GEO["transform"])
+        lut = class_colours(4)
+        cmap = ds.colormap(1)
+        assert all(cmap[i][:3] == tuple(int(v) for v in lut[i]) for i in range(5))
+        assert ds.tags(1)["CLASS_2"] == "soy, late"
+    assert leftovers(tmp_path) == []
+
+
+def test_geotiff_uint16_beyond_255_classes_and_without_georeference(tmp_path):
+    rasterio = pytest.importorskip("rasterio")
+    a = np.arange(300 * 2, dtype=np.uint16).reshape(20, 30) % 301
+    out = writers.write_class_map(tmp_path / "big.tiff", a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(out) as ds:
+            assert ds.dtypes == ("uint16",) and np.array_equal(ds.read(1), a) and ds.crs is None
+
+
+def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
+    envi = pytest.importorskip("spectral.io.envi")
+    out = writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=NAMES, georeference=GEO)
+    img = envi.open(str(out))
+    assert img.metadata["file type"] == "ENVI Classification"
+    assert img.metadata["class names"] == ["Unclassified", "corn", "soy; late", "woods", "water"]
+    assert [int(v) for v in img.metadata["class lookup"]] == class_colours(4).reshape(-1).tolist()
+    assert np.array_equal(np.asarray(img.read_band(0)), classmap)
+    assert img.metadata["map info"][3:7] == ["620000.5", "4000000.25", "30.0", "20.0"]
+    assert (tmp_path / "m.img").is_file() and leftovers(tmp_path) == []
+
+
+def test_npy_round_trip(tmp_path, classmap):
+    out = writers.write_class_map(tmp_path / "m.npy", classmap)
+    back = np.load(out)
+    assert back.dtype == classmap.dtype and np.array_equal(back, classmap)
+
+
+def test_png_panels_decoded_by_matplotlib(tmp_path, classmap):
+    image = pytest.importorskip("matplotlib.image")
+    one = writers.write_class_map(tmp_path / "one.png", classmap, class_names=NAMES)
+    gt = classmap.copy()
+    gt[:5] = 0
+    gt[10] = (gt[10] % 4) + 1  # some wrong pixels
+    three = writers.write_class_map(tmp_path / "three.png", classmap, class_names=NAMES, ground_truth=gt,
+                                    title="test")
+    a, b = image.imread(one), image.imread(three)
+    assert a.ndim == 3 and b.ndim == 3
+    assert b.shape[1] > 2 * a.shape[1]  # three panels side by side
+    # every class colour appears in the image (the map itself, drawn pixel for pixel at this size)
+    rgb = (b[..., :3] * 255).round().astype(int).reshape(-1, 3)
+    colours = {tuple(c) for c in rgb}
+    assert all(tuple(int(v) for v in c) in colours for c in class_colours(4)[1:])
+    assert tuple(writers.ERROR_COLOUR) in colours
+
+
+def test_unknown_suffix_and_missing_folder_are_one_line_errors(tmp_path, classmap):
+    with pytest.raises(InputError, match=r"unknown suffix '\.jpg'; use one of \.tif"):
+        writers.check_output(tmp_path / "m.jpg")
+    with pytest.raises(InputError, match="does not exist"):
+        writers.check_output(tmp_path / "nope" / "m.npy")
+    with pytest.raises(InputError, match="2-D integer array"):
+        writers.write_class_map(tmp_path / "m.npy", classmap.astype(np.float32))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_rasterio_is_named(tmp_path, monkeypatch, classmap):
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(name, *args, **kwargs):
+        if name.split(".")[0] == "rasterio":
+            raise ModuleNotFoundError("No module named 'rasterio'", name="rasterio")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    monkeypatch.delitem(__import__("sys").modules, "rasterio", raising=False)
+    with pytest.raises(DependencyError, match=r"needs rasterio.*pip install 'hsgds\[geo\]'"):
+        writers.check_output(tmp_path / "m.tif")
+
+
+@pytest.mark.parametrize("suffix", [".tif", ".png", ".hdr", ".npy"])
+def test_a_writer_failing_mid_way_leaves_nothing(tmp_path, monkeypatch, classmap, suffix):
+    """The failure is injected at the fsync before the rename: everything was written to the temporary file,
+    so this is the latest point a crash can happen; the target must not exist and no temporary remains."""
+    pytest.importorskip({".tif": "rasterio", ".png": "matplotlib"}.get(suffix, "numpy"))
+    target = tmp_path / f"m{suffix}"
+    real_fsync = os.fsync
+
+    def dying_fsync(fd):
+        raise OSError(5, "injected I/O error")
+
+    monkeypatch.setattr(os, "fsync", dying_fsync)
+    with pytest.raises(OSError, match="injected"):
+        writers.write_class_map(target, classmap, class_names=NAMES, georeference=GEO)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert list(tmp_path.iterdir()) == []
+    # an existing output is left as it was
+    target.write_bytes(b"old")
+    monkeypatch.setattr(os, "fsync", dying_fsync)
+    with pytest.raises(OSError, match="injected"):
+        writers.write_class_map(target, classmap, class_names=NAMES, georeference=GEO)
+    assert target.read_bytes() == b"old" and leftovers(tmp_path) == []
+
+
+def test_atomic_path_leaves_nothing_on_interrupt(tmp_path):
+    target = tmp_path / "x.npy"
+    with pytest.raises(KeyboardInterrupt):
+        with writers.atomic_path(target) as tmp:
+            tmp.write_bytes(b"partial")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
