@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("loader", ("hsgds.loader", "hsgds.scene_set")),
     # users of the loader and of the layers below, that the commands build on
     ("tools", ("hsgds.models", "hsgds.datasets", "hsgds.synthetic", "hsgds.info", "hsgds.preview",
-               "hsgds.doctor")),
+               "hsgds.doctor", "hsgds.writers")),
     # the top: training, inference, benchmarks, the CLI and the package's public namespace
     ("apps", ("hsgds.train", "hsgds.predict", "hsgds.bench", "hsgds.cli", "hsgds")),
 ]
