@@ -104,9 +104,9 @@ _SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("dali_threads", "HSGDS_DALI_THREADS", 0, _integer(0), "an integer >= 0 (0: automatic)"),
     # threads in kvikio's pool; 0 = KVIKIO_NTHREADS if set, else raised to min(8, CPUs) by KvikioReader
     Setting("kvikio_threads", "HSGDS_KVIKIO_THREADS", 0, _integer(0), "an integer >= 0 (0: automatic)"),
-    # a reader keeps at most this many tile files open (a bounded handle cache: any tile count works)
+    # the kvikio reader keeps at most this many tile files open (a least-recently-used cache of handles)
     Setting("max_open_files", "HSGDS_MAX_OPEN_FILES", 64, _integer(1), "an integer >= 1"),
-    # tile reads the ring keeps in flight at once (issued together as one batched read)
+    # most tiles the ring reads at once (one batched read_many for kvikio, one thread each for POSIX)
     Setting("read_inflight", "HSGDS_READ_INFLIGHT", 4, _integer(1), "an integer >= 1"),
     # ring_bytes=None: the ring holds the whole split, capped to this many bytes on the CPU ...
     Setting("ring_cpu_bytes", "HSGDS_RING_CPU_BYTES", 2 << 30, _integer(1), "a number of bytes >= 1"),

@@ -19,6 +19,7 @@ from hsgds.augment import Augment, Augmenter, draw
 from hsgds.engines import make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
+from hsgds.io import make_reader
 from hsgds.pixels import PIXELS, all_pixels, check_mask, labelled_pixels
 from hsgds.ring import TileRing
 from hsgds.sampling import EpochPlan, SampleSet, plan_epoch
@@ -242,14 +243,12 @@ class PatchLoader:
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
         self._plan(self._epoch)  # a ring too small for a batch is reported now, before anything is allocated
-        self._reader = self._make_reader(self.choice.reader)
+        self._reader = make_reader(self.choice.reader, self.scenes.tile_source())
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
         self._out_bands = out_bands
         self._augmenter = None if augment is None else Augmenter(augment, self.seed, layout)
         self._ring = TileRing(self.slots, grid.tile_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader)
-        register = getattr(self._reader, "register", None)
-        if register is not None:  # GDS: pin the ring for DMA once, not per read
-            register(self._ring.storage)
+        self._reader.register(self._ring.storage)  # e.g. GDS pins the ring for DMA once, not per read
         self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
                                  slots=self.slots, ring_bytes=self.slots * grid.tile_nbytes,
                                  reasons=list(self.choice.reasons))
@@ -269,19 +268,6 @@ class PatchLoader:
             raise ConfigError(f"ring_bytes={ring_bytes} is smaller than one tile ({nbytes} bytes); "
                               f"use at least {2 * nbytes}")
         return max(1, min(needed, ring_bytes // nbytes))
-
-    def _make_reader(self, name: str):
-        source = self.scenes.tile_source()
-        if name == "kvikio":
-            from hsgds.io.kvikio_reader import KvikioReader
-
-            return KvikioReader(source)
-        from hsgds.io.posix import PosixReader
-
-        reader = PosixReader(source)
-        if name == "posix-pinned":  # a CUDA ring: reads land in a pinned host buffer, then copy
-            reader.name = "posix-pinned"
-        return reader
 
     def _plan(self, epoch: int) -> EpochPlan:
         plan = self._plans.get(epoch)

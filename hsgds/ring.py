@@ -39,6 +39,7 @@ class RingStats:
     reader_wait_s: float = 0.0  # the reader waited for a free slot (the consumer is slower: backpressure)
     consumer_wait_s: float = 0.0  # the consumer waited for a tile (the reader is slower: a stall)
     max_resident: int = 0  # most slots loading or ready at once (never exceeds ``slots``)
+    max_inflight: int = 0  # most tiles being read at once (never exceeds ``inflight``)
     occupancy_sum: float = 0.0
     occupancy_samples: int = 0
 
@@ -48,14 +49,23 @@ class RingStats:
 
 
 class TileRing:
-    """``slots`` tiles of ``tile_shape`` in one contiguous tensor ``storage`` (slots, S, S, B)."""
+    """``slots`` tiles of ``tile_shape`` in one contiguous tensor ``storage`` (slots, S, S, B).
+
+    At most ``inflight`` tiles are read at once (default: the ``read_inflight`` setting): the loader
+    thread claims every free slot it may, up to that number, and hands them to the reader as one
+    ``read_many`` batch when the reader overlaps its reads (kvikio), else one read per thread.
+    """
 
     def __init__(self, slots: int, tile_shape: tuple[int, int, int], dtype: Any, device: Any,
-                 reader: ChunkReader, inflight: int = 2) -> None:
+                 reader: ChunkReader, inflight: int | None = None) -> None:
         import torch
 
         if slots < 1:
             raise ConfigError(f"the ring needs at least one slot, got {slots}")
+        inflight = int(defaults.get("read_inflight")) if inflight is None else int(inflight)
+        if inflight < 1:
+            raise ConfigError(f"read_inflight must be >= 1 (tiles read at once), got {inflight}; "
+                              "see docs/settings.md")
         nbytes = slots * int(np.prod(tile_shape)) * torch.empty((), dtype=dtype).element_size()
         try:
             self.storage = torch.empty((slots, *tile_shape), dtype=dtype, device=device)
@@ -81,9 +91,12 @@ class TileRing:
         self._poll = float(defaults.get("ring_poll_s"))  # seconds between checks of the stop flag
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._pool = ThreadPoolExecutor(max(1, inflight), thread_name_prefix="hsgds-read")
+        self.inflight = inflight
+        self._reading = 0  # tiles being read now (at most ``inflight``)
+        # as many threads as reads in flight: each batch, however small, starts at once
+        self._pool = ThreadPoolExecutor(inflight, thread_name_prefix="hsgds-read")
         self._pending: deque[Interval] = deque()
-        self._inflight: list[Future] = []
+        self._futures: list[Future] = []
         self._release_at: dict[int, list[int]] = {}
         self._clock = 0
         self._closed = False
@@ -110,8 +123,8 @@ class TileRing:
         self._thread.start()
 
     def _take_slot(self, tile: int) -> tuple[int, bool] | None:
-        """A slot for ``tile``: the slot already holding it (resident or freed but intact), else an empty
-        one, else the longest-freed."""
+        """A slot for ``tile`` and whether it already holds it: the slot holding it (resident or freed but
+        intact), else an empty one, else the longest-freed. None when no slot is free."""
         held = self.slot_of.get(tile)
         if held is not None and self.tile_in[held] == tile and self.state[held] != FREE:
             return held, True
@@ -124,61 +137,87 @@ class TileRing:
         s = min(free, key=lambda s: (self.tile_in[s] >= 0, self.freed_at[s]))
         return s, False
 
+    def _ready_to_claim(self) -> tuple[int, bool] | None:
+        """A slot for the next pending tile when it can be claimed now: it holds the tile already, or a
+        read may start (fewer than ``inflight`` tiles are being read). Call with ``_cond`` held."""
+        got = self._take_slot(self._pending[0].tile)
+        if got is None or not (got[1] or self._reading < self.inflight):
+            return None
+        return got
+
+    def _claim(self, slot: int, tile: int, cached: bool) -> None:
+        """Make ``slot`` hold ``tile`` for one more residency interval. Call with ``_cond`` held."""
+        self.refs[slot] += 1
+        if self.refs[slot] > 1:  # already resident (or loading) for an overlapping interval
+            return
+        if self.tile_in[slot] >= 0 and self.slot_of.get(self.tile_in[slot]) == slot:
+            del self.slot_of[self.tile_in[slot]]
+        self.state[slot] = READY if cached else LOADING
+        self.tile_in[slot] = tile
+        self.slot_of[tile] = slot
+        self._note_occupancy()
+        if cached:
+            self.stats.tiles_reused += 1
+            self._cond.notify_all()
+
     def _produce(self) -> None:
         try:
             while self._pending and not self._stop.is_set():
-                iv = self._pending[0]
                 t0 = time.perf_counter()
+                group: list[tuple[int, int]] = []  # (slot, tile) to read now
                 with self._cond:
-                    got = self._take_slot(iv.tile)
-                    while got is None and not self._stop.is_set() and self._error is None:
+                    got = self._ready_to_claim()
+                    while got is None:  # backpressure: no free slot, or enough reads in flight
+                        if self._stop.is_set() or self._error is not None:
+                            return
                         self._cond.wait(self._poll)
-                        got = self._take_slot(iv.tile)
-                    if got is None:
-                        return
-                    slot, cached = got
-                    self._pending.popleft()
-                    self.refs[slot] += 1
-                    if self.refs[slot] > 1:  # already resident for an overlapping interval
-                        continue
-                    if self.tile_in[slot] >= 0 and self.slot_of.get(self.tile_in[slot]) == slot:
-                        del self.slot_of[self.tile_in[slot]]
-                    self.state[slot] = READY if cached else LOADING
-                    self.tile_in[slot] = iv.tile
-                    self.slot_of[iv.tile] = slot
-                    self._note_occupancy()
-                    if cached:
-                        self.stats.tiles_reused += 1
-                        self._cond.notify_all()
-                self.stats.reader_wait_s += time.perf_counter() - t0
-                if not cached:
-                    event, self.events[slot] = self.events[slot], None
-                    if event is not None:
-                        event.synchronize()  # the consumer's last kernel on this slot has finished
-                    self._inflight = [f for f in self._inflight if not f.done()]
-                    self._inflight.append(self._pool.submit(self._load, slot, iv.tile))
+                        got = self._ready_to_claim()
+                    self.stats.reader_wait_s += time.perf_counter() - t0
+                    # claim every slot that is free now, up to the reads allowed in flight: one batch
+                    while got is not None:
+                        slot, cached = got
+                        self._claim(slot, self._pending.popleft().tile, cached)
+                        if not cached:
+                            group.append((slot, self.tile_in[slot]))
+                            self._reading += 1
+                        got = self._ready_to_claim() if self._pending else None
+                    self.stats.max_inflight = max(self.stats.max_inflight, self._reading)
+                if group:
+                    self._submit(group)
         except BaseException as exc:  # surfaced in the consumer
             self._fail(exc)
 
-    def _load(self, slot: int, tile: int) -> None:
+    def _submit(self, group: list[tuple[int, int]]) -> None:
+        """Start reading ``group``: one ``read_many`` for a batched reader, else one read per thread."""
+        for slot, _ in group:
+            event, self.events[slot] = self.events[slot], None
+            if event is not None:
+                event.synchronize()  # the consumer's last kernel on this slot has finished
+        self._futures = [f for f in self._futures if not f.done()]
+        for batch in ([group] if self.reader.batched else [[item] for item in group]):
+            self._futures.append(self._pool.submit(self._load, batch))
+
+    def _load(self, batch: list[tuple[int, int]]) -> None:
         ok = False
         try:
             if not self._stop.is_set():
-                self.reader.read_into(tile, self.storage[slot])
+                self.reader.read_many([(tile, self.storage[slot]) for slot, tile in batch])
                 ok = True
         except BaseException as exc:
             self._fail(exc)
         with self._cond:
-            if ok:
-                self.state[slot] = READY
-                self.stats.tiles_loaded += 1
-                self.stats.bytes_read = self.reader.bytes_read
-            else:  # cancelled or failed: the slot's bytes are undefined, forget the tile
-                self.state[slot] = FREE
-                self.refs[slot] = 0
-                self.tile_in[slot] = -1
-                if self.slot_of.get(tile) == slot:
-                    del self.slot_of[tile]
+            self._reading -= len(batch)
+            for slot, tile in batch:
+                if ok:
+                    self.state[slot] = READY
+                    self.stats.tiles_loaded += 1
+                else:  # cancelled or failed: the slot's bytes are undefined, forget the tile
+                    self.state[slot] = FREE
+                    self.refs[slot] = 0
+                    self.tile_in[slot] = -1
+                    if self.slot_of.get(tile) == slot:
+                        del self.slot_of[tile]
+            self.stats.bytes_read = self.reader.bytes_read
             self._cond.notify_all()
 
     def _fail(self, exc: BaseException) -> None:
@@ -267,8 +306,8 @@ class TileRing:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        wait(self._inflight)  # reads in flight finish (or see the stop flag) before slots are reused
-        self._inflight = []
+        wait(self._futures)  # reads in flight finish (or see the stop flag) before slots are reused
+        self._futures = []
 
     def close(self) -> None:
         if self._closed:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hsgds
+from hsgds.io import ChunkReader
 from hsgds.errors import ChecksumError, ConfigError, TileReadError
 from hsgds.preprocess.convert import ConvertOptions, convert
 
@@ -169,6 +170,8 @@ class SlowReader:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    read_many = ChunkReader.read_many  # the interface's loop over this wrapper's read_into
 
     def read_into(self, tile_id, dest):
         time.sleep(self.delay)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import hsgds
+from hsgds.io import ChunkReader
 from hsgds.errors import HsgdsError
 from hsgds.preprocess.convert import ConvertOptions, convert
 
@@ -58,6 +59,8 @@ class JitterReader:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    read_many = ChunkReader.read_many  # the interface's loop over this wrapper's read_into
 
     def read_into(self, tile_id, dest):
         with self.lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,19 @@ class TileSource:
 
 
 class ChunkReader(abc.ABC):
-    """Reads whole tiles into preallocated buffers (ring slots). Thread-safe for distinct destinations."""
+    """Reads whole tiles into preallocated buffers (ring slots). Thread-safe for distinct destinations.
+
+    A reader describes itself: :attr:`name` (reported in loader stats), :attr:`batched` (whether one
+    :meth:`read_many` call keeps its reads in flight together), :meth:`register` (prepare the ring's
+    storage once). The registry in :mod:`hsgds.io` picks a reader by name.
+    """
 
     #: short name reported in loader stats ("posix", "posix-direct", "posix-pinned", "kvikio-gds",
     #: "kvikio-compat")
     name: str = "reader"
+    #: True when :meth:`read_many` overlaps its reads (kvikio: all issued, then all waited for). False
+    #: when it reads one after another: the ring then spreads a batch over its threads instead.
+    batched: bool = False
 
     def __init__(self, source: TileSource) -> None:
         self.source = source
@@ -57,6 +66,19 @@ class ChunkReader(abc.ABC):
         Raises TileReadError (missing / truncated / I/O error) or ChecksumError naming the tile; ``dest``
         is then in an undefined state and must not be used.
         """
+
+    def read_many(self, requests: Iterable[tuple[int, Any]]) -> None:
+        """Fill several destinations: ``requests`` are ``(tile_id, dest)`` pairs with distinct ``dest``.
+
+        The default reads them one after another with :meth:`read_into` and stops at the first error,
+        which it raises; the destinations not yet filled are then in an undefined state.
+        """
+        for tile_id, dest in requests:
+            self.read_into(tile_id, dest)
+
+    def register(self, storage: Any) -> None:
+        """Prepare ``storage`` (the ring's tensor, every slot) for reads, once. The default does nothing;
+        kvikio registers it with cuFile so GDS reads skip per-read pinning."""
 
     def close(self) -> None:
         """Release file handles and buffers. Idempotent."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,13 +19,16 @@ _MAX_AUTO_THREADS = 8
 class KvikioReader(ChunkReader):
     """Reads whole tiles into CUDA tensors with kvikio, several reads in flight at once.
 
-    Each tile file gets a ``kvikio.CuFile`` handle, opened on first use and kept open until
-    :meth:`close`. A read is a ``pread`` future executed by kvikio's C++ thread pool (no Python and no
-    GIL in the transfer); :meth:`read_many` issues several before waiting for any. With GPUDirect
-    Storage the bytes go from storage to device memory by DMA (``name == "kvikio-gds"``); otherwise
-    kvikio or cuFile reads into host bounce buffers and copies to the device (``"kvikio-compat"``,
-    e.g. WSL2, no nvidia-fs module, ``KVIKIO_COMPAT_MODE=ON``). Data is in device memory when a read
-    returns: later work on any stream sees it.
+    Tile files are read through ``kvikio.CuFile`` handles kept in a small least-recently-used cache:
+    at most ``max_open_files`` stay open (each holds file descriptors and a cuFile registration), an
+    evicted handle is closed, and a handle with a read in flight is never closed (so while more reads
+    than that are in flight, as many handles are open as there are reads). A store of any tile count
+    thus stays under the process's open-files limit. A read is a ``pread`` future executed by kvikio's
+    C++ thread pool (no Python and no GIL in the transfer); :meth:`read_many` issues several before
+    waiting for any. With GPUDirect Storage the bytes go from storage to device memory by DMA
+    (``name == "kvikio-gds"``); otherwise kvikio or cuFile reads into host bounce buffers and copies to
+    the device (``"kvikio-compat"``, e.g. WSL2, no nvidia-fs module, ``KVIKIO_COMPAT_MODE=ON``). Data is
+    in device memory when a read returns: later work on any stream sees it.
 
     The destination must not be in use by pending GPU work; the ring guarantees that (it waits on the
     consumer's event before reusing a slot).
@@ -43,15 +47,26 @@ class KvikioReader(ChunkReader):
         Size of kvikio's (process-wide) thread pool. Default: the ``kvikio_threads`` setting
         (``HSGDS_KVIKIO_THREADS``); 0 keeps ``KVIKIO_NTHREADS`` when set, else raises the pool to
         min(8, CPUs) threads (kvikio's own default of 1 would serialize the reads in flight).
+    max_open_files : int, optional
+        Most tile files kept open between reads. Default: the ``max_open_files`` setting
+        (``HSGDS_MAX_OPEN_FILES``, 64).
 
     Raises
     ------
     DependencyError
         kvikio is missing or cannot load its libraries; the message names the pip extra.
+    ConfigError
+        ``threads`` < 0 or ``max_open_files`` < 1.
     """
 
-    def __init__(self, source: TileSource, *, verify: bool = False, threads: int | None = None) -> None:
+    batched = True  # read_many issues every read before waiting for any
+
+    def __init__(self, source: TileSource, *, verify: bool = False, threads: int | None = None,
+                 max_open_files: int | None = None) -> None:
         super().__init__(source)
+        self._max_open = int(defaults.get("max_open_files") if max_open_files is None else max_open_files)
+        if self._max_open < 1:
+            raise ConfigError(f"max_open_files must be >= 1, got {self._max_open}; see docs/settings.md")
         self._kvikio = import_kvikio(_torch_cuda_version())
         self.verify = verify
         _configure_threads(self._kvikio, threads)
@@ -60,7 +75,8 @@ class KvikioReader(ChunkReader):
         except (RuntimeError, AttributeError, KeyError) as exc:  # libcufile refused to answer: not GDS
             self.gds, self.mode_reason = False, f"cannot ask cuFile about GDS ({exc}); compat mode"
         self.name = "kvikio-gds" if self.gds else "kvikio-compat"
-        self._files: dict[int, Any] = {}
+        self._files: OrderedDict[int, Any] = OrderedDict()  # tile -> open handle, least recently used first
+        self._busy: dict[int, int] = {}  # tile -> reads in flight on its handle (never closed while > 0)
         self._registered: list[Any] = []
         self._cond = threading.Condition()
         self._inflight = 0
@@ -68,19 +84,48 @@ class KvikioReader(ChunkReader):
 
     # -------------------------------------------------------------------------------- handles
 
-    def _file(self, tile_id: int) -> Any:
-        """The open handle of ``tile_id`` (opened on first use). Call with ``_cond`` held."""
-        if self._closed:
-            raise TileReadError("reader is closed")
-        handle = self._files.get(tile_id)
-        if handle is None:
-            path = self.source.paths[tile_id]
-            try:
-                handle = self._kvikio.CuFile(path, "r")
-            except RuntimeError as exc:  # kvikio reports open(2) failures as RuntimeError
-                raise TileReadError(f"tile {tile_id} ({path}): cannot open ({_open_reason(path, exc)})") from None
-            self._files[tile_id] = handle
-        return handle
+    @property
+    def open_files(self) -> int:
+        """Tile files open now (at most ``max_open_files``, or the reads in flight when more)."""
+        with self._cond:
+            return len(self._files)
+
+    def _acquire(self, tile_id: int) -> Any:
+        """The open handle of ``tile_id`` (opened when not cached), held until :meth:`_release`."""
+        with self._cond:
+            if self._closed:
+                raise TileReadError("reader is closed")
+            handle = self._files.get(tile_id)
+            if handle is not None:
+                self._files.move_to_end(tile_id)
+            else:
+                path = self.source.paths[tile_id]
+                try:
+                    handle = self._kvikio.CuFile(path, "r")
+                except RuntimeError as exc:  # kvikio reports open(2) failures as RuntimeError
+                    raise TileReadError(f"tile {tile_id} ({path}): cannot open ({_open_reason(path, exc)})") from None
+                self._files[tile_id] = handle
+            self._busy[tile_id] = self._busy.get(tile_id, 0) + 1
+            self._trim()
+            return handle
+
+    def _release(self, tile_id: int) -> None:
+        with self._cond:
+            left = self._busy[tile_id] - 1
+            if left:
+                self._busy[tile_id] = left
+            else:
+                del self._busy[tile_id]
+            self._trim()
+
+    def _trim(self) -> None:
+        """Close least recently used idle handles until at most ``max_open_files`` are open. Call with
+        ``_cond`` held."""
+        if len(self._files) <= self._max_open:
+            return
+        idle = [t for t in self._files if t not in self._busy]  # least recently used first
+        for tile_id in idle[:len(self._files) - self._max_open]:
+            self._files.pop(tile_id).close()
 
     def _size_error(self, tile_id: int, handle: Any) -> TileReadError | None:
         path, n = self.source.paths[tile_id], self.source.nbytes
@@ -128,15 +173,15 @@ class KvikioReader(ChunkReader):
         """
         self.read_many([(tile_id, dest)])
 
-    def read_many(self, items: Iterable[tuple[int, Any]]) -> None:
+    def read_many(self, requests: Iterable[tuple[int, Any]]) -> None:
         """Read several tiles with all their reads in flight at once, then wait for every one.
 
-        ``items`` are ``(tile_id, dest)`` pairs with distinct destinations. Every read issued is waited
+        ``requests`` are ``(tile_id, dest)`` pairs with distinct destinations. Every read issued is waited
         for, even after an error (they write into the callers' buffers); then the first error is raised
         and the destinations are in an undefined state.
         """
         n = self.source.nbytes
-        work = [(tile_id, self._as_bytes(dest)) for tile_id, dest in items]
+        work = [(tile_id, self._as_bytes(dest)) for tile_id, dest in requests]
         if not work:
             return
         pending: list[tuple[int, Any, Any, Any]] = []
@@ -149,30 +194,34 @@ class KvikioReader(ChunkReader):
         try:
             for tile_id, buf in work:
                 try:
-                    with self._cond:
-                        handle = self._file(tile_id)
-                    # a truncated tile would make kvikio fail or read short: say which tile it is first
-                    error = self._size_error(tile_id, handle)
-                    if error is not None:
-                        break
-                    pending.append((tile_id, buf, handle, handle.pread(buf, n, 0)))
+                    handle = self._acquire(tile_id)
                 except TileReadError as exc:
                     error = exc
                     break
+                try:
+                    # a truncated tile would make kvikio fail or read short: say which tile it is first
+                    error = self._size_error(tile_id, handle)
+                    if error is None:
+                        pending.append((tile_id, buf, handle, handle.pread(buf, n, 0)))
+                        continue
                 except RuntimeError as exc:
                     error = _read_failed(self.source.paths[tile_id], tile_id, exc)
-                    break
+                self._release(tile_id)
+                break
             for tile_id, buf, handle, future in pending:
                 try:
-                    got = future.get()
-                except RuntimeError as exc:
-                    error = error or _read_failed(self.source.paths[tile_id], tile_id, exc)
-                    continue
-                if got != n:
-                    error = error or self._size_error(tile_id, handle) or TileReadError(
-                        f"tile {tile_id} ({self.source.paths[tile_id]}): short read ({got} of {n} bytes)")
-                    continue
-                done.append((tile_id, buf))
+                    try:
+                        got = future.get()
+                    except RuntimeError as exc:
+                        error = error or _read_failed(self.source.paths[tile_id], tile_id, exc)
+                        continue
+                    if got != n:
+                        error = error or self._size_error(tile_id, handle) or TileReadError(
+                            f"tile {tile_id} ({self.source.paths[tile_id]}): short read ({got} of {n} bytes)")
+                        continue
+                    done.append((tile_id, buf))
+                finally:
+                    self._release(tile_id)
         finally:
             with self._cond:
                 self._inflight -= 1
@@ -191,7 +240,7 @@ class KvikioReader(ChunkReader):
         with self._cond:
             self._closed = True
             self._cond.wait_for(lambda: self._inflight == 0)
-            files, self._files = self._files, {}
+            files, self._files = self._files, OrderedDict()
             registered, self._registered = self._registered, []
         for buffer in registered:
             self._kvikio.memory_deregister(buffer)
