@@ -11,13 +11,14 @@ from typing import Any
 
 from hsgds._optional import cuda_extra
 from hsgds.errors import ConfigError, DependencyError
+from hsgds.io import READERS as _READER_REGISTRY
 from hsgds.probe import DeviceReport
 
 __all__ = ["AUTO_ENGINE", "ENGINES", "READERS", "Choice", "choose"]
 
 #: Engine picked by ``engine="auto"`` per device kind; benchmarks decide (see benchmarks/).
 AUTO_ENGINE: dict[str, str] = {"cpu": "torch", "cuda": "torch"}
-READERS = ("posix", "posix-pinned", "kvikio")
+READERS = tuple(_READER_REGISTRY)  # the reader registry's names: "posix", "posix-pinned", "kvikio"
 ENGINES = ("torch", "dali")
 
 

@@ -101,3 +101,51 @@ def hsgds_env(monkeypatch):
 
     yield change
     defaults.reload()
+
+
+def _convert_synthetic(root, h, w, b, dtype, tile, max_patch, sparse_labels=False, seed=0):
+    """Convert a seeded synthetic cube with the real converter; returns the store path."""
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    if sparse_labels:  # random bytes, one labelled pixel per tile: an epoch reads every tile once, quickly
+        rng = np.random.default_rng(seed)
+        cube = rng.integers(0, 256, (h, w, b), dtype=np.uint8).astype(dtype)
+        labels = np.zeros((h, w), dtype=np.int32)
+        labels[tile // 2::tile, tile // 2::tile] = rng.integers(1, 4, labels[tile // 2::tile, tile // 2::tile].shape)
+    else:
+        cube, labels = make_scene(h, w, b, classes=3, dtype=dtype, seed=seed)
+    np.save(root / "cube.npy", cube)
+    np.save(root / "gt.npy", labels)
+    return convert(root / "cube.npy", root / "store.zarr",
+                   ConvertOptions(labels=root / "gt.npy", max_patch=max_patch, tile=tile, train=0.5, seed=seed))
+
+
+@pytest.fixture(scope="session")
+def tile_store(tmp_path_factory):
+    """A small int16 store of 12 tiles of 4 KiB (16 x 16 x 8, halo 2) from the real converter. Read-only:
+    tests that damage tiles copy it first."""
+    return _convert_synthetic(tmp_path_factory.mktemp("tiles12"), 40, 36, 8, "int16", tile=12, max_patch=5)
+
+
+@pytest.fixture(scope="session")
+def many_tiles_store(tmp_path_factory):
+    """A store of 2,025 tiny tiles (45 x 45 tiles of 16 x 16 x 16 uint8 = 4 KiB) with one labelled pixel
+    per tile: an epoch reads every tile once (open-file limits at any tile count)."""
+    return _convert_synthetic(tmp_path_factory.mktemp("tiles2k"), 540, 540, 16, "uint8", tile=12, max_patch=5,
+                              sparse_labels=True)
+
+
+@pytest.fixture(scope="session")
+def zarr_tile():
+    """The bytes of one tile as zarr-python reads them (the independent reference for every reader)."""
+    import zarr
+
+    from hsgds.scene import open_scene
+
+    def read(store, tile_id: int) -> bytes:
+        ntx = open_scene(store).grid.ntx
+        arr = zarr.open_array(str(store / "tiles"), mode="r")
+        return np.ascontiguousarray(arr[tile_id // ntx, tile_id % ntx]).tobytes()
+
+    return read

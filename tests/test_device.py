@@ -1,5 +1,5 @@
-"""hsgds.probe / hsgds.choice / hsgds.doctor on the CPU, and KvikioReader: a fake kvikio on the CPU, the
-real one on a GPU (``-m gpu``)."""
+"""hsgds.probe / hsgds.choice / hsgds.doctor on the CPU, and the probe on a GPU (``-m gpu``). The readers'
+tests are in tests/io/."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import types
 from pathlib import Path
 
-import crc32c
-import numpy as np
 import pytest
 
 from hsgds import defaults
@@ -21,8 +18,7 @@ from hsgds._optional import cuda_extra
 from hsgds.choice import AUTO_ENGINE, Choice, choose
 from hsgds.doctor import doctor_report
 from hsgds.probe import DeviceReport, probe
-from hsgds.errors import ChecksumError, ConfigError, DependencyError, TileReadError
-from hsgds.io.base import TileSource
+from hsgds.errors import ConfigError, DependencyError
 
 
 @pytest.fixture(autouse=True)
@@ -42,16 +38,6 @@ def _cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     except ImportError:
         return False
-
-
-def _kvikio_importable() -> bool:
-    from hsgds.io.kvikio_support import import_kvikio
-
-    try:
-        import_kvikio()
-    except DependencyError:
-        return False
-    return True
 
 
 requires_cuda = pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA driver and GPU")
@@ -411,230 +397,6 @@ def test_doctor_cli_require_gpu_and_store(run_cli, tmp_path):
     assert code == 1 and "cannot choose" in out and "unhealthy" in err
 
 
-def test_posix_reader_without_preadv_as_on_windows(monkeypatch, tiles):
-    """Native Windows has no os.preadv: the reader falls back to seek + read and gives the same bytes/errors."""
-    import torch
-
-    from hsgds.io.posix import PosixReader
-
-    source, data = tiles(count=3, k=2)
-    with open(source.paths[2], "r+b") as f:
-        f.truncate(source.nbytes - 10)
-    monkeypatch.delattr(os, "preadv")
-    dest = torch.empty(source.nbytes, dtype=torch.uint8)
-    with PosixReader(source) as reader:
-        for i in (0, 1):
-            reader.read_into(i, dest)
-            assert dest.numpy().tobytes() == data[i]
-        with pytest.raises(TileReadError, match="tile 2 .* has 8182 bytes, expected 8192"):
-            reader.read_into(2, dest)
-
-
-# ------------------------------------------------------------------------------------------ tiles
-
-def _make_tiles(root: Path, count: int, nbytes: int, seed: int = 0) -> tuple[TileSource, list[bytes]]:
-    """A store-like TileSource: ``count`` random tile files of ``nbytes`` bytes with crc32c checksums."""
-    rng = np.random.default_rng(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    paths, data = [], []
-    for i in range(count):
-        blob = rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes()
-        path = root / f"{i // 2}.{i % 2}"
-        path.write_bytes(blob)
-        paths.append(path)
-        data.append(blob)
-    return TileSource(tuple(paths), nbytes, tuple(crc32c.crc32c(b) for b in data)), data
-
-
-@pytest.fixture
-def tiles(tmp_path):
-    def make(count: int = 4, k: int = 2, seed: int = 0) -> tuple[TileSource, list[bytes]]:
-        return _make_tiles(tmp_path / f"tiles{seed}", count, 4096 * k, seed)
-
-    return make
-
-
-# ------------------------------------------------------------------------------- fake kvikio (CPU)
-
-class _FakeFuture:
-    def __init__(self, fn):
-        self._done = threading.Event()
-        self._result: int | BaseException = 0
-
-        def run():
-            try:
-                self._result = fn()
-            except RuntimeError as exc:
-                self._result = exc
-            self._done.set()
-
-        threading.Thread(target=run, daemon=True).start()
-
-    def get(self) -> int:
-        self._done.wait()
-        if isinstance(self._result, BaseException):
-            raise self._result
-        return self._result
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-
-class _FakeCuFile:
-    """kvikio.CuFile's contract on the CPU: RuntimeError on open failure, pread -> future of a count."""
-
-    opened: list[str] = []
-
-    def __init__(self, path, flags="r"):
-        try:
-            self._fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise RuntimeError(f"Unable to open file. Linux system/library function call error: {exc.strerror}")
-        self.closed = False
-        _FakeCuFile.opened.append(str(path))
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def pread(self, buf, size=None, file_offset=0, task_size=None):
-        view = memoryview(buf.numpy())[:size]
-        return _FakeFuture(lambda: os.preadv(self._fd, [view], file_offset))
-
-    def close(self) -> None:
-        if not self.closed:
-            os.close(self._fd)
-            self.closed = True
-
-
-@pytest.fixture
-def fake_kvikio(monkeypatch):
-    """A kvikio stand-in (compat mode) and a KvikioReader that accepts CPU tensors."""
-    from hsgds.io import kvikio_reader
-
-    kv = types.ModuleType("kvikio")
-    kv.__version__ = "0.0-fake"
-    state = {"num_threads": 1}
-    kv.defaults = types.ModuleType("kvikio.defaults")
-    kv.defaults.get = lambda name: {"compat_mode": "AUTO"}.get(name, state.get(name))
-    kv.defaults.set = lambda name, value: state.__setitem__(name, value)
-    kv.defaults.is_compat_mode_preferred = lambda: True
-    kv.CuFile = _FakeCuFile
-    kv.memory_register = kv.memory_deregister = lambda buf: None
-    monkeypatch.setitem(sys.modules, "kvikio", kv)
-    monkeypatch.setitem(sys.modules, "kvikio.defaults", kv.defaults)
-    monkeypatch.delenv("KVIKIO_NTHREADS", raising=False)
-    _FakeCuFile.opened = []
-
-    def as_bytes(self, dest):  # the real one insists on CUDA memory
-        import torch
-
-        if dest.numel() * dest.element_size() != self.source.nbytes:
-            raise ValueError("wrong size")
-        return dest.reshape(-1).view(torch.uint8)
-
-    monkeypatch.setattr(kvikio_reader.KvikioReader, "_as_bytes", as_bytes)
-    return state
-
-
-def test_fake_kvikio_reads_and_keeps_handles_open(fake_kvikio, tiles):
-    import torch
-
-    from hsgds.io.kvikio_reader import KvikioReader
-
-    source, data = tiles(count=4, k=3)
-    reader = KvikioReader(source, verify=True)
-    assert reader.name == "kvikio-compat" and "compat mode" in reader.mode_reason
-    assert fake_kvikio["num_threads"] == max(1, min(8, os.cpu_count() or 1))  # raised from kvikio's 1
-    storage = torch.empty((4, source.nbytes // 2), dtype=torch.int16)  # like the ring: one slot per row
-    reader.read_many([(i, storage[i]) for i in range(4)])
-    for i in range(4):
-        assert storage[i].view(torch.uint8).numpy().tobytes() == data[i]
-    reader.read_into(2, storage[0])
-    assert storage[0].view(torch.uint8).numpy().tobytes() == data[2]
-    assert reader.bytes_read == 5 * source.nbytes
-    assert len(_FakeCuFile.opened) == 4  # one handle per file, reused
-    reader.close()
-    reader.close()
-    with pytest.raises(TileReadError, match="closed"):
-        reader.read_into(0, storage[0])
-
-
-def test_fake_kvikio_threads_setting(fake_kvikio, tiles):
-    from hsgds.io.kvikio_reader import KvikioReader
-
-    source, _ = tiles(count=1)
-    with defaults.set(kvikio_threads=3):
-        KvikioReader(source).close()
-    assert fake_kvikio["num_threads"] == 3
-    KvikioReader(source, threads=5).close()
-    assert fake_kvikio["num_threads"] == 5
-    with pytest.raises(ConfigError, match=">= 0"):
-        KvikioReader(source, threads=-1)
-
-
-def test_fake_kvikio_errors_match_posix(fake_kvikio, tiles):
-    import torch
-
-    from hsgds.io.kvikio_reader import KvikioReader
-    from hsgds.io.posix import PosixReader
-
-    source, _ = tiles(count=4, k=2)
-    with open(source.paths[1], "r+b") as f:
-        f.truncate(source.nbytes - 100)
-    with open(source.paths[3], "ab") as f:
-        f.write(b"x" * 4096)
-    source.paths[2].unlink()
-    dest = torch.empty(source.nbytes, dtype=torch.uint8)
-    with KvikioReader(source) as kv, PosixReader(source, verify=False) as px:
-        for tile in (1, 2, 3):
-            with pytest.raises(TileReadError) as got:
-                kv.read_into(tile, dest)
-            with pytest.raises(TileReadError) as want:
-                px.read_into(tile, dest)
-            assert str(got.value) == str(want.value)
-            assert str(source.paths[tile]) in str(got.value) and f"tile {tile} " in str(got.value)
-        # a failure in a batch: the reads issued before it are waited for, then it is raised
-        storage = torch.empty((3, source.nbytes), dtype=torch.uint8)
-        with pytest.raises(TileReadError, match="tile 1 .* has 8092 bytes, expected 8192"):
-            kv.read_many([(0, storage[0]), (1, storage[1]), (3, storage[2])])
-        assert kv._inflight == 0
-        with pytest.raises(ValueError):
-            kv.read_into(0, torch.empty(10, dtype=torch.uint8))
-
-
-def test_fake_kvikio_verify(fake_kvikio, tiles):
-    import torch
-
-    from hsgds.io.kvikio_reader import KvikioReader
-
-    source, _ = tiles(count=2)
-    bad = dataclasses.replace(source, checksums=(source.checksums[0] ^ 1, source.checksums[1]))
-    dest = torch.empty(source.nbytes, dtype=torch.uint8)
-    with KvikioReader(bad) as reader:  # verify is off by default: nothing checks the bytes
-        reader.read_into(0, dest)
-    with KvikioReader(bad, verify=True) as reader:
-        reader.read_into(1, dest)
-        with pytest.raises(ChecksumError, match="tile 0"):
-            reader.read_into(0, dest)
-
-
-def test_kvikio_reader_without_kvikio_names_the_extra(monkeypatch, tiles):
-    from hsgds.io.kvikio_reader import KvikioReader
-
-    monkeypatch.setitem(sys.modules, "kvikio", None)
-    source, _ = tiles(count=1)
-    with pytest.raises(DependencyError, match=r"pip install 'hsgds\[cu1[23]\]'"):
-        KvikioReader(source)
-
-
-# ------------------------------------------------------------------------------------ GPU (real kvikio)
-
-@pytest.fixture
-def kvikio_ok():
-    if not _kvikio_importable():
-        pytest.skip("kvikio not installed: pip install 'hsgds[cu13]'")
-
-
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_probe_sees_cuda_and_kvikio():
@@ -647,103 +409,3 @@ def test_gpu_probe_sees_cuda_and_kvikio():
         assert report.kvikio_usable, report.kvikio_reason
         assert choice.reader == "kvikio"
         assert report.gds or "compat" in report.gds_reason
-
-
-@pytest.mark.gpu
-@requires_cuda
-@pytest.mark.parametrize("k", [1, 1029])  # one page, and a tile over kvikio's 4 MiB task size
-def test_gpu_kvikio_reads_bit_identical(kvikio_ok, tiles, k):
-    import torch
-
-    from hsgds.io.kvikio_reader import KvikioReader
-
-    source, data = tiles(count=3, k=k)
-    with KvikioReader(source) as reader:
-        assert reader.name == ("kvikio-gds" if probe().gds else "kvikio-compat")
-        for i, blob in enumerate(data):
-            dest = torch.empty(source.nbytes, dtype=torch.uint8, device="cuda")
-            reader.read_into(i, dest)
-            assert dest.cpu().numpy().tobytes() == blob
-        wide = torch.empty(source.nbytes // 2, dtype=torch.int16, device="cuda")  # the store's dtype
-        reader.read_into(1, wide)
-        assert wide.view(torch.uint8).cpu().numpy().tobytes() == data[1]
-        assert reader.bytes_read == 4 * source.nbytes
-    with KvikioReader(source, verify=True) as reader:
-        dest = torch.empty(source.nbytes, dtype=torch.uint8, device="cuda")
-        reader.read_into(2, dest)
-        assert dest.cpu().numpy().tobytes() == data[2]
-
-
-@pytest.mark.gpu
-@requires_cuda
-def test_gpu_kvikio_matches_posix_pinned(kvikio_ok, tiles):
-    import torch
-
-    from hsgds.io.kvikio_reader import KvikioReader
-    from hsgds.io.posix import PosixReader
-
-    source, _ = tiles(count=2, k=64)
-    a = torch.empty(source.nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    with KvikioReader(source) as kv, PosixReader(source) as px:
-        for i in range(2):
-            kv.read_into(i, a)
-            px.read_into(i, b)
-            assert torch.equal(a, b)
-
-
-@pytest.mark.gpu
-@requires_cuda
-def test_gpu_kvikio_read_many(kvikio_ok, tiles):
-    import torch
-
-    from hsgds.io.kvikio_reader import KvikioReader
-
-    source, data = tiles(count=6, k=256)
-    storage = torch.zeros((6, source.nbytes), dtype=torch.uint8, device="cuda")
-    with KvikioReader(source, threads=4) as reader:
-        reader.register(storage)
-        reader.read_many([(i, storage[5 - i]) for i in range(6)])
-        for i in range(6):
-            assert storage[5 - i].cpu().numpy().tobytes() == data[i]
-        assert reader.bytes_read == 6 * source.nbytes
-        assert reader._inflight == 0
-    # handles stay open once used (an unlinked open file still reads, as POSIX says), so a file missing
-    # before its first read is the case to check
-    source.paths[3].unlink()
-    with KvikioReader(source, threads=4) as reader:
-        with pytest.raises(TileReadError, match=r"tile 3 .*cannot open \(No such file or directory\)"):
-            reader.read_many([(i, storage[i]) for i in (0, 3, 4)])
-        assert reader._inflight == 0
-
-
-@pytest.mark.gpu
-@requires_cuda
-def test_gpu_kvikio_truncated_missing_and_misuse(kvikio_ok, tiles):
-    import torch
-
-    from hsgds.io.kvikio_reader import KvikioReader
-    from hsgds.io.posix import PosixReader
-
-    source, _ = tiles(count=3, k=8)
-    with open(source.paths[0], "r+b") as f:
-        f.truncate(source.nbytes - 4096)
-    source.paths[1].unlink()
-    dest = torch.empty(source.nbytes, dtype=torch.uint8, device="cuda")
-    with KvikioReader(source) as kv, PosixReader(source, verify=False) as px:
-        for tile in (0, 1):
-            with pytest.raises(TileReadError) as got:
-                kv.read_into(tile, dest)
-            with pytest.raises(TileReadError) as want:
-                px.read_into(tile, dest)
-            assert str(got.value) == str(want.value)
-        assert "has 28672 bytes, expected 32768" in str(
-            pytest.raises(TileReadError, kv.read_into, 0, dest).value)
-        with pytest.raises(TypeError, match="CUDA tensors"):
-            kv.read_into(2, torch.empty(source.nbytes, dtype=torch.uint8))
-        with pytest.raises(ValueError, match="bytes"):
-            kv.read_into(2, dest[:-1])
-        kv.read_into(2, dest)
-    kv.close()
-    with pytest.raises(TileReadError, match="closed"):
-        kv.read_into(2, dest)
