@@ -93,8 +93,8 @@ class TileRing:
         self._thread: threading.Thread | None = None
         self.inflight = inflight
         self._reading = 0  # tiles being read now (at most ``inflight``)
-        # as many threads as reads in flight: each batch, however small, starts at once
-        self._pool = ThreadPoolExecutor(inflight, thread_name_prefix="hsgds-read")
+        # as many threads as reads may be in flight (no more than the slots): each batch starts at once
+        self._pool = ThreadPoolExecutor(min(inflight, slots), thread_name_prefix="hsgds-read")
         self._pending: deque[Interval] = deque()
         self._futures: list[Future] = []
         self._release_at: dict[int, list[int]] = {}
