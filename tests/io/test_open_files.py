@@ -12,6 +12,7 @@ import pytest
 
 import hsgds
 from hsgds import defaults
+from hsgds.engines.base import TORCH_DTYPES
 from hsgds.io import TileSource
 from hsgds.io.kvikio_reader import KvikioReader
 from hsgds.ring import TileRing
@@ -66,7 +67,7 @@ def test_fake_kvikio_ring_over_2025_tiles_keeps_handles_bounded(fake_kvikio, man
     scene = hsgds.open_scene(many_tiles_store)
     n = scene.grid.num_tiles
     reader = KvikioReader(TileSource.from_scene(scene), max_open_files=BOUND)
-    ring = TileRing(32, scene.grid.tile_shape, hsgds.loader._TORCH_DTYPES[scene.grid.dtype], "cpu", reader,
+    ring = TileRing(32, scene.grid.tile_shape, TORCH_DTYPES[scene.grid.dtype], "cpu", reader,
                     inflight=8)
     open_now = []
     try:

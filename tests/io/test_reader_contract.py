@@ -54,9 +54,9 @@ def _storage(grid, count: int, device: str):
     """Ring-like destinations: one slot of the store's dtype per row."""
     import torch
 
-    from hsgds.loader import _TORCH_DTYPES
+    from hsgds.engines.base import TORCH_DTYPES
 
-    return torch.zeros((count, *grid.tile_shape), dtype=_TORCH_DTYPES[grid.dtype], device=device)
+    return torch.zeros((count, *grid.tile_shape), dtype=TORCH_DTYPES[grid.dtype], device=device)
 
 
 def _bytes(t) -> bytes:
