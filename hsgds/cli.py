@@ -1,5 +1,5 @@
-"""The ``hsgds`` command: convert, info, resplit, verify (and the runtime verbs). Exit 0 on success, 2 on bad
-input or usage, with a one-line error on stderr."""
+"""The ``hsgds`` command: convert, convert-many, info, resplit, verify (and the runtime verbs). Exit 0 on success,
+2 on bad input or usage, with a one-line error on stderr."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hsgds._version import __version__
 from hsgds.errors import HsgdsError
 
 EXIT_BAD_INPUT = 2
+EXIT_SOME_FAILED = 1  # convert-many: the other scenes were converted
 
 
 def _fail(message: str) -> None:
@@ -63,40 +64,56 @@ def _echo_split(store) -> None:
         click.echo(line)
 
 
+# Converter options shared by `convert` and `convert-many` (which applies them to every scene).
+_SCENE_OPTIONS = [
+    click.option("--key", help="Variable / dataset holding the cube (.mat, HDF5), when the file has several."),
+    click.option("--labels-key", help="Variable / dataset holding the labels."),
+    click.option("--band-axis", type=click.Choice(["first", "last"]), help="Band axis of .npy/.mat/HDF5 arrays (default last)."),
+    click.option("--max-patch", default=15, show_default=True, help="Largest patch size served (halo = (p-1)/2)."),
+    click.option("--tile", type=int, help="Tile core size in pixels (default: chosen for ~1-8 MiB aligned tiles)."),
+    click.option("--padding", default="reflect", show_default=True, type=click.Choice(["reflect", "edge", "zero"])),
+    click.option("--split", default="random", show_default=True, type=click.Choice(["random", "blocks", "masks"])),
+    click.option("--train", default="0.1", show_default=True, help="Train fraction, or pixels per class if >= 1."),
+    click.option("--val", default="0", show_default=True, help="Validation fraction, or pixels per class if >= 1."),
+    click.option("--block-size", type=int, help="Block side for --split blocks."),
+    click.option("--train-mask", type=click.Path(dir_okay=False), help="Train mask for --split masks."),
+    click.option("--val-mask", type=click.Path(dir_okay=False), help="Validation mask for --split masks."),
+    click.option("--test-mask", type=click.Path(dir_okay=False), help="Test mask for --split masks."),
+    click.option("--seed", default=0, show_default=True),
+    click.option("--nan-fill", type=float, help="Replace NaN/Inf in the cube by this value (refused otherwise)."),
+    click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...)."),
+]
+
+
+def _scene_options(command):
+    for option in reversed(_SCENE_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split, train, val, block_size,
+                     train_mask, val_mask, test_mask, seed, nan_fill, class_names, **extra):
+    from hsgds.preprocess.convert import ConvertOptions
+
+    return ConvertOptions(
+        key=key, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
+        padding=padding, split=split, train=_number(train), val=_number(val), block_size=block_size,
+        train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, seed=seed, nan_fill=nan_fill,
+        class_names=tuple(c.strip() for c in class_names.split(",")) if class_names else None, **extra)
+
+
 @cli.command()
 @click.argument("src", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "out", required=True, type=click.Path(), help="Store to write (a .zarr directory).")
 @click.option("--labels", type=click.Path(dir_okay=False), help="Ground-truth class map (any supported format).")
-@click.option("--key", help="Variable / dataset holding the cube (.mat, HDF5), when the file has several.")
-@click.option("--labels-key", help="Variable / dataset holding the labels.")
-@click.option("--band-axis", type=click.Choice(["first", "last"]), help="Band axis of .npy/.mat/HDF5 arrays (default last).")
-@click.option("--max-patch", default=15, show_default=True, help="Largest patch size served (halo = (p-1)/2).")
-@click.option("--tile", type=int, help="Tile core size in pixels (default: chosen for ~1-8 MiB aligned tiles).")
-@click.option("--padding", default="reflect", show_default=True, type=click.Choice(["reflect", "edge", "zero"]))
-@click.option("--split", default="random", show_default=True, type=click.Choice(["random", "blocks", "masks"]))
-@click.option("--train", default="0.1", show_default=True, help="Train fraction, or pixels per class if >= 1.")
-@click.option("--val", default="0", show_default=True, help="Validation fraction, or pixels per class if >= 1.")
-@click.option("--block-size", type=int, help="Block side for --split blocks.")
-@click.option("--train-mask", type=click.Path(dir_okay=False), help="Train mask for --split masks.")
-@click.option("--val-mask", type=click.Path(dir_okay=False), help="Validation mask for --split masks.")
-@click.option("--test-mask", type=click.Path(dir_okay=False), help="Test mask for --split masks.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--nan-fill", type=float, help="Replace NaN/Inf in the cube by this value (refused otherwise).")
-@click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...).")
+@_scene_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @click.option("--workers", default=4, show_default=True, help="Threads writing tiles.")
-def convert(src, out, labels, key, labels_key, band_axis, max_patch, tile, padding, split, train, val,
-            block_size, train_mask, val_mask, test_mask, seed, nan_fill, class_names, overwrite, workers) -> None:
+def convert(src, out, labels, overwrite, workers, **options) -> None:
     """Convert a cube (.mat v5/v7.3, ENVI, GeoTIFF, HDF5, .npy) into an hsgds store."""
-    from hsgds.preprocess.convert import ConvertOptions
     from hsgds.preprocess.convert import convert as run_convert
 
-    opts = ConvertOptions(
-        key=key, labels=labels, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
-        padding=padding, split=split, train=_number(train), val=_number(val), block_size=block_size,
-        train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, seed=seed, nan_fill=nan_fill,
-        class_names=tuple(c.strip() for c in class_names.split(",")) if class_names else None,
-        overwrite=overwrite, workers=workers)
+    opts = _convert_options(**options, labels=labels, overwrite=overwrite, workers=workers)
     bar = None
     if sys.stderr.isatty():
         bar = click.progressbar(length=1, label="tiles", file=sys.stderr)
@@ -114,6 +131,58 @@ def convert(src, out, labels, key, labels_key, band_axis, max_patch, tile, paddi
             bar.render_finish()
     click.echo(f"wrote {path}")
     _echo_split(path)
+
+
+@cli.command("convert-many")
+@click.argument("manifest", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out", required=True, type=click.Path(file_okay=False),
+              help="Folder for <name>.zarr stores and collection.json (created if missing).")
+@_scene_options
+@click.option("--scheduler", help="Address of a running dask.distributed scheduler (tcp://HOST:PORT) whose workers "
+                                  "see the same paths; default: a local cluster on this machine.")
+@click.option("--workers", default=2, show_default=True, help="Worker processes of the local cluster (without --scheduler).")
+@click.option("--threads", default=2, show_default=True, help="Threads writing tiles within each scene.")
+@click.option("--overwrite", is_flag=True, help="Convert every scene again, even those already up to date.")
+def convert_many(manifest, out, scheduler, workers, threads, overwrite, **options) -> None:
+    """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key]) on Dask, one task
+    per scene, into OUT/<name>.zarr and OUT/collection.json. Rerunning converts only scenes that are
+    missing, changed or damaged. Exit 1 when some scenes failed (each is named with its reason)."""
+    import logging
+
+    from hsgds.preprocess.convert_many import convert_many as run_many
+
+    opts = _convert_options(**options, workers=threads)
+    logging.getLogger("distributed").setLevel(logging.ERROR)  # worker restarts are reported per scene below
+    bar = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
+                            item_show_func=lambda tiles: None if tiles is None else f"{tiles} tiles"
+                            ) if sys.stderr.isatty() else None
+    tiles = 0
+
+    def progress(result, done: int, total: int) -> None:
+        nonlocal tiles
+        tiles += result.tiles
+        if result.status == "failed":
+            click.echo(f"\nhsgds: failed: {result.name}: {result.reason}" if bar else
+                       f"hsgds: failed: {result.name}: {result.reason}", err=True)
+        if bar is not None:
+            bar.length = total
+            bar.current_item = tiles
+            bar.update(done - bar.pos)
+
+    try:
+        r = run_many(manifest, out, opts, scheduler=scheduler, workers=workers, force=overwrite, progress=progress)
+    finally:
+        if bar is not None:
+            bar.render_finish()
+    mb = sum(s.source_bytes for s in r.converted) / 1e6
+    click.echo(f"{len(r.converted)} converted ({sum(s.tiles for s in r.converted)} tiles, {mb:.1f} MB), "
+               f"{len(r.up_to_date)} up to date, {len(r.failed)} failed of {len(r.scenes)} scenes in "
+               f"{r.seconds:.1f} s; wrote {r.collection}")
+    if r.failed:
+        click.echo(f"hsgds: error: {len(r.failed)} of {len(r.scenes)} scenes failed ("
+                   f"{', '.join(s.name for s in r.failed[:5])}{', ...' if len(r.failed) > 5 else ''}); "
+                   "fix them and run the same command again", err=True)
+        sys.exit(EXIT_SOME_FAILED)
 
 
 @cli.command()

@@ -386,7 +386,9 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     hasher.start()
 
     with _writing(out, "the store layout"):
-        root = zarr.open_group(tmp, mode="w", zarr_format=3)
+        # "w-" writes into the locked folder; "w" would delete and recreate it, leaving the lock on a
+        # deleted folder (and the new one free for another conversion's stale-folder cleanup to remove)
+        root = zarr.open_group(tmp, mode="w-", zarr_format=3)
         paths = fmt.tile_paths(tmp, grid, _create_arrays(root, grid, labels, table))
         for p in paths:
             p.parent.mkdir(parents=True, exist_ok=True)

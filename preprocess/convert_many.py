@@ -1,0 +1,379 @@
+"""Convert the scenes of a manifest into a collection, one Dask task per scene (``hsgds convert-many``).
+
+Each task runs the single-scene :func:`hsgds.preprocess.convert.convert` (atomic: a store is complete or
+absent), so the orchestration here only decides *which* scenes need converting, hands them to a
+``dask.distributed`` cluster (a given scheduler, or a ``LocalCluster`` of worker processes), collects
+one result per scene, and finally writes ``collection.json`` listing exactly the scenes that are
+converted and valid. A worker that dies mid-scene is replaced and its task rescheduled by Dask; a rerun
+of the same command converts only what is missing, changed or damaged.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hsgds._optional import require
+from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
+from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
+from hsgds.preprocess.convert import ConvertOptions, _remove_stale, convert
+from hsgds.scene import open_scene
+
+__all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
+
+COLUMNS = ("source", "labels", "name", "key", "labels_key")
+#: Largest manifest read (a million rows of long paths is ~500 MB; anything larger is not a manifest).
+MAX_MANIFEST_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """One scene of a manifest: absolute paths, its store name and per-scene keys (None: the global option)."""
+
+    name: str
+    source: Path
+    labels: Path | None = None
+    key: str | None = None
+    labels_key: str | None = None
+    line: int = 0
+
+
+def _check_name(name: str, where: str) -> None:
+    """Names become file names (``OUT_DIR/<name>.zarr``): refuse anything that is not one plain name."""
+    bad = (not name or name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\:\0')
+           or name != name.strip())
+    if bad:
+        raise InputError(f"{where}: name {name!r} cannot be a store name (no slashes, colons, leading dots "
+                         "or surrounding spaces); fix the name column")
+
+
+def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
+    """Read a CSV manifest with a header: ``source`` (required), ``labels``, ``name``, ``key``, ``labels_key``.
+
+    Relative paths are relative to the manifest's folder; ``name`` defaults to the source's stem and must
+    be unique (ignoring case, as some filesystems do). Every source and labels file must exist. Any
+    problem is a one-line :class:`~hsgds.errors.InputError` naming the manifest line.
+    """
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise InputError(f"manifest {path} is larger than {MAX_MANIFEST_BYTES >> 20} MiB; is it a CSV list of scenes?")
+        text = path.read_text(encoding="utf-8-sig")  # tolerate the BOM spreadsheet programs write
+    except FileNotFoundError:
+        raise InputError(f"manifest {path} does not exist; give the CSV file listing the scenes") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"cannot read manifest {path} ({getattr(exc, 'strerror', None) or exc}); "
+                         "it must be a UTF-8 CSV file") from None
+    reader = csv.reader(text.splitlines())
+    try:
+        header = next(reader, None)
+        if header is None or not any(h.strip() for h in header):
+            raise InputError(f"manifest {path} is empty; its first line must be a header naming the columns "
+                             f"({', '.join(COLUMNS)}; source is required)")
+        header = [h.strip() for h in header]
+        unknown = [h for h in header if h not in COLUMNS]
+        if unknown:
+            raise InputError(f"manifest {path}: unknown column {unknown[0]!r}; columns are {', '.join(COLUMNS)} "
+                             "(source is required)")
+        dup = {h for h in header if header.count(h) > 1}
+        if dup:
+            raise InputError(f"manifest {path}: column {sorted(dup)[0]!r} appears twice in the header")
+        if "source" not in header:
+            raise InputError(f"manifest {path} has no 'source' column; its header must name it "
+                             f"(found: {', '.join(header)})")
+        base = path.resolve().parent
+        rows: list[ManifestRow] = []
+        seen: dict[str, int] = {}
+        for fields in reader:
+            line = reader.line_num
+            if not any(f.strip() for f in fields):
+                continue  # blank line
+            where = f"manifest {path} line {line}"
+            if len(fields) != len(header):
+                raise InputError(f"{where} has {len(fields)} fields, the header has {len(header)}; "
+                                 "quote values that contain commas")
+            v = {h: (f.strip() or None) for h, f in zip(header, fields)}
+            if v["source"] is None:
+                raise InputError(f"{where}: source is empty; every row needs a source file")
+            source = base / v["source"]
+            labels = None if v.get("labels") is None else base / v["labels"]
+            for what, p in (("source", source), ("labels", labels)):
+                if p is not None and not p.is_file():
+                    reason = "is a folder" if p.is_dir() else "does not exist"
+                    raise InputError(f"{where}: {what} {p} {reason}; fix the path (relative paths are "
+                                     f"relative to the manifest's folder)")
+            name = v.get("name") or source.stem
+            _check_name(name, where)
+            folded = name.casefold()
+            if folded in seen:
+                raise InputError(f"{where}: scene name {name!r} is already used on line {seen[folded]}; names must "
+                                 "be unique (set the name column)")
+            seen[folded] = line
+            rows.append(ManifestRow(name=name, source=source, labels=labels, key=v.get("key"),
+                                    labels_key=v.get("labels_key"), line=line))
+    except csv.Error as exc:
+        raise InputError(f"manifest {path} line {reader.line_num}: not valid CSV ({exc})") from None
+    if not rows:
+        raise InputError(f"manifest {path} lists no scenes; add one row per scene under the header")
+    return rows
+
+
+# -- one scene (runs on a Dask worker) -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SceneResult:
+    """What happened to one scene: ``status`` is ``converted``, ``up to date`` or ``failed``."""
+
+    name: str
+    status: str
+    reason: str | None = None  # why it was (re)converted, or why it failed
+    entry: SceneEntry | None = None
+    tiles: int = 0
+    source_bytes: int = 0
+    store_bytes: int = 0
+    seconds: float = 0.0
+
+
+def _stamps(paths: list[Path]) -> dict[str, tuple[int, int]]:
+    out = {}
+    for p in paths:
+        st = os.stat(p)
+        out[str(p)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _sha256(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _options_differ(meta, opts: ConvertOptions) -> str | None:
+    """Which requested option the existing store was not made with (None: it matches)."""
+    if meta.halo != opts.halo:
+        return f"max patch {2 * meta.halo + 1} -> {opts.max_patch}"
+    if meta.padding != opts.padding:
+        return f"padding {meta.padding} -> {opts.padding}"
+    if opts.tile is not None and meta.tile != opts.tile:
+        return f"tile {meta.tile} -> {opts.tile}"
+    if (meta.labels_source is None) != (opts.labels is None):
+        return "labels added" if opts.labels is not None else "labels removed"
+    want_names = list(opts.class_names) if opts.class_names else None
+    if meta.class_names != want_names:
+        return "class names changed"
+    split = meta.split or {}
+    if split.get("method", "none") != "none":
+        want = {"method": opts.split, "seed": opts.seed}
+        if opts.split in ("random", "blocks"):
+            want.update(train=opts.train, val=opts.val)
+        if opts.split == "blocks" and opts.block_size is not None:
+            want["block_size"] = opts.block_size
+        if any(split.get(k) != v for k, v in want.items()):
+            return "split options changed"
+    return None
+
+
+def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions,
+                 stamps: dict[str, tuple[int, int]] | None) -> tuple[str | None, dict[str, tuple[int, int]]]:
+    """Why ``store`` must be (re)converted, or None when it is complete, verified and made from this very
+    source with these options; also the current (size, mtime) stamps of its source and label files.
+
+    Sources are compared by their recorded size and, unless their stamps equal those recorded in the
+    previous ``collection.json``, by their sha256."""
+    if not store.exists():
+        return "missing", {}
+    try:
+        scene = open_scene(store)
+    except StoreError as exc:
+        return f"incomplete or damaged ({str(exc)[:200]})", {}
+    meta = scene.meta
+    if meta.source.get("name") != row.source.name:
+        return f"source {meta.source.get('name')} -> {row.source.name}", {}
+    differ = _options_differ(meta, opts)
+    if differ:
+        return differ, {}
+    data = [row.source.parent / f for f in meta.source.get("files", [])]
+    try:
+        now = _stamps(data + ([row.labels] if row.labels is not None else []))
+    except OSError:
+        return "source files changed", {}
+    if sum(now[str(p)][0] for p in data) != meta.source.get("size"):
+        return "source changed (size)", now
+    if row.labels is not None and (meta.labels_source or {}).get("name") != row.labels.name:
+        return f"labels {(meta.labels_source or {}).get('name')} -> {row.labels.name}", now
+    if stamps != now:  # not provably unchanged: compare contents
+        if _sha256(data) != meta.source.get("sha256"):
+            return "source changed (sha256)", now
+        if row.labels is not None and _sha256([row.labels]) != meta.labels_source.get("sha256"):
+            return "labels changed (sha256)", now
+    problems = scene.verify()
+    if problems:
+        return f"{len(problems)} damaged tiles ({problems[0][:120]})", now
+    return None, now
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, HsgdsError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOptions,
+                  stamps: dict[str, tuple[int, int]] | None = None, force: bool = False) -> SceneResult:
+    """Bring ``OUT_DIR/<name>.zarr`` up to date with ``row`` (the task each Dask worker runs).
+
+    Never raises for a scene's own problems: they come back as a ``failed`` result with a one-line
+    reason, so one bad scene does not stop the others and is not retried in vain.
+    """
+    t0 = time.perf_counter()
+    store = Path(out_dir) / f"{row.name}.zarr"
+    opts = dataclasses.replace(opts, key=row.key or opts.key, labels=row.labels,
+                               labels_key=row.labels_key or opts.labels_key, overwrite=True)
+    try:
+        _remove_stale(store)  # temporary folders a killed worker left behind
+        reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps)
+        started_ns = time.time_ns()
+        if reason is not None:
+            convert(row.source, store, opts)
+        scene = open_scene(store)
+        if reason is not None:
+            # convert() refused sources that changed while it ran; files touched since it started may
+            # differ from what was hashed, so their stamps are not recorded (the next run hashes them)
+            files = [row.source.parent / f for f in scene.meta.source.get("files", [])]
+            now = _stamps(files + ([row.labels] if row.labels is not None else []))
+            if any(mtime >= started_ns for _, mtime in now.values()):
+                now = {}
+        status = "up to date" if reason is None else "converted"
+        source_bytes = int(scene.meta.source.get("size", 0))
+        return SceneResult(row.name, status, reason, SceneEntry.of_scene(row.name, scene, now or None),
+                           tiles=scene.grid.num_tiles if status == "converted" else 0,
+                           source_bytes=source_bytes if status == "converted" else 0,
+                           store_bytes=scene.grid.num_tiles * scene.grid.tile_nbytes if status == "converted" else 0,
+                           seconds=time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes this scene's one-line reason
+        return SceneResult(row.name, "failed", _one_line(exc), seconds=time.perf_counter() - t0)
+
+
+# -- the whole manifest --------------------------------------------------------------------------
+
+@dataclass
+class ManyResult:
+    """Outcome of :func:`convert_many`: one :class:`SceneResult` per manifest row, in manifest order."""
+
+    collection: Path
+    scenes: list[SceneResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[SceneResult]:
+        return [r for r in self.scenes if r.status == "failed"]
+
+    @property
+    def converted(self) -> list[SceneResult]:
+        return [r for r in self.scenes if r.status == "converted"]
+
+    @property
+    def up_to_date(self) -> list[SceneResult]:
+        return [r for r in self.scenes if r.status == "up to date"]
+
+
+def _previous_stamps(out_dir: Path) -> dict[str, dict[str, tuple[int, int]] | None]:
+    """name -> stamps recorded by the last run (nothing when there is no readable collection.json)."""
+    try:
+        return {e.name: e.stamps for e in open_collection(out_dir / COLLECTION_FILE).entries}
+    except StoreError:
+        return {}
+
+
+def _client(scheduler: str | None, workers: int):
+    """A ``distributed.Client`` on ``scheduler``, or on a new LocalCluster of ``workers`` processes."""
+    distributed = require("distributed", "dask", "hsgds convert-many")
+    if scheduler is not None:
+        try:
+            return distributed.Client(scheduler, timeout="20s"), None
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise InputError(f"cannot reach the Dask scheduler at {scheduler} ({_one_line(exc)}); start one with "
+                             "`dask scheduler` or leave out --scheduler to convert on this machine") from None
+    # one task per process at a time: each scene already writes its tiles with opts.workers threads
+    cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                       dashboard_address=":0", scheduler_port=0, silence_logs=40)
+    return distributed.Client(cluster), cluster
+
+
+def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: ConvertOptions = ConvertOptions(),
+                 *, scheduler: str | None = None, workers: int = 2, force: bool = False,
+                 progress: Callable[[SceneResult, int, int], None] | None = None) -> ManyResult:
+    """Convert every scene of ``manifest`` into ``out_dir/<name>.zarr`` on Dask; write ``collection.json``.
+
+    Parameters
+    ----------
+    manifest
+        CSV file (see :func:`read_manifest`).
+    out_dir
+        Output folder (created if missing). Scenes already there, complete, verified, made from the same
+        source bytes with the same options, are kept (``force`` converts them again).
+    opts
+        Converter options applied to every scene (``labels``, ``key``, ``labels_key`` come from the
+        manifest; ``opts.workers`` is the number of tile-writing threads inside each scene).
+    scheduler
+        Address of a running ``dask.distributed`` scheduler (``tcp://host:port``) whose workers see the
+        same paths; None starts a ``LocalCluster`` with ``workers`` processes on this machine.
+    progress
+        Called on this machine as each scene finishes: ``progress(result, done, total)``.
+
+    Returns
+    -------
+    ManyResult
+        Per-scene results; ``collection.json`` lists exactly the scenes converted or up to date in this run.
+    """
+    t0 = time.perf_counter()
+    opts.check()
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    rows = read_manifest(manifest)
+    out = Path(out_dir).resolve()
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a folder; choose another -o")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder {out} ({exc.strerror}); choose another -o") from None
+    previous = _previous_stamps(out)
+    distributed = require("distributed", "dask", "hsgds convert-many")
+    client, cluster = _client(scheduler, workers)
+    results: dict[str, SceneResult] = {}
+    try:
+        token = secrets.token_hex(4)
+        futures = {client.submit(convert_scene, row, str(out), opts, previous.get(row.name), force,
+                                 key=f"hsgds-convert-{token}-{i}", pure=False): row
+                   for i, row in enumerate(rows)}
+        for future in distributed.as_completed(futures):
+            row = futures[future]
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - e.g. KilledWorker: the scene's worker died repeatedly
+                result = SceneResult(row.name, "failed", f"the task failed on the cluster ({_one_line(exc)})")
+            results[row.name] = result
+            if progress is not None:
+                progress(result, len(results), len(rows))
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    ordered = [results[row.name] for row in rows]
+    path = write_collection(out, [r.entry for r in ordered if r.status != "failed" and r.entry is not None])
+    return ManyResult(path, ordered, time.perf_counter() - t0)

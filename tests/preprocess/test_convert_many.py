@@ -1,0 +1,268 @@
+"""hsgds convert-many on a real dask.distributed LocalCluster (scheduler + 2 worker processes, no mocks):
+a worker killed mid-scene, reruns that convert only what is missing / changed / damaged, failing scenes
+named while the others complete, and one-line manifest errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from hsgds.collection import open_collection  # noqa: E402
+from hsgds.preprocess.convert import ConvertOptions  # noqa: E402
+from hsgds.preprocess.convert_many import convert_many, read_manifest  # noqa: E402
+from hsgds.scene import open_scene  # noqa: E402
+from hsgds.synthetic import make_scene  # noqa: E402
+
+CLASSES = ("soil", "grass", "water")
+OPTS = ConvertOptions(max_patch=5, class_names=CLASSES, workers=2)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One real LocalCluster for the module: a scheduler and 2 worker processes (restarted by their nanny
+    when killed)."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                  silence_logs=50) as c:
+        yield c
+
+
+def write_envi(path: Path, cube: np.ndarray) -> Path:
+    """A band-sequential little-endian int16 ENVI scene, written by hand; returns the header."""
+    h, w, b = cube.shape
+    path.with_suffix(".img").write_bytes(np.ascontiguousarray(cube.transpose(2, 0, 1)).astype("<i2").tobytes())
+    path.with_suffix(".hdr").write_text(
+        f"ENVI\nsamples = {w}\nlines = {h}\nbands = {b}\nheader offset = 0\nfile type = ENVI Standard\n"
+        "data type = 2\ninterleave = bsq\nbyte order = 0\n")
+    return path.with_suffix(".hdr")
+
+
+def make_sources(folder: Path, n: int = 6, big: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """``n`` seeded scenes (even: .npy with labels in data/, odd: ENVI without labels in envi/), a manifest
+    with relative paths and explicit names for some; returns name -> (cube, labels)."""
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / "envi").mkdir(exist_ok=True)
+    rows, arrays = ["source,labels,name"], {}
+    for i in range(n):
+        cube, labels = make_scene(30 + 3 * i, 22 + i, 6, classes=3, seed=i)
+        if i % 2 == 0:
+            np.save(folder / f"data/cube{i}.npy", cube)
+            np.save(folder / f"data/gt{i}.npy", labels)
+            rows.append(f"data/cube{i}.npy,data/gt{i}.npy,")
+            arrays[f"cube{i}"] = (cube, labels)
+        else:
+            write_envi(folder / f"envi/line{i}", cube)
+            rows.append(f"envi/line{i}.hdr,,flight_{i}")
+            arrays[f"flight_{i}"] = (cube, None)
+    if big:  # slow enough (~44 MB, a second or more) to be caught in the middle of its conversion
+        cube = np.random.default_rng(7).integers(0, 10000, (700, 600, 52), dtype=np.int16)
+        np.save(folder / "data/big.npy", cube)
+        rows.insert(1, "data/big.npy,,")
+        arrays["big"] = (cube, None)
+    (folder / "scenes.csv").write_text("\n".join(rows) + "\n")
+    return arrays
+
+
+def sha256(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def check_collection(out: Path, arrays: dict, folder: Path) -> None:
+    """Every store verifies and holds its source exactly; nothing partial or hidden is left in ``out``;
+    collection.json lists exactly these scenes, with their sources' sha256."""
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{n}.zarr" for n in arrays] + ["collection.json"])
+    listed = json.loads((out / "collection.json").read_text())["scenes"]
+    assert sorted(s["name"] for s in listed) == sorted(arrays)
+    c = open_collection(out)
+    for name, (cube, labels) in arrays.items():
+        scene = c.scene(name)
+        assert scene.verify() == []
+        h, w, _ = cube.shape
+        np.testing.assert_array_equal(scene.read(0, h, 0, w), cube)
+        if labels is not None:
+            np.testing.assert_array_equal(scene.labels, labels)
+            assert scene.class_names == list(CLASSES)
+            src = folder / f"data/{name}.npy"
+        else:
+            src = folder / f"envi/line{name.split('_')[1]}.img" if name != "big" else folder / "data/big.npy"
+        files = [src] if src.suffix == ".npy" else [src, src.with_suffix(".hdr")]
+        assert c.entries[c.index(name)].source_sha256 == sha256(*files)
+
+
+def _lock_holder(pids: dict[str, int], folder: Path) -> int | None:
+    """The worker process holding an open descriptor on ``folder`` (the converter's lock), via /proc."""
+    for pid in pids.values():
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == str(folder):
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the converting worker through /proc")
+@pytest.mark.timeout(300)
+def test_worker_killed_mid_scene_then_everything_converted(cluster, tmp_path):
+    arrays = make_sources(tmp_path, n=6, big=True)
+    out = tmp_path / "out"
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+        except BaseException as exc:  # surfaced by the assertions below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run)
+    with distributed.Client(cluster) as client:
+        pids = client.run(os.getpid)
+        worker.start()
+        killed, deadline = None, time.monotonic() + 120
+        while killed is None and time.monotonic() < deadline and worker.is_alive():
+            for tmp in out.glob(".big.zarr.tmp-*") if out.is_dir() else []:
+                if any((tmp / "tiles").rglob("*")):  # tiles are being written: the scene is half done
+                    pid = _lock_holder(pids, tmp)
+                    if pid is not None:
+                        os.kill(pid, signal.SIGKILL)
+                        killed = (pid, tmp)
+                        break
+            time.sleep(0.01)
+        worker.join(240)
+    assert killed is not None, "the big scene was never seen in the middle of its conversion"
+    assert "error" not in outcome, outcome.get("error")
+    first = outcome["result"]
+    # Dask reschedules the killed worker's task: the run completes (a scene the cluster gave up on would be
+    # named as failed and converted by the rerun below)
+    assert {r.name for r in first.scenes} == set(arrays)
+    for r in first.failed:
+        assert "worker" in r.reason.lower() or "killed" in r.reason.lower(), r.reason
+    listed = {s["name"] for s in json.loads((out / "collection.json").read_text())["scenes"]}
+    assert listed == {r.name for r in first.scenes if r.status == "converted"}
+    assert not killed[1].exists()  # the killed conversion's temporary folder was removed
+
+    second = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    assert second.failed == []
+    assert {r.name for r in second.converted} == {r.name for r in first.failed}
+    check_collection(out, arrays, tmp_path)
+
+
+def test_rerun_converts_only_missing_changed_or_damaged(cluster, tmp_path):
+    arrays = make_sources(tmp_path, n=6)
+    out = tmp_path / "out"
+    first = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    assert [r.status for r in first.scenes] == ["converted"] * 6
+    check_collection(out, arrays, tmp_path)
+
+    again = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    assert [r.status for r in again.scenes] == ["up to date"] * 6
+
+    import shutil
+
+    shutil.rmtree(out / "cube0.zarr")                                          # missing
+    cube2, gt2 = make_scene(36, 24, 6, classes=3, seed=99)                     # changed: same size, new values
+    np.save(tmp_path / "data/cube2.npy", cube2)
+    arrays["cube2"] = (cube2, arrays["cube2"][1])
+    tile = open_scene(out / "flight_1.zarr").tile_paths[0]                     # damaged: one flipped byte
+    raw = bytearray(tile.read_bytes())
+    raw[100] ^= 0xFF
+    tile.write_bytes(bytes(raw))
+    img = tmp_path / "envi/line3.img"                                          # touched: same bytes, new mtime
+    os.utime(img, ns=(img.stat().st_atime_ns, img.stat().st_mtime_ns + 10**9))
+    third = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    status = {r.name: (r.status, r.reason) for r in third.scenes}
+    assert status["cube0"] == ("converted", "missing")
+    assert status["cube2"] == ("converted", "source changed (sha256)")
+    assert status["flight_1"][0] == "converted" and "1 damaged tiles" in status["flight_1"][1]
+    assert {n for n, (s, _) in status.items() if s == "up to date"} == {"flight_3", "cube4", "flight_5"}
+    check_collection(out, arrays, tmp_path)
+
+    fourth = convert_many(tmp_path / "scenes.csv", out, ConvertOptions(max_patch=7, class_names=CLASSES),
+                          scheduler=cluster.scheduler_address)
+    assert {r.reason for r in fourth.scenes} == {"max patch 5 -> 7"}  # options changed: every scene again
+    assert {open_scene(out / f"{n}.zarr").meta.halo for n in arrays} == {3}
+
+
+def test_failing_scene_is_named_and_the_others_complete(cluster, tmp_path, run_cli):
+    arrays = make_sources(tmp_path, n=3)
+    (tmp_path / "data/broken.npy").write_bytes(np.lib.format.MAGIC_PREFIX + b"\x01\x00garbage")
+    with open(tmp_path / "scenes.csv", "a") as f:
+        f.write("data/broken.npy,,\n")
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "5",
+                                   "--class-names", ",".join(CLASSES), "--scheduler", cluster.scheduler_address)
+    assert code == 1
+    failed = [line for line in stderr.splitlines() if line.startswith("hsgds: failed: ")]
+    assert len(failed) == 1 and failed[0].startswith("hsgds: failed: broken: ") and "broken.npy" in failed[0]
+    assert "hsgds: error: 1 of 4 scenes failed (broken)" in stderr
+    assert "3 converted" in stdout and "1 failed of 4 scenes" in stdout
+    check_collection(out, arrays, tmp_path)  # broken is neither listed nor left half-written
+
+
+def test_local_cluster_from_the_cli(tmp_path, run_cli):
+    """Without --scheduler the command starts its own LocalCluster with --workers processes."""
+    arrays = make_sources(tmp_path, n=2)
+    code, stdout, stderr = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "out", "--workers", "1",
+                                   "--max-patch", "5", "--class-names", ",".join(CLASSES))
+    assert code == 0, stderr
+    assert "2 converted" in stdout
+    check_collection(tmp_path / "out", arrays, tmp_path)
+
+
+@pytest.mark.parametrize("manifest, message", [
+    ("labels\ngt.npy\n", "has no 'source' column"),
+    ("source,lables\na.npy,gt.npy\n", "unknown column 'lables'; columns are source, labels, name, key, labels_key"),
+    ("source,name\na.npy,x\nb.npy,X\n", "line 3: scene name 'X' is already used on line 2"),
+    ("source\na.npy\nsub/a.npy\n", "line 3: scene name 'a' is already used on line 2"),
+    ("source\nmissing.npy\n", r"line 2: source .*missing.npy does not exist; fix the path"),
+    ("source,labels\na.npy,nogt.npy\n", r"line 2: labels .*nogt.npy does not exist"),
+    ("source\nsub\n", "is a folder"),
+    ("source,name\na.npy,../x\n", "name '../x' cannot be a store name"),
+    ("source,name\na.npy\n", "line 2 has 1 fields, the header has 2"),
+    ("source,name\n,x\n", "line 2: source is empty"),
+    ("source\n", "lists no scenes"),
+    ("", "is empty"),
+])
+def test_manifest_errors_are_one_line(tmp_path, run_cli, manifest, message):
+    (tmp_path / "sub").mkdir()
+    for p in ("a.npy", "b.npy", "sub/a.npy", "gt.npy"):
+        np.save(tmp_path / p, np.zeros((4, 4, 2), np.int16))
+    (tmp_path / "m.csv").write_text(manifest)
+    code, _, stderr = run_cli("convert-many", tmp_path / "m.csv", "-o", tmp_path / "out")
+    assert code == 2
+    assert stderr.count("\n") == 1 and stderr.startswith("hsgds: error: manifest ")
+    assert __import__("re").search(message, stderr), stderr
+    assert not (tmp_path / "out").exists()  # nothing written for a bad manifest
+
+
+def test_manifest_paths_are_relative_to_its_folder(tmp_path):
+    make_sources(tmp_path / "campaign", n=2)
+    rows = read_manifest(tmp_path / "campaign/scenes.csv")
+    assert [r.name for r in rows] == ["cube0", "flight_1"]
+    assert rows[0].source == (tmp_path / "campaign/data/cube0.npy").resolve()
+    assert rows[0].labels == (tmp_path / "campaign/data/gt0.npy").resolve() and rows[1].labels is None
+
+
+def test_without_distributed_the_error_names_the_extra(tmp_path):
+    make_sources(tmp_path, n=1)
+    code = ("import sys; sys.modules['distributed'] = None\n"  # as if it were not installed
+            "from hsgds.cli import main\n"
+            f"main(['convert-many', {str(tmp_path / 'scenes.csv')!r}, '-o', {str(tmp_path / 'out')!r}])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("hsgds: error: hsgds convert-many needs distributed, which is not installed; "
+                                   "install it with pip install 'hsgds[dask]'")
