@@ -311,6 +311,35 @@ def test_concurrent_conversion_keeps_its_temporary_folder(scene):
         shutil.rmtree(tmp)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="no advisory locks on Windows")
+def test_running_conversion_keeps_the_lock_on_its_live_folder(scene):
+    """While tiles are being written, the folder they go into is the locked one (zarr must not replace it by a
+    new, unlocked folder): another conversion's stale-folder cleanup leaves it alone."""
+    import fcntl
+
+    from hsgds.preprocess import convert as conv
+
+    cp, lp, cube = scene
+    out = cp.parent / "l.zarr"
+    seen = []
+
+    def progress(done: int, total: int) -> None:
+        if done == 1:
+            (tmp,) = cp.parent.glob(".l.zarr.tmp-*")
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+            conv._remove_stale(out)  # what a second conversion into the same target does first
+            seen.append(any((tmp / "tiles").rglob("*")))
+
+    convert(cp, out, ConvertOptions(labels=lp, tile=18, workers=1), progress)
+    assert seen == [True]
+    np.testing.assert_array_equal(hsgds.open_scene(out).read(0, 60, 0, 60), cube)
+
+
 def test_damaged_tiff_is_one_line_on_the_command_line(tmp_path, run_cli):
     """tifffile's repair log stays quiet: the user sees hsgds's one line naming the file."""
     import io
