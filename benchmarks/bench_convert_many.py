@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
                     assert not first.failed and len(first.converted) == args.scenes, first.failed[:1]
                     assert len(again.up_to_date) == args.scenes
                     store_bytes = sum(r.store_bytes for r in first.converted)
-                    print(f"workers {n} repeat {rep}: convert {convert_s:.2f} s, rerun {rerun_s:.2f} s", file=sys.stderr)
+                    print(f"workers {n} repeat {rep}: convert {convert_s:.2f} s, rerun {rerun_s:.2f} s",
+                          file=sys.stderr)
                     row = {"workers": n, "convert_s": convert_s, "scenes_per_s": args.scenes / convert_s,
                            "source_MB_per_s": src_bytes / 1e6 / convert_s, "store_MB": store_bytes / 1e6,
                            "rerun_s": rerun_s, "rerun_scenes_per_s": args.scenes / rerun_s,
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
     lines = ["| workers | convert s | scenes/s | MB/s (source) | × 1 worker | rerun (all up to date) s | "
              "rerun scenes/s | cluster start s |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in best.values():
-        lines.append(f"| {r['workers']} | {r['convert_s']:.2f} | {r['scenes_per_s']:.1f} | {r['source_MB_per_s']:.0f} | "
+        lines.append(f"| {r['workers']} | {r['convert_s']:.2f} | {r['scenes_per_s']:.1f} | "
+                     f"{r['source_MB_per_s']:.0f} | "
                      f"{r['speedup_vs_first']:.2f} | {r['rerun_s']:.2f} | {r['rerun_scenes_per_s']:.1f} | "
                      f"{r['cluster_start_s']:.1f} |")
     table = "\n".join(lines)

@@ -140,7 +140,8 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
 @_scene_options
 @click.option("--scheduler", help="Address of a running dask.distributed scheduler (tcp://HOST:PORT) whose workers "
                                   "see the same paths; default: a local cluster on this machine.")
-@click.option("--workers", default=2, show_default=True, help="Worker processes of the local cluster (without --scheduler).")
+@click.option("--workers", default=2, show_default=True,
+              help="Worker processes of the local cluster (without --scheduler).")
 @click.option("--threads", default=2, show_default=True, help="Threads writing tiles within each scene.")
 @click.option("--overwrite", is_flag=True, help="Convert every scene again, even those already up to date.")
 def convert_many(manifest, out, scheduler, workers, threads, overwrite, **options) -> None:

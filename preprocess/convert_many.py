@@ -64,7 +64,8 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
     path = Path(path)
     try:
         if path.stat().st_size > MAX_MANIFEST_BYTES:
-            raise InputError(f"manifest {path} is larger than {MAX_MANIFEST_BYTES >> 20} MiB; is it a CSV list of scenes?")
+            raise InputError(f"manifest {path} is larger than {MAX_MANIFEST_BYTES >> 20} MiB; "
+                             "is it a CSV list of scenes?")
         text = path.read_text(encoding="utf-8-sig")  # tolerate the BOM spreadsheet programs write
     except FileNotFoundError:
         raise InputError(f"manifest {path} does not exist; give the CSV file listing the scenes") from None

@@ -37,6 +37,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # an opened store: metadata, labels, samples, statistics (and its xarray view); collections of stores
     # which pixels of a scene a loader yields (labelled samples, or every s-th pixel)
     ("scene", ("hsgds.scene", "hsgds._xarray", "hsgds.collection", "hsgds.pixels")),
+    # the converter run over a manifest on Dask: converts each scene, checks the stores it finds with
+    # hsgds.scene, writes collection.json (hsgds.collection); used only by the CLI
+    ("convert-many", ("hsgds.preprocess.convert_many",)),
     ("ring", ("hsgds.ring",)),
     ("engines", ("hsgds.engines.*",)),
     # what this machine can use, and which device / reader / engine to pick
@@ -49,8 +52,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the top: training, inference, benchmarks, the CLI and the package's public namespace
     ("apps", ("hsgds.train", "hsgds.predict", "hsgds.bench", "hsgds.cli", "hsgds")),
 ]
-#: The only runtime modules that may import the converter (its convert verbs: `hsgds convert`, `hsgds demo`).
-CONVERTER_USERS = ("hsgds.cli",)
+#: The only modules outside the converter that may import it (its convert verbs: `hsgds convert`, `hsgds demo`,
+#: `hsgds convert-many`, whose orchestration runs the single-scene converter per scene).
+CONVERTER_USERS = ("hsgds.cli", "hsgds.preprocess.convert_many")
 CONVERTER = "converter"
 
 
@@ -310,7 +314,8 @@ def test_checker_finds_upward_imports_cycles_and_strays(tmp_path):
     expected = [
         "hsgds.format:2 imports hsgds.io.posix: upward, from layer 'format' into 'io'",
         "hsgds.preprocess.convert:1 imports hsgds.io.posix: upward, from layer 'converter' into 'io'",
-        "hsgds.loader:1 imports the converter (hsgds.preprocess.convert); only hsgds.cli may",
+        "hsgds.loader:1 imports the converter (hsgds.preprocess.convert); "
+        "only hsgds.cli, hsgds.preprocess.convert_many may",
         "hsgds.loader:2: `import hsgds.device`: no such module in the project",
         "hsgds.stray (hsgds/stray.py) is in no layer",
         "import cycle: hsgds.io.kvikio -> hsgds.io.posix -> hsgds.io.kvikio",

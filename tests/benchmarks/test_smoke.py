@@ -133,3 +133,14 @@ def test_bench_epoch_tiny(tmp_path):
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 4 and all("patches/s" in line or "skipped" in line for line in lines), proc.stdout
     assert "1027 patches per epoch" in lines[0]
+
+
+def test_bench_convert_many_tiny(tmp_path):
+    pytest.importorskip("distributed")
+    out = tmp_path / "out"
+    proc = _run([str(BENCH / "bench_convert_many.py"), "--scenes", "2", "--shape", "20,16,8", "--workers", "1",
+                 "--repeats", "1", "--tmp", str(tmp_path), "--out", str(out)], tmp_path, timeout=110)
+    doc = json.loads(proc.stdout)
+    assert [r["workers"] for r in doc["results"]] == [1]
+    assert all(r["scenes_per_s"] > 0 and r["tiles"] == 2 for r in doc["results"])
+    assert json.loads((out / "results.json").read_text()) == doc and (out / "table.md").is_file()
