@@ -68,7 +68,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def machine(device: torch.device) -> dict[str, Any]:
+def machine(device: torch.device, cpu_threads: int | None = None) -> dict[str, Any]:
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -89,11 +89,12 @@ def machine(device: torch.device) -> dict[str, Any]:
         gpu = {"name": props.name, "memory_GiB": round(props.total_memory / 2**30, 1)}
     versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
                 "hsgds": hsgds.__version__}
-    for dist in ("zarr", "kvikio-cu12", "kvikio-cu13", "nvidia-dali-cuda120", "nvidia-dali-cuda130", "psutil",
+    for dist in ("zarr", "numba", "kvikio-cu12", "kvikio-cu13", "nvidia-dali-cuda120", "nvidia-dali-cuda130", "psutil",
                  "matplotlib", "tensorly"):
         versions[dist] = _version(dist)
     return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "memory_GiB": mem, "load_avg_1min_at_start": load,
+            "torch_threads": torch.get_num_threads(), "hsgds_cpu_threads": cpu_threads or torch.get_num_threads(),
+            "memory_GiB": mem, "load_avg_1min_at_start": load,
             "device": str(device), "gpu": gpu, "versions": versions}
 
 
@@ -408,6 +409,9 @@ def run_contender(name: str, sd: SceneData, args: argparse.Namespace, dtype: tor
         base_dev = torch.cuda.memory_allocated(device)
     io0 = io_read_bytes()
     loader = None
+    threads = torch.get_num_threads()
+    if name.startswith("hsgds") and args.cpu_threads:  # the engine cuts with at most torch's thread count
+        torch.set_num_threads(args.cpu_threads)
     try:
         with Sampler() as sampler:
             t0 = time.perf_counter()
@@ -430,6 +434,7 @@ def run_contender(name: str, sd: SceneData, args: argparse.Namespace, dtype: tor
         else:
             row["bytes_read_per_epoch"] = loader.stats.bytes_read
             row["loader_stats"] = {k: v for k, v in loader.stats.as_dict().items() if k != "reasons"}
+            row["cpu_cut"] = next((r for r in loader.stats.reasons if r.startswith("CPU cut")), None)
         if io0 is not None and io1 is not None:
             row["storage_read_bytes_first_epoch"] = io1 - io0
         if device.type == "cuda":
@@ -438,6 +443,7 @@ def run_contender(name: str, sd: SceneData, args: argparse.Namespace, dtype: tor
         row.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:400])
         log(f"{name} failed: {row['error']}")
     finally:
+        torch.set_num_threads(threads)
         if loader is not None:
             _close(loader)
     return row
@@ -619,6 +625,8 @@ def markdown(doc: dict[str, Any]) -> str:
     m, a = doc["machine"], doc["args"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['versions']['torch']}, device {m['device']}"
              + (f" ({m['gpu']['name']})" if m.get("gpu") else "")
+             + f"; torch threads {m.get('torch_threads')}, hsgds CPU cut threads {m.get('hsgds_cpu_threads')}"
+             + (f", numba {m['versions']['numba']}" if m["versions"].get("numba") else ", no numba")
              + f"; 1-min load average at start {_fmt(m.get('load_avg_1min_at_start'), '.1f')}.",
              f"Ceilings: memcpy write {doc['ceilings']['memcpy']['GBps']:.2f} GB/s"
              + (f", device-to-device copy {doc['ceilings']['d2d_GBps']:.1f} GB/s" if doc["ceilings"].get("d2d_GBps") else "")
@@ -631,20 +639,24 @@ def markdown(doc: dict[str, Any]) -> str:
     for (scene, cache, dtype), rows in groups.items():
         lines += [f"### Loader only — {scene}, {cache} cache, {dtype or 'raw'} (p={a['patch']}, batch {a['batch']})", "",
                   "| contender | patches/s | GB/s | % memcpy | × naive | × tuned | × shm ring | first batch s | "
-                  "read MB/epoch | peak RSS MB |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "read MB/epoch | peak RSS MB | host µs/batch (cut µs) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             if r.get("status") != "ok":
-                lines.append(f"| {r['contender']} | {r.get('status')}: {r.get('error', '')[:60]} | | | | | | | | |")
+                lines.append(f"| {r['contender']} | {r.get('status')}: {r.get('error', '')[:60]} | | | | | | | | | |")
                 continue
             if "patches_per_s" not in r:  # raw read contender (kvikio_zarr)
                 lines.append(f"| {r['contender']} (tile reads) | — | {r['GBps']:.2f} | | | | | | "
-                             f"{r['bytes'] / 2**20:.0f} | |")
+                             f"{r['bytes'] / 2**20:.0f} | | |")
                 continue
+            ls = r.get("loader_stats") or {}
+            host = (f"{ls['host_us_median']:.0f} ({ls['cut_us_median']:.0f})"
+                    if ls.get("host_us_median") is not None else "")
             lines.append(
                 f"| {r['contender']} | {r['patches_per_s']:.0f} | {r['GBps']:.2f} | {_fmt(r.get('pct_memcpy'))} | "
                 f"{_fmt(r.get('x_naive'), '.1f')} | {_fmt(r.get('x_tuned'), '.2f')} | {_fmt(r.get('x_shm_ring'), '.2f')} | "
-                f"{r['time_to_first_batch_s']:.2f} | {r['bytes_read_per_epoch'] / 2**20:.1f} | {_fmt(r.get('peak_rss_MB'))} |")
+                f"{r['time_to_first_batch_s']:.2f} | {r['bytes_read_per_epoch'] / 2**20:.1f} | {_fmt(r.get('peak_rss_MB'))} | "
+                f"{host} |")
         lines.append("")
     e2e = doc.get("e2e")
     if e2e:
@@ -736,6 +748,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--e2e-contenders", default="naive,tuned,shm_ring,hsgds")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch.set_num_threads for this process (default: torch's own; workers use 1)")
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="torch.set_num_threads while an hsgds contender runs (its engine cuts a CPU batch with at "
+                         "most that many threads; default: --torch-threads)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None, help="folder for the converted scenes (default: a temporary one)")
     ap.add_argument("--out", default=None, help="also write results.json, table.md and plot.png here")
@@ -758,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
         args.e2e_steps = 20 if device.type == "cuda" else 4  # the quick default fits gpu_check's 120 s step
     log(f"device {device}; {os.cpu_count()} cores; torch {torch.__version__}")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="hsgds-bench-"))
-    doc: dict[str, Any] = {"args": vars(args), "machine": machine(device), "scenes": {}, "ceilings": {},
+    doc: dict[str, Any] = {"args": vars(args), "machine": machine(device, args.cpu_threads), "scenes": {}, "ceilings": {},
                            "loader": [], "e2e": None}
     t_start = time.perf_counter()
     try:

@@ -104,6 +104,8 @@ _SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("dali_threads", "HSGDS_DALI_THREADS", 0, _integer(0), "an integer >= 0 (0: automatic)"),
     # threads in kvikio's pool; 0 = KVIKIO_NTHREADS if set, else raised to min(8, CPUs) by KvikioReader
     Setting("kvikio_threads", "HSGDS_KVIKIO_THREADS", 0, _integer(0), "an integer >= 0 (0: automatic)"),
+    # on the CPU the torch engine cuts with its fused numba kernel (hsgds.engines.cpu_cut) when numba imports
+    Setting("numba", "HSGDS_NUMBA", True, _boolean, "a boolean (1/0, true/false, yes/no, on/off)"),
     # the kvikio reader keeps at most this many tile files open (a least-recently-used cache of handles)
     Setting("max_open_files", "HSGDS_MAX_OPEN_FILES", 64, _integer(1), "an integer >= 1"),
     # most tiles the ring reads at once (one batched read_many for kvikio, one thread each for POSIX)

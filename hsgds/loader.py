@@ -8,6 +8,7 @@ casts, normalizes and lays out every patch of the batch.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +33,9 @@ NORMALIZATIONS = ("zscore", "minmax", None)
 STATE_VERSION = 1
 
 
+_HOST_WINDOW = 1024  # batches kept for the host-time medians
+
+
 @dataclass
 class LoaderStats:
     """What the loader did and with what: throughput, waits, ring use, and the reader / engine that ran."""
@@ -54,12 +58,31 @@ class LoaderStats:
     max_resident: int = 0
     reasons: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # per batch, the recent ones: time on the consuming thread inside next(loader) other than waiting
+        # for tiles, and the engine call's share of it (seconds)
+        self._host: deque[float] = deque(maxlen=_HOST_WINDOW)
+        self._cut: deque[float] = deque(maxlen=_HOST_WINDOW)
+
     @property
     def patches_per_s(self) -> float:
         return self.patches / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    @property
+    def host_us_median(self) -> float | None:
+        """Median time (µs) a recent batch spent on the consuming thread inside ``next(loader)``, waits for
+        tiles excluded: the loader's own per-batch cost, the engine call included (on the CPU that call
+        is the whole cut; on CUDA it only launches it)."""
+        return 1e6 * float(np.median(self._host)) if self._host else None
+
+    @property
+    def cut_us_median(self) -> float | None:
+        """Median time (µs) of the engine call within :attr:`host_us_median`."""
+        return 1e6 * float(np.median(self._cut)) if self._cut else None
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "patches_per_s": self.patches_per_s}
+        return {**asdict(self), "patches_per_s": self.patches_per_s, "host_us_median": self.host_us_median,
+                "cut_us_median": self.cut_us_median}
 
 
 _UNSET: Any = object()  # split's default depends on ``pixels``
@@ -251,7 +274,7 @@ class PatchLoader:
         self._reader.register(self._ring.storage)  # e.g. GDS pins the ring for DMA once, not per read
         self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
                                  slots=self.slots, ring_bytes=self.slots * grid.tile_nbytes,
-                                 reasons=list(self.choice.reasons))
+                                 reasons=list(self.choice.reasons) + list(self._engine.reasons))
         self._closed = False
 
     # -- construction helpers -------------------------------------------------------------------------
@@ -353,6 +376,7 @@ class PatchLoader:
         base_elapsed = self.stats.elapsed_s
         try:
             for b in range(start, plan.num_batches):
+                t_in, wait_in = time.perf_counter(), self._ring.stats.consumer_wait_s
                 if self._closed:
                     raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: create a new loader")
                 if pass_id != self._pass:
@@ -380,14 +404,18 @@ class PatchLoader:
                     host = host.pin_memory()
                 index = host.to(dev, non_blocking=True)
                 dihedral = index[coord_row - 1] if aug is not None and aug.dihedral is not None else None
+                t_cut = time.perf_counter()
                 patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2],
                                            index[4] if tables else None, dihedral=dihedral)
+                t_cut = time.perf_counter() - t_cut
                 if aug is not None:
                     self._augmenter(patches, aug)
                 labels = index[3]
                 self._ring.release_batch(b)
                 self._batch = b + 1
                 self._account(len(idx), t0, base_elapsed)
+                self.stats._cut.append(t_cut)
+                self.stats._host.append(time.perf_counter() - t_in - (self._ring.stats.consumer_wait_s - wait_in))
                 if self.return_coords:
                     yield patches, labels, index[coord_row:].t().contiguous()
                 else:

@@ -235,6 +235,9 @@ class PatchEngine(abc.ABC):
             raise ConfigError(f"spec must be a PatchSpec, got {type(spec).__name__}")
         self.spec = spec
         self.device = device
+        # which code path cuts, and why (e.g. the CPU fallback when numba is missing): the loader adds
+        # these to its stats.reasons
+        self.reasons: list[str] = []
 
     @abc.abstractmethod
     def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None) -> Any: ...

@@ -18,7 +18,7 @@ import torch
 
 from hsgds import defaults
 from hsgds.augment import dihedral_offsets
-from hsgds.engines import triton_cut
+from hsgds.engines import cpu_cut, triton_cut
 from hsgds.engines.base import PatchEngine, PatchSpec, check_coords, check_dihedral, check_storage, is_store_dtype
 from hsgds.errors import ConfigError, InputError
 
@@ -28,6 +28,9 @@ __all__ = ["TorchEngine"]
 # and copy_ (conversion) are: gather through a same-size signed view, convert through the unsigned view.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# numba CPU path: ranges of patches per thread and batch at most (small ranges even out threads slowed by
+# other jobs on shared cores; each range costs a pool hand-off of ~10 us)
+_RANGES_PER_THREAD = 4
 
 
 class TorchEngine(PatchEngine):
@@ -50,7 +53,9 @@ class TorchEngine(PatchEngine):
     Notes
     -----
     The arithmetic is ``(x.float() - offset) * scale`` in float32 (float64 when ``out_dtype`` is float64),
-    then one rounding to ``out_dtype``; this is bit-for-bit what the DALI engine computes. On the CPU a
+    then one rounding to ``out_dtype``; this is bit-for-bit what the DALI engine computes. On the CPU the
+    fused compiled kernel of :mod:`hsgds.engines.cpu_cut` cuts each batch in one pass over the output
+    when numba imports (setting ``numba``); ``reasons`` says which CPU path runs and why. Otherwise a
     batch is cut in cache-sized chunks of patches (gather, cast, normalize, then one transposing copy for
     NCHW), the chunk buffers are kept between batches, and output tensors come from a small pool that
     reuses a buffer only once no reference to it is left (fresh large allocations cost page faults);
@@ -97,6 +102,20 @@ class TorchEngine(PatchEngine):
         # torch_chunk_bytes: bytes of float work per chunk; a core's L2 holds it with the gather and the cast)
         chunk_bytes = int(defaults.get("torch_chunk_bytes"))
         self._chunk = max(1, chunk_bytes // (pixel * (8 if self._compute == torch.float64 else 4)))
+        # CPU: which path cuts (the fused kernel, or torch ops), and why
+        self._numba = False
+        if self._device.type == "cpu":
+            if not defaults.get("numba"):
+                self.reasons.append("CPU cut: torch ops (setting numba is off)")
+            elif not cpu_cut.available():
+                self.reasons.append(f"CPU cut: torch ops, because {cpu_cut.unavailable_reason()}")
+            else:
+                self._numba = True
+                self.reasons.append("CPU cut: fused numba kernel (hsgds.engines.cpu_cut)")
+            dt = np.float64 if self._compute == torch.float64 else np.float32
+            # the statistics rounded once to the compute dtype, as _consts_for does for the torch ops
+            self._offset_c, self._scale_c = np.asarray(spec.offset).astype(dt), np.asarray(spec.scale).astype(dt)
+            self._mode = cpu_cut.MODES[str(out_dtype).removeprefix("torch.")]
 
     # -- cached per-device constants ------------------------------------------------------------------
     def _consts_for(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,6 +192,8 @@ class TorchEngine(PatchEngine):
         if dihedral is not None:
             dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
         if cpu:
+            if self._numba:
+                return self._cut_numba(storage, slot, y, x, shape, dihedral)
             return self._cut_cpu(storage, slot, y, x, shape, dihedral)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if self._fused_kernel(storage.dtype):  # one pass on the GPU
@@ -232,6 +253,50 @@ class TorchEngine(PatchEngine):
             self._outs.append((buf, refs))
         return buf.view(shape)
 
+    def _workers(self, jobs: int) -> int:
+        """Threads for ``jobs`` independent pieces of a CPU batch (at most ``torch.get_num_threads()`` and
+        the setting ``torch_threads``); (re)starts the engine's pool when it needs more."""
+        workers = max(1, min(jobs, torch.get_num_threads(), self._max_threads))
+        if workers > 1 and (self._pool is None or self._pool_size < workers):
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool, self._pool_size = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels), workers
+        return workers
+
+    def _cut_numba(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+                   shape: tuple[int, ...], dihedral: torch.Tensor | None = None) -> torch.Tensor:
+        """The CPU path with the fused kernel: ranges of patches cut straight into the output by the
+        engine's threads (the kernel releases the GIL). A range per ~``torch_chunk_bytes`` of work, so
+        a small batch stays on the calling thread and threads share a big one dynamically."""
+        spec = self.spec
+        p, r, bands = spec.patch_size, spec.radius, spec.bands
+        n, side = slot.shape[0], storage.shape[1]
+        out = self._output(shape)
+        base = ((slot * side + (y - r)) * side + (x - r)).numpy()  # top-left pixel of each patch
+        src = storage.view(-1).numpy()
+        flat = out.view(-1)
+        dst = flat.view(torch.int16).numpy().view(np.uint16) if self._mode else flat.numpy()
+        codes = None if dihedral is None else dihedral.numpy()  # int8, one per patch (hsgds.augment)
+        parts = -(-n // self._chunk)
+        workers = self._workers(parts)
+        if workers == 1:
+            self._cut_range(src, side, base, codes, dst, 0, n)
+            return out
+        parts = min(parts, workers * _RANGES_PER_THREAD)
+        edges = [n * k // parts for k in range(parts + 1)]
+        futures = [self._pool.submit(self._cut_range, src, side, base, codes, dst, lo, hi)
+                   for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+        for f in futures:
+            f.result()
+        return out
+
+    def _cut_range(self, src: np.ndarray, side: int, base: np.ndarray, codes: np.ndarray | None, dst: np.ndarray,
+                   lo: int, hi: int) -> None:
+        """Patches lo:hi of a batch (any thread: the kernel allocates its own scratch)."""
+        spec = self.spec
+        cpu_cut.cut_range(src, spec.bands, side, base, codes, self._offset_c, self._scale_c, dst,
+                          spec.patch_size, spec.layout == "NCHW", self._mode, lo, hi)
+
     def _cut_cpu(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
                  shape: tuple[int, ...], dihedral: torch.Tensor | None = None) -> torch.Tensor:
         """The CPU path. The batch is cut in chunks of patches small enough to stay in a core's cache:
@@ -251,14 +316,10 @@ class TorchEngine(PatchEngine):
         if flat.dtype in _SIGNED_VIEW:
             flat = flat.view(_SIGNED_VIEW[flat.dtype])
         chunks = [(i, min(self._chunk, n - i)) for i in range(0, n, self._chunk)]
-        workers = max(1, min(len(chunks), torch.get_num_threads(), self._max_threads))
+        workers = self._workers(len(chunks))
         if workers == 1:
             self._cut_chunks(chunks, flat, storage.dtype, base, offsets, out)
             return out
-        if self._pool is None or self._pool_size < workers:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            self._pool, self._pool_size = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels), workers
         futures = [self._pool.submit(self._cut_chunks, chunks[w::workers], flat, storage.dtype, base, offsets, out)
                    for w in range(workers)]
         for f in futures:

@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hsgds import defaults  # noqa: E402
 from hsgds.engines import DaliEngine, PatchSpec, TorchEngine, make_engine  # noqa: E402
 from hsgds.errors import ConfigError, DependencyError, InputError  # noqa: E402
 
@@ -44,14 +45,20 @@ def _engine_param(name: str) -> pytest.param:
     return pytest.param(name, marks=marks, id=name)
 
 
-ENGINE_NAMES = [_engine_param("torch"), _engine_param("dali")]
+# "torch" cuts on the CPU with the fused numba kernel when numba is installed; "torch-ops" is the same
+# engine with that kernel switched off (the torch-ops CPU path, also the fallback without numba)
+ENGINE_NAMES = [_engine_param("torch"), _engine_param("torch-ops"), _engine_param("dali")]
 
 
 @pytest.fixture(params=ENGINE_NAMES)
-def engine_name(request: pytest.FixtureRequest) -> str:
+def engine_name(request: pytest.FixtureRequest):
     if request.param == "dali":
         pytest.importorskip("nvidia.dali")
-    return request.param
+    if request.param == "torch-ops":
+        with defaults.set(numba=False):
+            yield "torch"
+        return
+    yield request.param
 
 
 def make_storage(dtype: str, seed: int = 0) -> np.ndarray:

@@ -1,0 +1,210 @@
+"""The numba kernels of :mod:`hsgds.engines.cpu_cut` (imported only through it: this module needs numba).
+
+Module-level functions, so that numba's on-disk cache (``cache=True``) finds them again in the next process.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+jit = numba.njit(nogil=True, cache=True, boundscheck=False)
+
+
+@intrinsic
+def transpose8(typingctx, src, s0, sstride, dst, d0, dstride):
+    """``dst[d0 + m*dstride + k] = src[s0 + k*sstride + m]`` for k, m in 0..7: an 8x8 block transposed in
+    registers (8 vector loads, 24 shuffles, 8 vector stores; LLVM picks the unpack/shuffle/permute
+    instructions of the machine). ``src`` and ``dst``: contiguous 1-D arrays of one dtype."""
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array) and src.dtype == dst.dtype):
+        return None
+    sig = types.void(src, types.intp, types.intp, dst, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        srcv, s0v, ssv, dstv, d0v, dsv = args
+        sary = context.make_array(signature.args[0])(context, builder, srcv)
+        dary = context.make_array(signature.args[3])(context, builder, dstv)
+        vec = ir.VectorType(context.get_data_type(signature.args[0].dtype), 8)
+        align = signature.args[0].dtype.bitwidth // 8
+
+        def at(ary, first, stride, k):
+            off = builder.add(first, builder.mul(stride, ir.Constant(stride.type, k)))
+            return builder.bitcast(builder.gep(ary.data, [off]), vec.as_pointer())
+
+        def shuf(a, b, mask):
+            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
+
+        rows = [builder.load(at(sary, s0v, ssv, k), align=align) for k in range(8)]
+        t = []  # pairs of rows interleaved within 128-bit lanes
+        for k in range(0, 8, 2):
+            t.append(shuf(rows[k], rows[k + 1], [0, 8, 1, 9, 4, 12, 5, 13]))
+            t.append(shuf(rows[k], rows[k + 1], [2, 10, 3, 11, 6, 14, 7, 15]))
+        u = []  # groups of four rows: columns (m, m+4) of each
+        for g in (0, 4):
+            x0, x1, x2, x3 = t[g:g + 4]
+            u += [shuf(x0, x2, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(x0, x2, [2, 3, 10, 11, 6, 7, 14, 15]),
+                  shuf(x1, x3, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(x1, x3, [2, 3, 10, 11, 6, 7, 14, 15])]
+        for m in range(4):
+            builder.store(shuf(u[m], u[4 + m], [0, 1, 2, 3, 8, 9, 10, 11]), at(dary, d0v, dsv, m), align=align)
+            builder.store(shuf(u[m], u[4 + m], [4, 5, 6, 7, 12, 13, 14, 15]), at(dary, d0v, dsv, m + 4), align=align)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@jit
+def bf16_bits(u):  # u: float32 bits as int64; torch's round_to_nearest_even (NaN -> 0x7FC0)
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return 0x7FC0
+    return (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+
+
+@jit
+def f16_bits(u):  # u: float32 bits as int64; IEEE binary16, round to nearest even
+    sign = (u >> 16) & 0x8000
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:  # NaN: quiet, sign kept
+        return sign | 0x7E00
+    if a >= 0x47800000:  # >= 65536 (and inf): infinity; 65520..65535 round up below
+        return sign | 0x7C00
+    e = a >> 23
+    if e >= 113:  # a normal half: rebias the exponent, round the 13 dropped mantissa bits
+        h = ((e - 112) << 10) | ((a & 0x7FFFFF) >> 13)
+        rem = a & 0x1FFF
+        if rem > 0x1000 or (rem == 0x1000 and (h & 1) == 1):
+            h += 1  # a carry into the exponent is the right result (up to infinity)
+        return sign | h
+    if e < 102:  # below 2**-25: rounds to zero
+        return sign
+    m = (a & 0x7FFFFF) | 0x800000  # a subnormal half: units of 2**-24
+    shift = 126 - e
+    q = m >> shift
+    rem = m & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    if rem > half or (rem == half and (q & 1) == 1):
+        q += 1
+    return sign | q
+
+
+@jit
+def row_source(i, p, side, d):
+    """(first pixel, step) in flat pixels, relative to the patch's top-left, of output row i under
+    dihedral code d = 4*t + 2*v + h."""
+    t, v, h = (d >> 2) & 1, (d >> 1) & 1, d & 1
+    if t:
+        return (p - 1 if v else 0) * side + (p - 1 - i if h else i), (-side if v else side)
+    return (p - 1 - i if v else i) * side + (p - 1 if h else 0), (-1 if h else 1)
+
+
+@jit
+def gather_row(src, first, step, bands, p, offset, scale, w):
+    """Cast and normalize p source pixels (B bands each, ``step`` pixels apart from pixel ``first``) into
+    ``w`` (p*B values, pixel-major). Slices (views) tell numba that each run is contiguous, so LLVM
+    vectorizes the band loop (indexing the flat arrays directly leaves it scalar, ~3x slower)."""
+    cast = w.dtype.type  # the compute dtype: float32, or float64 for a float64 output
+    for j in range(p):
+        q = (first + j * step) * bands
+        s = src[q:q + bands]
+        r = w[j * bands:(j + 1) * bands]
+        for b in range(bands):
+            r[b] = (cast(s[b]) - offset[b]) * scale[b]
+
+
+@jit
+def store_nchw(st, out, o, pp, bands):
+    """Write one patch held pixel-major in ``st`` (pp pixels x B values, in output order) as band planes
+    out[o + b*pp + k]: 8x8 blocks transposed in registers, band blocks outermost so that each of the 8
+    planes being written is filled front to back while the scratch column stays in L1. Blocks overlap at
+    the edges (the same values written twice), so any pp, B >= 8 needs no scalar tail; smaller ones are
+    copied one value at a time."""
+    if pp >= 8 and bands >= 8:
+        b0 = 0
+        while True:
+            bb = min(b0, bands - 8)
+            k0 = 0
+            while True:
+                kk = min(k0, pp - 8)
+                transpose8(st, kk * bands + bb, bands, out, o + bb * pp + kk, pp)
+                if kk == pp - 8:
+                    break
+                k0 += 8
+            if bb == bands - 8:
+                break
+            b0 += 8
+    else:
+        for b in range(bands):
+            dst = out[o + b * pp:o + (b + 1) * pp]
+            for k in range(pp):
+                dst[k] = st[k * bands + b]
+
+
+@jit
+def gather_patch(src, base, d, side, bands, p, offset, scale, w):
+    """The patch at top-left pixel ``base`` under dihedral code ``d`` into ``w`` (p*p*B values,
+    pixel-major in output order), cast and normalized."""
+    row = p * bands
+    for i in range(p):
+        first, step = row_source(i, p, side, d)
+        gather_row(src, base + first, step, bands, p, offset, scale, w[i * row:(i + 1) * row])
+
+
+# One kernel per kind of output store, so that each compiled specialization holds only its own code.
+# Arguments: see hsgds.engines.cpu_cut.cut_range. NHWC: a patch is gathered straight into its output
+# (after the rounding, for 16-bit outputs). NCHW: into a patch-sized scratch (L2-sized), then
+# transposed into the B planes.
+
+@jit
+def cut_float(src, bands, side, base, dihedral, offset, scale, out, p, nchw, lo, hi):
+    """float32 / float64 output: the computed values as they are."""
+    size = p * p * bands
+    tmp = np.empty(size, out.dtype)
+    for n in range(lo, hi):
+        d = dihedral[n] if dihedral.size > 0 else 0
+        o = n * size
+        if nchw:
+            gather_patch(src, base[n], d, side, bands, p, offset, scale, tmp)
+            store_nchw(tmp, out, o, p * p, bands)
+        else:
+            gather_patch(src, base[n], d, side, bands, p, offset, scale, out[o:o + size])
+
+
+@jit
+def cut_bf16(src, bands, side, base, dihedral, offset, scale, out, p, nchw, lo, hi):
+    """bfloat16 output as uint16 bits (float32 arithmetic)."""
+    size = p * p * bands
+    tmp = np.empty(size, np.float32)
+    bits = tmp.view(np.uint32)
+    half = np.empty(size, np.uint16)
+    for n in range(lo, hi):
+        d = dihedral[n] if dihedral.size > 0 else 0
+        o = n * size
+        gather_patch(src, base[n], d, side, bands, p, offset, scale, tmp)
+        dst = half if nchw else out[o:o + size]
+        for k in range(size):
+            dst[k] = bf16_bits(np.int64(bits[k]))
+        if nchw:
+            store_nchw(half, out, o, p * p, bands)
+
+
+@jit
+def cut_f16(src, bands, side, base, dihedral, offset, scale, out, p, nchw, lo, hi):
+    """float16 output as uint16 bits (float32 arithmetic)."""
+    size = p * p * bands
+    tmp = np.empty(size, np.float32)
+    bits = tmp.view(np.uint32)
+    half = np.empty(size, np.uint16)
+    for n in range(lo, hi):
+        d = dihedral[n] if dihedral.size > 0 else 0
+        o = n * size
+        gather_patch(src, base[n], d, side, bands, p, offset, scale, tmp)
+        dst = half if nchw else out[o:o + size]
+        for k in range(size):
+            dst[k] = f16_bits(np.int64(bits[k]))
+        if nchw:
+            store_nchw(half, out, o, p * p, bands)
+
+
+KERNELS = (cut_float, cut_bf16, cut_f16)  # indexed by cpu_cut.MODES

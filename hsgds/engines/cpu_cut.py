@@ -1,0 +1,93 @@
+"""The fused CPU cut: gather, cast, normalize, optional dihedral transform and layout in one compiled pass.
+
+One call cuts a range of patches of a batch straight into the output buffer. For each patch it gathers
+the p*p source pixels (B contiguous bands each), casting to float32 (float64 for a float64 output) and
+normalizing on the way, with vector instructions along the bands. NHWC: that is the output itself.
+NCHW: the patch goes to a patch-sized scratch (in the core's L2 cache; after the 16-bit rounding, if
+any) and is transposed into the B output planes in 8x8 blocks held in vector registers. So the output
+is written once, and nothing else of the batch's size leaves the cache. The kernel
+releases the GIL: the torch engine runs one call per range of patches on its own threads.
+
+numba compiles the kernel (``pip install 'hsgds[cpu]'``); :func:`available` says whether it can run,
+and :func:`unavailable_reason` why not. Compiled code is cached on disk (numba's ``cache=True``: next to
+this file, or in numba's per-user cache directory when the package folder is read-only), so only the
+first process on a machine pays the compile time of each (store dtype, output dtype) pair.
+
+Arithmetic: ``(compute(x) - offset) * scale`` with ``compute`` float32 (float64 for a float64 output),
+the exact operations of the torch engine; then one rounding to the output dtype. 16-bit outputs are
+written as their bit patterns (uint16): bfloat16 rounds to nearest even exactly like torch's
+``Tensor.to(torch.bfloat16)`` (NaN -> 0x7FC0); float16 rounds to nearest even with IEEE subnormals,
+overflow to infinity and quiet NaNs, as torch's CPU conversion does.
+
+Dihedral transforms (optional, one int8 code per sample): code ``c = 4*t + 2*v + h``; output pixel
+(i, j) of a p x p patch reads source offset (a, b) where (a, b) = (j, i) if t else (i, j); then
+a = p-1-a if v; b = p-1-b if h. Code 0 is the identity.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MODES", "available", "cut_range", "unavailable_reason"]
+
+# output conversions: the output array's dtype decides the store, the mode what the bits mean
+MODES = {"float32": 0, "float64": 0, "bfloat16": 1, "float16": 2}
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def _build() -> Any:
+    """The compiled kernel's dispatcher; raises ImportError when numba is missing."""
+    import importlib
+
+    return importlib.import_module("hsgds.engines._cpu_kernel").KERNELS
+
+
+def _kernel() -> Any:
+    """The kernels (one per mode), imported once per process; None when numba cannot be imported."""
+    if "kernel" not in _state:
+        with _lock:
+            if "kernel" not in _state:
+                try:
+                    _state["kernel"] = _build()
+                    _state["reason"] = None
+                except ImportError as exc:
+                    _state["kernel"] = None
+                    _state["reason"] = (f"the fused CPU kernel needs numba ({' '.join(str(exc).split())}); "
+                                        "pip install 'hsgds[cpu]'")
+    return _state["kernel"]
+
+
+def available() -> bool:
+    """Whether the compiled kernel can run in this process (numba imports)."""
+    return _kernel() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (a sentence naming the pip extra), or None."""
+    _kernel()
+    return _state["reason"]
+
+
+def cut_range(src: np.ndarray, bands: int, side: int, base: np.ndarray, dihedral: np.ndarray | None,
+              offset: np.ndarray, scale: np.ndarray, out: np.ndarray, p: int, nchw: bool, mode: int,
+              lo: int, hi: int) -> None:
+    """Cut patches ``lo:hi`` of a batch into ``out`` (see the module docstring for every argument).
+
+    The caller validates: ``src`` is the contiguous flat storage, every patch lies inside its tile,
+    ``offset``/``scale`` have the compute dtype (float32, or float64 for a float64 ``out``), and ``out``
+    is flat and contiguous: float32/float64 for mode 0, uint16 for modes 1 and 2. Calls on different
+    threads may run at once (each has its own scratch) when they write different patches.
+    """
+    kernels = _kernel()
+    if kernels is None:
+        raise RuntimeError(unavailable_reason())
+    codes = _NO_DIHEDRAL if dihedral is None else dihedral
+    kernels[mode](src, bands, side, base, codes, offset, scale, out, p, nchw, lo, hi)
+
+
+_NO_DIHEDRAL = np.zeros(0, dtype=np.int8)

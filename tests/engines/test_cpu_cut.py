@@ -1,0 +1,208 @@
+"""The fused CPU kernel (hsgds.engines.cpu_cut) against numpy and torch, and the engine's fallback without it.
+
+References are independent: patches sliced sample by sample with numpy, dihedral transforms composed from
+``np.flip``/``np.swapaxes``, 16-bit roundings done by torch's own ``Tensor.to`` on the float32 result.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("numba")
+
+from hsgds import defaults  # noqa: E402
+from hsgds.engines import PatchSpec, TorchEngine, cpu_cut  # noqa: E402
+
+STORE_DTYPES = ["uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32", "float64"]
+OUT_DTYPES = ["float32", "float16", "bfloat16", "float64"]
+
+
+def _storage(dtype: str, slots: int, side: int, bands: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    shape = (slots, side, side, bands)
+    if dtype.startswith("float"):
+        return rng.uniform(-3e4, 3e4, shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
+def _reference(storage: np.ndarray, slot, y, x, p: int, offset, scale, out_dtype: str, nchw: bool,
+               dihedral=None) -> torch.Tensor:
+    """numpy slices and flips, float32 arithmetic (float64 for a float64 output), torch's rounding."""
+    r = p // 2
+    compute = np.float64 if out_dtype == "float64" else np.float32
+    patches = []
+    for k, (s, a, b) in enumerate(zip(slot, y, x)):
+        q = storage[s, a - r:a + r + 1, b - r:b + r + 1, :]
+        if dihedral is not None:
+            c = int(dihedral[k])
+            t, v, h = (c >> 2) & 1, (c >> 1) & 1, c & 1
+            if v:
+                q = np.flip(q, 0)
+            if h:
+                q = np.flip(q, 1)
+            if t:
+                q = np.swapaxes(q, 0, 1)
+        patches.append(q)
+    f = np.stack(patches).astype(compute)
+    f = (f - offset.astype(compute)) * scale.astype(compute)
+    if nchw:
+        f = f.transpose(0, 3, 1, 2)
+    return torch.from_numpy(np.ascontiguousarray(f)).to(getattr(torch, out_dtype))
+
+
+def _kernel_cut(storage: np.ndarray, slot, y, x, p: int, offset, scale, out_dtype: str, nchw: bool,
+                dihedral=None, ranges=None) -> torch.Tensor:
+    """Call cut_range directly (the engine's own use of it is tested through TorchEngine below)."""
+    slots, side, _, bands = storage.shape
+    r = p // 2
+    n = len(slot)
+    base = ((np.asarray(slot) * side + (np.asarray(y) - r)) * side + (np.asarray(x) - r)).astype(np.int64)
+    compute = np.float64 if out_dtype == "float64" else np.float32
+    out = torch.empty((n, bands, p, p) if nchw else (n, p, p, bands), dtype=getattr(torch, out_dtype))
+    mode = cpu_cut.MODES[out_dtype]
+    dst = out.view(-1).view(torch.int16).numpy().view(np.uint16) if mode else out.view(-1).numpy()
+    for lo, hi in ranges or [(0, n)]:
+        cpu_cut.cut_range(storage.reshape(-1), bands, side, base, dihedral, offset.astype(compute),
+                          scale.astype(compute), dst, p, nchw, mode, lo, hi)
+    return out
+
+
+def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype
+    ia, ib = (t.view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else
+                     torch.int64) for t in (a, b))
+    bad = (ia != ib).nonzero()
+    assert len(bad) == 0, f"{len(bad)} values differ, first at {bad[0].tolist()}: {a[tuple(bad[0])]} vs {b[tuple(bad[0])]}"
+
+
+@pytest.mark.parametrize("store", STORE_DTYPES)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+@pytest.mark.parametrize("nchw", [True, False], ids=["NCHW", "NHWC"])
+def test_every_dtype_and_layout_matches_numpy_bit_for_bit(store, out_dtype, nchw):
+    # p, B >= 8 and not multiples of 8: the register-transposed blocks, overlapping at both edges
+    p, bands, side, slots = 9, 11, 14, 3
+    storage = _storage(store, slots, side, bands, seed=1)
+    rng = np.random.default_rng(2)
+    n = 9
+    slot, y, x = rng.integers(0, slots, n), rng.integers(4, side - 4, n), rng.integers(4, side - 4, n)
+    lo, hi = float(storage.min()), float(storage.max())
+    offset = rng.uniform(lo, hi, bands)
+    scale = 8 / (hi - lo) * rng.uniform(0.5, 1.5, bands)
+    got = _kernel_cut(storage, slot, y, x, p, offset, scale, out_dtype, nchw)
+    _equal_bits(got, _reference(storage, slot, y, x, p, offset, scale, out_dtype, nchw))
+
+
+@pytest.mark.parametrize("p, bands, side", [(1, 1, 1), (1, 3, 4), (3, 1, 3), (7, 2, 9), (5, 7, 8), (3, 8, 3), (3, 9, 5), (9, 8, 9),
+                                           (13, 33, 17), (15, 200, 15), (17, 16, 20)])
+def test_odd_shapes_and_tile_edges(p, bands, side):
+    """Patch size 1, one band, tiles exactly one patch wide, patches touching every tile edge."""
+    storage = _storage("uint16", 2, side, bands, seed=p + bands)
+    r = p // 2
+    edges = [r, side - r - 1]
+    slot = np.array([0, 1, 0, 1, 1])
+    y = np.array([edges[0], edges[1], edges[1], edges[0], (side - 1) // 2])
+    x = np.array([edges[0], edges[1], edges[0], edges[1], (side - 1) // 2])
+    offset, scale = np.linspace(0, 3e4, bands), np.linspace(1e-4, 2e-4, bands)
+    for out_dtype in ("float32", "bfloat16"):
+        for nchw in (True, False):
+            got = _kernel_cut(storage, slot, y, x, p, offset, scale, out_dtype, nchw)
+            _equal_bits(got, _reference(storage, slot, y, x, p, offset, scale, out_dtype, nchw))
+
+
+@pytest.mark.parametrize("p, bands", [(1, 3), (3, 3), (5, 2), (9, 10)])
+@pytest.mark.parametrize("nchw", [True, False], ids=["NCHW", "NHWC"])
+def test_dihedral_codes_match_numpy_flips(p, bands, nchw):
+    """Each of the 8 codes c = 4t + 2v + h against np.flip (v: rows, h: columns) then np.swapaxes (t)."""
+    side = p + 4
+    storage = _storage("int16", 2, side, bands, seed=5)
+    r = p // 2
+    codes = np.arange(8, dtype=np.int8).repeat(2)
+    rng = np.random.default_rng(6)
+    n = len(codes)
+    slot, y, x = rng.integers(0, 2, n), rng.integers(r, side - r, n), rng.integers(r, side - r, n)
+    offset, scale = np.zeros(bands), np.ones(bands)
+    for out_dtype in ("float32", "bfloat16"):
+        got = _kernel_cut(storage, slot, y, x, p, offset, scale, out_dtype, nchw, dihedral=codes)
+        _equal_bits(got, _reference(storage, slot, y, x, p, offset, scale, out_dtype, nchw, dihedral=codes))
+    # the identity code and no array at all are the same cut; a transposed patch is a different one
+    ident = _kernel_cut(storage, slot, y, x, p, offset, scale, "float32", nchw, dihedral=np.zeros(n, np.int8))
+    _equal_bits(ident, _kernel_cut(storage, slot, y, x, p, offset, scale, "float32", nchw))
+    if p > 1:
+        assert not torch.equal(ident, _kernel_cut(storage, slot, y, x, p, offset, scale, "float32", nchw,
+                                                  dihedral=np.full(n, 4, np.int8)))
+
+
+def test_16bit_roundings_match_torch_on_special_values():
+    """bfloat16 and float16 bits equal torch's conversion of the float32 value: ties to even, subnormals,
+    overflow to infinity, signed zeros, infinities (NaNs: NaN). Offset 0 and scale 1 pass values through."""
+    rng = np.random.default_rng(7)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519.99, 65520, 65536, -65520, 1e-8, 2**-24,
+                         2**-25, 1.5 * 2**-25, 2**-14, 2**-14 - 2**-24, 1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8,
+                         1 + 3 * 2**-8, 3.4e38, 1e-40, -1e-45], dtype=np.float32)
+    bits = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    values = np.concatenate([specials, bits, np.float32([np.nan, -np.nan])])
+    storage = values.reshape(1, 1, -1, 1)  # one tile row of pixels, one band; p = 1
+    side = values.size
+    storage = np.zeros((1, side, side, 1), np.float32)
+    storage[0, 0, :, 0] = values
+    n = values.size
+    slot, y, x = np.zeros(n, int), np.zeros(n, int), np.arange(n)
+    f32 = torch.from_numpy(values.copy())
+    for name in ("bfloat16", "float16"):
+        got = _kernel_cut(storage, slot, y, x, 1, np.zeros(1), np.ones(1), name, True).view(-1)
+        want = f32.to(getattr(torch, name))
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        _equal_bits(got[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_engine_kernel_equals_torch_ops_path(out_dtype, layout):
+    """The engine's two CPU paths (numba kernel, torch ops) give the same bits, on several threads too."""
+    bands, side, p = 17, 20, 7
+    storage = torch.from_numpy(_storage("uint16", 3, side, bands, seed=8))
+    rng = np.random.default_rng(9)
+    spec = PatchSpec(p, 6, bands, side, layout, getattr(torch, out_dtype), rng.uniform(0, 6e4, bands),
+                     rng.uniform(1e-5, 1e-3, bands))
+    n = 61
+    co = [torch.from_numpy(a) for a in (rng.integers(0, 3, n), rng.integers(3, side - 3, n),
+                                        rng.integers(3, side - 3, n))]
+    with defaults.set(numba=False):
+        ops = TorchEngine(spec)
+    fused = TorchEngine(spec)
+    assert fused.reasons == ["CPU cut: fused numba kernel (hsgds.engines.cpu_cut)"]
+    assert ops.reasons == ["CPU cut: torch ops (setting numba is off)"]
+    _equal_bits(fused.cut(storage, *co), ops.cut(storage, *co))
+    threads = torch.get_num_threads()
+    try:  # several threads, each cutting ranges of a few patches
+        torch.set_num_threads(3)
+        with defaults.set(torch_chunk_bytes=4096):
+            many = TorchEngine(spec)
+        _equal_bits(many.cut(storage, *co), ops.cut(storage, *co))
+    finally:
+        torch.set_num_threads(threads)
+    codes = torch.from_numpy(rng.integers(0, 8, n).astype(np.int8))  # per-patch flips/turns (hsgds.augment)
+    _equal_bits(fused.cut(storage, *co, dihedral=codes), ops.cut(storage, *co, dihedral=codes))
+
+
+def test_without_numba_the_engine_falls_back_and_says_why(monkeypatch):
+    """numba missing: torch ops cut the batch, and the reason names the pip extra."""
+    monkeypatch.setitem(sys.modules, "numba", None)  # "import numba" raises ImportError
+    monkeypatch.delitem(sys.modules, "hsgds.engines._cpu_kernel", raising=False)
+    monkeypatch.setattr(cpu_cut, "_state", {})
+    assert not cpu_cut.available()
+    spec = PatchSpec(3, 1, 2, 6, "NCHW", torch.bfloat16, np.zeros(2), np.ones(2))
+    engine = TorchEngine(spec)
+    assert len(engine.reasons) == 1 and "torch ops" in engine.reasons[0]
+    assert "pip install 'hsgds[cpu]'" in engine.reasons[0]
+    storage = torch.arange(72, dtype=torch.int16).view(1, 6, 6, 2)
+    one = torch.ones(1, dtype=torch.int64)
+    out = engine.cut(storage, one * 0, one * 2, one * 3)
+    want = storage[0, 1:4, 2:5].permute(2, 0, 1).to(torch.bfloat16)
+    assert torch.equal(out[0], want)
