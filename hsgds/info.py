@@ -111,8 +111,8 @@ def split_summary(scene) -> str | None:
     n = scene.meta.num_samples
     if n == 0:
         return None
-    counts = np.bincount(scene.sample_table()["split"].astype(np.int64), minlength=len(fmt.SPLIT_CODES))
-    train, val, test, none = (int(counts[fmt.SPLIT_CODES[k]]) for k in ("train", "val", "test", "none"))
+    counts = split_class_counts(scene)
+    train, val, test, none = (int(counts[k].sum()) for k in ("train", "val", "test", "none"))
     text = f"split: train {train} ({100 * train / n:.1f}%), val {val}, test {test}"
     if none:
         what = "dropped by the guard" if scene.meta.split.get("method") == "blocks" else "in no split"
