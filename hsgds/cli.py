@@ -146,8 +146,9 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
 @click.option("--overwrite", is_flag=True, help="Convert every scene again, even those already up to date.")
 def convert_many(manifest, out, scheduler, workers, threads, overwrite, **options) -> None:
     """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key]) on Dask, one task
-    per scene, into OUT/<name>.zarr and OUT/collection.json. Rerunning converts only scenes that are
-    missing, changed or damaged. Exit 1 when some scenes failed (each is named with its reason)."""
+    per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are relative to the manifest's
+    folder; name defaults to the source's file stem. Rerunning converts only scenes that are missing,
+    changed or damaged. Exit 1 when some scenes failed (each is named with its reason)."""
     import logging
 
     from hsgds.preprocess.convert_many import convert_many as run_many
