@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hsgds  # noqa: E402
 from contenders import PatchDataset  # noqa: E402
 from hsgds.cli import demo_store  # noqa: E402
-from hsgds.loader import normalization_constants  # noqa: E402
 from hsgds.pixels import labelled_pixels  # noqa: E402
 
 AUGMENT = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05)
@@ -82,7 +81,7 @@ def main() -> None:
             results[name] = best_rate(lambda loader=loader: loader, args.epochs)
             reader, engine = loader.stats.reader, loader.stats.engine
     # the same split and normalization, cut from the reflect-padded cube in RAM, one sample at a time
-    offset, scale = normalization_constants(scene, "zscore")
+    offset, scale = hsgds.normalization_constants(scene, "zscore")
     sample = labelled_pixels(scene, "train")
     h, w = scene.shape[:2]
     cube = np.pad(scene.read(0, h, 0, w), ((6, 6), (6, 6), (0, 0)), mode="reflect")

@@ -28,11 +28,7 @@ import torch
 from hsgds import defaults
 from hsgds.engines import PatchSpec, make_engine
 from hsgds.errors import DependencyError
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+from hsgds.train import synchronize
 
 
 def bench_one(engine_name: str, device: str, out_dtype: torch.dtype, args: argparse.Namespace,
@@ -71,14 +67,14 @@ def _bench_engine(engine_name: str, name: str, device: str, out_dtype: torch.dty
     out = None
     for i in range(args.warmup):
         out = engine.cut(storage, *coords[i % len(coords)])
-    _sync(device)
+    synchronize(torch.device(device))
     out_bytes = out.numel() * out.element_size()
     n, start, cpu0 = 0, time.perf_counter(), time.process_time()
     while True:
         engine.cut(storage, *coords[n % len(coords)])
         n += 1
         if n % 4 == 0:
-            _sync(device)
+            synchronize(torch.device(device))
             if time.perf_counter() - start >= args.seconds:
                 break
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0

@@ -50,6 +50,7 @@ from contenders import ShmRingLoader, naive_loader, tuned_loader  # noqa: E402
 import hsgds  # noqa: E402
 from hsgds.probe import probe  # noqa: E402
 from hsgds.errors import DependencyError  # noqa: E402
+from hsgds.train import synchronize  # noqa: E402
 
 SCENES = ("indian_pines", "pavia", "aviris")
 GB = 1e9
@@ -143,7 +144,6 @@ def _scene_arrays(name: str, args: argparse.Namespace) -> tuple[np.ndarray, np.n
 
 
 def prepare(name: str, work: Path, args: argparse.Namespace) -> SceneData:
-    from hsgds.loader import _normalization
     from hsgds.preprocess.convert import ConvertOptions, convert
 
     d = work / name
@@ -159,7 +159,7 @@ def prepare(name: str, work: Path, args: argparse.Namespace) -> SceneData:
     (d / "cube.npy").unlink()
     scene = hsgds.open_scene(store)
     ys, xs, lab = scene.samples(None)
-    offset, scale = _normalization(scene, "zscore", scene.shape[2])
+    offset, scale = hsgds.normalization_constants(scene, "zscore")
     return SceneData(name, source, Path(store), d / "padded.npy", tuple(cube.shape), str(cube.dtype),
                      ys.astype(np.int64), xs.astype(np.int64), lab.astype(np.int64) - 1,
                      int(scene.num_classes or lab.max()), offset, scale)
@@ -251,11 +251,6 @@ def io_read_bytes() -> int | None:
         return None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def memcpy_ceiling(nbytes: int, seconds: float = 0.5) -> dict[str, float]:
     """Write bandwidth of a copy into a preallocated buffer of ``nbytes`` (torch copy_, numpy copyto)."""
     src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
@@ -276,13 +271,13 @@ def d2d_ceiling(nbytes: int, device: torch.device, seconds: float = 0.5) -> floa
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     dst.copy_(src)
-    _sync(device)
+    synchronize(device)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for _ in range(8):
             dst.copy_(src)
         n += 8
-        _sync(device)
+        synchronize(device)
     return n * nbytes / (time.perf_counter() - t0) / GB
 
 
@@ -314,7 +309,7 @@ def raw_read(sd: SceneData, device: torch.device, cold: bool, depth: int = 2) ->
     with ThreadPoolExecutor(depth) as pool:
         for i in range(0, len(tiles), depth):
             list(pool.map(lambda j: reader.read_into(tiles[i + j], bufs[j]), range(min(depth, len(tiles) - i))))
-    _sync(device)
+    synchronize(device)
     el = time.perf_counter() - t0
     reader.close()
     nbytes = len(tiles) * scene.grid.tile_nbytes
@@ -381,14 +376,14 @@ def _epoch(loader: Any, device: torch.device, limit: int) -> tuple[int, int, flo
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
         if first is None:
-            _sync(device)
+            synchronize(device)
             first = time.perf_counter() - t0
         n += len(x)
         nbytes += x.numel() * x.element_size()
         del x, y
         if i + 1 >= limit:
             break
-    _sync(device)
+    synchronize(device)
     return n, nbytes, first or 0.0, time.perf_counter() - t0
 
 
@@ -464,7 +459,7 @@ def run_kvikio_zarr(sd: SceneData, device: torch.device, cold: bool) -> dict[str
             for ty in range(scene.grid.nty):
                 for tx in range(scene.grid.ntx):
                     a = arr[ty, tx]
-            _sync(device)
+            synchronize(device)
         el = time.perf_counter() - t0
         del a
         nbytes = scene.grid.num_tiles * scene.grid.tile_nbytes

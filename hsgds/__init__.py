@@ -35,6 +35,7 @@ __all__ = [
     "StoreError",
     "TileReadError",
     "__version__",
+    "normalization_constants",
     "open_collection",
     "open_scene",
 ]
@@ -45,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from hsgds.loader import PatchLoader
 
         return PatchLoader
+    if name == "normalization_constants":  # imports torch
+        from hsgds.loader import normalization_constants
+
+        return normalization_constants
     if name == "Augment":  # imports torch
         from hsgds.augment import Augment
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hsgds.errors import ConfigError
+from hsgds.train import synchronize
 
 __all__ = ["BenchReport", "bench_store", "format_report"]
 
@@ -68,22 +69,18 @@ class BenchReport:
                 "best_speedup_from_compute": self.best_speedup_from_compute}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _read_tiles(loader: Any) -> tuple[int, float]:
     """Read every tile holding samples of the loader's split once, into one ring slot; (tiles, seconds)."""
     import numpy as np
 
     counts = loader.samples.counts()
     tiles = [int(t) for t in np.flatnonzero(counts)]
-    dest = loader._ring.storage[0]
+    ring = loader.ring  # before the first epoch: slot 0 is free to read into
+    dest = ring.storage[0]
     t0 = time.perf_counter()
     for t in tiles:
-        loader._reader.read_into(t, dest)
-    _sync(loader.device)
+        ring.reader.read_into(t, dest)
+    synchronize(loader.device)
     return len(tiles), time.perf_counter() - t0
 
 
@@ -115,7 +112,7 @@ def bench_store(store: Any, *, patch_size: int = 13, batch_size: int = 256, spli
             pass
         n = b = 0
         target = max(4, 4 * steps)
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         while b < target:
             got = 0
@@ -125,7 +122,7 @@ def bench_store(store: Any, *, patch_size: int = 13, batch_size: int = 256, spli
                     break
             if got == 0:
                 break
-        _sync(dev)
+        synchronize(dev)
         t_loader = (time.perf_counter() - t0) / max(1, b)
         patches_per_s = n / (t_loader * b) if t_loader > 0 and b else float("inf")  # counts short batches
         say(f"loader alone: {1e3 * t_loader:.1f} ms per batch ({patches_per_s:.0f} patches/s)")

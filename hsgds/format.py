@@ -367,6 +367,16 @@ def make_georeference(transform: Any, crs_wkt: str | None = None, epsg: int | No
 CHUNK_KEY_SEPARATORS = ("/", ".")
 
 
+def split_class_counts(codes: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:
+    """Per split name, how many samples of each class: ``codes`` (``SPLIT_*``) and ``labels`` (0..num_classes)
+    are parallel arrays, one entry per sample; each value is an int64 array of num_classes + 1 counts."""
+    k = int(num_classes) + 1
+    n_codes = max(SPLIT_CODES.values()) + 1
+    table = np.bincount(np.asarray(codes, np.int64) * k + np.asarray(labels, np.int64),
+                        minlength=n_codes * k).reshape(n_codes, k)
+    return {name: table[code] for name, code in SPLIT_CODES.items()}
+
+
 def tile_offsets(tile: np.ndarray, num_tiles: int) -> np.ndarray:
     """The per-tile offset table of samples sorted by tile: tile t's samples are offsets[t]:offsets[t+1]."""
     return np.concatenate([[0], np.cumsum(np.bincount(tile, minlength=num_tiles))]).astype(np.int64)

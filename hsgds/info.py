@@ -16,9 +16,7 @@ from hsgds.scene import open_scene
 def split_class_counts(scene) -> dict[str, np.ndarray]:
     """Per split name, the count of labelled pixels of each class 1..K (index 0 unused)."""
     table = scene.sample_table()
-    k = scene.num_classes
-    return {name: np.bincount(table["label"][table["split"] == code].astype(np.int64), minlength=k + 1)
-            for name, code in fmt.SPLIT_CODES.items()}
+    return fmt.split_class_counts(table["split"], table["label"], scene.num_classes)
 
 
 def describe_georeference(geo: dict) -> str:
@@ -137,10 +135,10 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
         lines.append(f"bands:      {scene.wavelengths[0]:.1f}-{scene.wavelengths[-1]:.1f} nm")
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
     lines.append(leakage_line(leakage(scene, patch_size)))
-    n_classes = int(np.count_nonzero(np.bincount(scene.sample_table()["label"].astype(np.int64))[1:]))
+    counts = split_class_counts(scene)
+    n_classes = int(np.count_nonzero(sum(counts.values())[1:]))
     lines.append(f"classes:    {n_classes} (labels 1..{scene.num_classes}), {m.num_samples} labelled pixels")
     if m.num_samples:
-        counts = split_class_counts(scene)
         names = [s for s in ("train", "val", "test", "none") if counts[s].sum()]
         lines.append("")
         lines.append(f"{'class':>5}  {'name':<28}" + "".join(f"{s:>8}" for s in names) + f"{'total':>8}")

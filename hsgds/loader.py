@@ -27,7 +27,7 @@ from hsgds.sampling import EpochPlan, SampleSet, plan_epoch
 from hsgds.scene import Scene
 from hsgds.scene_set import SceneSet, band_selection, normalization, open_scene_set, scene_tables
 
-__all__ = ["LoaderStats", "PatchLoader"]
+__all__ = ["LoaderStats", "PatchLoader", "normalization_constants"]
 
 NORMALIZATIONS = ("zscore", "minmax", None)
 STATE_VERSION = 1
@@ -117,11 +117,6 @@ def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.nda
         raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
     offset, scale = normalization(open_scene_set(scene), normalize, None)
     return offset[0], scale[0]
-
-
-def _normalization(scene: Scene, normalize: str | None, bands: int) -> tuple[np.ndarray, np.ndarray]:
-    """Kept for the benchmarks that import it; use :func:`normalization_constants`."""
-    return normalization_constants(scene, normalize)
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -305,6 +300,12 @@ class PatchLoader:
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch."""
         return self._plan(self._epoch).num_batches
+
+    @property
+    def ring(self) -> TileRing:
+        """The ring of resident tiles (its ``storage``, ``reader`` and ``stats``), for diagnostics and
+        benchmarks such as ``hsgds bench``'s raw read timing; nothing may write into it while iterating."""
+        return self._ring
 
     @property
     def epoch(self) -> int:

@@ -182,9 +182,10 @@ def preview_panels(scene, bands: tuple[int, int, int] | list[int] | None = None,
     for name, code in fmt.SPLIT_CODES.items():
         split_lut[code + 1] = SPLIT_COLOURS[name]
     splits = split_lut[split_codes[::step, ::step] + 1]
-    split_counts = np.bincount(table["split"].astype(np.int64), minlength=len(fmt.SPLIT_CODES))
-    split_legend = [(name, _SPLIT_LABELS[name], SPLIT_COLOURS[name], int(split_counts[fmt.SPLIT_CODES[name]]))
-                    for name in ("train", "val", "test", "none") if split_counts[fmt.SPLIT_CODES[name]]]
+    split_counts = {name: int(c.sum()) for name, c in
+                    fmt.split_class_counts(table["split"], table["label"], scene.num_classes).items()}
+    split_legend = [(name, _SPLIT_LABELS[name], SPLIT_COLOURS[name], split_counts[name])
+                    for name in ("train", "val", "test", "none") if split_counts[name]]
     return PreviewPanels(rgb=rgb, classes=classes, splits=splits, bands=picked, band_note=note, step=step,
                          class_legend=class_legend, split_legend=split_legend)
 

@@ -114,7 +114,8 @@ class StepTimes:
         return d
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA); a no-op on the CPU. For timing loops."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -157,7 +158,7 @@ def train_steps(model: nn.Module, batches: Iterable[Any], optimizer: torch.optim
             break
         _step(model, optimizer, x, y)
         done += 1
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     while steps is None or done < steps + warmup:
         w = time.perf_counter()
@@ -171,7 +172,7 @@ def train_steps(model: nn.Module, batches: Iterable[Any], optimizer: torch.optim
         if times.first_batch_s is None:
             times.first_batch_s = got - t0
         loss = _step(model, optimizer, x, y)
-        _sync(device)
+        synchronize(device)
         times.steps += 1
         times.samples += len(y)
         done += 1

@@ -31,7 +31,7 @@ from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import open_cube, read_labels
-from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
+from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, source_stamps
 from hsgds.preprocess.stats import BandAccumulator
 
 try:
@@ -238,15 +238,6 @@ def _writing(out: Path, what: str) -> Iterator[None]:
         raise StoreError(f"cannot write {what} of {out} ({reason}); {hint}") from None
 
 
-def _stamp(paths: list[Path]) -> dict[Path, tuple[int, int]]:
-    """(size, mtime in ns) of each file, to tell whether a source changed while it was being converted."""
-    out = {}
-    for p in paths:
-        st = os.stat(p)
-        out[Path(p)] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
 def _check_unchanged(stamps: dict[Path, tuple[int, int]]) -> None:
     for path, (size, mtime) in stamps.items():
         try:
@@ -340,7 +331,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions
         raise InputError(f"output folder {out.parent} does not exist; create it first")
     side = [Path(p) for p in (opts.labels, opts.train_mask, opts.val_mask, opts.test_mask) if p is not None]
     try:
-        stamps = _stamp(side)
+        stamps = source_stamps(side)
     except OSError as exc:
         raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
     _remove_stale(out)
@@ -348,7 +339,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions
     cube = None
     try:
         cube = open_cube(src, key=opts.key, band_axis=opts.band_axis)
-        stamps.update(_stamp(cube.files))
+        stamps.update(source_stamps(cube.files))
         return _convert(cube, src, out, tmp, opts, progress, stamps)
     finally:
         if cube is not None:

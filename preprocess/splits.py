@@ -38,7 +38,7 @@ import numpy as np
 from scipy.ndimage import maximum_filter
 
 from hsgds.errors import InputError
-from hsgds.format import SPLIT_CODES, SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL
+from hsgds.format import SPLIT_CODES, SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL, split_class_counts
 
 __all__ = [
     "TRAIN_SHARE_TOLERANCE",
@@ -953,12 +953,7 @@ def split_counts(labels: Any, split_map: Any) -> dict[str, dict[int, int]]:
             f"{sorted(SPLIT_CODES.values())}; build it with one of the preprocess.splits functions"
         )
     classes, cinv, _ = _compact(lab[labelled])
-    n_codes = max(SPLIT_CODES.values()) + 1
-    table = np.bincount(
-        codes.astype(np.int64) * classes.size + cinv, minlength=n_codes * classes.size
-    ).reshape(n_codes, classes.size)
+    table = split_class_counts(codes, cinv, classes.size - 1)  # counted by class index 0..C-1
     order = ("train", "val", "test", "none")
-    return {
-        name: {int(c): int(n) for c, n in zip(classes, table[SPLIT_CODES[name]])} for name in order
-    }
+    return {name: {int(c): int(n) for c, n in zip(classes, table[name])} for name in order}
 

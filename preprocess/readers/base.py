@@ -138,8 +138,13 @@ def parse_failure(path: Path, what: str, exc: BaseException, fix: str) -> InputE
     return InputError(f"cannot read {path} as {what} ({type(exc).__name__}{': ' + detail if detail else ''}); {fix}")
 
 
-def _stamp(paths: list[Path]) -> dict[Path, int]:
-    return {p: os.stat(p).st_size for p in paths}
+def source_stamps(paths: list[Path]) -> dict[Path, tuple[int, int]]:
+    """(size, mtime in ns) of each file, to tell whether a source changed while it was being converted."""
+    out = {}
+    for p in paths:
+        st = os.stat(p)
+        out[Path(p)] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 class SourceCube(Protocol):
@@ -188,12 +193,12 @@ class ArrayCube:
             raise InputError(f"cube has an empty axis: (H, W, B) = {self.shape}")
         self.dtype = check_dtype(self.array.dtype, "cube")
         self._perm = tuple(self.axes.index(a) for a in "HWB")
-        self._sizes = _stamp(self.files)
+        self._stamps = source_stamps(self.files)
 
     def _check_unchanged(self) -> None:
         """A memory-mapped file that shrinks under us would kill the process (SIGBUS) on the next access
         past its new end; notice the change before touching the window instead."""
-        for path, size in self._sizes.items():
+        for path, (size, _) in self._stamps.items():  # a new mtime at the same size cannot SIGBUS
             try:
                 now = os.stat(path).st_size
             except OSError as exc:

@@ -58,7 +58,6 @@ def test_contenders_cut_the_same_patches(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))  # spawned ring workers import contenders from here too
     from contenders import PatchDataset, ShmRingLoader
     import hsgds
-    from hsgds.loader import _normalization
     from hsgds.synthetic import make_scene
     from hsgds.preprocess.convert import ConvertOptions, convert
 
@@ -67,7 +66,7 @@ def test_contenders_cut_the_same_patches(tmp_path, monkeypatch):
     np.save(tmp_path / "g.npy", gt)
     store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "g.npy", max_patch=5))
     scene = hsgds.open_scene(store)
-    off, sc = _normalization(scene, "zscore", 8)
+    off, sc = hsgds.normalization_constants(scene, "zscore")
     padded = np.pad(cube, ((2, 2), (2, 2), (0, 0)), mode="reflect")
     with hsgds.PatchLoader(store, patch_size=5, batch_size=1000, split=None, device="cpu", shuffle=False,
                            return_coords=True) as loader:
