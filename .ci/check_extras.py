@@ -7,12 +7,12 @@ Each check is ``pip install --dry-run --ignore-installed --report``: pip resolve
 tree from package metadata (PEP 658, no multi-GB CUDA wheels are downloaded) and writes what it would
 install as JSON, which is then checked:
 
-1. ``.[cu12]`` and ``.[cu13]`` on this machine: kvikio, CuPy and DALI of that CUDA major are in the
+1. ``.[cu12]`` and ``.[cu13]`` on this machine: kvikio and DALI of that CUDA major are in the
    plan, and hsgds itself comes from this checkout (a local directory), not from an index.
 2. The Docker image's install (``torch==<TORCH_VERSION of docker/Dockerfile>`` + ``.[cu13]`` for Linux
    x86_64, Python 3.12 as in Ubuntu 24.04): torch and the cu13 libraries agree on one CUDA toolkit.
 3. Native Windows: the extras' environment markers leave kvikio and DALI out (Linux-only), and what is
-   left (CuPy, ...) resolves to Windows wheels together with hsgds's own dependencies.
+   left resolves to Windows wheels together with hsgds's own dependencies.
 
 The checks run in parallel; about a minute with a warm pip cache. Exit 0 when all pass, 1 otherwise.
 """
@@ -34,8 +34,8 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 #: packages each GPU extra must bring on Linux
 EXPECTED = {
-    "cu12": {"kvikio-cu12", "cupy-cuda12x", "nvidia-dali-cuda120"},
-    "cu13": {"kvikio-cu13", "cupy-cuda13x", "nvidia-dali-cuda130"},
+    "cu12": {"kvikio-cu12", "nvidia-dali-cuda120"},
+    "cu13": {"kvikio-cu13", "nvidia-dali-cuda130"},
 }
 #: Linux-only packages that the extras must leave out on native Windows
 LINUX_ONLY = ("kvikio-", "nvidia-dali-")

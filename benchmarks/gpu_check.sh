@@ -245,7 +245,7 @@ summary = {
     "skip_reasons": skips,
     "device": {k: report.get(k) for k in ("cuda", "device_name", "cuda_driver", "cuda_runtime",
                                           "kvikio_usable", "kvikio_reason", "gds", "gds_reason",
-                                          "compat_mode", "cupy_usable", "dali_gpu", "dali_reason",
+                                          "compat_mode", "dali_gpu", "dali_reason",
                                           "wsl", "probe_error")},
     "versions": versions,
     "benchmarks": benches,

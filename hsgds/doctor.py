@@ -120,7 +120,6 @@ def doctor_report(report: DeviceReport, choice: Choice | None = None, *, reader:
         f"  CUDA          {_status(report.cuda, gpu, report.cuda_reason)}",
         f"  kvikio        {_status(report.kvikio_usable, report.kvikio_version or '', report.kvikio_reason)}",
         f"  GDS           {_status(report.gds, gds_detail, report.gds_reason)}",
-        f"  CuPy          {_status(report.cupy_usable, report.cupy_version or '', report.cupy_reason)}",
         f"  DALI (GPU)    {_status(report.dali_gpu, report.dali_version or '', report.dali_reason)}",
     ]
     if report.probe_error:

@@ -1,10 +1,10 @@
-"""What this machine can use (CUDA, kvikio, GDS, CuPy, DALI).
+"""What this machine can use (CUDA, kvikio, GDS, DALI).
 
 :func:`probe` looks at the machine and never raises: every part it could not use is recorded in a
 :class:`DeviceReport` with the reason as a string. :mod:`hsgds.choice` turns a report into a choice of
 device, reader and engine; :mod:`hsgds.doctor` renders both for ``hsgds doctor``.
 
-Nothing heavy (torch, kvikio, CuPy, DALI) is imported at module import time, and no environment or
+Nothing heavy (torch, kvikio, DALI) is imported at module import time, and no environment or
 CUDA state is read until :func:`probe` is called.
 """
 
@@ -60,9 +60,6 @@ class DeviceReport:
     gds: bool = False  # reads go through cuFile with GDS (not kvikio's or cuFile's compat mode)
     gds_reason: str = "not probed"
     # other GPU libraries
-    cupy_version: str | None = None
-    cupy_usable: bool = False
-    cupy_reason: str = "not probed"
     dali_version: str | None = None
     dali_gpu: bool = False
     dali_reason: str = "not probed"
@@ -113,7 +110,7 @@ def probe(refresh: bool = False) -> DeviceReport:
 
     ``HSGDS_DEVICE=cpu`` (setting ``device``) skips every GPU check, so a broken driver cannot get
     in the way of the CPU path. The report is cached per process and device setting (a full probe
-    imports kvikio, CuPy and DALI and makes a test read: seconds on a GPU machine); ``refresh=True``
+    imports kvikio and DALI and makes a test read: seconds on a GPU machine); ``refresh=True``
     looks again.
     """
     try:
@@ -128,7 +125,7 @@ def probe(refresh: bool = False) -> DeviceReport:
 
 def _probe_now() -> DeviceReport:
     with warnings.catch_warnings():
-        # torch/CuPy/DALI may warn about a missing or old driver; the report carries the reason instead
+        # torch/DALI may warn about a missing or old driver; the report carries the reason instead
         warnings.simplefilter("ignore")
         info: dict[str, Any] = {}
         try:
@@ -151,12 +148,10 @@ def _probe(info: dict[str, Any]) -> None:
     _probe_torch(info, setting, windows)
     if setting == "cpu":
         skipped = "skipped: HSGDS_DEVICE=cpu forces the CPU path"
-        info.update(cuda=False, cuda_reason=skipped, kvikio_reason=skipped, gds_reason=skipped,
-                    cupy_reason=skipped)
+        info.update(cuda=False, cuda_reason=skipped, kvikio_reason=skipped, gds_reason=skipped)
         _probe_dali(info, gpu=False)
         return
     _probe_kvikio(info, windows, wsl)
-    _probe_cupy(info)
     _probe_dali(info, gpu=info["cuda"])
 
 
@@ -253,24 +248,6 @@ def _kvikio_roundtrip(kvikio: Any, cuda: bool) -> tuple[bool, str]:
     if got != _PROBE_NBYTES or data != payload:
         return False, f"kvikio test read returned {got} bytes / wrong data"
     return True, ""
-
-
-def _probe_cupy(info: dict[str, Any]) -> None:
-    info["cupy_usable"] = False
-    try:
-        import cupy
-    except Exception as exc:
-        info["cupy_reason"] = f"not installed ({one_line(exc)})" if isinstance(exc, ImportError) else _why(exc)
-        return
-    info["cupy_version"] = str(getattr(cupy, "__version__", "?"))
-    try:
-        # without a driver this raises CUDARuntimeError (cudaErrorInsufficientDriver)
-        n = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:
-        info["cupy_reason"] = f"CuPy cannot use CUDA: {_why(exc)}"
-        return
-    info["cupy_usable"] = n > 0
-    info["cupy_reason"] = "" if n > 0 else "CuPy sees no CUDA device"
 
 
 def _probe_dali(info: dict[str, Any], *, gpu: bool) -> None:

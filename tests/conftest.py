@@ -65,6 +65,30 @@ def run_cli(capsys):
     return run
 
 
+@pytest.fixture(scope="session")
+def synthetic_store(tmp_path_factory):
+    """``synthetic_store(h, w, bands, classes=, seed=, dtype=, labelled_fraction=, split_seed=, **convert
+    options)``: a seeded synthetic scene written as .npy and converted into a store (``seed`` makes the
+    scene, ``split_seed`` is the converter's ``seed``); returns (store path, cube, labels). Module fixtures
+    call it once, so each module gets its own store."""
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    def make(h: int, w: int, bands: int, *, classes: int, seed: int, dtype: str = "int16",
+             labelled_fraction: float | None = None, split_seed: int | None = None, **options):
+        d = tmp_path_factory.mktemp("store")
+        extra = {} if labelled_fraction is None else {"labelled_fraction": labelled_fraction}
+        cube, labels = make_scene(h, w, bands, classes=classes, dtype=dtype, seed=seed, **extra)
+        np.save(d / "cube.npy", cube)
+        np.save(d / "gt.npy", labels)
+        if split_seed is not None:
+            options["seed"] = split_seed
+        store = convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", **options))
+        return store, cube, labels
+
+    return make
+
+
 @pytest.fixture
 def npy_scene(tmp_path):
     """Write a small seeded synthetic scene as .npy files; returns (cube path, labels path, cube, labels)."""

@@ -10,22 +10,14 @@ from scipy import stats
 
 import hsgds
 from hsgds.augment import apply_dihedral_numpy
-from hsgds.preprocess.convert import ConvertOptions, convert
 
 P = 5
 
 
 @pytest.fixture(scope="module")
-def scene(tmp_path_factory):
-    from hsgds.synthetic import make_scene
-
-    d = tmp_path_factory.mktemp("aug")
-    cube, labels = make_scene(40, 36, 8, classes=4, dtype="int16", seed=3, labelled_fraction=1.0)
-    np.save(d / "cube.npy", cube)
-    np.save(d / "gt.npy", labels)
-    store = convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", tile=10, max_patch=7,
-                                                                 train=0.6, seed=1))
-    return store
+def scene(synthetic_store):
+    return synthetic_store(40, 36, 8, classes=4, dtype="int16", seed=3, labelled_fraction=1.0, tile=10,
+                           max_patch=7, train=0.6, split_seed=1)[0]
 
 
 def _run(store, augment, batch_size=64, engine="torch", rank=None, world_size=None, epoch=0, **kw):

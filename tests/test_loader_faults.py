@@ -14,19 +14,13 @@ import pytest
 import hsgds
 from hsgds.io import ChunkReader
 from hsgds.errors import HsgdsError
-from hsgds.preprocess.convert import ConvertOptions, convert
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(synthetic_store):
     """40x35x6 uint16, every pixel labelled, 3x2 tiles of 18 px (halo 7)."""
-    from hsgds.synthetic import make_scene
-
-    d = tmp_path_factory.mktemp("faults")
-    cube, labels = make_scene(40, 35, 6, classes=4, dtype="uint16", seed=3, labelled_fraction=1.0)
-    np.save(d / "cube.npy", cube)
-    np.save(d / "gt.npy", labels)
-    return convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", tile=18, train=0.5))
+    return synthetic_store(40, 35, 6, classes=4, dtype="uint16", seed=3, labelled_fraction=1.0, tile=18,
+                           train=0.5)[0]
 
 
 def _loader(store, **kw):

@@ -11,12 +11,10 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import hsgds
 from hsgds import defaults
-from hsgds.preprocess.convert import ConvertOptions, convert
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
 
@@ -41,14 +39,9 @@ def usage(collect: bool = True) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    from hsgds.synthetic import make_scene
-
-    d = tmp_path_factory.mktemp("soak")
-    cube, labels = make_scene(48, 40, 8, classes=5, dtype="int16", seed=9, labelled_fraction=0.6)
-    np.save(d / "cube.npy", cube)
-    np.save(d / "gt.npy", labels)
-    return convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", tile=18, train=0.5))
+def store(synthetic_store):
+    return synthetic_store(48, 40, 8, classes=5, dtype="int16", seed=9, labelled_fraction=0.6, tile=18,
+                           train=0.5)[0]
 
 
 def _open(store, ring_bytes):

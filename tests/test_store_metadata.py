@@ -18,18 +18,11 @@ import hsgds
 from hsgds import format as fmt
 from hsgds import scene as scene_mod
 from hsgds.errors import StoreError
-from hsgds.preprocess.convert import ConvertOptions, convert
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    from hsgds.synthetic import make_scene
-
-    d = tmp_path_factory.mktemp("meta")
-    cube, labels = make_scene(30, 30, 4, classes=3, dtype="int16", seed=1)
-    np.save(d / "cube.npy", cube)
-    np.save(d / "gt.npy", labels)
-    return convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", tile=18))
+def pristine(synthetic_store):
+    return synthetic_store(30, 30, 4, classes=3, dtype="int16", seed=1, tile=18)[0]
 
 
 @pytest.fixture
