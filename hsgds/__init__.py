@@ -38,6 +38,7 @@ __all__ = [
     "normalization_constants",
     "open_collection",
     "open_scene",
+    "predict",
 ]
 
 
@@ -54,4 +55,8 @@ def __getattr__(name: str) -> Any:
         from hsgds.augment import Augment
 
         return Augment
+    if name == "predict":  # imports torch
+        from hsgds.inference import predict
+
+        return predict
     raise AttributeError(f"module 'hsgds' has no attribute {name!r}")

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
+import numpy as np
 
 from hsgds._version import __version__
 from hsgds.errors import HsgdsError
@@ -292,6 +293,52 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
     click.echo(f"wrote {path}")
 
 
+@cli.command()
+@click.argument("store", type=click.Path())
+@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False),
+              help="A torch.export program (.pt2) or a checkpoint saved by `hsgds demo`.")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="Class map to write: .tif (GeoTIFF), .png, .hdr (ENVI classification) or .npy.")
+@click.option("--patch-size", type=int, help="Patch side p (default: the model's).")
+@click.option("--batch-size", default=1024, show_default=True)
+@click.option("--probabilities", type=click.Path(dir_okay=False),
+              help="Also write per-class probabilities, float16 (H, W, K), to this .npy file.")
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
+def predict(store, model_path, out, patch_size, batch_size, probabilities, device) -> None:
+    """Classify every pixel of STORE with a model and write the class map (georeferenced when the source was)."""
+    from hsgds import writers
+    from hsgds.models import load_model
+    from hsgds.inference import predict as run_predict
+    from hsgds.scene import open_scene
+
+    writers.check_output(out)  # before any work: a bad suffix or missing folder costs nothing
+    if probabilities is not None and Path(probabilities).suffix.lower() != ".npy":
+        _fail(f"--probabilities is written as .npy; name the file {Path(probabilities).stem}.npy")
+    scene = open_scene(store)
+    loaded = load_model(model_path)
+    bands = scene.shape[2]
+    if loaded.bands is not None and loaded.bands != bands:
+        _fail(f"{model_path} takes {loaded.bands} bands but {store} has {bands}; use a model trained on this sensor")
+    if patch_size is None:
+        if loaded.patch_size is None:
+            _fail(f"{model_path} does not fix its patch size; pass --patch-size")
+        patch_size = loaded.patch_size
+    elif loaded.patch_size is not None and patch_size != loaded.patch_size:
+        _fail(f"{model_path} was made for {loaded.patch_size}x{loaded.patch_size} patches, not {patch_size}x{patch_size}; "
+              f"drop --patch-size or pass {loaded.patch_size}")
+    max_p = 2 * scene.grid.halo + 1
+    if patch_size > max_p:
+        _fail(f"the model needs {patch_size}x{patch_size} patches but {store} serves at most {max_p}x{max_p}; "
+              f"convert again with --max-patch {patch_size}")
+    classmap = run_predict(scene, loaded.module, patch_size=patch_size, batch_size=batch_size, device=device,
+                           normalize=loaded.normalize, layout=loaded.layout, probabilities=probabilities or False,
+                           out=out)
+    counts = np.bincount(classmap.reshape(-1), minlength=2)
+    click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {int(counts[1:].sum())} pixels "
+               f"predicted into {int(np.count_nonzero(counts[1:]))} classes"
+               + (f"; probabilities in {probabilities}" if probabilities else ""))
+
+
 def demo_store(refresh: bool = False) -> Path:
     """Convert the embedded Indian Pines scene into the cache directory (once) and return the store."""
     from hsgds import defaults
@@ -313,16 +360,23 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 @cli.command()
 @click.option("--refresh", is_flag=True, help="Convert the scene again even if the cache has it.")
-@click.option("--epochs", default=15, show_default=True, help="Training epochs (0: convert and describe only).")
-@click.option("--patch-size", default=7, show_default=True, help="Patch side p (odd, at most 15).")
+@click.option("--epochs", default=40, show_default=True, help="Training epochs (0: convert and describe only).")
+@click.option("--patch-size", default=9, show_default=True, help="Patch side p (odd, at most 15).")
 @click.option("--batch-size", default=64, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--seed", default=0, show_default=True)
-def demo(refresh, epochs, patch_size, batch_size, device, seed) -> None:
-    """Convert the embedded real Indian Pines scene (once, into the cache), describe it, train the small
-    3-D CNN with PatchLoader and print OA, AA and kappa on the test split with the loader statistics."""
+@click.option("-o", "--output-dir", "out_dir", default="hsgds-demo", show_default=True, type=click.Path(file_okay=False),
+              help="Where the report, the model checkpoint and the class map go.")
+def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir) -> None:
+    """Convert the embedded real Indian Pines scene (once, into the cache), describe it, train a small
+    spectral-spatial CNN with PatchLoader, print OA, AA and kappa on the test split with the loader
+    statistics, save the model, predict the whole scene and write the class map (prediction | ground
+    truth | errors) and a JSON report into --output-dir."""
+    import json
+
     from hsgds.info import describe
     from hsgds.scene import open_scene
+    from hsgds.writers import atomic_path
 
     store = demo_store(refresh)
     click.echo(describe(store))
@@ -336,7 +390,7 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed) -> None:
 
     click.echo("")
     r = run_demo(store, epochs=epochs, patch_size=patch_size, batch_size=batch_size, device=device, seed=seed,
-                 log=click.echo)
+                 out_dir=out_dir, log=click.echo)
     m, t = r["metrics"], r["train"]
     names = r["class_names"] or [f"class {i + 1}" for i in range(len(m.per_class))]
     click.echo(f"\ntest split ({r['test_pixels']} pixels):  OA {100 * m.oa:.2f}%   AA {100 * m.aa:.2f}%   "
@@ -344,13 +398,22 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed) -> None:
     click.echo("per class:  " + ", ".join(f"{n} {100 * v:.0f}%" for n, v in zip(names, m.per_class) if v == v))
     click.echo(f"training:   {t.steps} steps in {t.elapsed_s:.1f} s ({t.steps_per_s:.1f} steps/s, "
                f"{t.samples / max(t.elapsed_s, 1e-9):.0f} patches/s), {100 * t.stall_fraction:.1f}% of it waiting "
-               f"for data; evaluation {r['eval_s']:.1f} s")
+               f"for data; evaluation {r['eval_s']:.1f} s; whole-scene prediction {r['predict_s']:.1f} s")
     ls = r["train_loader"]
     click.echo(f"loader:     {ls['device']}, reader {ls['reader']}, engine {ls['engine']}, {ls['slots']} ring slots "
                f"({ls['ring_bytes'] / 2**20:.1f} MiB); {ls['patches']} patches in {ls['batches']} batches; "
                f"{ls['bytes_read'] / 2**20:.1f} MiB read "
                f"({ls['tiles_loaded']} tile reads, {ls['tiles_reused']} reused); first batch "
                f"{1e3 * (ls['first_batch_s'] or 0):.0f} ms; consumer waited {ls['consumer_wait_s']:.3f} s")
+    report = {"store": str(store), "model": r["model"], "settings": r["settings"], "device": r["device"],
+              "test_pixels": r["test_pixels"], "metrics": m.as_dict(), "class_names": r["class_names"],
+              "train": t.as_dict(), "eval_s": r["eval_s"], "predict_s": r["predict_s"],
+              "train_loader": ls, "checkpoint": r["checkpoint"], "classmap": r["classmap"]}
+    report_path = Path(out_dir) / "report.json"
+    with atomic_path(report_path) as tmp:
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+    click.echo(f"wrote:      {report_path}, {r['checkpoint']} (use with `hsgds predict STORE --model ...`), "
+               f"{r['classmap']}")
 
 
 @cli.command()

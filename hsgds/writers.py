@@ -32,6 +32,7 @@ from hsgds.preview import UNLABELLED, class_colours
 
 __all__ = [
     "FORMATS",
+    "ProbabilityFile",
     "atomic_path",
     "check_output",
     "write_class_map",
@@ -208,8 +209,16 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
         x0, dx, rx, y0, ry, dy = georeference["transform"]
         if rx == 0 and ry == 0:  # ENVI's map info has no general affine form; rotated grids keep none
             lines.append(f"map info = {{Arbitrary, 1, 1, {x0!r}, {y0!r}, {dx!r}, {-dy!r}}}")
-        if georeference.get("crs_wkt"):
-            lines.append("coordinate system string = {" + georeference["crs_wkt"] + "}")
+        wkt = georeference.get("crs_wkt")
+        if not wkt and georeference.get("epsg"):
+            try:  # an EPSG code becomes WKT through rasterio when it is installed; otherwise no CRS line
+                from rasterio.crs import CRS
+
+                wkt = CRS.from_epsg(georeference["epsg"]).to_wkt()
+            except Exception:
+                wkt = None
+        if wkt:
+            lines.append("coordinate system string = {" + wkt + "}")
     with atomic_path(binary) as tmp:
         a.astype(dtype.newbyteorder("<"), copy=False).tofile(tmp)
     with atomic_path(header) as tmp:
@@ -290,3 +299,83 @@ def write_class_map(path: str | os.PathLike, classmap: Any, *, num_classes: int 
         return write_envi(path, classmap, num_classes=num_classes, class_names=class_names,
                           georeference=georeference)
     return write_npy(path, _check_map(classmap))
+
+
+class ProbabilityFile:
+    """A float16 (H, W, K) ``.npy`` file filled batch by batch, never held whole in memory.
+
+    The file is created at its full size in a hidden temporary beside ``path`` (sparse: pixels never
+    written read as 0), memory-mapped, and written at scattered pixels; every ``flush_bytes`` written the
+    mapping is synced and its pages dropped from this process's memory. :meth:`commit` renames it
+    into place; :meth:`abort` (or leaving a ``with`` block by an exception) deletes it.
+    """
+
+    def __init__(self, path: str | os.PathLike, shape: tuple[int, int, int], flush_bytes: int = 64 << 20) -> None:
+        import mmap
+
+        self.path = Path(path)
+        if self.path.suffix.lower() != ".npy":
+            raise InputError(f"per-class probabilities are written as .npy; name the file {self.path.stem}.npy")
+        check_output(self.path)
+        self.shape = tuple(int(v) for v in shape)
+        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+        self._flush_bytes, self._pending = flush_bytes, 0
+        header = {"descr": "<f2", "fortran_order": False, "shape": self.shape}
+        nbytes = int(np.prod(self.shape)) * 2
+        with open(self._tmp, "wb") as f:
+            np.lib.format.write_array_header_2_0(f, header)
+            self._offset = f.tell()
+            f.truncate(self._offset + nbytes)
+        self._file = open(self._tmp, "r+b")
+        self._mmap = mmap.mmap(self._file.fileno(), self._offset + nbytes)
+        self.array = np.frombuffer(self._mmap, dtype="<f2", count=int(np.prod(self.shape)),
+                                   offset=self._offset).reshape(self.shape)
+
+    def write(self, y: np.ndarray, x: np.ndarray, values: np.ndarray) -> None:
+        """Store ``values`` (N, K) at pixels (y[i], x[i])."""
+        self.array[y, x] = values
+        self._pending += values.nbytes
+        if self._pending >= self._flush_bytes:
+            self._drop_pages()
+
+    def _drop_pages(self) -> None:
+        import mmap
+
+        self._mmap.flush()
+        if hasattr(mmap, "MADV_DONTNEED"):  # the written pages are on disk now: let them go
+            self._mmap.madvise(mmap.MADV_DONTNEED)
+        self._pending = 0
+
+    def _close(self) -> None:
+        if self._file is None:
+            return
+        self.array = None  # release the buffer export before closing the mapping
+        self._mmap.flush()
+        self._mmap.close()
+        self._file.close()
+        self._file = None
+
+    def commit(self) -> Path:
+        self._close()
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self._tmp, self.path)
+        _fsync_dir(self.path.parent)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            self._close()
+        finally:
+            with contextlib.suppress(OSError):
+                self._tmp.unlink()
+
+    def __enter__(self) -> "ProbabilityFile":
+        return self
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        if exc_type is not None:
+            self.abort()

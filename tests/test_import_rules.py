@@ -50,7 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tools", ("hsgds.models", "hsgds.datasets", "hsgds.synthetic", "hsgds.info", "hsgds.preview",
                "hsgds.doctor", "hsgds.writers")),
     # the top: training, inference, benchmarks, the CLI and the package's public namespace
-    ("apps", ("hsgds.train", "hsgds.predict", "hsgds.bench", "hsgds.cli", "hsgds")),
+    ("apps", ("hsgds.train", "hsgds.inference", "hsgds.bench", "hsgds.cli", "hsgds")),
 ]
 #: The only modules outside the converter that may import it (its convert verbs: `hsgds convert`, `hsgds demo`,
 #: `hsgds convert-many`, whose orchestration runs the single-scene converter per scene).

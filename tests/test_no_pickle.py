@@ -41,7 +41,11 @@ def _problems(path: Path) -> list[str]:
         elif isinstance(node, ast.Call):
             name = _dotted(node.func)
             kwargs = {k.arg: k.value for k in node.keywords}
-            if name in ("torch.load", "pd.read_pickle", "pandas.read_pickle"):
+            if name == "torch.load":  # its weights_only unpickler builds tensors and plain data, nothing else
+                flag = kwargs.get("weights_only")
+                if not (isinstance(flag, ast.Constant) and flag.value is True):
+                    out.append(f"{where(node)} calls {name} without weights_only=True")
+            if name in ("pd.read_pickle", "pandas.read_pickle"):
                 out.append(f"{where(node)} calls {name}")
             if name in ("np.load", "numpy.load"):
                 flag = kwargs.get("allow_pickle")
@@ -63,7 +67,9 @@ def test_no_pickle_in_shipped_code():
 @pytest.mark.parametrize("code,expected", [
     ("import pickle", "imports pickle"),
     ("from dill import loads", "imports from dill"),
-    ("torch.load(f)", "calls torch.load"),
+    ("torch.load(f)", "calls torch.load without weights_only=True"),
+    ("torch.load(f, weights_only=False)", "calls torch.load without weights_only=True"),
+    ("pd.read_pickle(f)", "calls pd.read_pickle"),
     ("np.load(f)", "without allow_pickle=False"),
     ("np.load(f, allow_pickle=True)", "allow_pickle=True"),
     ("np.save(f, a, allow_pickle=True)", "allow_pickle=True"),
@@ -74,5 +80,6 @@ def test_the_scan_catches_each_pattern(tmp_path, monkeypatch, code, expected):
     bad.write_text(code + "\n")
     assert any(expected in p for p in _problems(bad))
     good = tmp_path / "good.py"
-    good.write_text("np.load(f, mmap_mode='r', allow_pickle=False)\n# import pickle\nx = 'torch.load'\n")
+    good.write_text("np.load(f, mmap_mode='r', allow_pickle=False)\n# import pickle\nx = 'torch.load'\n"
+                    "torch.load(f, weights_only=True)\n")
     assert _problems(good) == []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hsgds.models import Hamida3D, make_model
+from hsgds.models import Hamida3D, SpectralSpatialCNN, make_model
 from hsgds.train import (classification_metrics, compute_only, confusion_matrix, evaluate, run_demo,
                          train_steps)
 
@@ -77,6 +77,10 @@ def test_model_shapes_and_errors():
         m(torch.randn(3, 7, 7, 40))
     with pytest.raises(ValueError, match="patch_size"):
         Hamida3D(40, 5, 1)
+    s = SpectralSpatialCNN(40, 5, 7)
+    assert s(torch.randn(3, 40, 7, 7)).shape == (3, 5) and s(torch.randn(2, 40, 1, 1)).shape == (2, 5)
+    with pytest.raises(ValueError, match="NCHW"):
+        s(torch.randn(3, 7, 7, 40))
 
 
 def test_loops_learn_and_time():
@@ -108,9 +112,52 @@ def test_run_demo_on_a_tiny_store(tmp_path):
     store = convert(tmp_path / "c.npy", tmp_path / "s.zarr",
                     ConvertOptions(labels=tmp_path / "g.npy", train=0.3, max_patch=7))
     lines = []
-    r = run_demo(store, epochs=2, patch_size=5, batch_size=32, device="cpu", log=lines.append)
+    r = run_demo(store, epochs=2, patch_size=5, batch_size=32, device="cpu", log=lines.append,
+                 out_dir=tmp_path / "demo")
     m = r["metrics"]
     assert 0 <= m.oa <= 1 and -1 <= m.kappa <= 1 and len(m.per_class) == 3
     assert r["train"].steps > 0 and r["test_pixels"] > 0
     assert r["train_loader"]["engine"] == "torch" and r["train_loader"]["patches"] > 0
     assert any("epoch 2/2" in s for s in lines)
+    # the saved model reloads (no pickle) and predicts the same map as the one drawn in the PNG
+    from matplotlib.image import imread
+
+    from hsgds.inference import predict
+    from hsgds.models import SpectralSpatialCNN, load_model
+
+    loaded = load_model(r["checkpoint"])
+    assert isinstance(loaded.module, SpectralSpatialCNN) and loaded.patch_size == 5 and loaded.bands == 40
+    a = predict(store, loaded.module, patch_size=5, device="cpu")
+    assert a.shape == (40, 36) and a.min() >= 1 and a.max() <= 3
+    assert imread(r["classmap"]).ndim == 3
+
+
+def test_demo_defaults_agree():
+    """The CLI's option defaults (kept literal so `hsgds --help` does not import torch) are run_demo's."""
+    from hsgds import train
+    from hsgds.cli import demo
+
+    defaults = {p.name: p.default for p in demo.params}
+    assert (defaults["epochs"], defaults["patch_size"], defaults["batch_size"]) == \
+        (train.DEMO_EPOCHS, train.DEMO_PATCH_SIZE, train.DEMO_BATCH_SIZE)
+
+
+def test_demo_command_writes_report_model_and_map(tmp_path, monkeypatch, indian_pines_store, run_cli):
+    import json
+    import shutil
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    shutil.copytree(indian_pines_store, cache / "indian_pines.zarr")  # no second conversion
+    monkeypatch.setenv("HSGDS_CACHE_DIR", str(cache))
+    code, out, err = run_cli("demo", "--epochs", "1", "--patch-size", "3", "--batch-size", "256", "--device", "cpu",
+                             "-o", tmp_path / "out")
+    assert code == 0, err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["model"] == "SpectralSpatialCNN" and report["test_pixels"] > 9000
+    assert 0 <= report["metrics"]["oa"] <= 1 and report["settings"]["epochs"] == 1
+    assert (tmp_path / "out" / "classmap.png").read_bytes()[:4] == b"\x89PNG"
+    assert "OA " in out and "model.ckpt" in out
+    code, out, err = run_cli("predict", cache / "indian_pines.zarr", "--model", tmp_path / "out" / "model.ckpt",
+                             "-o", tmp_path / "out" / "map.npy")
+    assert code == 0, err

@@ -61,6 +61,9 @@ def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
     assert np.array_equal(np.asarray(img.read_band(0)), classmap)
     assert img.metadata["map info"][3:7] == ["620000.5", "4000000.25", "30.0", "20.0"]
     assert (tmp_path / "m.img").is_file() and leftovers(tmp_path) == []
+    rasterio = pytest.importorskip("rasterio")
+    with rasterio.open(tmp_path / "m.img") as ds:  # GDAL's ENVI driver sees the same georeference
+        assert ds.crs.to_epsg() == 32616 and ds.transform.to_gdal() == pytest.approx(tuple(GEO["transform"]))
 
 
 def test_npy_round_trip(tmp_path, classmap):

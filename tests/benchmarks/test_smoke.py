@@ -180,3 +180,16 @@ def test_bench_convert_many_tiny(tmp_path):
     assert [r["workers"] for r in doc["results"]] == [1]
     assert all(r["scenes_per_s"] > 0 and r["tiles"] == 2 for r in doc["results"])
     assert json.loads((out / "results.json").read_text()) == doc and (out / "table.md").is_file()
+
+
+def test_bench_predict_tiny(tmp_path):
+    proc = _run([str(BENCH / "bench_predict.py"), "--scenes", "synthetic", "--synthetic", "40x32x16", "--repeats", "1",
+                 "--window-rows", "8", "--batch", "256", "--patch", "3", "--threads", "1", "--work", str(tmp_path / "w")],
+                tmp_path, timeout=300)
+    doc = json.loads(proc.stdout)
+    scene = doc["scenes"][0]
+    assert scene["shape"] == [40, 32, 16]
+    assert {r["status"] for rs in scene["runs"].values() for r in rs} == {"ok"}
+    assert scene["runs"]["predict"][0]["pixels"] == 40 * 32 and scene["sliding_window"]["pixels"] == 8 * 32
+    assert scene["predict_vs_loader"] > 0 and scene["predict_vs_sliding_window"] > 0
+    assert scene["memory"]["predict_peak_rss_mb"] > scene["memory"]["baseline_rss_mb"] > 0

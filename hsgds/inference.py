@@ -1,0 +1,183 @@
+"""Full-scene inference (``hsgds.predict``; the module is ``hsgds.inference`` so that the package attribute
+stays the function): every pixel's patch through a model, the class map assembled on the device.
+
+:func:`predict` reads the scene with a :class:`~hsgds.PatchLoader` over every pixel (``pixels="all"``,
+in tile order, each tile read once, borders from the store's padding), runs the model on each batch
+under ``torch.inference_mode()`` and scatters ``argmax + 1`` into an (H, W) map that lives on the
+device; the map crosses to the host once, at the end. Per-class probabilities, when asked for, go to a
+float16 (H, W, K) ``.npy`` file batch by batch (:class:`~hsgds.writers.ProbabilityFile`), never whole
+in memory. Outputs are written atomically by :mod:`hsgds.writers`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hsgds.errors import ConfigError, InputError
+from hsgds.scene import Scene, open_scene
+
+__all__ = ["predict", "ring_bytes_for"]
+
+
+def ring_bytes_for(scene: Scene, batch_size: int, mask: np.ndarray | None = None) -> int:
+    """A small ring for tile-order inference: twice the most tiles one batch can span (the reader fills
+    the next tiles while the model runs), at least 4. Pixels come tile by tile, so a bigger ring would
+    only hold tiles already done: the scene never has to fit in memory.
+
+    The span counts each tile's pixels (fewer in the last tile row and column, or under ``mask``): a
+    batch that starts at the last pixel of tile i covers the tiles holding the next batch_size - 1 pixels.
+    """
+    g = scene.grid
+    counts = np.zeros((g.nty, g.ntx), np.int64)
+    for ty in range(g.nty):
+        for tx in range(g.ntx):
+            y0, y1, x0, x1 = g.core_window(ty * g.ntx + tx)
+            counts[ty, tx] = (y1 - y0) * (x1 - x0) if mask is None else int(mask[y0:y1, x0:x1].sum())
+    counts = counts.reshape(-1)
+    counts = counts[counts > 0]
+    ends = np.cumsum(counts)
+    last = np.minimum(np.searchsorted(ends, ends + batch_size - 1, side="left"), len(ends) - 1)
+    span = int((last - np.arange(len(ends))).max(initial=0)) + 1
+    return max(4, 2 * span) * g.tile_nbytes
+
+
+def _probability_path(probabilities: Any, out: Any) -> Path | None:
+    if probabilities is False or probabilities is None:
+        return None
+    if probabilities is True:
+        if out is None:
+            raise ConfigError("probabilities=True writes beside `out`; pass out=... or a path for the probabilities")
+        out = Path(out)
+        return out.with_name(out.stem + ".probabilities.npy")
+    if isinstance(probabilities, (str, os.PathLike)):
+        return Path(probabilities)
+    raise ConfigError(f"probabilities must be True, False or a .npy path, got {probabilities!r}")
+
+
+def _set_mode(model: nn.Module, training: bool) -> None:
+    """model.train(training); a torch.export module refuses mode changes (its mode was fixed at export)."""
+    try:
+        model.train(training)
+    except NotImplementedError:
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 1024, device: Any = None,
+            dtype: torch.dtype = torch.float32, layout: str = "NCHW", normalize: str | None = "zscore",
+            mask: Any = None, probabilities: Any = False, out: str | os.PathLike | None = None,
+            engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None) -> np.ndarray:
+    """Classify every pixel of a store with ``model``; return the (H, W) class map.
+
+    Parameters
+    ----------
+    store : path or Scene
+    model : torch.nn.Module
+        Takes a patch batch as :class:`~hsgds.PatchLoader` yields it ((N, B, p, p) for NCHW) and returns
+        (N, K) logits. It is run in eval mode (its mode is restored afterwards) under
+        ``torch.inference_mode()``, on ``device``.
+    patch_size, batch_size, device, dtype, layout, normalize, engine, reader, ring_bytes
+        As for :class:`~hsgds.PatchLoader`; use the settings the model was trained with.
+    mask : (H, W) bool array or None
+        Predict only where True; other pixels are 0 in the map (and in the probabilities).
+    probabilities : bool or path
+        Also write the softmax of the logits as float16 (H, W, K) ``.npy``: True puts it beside ``out``
+        (``<out stem>.probabilities.npy``), a path puts it there.
+    out : path or None
+        Write the map too, in the format of its suffix (``.tif``, ``.png``, ``.hdr``, ``.npy``; see
+        :mod:`hsgds.writers`). Checked before any work; written atomically.
+
+    Returns
+    -------
+    numpy.ndarray
+        (H, W) uint8 (uint16 beyond 255 classes) in the stored-label convention: logit index k is
+        written as class k + 1; 0 marks pixels not predicted (outside ``mask``).
+    """
+    from hsgds import writers
+    from hsgds.loader import PatchLoader
+
+    scene = store if isinstance(store, Scene) else open_scene(store)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if out is not None:
+        writers.check_output(out)
+    prob_path = _probability_path(probabilities, out)
+    if prob_path is not None:
+        if prob_path.suffix.lower() != ".npy":
+            raise ConfigError(f"per-class probabilities are written as .npy; name the file {prob_path.stem}.npy")
+        writers.check_output(prob_path)
+    h, w = scene.shape[:2]
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype != bool or mask.shape != (h, w):
+            raise ConfigError(f"mask must be a boolean ({h}, {w}) array, got {mask.dtype} {mask.shape}")
+        if not mask.any():
+            raise ConfigError("mask selects no pixel; nothing to predict")
+    was_training = model.training
+    _set_mode(model, False)
+    probs = None
+    try:
+        with PatchLoader(scene, patch_size=patch_size, batch_size=batch_size, split=None, pixels="all",
+                         shuffle=False, return_coords=True, mask=mask, device=device, dtype=dtype, layout=layout,
+                         normalize=normalize, engine=engine, reader=reader,
+                         ring_bytes=ring_bytes_for(scene, batch_size, mask) if ring_bytes is None else ring_bytes) as loader:
+            dev = loader.device
+            classmap = torch.zeros((h, w), dtype=torch.int32, device=dev)
+            classes = None
+            done = 0
+            with torch.inference_mode():
+                for patches, _, coords in loader:
+                    try:
+                        logits = model(patches)
+                    except Exception as exc:
+                        if classes is not None:
+                            raise
+                        raise InputError(f"the model failed on a {tuple(patches.shape)} {patches.dtype} "
+                                         f"{layout} patch batch ({_first_line(exc)}); check that it takes "
+                                         f"{scene.shape[2]} bands and {patch_size}x{patch_size} patches") from None
+                    n = patches.shape[0]
+                    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != n:
+                        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+                        raise InputError(f"the model returned {got} for {n} patches; it must return (N, K) logits")
+                    if classes is None:
+                        classes = int(logits.shape[1])
+                        if not 1 <= classes <= 65535:
+                            raise InputError(f"the model returns {classes} logits per pixel; 1..65535 are supported")
+                        if prob_path is not None:
+                            probs = writers.ProbabilityFile(prob_path, (h, w, classes))
+                    y, x = coords[:, 0], coords[:, 1]
+                    classmap[y, x] = logits.argmax(1).to(torch.int32) + 1
+                    if probs is not None:
+                        p = torch.softmax(logits.float(), dim=1).to(torch.float16).cpu().numpy()
+                        probs.write(y.cpu().numpy(), x.cpu().numpy(), p)
+                    done += n
+            expected = h * w if mask is None else int(mask.sum())
+            if done != expected:  # the loader's contract; a mismatch would be a bug, never a silent hole
+                raise RuntimeError(f"predicted {done} pixels, expected {expected}")
+            result = classmap.cpu().numpy()  # the one device-to-host copy of the map
+    except BaseException:
+        if probs is not None:
+            probs.abort()
+        raise
+    finally:
+        _set_mode(model, was_training)
+    k = max(classes or 1, scene.num_classes)
+    result = result.astype(np.uint8 if k <= 255 else np.uint16)
+    if probs is not None:
+        probs.commit()
+    if out is not None:
+        writers.write_class_map(out, result, num_classes=k, class_names=scene.class_names,
+                                georeference=scene.meta.georeference,
+                                ground_truth=scene.labels if scene.meta.num_samples else None,
+                                title=f"{scene.path.name}: predicted classes")
+    return result

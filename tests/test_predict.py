@@ -1,0 +1,295 @@
+"""Full-scene inference: every pixel predicted exactly once (a model that reads the centre pixel's coordinates
+from the patch), the map equal to the model over PatchLoader batches (both engines, every patch size, borders
+and corners), masks, streamed probabilities, writers end to end, and the `hsgds predict` command."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hsgds
+from hsgds.errors import ConfigError, InputError
+from hsgds.inference import predict
+from hsgds.preprocess.convert import ConvertOptions, convert
+
+H, W, B = 37, 29, 8
+HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+ENGINES = ["torch", pytest.param("dali", marks=pytest.mark.skipif(not HAS_DALI, reason="DALI is not installed"))]
+
+
+def coordinate_cube(h=H, w=W, b=B, seed=0):
+    """Band 0 holds the row, band 1 the column of each pixel; the other bands are noise."""
+    rng = np.random.default_rng(seed)
+    cube = rng.integers(0, 1000, (h, w, b)).astype(np.int16)
+    cube[:, :, 0] = np.arange(h)[:, None]
+    cube[:, :, 1] = np.arange(w)[None, :]
+    labels = rng.integers(0, 4, (h, w)).astype(np.uint8)
+    return cube, labels
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A 37x29 scene in 3x2 tiles of 18x18 (the last row and column partly filled), halo 7 (p <= 15)."""
+    d = tmp_path_factory.mktemp("predict")
+    cube, labels = coordinate_cube()
+    np.save(d / "cube.npy", cube)
+    np.save(d / "gt.npy", labels)
+    return convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", tile=18, max_patch=15))
+
+
+class CentreCoordinates(nn.Module):
+    """Logits whose argmax is the centre pixel's index y * W + x, and a count of how often each pixel came."""
+
+    def __init__(self, h=H, w=W):
+        super().__init__()
+        self.h, self.w = h, w
+        self.seen = torch.zeros(h * w, dtype=torch.int64)
+
+    def forward(self, x):
+        c = x.shape[-1] // 2
+        idx = x[:, 0, c, c].round().long() * self.w + x[:, 1, c, c].round().long()
+        self.seen += torch.bincount(idx.cpu(), minlength=self.h * self.w)
+        return nn.functional.one_hot(idx, self.h * self.w).to(x.dtype)
+
+
+class RandomConv(nn.Module):
+    """A fixed random patch classifier: one p x p convolution to K logits."""
+
+    def __init__(self, p, k=6, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = nn.Conv2d(B, k, p)
+
+    def forward(self, x):
+        return self.conv(x).flatten(1)
+
+
+def test_every_pixel_predicted_exactly_once(store):
+    model = CentreCoordinates()
+    out = predict(store, model, patch_size=5, batch_size=100, device="cpu", normalize=None)
+    assert out.dtype == np.uint16 and out.shape == (H, W)
+    assert np.array_equal(out, np.arange(H * W).reshape(H, W) + 1)  # each pixel's own centre
+    assert np.array_equal(model.seen.numpy(), np.ones(H * W))  # and each exactly once
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("p", [1, 3, 5, 7, 9, 11, 13, 15])
+def test_map_equals_the_model_over_loader_batches(store, engine, p):
+    model = RandomConv(p, seed=p)
+    got = predict(store, model, patch_size=p, batch_size=97, device="cpu", engine=engine)
+    # reference: the same model over PatchLoader batches of every pixel, scattered by numpy
+    ref = np.zeros((H, W), np.int64)
+    with hsgds.PatchLoader(store, patch_size=p, batch_size=61, pixels="all", split=None, shuffle=False,
+                           return_coords=True, device="cpu", engine=engine) as loader, torch.no_grad():
+        for x, _, yx in loader:
+            yx = yx.numpy()
+            ref[yx[:, 0], yx[:, 1]] = model(x).argmax(1).numpy() + 1
+    assert (ref > 0).all()
+    assert np.array_equal(got, ref)
+    # the corners and edges come from the store's reflect padding: check them against numpy
+    cube = coordinate_cube()[0].astype(np.float64)
+    st = hsgds.open_scene(store).norm_stats
+    r = p // 2
+    padded = np.pad((cube - st.mean) / np.where(st.std > 0, st.std, 1), ((r, r), (r, r), (0, 0)), mode="reflect")
+    border = [(y, x) for y in (0, 1, H - 2, H - 1) for x in range(W)] + [(y, x) for y in range(H) for x in (0, W - 1)]
+    patches = np.stack([padded[y:y + p, x:x + p].transpose(2, 0, 1) for y, x in border])
+    with torch.no_grad():
+        logits = model(torch.from_numpy(patches).float()).numpy()
+    for (y, x), row in zip(border, logits):
+        top2 = np.sort(row)[-2:]
+        if top2[1] - top2[0] > 1e-4:  # a near-tie could flip with float32 rounding: skip those
+            assert got[y, x] == row.argmax() + 1, (y, x)
+
+
+def test_mask_leaves_zero_outside(store):
+    rng = np.random.default_rng(5)
+    mask = rng.random((H, W)) < 0.3
+    model = CentreCoordinates()
+    out = predict(store, model, patch_size=3, batch_size=64, device="cpu", normalize=None, mask=mask)
+    expected = np.where(mask, np.arange(H * W).reshape(H, W) + 1, 0)
+    assert np.array_equal(out, expected)
+    assert np.array_equal(model.seen.numpy().reshape(H, W), mask.astype(np.int64))
+    with pytest.raises(ConfigError, match="boolean"):
+        predict(store, model, patch_size=3, mask=mask.astype(np.uint8), device="cpu")
+    with pytest.raises(ConfigError, match="selects no pixel"):
+        predict(store, model, patch_size=3, mask=np.zeros((H, W), bool), device="cpu")
+
+
+def test_probabilities_streamed_to_npy(store, tmp_path):
+    model = RandomConv(3, k=4, seed=1)
+    mask = np.ones((H, W), bool)
+    mask[:3] = False
+    out = predict(store, model, patch_size=3, batch_size=50, device="cpu", mask=mask,
+                  probabilities=tmp_path / "p.npy", out=tmp_path / "map.npy")
+    probs = np.load(tmp_path / "p.npy", allow_pickle=False)
+    assert probs.dtype == np.float16 and probs.shape == (H, W, 4)
+    assert (probs[:3] == 0).all()
+    assert np.allclose(probs[3:].astype(np.float32).sum(-1), 1, atol=4e-3)
+    assert np.array_equal(np.where(mask, probs.argmax(-1) + 1, 0), out) or \
+        (np.where(mask, probs.argmax(-1) + 1, 0) != out).sum() <= 2  # float16 rounding may tie two classes
+    assert np.array_equal(np.load(tmp_path / "map.npy", allow_pickle=False), out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.npy", "p.npy"]
+
+
+def test_bad_inputs_write_nothing(store, tmp_path):
+    with pytest.raises(InputError, match="unknown suffix"):
+        predict(store, RandomConv(3), patch_size=3, out=tmp_path / "m.jpg", device="cpu")
+    with pytest.raises(InputError, match=r"the model failed on a \(.*check that it takes 8 bands"):
+        predict(store, RandomConv(5), patch_size=3, out=tmp_path / "m.npy", probabilities=True, device="cpu")
+
+    class Flat(nn.Module):
+        def forward(self, x):
+            return x.sum()
+
+    with pytest.raises(InputError, match="must return \\(N, K\\) logits"):
+        predict(store, Flat(), patch_size=3, out=tmp_path / "m.npy", probabilities=True, device="cpu")
+    with pytest.raises(ConfigError, match="pass out="):
+        predict(store, RandomConv(3), patch_size=3, probabilities=True, device="cpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_mode_restored(store):
+    model = RandomConv(3)
+    model.train()
+    predict(store, model, patch_size=3, device="cpu")
+    assert model.training
+
+
+# -- georeference end to end: source written independently, output read back with rasterio -----------------
+
+def _gdal(path):
+    rasterio = pytest.importorskip("rasterio")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(path) as ds:
+            return ds.crs, ds.transform, ds.read(1) if ds.count == 1 else None
+
+
+def test_geotiff_source_to_georeferenced_class_map(tmp_path):
+    rasterio = pytest.importorskip("rasterio")
+    from rasterio.crs import CRS
+    from rasterio.transform import Affine
+
+    cube, labels = coordinate_cube(seed=3)
+    src = tmp_path / "cube.tif"
+    with rasterio.open(src, "w", driver="GTiff", height=H, width=W, count=B, dtype="int16",
+                       crs=CRS.from_epsg(32616), transform=Affine(30, 0, 620000.5, 0, -30, 4000000.25)) as dst:
+        dst.write(cube.transpose(2, 0, 1))
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    out = predict(store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "map.tif")
+    crs, transform, data = _gdal(tmp_path / "map.tif")
+    src_crs, src_transform, _ = _gdal(src)
+    assert crs == src_crs and transform == src_transform
+    assert np.array_equal(data, out)
+
+
+def test_envi_source_to_georeferenced_class_map(tmp_path):
+    envi = pytest.importorskip("spectral.io.envi")
+    cube, _ = coordinate_cube(seed=4)
+    map_info = ["UTM", "1", "1", "500000.0", "4100000.0", "20.0", "20.0", "33", "North", "WGS-84", "units=Meters"]
+    envi.save_image(str(tmp_path / "cube.hdr"), cube, metadata={"map info": map_info}, interleave="bil", ext=".img")
+    store = convert(tmp_path / "cube.hdr", tmp_path / "s.zarr", ConvertOptions())
+    out = predict(store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "map.tif")
+    crs, transform, data = _gdal(tmp_path / "map.tif")
+    src_crs, src_transform, _ = _gdal(tmp_path / "cube.img")
+    assert crs == src_crs and transform == src_transform and crs.to_epsg() == 32633
+    assert np.array_equal(data, out)
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+
+def _checkpoint(tmp_path, bands=B, classes=4, p=5):
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    torch.manual_seed(0)
+    model = SpectralSpatialCNN(bands, classes, p, reduce=4, width=8)
+    return save_checkpoint(tmp_path / "model.ckpt", model, patch_size=p, class_names=["a", "b", "c", "d"]), model
+
+
+def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, run_cli):
+    ckpt, model = _checkpoint(tmp_path)
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "a.npy", "--batch-size", "77",
+                             "--probabilities", tmp_path / "p.npy")
+    assert code == 0, err
+    a = np.load(tmp_path / "a.npy", allow_pickle=False)
+    assert np.array_equal(a, predict(store, model, patch_size=5, device="cpu"))
+    assert np.load(tmp_path / "p.npy", allow_pickle=False).shape == (H, W, 4)
+    model.eval()
+    program = torch.export.export(model, (torch.randn(8, B, 5, 5),),
+                                  dynamic_shapes=({0: torch.export.Dim("n", min=1, max=1 << 20)},))
+    torch.export.save(program, tmp_path / "m.pt2")
+    code, out, err = run_cli("predict", store, "--model", tmp_path / "m.pt2", "-o", tmp_path / "b.npy")
+    assert code == 0, err
+    assert np.array_equal(np.load(tmp_path / "b.npy", allow_pickle=False), a)
+
+
+def test_cli_predict_refuses_bad_models_in_one_line(store, tmp_path, run_cli):
+    ckpt, _ = _checkpoint(tmp_path)
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a model at all")
+    other_bands, _ = _checkpoint(tmp_path / "..", bands=B + 1)
+    cases = [
+        (("--model", garbage), "is not a usable model"),
+        (("--model", tmp_path / "missing.pt2"), "no model file"),
+        (("--model", other_bands), "takes 9 bands but"),
+        (("--model", ckpt, "--patch-size", "7"), "made for 5x5 patches, not 7x7"),
+        (("--model", ckpt, "--patch-size", "17"), "made for 5x5"),
+    ]
+    bad_pt2 = tmp_path / "bad.pt2"
+    bad_pt2.write_bytes(b"PK\x03\x04 broken zip")
+    cases.append((("--model", bad_pt2), "torch.export.load failed"))
+    (tmp_path / "out").mkdir()
+    for args, message in cases:
+        code, out, err = run_cli("predict", store, *args, "-o", tmp_path / "out" / "m.tif")
+        assert code == 2, (args, err)
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "out" / "m.jpg")
+    assert code == 2 and "unknown suffix" in err
+    code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "out" / "m.npy",
+                           "--probabilities", tmp_path / "out" / "p.bin")
+    assert code == 2 and "as .npy" in err
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_package_attribute_is_the_function():
+    import hsgds.inference
+
+    assert hsgds.predict is hsgds.inference.predict and callable(hsgds.predict)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"format": "other"}, "not an hsgds checkpoint"),
+    ({"version": 99}, "checkpoint version 99"),
+    ({"model": "os.system"}, "unknown model class 'os.system'"),
+    ({"patch_size": 4}, "not a positive odd integer"),
+    ({"kwargs": {"bands": 8, "classes": 4, "patch_size": 5, "reduce": 4, "width": 9}}, "weights do not fit"),
+    ({"kwargs": {"bands": 8, "nonsense": 1}}, "weights do not fit"),
+    ({"state_dict": None}, "do not fit"),
+])
+def test_forged_checkpoints_are_refused(tmp_path, change, message):
+    from hsgds.models import load_model
+
+    ckpt, _ = _checkpoint(tmp_path)
+    state = torch.load(ckpt, weights_only=True)
+    state.update(change)
+    torch.save(state, tmp_path / "forged.ckpt")
+    with pytest.raises(InputError, match=message):
+        load_model(tmp_path / "forged.ckpt")
+
+
+def test_ring_is_small_whatever_the_scene(store):
+    from hsgds.inference import ring_bytes_for
+
+    scene = hsgds.open_scene(store)
+    tile = scene.grid.tile_nbytes
+    # tiles of 324, 198, 324, 198, 18 and 11 pixels: a batch of 100 spans at most the last 3; twice that
+    assert ring_bytes_for(scene, 100) == 6 * tile
+    assert ring_bytes_for(scene, 10) == 4 * tile  # at least 4 slots
+    sparse = np.zeros((H, W), bool)
+    sparse[::9, ::9] = True  # 20 pixels over all 6 tiles: one batch of 100 spans every tile
+    assert ring_bytes_for(scene, 100, sparse) == 2 * 6 * tile
