@@ -250,7 +250,7 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
         err[labelled] = CORRECT_COLOUR
         err[wrong] = ERROR_COLOUR
         n = int(labelled.sum())
-        acc = f"{100 * (1 - wrong.sum() / n):.2f}% of {n} labelled pixels right" if n else "no labelled pixels"
+        acc = f"{100 * (1 - wrong.sum() / n):.2f}% of all {n} labelled pixels right" if n else "no labelled pixels"
         panels += [("ground truth", lut[gt]), (f"errors ({acc})", err)]
     h, w = a.shape
     panel_w = 4.0
