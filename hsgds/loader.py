@@ -216,10 +216,11 @@ class PatchLoader:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
         selection = band_selection(self.scenes, bands, wavelengths, wavelength_tolerance)
         offset, scale = normalization(self.scenes, normalize, selection, norm_scope)
-        sizes = {s.grid.tile_nbytes for s in self.scenes.scenes}
-        if len(sizes) > 1:
-            raise ConfigError("scenes with different band counts or tile sizes cannot share one ring yet; convert "
-                              "them with the same bands, --tile and --max-patch")
+        # tiles of different shapes (band counts, tile geometry) share slots sized for the largest, each
+        # laid out from its slot's start; the engine reads every tile with its scene's strides
+        shapes = {s.grid.tile_shape for s in self.scenes.scenes}
+        tile_nbytes = max(s.grid.tile_nbytes for s in self.scenes.scenes)
+        slot_shape = grid.tile_shape if len(shapes) == 1 else (tile_nbytes // grid.itemsize,)
         # per-scene tables only where needed: one store with all its bands keeps the single-table engines
         self._tables = None
         if len(self.scenes) > 1 or selection is not None:
@@ -228,7 +229,7 @@ class PatchLoader:
         # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself
         out_bands = grid.bands if selection is None else len(selection[0])
         spec = PatchSpec(patch_size=patch_size, halo=min(s.grid.halo for s in self.scenes.scenes), bands=out_bands,
-                         tile_side=grid.side, layout=layout, out_dtype=dtype, offset=offset[0], scale=scale[0],
+                         tile_side=min(s.grid.side for s in self.scenes.scenes), layout=layout, out_dtype=dtype, offset=offset[0], scale=scale[0],
                          tables=self._tables)
         self.patch_size, self.batch_size, self.split = patch_size, batch_size, split
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
@@ -254,7 +255,7 @@ class PatchLoader:
             self.choice = replace(self.choice, engine="torch", reasons=[
                 *self.choice.reasons, "engine torch: several scenes or a band selection need per-scene tables"])
         self.device = torch.device(self.choice.device)
-        self._tile_nbytes = grid.tile_nbytes
+        self._tile_nbytes = tile_nbytes
         needed = int(np.count_nonzero(self.samples.counts()))
         self.slots = self._slots(ring_bytes, needed)
         self._epoch, self._batch, self._pass = 0, 0, 0
@@ -265,10 +266,10 @@ class PatchLoader:
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
         self._out_bands = out_bands
         self._augmenter = None if augment is None else Augmenter(augment, self.seed, layout)
-        self._ring = TileRing(self.slots, grid.tile_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader)
+        self._ring = TileRing(self.slots, slot_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader)
         self._reader.register(self._ring.storage)  # e.g. GDS pins the ring for DMA once, not per read
         self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
-                                 slots=self.slots, ring_bytes=self.slots * grid.tile_nbytes,
+                                 slots=self.slots, ring_bytes=self.slots * tile_nbytes,
                                  reasons=list(self.choice.reasons) + list(self._engine.reasons))
         self._closed = False
 

@@ -56,7 +56,7 @@ class TileRing:
     ``read_many`` batch when the reader overlaps its reads (kvikio), else one read per thread.
     """
 
-    def __init__(self, slots: int, tile_shape: tuple[int, int, int], dtype: Any, device: Any,
+    def __init__(self, slots: int, tile_shape: tuple[int, ...], dtype: Any, device: Any,
                  reader: ChunkReader, inflight: int | None = None) -> None:
         import torch
 
@@ -201,7 +201,7 @@ class TileRing:
         ok = False
         try:
             if not self._stop.is_set():
-                self.reader.read_many([(tile, self.storage[slot]) for slot, tile in batch])
+                self.reader.read_many([(tile, self.tile_view(slot, tile)) for slot, tile in batch])
                 ok = True
         except BaseException as exc:
             self._fail(exc)
@@ -219,6 +219,15 @@ class TileRing:
                         del self.slot_of[tile]
             self.stats.bytes_read = self.reader.bytes_read
             self._cond.notify_all()
+
+    def tile_view(self, slot: int, tile: int) -> Any:
+        """Slot ``slot`` as the destination of ``tile``: the whole slot, or (tiles of several sizes in slots
+        sized for the largest) its first ``tile_nbytes`` bytes."""
+        dest = self.storage[slot]
+        n = self.reader.source.tile_nbytes(tile)
+        if n == dest.numel() * dest.element_size():
+            return dest
+        return dest.view(-1)[:n // dest.element_size()]
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:

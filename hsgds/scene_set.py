@@ -58,8 +58,6 @@ class SceneSet:
         if len(self.scenes) == 1:
             return
         _same(self, "dtype", lambda s: str(s.dtype), "convert them to one dtype (e.g. --dtype int16)")
-        _same(self, "tile geometry (tile, halo)", lambda s: f"{s.grid.tile}+{s.grid.halo}",
-              "convert them with the same --tile and --max-patch")
         labelled = [(n, s) for n, s in zip(self.names, self.scenes) if s.class_names or s.num_classes]
         if labelled:
             key = (lambda s: tuple(s.class_names)) if labelled[0][1].class_names else (lambda s: s.num_classes)

@@ -30,12 +30,14 @@ def _write_envi(path, cube, wavelengths):
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory):
     """Seeded scenes of different sizes: A, B (6 bands, 400..900 nm), C (6 bands, 300..800 nm: other band
-    indices for the same wavelengths), D (other class names), E (8 bands). Every pixel labelled."""
+    indices for the same wavelengths), D (other class names), E (8 bands), F (8 bands, 40-px tiles with a
+    4-px halo: another tile shape). Every pixel labelled."""
     from hsgds.synthetic import make_scene
 
     d = tmp_path_factory.mktemp("coll")
     specs = {"A": (40, 35, 6, 400, CLASSES), "B": (23, 41, 6, 400, CLASSES), "C": (30, 30, 6, 300, CLASSES),
-             "D": (20, 20, 6, 400, ("x", "y", "z", "w")), "E": (20, 20, 8, 400, CLASSES)}
+             "D": (20, 20, 6, 400, ("x", "y", "z", "w")), "E": (20, 20, 8, 400, CLASSES),
+             "F": (45, 50, 8, 300, CLASSES)}
     out = {}
     for i, (name, (h, w, b, wl0, names)) in enumerate(specs.items()):
         cube, labels = make_scene(h, w, b, classes=4, dtype="int16", seed=11 + i, labelled_fraction=1.0)
@@ -43,8 +45,10 @@ def scenes(tmp_path_factory):
         labels[1, 0] = 1
         np.save(d / f"{name}_gt.npy", labels)
         hdr = _write_envi(d / f"{name}_cube", cube, [wl0 + 100 * k for k in range(b)])
-        store = convert(hdr, d / f"{name}.zarr", ConvertOptions(labels=d / f"{name}_gt.npy", tile=18,
-                                                                  max_patch=15, train=0.3, val=0.2, class_names=names))
+        tile, max_patch = (40, 9) if name == "F" else (18, 15)
+        store = convert(hdr, d / f"{name}.zarr", ConvertOptions(labels=d / f"{name}_gt.npy", tile=tile,
+                                                                  max_patch=max_patch, train=0.3, val=0.2,
+                                                                  class_names=names))
         out[name] = (cube, labels, store)
     return out
 
@@ -133,6 +137,24 @@ def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
     with pytest.raises(ConfigError, match=r"within 60 nm"):
         hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, wavelengths=[500, 1000],
                           wavelength_tolerance=60, device="cpu")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_scenes_of_other_band_counts_and_tile_shapes_share_the_ring(scenes, layout):
+    names = ["A", "E", "F"]  # 6 bands in 32-px tiles, 8 bands in 32-px tiles, 8 bands in 48-px tiles
+    stores = [scenes[n][2] for n in names]
+    with hsgds.PatchLoader(stores, patch_size=9, batch_size=64, split=None, wavelengths=[500, 600, 900],
+                           layout=layout, return_coords=True, device="cpu", seed=2,
+                           ring_bytes=8 * hsgds.open_scene(stores[2]).grid.tile_nbytes) as loader:
+        assert loader.stats.ring_bytes == loader.slots * hsgds.open_scene(stores[2]).grid.tile_nbytes
+        got, _, coords = _collect(loader)
+        assert loader.stats.bytes_read == sum(hsgds.open_scene(s).grid.tile_nbytes * hsgds.open_scene(s).grid.num_tiles
+                                              for s in stores)
+    assert len(got) == sum(scenes[n][0].shape[0] * scenes[n][0].shape[1] for n in names)
+    ref = _reference(scenes, names, coords, 9, bands=[[1, 2, 5], [1, 2, 5], [2, 3, 6]])
+    np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2) if layout == "NCHW" else ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="patch_size 11 is larger than this store serves"):
+        hsgds.PatchLoader(stores, patch_size=11, batch_size=8, wavelengths=[500], device="cpu")
 
 
 def test_band_indices_select_the_same_bands_of_every_scene(scenes):

@@ -14,11 +14,20 @@ from hsgds.format import check_tile_crc, tile_size_error
 
 @dataclass(frozen=True)
 class TileSource:
-    """Where each tile lives and what it must look like: built from a Scene, shared by all readers."""
+    """Where each tile lives and what it must look like: built from a Scene, shared by all readers.
+
+    ``nbytes`` is every tile's size, or with ``sizes`` (tiles of several scenes that differ in band count
+    or tile geometry) the largest, ``sizes`` giving each tile's own: see :meth:`tile_nbytes`.
+    """
 
     paths: tuple[Path, ...]
     nbytes: int
     checksums: tuple[int, ...]
+    sizes: tuple[int, ...] | None = None
+
+    def tile_nbytes(self, tile_id: int) -> int:
+        """The size of tile ``tile_id`` in bytes."""
+        return self.nbytes if self.sizes is None else self.sizes[tile_id]
 
     @classmethod
     def from_scene(cls, scene: Any) -> "TileSource":
@@ -27,17 +36,18 @@ class TileSource:
     @classmethod
     def concat(cls, sources: "list[TileSource]") -> "TileSource":
         """One source over the tiles of several scenes: global tile id = the scene's first id + its tile id."""
-        sizes = {s.nbytes for s in sources}
-        if len(sizes) != 1:
-            raise ValueError(f"tiles of one source must have one size, got {sorted(sizes)}")
-        return cls(tuple(p for s in sources for p in s.paths), sizes.pop(),
-                   tuple(c for s in sources for c in s.checksums))
+        paths = tuple(p for s in sources for p in s.paths)
+        checksums = tuple(c for s in sources for c in s.checksums)
+        if len({s.nbytes for s in sources}) == 1 and all(s.sizes is None for s in sources):
+            return cls(paths, sources[0].nbytes, checksums)
+        sizes = tuple(s.tile_nbytes(i) for s in sources for i in range(len(s.paths)))
+        return cls(paths, max(sizes), checksums, sizes)
 
     def check_crc(self, tile_id: int, crc: int) -> None:
         check_tile_crc(tile_id, self.paths[tile_id], crc, self.checksums[tile_id])
 
     def size_error(self, tile_id: int, size: int) -> TileReadError:
-        return tile_size_error(tile_id, self.paths[tile_id], size, self.nbytes)
+        return tile_size_error(tile_id, self.paths[tile_id], size, self.tile_nbytes(tile_id))
 
 
 class ChunkReader(abc.ABC):
@@ -61,7 +71,7 @@ class ChunkReader(abc.ABC):
 
     @abc.abstractmethod
     def read_into(self, tile_id: int, dest: Any) -> None:
-        """Fill ``dest`` (a contiguous torch tensor of ``source.nbytes`` bytes) with tile ``tile_id``.
+        """Fill ``dest`` (a contiguous torch tensor of ``source.tile_nbytes(tile_id)`` bytes) with tile ``tile_id``.
 
         Raises TileReadError (missing / truncated / I/O error) or ChecksumError naming the tile; ``dest``
         is then in an undefined state and must not be used.

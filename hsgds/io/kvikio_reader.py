@@ -128,7 +128,7 @@ class KvikioReader(ChunkReader):
             self._files.pop(tile_id).close()
 
     def _size_error(self, tile_id: int, handle: Any) -> TileReadError | None:
-        path, n = self.source.paths[tile_id], self.source.nbytes
+        path, n = self.source.paths[tile_id], self.source.tile_nbytes(tile_id)
         try:
             size = os.fstat(handle.fileno()).st_size
         except OSError as exc:
@@ -150,9 +150,8 @@ class KvikioReader(ChunkReader):
 
     # -------------------------------------------------------------------------------- reads
 
-    def _as_bytes(self, dest: Any) -> Any:
-        """``dest`` as a flat uint8 CUDA tensor over the same memory (checked, not assumed)."""
-        n = self.source.nbytes
+    def _as_bytes(self, dest: Any, n: int) -> Any:
+        """``dest`` as a flat uint8 CUDA tensor of ``n`` bytes over the same memory (checked, not assumed)."""
         if not getattr(dest, "is_cuda", False):
             raise TypeError(f"KvikioReader reads into CUDA tensors, got {type(dest).__name__} on "
                             f"{getattr(dest, 'device', 'the host')}; use PosixReader for host memory")
@@ -166,7 +165,7 @@ class KvikioReader(ChunkReader):
         return dest.reshape(-1).view(torch.uint8)
 
     def read_into(self, tile_id: int, dest: Any) -> None:
-        """Fill ``dest`` (a contiguous CUDA tensor of ``source.nbytes`` bytes) with tile ``tile_id``.
+        """Fill ``dest`` (a contiguous CUDA tensor of ``source.tile_nbytes(tile_id)`` bytes) with tile ``tile_id``.
 
         Raises TileReadError (missing / truncated / I/O error, closed reader), ChecksumError
         (``verify=True`` only), TypeError / ValueError for a wrong destination.
@@ -180,8 +179,7 @@ class KvikioReader(ChunkReader):
         for, even after an error (they write into the callers' buffers); then the first error is raised
         and the destinations are in an undefined state.
         """
-        n = self.source.nbytes
-        work = [(tile_id, self._as_bytes(dest)) for tile_id, dest in requests]
+        work = [(tile_id, self._as_bytes(dest, self.source.tile_nbytes(tile_id))) for tile_id, dest in requests]
         if not work:
             return
         pending: list[tuple[int, Any, Any, Any]] = []
@@ -202,7 +200,7 @@ class KvikioReader(ChunkReader):
                     # a truncated tile would make kvikio fail or read short: say which tile it is first
                     error = self._size_error(tile_id, handle)
                     if error is None:
-                        pending.append((tile_id, buf, handle, handle.pread(buf, n, 0)))
+                        pending.append((tile_id, buf, handle, handle.pread(buf, buf.numel(), 0)))
                         continue
                 except RuntimeError as exc:
                     error = _read_failed(self.source.paths[tile_id], tile_id, exc)
@@ -215,9 +213,10 @@ class KvikioReader(ChunkReader):
                     except RuntimeError as exc:
                         error = error or _read_failed(self.source.paths[tile_id], tile_id, exc)
                         continue
-                    if got != n:
+                    if got != buf.numel():
                         error = error or self._size_error(tile_id, handle) or TileReadError(
-                            f"tile {tile_id} ({self.source.paths[tile_id]}): short read ({got} of {n} bytes)")
+                            f"tile {tile_id} ({self.source.paths[tile_id]}): short read ({got} of {buf.numel()} "
+                            "bytes)")
                         continue
                     done.append((tile_id, buf))
                 finally:
@@ -225,7 +224,7 @@ class KvikioReader(ChunkReader):
         finally:
             with self._cond:
                 self._inflight -= 1
-                self.bytes_read += n * len(done)
+                self.bytes_read += sum(buf.numel() for _, buf in done)
                 self._cond.notify_all()
         if error is not None:
             raise error

@@ -91,7 +91,7 @@ class PosixReader(ChunkReader):
             raise self.source.size_error(tile_id, size)
 
     def read_into(self, tile_id: int, dest: Any) -> None:
-        n = self.source.nbytes
+        n = self.source.tile_nbytes(tile_id)
         if dest.is_cuda:
             host = self._pinned(dest)
             self._read_checked(tile_id, host)
