@@ -12,7 +12,7 @@
    the collection) in a child process, page cache dropped for the store files first (posix_fadvise), a
    large stride and small batches so the cut is negligible: tile read rate (bytes read / epoch time) against the raw read
    rate of the same tile files (plain preadv, same order, same cache state, 1 and 2 threads, the faster
-   one counts), peak RSS (VmHWM) against the
+   one counts; and the same reads followed by the crc32c check the loader's reader makes), peak RSS (VmHWM) against the
    child's baseline + ring, and bytes read per epoch against the collection's size.
 JSON on stdout.
 """
@@ -168,26 +168,30 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
                                stride=args.stream_stride, device="cpu", ring_bytes=ring, shuffle=True)
     from concurrent.futures import ThreadPoolExecutor
 
-    def read(p: Path, view: memoryview) -> int:
+    import crc32c
+
+    def read(p: Path, view: memoryview, verify: bool) -> int:
         fd = os.open(p, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
             got = 0
             while got < size:
                 got += os.preadv(fd, [view[got:size]], got)
-            return got
         finally:
             os.close(fd)
+        if verify:  # what the loader's reader also does: crc32c of every tile
+            crc32c.crc32c(view[:size])
+        return got
 
-    def raw(seq: list[Path], threads: int) -> dict:
+    def raw(seq: list[Path], threads: int, verify: bool = False) -> dict:
         t = time.perf_counter()
         if threads == 1:
-            nbytes = sum(read(p, views[0]) for p in seq)
+            nbytes = sum(read(p, views[0], verify) for p in seq)
         else:
             with ThreadPoolExecutor(threads) as pool:
-                nbytes = sum(pool.map(lambda ip: read(ip[1], views[ip[0] % threads]), enumerate(seq)))
+                nbytes = sum(pool.map(lambda ip: read(ip[1], views[ip[0] % threads], verify), enumerate(seq)))
         dt = time.perf_counter() - t
-        return {"threads": threads, "bytes": nbytes, "s": dt, "GBps": nbytes / dt / 1e9}
+        return {"threads": threads, "verify": verify, "bytes": nbytes, "s": dt, "GBps": nbytes / dt / 1e9}
 
     views = [memoryview(bytearray(max(p.stat().st_size for p in tiles))) for _ in range(2)]
     rows: dict[str, list[dict]] = {}
@@ -206,14 +210,17 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
                     {"patches": n, "epoch_s": dt, "bytes_read_per_epoch": read_bytes, "GBps": read_bytes / dt / 1e9})
                 seq = [tiles[iv.tile] for iv in loader._plan(loader.epoch - 1).intervals]  # the same tile order
                 for threads in (1, 2):  # one reader, and as many reads in flight as the ring keeps
-                    if cache == "cold":
-                        _drop_cache(tiles)
-                    rows.setdefault(f"raw_{cache}", []).append(raw(seq, threads))
+                    for verify in (False, True):
+                        if cache == "cold":
+                            _drop_cache(tiles)
+                        key = f"raw_{cache}" + ("_crc" if verify else "")
+                        rows.setdefault(key, []).append(raw(seq, threads, verify))
     for key, runs in rows.items():
         out[key] = max(runs, key=lambda r: r["GBps"])
         out[key + "_runs"] = runs
     for cache in ("cold", "warm"):
         out[f"ratio_{cache}"] = out[f"loader_{cache}"]["GBps"] / out[f"raw_{cache}"]["GBps"]
+        out[f"ratio_{cache}_vs_raw_crc"] = out[f"loader_{cache}"]["GBps"] / out[f"raw_{cache}_crc"]["GBps"]
     peak = _peak_rss_mib()
     out["peak_rss_mib"] = peak
     out["peak_over_baseline_plus_ring"] = peak / (baseline + ring / 2**20)

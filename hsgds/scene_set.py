@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hsgds import format as fmt
 from hsgds.engines.base import SceneTables
 from hsgds.errors import ConfigError
 from hsgds.io.base import TileSource
@@ -54,7 +55,8 @@ class SceneSet:
         return TileSource.concat([TileSource.from_scene(s) for s in self.scenes])
 
     def check(self) -> None:
-        """Refuse scenes that cannot be cut into one batch: mixed dtypes, tile geometries or classes."""
+        """Refuse scenes that cannot be cut into one batch: mixed dtypes or classes. (Band counts are checked
+        with the band selection; tile geometries may differ.)"""
         if len(self.scenes) == 1:
             return
         _same(self, "dtype", lambda s: str(s.dtype), "convert them to one dtype (e.g. --dtype int16)")
@@ -66,9 +68,6 @@ class SceneSet:
             if bad:
                 raise ConfigError(f"scenes disagree on their classes: {_names(bad)} differ from "
                                   f"{labelled[0][0]!r} ({_short(first)}); load scenes with the same classes together")
-
-    def describe(self, index: int) -> str:
-        return f"{self.names[index]!r} ({self.scenes[index].path})"
 
 
 def _names(names: Sequence[str]) -> str:
@@ -182,8 +181,6 @@ def _train_count(scene: Scene) -> int:
     """Pixels the store's normalization statistics were computed from: its TRAIN samples, or every pixel
     when the scene has no train split (the converter's rule)."""
     if scene.stats["train"] is not None:
-        from hsgds import format as fmt
-
         return int(np.count_nonzero(scene.sample_table()["split"] == fmt.SPLIT_TRAIN))
     return int(scene.shape[0] * scene.shape[1])
 

@@ -193,3 +193,16 @@ def test_bench_predict_tiny(tmp_path):
     assert scene["runs"]["predict"][0]["pixels"] == 40 * 32 and scene["sliding_window"]["pixels"] == 8 * 32
     assert scene["predict_vs_loader"] > 0 and scene["predict_vs_sliding_window"] > 0
     assert scene["memory"]["predict_peak_rss_mb"] > scene["memory"]["baseline_rss_mb"] > 0
+
+
+def test_bench_collection_tiny(tmp_path):
+    proc = _run([str(BENCH / "bench_collection.py"), "--scenes", "4", "--cols", "2", "--stride", "16", "--repeats", "1",
+                 "--ring-mib", "20", "--stream-repeats", "1", "--work", str(tmp_path / "work")], tmp_path, timeout=600)
+    doc = json.loads(proc.stdout)
+    best = doc["throughput"]["best"]
+    assert best["collection"]["patches"] == best["single"]["patches"] == 4 * 8 * 8
+    assert best["collection"]["bytes_read"] == best["single"]["bytes_read"] > 0
+    stream = doc["streaming"]
+    assert stream["collection_over_ring"] > 1 and stream["slots"] == 2
+    assert stream["loader_cold"]["bytes_read_per_epoch"] == stream["collection_bytes"]
+    assert stream["raw_warm"]["bytes"] == stream["collection_bytes"] and stream["peak_rss_mib"] > stream["baseline_rss_mib"]

@@ -152,10 +152,10 @@ def fake_kvikio(monkeypatch):
     monkeypatch.delenv("KVIKIO_NTHREADS", raising=False)
     FakeCuFile.opened, FakeCuFile.handles, FakeCuFile.delay = [], [], 0.0
 
-    def as_bytes(self, dest):  # the real one insists on CUDA memory
+    def as_bytes(self, dest, n):  # the real one insists on CUDA memory
         import torch
 
-        if dest.numel() * dest.element_size() != self.source.nbytes:
+        if dest.numel() * dest.element_size() != n:
             raise ValueError("wrong size")
         return dest.reshape(-1).view(torch.uint8)
 
