@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -48,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contenders import ShmRingLoader, naive_loader, tuned_loader  # noqa: E402
 
 import hsgds  # noqa: E402
+from hsgds import defaults  # noqa: E402
 from hsgds.probe import probe  # noqa: E402
 from hsgds.errors import DependencyError  # noqa: E402
 from hsgds.train import synchronize  # noqa: E402
@@ -324,6 +326,11 @@ def _subset(sd: SceneData, batch: int, batches: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(len(sd.ys))[:n])
 
 
+def _names(text: str) -> list[str]:
+    """Comma-separated contender names; a comma inside hsgds[engine,reader] does not split."""
+    return re.findall(r"hsgds\[[^\]]*\]|[^,]+", text)
+
+
 def contender_names(device: torch.device, wanted: list[str]) -> list[str]:
     rep = probe()
     names = [c for c in ("naive", "tuned", "shm_ring") if c in wanted]
@@ -336,6 +343,9 @@ def contender_names(device: torch.device, wanted: list[str]) -> list[str]:
         if dali_ok:
             engines.append("dali")
         names += [f"hsgds[{e},{r}]" for e in engines for r in readers]
+    # explicit ones, e.g. hsgds[torch,posix] alone, or hsgds[torch-ops,posix]: the torch engine on torch
+    # ops instead of its fused CPU kernel (setting numba off), for the two side by side
+    names += [w for w in wanted if w.startswith("hsgds[") and w not in names]
     return names
 
 
@@ -354,8 +364,10 @@ def make_loader(name: str, sd: SceneData, idx: np.ndarray, args: argparse.Namesp
         return ShmRingLoader(np.load(sd.padded, allow_pickle=False), *common, workers=args.shm_workers, seed=args.seed, device=device)
     if name.startswith("hsgds["):
         engine, reader = name[6:-1].split(",")
-        return hsgds.PatchLoader(sd.store, patch_size=p, batch_size=batch, split=None, dtype=dtype, device=device,
-                                 engine=engine, reader=reader, seed=args.seed, drop_last=True)
+        with defaults.set(numba=engine != "torch-ops"):
+            return hsgds.PatchLoader(sd.store, patch_size=p, batch_size=batch, split=None, dtype=dtype,
+                                     device=device, engine=engine.removesuffix("-ops"), reader=reader,
+                                     seed=args.seed, drop_last=True)
     raise ValueError(name)
 
 
@@ -788,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             doc["ceilings"]["d2d_GBps"] = d2d_ceiling(out_bytes, device)
         doc["ceilings"]["raw_read"] = {}
-        names = contender_names(device, args.contenders.split(","))
+        names = contender_names(device, _names(args.contenders))
         caches = args.cache.split(",")
         for sd in scenes:
             for cache in caches:
@@ -815,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["ceilings"]["memcpy_end"] = again
         doc["ceilings"]["memcpy"]["GBps"] = max(doc["ceilings"]["memcpy"]["GBps"], again["GBps"])
         if args.e2e_steps > 0:
-            wanted = args.e2e_contenders.split(",")
+            wanted = _names(args.e2e_contenders)
             e2e_names = [n for n in names if n in wanted or (n.startswith("hsgds") and "hsgds" in wanted)]
             hs = [n for n in e2e_names if n.startswith("hsgds")]
             if len(hs) > 1:  # the fastest hsgds configuration of the loader-only runs trains

@@ -10,13 +10,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from hsgds import defaults
 from hsgds.augment import Augment, Augmenter, draw
+from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.engines import make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
@@ -266,6 +267,8 @@ class PatchLoader:
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
         self._out_bands = out_bands
         self._augmenter = None if augment is None else Augmenter(augment, self.seed, layout)
+        # CUDA: the per-batch index copy goes through a few reused pinned buffers (hsgds.batches)
+        self._staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
         self._ring = TileRing(self.slots, slot_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader)
         self._reader.register(self._ring.storage)  # e.g. GDS pins the ring for DMA once, not per read
         self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
@@ -369,42 +372,62 @@ class PatchLoader:
         self._ring.start(plan.intervals_from(start))
         return self._batches(plan, start, self._pass)
 
+    def _prepare(self, plan: EpochPlan, epoch: int) -> Callable[[int], Prepared]:
+        """The per-batch index work, run ahead on the BatchPrep thread: sample lookups, the batch's
+        tiles, augmentation draws, and the (R, N) int64 rows of the one host-to-device copy (row 0,
+        the ring slots, is filled in by the consumer once the tiles are resident)."""
+        s, tables, coords3 = self.samples, self._tables is not None, self.scenes.is_collection
+        geometric = self.augment is not None and self.augment.geometric
+        count = 4 + tables + geometric + (2 + coords3 if self.return_coords else 0)
+
+        def make(b: int) -> Prepared:
+            idx = plan.batch(b)
+            tile = s.tile[idx]
+            tiles, inverse = np.unique(tile, return_inverse=True)
+            rows = np.empty((count, len(idx)), dtype=np.int64)
+            rows[1], rows[2], rows[3] = s.y[idx], s.x[idx], s.label[idx]
+            r = 4
+            if tables:
+                rows[r] = self._tile_scene[tile]
+                r += 1
+            aug = None
+            if self.augment is not None:  # keyed on each sample's index in the sample set
+                aug = draw(self.augment, self.seed, epoch, idx, s.label[idx], self._out_bands, self.patch_size)
+                if aug.dihedral is not None:
+                    rows[r] = aug.dihedral
+                    r += 1
+            if self.return_coords:
+                if coords3:
+                    rows[r] = self._tile_scene[tile]
+                    r += 1
+                rows[r], rows[r + 1] = s.scene_y[idx], s.scene_x[idx]
+            return Prepared(b, idx, tiles, inverse, rows, aug)
+
+        return make
+
     def _batches(self, plan: EpochPlan, start: int, pass_id: int):
-        s, dev = self.samples, self.device
-        tables, coords3 = self._tables is not None, self.scenes.is_collection
+        dev = self.device
+        tables = self._tables is not None
         geometric = self.augment is not None and self.augment.geometric
         coord_row = 4 + tables + geometric  # rows: slot, y, x, label, [table], [dihedral], [coords]
         t0 = time.perf_counter()
         base_elapsed = self.stats.elapsed_s
+        # batch b+1's (and b+2's) index arrays are built on another thread while batch b is consumed
+        ahead = BatchPrep(self._prepare(plan, self._epoch), start, plan.num_batches, depth=2)
         try:
             for b in range(start, plan.num_batches):
-                t_in, wait_in = time.perf_counter(), self._ring.stats.consumer_wait_s
                 if self._closed:
                     raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: create a new loader")
                 if pass_id != self._pass:
                     raise HsgdsError("this iterator was superseded by a newer iteration of the same loader")
-                idx = plan.batch(b)
-                tiles, inverse = np.unique(s.tile[idx], return_inverse=True)
-                slots = self._ring.acquire(tiles)[inverse]
-                # one host-to-device copy per batch carries the cut coordinates, labels and centres;
-                # from pinned memory it is asynchronous, so it never waits for the training stream
-                rows = [slots, s.y[idx], s.x[idx], s.label[idx]]
-                if tables:
-                    rows.append(self._tile_scene[s.tile[idx]])
-                aug = None
-                if self.augment is not None:  # keyed on each sample's index in the sample set
-                    aug = draw(self.augment, self.seed, self._epoch, idx, s.label[idx], self._out_bands,
-                               self.patch_size)
-                    if aug.dihedral is not None:
-                        rows.append(aug.dihedral)
-                if self.return_coords:
-                    if coords3:
-                        rows.append(self._tile_scene[s.tile[idx]])
-                    rows += [s.scene_y[idx], s.scene_x[idx]]
-                host = torch.from_numpy(np.stack(rows).astype(np.int64, copy=False))
-                if dev.type == "cuda":
-                    host = host.pin_memory()
-                index = host.to(dev, non_blocking=True)
+                t_in, wait_in = time.perf_counter(), self._ring.stats.consumer_wait_s
+                prep = ahead.get(b)  # normally ready: built while the previous batch was consumed
+                rows = prep.rows
+                rows[0] = self._ring.acquire(prep.tiles)[prep.inverse]
+                # one host-to-device copy per batch carries the cut coordinates, labels and centres; from a
+                # reused pinned buffer it is asynchronous, so it never waits for the training stream
+                index = self._staging.stage(rows) if dev.type == "cuda" else torch.from_numpy(rows)
+                aug = prep.extra
                 dihedral = index[coord_row - 1] if aug is not None and aug.dihedral is not None else None
                 t_cut = time.perf_counter()
                 patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2],
@@ -415,7 +438,7 @@ class PatchLoader:
                 labels = index[3]
                 self._ring.release_batch(b)
                 self._batch = b + 1
-                self._account(len(idx), t0, base_elapsed)
+                self._account(len(prep.idx), t0, base_elapsed)
                 self.stats._cut.append(t_cut)
                 self.stats._host.append(time.perf_counter() - t_in - (self._ring.stats.consumer_wait_s - wait_in))
                 if self.return_coords:
@@ -425,6 +448,7 @@ class PatchLoader:
             if pass_id == self._pass:
                 self._epoch, self._batch = self._epoch + 1, 0
         finally:
+            ahead.close()
             if pass_id == self._pass and not self._closed:
                 self._ring.stop()
 

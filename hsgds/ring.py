@@ -80,6 +80,7 @@ class TileRing:
         self.reader = reader
         self.slots = slots
         self.state = [FREE] * slots
+        self._busy = 0  # slots not FREE, kept with every state change (read per batch: O(1), not O(slots))
         self.tile_in = [-1] * slots  # which tile a slot holds (kept after it is freed, for reuse)
         self.freed_at = [0] * slots
         self.refs = [0] * slots  # residency intervals currently holding each slot
@@ -152,7 +153,7 @@ class TileRing:
             return
         if self.tile_in[slot] >= 0 and self.slot_of.get(self.tile_in[slot]) == slot:
             del self.slot_of[self.tile_in[slot]]
-        self.state[slot] = READY if cached else LOADING
+        self._set_state(slot, READY if cached else LOADING)
         self.tile_in[slot] = tile
         self.slot_of[tile] = slot
         self._note_occupancy()
@@ -209,10 +210,10 @@ class TileRing:
             self._reading -= len(batch)
             for slot, tile in batch:
                 if ok:
-                    self.state[slot] = READY
+                    self._set_state(slot, READY)
                     self.stats.tiles_loaded += 1
                 else:  # cancelled or failed: the slot's bytes are undefined, forget the tile
-                    self.state[slot] = FREE
+                    self._set_state(slot, FREE)
                     self.refs[slot] = 0
                     self.tile_in[slot] = -1
                     if self.slot_of.get(tile) == slot:
@@ -235,9 +236,13 @@ class TileRing:
                 self._error = exc
             self._cond.notify_all()
 
+    def _set_state(self, slot: int, state: int) -> None:
+        """Change a slot's state (under the condition's lock), keeping the count of busy slots."""
+        self._busy += (state != FREE) - (self.state[slot] != FREE)
+        self.state[slot] = state
+
     def _note_occupancy(self) -> None:
-        busy = sum(1 for s in self.state if s != FREE)
-        self.stats.max_resident = max(self.stats.max_resident, busy)
+        self.stats.max_resident = max(self.stats.max_resident, self._busy)
 
     # -- consumer ------------------------------------------------------------------------------------
     def acquire(self, tiles: Iterable[int], timeout: float | None = None) -> np.ndarray:
@@ -260,8 +265,7 @@ class TileRing:
                 if deadline is not None and time.perf_counter() > deadline:
                     raise TimeoutError(f"tiles {tiles} not loaded after {timeout} s")
                 self._cond.wait(self._poll)
-            busy = sum(1 for s in self.state if s != FREE)
-            self.stats.occupancy_sum += busy / self.slots
+            self.stats.occupancy_sum += self._busy / self.slots
             self.stats.occupancy_samples += 1
         self.stats.consumer_wait_s += time.perf_counter() - t0
         return np.asarray(slots, dtype=np.int64)
@@ -301,7 +305,7 @@ class TileRing:
         return event
 
     def _free(self, slot: int) -> None:
-        self.state[slot] = FREE
+        self._set_state(slot, FREE)
         self.refs[slot] = 0
         self._clock += 1
         self.freed_at[slot] = self._clock

@@ -1,0 +1,134 @@
+"""Per-batch host work done ahead of the training thread: index arrays on a thread of their own, and
+reused pinned staging buffers for the one host-to-device copy per batch.
+
+The loader's consuming thread (the training loop calling ``next(loader)``) then only waits for the
+batch's tiles, writes their ring slots into the prepared index, starts one asynchronous copy and
+launches the cut. Everything that grows with the batch or with the data set (sample lookups,
+``np.unique``, stacking the rows, augmentation draws) happens here, one or more batches ahead.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+__all__ = ["BatchPrep", "PinnedStaging", "Prepared"]
+
+
+@dataclass
+class Prepared:
+    """One batch's host-side index, built ahead.
+
+    ``rows`` is (R, N) int64: row 0 is left for the ring slots (filled by the consumer once the tiles
+    are resident: ``rows[0] = slots_of_tiles[inverse]``), the other rows are the loader's (y, x, label,
+    ...). ``extra`` carries whatever else the batch needs on the consuming thread (e.g. augmentation
+    parameters)."""
+
+    batch: int
+    idx: np.ndarray
+    tiles: np.ndarray
+    inverse: np.ndarray
+    rows: np.ndarray
+    extra: Any = None
+
+
+class BatchPrep:
+    """Builds ``make(b)`` for batches ``first..stop-1`` in order on a daemon thread, ``depth`` ahead.
+
+    Parameters
+    ----------
+    make : callable
+        ``make(b) -> Prepared``; called on the preparing thread only (it must not touch CUDA state).
+    first, stop : int
+        The batches to prepare.
+    depth : int
+        Batches prepared ahead of the consumer (bounded memory: depth + 1 batches of indices).
+
+    An exception raised by ``make`` is raised again by :meth:`get` for that batch. :meth:`close` stops
+    the thread (idempotent); a generator that owns one closes it in its ``finally``.
+    """
+
+    def __init__(self, make: Callable[[int], Prepared], first: int, stop: int, depth: int = 2) -> None:
+        self._make = make
+        self._next = first
+        self._stop = stop
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hsgds-batches", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for b in range(self._next, self._stop):
+            if self._closed.is_set():
+                return
+            try:
+                item: Any = self._make(b)
+            except BaseException as exc:  # handed to the consumer, in order
+                item = exc
+            while not self._closed.is_set():
+                try:
+                    self._queue.put((b, item), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+
+    def get(self, b: int) -> Prepared:
+        """The prepared batch ``b`` (batches must be asked for in order)."""
+        got, item = self._queue.get()
+        if got != b:  # a programming error in the caller, never a data condition
+            raise RuntimeError(f"batch {b} asked for, but batch {got} was prepared next")
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop preparing; the thread ends within ~0.1 s (it never blocks on anything else)."""
+        self._closed.set()
+        while True:  # unblock a put() in progress
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+class PinnedStaging:
+    """A few page-locked host buffers, reused round-robin for the per-batch index copy to a CUDA device.
+
+    ``stage(rows)`` copies the (R, N) int64 array into the next buffer, starts an asynchronous copy to
+    the device on the current stream and returns the device tensor. A buffer is written again only
+    after the copy that last read it has finished (a CUDA event per buffer; by then it almost always
+    has). Replaces a ``pin_memory()`` per batch, which allocates (or takes from torch's cache) and
+    registers page-locked memory each time.
+    """
+
+    def __init__(self, device: torch.device, count: int = 4) -> None:
+        self.device = device
+        self._bufs: list[torch.Tensor | None] = [None] * count
+        self._events: list[Any] = [None] * count
+        self._i = 0
+
+    def stage(self, rows: np.ndarray) -> torch.Tensor:
+        k = self._i
+        self._i = (k + 1) % len(self._bufs)
+        buf = self._bufs[k]
+        if buf is None or buf.numel() < rows.size:
+            buf = self._bufs[k] = torch.empty(max(rows.size, 1), dtype=torch.int64, pin_memory=True)
+            self._events[k] = None
+        if self._events[k] is not None:
+            self._events[k].synchronize()  # the copy that read this buffer last has finished
+        host = buf[:rows.size].view(rows.shape)
+        host.numpy()[...] = rows
+        out = host.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._events[k] = event
+        return out

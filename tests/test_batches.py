@@ -1,0 +1,89 @@
+"""hsgds.batches: batches prepared ahead on a thread, in order, errors at their batch, threads that end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hsgds.batches import BatchPrep, PinnedStaging, Prepared
+
+
+def _make(log: list[int], fail_at: int | None = None):
+    def make(b: int) -> Prepared:
+        log.append(b)
+        if b == fail_at:
+            raise ValueError(f"bad batch {b}")
+        rows = np.full((3, 4), b, dtype=np.int64)
+        return Prepared(b, np.arange(4) + 4 * b, np.array([b]), np.zeros(4, np.int64), rows)
+    return make
+
+
+def _threads() -> int:
+    return sum(t.name == "hsgds-batches" for t in threading.enumerate())
+
+
+def test_batches_come_in_order_and_ahead():
+    log: list[int] = []
+    prep = BatchPrep(_make(log), 3, 9, depth=2)
+    try:
+        for b in range(3, 9):
+            got = prep.get(b)
+            assert got.batch == b and np.all(got.rows == b)
+            if b == 3:
+                deadline = time.monotonic() + 5
+                while len(log) < 4 and time.monotonic() < deadline:  # 3 taken, 4 and 5 queued
+                    time.sleep(0.01)
+                assert log[:3] == [3, 4, 5] and len(log) <= 4 + 1  # never more than depth ahead (+1 in hand)
+    finally:
+        prep.close()
+    assert log == list(range(3, 9))
+
+
+def test_an_error_is_raised_at_its_batch():
+    log: list[int] = []
+    prep = BatchPrep(_make(log, fail_at=5), 0, 10)
+    try:
+        for b in range(5):
+            assert prep.get(b).batch == b
+        with pytest.raises(ValueError, match="bad batch 5"):
+            prep.get(5)
+    finally:
+        prep.close()
+    assert max(log) == 5  # nothing prepared after the failure
+
+
+def test_close_ends_the_thread_even_when_it_waits():
+    before = _threads()
+    prep = BatchPrep(_make([]), 0, 1000, depth=1)  # blocks on a full queue at once
+    time.sleep(0.05)
+    assert _threads() == before + 1
+    prep.close()
+    prep.close()  # idempotent
+    assert _threads() == before
+
+
+def test_batches_out_of_order_are_a_programming_error():
+    prep = BatchPrep(_make([]), 0, 3)
+    try:
+        with pytest.raises(RuntimeError, match="batch 1 asked for"):
+            prep.get(1)
+    finally:
+        prep.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pinned_staging_reuses_buffers_without_overwriting_copies_in_flight():
+    staging = PinnedStaging(torch.device("cuda"), count=2)
+    outs, want = [], []
+    for b in range(9):
+        rows = np.arange(12, dtype=np.int64).reshape(3, 4) * (b + 1)
+        outs.append(staging.stage(rows))
+        want.append(rows.copy())
+    torch.cuda.synchronize()
+    for got, rows in zip(outs, want):
+        assert got.is_cuda and np.array_equal(got.cpu().numpy(), rows)
