@@ -37,7 +37,7 @@ import torch
 
 from hsgds.errors import ConfigError
 
-__all__ = ["Augment", "AugmentBatch", "dihedral_offsets", "draw", "philox4x32", "apply_after_cut"]
+__all__ = ["Augment", "AugmentBatch", "apply_after_cut", "dihedral_batch", "dihedral_offsets", "draw", "philox4x32"]
 
 _MASK = np.uint64(0xFFFFFFFF)
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
@@ -230,6 +230,18 @@ def apply_dihedral_numpy(patch: np.ndarray, code: int) -> np.ndarray:
     if h:
         out = out[:, ::-1]
     return np.swapaxes(out, 0, 1) if t else out
+
+
+def dihedral_batch(x: torch.Tensor, code: int, layout: str) -> torch.Tensor:
+    """Every patch of a batch ((N, B, p, p) NCHW or (N, p, p, B) NHWC) under one dihedral code: the same
+    transform as the cut's read order (flip the rows, the columns, then swap the two axes). Used for
+    test-time augmentation, where each variant is a whole batch anyway."""
+    rows, cols = (2, 3) if layout == "NCHW" else (1, 2)
+    t, v, h = code >> 2 & 1, code >> 1 & 1, code & 1
+    flips = [d for d, on in ((rows, v), (cols, h)) if on]
+    if flips:
+        x = torch.flip(x, flips)
+    return x.transpose(rows, cols) if t else x
 
 
 class Augmenter:

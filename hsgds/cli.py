@@ -304,7 +304,9 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
 @click.option("--probabilities", type=click.Path(dir_okay=False),
               help="Also write per-class probabilities, float16 (H, W, K), to this .npy file.")
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
-def predict(store, model_path, out, patch_size, batch_size, probabilities, device) -> None:
+@click.option("--tta", is_flag=True, help="Test-time augmentation: average the model's probabilities over the "
+                                          "8 flips / quarter turns of each patch (8x the model's work).")
+def predict(store, model_path, out, patch_size, batch_size, probabilities, device, tta) -> None:
     """Classify every pixel of STORE with a model and write the class map (georeferenced when the source was)."""
     from hsgds import writers
     from hsgds.models import load_model
@@ -332,7 +334,7 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
               f"convert again with --max-patch {patch_size}")
     classmap = run_predict(scene, loaded.module, patch_size=patch_size, batch_size=batch_size, device=device,
                            normalize=loaded.normalize, layout=loaded.layout, probabilities=probabilities or False,
-                           out=out)
+                           out=out, tta=tta)
     counts = np.bincount(classmap.reshape(-1), minlength=2)
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {int(counts[1:].sum())} pixels "
                f"predicted into {int(np.count_nonzero(counts[1:]))} classes"

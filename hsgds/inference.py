@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hsgds.augment import dihedral_batch
 from hsgds.errors import ConfigError, InputError
 from hsgds.scene import Scene, open_scene
 
@@ -73,10 +74,18 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
+def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Tensor, layout: str) -> torch.Tensor:
+    """Mean softmax over the 8 dihedral variants of the batch (``logits``: the model's on variant 0)."""
+    mean = torch.softmax(logits.float(), dim=1)
+    for code in range(1, 8):
+        mean += torch.softmax(model(dihedral_batch(patches, code, layout)).float(), dim=1)
+    return mean / 8
+
+
 def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 1024, device: Any = None,
             dtype: torch.dtype = torch.float32, layout: str = "NCHW", normalize: str | None = "zscore",
             mask: Any = None, probabilities: Any = False, out: str | os.PathLike | None = None,
-            engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None) -> np.ndarray:
+            engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None, tta: bool = False) -> np.ndarray:
     """Classify every pixel of a store with ``model``; return the (H, W) class map.
 
     Parameters
@@ -96,6 +105,10 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
     out : path or None
         Write the map too, in the format of its suffix (``.tif``, ``.png``, ``.hdr``, ``.npy``; see
         :mod:`hsgds.writers`). Checked before any work; written atomically.
+    tta : bool
+        Test-time augmentation: the class is the argmax of the mean of the model's probabilities over
+        the 8 flips / quarter turns of each patch (8 model calls per batch); the probabilities written
+        are that mean.
 
     Returns
     -------
@@ -155,10 +168,11 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
                             raise InputError(f"the model returns {classes} logits per pixel; 1..65535 are supported")
                         if prob_path is not None:
                             probs = writers.ProbabilityFile(prob_path, (h, w, classes))
+                    scores = _tta_probabilities(model, patches, logits, layout) if tta else logits
                     y, x = coords[:, 0], coords[:, 1]
-                    classmap[y, x] = logits.argmax(1).to(torch.int32) + 1
+                    classmap[y, x] = scores.argmax(1).to(torch.int32) + 1
                     if probs is not None:
-                        p = torch.softmax(logits.float(), dim=1).to(torch.float16).cpu().numpy()
+                        p = (scores if tta else torch.softmax(logits.float(), dim=1)).to(torch.float16).cpu().numpy()
                         probs.write(y.cpu().numpy(), x.cpu().numpy(), p)
                     done += n
             expected = h * w if mask is None else int(mask.sum())

@@ -226,6 +226,10 @@ def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, 
     code, out, err = run_cli("predict", store, "--model", tmp_path / "m.pt2", "-o", tmp_path / "b.npy")
     assert code == 0, err
     assert np.array_equal(np.load(tmp_path / "b.npy", allow_pickle=False), a)
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "t.npy", "--tta")
+    assert code == 0, err
+    assert np.array_equal(np.load(tmp_path / "t.npy", allow_pickle=False),
+                          predict(store, model, patch_size=5, device="cpu", tta=True))
 
 
 def test_cli_predict_refuses_bad_models_in_one_line(store, tmp_path, run_cli):
@@ -293,3 +297,39 @@ def test_ring_is_small_whatever_the_scene(store):
     sparse = np.zeros((H, W), bool)
     sparse[::9, ::9] = True  # 20 pixels over all 6 tiles: one batch of 100 spans every tile
     assert ring_bytes_for(scene, 100, sparse) == 2 * 6 * tile
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_tta_is_the_mean_probability_over_the_8_dihedral_variants(store, layout, tmp_path):
+    """tta=True: the written probabilities are the mean softmax over the 8 flips / quarter turns of each
+    patch (numpy-transformed patches from the loader as the reference), and the map is its argmax."""
+    from hsgds.augment import apply_dihedral_numpy
+
+    p = 5
+    model = RandomConv(p, seed=3)
+    hwc = layout == "NHWC"
+
+    class Net(nn.Module):  # the model sees the loader's layout
+        def forward(self, x):
+            return model(x.permute(0, 3, 1, 2) if hwc else x)
+
+    net = Net()
+    classmap = predict(store, net, patch_size=p, batch_size=200, device="cpu", layout=layout, tta=True,
+                       probabilities=tmp_path / "prob.npy")
+    prob = np.load(tmp_path / "prob.npy")
+    with hsgds.PatchLoader(store, patch_size=p, batch_size=200, split=None, pixels="all", shuffle=False,
+                           return_coords=True, device="cpu", layout=layout) as loader, torch.inference_mode():
+        for patches, _, coords in loader:
+            hw = patches.numpy() if hwc else patches.numpy().transpose(0, 2, 3, 1)  # (N, p, p, B)
+            mean = 0
+            for code in range(8):
+                variant = np.stack([apply_dihedral_numpy(q, code) for q in hw])
+                x = torch.from_numpy(np.ascontiguousarray(variant if hwc else variant.transpose(0, 3, 1, 2)))
+                mean = mean + torch.softmax(net(x).float(), 1).numpy()
+            mean /= 8
+            y, xx = coords[:, 0].numpy(), coords[:, 1].numpy()
+            np.testing.assert_allclose(prob[y, xx].astype(np.float32), mean, atol=1e-3)
+            ambiguous = np.sort(mean, 1)[:, -1] - np.sort(mean, 1)[:, -2] < 1e-5
+            np.testing.assert_array_equal(classmap[y, xx][~ambiguous], mean.argmax(1)[~ambiguous] + 1)
+    plain = predict(store, net, patch_size=p, batch_size=200, device="cpu", layout=layout)
+    assert (plain != classmap).any()  # a model that is not invariant: TTA changes some pixels
