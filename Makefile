@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build (an open range would pull a multi-GB CUDA build)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,cpu]'
+	$(BIN)/pip install -q -e '.[test,cpu,lint]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -20,4 +20,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-.PHONY: install demo test
+# ruff (rules in pyproject.toml) on every Python file of the repository, mypy on the hsgds package
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+.PHONY: install demo test lint

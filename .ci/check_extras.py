@@ -137,7 +137,7 @@ def main() -> int:
             names, LINUX_ONLY)
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         results = dict(zip(jobs, pool.map(lambda job: dry_run(job[0]), jobs.values())))
-    for label, (args, must_have, forbidden) in jobs.items():
+    for label, (_, must_have, forbidden) in jobs.items():
         report, err = results[label]
         if report is None:
             problems.append(f"{label}: does not resolve:\n    " + err.replace("\n", "\n    "))

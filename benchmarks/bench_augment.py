@@ -21,8 +21,9 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import hsgds  # noqa: E402
 from contenders import PatchDataset  # noqa: E402
+
+import hsgds  # noqa: E402
 from hsgds.cli import demo_store  # noqa: E402
 from hsgds.pixels import labelled_pixels  # noqa: E402
 

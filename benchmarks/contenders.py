@@ -236,7 +236,8 @@ class ShmRingLoader:
             base = slot * self.slot_bytes
             src = torch.frombuffer(ring, dtype=self.out_dtype, count=k * self.patch_bytes // _size(self.out_dtype),
                                    offset=base).view(k, self.bands, self.p, self.p)
-            labels = torch.frombuffer(ring, dtype=torch.int64, count=k, offset=base + self.batch_size * self.patch_bytes)
+            labels = torch.frombuffer(ring, dtype=torch.int64, count=k,
+                                      offset=base + self.batch_size * self.patch_bytes)
             # the main process builds its own tensors (the slot is reused) and copies them to the device
             x = src.to(self.device, copy=True)
             y = labels.to(self.device, copy=True)
@@ -268,7 +269,7 @@ class ShmRingLoader:
                 pass
         self._blocks = {}
 
-    def __enter__(self) -> "ShmRingLoader":
+    def __enter__(self) -> ShmRingLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -229,7 +229,8 @@ def _seeds(target: str, folder: Path) -> None:
         out["h5"] = prefix + raw
         path.unlink()
     if target in ("tiff", "detect"):
-        for name, kwargs in (("contig", {"photometric": "rgb"}), ("planar", {"planarconfig": "separate", "photometric": "minisblack"}),
+        for name, kwargs in (("contig", {"photometric": "rgb"}),
+                             ("planar", {"planarconfig": "separate", "photometric": "minisblack"}),
                              ("zlib", {"compression": "zlib", "photometric": "rgb"})):
             buf = io.BytesIO()
             tifffile.imwrite(buf, cube if name != "planar" else cube.transpose(2, 0, 1), **kwargs)

@@ -55,7 +55,7 @@ class SceneEntry:
         return self.shape[2]
 
     @classmethod
-    def of_scene(cls, name: str, scene: Scene, stamps: dict[str, tuple[int, int]] | None = None) -> "SceneEntry":
+    def of_scene(cls, name: str, scene: Scene, stamps: dict[str, tuple[int, int]] | None = None) -> SceneEntry:
         """The entry describing an opened store."""
         m = scene.meta
         return cls(name=name, path=scene.path.resolve(), shape=tuple(m.shape), dtype=m.dtype,
@@ -187,7 +187,7 @@ class Collection:
         return name in self._index
 
     @property
-    def scenes(self) -> "Collection":
+    def scenes(self) -> Collection:
         """The scenes as a lazy sequence (each store is opened when its scene is first used)."""
         return self
 

@@ -6,6 +6,16 @@ the format so that the writer and the readers cannot disagree.
 
 from __future__ import annotations
 
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hsgds.errors import ChecksumError, StoreError, TileReadError
+
 FORMAT_NAME = "hsgds"
 FORMAT_VERSION = 1
 
@@ -16,16 +26,6 @@ SPLIT_TRAIN = 1
 SPLIT_VAL = 2
 SPLIT_TEST = 3
 SPLIT_CODES = {"none": SPLIT_NONE, "train": SPLIT_TRAIN, "val": SPLIT_VAL, "test": SPLIT_TEST}
-
-import math
-import os
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
-
-import numpy as np
-
-from hsgds.errors import ChecksumError, StoreError, TileReadError
 
 #: Every tile chunk's byte size is a multiple of this, so GDS / O_DIRECT reads need no bounce buffer.
 ALIGNMENT = 4096
@@ -179,9 +179,7 @@ def padded_index(positions: np.ndarray, n: int, halo: int, mode: str) -> tuple[n
             period = 2 * (n - 1)
             idx = np.abs(p) % period
             idx = np.where(idx >= n, period - idx, idx)
-    elif mode == "edge":
-        idx = np.clip(p, 0, n - 1)
-    elif mode == "zero":
+    elif mode == "edge" or mode == "zero":
         idx = np.clip(p, 0, n - 1)
     else:
         raise ValueError(f"unknown padding mode {mode!r}")
@@ -229,7 +227,7 @@ class StoreMeta:
         return d
 
     @classmethod
-    def from_json(cls, attrs: dict[str, Any], where: str) -> "StoreMeta":
+    def from_json(cls, attrs: dict[str, Any], where: str) -> StoreMeta:
         """Parse and validate the ``hsgds`` attribute; every problem is a StoreError naming the field.
 
         Store metadata is untrusted input: types and ranges are checked before any value is used to size
@@ -254,7 +252,8 @@ class StoreMeta:
     def _validate(self, where: str) -> None:
         def bad(name: str, why: str) -> StoreError:
             value = repr(getattr(self, name, None))
-            return StoreError(f"{where}: invalid hsgds metadata: {name} = {value[:80]} ({why}); convert the source again")
+            return StoreError(f"{where}: invalid hsgds metadata: {name} = {value[:80]} ({why}); "
+                              "convert the source again")
 
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)

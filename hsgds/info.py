@@ -96,7 +96,8 @@ def split_line(params: dict) -> str:
     text = ", ".join(f"{k}={v}" for k, v in shown.items())
     if params.get("method") == "blocks" and "guard_lost" in params:
         adaptive = " (adaptive)" if params.get("adaptive_block_size") else ""
-        text = text.replace(f"block_size={params.get('block_size')}", f"block_size={params.get('block_size')}{adaptive}")
+        size = f"block_size={params.get('block_size')}"
+        text = text.replace(size, f"{size}{adaptive}")
         text += f"; guard {params.get('guard_distance')} px dropped {params['guard_lost']} labelled pixels"
         unsplit = params.get("unsplit_classes") or {}
         if unsplit:
@@ -127,7 +128,8 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
         f"scene:      {h}x{w}x{b} {scene.dtype}",
         f"tiles:      {g.nty}x{g.ntx} tiles, core {g.tile}x{g.tile}, halo {g.halo} (patches up to "
         f"{2 * g.halo + 1}x{2 * g.halo + 1}), {g.tile_nbytes} bytes each, padding {m.padding}",
-        f"source:     {m.source.get('name')} ({m.source.get('size')} bytes, sha256 {str(m.source.get('sha256'))[:16]}...)",
+        f"source:     {m.source.get('name')} ({m.source.get('size')} bytes, "
+        f"sha256 {str(m.source.get('sha256'))[:16]}...)",
     ]
     if m.georeference is not None:
         lines.append(f"georef:     {describe_georeference(m.georeference)}")

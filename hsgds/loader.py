@@ -417,7 +417,8 @@ class PatchLoader:
         try:
             for b in range(start, plan.num_batches):
                 if self._closed:
-                    raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: create a new loader")
+                    raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: "
+                                     "create a new loader")
                 if pass_id != self._pass:
                     raise HsgdsError("this iterator was superseded by a newer iteration of the same loader")
                 t_in, wait_in = time.perf_counter(), self._ring.stats.consumer_wait_s
@@ -474,7 +475,7 @@ class PatchLoader:
         self._reader.close()
         self._engine.close()
 
-    def __enter__(self) -> "PatchLoader":
+    def __enter__(self) -> PatchLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:

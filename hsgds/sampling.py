@@ -96,7 +96,7 @@ def _intervals(tile_of_sample: np.ndarray, batch_size: int, segments: list[tuple
         uniq, first_idx = np.unique(tiles, return_index=True)
         _, last_rev = np.unique(tiles[::-1], return_index=True)
         last_idx = len(tiles) - 1 - last_rev
-        out += [Interval(int(t), int(batches[f]), int(batches[l])) for t, f, l in zip(uniq, first_idx, last_idx)]
+        out += [Interval(int(t), int(batches[f]), int(batches[e])) for t, f, e in zip(uniq, first_idx, last_idx)]
     # a tile used at the end of one segment and the start of the next stays resident throughout
     merged: dict[int, list[Interval]] = {}
     for iv in sorted(out, key=lambda iv: (iv.tile, iv.first)):

@@ -9,9 +9,10 @@ plan, the ring and the reader work on global ids only, and the engine reads per-
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -195,7 +196,8 @@ def pooled_stats(parts: Sequence[tuple[int, BandStats]]) -> BandStats:
             continue
         mu, var = np.asarray(st.mean, np.float64), np.asarray(st.std, np.float64) ** 2
         if mean is None:
-            n, mean, m2, lo, hi = count, mu.copy(), var * count, np.asarray(st.min, np.float64), np.asarray(st.max, np.float64)
+            n, mean, m2 = count, mu.copy(), var * count
+            lo, hi = np.asarray(st.min, np.float64), np.asarray(st.max, np.float64)
             continue
         total = n + count
         delta = mu - mean

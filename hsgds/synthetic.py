@@ -36,7 +36,8 @@ def make_scene(height: int, width: int, bands: int, *, classes: int = 8, dtype: 
     ends = np.zeros((classes, bands))
     for k in range(classes):
         for _ in range(3):
-            ends[k] += rng.uniform(0.1, 0.5) * np.exp(-((wl - rng.uniform(0, 1)) ** 2) / (2 * rng.uniform(0.02, 0.2) ** 2))
+            amplitude, centre = rng.uniform(0.1, 0.5), rng.uniform(0, 1)
+            ends[k] += amplitude * np.exp(-((wl - centre) ** 2) / (2 * rng.uniform(0.02, 0.2) ** 2))
         ends[k] += rng.uniform(0.05, 0.2) + rng.uniform(-0.1, 0.1) * wl
     ends = np.clip(ends, 0.01, None)
     logits = np.stack([_smooth_field(rng, height, width, scale) for _ in range(classes)])

@@ -16,8 +16,8 @@ import shutil
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,8 @@ class ConvertOptions:
 
     def check(self) -> None:
         if self.max_patch < 1 or self.max_patch % 2 == 0:
-            raise ConfigError(f"--max-patch must be a positive odd number (patches are pixel-centred), got {self.max_patch}")
+            raise ConfigError(f"--max-patch must be a positive odd number (patches are pixel-centred), "
+                              f"got {self.max_patch}")
         if self.halo > fmt.MAX_HALO:
             raise ConfigError(f"--max-patch {self.max_patch} is larger than a store can serve "
                               f"({2 * fmt.MAX_HALO + 1}); use a smaller patch")

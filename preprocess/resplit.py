@@ -127,7 +127,7 @@ def train_stats(store: _Store, codes: np.ndarray) -> dict[str, np.ndarray] | Non
 
 def _fsync_tree(path: Path) -> None:
     """Flush every file and folder under ``path`` (and ``path`` itself) to disk."""
-    for root, dirs, files in os.walk(path, topdown=False):
+    for root, _, files in os.walk(path, topdown=False):
         for name in files:
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
             try:

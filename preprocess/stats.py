@@ -23,7 +23,7 @@ class BandAccumulator:
     max: np.ndarray | None = None
 
     @classmethod
-    def of(cls, pixels: np.ndarray, block: int = 2048) -> "BandAccumulator":
+    def of(cls, pixels: np.ndarray, block: int = 2048) -> BandAccumulator:
         """Statistics of an (N, B) array of pixels, in blocks so float64 temporaries stay small."""
         acc = cls(bands=pixels.shape[-1])
         for i in range(0, len(pixels), block):
@@ -34,7 +34,7 @@ class BandAccumulator:
             acc.merge(part)
         return acc
 
-    def merge(self, other: "BandAccumulator") -> None:
+    def merge(self, other: BandAccumulator) -> None:
         if other.count == 0:
             return
         if self.count == 0:

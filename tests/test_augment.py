@@ -8,8 +8,7 @@ import pytest
 import torch
 from scipy import stats
 
-from hsgds.augment import (Augment, Augmenter, apply_dihedral_numpy, dihedral_offsets, draw, noise_bank,
-                           philox4x32)
+from hsgds.augment import Augment, Augmenter, apply_dihedral_numpy, dihedral_offsets, draw, noise_bank, philox4x32
 from hsgds.errors import ConfigError
 
 

@@ -149,7 +149,7 @@ def test_installs_the_local_checkout_with_cu13(dockerfile):
     for stage, words in installs:
         for word in words[2:]:
             assert not re.match(r"^hsgds($|[\[=<>~!])", word), f"hsgds installed from an index: {word}"
-            target = re.sub(r"\$\{(\w+)\}", lambda m: stage.args.get(m[1], m[0]), word)
+            target = re.sub(r"\$\{(\w+)\}", lambda m, stage=stage: stage.args.get(m[1], m[0]), word)
             path, _, extras = target.partition("[")
             if path.rstrip("/") in copies:
                 local.append(extras.rstrip("]").split(","))

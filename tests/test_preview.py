@@ -11,6 +11,7 @@ import pytest
 import hsgds
 from hsgds import format as fmt
 from hsgds.errors import DependencyError, InputError
+from hsgds.preprocess.convert import ConvertOptions, convert
 from hsgds.preview import (
     SPLIT_COLOURS,
     UNLABELLED,
@@ -19,7 +20,6 @@ from hsgds.preview import (
     preview_panels,
     render_preview,
 )
-from hsgds.preprocess.convert import ConvertOptions, convert
 
 WAVELENGTHS = [400.0 + 50.0 * i for i in range(16)]  # 400..1150 nm: 650/550/450 are the nearest bands
 
@@ -98,7 +98,7 @@ def test_panels_are_exact(envi_store):
 
     # split map: every labelled pixel has its split's colour (the guard band too), the rest black
     expected = np.zeros((h, w, 3), np.uint8)
-    for name, code in fmt.SPLIT_CODES.items():
+    for name in fmt.SPLIT_CODES:
         y, x, _ = scene.samples(name)
         expected[y, x] = SPLIT_COLOURS[name]
     np.testing.assert_array_equal(p.splits, expected)

@@ -217,7 +217,7 @@ def test_oversized_chunk_is_not_read(store):
     with open(chunk, "ab") as f:
         f.truncate(1 << 30)  # sparse: 1 GiB claimed, nothing allocated unless the reader trusts it
     with pytest.raises(StoreError, match=r"labels has 1073741824 bytes, expected 1800"):
-        hsgds.open_scene(store).labels
+        _ = hsgds.open_scene(store).labels
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -253,7 +253,8 @@ def test_tiles_array_must_match_the_metadata(store):
 # -- any JSON at all: StoreError or a valid StoreMeta, nothing else -----------------------------------------
 
 _json = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
-                     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+                     lambda inner: (st.lists(inner, max_size=5)
+                                    | st.dictionaries(st.text(max_size=8), inner, max_size=5)),
                      max_leaves=12)
 _VALID = {"shape": [30, 30, 4], "dtype": "int16", "tile": 18, "halo": 7, "padding": "reflect", "num_classes": 3,
           "checksums": [0, 1, 2, 3], "num_samples": 10, "format_version": 1}

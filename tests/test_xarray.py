@@ -9,8 +9,8 @@ import pytest
 
 import hsgds
 from hsgds.errors import DependencyError
-from hsgds.scene import Scene
 from hsgds.preprocess.convert import ConvertOptions, convert
+from hsgds.scene import Scene
 
 xr = pytest.importorskip("xarray")
 

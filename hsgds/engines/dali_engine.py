@@ -36,7 +36,6 @@ import threading
 from typing import Any
 
 import numpy as np
-
 import torch
 
 from hsgds import defaults

@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-
 import torch
 
 from hsgds import defaults
@@ -421,7 +420,8 @@ class TorchEngine(PatchEngine):
         else:  # element gather: pixel offsets and band offsets per sample
             rows_base = None
             if dihedral is None:
-                pix = ((d[None, :, None] * side[:, None, None] + d[None, None, :]) * stride[:, None, None]).view(n, p * p)
+                pix = ((d[None, :, None] * side[:, None, None] + d[None, None, :])
+                       * stride[:, None, None]).view(n, p * p)
             else:  # each patch's own read order (hsgds.augment): source (a, b) of output (i, j)
                 ab = self._dihedral_ab(device)[dihedral.long()]  # (n, p, p, 2)
                 pix = ((ab[..., 0] * side[:, None, None] + ab[..., 1]) * stride[:, None, None]).view(n, p * p)

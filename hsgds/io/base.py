@@ -30,11 +30,11 @@ class TileSource:
         return self.nbytes if self.sizes is None else self.sizes[tile_id]
 
     @classmethod
-    def from_scene(cls, scene: Any) -> "TileSource":
+    def from_scene(cls, scene: Any) -> TileSource:
         return cls(tuple(scene.tile_paths), scene.grid.tile_nbytes, tuple(scene.meta.checksums))
 
     @classmethod
-    def concat(cls, sources: "list[TileSource]") -> "TileSource":
+    def concat(cls, sources: list[TileSource]) -> TileSource:
         """One source over the tiles of several scenes: global tile id = the scene's first id + its tile id."""
         paths = tuple(p for s in sources for p in s.paths)
         checksums = tuple(c for s in sources for c in s.checksums)
@@ -93,7 +93,7 @@ class ChunkReader(abc.ABC):
     def close(self) -> None:
         """Release file handles and buffers. Idempotent."""
 
-    def __enter__(self) -> "ChunkReader":
+    def __enter__(self) -> ChunkReader:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from hsgds import defaults
-from hsgds.io.kvikio_support import import_kvikio, kvikio_mode
 from hsgds.errors import ConfigError, TileReadError
 from hsgds.io.base import ChunkReader, TileSource
+from hsgds.io.kvikio_support import import_kvikio, kvikio_mode
 
 _MAX_AUTO_THREADS = 8
 

@@ -13,7 +13,6 @@ from hsgds.errors import TileReadError
 from hsgds.format import ALIGNMENT
 from hsgds.io.base import ChunkReader, TileSource
 
-
 #: Windows opens files in text mode unless told otherwise (newline translation would corrupt tiles).
 _O_BINARY = getattr(os, "O_BINARY", 0)
 

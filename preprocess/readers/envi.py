@@ -340,7 +340,8 @@ def _memmap(binary: Path, header_path: Path) -> tuple[np.memmap, str, dict[str, 
     try:
         array = np.memmap(binary, dtype=dtype, mode="r", offset=offset, shape=tuple(dims[a] for a in axes))
     except (OSError, ValueError) as exc:
-        raise InputError(f"cannot map ENVI data file {binary} ({exc}); check that it is a complete regular file") from None
+        raise InputError(f"cannot map ENVI data file {binary} ({exc}); check that it is a complete "
+                         "regular file") from None
     return array, axes, header
 
 

@@ -12,8 +12,13 @@ import h5py
 import numpy as np
 
 from hsgds.errors import InputError
-from hsgds.preprocess.readers.base import (ArrayCube, check_decoded_size, check_dtype, check_fits_in_memory,
-                                     parse_failure)
+from hsgds.preprocess.readers.base import (
+    ArrayCube,
+    check_decoded_size,
+    check_dtype,
+    check_fits_in_memory,
+    parse_failure,
+)
 
 __all__ = ["band_axes", "choose_variable", "list_datasets", "open_hdf5", "read_hdf5_labels"]
 

@@ -1,4 +1,5 @@
-"""MATLAB .mat reader: v5/v7 through a bounded parser (matv5), v4 through scipy (both loaded whole), v7.3 through h5py (sliced lazily).
+"""MATLAB .mat reader: v5/v7 through a bounded parser (matv5), v4 through scipy (both loaded whole), v7.3
+through h5py (sliced lazily).
 
 MATLAB is column-major, so in a v7.3 file an (H, W, B) variable appears to h5py as (B, W, H). The
 reader says so with reversed axis letters instead of transposing anything in memory.
@@ -14,8 +15,8 @@ import numpy as np
 import scipy.io
 
 from hsgds.errors import InputError
-from hsgds.preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
 from hsgds.preprocess.readers import matv5
+from hsgds.preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
 from hsgds.preprocess.readers.hdf5 import band_axes, check_dataset, choose_variable, guarded, list_datasets
 
 __all__ = ["open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]

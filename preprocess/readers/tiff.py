@@ -18,8 +18,13 @@ import tifffile
 
 from hsgds import format as fmt
 from hsgds.errors import InputError
-from hsgds.preprocess.readers.base import (ArrayCube, check_decoded_size, check_dtype, check_fits_in_memory,
-                                     parse_failure)
+from hsgds.preprocess.readers.base import (
+    ArrayCube,
+    check_decoded_size,
+    check_dtype,
+    check_fits_in_memory,
+    parse_failure,
+)
 
 __all__ = ["open_tiff", "read_tiff_labels"]
 

@@ -67,7 +67,8 @@ def make_storage(dtype: str, seed: int = 0) -> np.ndarray:
     shape = (SLOTS, SIDE, SIDE, BANDS)
     if dtype.startswith("float"):
         return rng.uniform(lo, hi, size=shape).astype(dtype)
-    return rng.integers(lo, hi, size=shape, dtype=np.uint64 if dtype in ("uint32", "uint64") else np.int64).astype(dtype)
+    wide = np.uint64 if dtype in ("uint32", "uint64") else np.int64
+    return rng.integers(lo, hi, size=shape, dtype=wide).astype(dtype)
 
 
 def make_coords(n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

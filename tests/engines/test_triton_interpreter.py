@@ -52,7 +52,8 @@ SCRIPT = textwrap.dedent("""
                     if out_dtype == torch.float32:
                         assert np.array_equal(got, want), (store, use_codes, nchw)
                     else:
-                        bits = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).view(torch.int16).int()
+                        bits = lambda a: (torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16)
+                                          .view(torch.int16).int())
                         ulp = (out.view(torch.int16).int() - bits(want)).abs().max().item()
                         assert ulp <= 1, (store, use_codes, nchw, ulp)
     print("ok")

@@ -155,7 +155,8 @@ def test_real_full_filesystem(scene, tmp_path):
     try:
         big = np.zeros((200, 200, 8), np.int16)  # ~1.4 MB of tiles
         np.save(tmp_path / "big.npy", big)
-        with pytest.raises(StoreError, match=r"cannot write .* of .*o.zarr \(No space left on device\); the disk is full"):
+        full = r"cannot write .* of .*o.zarr \(No space left on device\); the disk is full"
+        with pytest.raises(StoreError, match=full):
             convert(tmp_path / "big.npy", mnt / "o.zarr", ConvertOptions(tile=18))
         assert os.listdir(mnt) == []
     finally:

@@ -306,7 +306,8 @@ def test_hdf5_huge_chunks_checked_against_memory(monkeypatch):
 def _tiff_seeds() -> list[bytes]:
     cube = np.arange(5 * 4 * 3, dtype=np.uint16).reshape(5, 4, 3)
     out = []
-    for kwargs in ({"photometric": "rgb"}, {"planarconfig": "separate", "photometric": "minisblack"}, {"compression": "zlib", "photometric": "rgb"}):
+    for kwargs in ({"photometric": "rgb"}, {"planarconfig": "separate", "photometric": "minisblack"},
+                   {"compression": "zlib", "photometric": "rgb"}):
         buf = io.BytesIO()
         tifffile.imwrite(buf, cube if "planarconfig" not in kwargs else cube.transpose(2, 0, 1), **kwargs)
         out.append(buf.getvalue())
@@ -327,7 +328,7 @@ def test_tiff_ifd_loop_is_refused_quickly():
     raw = bytearray(b"II*\x00" + struct.pack("<I", 8))
     entry = struct.pack("<HHII", 256, 3, 1, 4)  # ImageWidth = 4 (one tag per directory)
     offsets = [8 + i * 18 for i in range(120)]
-    for i, off in enumerate(offsets):
+    for i in range(len(offsets)):
         nxt = offsets[i + 1] if i + 1 < len(offsets) else offsets[110]  # the tail loops back
         raw += struct.pack("<H", 1) + entry + struct.pack("<I", nxt)
     t0 = time.perf_counter()

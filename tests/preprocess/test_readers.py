@@ -14,8 +14,8 @@ import tifffile
 # SPy writes the ENVI fixtures; it is in the [test] extra (absent on the bare GPU check machine)
 spy_envi = pytest.importorskip("spectral.io.envi")
 
-from hsgds.errors import InputError
-from hsgds.preprocess.readers import FORMATS, detect_format, open_cube, read_labels
+from hsgds.errors import InputError  # noqa: E402 - after the importorskip above
+from hsgds.preprocess.readers import FORMATS, detect_format, open_cube, read_labels  # noqa: E402
 
 # Odd, distinct sizes so a swapped axis cannot go unnoticed.
 H, W, B = 13, 11, 7
