@@ -42,7 +42,9 @@ def _backend_array_class() -> type:
     xr_backends = require("xarray.backends", "xarray", "Scene.to_xarray()")
     indexing = require("xarray.core.indexing", "xarray", "Scene.to_xarray()")
 
-    class SceneBackendArray(xr_backends.BackendArray):
+    backend_array: Any = xr_backends.BackendArray  # a class of the optional xarray, known only at run time
+
+    class SceneBackendArray(backend_array):
         """(y, x, band) view of a scene; every basic index is one :meth:`Scene.read` window."""
 
         __slots__ = ("dtype", "scene", "shape")

@@ -58,7 +58,7 @@ class SceneEntry:
     def of_scene(cls, name: str, scene: Scene, stamps: dict[str, tuple[int, int]] | None = None) -> SceneEntry:
         """The entry describing an opened store."""
         m = scene.meta
-        return cls(name=name, path=scene.path.resolve(), shape=tuple(m.shape), dtype=m.dtype,
+        return cls(name=name, path=scene.path.resolve(), shape=m.shape, dtype=m.dtype,
                    wavelengths=None if m.wavelengths is None else tuple(float(w) for w in m.wavelengths),
                    band_names=None if m.band_names is None else tuple(m.band_names),
                    num_classes=int(m.num_classes),

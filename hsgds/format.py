@@ -434,7 +434,7 @@ def tile_paths(store: Path, grid: TileGrid, array_meta: dict[str, Any]) -> list[
     """File path of every tile chunk, indexed by tile id (ty * ntx + tx); each checked to lie inside the store."""
     store = Path(store)
     base = store / TILES
-    cache: dict[Path, Path] = {}
+    cache: dict[str, str] = {}
     return [inside(store, base / chunk_key(array_meta, (ty, tx, 0, 0, 0)), str(store), cache)
             for ty in range(grid.nty) for tx in range(grid.ntx)]
 

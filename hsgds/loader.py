@@ -434,7 +434,7 @@ class PatchLoader:
                 patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2],
                                            index[4] if tables else None, dihedral=dihedral)
                 t_cut = time.perf_counter() - t_cut
-                if aug is not None:
+                if aug is not None and self._augmenter is not None:
                     self._augmenter(patches, aug)
                 labels = index[3]
                 self._ring.release_batch(b)

@@ -63,7 +63,7 @@ def class_colours(num_classes: int) -> np.ndarray:
 
 
 def pick_bands(num_bands: int, wavelengths: list[float] | None = None,
-               bands: tuple[int, int, int] | list[int] | None = None) -> tuple[tuple[int, int, int], str]:
+               bands: tuple[int, ...] | list[int] | None = None) -> tuple[tuple[int, int, int], str]:
     """The (red, green, blue) band indices of the false-colour image and a note saying how they were chosen.
 
     Explicit ``bands`` win; else the bands nearest :data:`RGB_TARGETS_NM` when wavelengths are known;
@@ -113,11 +113,11 @@ class PreviewPanels:
     bands: tuple[int, int, int]
     band_note: str
     step: int
-    class_legend: list[tuple[int, str, tuple[int, int, int], int]]
+    class_legend: list[tuple[int, str, tuple[int, ...], int]]
     split_legend: list[tuple[str, str, tuple[int, int, int], int]]
 
 
-def preview_panels(scene, bands: tuple[int, int, int] | list[int] | None = None,
+def preview_panels(scene, bands: tuple[int, ...] | list[int] | None = None,
                    percentiles: tuple[float, float] = (2.0, 98.0), max_size: int = 1024) -> PreviewPanels:
     """Compute the preview panels of a scene (an open :class:`~hsgds.scene.Scene` or a store path).
 
@@ -190,7 +190,7 @@ def preview_panels(scene, bands: tuple[int, int, int] | list[int] | None = None,
                          class_legend=class_legend, split_legend=split_legend)
 
 
-def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, int, int] | list[int] | None = None,
+def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | list[int] | None = None,
                    percentiles: tuple[float, float] = (2.0, 98.0), max_size: int = 1024,
                    dpi: int = 120) -> Path:
     """Write the preview image (format from the file suffix: .png, .pdf, .svg, ...) and return its path.
@@ -220,7 +220,7 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, int, int]
     sampled = f", every {panels.step} px" if panels.step > 1 else ""
     fig.suptitle(f"{scene.path.name}: {h}x{w}x{b} {scene.dtype}{sampled}", fontsize=11)
 
-    def patch(colour: tuple[int, int, int], text: str):
+    def patch(colour: tuple[int, ...], text: str):
         return patches.Patch(facecolor=tuple(c / 255 for c in colour), edgecolor="black", linewidth=0.4,
                              label=text)
 

@@ -268,8 +268,9 @@ def _probe_dali(info: dict[str, Any], *, gpu: bool) -> None:
     try:
         from nvidia.dali import backend
 
-        n = int(backend.GetCUDADeviceCount())
-        built = int(backend.GetCudaVersion())
+        # DALI's backend.pyi stub leaves these out
+        n = int(backend.GetCUDADeviceCount())  # type: ignore[attr-defined]
+        built = int(backend.GetCudaVersion())  # type: ignore[attr-defined]
     except Exception as exc:
         info["dali_reason"] = f"DALI cannot use CUDA: {_why(exc)}"
         return

@@ -108,16 +108,16 @@ def open_scene_set(store: Any) -> SceneSet:
             from hsgds.collection import open_collection
 
             coll = open_collection(path)
-            scenes = tuple(coll.scene(i) for i in range(len(coll.names)))
-            if not scenes:
+            listed = tuple(coll.scene(i) for i in range(len(coll.names)))
+            if not listed:
                 raise ConfigError(f"collection {path} lists no scenes")
-            return SceneSet(scenes, tuple(coll.names), True)
+            return SceneSet(listed, tuple(coll.names), True)
         scene = open_scene(path)
         return SceneSet((scene,), (_scene_name(scene.path),), False)
     if isinstance(store, (list, tuple)):
         if not store:
             raise ConfigError("store is an empty list; pass at least one store path or Scene")
-        scenes = []
+        scenes: list[Scene] = []
         for item in store:
             if not isinstance(item, (Scene, str, os.PathLike)):
                 raise ConfigError(f"a list of stores holds store paths or Scenes, got {type(item).__name__}")
@@ -189,8 +189,11 @@ def _train_count(scene: Scene) -> int:
 def pooled_stats(parts: Sequence[tuple[int, BandStats]]) -> BandStats:
     """Exact statistics of the union of several pixel sets from their (count, stats): Chan et al.'s merge
     of counts, means and M2 (population variance), and min / max."""
-    n, mean, m2 = 0, None, None
-    lo = hi = None
+    n = 0
+    mean: np.ndarray | None = None  # None until the first set with pixels; then m2, lo, hi are arrays too
+    m2: Any = None
+    lo: Any = None
+    hi: Any = None
     for count, st in parts:
         if count == 0:
             continue

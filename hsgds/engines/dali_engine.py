@@ -165,7 +165,7 @@ class DaliEngine(PatchEngine):
                     x = fn.transpose(x, perm=[1, 0, 2], output_layout="HWC")
             if nchw:
                 x = fn.transpose(x, perm=[2, 0, 1])
-                shape = (bands, 1, 1)
+                shape: tuple[int, ...] = (bands, 1, 1)
             else:
                 shape = (bands,)
             if store_dtype == torch.float64 and self._compute == torch.float32:
@@ -181,7 +181,7 @@ class DaliEngine(PatchEngine):
                 # (max_batch, B) array each, made here once and fed as a slice per batch (no copy)
                 offset = fn.external_source(name="offset", device=where, no_copy=True, ndim=len(shape))
                 scale = fn.external_source(name="scale", device=where, no_copy=True, ndim=len(shape))
-                stats = [np.ascontiguousarray(np.broadcast_to(v.reshape(shape), (batch, *shape))) for v in
+                stats: list[Any] = [np.ascontiguousarray(np.broadcast_to(v.reshape(shape), (batch, *shape))) for v in
                          (self._offset, self._scale)]
                 if gpu:
                     stats = [torch.from_numpy(v).to(f"cuda:{device_id}") for v in stats]

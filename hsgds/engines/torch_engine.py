@@ -18,7 +18,15 @@ import torch
 from hsgds import defaults
 from hsgds.augment import dihedral_offsets
 from hsgds.engines import cpu_cut, triton_cut
-from hsgds.engines.base import PatchEngine, PatchSpec, check_coords, check_dihedral, check_storage, is_store_dtype
+from hsgds.engines.base import (
+    PatchEngine,
+    PatchSpec,
+    SceneTables,
+    check_coords,
+    check_dihedral,
+    check_storage,
+    is_store_dtype,
+)
 from hsgds.errors import ConfigError, InputError
 
 __all__ = ["TorchEngine"]
@@ -81,7 +89,8 @@ class TorchEngine(PatchEngine):
         self._compute = torch.float64 if out_dtype == torch.float64 else torch.float32
         self._offset_np = spec.offset
         self._scale_np = spec.scale
-        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        # per device: (offset, scale); per ("tables", device): the per-scene tables as tensors
+        self._consts: dict[Any, Any] = {}
         self._consts_for(self._device)
         self._check_bounds = check_bounds
         self._offsets: dict[tuple[Any, ...], torch.Tensor] = {}
@@ -89,7 +98,7 @@ class TorchEngine(PatchEngine):
         self._bufs: dict[tuple[Any, torch.dtype], torch.Tensor] = {}
         self._lock = threading.Lock()
         # CPU: output buffers handed out again once nobody holds them (see _output)
-        self._outs: list[tuple[torch.Tensor, int]] = []
+        self._outs: list[tuple[torch.Tensor, int | None]] = []
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         # CPU path tunables (docs/settings.md), read once per engine: output buffers kept for reuse (the
@@ -354,17 +363,23 @@ class TorchEngine(PatchEngine):
             w.sub_(offset)
             w.mul_(scale)
             if not direct:  # one rounding to the 16-bit output dtype
-                w = (obuf[:rows * bands].view(rows, bands) if nchw else dst).copy_(w)
+                w = (obuf[:rows * bands].view(rows, bands) if obuf is not None else dst).copy_(w)  # NCHW: obuf
             if nchw:
                 _transpose_into(out[i:i + k].view(k, bands, pp), w.view(k, pp, bands))
 
     # -- several scenes (per-scene tables) -----------------------------------------------------------
+    def _scene_tables(self) -> SceneTables:
+        """The spec's per-scene tables (the per-scene-table cut runs only for a spec that has them)."""
+        tables = self.spec.tables
+        assert tables is not None
+        return tables
+
     def _tables_for(self, device: torch.device) -> dict[str, torch.Tensor]:
         """The spec's SceneTables as tensors on ``device`` (offset/scale rounded to the compute dtype once)."""
         key = ("tables", device)
         got = self._consts.get(key)
         if got is None:
-            tb = self.spec.tables
+            tb = self._scene_tables()
             got = self._consts[key] = {
                 "side": torch.as_tensor(np.asarray(tb.side, np.int64)).to(device),
                 "stride": torch.as_tensor(np.asarray(tb.stride, np.int64)).to(device),
@@ -380,7 +395,7 @@ class TorchEngine(PatchEngine):
         """Cut from tiles of several scenes: per sample, its table's tile geometry, band selection and
         normalization. Still one gather per chunk of patches (per batch on CUDA) and one fused
         normalization: the per-sample tables only change the index arithmetic and the constants."""
-        spec, tb = self.spec, self.spec.tables
+        spec, tb = self.spec, self._scene_tables()
         if not isinstance(storage, torch.Tensor) or storage.ndim < 2 or not storage.is_contiguous():
             raise InputError("storage must be a contiguous (slots, ...) torch.Tensor")
         if not is_store_dtype(storage.dtype):
@@ -474,11 +489,12 @@ class TorchEngine(PatchEngine):
         if rows_base is not None:  # whole pixel rows
             idx = buf("t-index", torch.int64, rows)
             torch.add(rows_base[i:i + k, None],
-                      self._patch_offsets(int(spec.tables.side[0]), flat.device, dihedral, i, i + k),
+                      self._patch_offsets(int(self._scene_tables().side[0]), flat.device, dihedral, i, i + k),
                       out=idx.view(k, pp))
             g = buf("t-gather", flat.dtype, rows * bands).view(rows, bands)
             torch.index_select(flat.view(-1, bands), 0, idx, out=g)
         else:  # single values: per-sample pixel offsets plus per-scene band offsets
+            assert pix is not None  # the element gather always has its pixel offsets
             idx = buf("t-index", torch.int64, rows * bands).view(k, pp, bands)
             torch.add(pix[i:i + k, :, None], tab["band"].index_select(0, t)[:, None, :], out=idx)
             idx.add_(base[i:i + k, None, None])
@@ -508,7 +524,7 @@ class TorchEngine(PatchEngine):
 
     def _check_table_coords(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
                             table: torch.Tensor, tab: dict[str, torch.Tensor]) -> None:
-        r, ntab, slots = self.spec.radius, len(self.spec.tables), storage.shape[0]
+        r, ntab, slots = self.spec.radius, len(self._scene_tables()), storage.shape[0]
         bad = (table < 0) | (table >= ntab) | (slot < 0) | (slot >= slots)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
