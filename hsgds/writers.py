@@ -67,7 +67,7 @@ def check_output(path: str | os.PathLike) -> str:
         raise InputError(f"cannot write a class map as {p.name!r}: unknown suffix {p.suffix or '(none)'!r}; "
                          f"use one of {', '.join(FORMATS)}")
     name, module, extra = FORMATS[suffix]
-    if module is not None:
+    if module is not None and extra is not None:  # both set, or neither
         require(module, extra, f"writing a {name} class map ({p.name})")
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():

@@ -71,7 +71,7 @@ def test_geotiff_pixel_is_point_moves_origin_like_gdal(tmp_path, cube):
     with tifffile.TiffFile(src) as tif:
         tag = tif.pages[0].tags["GeoKeyDirectoryTag"]
         keys = list(tag.value)
-        offset, count, dtype = tag.valueoffset, tag.count, tag.dtype
+        offset = tag.valueoffset
     i = [keys[j] for j in range(4, len(keys), 4)].index(1025)
     keys[4 + 4 * i + 3] = 2
     with open(src, "r+b") as f:
