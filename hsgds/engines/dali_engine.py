@@ -165,9 +165,9 @@ class DaliEngine(PatchEngine):
                     x = fn.transpose(x, perm=[1, 0, 2], output_layout="HWC")
             if nchw:
                 x = fn.transpose(x, perm=[2, 0, 1])
-                shape: tuple[int, ...] = (bands, 1, 1)
-            else:
-                shape = (bands,)
+                shape = (bands, 1, 1)
+            else:  # (no annotations in here: DALI's AutoGraph rewrite of this function rejects them)
+                shape = (bands,)  # type: ignore[assignment]
             if store_dtype == torch.float64 and self._compute == torch.float32:
                 # float64 - float32 would compute in float64; round x first, as torch's x.float() does
                 x = fn.cast(x, dtype=types.FLOAT)
@@ -181,10 +181,10 @@ class DaliEngine(PatchEngine):
                 # (max_batch, B) array each, made here once and fed as a slice per batch (no copy)
                 offset = fn.external_source(name="offset", device=where, no_copy=True, ndim=len(shape))
                 scale = fn.external_source(name="scale", device=where, no_copy=True, ndim=len(shape))
-                stats: list[Any] = [np.ascontiguousarray(np.broadcast_to(v.reshape(shape), (batch, *shape))) for v in
+                stats = [np.ascontiguousarray(np.broadcast_to(v.reshape(shape), (batch, *shape))) for v in
                          (self._offset, self._scale)]
                 if gpu:
-                    stats = [torch.from_numpy(v).to(f"cuda:{device_id}") for v in stats]
+                    stats = [torch.from_numpy(v).to(f"cuda:{device_id}") for v in stats]  # type: ignore[misc]
                 self._stats = stats
             return (x - offset) * scale  # no cast to float16 here: see the module notes (rounding of ties)
 
