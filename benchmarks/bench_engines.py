@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         for out_name in args.out_dtypes.split(","):
             sizes = set()
             for engine_name in args.engines.split(","):
-                counts = [int(t) for t in args.cpu_threads.split(",")] if device == "cpu" and engine_name != "dali" else [0]
+                cpu_engine = device == "cpu" and engine_name != "dali"
+                counts = [int(t) for t in args.cpu_threads.split(",")] if cpu_engine else [0]
                 for threads in counts:
                     if device != "cpu" and engine_name == "torch-ops":
                         continue  # the same engine as "torch" off the CPU

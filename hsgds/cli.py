@@ -7,6 +7,7 @@ import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -69,7 +70,8 @@ def _echo_split(store) -> None:
 _SCENE_OPTIONS = [
     click.option("--key", help="Variable / dataset holding the cube (.mat, HDF5), when the file has several."),
     click.option("--labels-key", help="Variable / dataset holding the labels."),
-    click.option("--band-axis", type=click.Choice(["first", "last"]), help="Band axis of .npy/.mat/HDF5 arrays (default last)."),
+    click.option("--band-axis", type=click.Choice(["first", "last"]),
+                 help="Band axis of .npy/.mat/HDF5 arrays (default last)."),
     click.option("--max-patch", default=15, show_default=True, help="Largest patch size served (halo = (p-1)/2)."),
     click.option("--tile", type=int, help="Tile core size in pixels (default: chosen for ~1-8 MiB aligned tiles)."),
     click.option("--padding", default="reflect", show_default=True, type=click.Choice(["reflect", "edge", "zero"])),
@@ -156,7 +158,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
 
     opts = _convert_options(**options, workers=threads)
     logging.getLogger("distributed").setLevel(logging.ERROR)  # worker restarts are reported per scene below
-    bar = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
+    bar: Any = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
                             item_show_func=lambda tiles: None if tiles is None else f"{tiles} tiles"
                             ) if sys.stderr.isatty() else None
     tiles = 0

@@ -17,8 +17,8 @@ from hsgds import defaults
 from hsgds._optional import cuda_extra
 from hsgds.choice import AUTO_ENGINE, Choice, choose
 from hsgds.doctor import doctor_report
-from hsgds.probe import DeviceReport, probe
 from hsgds.errors import ConfigError, DependencyError
+from hsgds.probe import DeviceReport, probe
 
 
 @pytest.fixture(autouse=True)

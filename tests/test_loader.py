@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import hsgds
-from hsgds.io import ChunkReader
 from hsgds.errors import ChecksumError, ConfigError, TileReadError
+from hsgds.io import ChunkReader
 from hsgds.preprocess.convert import ConvertOptions, convert
 
 ENGINES = ["torch", "dali"]

@@ -277,7 +277,7 @@ class TorchEngine(PatchEngine):
         engine's threads (the kernel releases the GIL). A range per ~``torch_chunk_bytes`` of work, so
         a small batch stays on the calling thread and threads share a big one dynamically."""
         spec = self.spec
-        p, r, bands = spec.patch_size, spec.radius, spec.bands
+        r = spec.radius
         n, side = slot.shape[0], storage.shape[1]
         out = self._output(shape)
         base = ((slot * side + (y - r)) * side + (x - r)).numpy()  # top-left pixel of each patch
@@ -292,6 +292,7 @@ class TorchEngine(PatchEngine):
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
         edges = [n * k // parts for k in range(parts + 1)]
+        assert self._pool is not None  # _workers() made it for more than one worker
         futures = [self._pool.submit(self._cut_range, src, side, base, codes, dst, lo, hi)
                    for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
         for f in futures:
@@ -328,6 +329,7 @@ class TorchEngine(PatchEngine):
         if workers == 1:
             self._cut_chunks(chunks, flat, storage.dtype, base, offsets, out)
             return out
+        assert self._pool is not None  # _workers() made it for more than one worker
         futures = [self._pool.submit(self._cut_chunks, chunks[w::workers], flat, storage.dtype, base, offsets, out)
                    for w in range(workers)]
         for f in futures:

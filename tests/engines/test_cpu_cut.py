@@ -77,7 +77,8 @@ def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> None:
     ia, ib = (t.view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else
                      torch.int64) for t in (a, b))
     bad = (ia != ib).nonzero()
-    assert len(bad) == 0, f"{len(bad)} values differ, first at {bad[0].tolist()}: {a[tuple(bad[0])]} vs {b[tuple(bad[0])]}"
+    assert len(bad) == 0, (f"{len(bad)} values differ, first at {bad[0].tolist()}: "
+                           f"{a[tuple(bad[0])]} vs {b[tuple(bad[0])]}")
 
 
 @pytest.mark.parametrize("store", STORE_DTYPES)
@@ -97,8 +98,8 @@ def test_every_dtype_and_layout_matches_numpy_bit_for_bit(store, out_dtype, nchw
     _equal_bits(got, _reference(storage, slot, y, x, p, offset, scale, out_dtype, nchw))
 
 
-@pytest.mark.parametrize("p, bands, side", [(1, 1, 1), (1, 3, 4), (3, 1, 3), (7, 2, 9), (5, 7, 8), (3, 8, 3), (3, 9, 5), (9, 8, 9),
-                                           (13, 33, 17), (15, 200, 15), (17, 16, 20)])
+@pytest.mark.parametrize("p, bands, side", [(1, 1, 1), (1, 3, 4), (3, 1, 3), (7, 2, 9), (5, 7, 8), (3, 8, 3), (3, 9, 5),
+                                           (9, 8, 9), (13, 33, 17), (15, 200, 15), (17, 16, 20)])
 def test_odd_shapes_and_tile_edges(p, bands, side):
     """Patch size 1, one band, tiles exactly one patch wide, patches touching every tile edge."""
     storage = _storage("uint16", 2, side, bands, seed=p + bands)

@@ -100,14 +100,15 @@ class FakeCuFile:
     closed (or reused) descriptor would."""
 
     opened: list[str] = []
-    handles: list["FakeCuFile"] = []
+    handles: list[FakeCuFile] = []
     delay = 0.0
 
     def __init__(self, path, flags="r"):
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
-            raise RuntimeError(f"Unable to open file. Linux system/library function call error: {exc.strerror}")
+            raise RuntimeError(f"Unable to open file. Linux system/library function call error: "
+                               f"{exc.strerror}") from None
         self.closed = False
         FakeCuFile.opened.append(str(path))
         FakeCuFile.handles.append(self)

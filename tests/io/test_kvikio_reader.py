@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from hsgds import defaults
-from hsgds.probe import probe
 from hsgds.errors import ChecksumError, ConfigError, DependencyError, TileReadError
 from hsgds.io.kvikio_reader import KvikioReader
+from hsgds.probe import probe
 from tests.io.conftest import FakeCuFile, requires_cuda
 
 

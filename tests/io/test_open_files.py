@@ -55,7 +55,7 @@ def test_posix_epoch_over_2025_tiles_keeps_descriptors_bounded(many_tiles_store)
         assert loader.scene.grid.num_tiles == 2025
         before = len(_fds())
         with _open_files_limit(headroom=64):
-            for patches, _ in loader:
+            for _ in loader:
                 counts.append(len(_fds()))
         assert loader.stats.tiles_loaded == 2025 and loader.stats.patches == 2025
     assert max(counts) <= before + INFLIGHT, (before, max(counts))
