@@ -311,8 +311,8 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
 def predict(store, model_path, out, patch_size, batch_size, probabilities, device, tta) -> None:
     """Classify every pixel of STORE with a model and write the class map (georeferenced when the source was)."""
     from hsgds import writers
-    from hsgds.models import load_model
     from hsgds.inference import predict as run_predict
+    from hsgds.models import load_model
     from hsgds.scene import open_scene
 
     writers.check_output(out)  # before any work: a bad suffix or missing folder costs nothing

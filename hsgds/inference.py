@@ -35,7 +35,7 @@ def ring_bytes_for(scene: Scene, batch_size: int, mask: np.ndarray | None = None
     batch that starts at the last pixel of tile i covers the tiles holding the next batch_size - 1 pixels.
     """
     g = scene.grid
-    counts = np.zeros((g.nty, g.ntx), np.int64)
+    counts: np.ndarray = np.zeros((g.nty, g.ntx), np.int64)
     for ty in range(g.nty):
         for tx in range(g.ntx):
             y0, y1, x0, x1 = g.core_window(ty * g.ntx + tx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.ndimage import maximum_filter
@@ -138,7 +139,8 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
     lines.append(leakage_line(leakage(scene, patch_size)))
     counts = split_class_counts(scene)
-    n_classes = int(np.count_nonzero(sum(counts.values())[1:]))
+    total: Any = sum(counts.values())  # per class, over the splits
+    n_classes = int(np.count_nonzero(total[1:]))
     lines.append(f"classes:    {n_classes} (labels 1..{scene.num_classes}), {m.num_samples} labelled pixels")
     if m.num_samples:
         names = [s for s in ("train", "val", "test", "none") if counts[s].sum()]

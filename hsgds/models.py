@@ -143,10 +143,11 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: in
     if MODELS.get(name) is not type(model) or not isinstance(getattr(model, "config", None), dict):
         raise ConfigError(f"only the models in hsgds.models.MODELS can be saved as checkpoints, not {name}; "
                           "save other models with torch.export")
-    state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(model.config),
+    config: dict[str, Any] = model.config  # type: ignore[assignment]  # checked to be a dict above
+    state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(config),
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "patch_size": int(patch_size), "normalize": normalize, "layout": "NCHW",
-             "bands": int(model.config["bands"]), "classes": int(model.config["classes"]),
+             "bands": int(config["bands"]), "classes": int(config["classes"]),
              "class_names": None if class_names is None else [str(n) for n in class_names]}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         torch.save(state, f)

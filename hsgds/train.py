@@ -257,9 +257,9 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
     the paths written."""
     from pathlib import Path
 
+    from hsgds.inference import predict
     from hsgds.loader import PatchLoader
     from hsgds.models import SpectralSpatialCNN, save_checkpoint
-    from hsgds.inference import predict
 
     if out_dir is not None:  # fail on an unwritable folder or a missing matplotlib before training
         from hsgds import writers

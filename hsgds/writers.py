@@ -326,9 +326,9 @@ class ProbabilityFile:
             np.lib.format.write_array_header_2_0(f, header)
             self._offset = f.tell()
             f.truncate(self._offset + nbytes)
-        self._file = open(self._tmp, "r+b")
+        self._file: Any = open(self._tmp, "r+b")  # noqa: SIM115 - open with the mmap until close()
         self._mmap = mmap.mmap(self._file.fileno(), self._offset + nbytes)
-        self.array = np.frombuffer(self._mmap, dtype="<f2", count=int(np.prod(self.shape)),
+        self.array: Any = np.frombuffer(self._mmap, dtype="<f2", count=int(np.prod(self.shape)),
                                    offset=self._offset).reshape(self.shape)
 
     def write(self, y: np.ndarray, x: np.ndarray, values: np.ndarray) -> None:
@@ -373,7 +373,7 @@ class ProbabilityFile:
             with contextlib.suppress(OSError):
                 self._tmp.unlink()
 
-    def __enter__(self) -> "ProbabilityFile":
+    def __enter__(self) -> ProbabilityFile:
         return self
 
     def __exit__(self, exc_type, *exc: object) -> None:

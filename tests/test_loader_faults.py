@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import hsgds
-from hsgds.io import ChunkReader
 from hsgds.errors import HsgdsError
+from hsgds.io import ChunkReader
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from hsgds.models import Hamida3D, SpectralSpatialCNN, make_model
-from hsgds.train import (classification_metrics, compute_only, confusion_matrix, evaluate, run_demo,
-                         train_steps)
+from hsgds.train import classification_metrics, compute_only, confusion_matrix, evaluate, run_demo, train_steps
 
 
 def test_metrics_match_a_hand_computation():
@@ -103,8 +102,8 @@ def test_loops_learn_and_time():
 
 
 def test_run_demo_on_a_tiny_store(tmp_path):
-    from hsgds.synthetic import make_scene
     from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
 
     cube, labels = make_scene(40, 36, 40, classes=3, dtype="uint16", seed=5)
     np.save(tmp_path / "c.npy", cube)

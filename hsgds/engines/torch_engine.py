@@ -509,11 +509,11 @@ class TorchEngine(PatchEngine):
             w = dst.view(k, pp, bands)
         else:
             w = buf("t-work", self._compute, rows * bands).view(k, pp, bands)
-        consts = tab["norm"].index_select(0, t)  # (k, 2B): this chunk's offsets, then scales
+        norm = tab["norm"].index_select(0, t)  # (k, 2B): this chunk's offsets, then scales
         # cast, then subtract (a mixed-dtype sub() would be one pass but is ~2x slower on the CPU)
         w.copy_(g.view(src_dtype).view(k, pp, bands))  # the cast, through the real (unsigned) dtype
-        w.sub_(consts[:, None, :bands])
-        w.mul_(consts[:, None, bands:])
+        w.sub_(norm[:, None, :bands])
+        w.mul_(norm[:, None, bands:])
         if not nchw:
             if not direct:
                 dst.view(k, pp, bands).copy_(w)  # one rounding to the output dtype

@@ -60,9 +60,10 @@ def test_contenders_cut_the_same_patches(tmp_path, monkeypatch):
 
     monkeypatch.syspath_prepend(str(BENCH))  # spawned ring workers import contenders from here too
     from contenders import PatchDataset, ShmRingLoader
+
     import hsgds
-    from hsgds.synthetic import make_scene
     from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
 
     cube, gt = make_scene(30, 26, 8, classes=3, dtype="uint16", seed=3)
     np.save(tmp_path / "c.npy", cube)
@@ -98,8 +99,8 @@ def test_bench_engines_tiny(tmp_path):
 def test_hsgds_bench_cli(tmp_path, run_cli):
     import numpy as np
 
-    from hsgds.synthetic import make_scene
     from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
 
     cube, gt = make_scene(36, 30, 40, classes=3, dtype="int16", seed=4)
     np.save(tmp_path / "c.npy", cube)
