@@ -50,8 +50,8 @@ from contenders import ShmRingLoader, naive_loader, tuned_loader  # noqa: E402
 
 import hsgds  # noqa: E402
 from hsgds import defaults  # noqa: E402
-from hsgds.probe import probe  # noqa: E402
 from hsgds.errors import DependencyError  # noqa: E402
+from hsgds.probe import probe  # noqa: E402
 from hsgds.train import synchronize  # noqa: E402
 
 SCENES = ("indian_pines", "pavia", "aviris")
@@ -216,7 +216,7 @@ class Sampler:
                 pass
         return total
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         if self._proc is not None:
             def run() -> None:
                 while not self._stop.wait(0.01):
@@ -310,7 +310,7 @@ def raw_read(sd: SceneData, device: torch.device, cold: bool, depth: int = 2) ->
     t0 = time.perf_counter()
     with ThreadPoolExecutor(depth) as pool:
         for i in range(0, len(tiles), depth):
-            list(pool.map(lambda j: reader.read_into(tiles[i + j], bufs[j]), range(min(depth, len(tiles) - i))))
+            list(pool.map(lambda j, i=i: reader.read_into(tiles[i + j], bufs[j]), range(min(depth, len(tiles) - i))))
     synchronize(device)
     el = time.perf_counter() - t0
     reader.close()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -427,7 +428,7 @@ class PatchLoader:
                 rows[0] = self._ring.acquire(prep.tiles)[prep.inverse]
                 # one host-to-device copy per batch carries the cut coordinates, labels and centres; from a
                 # reused pinned buffer it is asynchronous, so it never waits for the training stream
-                index = self._staging.stage(rows) if dev.type == "cuda" else torch.from_numpy(rows)
+                index = self._staging.stage(rows) if self._staging is not None else torch.from_numpy(rows)  # CUDA
                 aug = prep.extra
                 dihedral = index[coord_row - 1] if aug is not None and aug.dihedral is not None else None
                 t_cut = time.perf_counter()
