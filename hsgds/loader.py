@@ -407,7 +407,6 @@ class PatchLoader:
         return make
 
     def _batches(self, plan: EpochPlan, start: int, pass_id: int):
-        dev = self.device
         tables = self._tables is not None
         geometric = self.augment is not None and self.augment.geometric
         coord_row = 4 + tables + geometric  # rows: slot, y, x, label, [table], [dihedral], [coords]
