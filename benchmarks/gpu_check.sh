@@ -13,13 +13,15 @@
 # (d) runs the GPU tests: pytest -m gpu ... --junitxml=OUTDIR/gpu_tests.xml tests;
 # (e) runs each benchmark that exists with its defaults (they cover cuda when it is available),
 #     its JSON taken from stdout (logs go to stderr):
+#         python3 benchmarks/bench_verify.py  > OUTDIR/bench_verify.json   (checked vs unchecked reads)
 #         python3 benchmarks/bench_engines.py > OUTDIR/bench_engines.json
 #         python3 benchmarks/bench_loader.py  > OUTDIR/bench_loader.json
 # (f) writes OUTDIR/summary.json: per-step status and seconds, test counts and failures, versions, GPU.
 #
 # It never stops at the first failure, and every step's timeout is cut to the time left, so the whole run
-# ends within GPU_CHECK_BUDGET_S seconds (default 420). OUTDIR stays flat with at most 7 files:
-# gpu_check.log doctor.txt gpu_tests.xml bench_engines.json bench_loader.json summary.json cufile.log.
+# ends within GPU_CHECK_BUDGET_S seconds (default 420). OUTDIR stays flat with at most 8 files:
+# gpu_check.log doctor.txt gpu_tests.xml bench_verify.json bench_engines.json bench_loader.json summary.json
+# cufile.log.
 set -u
 shopt -s nullglob
 
@@ -153,10 +155,10 @@ EOF
 
     # (e) GPU benchmarks, when present
     local b
-    for b in bench_engines bench_loader; do
+    for b in bench_verify bench_engines bench_loader; do
         if [ -f "benchmarks/$b.py" ]; then
             # JSON on stdout: the redirect lives inside the timed command, away from this log
-            limit=90; [ "$b" = bench_loader ] && limit=200
+            limit=90; [ "$b" = bench_verify ] && limit=75; [ "$b" = bench_loader ] && limit=200
             step "$b" "$limit" bash -c 'exec python3 "$1" >"$2"' _ "benchmarks/$b.py" "$OUT/$b.json"
         else
             note "$b" absent "benchmarks/$b.py not present"
@@ -217,7 +219,7 @@ for dist in ("torch", "numpy", "kvikio-cu13", "libkvikio-cu13", "nvidia-cufile",
         versions[dist] = None
 
 benches = {}
-for b in ("bench_engines", "bench_loader"):
+for b in ("bench_verify", "bench_engines", "bench_loader"):
     path = os.path.join(out, b + ".json")
     benches[b] = {"step": steps.get(b, {}).get("status"), "json": None}
     if os.path.exists(path):

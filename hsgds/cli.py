@@ -233,7 +233,10 @@ def verify(store) -> None:
         for p in problems:
             click.echo(f"hsgds: bad tile: {p}", err=True)
         _fail(f"{len(problems)} of {scene.grid.num_tiles} tiles are damaged; convert the source again")
-    click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes verified")
+    sums = "crc32c and wsum64" if scene.meta.device_checksums is not None else \
+        "crc32c; a format v1 store has no device checksums: convert again for on-device checks"
+    click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes "
+               f"verified ({sums})")
 
 
 @cli.command()

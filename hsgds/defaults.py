@@ -124,6 +124,8 @@ _SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("torch_threads", "HSGDS_TORCH_THREADS", 8, _integer(1), "an integer >= 1"),
     # on CUDA the torch engine cuts with its fused Triton kernel when Triton imports; off: plain torch ops
     Setting("triton", "HSGDS_TRITON", True, _boolean, "a boolean (1/0, true/false, yes/no, on/off)"),
+    # every tile read is checked: crc32c on the host (POSIX), wsum64 on the device (kvikio); false: sizes only
+    Setting("verify_reads", "HSGDS_VERIFY_READS", True, _boolean, "a boolean (1/0, true/false, yes/no, on/off)"),
 )}
 
 _lock = threading.Lock()

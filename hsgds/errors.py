@@ -7,6 +7,7 @@ __all__ = [
     "ConfigError",
     "DependencyError",
     "HsgdsError",
+    "HsgdsWarning",
     "InputError",
     "StoreError",
     "TileReadError",
@@ -40,6 +41,10 @@ class ChecksumError(TileReadError):
 
 class DependencyError(HsgdsError, ImportError):
     """An optional dependency is missing; the message names the pip extra to install."""
+
+
+class HsgdsWarning(UserWarning):
+    """Something works, but slower or weaker than it should (e.g. a format v1 store on the kvikio path)."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""Store format v1: the contract between the converter (preprocess/) and the runtime (hsgds/).
+"""Store format v2: the contract between the converter (preprocess/) and the runtime (hsgds/).
 
 See docs/format.md for the specification. This module holds every name, constant and layout rule of
 the format so that the writer and the readers cannot disagree.
@@ -17,7 +17,10 @@ import numpy as np
 from hsgds.errors import ChecksumError, StoreError, TileReadError
 
 FORMAT_NAME = "hsgds"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this runtime reads. v1 stores have no device checksums: the kvikio reader checks their tiles on
+#: the host (with a warning); converting again writes v2.
+READABLE_VERSIONS = (1, 2)
 
 #: Split codes stored per labelled pixel in ``samples/split``. 0 = labelled but in no split (e.g. a
 #: pixel in the guard band of a block split).
@@ -32,6 +35,8 @@ ALIGNMENT = 4096
 PADDING_MODES = ("reflect", "edge", "zero")
 DEFAULT_HALO = 7  # patches up to 15x15
 CHECKSUM_ALGORITHM = "crc32c"
+#: The per-tile checksum a GPU computes cheaply (hsgds.checksum), written beside crc32c since format v2.
+DEVICE_CHECKSUM_ALGORITHM = "wsum64"
 
 #: Largest tile the runtime accepts: a ring slot is allocated per tile, so metadata must not be able to
 #: ask for more (the converter's automatic choice is 1-8 MiB).
@@ -191,8 +196,8 @@ def padded_index(positions: np.ndarray, n: int, halo: int, mode: str) -> tuple[n
 
 @dataclass
 class StoreMeta:
-    """The ``hsgds`` attributes of a store's root group (format v1). Written last: a store whose
-    attributes do not parse as this is incomplete."""
+    """The ``hsgds`` attributes of a store's root group (format v2; v1 lacks the device checksums). Written
+    last: a store whose attributes do not parse as this is incomplete."""
 
     shape: tuple[int, int, int]
     dtype: str
@@ -212,6 +217,9 @@ class StoreMeta:
     stats_split: str = "train"
     split_generation: int = 0
     checksum_algorithm: str = CHECKSUM_ALGORITHM
+    #: per tile, the wsum64 pair as 32 hex digits (hsgds.checksum.encode); None in a v1 store
+    device_checksums: list[str] | None = None
+    device_checksum_algorithm: str | None = None
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
     created_by: str = ""
@@ -238,9 +246,9 @@ class StoreMeta:
             raise StoreError(f"{where} is not a complete hsgds store (no 'hsgds' metadata); "
                              "convert the source again with `hsgds convert`")
         version = meta.get("format_version")
-        if version != FORMAT_VERSION or isinstance(version, bool):
-            raise StoreError(f"{where} has store format version {version!r}; this hsgds reads version "
-                             f"{FORMAT_VERSION}: convert the source again with this version")
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
+            raise StoreError(f"{where} has store format version {version!r}; this hsgds reads versions "
+                             f"{' and '.join(map(str, READABLE_VERSIONS))}: convert the source again with this version")
         known = {f for f in cls.__dataclass_fields__}
         try:
             out = cls(**{k: v for k, v in meta.items() if k in known})
@@ -322,6 +330,20 @@ class StoreMeta:
             raise StoreError(f"{where} lists {len(self.checksums)} tile checksums for {self.grid.num_tiles} tiles")
         if not all(is_int(c) and 0 <= c <= 0xFFFFFFFF for c in self.checksums):
             raise bad("checksums", "must be unsigned 32-bit integers")
+        if self.format_version == 1:
+            if self.device_checksums is not None or self.device_checksum_algorithm is not None:
+                raise bad("device_checksums", "a format v1 store has none")
+            return
+        if self.device_checksum_algorithm != DEVICE_CHECKSUM_ALGORITHM:
+            raise bad("device_checksum_algorithm", f"must be {DEVICE_CHECKSUM_ALGORITHM!r}")
+        if not isinstance(self.device_checksums, list):
+            raise bad("device_checksums", "must be a list")
+        if len(self.device_checksums) != self.grid.num_tiles:
+            raise StoreError(f"{where} lists {len(self.device_checksums)} device checksums for "
+                             f"{self.grid.num_tiles} tiles")
+        if not all(isinstance(c, str) and len(c) == 32 and all(ch in "0123456789abcdef" for ch in c)
+                   for c in self.device_checksums):
+            raise bad("device_checksums", "must be 32 lowercase hex digits each")
 
 
 #: Largest coordinate reference system text accepted (a WKT is a few KB).
@@ -445,8 +467,13 @@ def tile_size_error(tile_id: int, path: Any, size: int, expected: int) -> TileRe
                          "run `hsgds verify` and convert the source again")
 
 
+def checksum_error(tile_id: int, path: Any, algorithm: str = CHECKSUM_ALGORITHM) -> ChecksumError:
+    """The error for a tile whose bytes differ from those checksummed at conversion."""
+    return ChecksumError(f"tile {tile_id} ({path}) fails its {algorithm} checksum: the store is damaged; "
+                         "run `hsgds verify` and convert the source again")
+
+
 def check_tile_crc(tile_id: int, path: Any, crc: int, expected: int) -> None:
     """Raise ChecksumError when a tile's crc32c differs from the one recorded at conversion."""
     if crc != expected:
-        raise ChecksumError(f"tile {tile_id} ({path}) fails its {CHECKSUM_ALGORITHM} checksum: the store is "
-                            "damaged; run `hsgds verify` and convert the source again")
+        raise checksum_error(tile_id, path)

@@ -285,11 +285,17 @@ class Scene:
         return scene_to_xarray(self)
 
     def verify(self) -> list[str]:
-        """Re-read every tile; return one line per bad tile (empty when the store is intact)."""
+        """Re-read every tile and check its size, crc32c and (format v2) wsum64 device checksum; return one
+        line per bad tile (empty when the store is intact)."""
+        from hsgds import checksum
+
         problems = []
+        device = self.meta.device_checksums
         for i in range(self.grid.num_tiles):
             try:
-                self.read_tile(i)
+                tile = self.read_tile(i)
+                if device is not None and checksum.checksum_of(tile) != checksum.decode(device[i]):
+                    raise fmt.checksum_error(i, self.tile_paths[i], fmt.DEVICE_CHECKSUM_ALGORITHM)
             except TileReadError as exc:
                 problems.append(str(exc))
         return problems

@@ -26,6 +26,7 @@ import crc32c
 import numpy as np
 import zarr
 
+from hsgds import checksum
 from hsgds import format as fmt
 from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
@@ -385,27 +386,32 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         for p in paths:
             p.parent.mkdir(parents=True, exist_ok=True)
 
-    def one_tile(tile_id: int) -> tuple[int, BandAccumulator, BandAccumulator]:
+    def one_tile(tile_id: int) -> tuple[int, str, BandAccumulator, BandAccumulator]:
         tile = build_tile(cube, grid, opts.padding, tile_id)
         _check_finite(tile, tile_id, grid, opts.nan_fill)
         raw = memoryview(np.ascontiguousarray(tile, dtype=np.dtype(grid.dtype).newbyteorder("<"))).cast("B")
         with _writing(out, f"tile {tile_id}"), open(paths[tile_id], "wb") as f:
             f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())  # on the disk before the store is renamed into place (power loss)
         y0, y1, x0, x1 = grid.core_window(tile_id)
         h = grid.halo
         core = tile[h:h + y1 - y0, h:h + x1 - x0].reshape(-1, B)
         lo, hi = table["offsets"][tile_id], table["offsets"][tile_id + 1]
         train = table["split"][lo:hi] == fmt.SPLIT_TRAIN
         train_px = tile[h + table["y"][lo:hi][train], h + table["x"][lo:hi][train]]
-        return crc32c.crc32c(raw), BandAccumulator.of(core), BandAccumulator.of(train_px)
+        return (crc32c.crc32c(raw), checksum.encode(checksum.checksum_of(raw)), BandAccumulator.of(core),
+                BandAccumulator.of(train_px))
 
     checksums: list[int] = []
+    device_checksums: list[str] = []
     all_stats, train_stats = BandAccumulator(B), BandAccumulator(B)
     window = 2 * opts.workers  # tiles in flight: bounds memory to a few tiles
 
     def collect(future) -> None:  # in tile order, so checksums and merged stats are deterministic
-        crc, part_all, part_train = future.result()
+        crc, wsum, part_all, part_train = future.result()
         checksums.append(crc)
+        device_checksums.append(wsum)
         all_stats.merge(part_all)
         train_stats.merge(part_train)
         if progress is not None:
@@ -442,6 +448,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     meta = fmt.StoreMeta(
         shape=(H, W, B), dtype=grid.dtype, tile=grid.tile, halo=grid.halo, padding=opts.padding,
         num_classes=int(labels.max(initial=0)), checksums=checksums, num_samples=int(len(table["tile"])),
+        device_checksums=device_checksums, device_checksum_algorithm=fmt.DEVICE_CHECKSUM_ALGORITHM,
         class_names=list(opts.class_names) if opts.class_names else None,
         wavelengths=None if cube.wavelengths is None else [float(w) for w in cube.wavelengths],
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
@@ -454,8 +461,31 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     with _writing(out, "the store metadata"):
         root.attrs.update({fmt.FORMAT_NAME: meta.to_json()})  # written last: marks the store complete
     _check_unchanged(stamps)
+    with _writing(out, "the store (syncing it to disk)"):
+        _sync_tree(tmp, skip=set(map(str, paths)))
     _replace(tmp, out, opts.overwrite)
     return out
+
+
+def _fsync(path: str, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(root: Path, skip: set[str]) -> None:
+    """fsync every file under ``root`` not in ``skip`` (the tiles, synced as written) and every folder, so
+    that after a power loss the renamed store holds what its metadata describes. Windows cannot fsync a
+    folder; its files are synced."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if path not in skip:
+                _fsync(path)
+        if os.name != "nt":
+            _fsync(folder, directory=True)
 
 
 def _replace(tmp: Path, out: Path, overwrite: bool = True) -> None:
@@ -473,5 +503,10 @@ def _replace(tmp: Path, out: Path, overwrite: bool = True) -> None:
         if old is not None:
             os.rename(old, out)
         raise StoreError(f"cannot move the new store into {out} ({exc.strerror or exc})") from None
+    if os.name != "nt":
+        try:
+            _fsync(str(out.parent), directory=True)  # the rename itself reaches the disk
+        except OSError:
+            pass  # some file systems cannot sync a folder; the store is complete either way
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # no hsgds imports beyond this layer: errors, settings, optional-dependency and platform helpers
     ("base", ("hsgds.errors", "hsgds._version", "hsgds.defaults", "hsgds._optional", "hsgds._platform")),
     # the store format: names, metadata checks, tile offsets and checksums
-    ("format", ("hsgds.format",)),
+    ("format", ("hsgds.format", "hsgds.checksum")),
     # the offline converter: may use the store format and the base, nothing of the runtime
     ("converter", ("hsgds.preprocess.*",)),
     # pure index arithmetic of an epoch (which samples, in which order) and the per-sample augmentation

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsgds.errors import TileReadError
-from hsgds.format import check_tile_crc, tile_size_error
+from hsgds import checksum
+from hsgds.errors import ChecksumError, TileReadError
+from hsgds.format import DEVICE_CHECKSUM_ALGORITHM, check_tile_crc, checksum_error, tile_size_error
 
 
 @dataclass(frozen=True)
@@ -18,12 +19,16 @@ class TileSource:
 
     ``nbytes`` is every tile's size, or with ``sizes`` (tiles of several scenes that differ in band count
     or tile geometry) the largest, ``sizes`` giving each tile's own: see :meth:`tile_nbytes`.
+    ``checksums`` are the tiles' crc32c; ``device_checksums`` their wsum64 pairs (unsigned (S, P), see
+    :mod:`hsgds.checksum`), None for a format v1 store; ``store`` names the store in messages.
     """
 
     paths: tuple[Path, ...]
     nbytes: int
     checksums: tuple[int, ...]
     sizes: tuple[int, ...] | None = None
+    device_checksums: tuple[tuple[int, int], ...] | None = None
+    store: Path | None = None
 
     def tile_nbytes(self, tile_id: int) -> int:
         """The size of tile ``tile_id`` in bytes."""
@@ -31,20 +36,30 @@ class TileSource:
 
     @classmethod
     def from_scene(cls, scene: Any) -> TileSource:
-        return cls(tuple(scene.tile_paths), scene.grid.tile_nbytes, tuple(scene.meta.checksums))
+        meta = scene.meta
+        device = None if meta.device_checksums is None else tuple(checksum.decode(c) for c in meta.device_checksums)
+        return cls(tuple(scene.tile_paths), scene.grid.tile_nbytes, tuple(meta.checksums), device_checksums=device,
+                   store=scene.path)
 
     @classmethod
     def concat(cls, sources: list[TileSource]) -> TileSource:
         """One source over the tiles of several scenes: global tile id = the scene's first id + its tile id."""
         paths = tuple(p for s in sources for p in s.paths)
         checksums = tuple(c for s in sources for c in s.checksums)
+        # device checksums only when every store has them; then a v1 store is the one to name in messages
+        v1 = [s for s in sources if s.device_checksums is None]
+        extra = {"device_checksums": None if v1 else tuple(c for s in sources for c in s.device_checksums or ()),
+                 "store": v1[0].store if v1 else None}
         if len({s.nbytes for s in sources}) == 1 and all(s.sizes is None for s in sources):
-            return cls(paths, sources[0].nbytes, checksums)
+            return cls(paths, sources[0].nbytes, checksums, **extra)
         sizes = tuple(s.tile_nbytes(i) for s in sources for i in range(len(s.paths)))
-        return cls(paths, max(sizes), checksums, sizes)
+        return cls(paths, max(sizes), checksums, sizes, **extra)
 
     def check_crc(self, tile_id: int, crc: int) -> None:
         check_tile_crc(tile_id, self.paths[tile_id], crc, self.checksums[tile_id])
+
+    def device_checksum_error(self, tile_id: int) -> ChecksumError:
+        return checksum_error(tile_id, self.paths[tile_id], DEVICE_CHECKSUM_ALGORITHM)
 
     def size_error(self, tile_id: int, size: int) -> TileReadError:
         return tile_size_error(tile_id, self.paths[tile_id], size, self.tile_nbytes(tile_id))

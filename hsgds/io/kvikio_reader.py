@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
 from hsgds import defaults
-from hsgds.errors import ConfigError, TileReadError
+from hsgds.checksum import as_signed, tile_checksums
+from hsgds.errors import ConfigError, HsgdsWarning, TileReadError
 from hsgds.io.base import ChunkReader, TileSource
 from hsgds.io.kvikio_support import import_kvikio, kvikio_mode
 
@@ -37,12 +40,14 @@ class KvikioReader(ChunkReader):
     ----------
     source : TileSource
         Paths, tile size and checksums.
-    verify : bool, default False
-        crc32c cannot be computed on the device cheaply, so by default **the bytes are not checked at
-        read time** (size and read count are). With ``verify=True`` every tile is copied back to host
-        memory after its read and checked with :meth:`TileSource.check_crc`, raising ChecksumError on
-        a mismatch. That costs a device-to-host copy and a CPU checksum per tile: for debugging a
-        suspect store or reader, not for training. To check a store once, run ``hsgds verify``.
+    verify : bool, optional
+        Check every tile's bytes after its read, before the ring hands the slot to the consumer (default:
+        the ``verify_reads`` setting, on). A format v2 store is checked on the device: the ``wsum64``
+        checksum (:mod:`hsgds.checksum`) of each tile of a batch, a few reductions on the GPU, compared
+        with the store's; a mismatch raises ChecksumError naming the store and tile. A format v1 store has
+        no device checksums: each tile is copied back to host memory and its crc32c checked (slow; a
+        warning says so once per reader; convert the source again to get v2). Size and read count are
+        always checked.
     threads : int, optional
         Size of kvikio's (process-wide) thread pool. Default: the ``kvikio_threads`` setting
         (``HSGDS_KVIKIO_THREADS``); 0 keeps ``KVIKIO_NTHREADS`` when set, else raises the pool to
@@ -61,14 +66,21 @@ class KvikioReader(ChunkReader):
 
     batched = True  # read_many issues every read before waiting for any
 
-    def __init__(self, source: TileSource, *, verify: bool = False, threads: int | None = None,
+    def __init__(self, source: TileSource, *, verify: bool | None = None, threads: int | None = None,
                  max_open_files: int | None = None) -> None:
         super().__init__(source)
         self._max_open = int(defaults.get("max_open_files") if max_open_files is None else max_open_files)
         if self._max_open < 1:
             raise ConfigError(f"max_open_files must be >= 1, got {self._max_open}; see docs/settings.md")
         self._kvikio = import_kvikio(_torch_cuda_version())
-        self.verify = verify
+        self.verify = bool(defaults.get("verify_reads")) if verify is None else bool(verify)
+        self.on_device = self.verify and source.device_checksums is not None  # else crc32c on the host
+        if self.verify and not self.on_device:
+            warnings.warn(f"{source.store or 'the store'} is format v1 (no device checksums): the kvikio reader "
+                          "checks every tile on the host, a copy back and crc32c per tile; convert the source "
+                          "again for checks on the device", HsgdsWarning, stacklevel=2)
+        self._expected: dict[Any, Any] = {}  # device -> (tiles, 2) int64 tensor of the wsum64 pairs
+        self._streams = threading.local()  # a side stream per reader thread for the checks
         _configure_threads(self._kvikio, threads)
         try:
             self.gds, _, self.mode_reason = kvikio_mode(self._kvikio)
@@ -228,11 +240,52 @@ class KvikioReader(ChunkReader):
                 self._cond.notify_all()
         if error is not None:
             raise error
-        if self.verify:
+        if self.on_device:
+            self._check_on_device(done)
+        elif self.verify:
             import crc32c
 
             for tile_id, buf in done:
                 self.source.check_crc(tile_id, crc32c.crc32c(buf.cpu().numpy()))
+
+    def _check_on_device(self, done: list[tuple[int, Any]]) -> None:
+        """Compare the wsum64 checksums of a batch of tiles, computed where they are, with the store's;
+        raise ChecksumError for the first tile that differs. One synchronization per batch, on this
+        thread's own stream (the consumer's stream is not waited for)."""
+        import torch
+
+        device = done[0][1].device
+        stream = None
+        if device.type == "cuda":
+            stream = getattr(self._streams, "stream", None)
+            if stream is None or stream.device != device:
+                stream = self._streams.stream = torch.cuda.Stream(device=device)
+        by_size: dict[int, list[int]] = {}  # tiles of one size are checked together (scenes may differ)
+        for k, (_, buf) in enumerate(done):
+            by_size.setdefault(buf.numel(), []).append(k)
+        order = [k for ks in by_size.values() for k in ks]
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            expected = self._expected_on(device)
+            flags = []
+            for ks in by_size.values():
+                ids = torch.as_tensor([done[k][0] for k in ks], dtype=torch.int64).to(device)
+                got = tile_checksums(torch.stack([done[k][1] for k in ks]))
+                flags.append((got != expected[ids]).any(1))
+            bad = torch.cat(flags).cpu().tolist()  # one wait, for this stream only
+        for k, wrong in sorted(zip(order, bad)):
+            if wrong:
+                raise self.source.device_checksum_error(done[k][0])
+
+    def _expected_on(self, device: Any) -> Any:
+        """The store's wsum64 pairs as a (tiles, 2) int64 tensor on ``device`` (uploaded once)."""
+        with self._cond:
+            table = self._expected.get(device)
+            if table is None:
+                import torch
+
+                table = torch.from_numpy(as_signed(list(self.source.device_checksums or ()))).to(device)
+                self._expected[device] = table
+            return table
 
     def close(self) -> None:
         """Wait for reads in flight, deregister buffers, close every handle. Idempotent."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import crc32c
 
+from hsgds import defaults
 from hsgds.errors import TileReadError
 from hsgds.format import ALIGNMENT
 from hsgds.io.base import ChunkReader, TileSource
@@ -38,9 +39,9 @@ class PosixReader(ChunkReader):
     filled through a pinned host buffer and an asynchronous copy (the GPU path without kvikio).
     """
 
-    def __init__(self, source: TileSource, *, verify: bool = True, direct: bool = False) -> None:
+    def __init__(self, source: TileSource, *, verify: bool | None = None, direct: bool = False) -> None:
         super().__init__(source)
-        self.verify = verify
+        self.verify = bool(defaults.get("verify_reads")) if verify is None else verify
         self.direct = direct and hasattr(os, "O_DIRECT")
         self._lock = threading.Lock()
         self._seek_lock = threading.Lock()  # only where os.preadv is missing (Windows)

@@ -207,3 +207,23 @@ def test_bench_collection_tiny(tmp_path):
     assert stream["collection_over_ring"] > 1 and stream["slots"] == 2
     assert stream["loader_cold"]["bytes_read_per_epoch"] == stream["collection_bytes"]
     assert stream["raw_warm"]["bytes"] == stream["collection_bytes"] and stream["peak_rss_mib"] > stream["baseline_rss_mib"]
+
+
+def test_bench_verify_tiny(tmp_path):
+    """benchmarks/bench_verify.py runs end to end (it runs unattended in the GPU check) and reports both
+    loaders side by side over the same epochs."""
+    proc = _run([str(BENCH / "bench_verify.py"), "--tiny", "--epochs", "1", "--batches", "64,256"], tmp_path,
+                timeout=240)
+    doc = json.loads(proc.stdout)
+    assert doc["reader"] == "posix" and doc["store"]["tiles"] == 16 and doc["store"]["ring_tiles"] == 8
+    rows = {(r["batch"], r["verify"]): r for r in doc["rows"]}
+    assert set(rows) == {(64, True), (64, False), (256, True), (256, False)}
+    for row in rows.values():
+        # more tiles read per epoch than the ring holds: the checks run every epoch
+        assert row["patches_per_epoch"] == 96 * 96 and row["tiles_read_last_epoch"] > 8
+        assert len(row["patches_per_s"]) == 1 and row["median_patches_per_s"] > 0
+    for batch in ("64", "256"):
+        ratio = doc["ratio_checked_vs_unchecked"][batch]
+        on, off = rows[(int(batch), True)]["median_patches_per_s"], rows[(int(batch), False)]["median_patches_per_s"]
+        assert abs(ratio - on / off) < 1e-3
+        assert doc["meets_target"][batch] == (ratio >= doc["target"])

@@ -13,6 +13,7 @@ import crc32c
 import numpy as np
 import pytest
 
+from hsgds import checksum
 from hsgds.errors import DependencyError
 from hsgds.io.base import TileSource
 
@@ -46,7 +47,8 @@ def kvikio_ok():
 
 
 def make_tiles(root: Path, count: int, nbytes: int, seed: int = 0) -> tuple[TileSource, list[bytes]]:
-    """A store-like TileSource: ``count`` random tile files of ``nbytes`` bytes with crc32c checksums."""
+    """A store-like TileSource: ``count`` random tile files of ``nbytes`` bytes with their crc32c and wsum64
+    checksums (as a format v2 store has)."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     paths, data = [], []
@@ -56,7 +58,8 @@ def make_tiles(root: Path, count: int, nbytes: int, seed: int = 0) -> tuple[Tile
         path.write_bytes(blob)
         paths.append(path)
         data.append(blob)
-    return TileSource(tuple(paths), nbytes, tuple(crc32c.crc32c(b) for b in data)), data
+    return TileSource(tuple(paths), nbytes, tuple(crc32c.crc32c(b) for b in data),
+                      tuple(checksum.checksum_of(b) for b in data), root), data
 
 
 @pytest.fixture

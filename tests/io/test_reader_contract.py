@@ -40,8 +40,7 @@ def case(request) -> Case:
     name, where = request.param
     if name == "kvikio":
         request.getfixturevalue("fake_kvikio" if where == "fake" else "kvikio_ok")
-        # the bytes are checked at read time only when asked (see KvikioReader)
-        return Case(name, "cpu" if where == "fake" else "cuda", {"verify": True}, ("kvikio-gds", "kvikio-compat"))
+        return Case(name, "cpu" if where == "fake" else "cuda", {}, ("kvikio-gds", "kvikio-compat"))
     return Case(name, where, {}, (name,))
 
 
