@@ -284,6 +284,8 @@ class KvikioReader(ChunkReader):
                 import torch
 
                 table = torch.from_numpy(as_signed(list(self.source.device_checksums or ()))).to(device)
+                if table.is_cuda:  # uploaded on this thread's stream; other threads' streams read it
+                    torch.cuda.current_stream(device).synchronize()
                 self._expected[device] = table
             return table
 
