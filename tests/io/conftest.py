@@ -59,7 +59,7 @@ def make_tiles(root: Path, count: int, nbytes: int, seed: int = 0) -> tuple[Tile
         paths.append(path)
         data.append(blob)
     return TileSource(tuple(paths), nbytes, tuple(crc32c.crc32c(b) for b in data),
-                      tuple(checksum.checksum_of(b) for b in data), root), data
+                      device_checksums=tuple(checksum.checksum_of(b) for b in data), store=root), data
 
 
 @pytest.fixture
