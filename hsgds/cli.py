@@ -374,7 +374,9 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 @click.option("--seed", default=0, show_default=True)
 @click.option("-o", "--output-dir", "out_dir", default="hsgds-demo", show_default=True, type=click.Path(file_okay=False),
               help="Where the report, the model checkpoint and the class map go.")
-def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir) -> None:
+@click.option("--augment", is_flag=True, help="Train with on-device augmentation: flips, quarter turns, "
+                                              "radiation noise (p=0.1), band dropout (p=0.05).")
+def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment) -> None:
     """Convert the embedded real Indian Pines scene (once, into the cache), describe it, train a small
     spectral-spatial CNN with PatchLoader, print OA, AA and kappa on the test split with the loader
     statistics, save the model, predict the whole scene and write the class map (prediction | ground
@@ -396,8 +398,11 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir) -> None
     from hsgds.train import run_demo
 
     click.echo("")
+    from hsgds.augment import Augment
+
+    aug = Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05) if augment else None
     r = run_demo(store, epochs=epochs, patch_size=patch_size, batch_size=batch_size, device=device, seed=seed,
-                 out_dir=out_dir, log=click.echo)
+                 out_dir=out_dir, log=click.echo, augment=aug)
     m, t = r["metrics"], r["train"]
     names = r["class_names"] or [f"class {i + 1}" for i in range(len(m.per_class))]
     click.echo(f"\ntest split ({r['test_pixels']} pixels):  OA {100 * m.oa:.2f}%   AA {100 * m.aa:.2f}%   "

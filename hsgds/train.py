@@ -249,12 +249,12 @@ DEMO_LR = 3e-3
 
 def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PATCH_SIZE,
              batch_size: int = DEMO_BATCH_SIZE, lr: float = DEMO_LR, device: Any = None, seed: int = 0,
-             out_dir: Any = None, log: Any = print) -> dict[str, Any]:
+             out_dir: Any = None, log: Any = print, augment: Any = None) -> dict[str, Any]:
     """Train :class:`~hsgds.models.SpectralSpatialCNN` on ``store``'s train split with
     :class:`~hsgds.PatchLoader` (AdamW, one-cycle learning rate), score the test split, and, with
     ``out_dir``, save the model (``model.ckpt``), predict the whole scene and write the class map
     (``classmap.png``: prediction | ground truth | errors). Returns metrics, timings, loader stats and
-    the paths written."""
+    the paths written. ``augment``: an :class:`~hsgds.Augment` for the training loader."""
     from pathlib import Path
 
     from hsgds.inference import predict
@@ -269,7 +269,7 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
         writers.check_output(out_dir / "classmap.png")
     torch.manual_seed(seed)
     with PatchLoader(store, patch_size=patch_size, batch_size=batch_size, split="train", device=device,
-                     seed=seed) as train:
+                     seed=seed, augment=augment) as train:
         dev = train.device
         scene = train.scene
         classes = scene.num_classes or int(train.samples.label.max()) + 1
@@ -293,7 +293,7 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
               "train_loader": train_stats, "test_loader": test_stats, "device": str(dev),
               "class_names": scene.class_names, "model": "SpectralSpatialCNN",
               "settings": {"epochs": epochs, "patch_size": patch_size, "batch_size": batch_size, "lr": lr,
-                           "seed": seed}}
+                           "seed": seed, "augment": None if augment is None else repr(augment)}}
     if out_dir is not None:
         result["checkpoint"] = str(save_checkpoint(out_dir / "model.ckpt", model, patch_size=patch_size,
                                                    class_names=scene.class_names))
