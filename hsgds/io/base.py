@@ -48,12 +48,12 @@ class TileSource:
         checksums = tuple(c for s in sources for c in s.checksums)
         # device checksums only when every store has them; then a v1 store is the one to name in messages
         v1 = [s for s in sources if s.device_checksums is None]
-        extra = {"device_checksums": None if v1 else tuple(c for s in sources for c in s.device_checksums or ()),
-                 "store": v1[0].store if v1 else None}
+        device = None if v1 else tuple(c for s in sources for c in s.device_checksums or ())
+        store = v1[0].store if v1 else None
         if len({s.nbytes for s in sources}) == 1 and all(s.sizes is None for s in sources):
-            return cls(paths, sources[0].nbytes, checksums, **extra)
+            return cls(paths, sources[0].nbytes, checksums, device_checksums=device, store=store)
         sizes = tuple(s.tile_nbytes(i) for s in sources for i in range(len(s.paths)))
-        return cls(paths, max(sizes), checksums, sizes, **extra)
+        return cls(paths, max(sizes), checksums, sizes, device_checksums=device, store=store)
 
     def check_crc(self, tile_id: int, crc: int) -> None:
         check_tile_crc(tile_id, self.paths[tile_id], crc, self.checksums[tile_id])
