@@ -122,16 +122,6 @@ def throughput(stores: list[Path], single: Path, args: argparse.Namespace) -> di
             "ratio_epoch1": best["collection"]["epoch1_patches_per_s"] / best["single"]["epoch1_patches_per_s"]}
 
 
-def _drop_cache(paths: list[Path]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -149,6 +139,7 @@ def _peak_rss_mib() -> float:
 def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
     """Runs in its own process so that its peak RSS is the loader's."""
     import torch  # noqa: F401 (the baseline includes torch and hsgds)
+    from bench_loader import drop_cache  # this folder is the script's first import path
 
     import hsgds
 
@@ -202,7 +193,7 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
         for _ in range(args.stream_repeats):
             for cache in ("cold", "warm"):
                 if cache == "cold":
-                    _drop_cache(tiles)
+                    drop_cache(tiles)
                 before = loader.stats.bytes_read
                 n, dt = _epoch(loader)
                 read_bytes = loader.stats.bytes_read - before
@@ -212,7 +203,7 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
                 for threads in (1, 2):  # one reader, and as many reads in flight as the ring keeps
                     for verify in (False, True):
                         if cache == "cold":
-                            _drop_cache(tiles)
+                            drop_cache(tiles)
                         key = f"raw_{cache}" + ("_crc" if verify else "")
                         rows.setdefault(key, []).append(raw(seq, threads, verify))
     for key, runs in rows.items():

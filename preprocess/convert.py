@@ -267,7 +267,7 @@ def _is_store(path: Path) -> bool:
         return False
 
 
-def _lock(folder: Path) -> int | None:
+def lock_folder(folder: Path) -> int | None:
     """Hold an exclusive advisory lock on ``folder`` for as long as the returned descriptor is open; the
     kernel drops it when the process dies, which is how a later run tells a stale temporary folder."""
     if fcntl is None:
@@ -288,7 +288,7 @@ def _remove_stale(out: Path) -> None:
         return
     for stale in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
         try:
-            fd = _lock(stale)
+            fd = lock_folder(stale)
         except OSError:
             continue  # in use, or not ours to judge
         try:
@@ -305,7 +305,7 @@ def _make_tmp(out: Path) -> tuple[Path, int | None]:
     with _writing(out, "a temporary folder"):
         staging.mkdir()
     try:
-        fd = _lock(staging)
+        fd = lock_folder(staging)
         os.rename(staging, tmp)  # only ever visible as tmp-* while locked
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

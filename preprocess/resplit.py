@@ -31,12 +31,8 @@ import zarr
 from hsgds import format as fmt
 from hsgds.errors import InputError, StoreError
 from hsgds.preprocess import splits as splitting
+from hsgds.preprocess.convert import lock_folder
 from hsgds.preprocess.stats import BandAccumulator
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks; do not run two re-splits of one store at once there
-    fcntl = None
 
 __all__ = ["resplit"]
 
@@ -45,15 +41,10 @@ RESPLIT_METHODS = ("random", "blocks")
 
 def _lock_store(path: Path) -> int | None:
     """Exclusive advisory lock on the store folder, held until the returned descriptor is closed."""
-    if fcntl is None:
-        return None
-    fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return lock_folder(path)
     except OSError:
-        os.close(fd)
         raise InputError(f"another `hsgds resplit` is rewriting {path}; wait for it to finish") from None
-    return fd
 
 
 class _Store:
