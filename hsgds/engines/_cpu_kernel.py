@@ -100,17 +100,22 @@ def row_source(i, p, side, d):
 
 
 @jit
-def gather_row(src, first, step, bands, p, offset, scale, w):
-    """Cast and normalize p source pixels (B bands each, ``step`` pixels apart from pixel ``first``) into
-    ``w`` (p*B values, pixel-major). Slices (views) tell numba that each run is contiguous, so LLVM
-    vectorizes the band loop (indexing the flat arrays directly leaves it scalar, ~3x slower)."""
+def gather_row(src, first, step, bands, p, band, identity, offset, scale, w):
+    """Cast and normalize p source pixels (``step`` elements apart from element ``first``) into ``w``
+    (p*B values, pixel-major). ``band``: the stored band of each output band; ``identity``: it is
+    0..B-1, so the output bands are the pixel's first B values in order (a contiguous run). Slices (views) tell numba that each run is contiguous,
+    so LLVM vectorizes the band loop (indexing the flat arrays directly leaves it scalar, ~3x slower)."""
     cast = w.dtype.type  # the compute dtype: float32, or float64 for a float64 output
     for j in range(p):
-        q = (first + j * step) * bands
-        s = src[q:q + bands]
+        q = first + j * step
         r = w[j * bands:(j + 1) * bands]
-        for b in range(bands):
-            r[b] = (cast(s[b]) - offset[b]) * scale[b]
+        if identity:
+            s = src[q:q + bands]
+            for b in range(bands):
+                r[b] = (cast(s[b]) - offset[b]) * scale[b]
+        else:
+            for b in range(bands):
+                r[b] = (cast(src[q + band[b]]) - offset[b]) * scale[b]
 
 
 @jit
@@ -142,46 +147,59 @@ def store_nchw(st, out, o, pp, bands):
 
 
 @jit
-def gather_patch(src, base, d, side, bands, p, offset, scale, w):
-    """The patch at top-left pixel ``base`` under dihedral code ``d`` into ``w`` (p*p*B values,
-    pixel-major in output order), cast and normalized."""
+def gather_patch(src, base, d, side, stride, bands, p, band, identity, offset, scale, w):
+    """The patch whose top-left pixel starts at element ``base`` (tiles ``side`` pixels wide, ``stride``
+    values per pixel) under dihedral code ``d`` into ``w`` (p*p*B values, pixel-major in output order),
+    cast and normalized."""
     row = p * bands
     for i in range(p):
         first, step = row_source(i, p, side, d)
-        gather_row(src, base + first, step, bands, p, offset, scale, w[i * row:(i + 1) * row])
+        gather_row(src, base + first * stride, step * stride, bands, p, band, identity, offset, scale,
+                   w[i * row:(i + 1) * row])
+
+
+@jit
+def patch_args(n, base, table, dihedral, side, stride, band, identity):
+    """(first element, dihedral code, table, side, stride, identity) of patch n; see cut_float."""
+    t = table[n] if table.size > 0 else 0
+    d = dihedral[n] if dihedral.size > 0 else 0
+    return base[n], d, t, side[t], stride[t], identity[t] != 0
 
 
 # One kernel per kind of output store, so that each compiled specialization holds only its own code.
-# Arguments: see hsgds.engines.cpu_cut.cut_range. NHWC: a patch is gathered straight into its output
-# (after the rounding, for 16-bit outputs). NCHW: into a patch-sized scratch (L2-sized), then
+# Arguments: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
+# ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
+# output (after the rounding, for 16-bit outputs). NCHW: into a patch-sized scratch (L2-sized), then
 # transposed into the B planes.
 
 @jit
-def cut_float(src, bands, side, base, dihedral, offset, scale, out, p, nchw, lo, hi):
+def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, lo, hi):
     """float32 / float64 output: the computed values as they are."""
+    bands = offset.shape[1]
     size = p * p * bands
     tmp = np.empty(size, out.dtype)
     for n in range(lo, hi):
-        d = dihedral[n] if dihedral.size > 0 else 0
+        q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         o = n * size
         if nchw:
-            gather_patch(src, base[n], d, side, bands, p, offset, scale, tmp)
+            gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], tmp)
             store_nchw(tmp, out, o, p * p, bands)
         else:
-            gather_patch(src, base[n], d, side, bands, p, offset, scale, out[o:o + size])
+            gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], out[o:o + size])
 
 
 @jit
-def cut_bf16(src, bands, side, base, dihedral, offset, scale, out, p, nchw, lo, hi):
+def cut_bf16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, lo, hi):
     """bfloat16 output as uint16 bits (float32 arithmetic)."""
+    bands = offset.shape[1]
     size = p * p * bands
     tmp = np.empty(size, np.float32)
     bits = tmp.view(np.uint32)
     half = np.empty(size, np.uint16)
     for n in range(lo, hi):
-        d = dihedral[n] if dihedral.size > 0 else 0
+        q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         o = n * size
-        gather_patch(src, base[n], d, side, bands, p, offset, scale, tmp)
+        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], tmp)
         dst = half if nchw else out[o:o + size]
         for k in range(size):
             dst[k] = bf16_bits(np.int64(bits[k]))
@@ -190,16 +208,17 @@ def cut_bf16(src, bands, side, base, dihedral, offset, scale, out, p, nchw, lo, 
 
 
 @jit
-def cut_f16(src, bands, side, base, dihedral, offset, scale, out, p, nchw, lo, hi):
+def cut_f16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, lo, hi):
     """float16 output as uint16 bits (float32 arithmetic)."""
+    bands = offset.shape[1]
     size = p * p * bands
     tmp = np.empty(size, np.float32)
     bits = tmp.view(np.uint32)
     half = np.empty(size, np.uint16)
     for n in range(lo, hi):
-        d = dihedral[n] if dihedral.size > 0 else 0
+        q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         o = n * size
-        gather_patch(src, base[n], d, side, bands, p, offset, scale, tmp)
+        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], tmp)
         dst = half if nchw else out[o:o + size]
         for k in range(size):
             dst[k] = f16_bits(np.int64(bits[k]))

@@ -1,8 +1,10 @@
 """The fused CPU cut: gather, cast, normalize, optional dihedral transform and layout in one compiled pass.
 
-One call cuts a range of patches of a batch straight into the output buffer. For each patch it gathers
-the p*p source pixels (B contiguous bands each), casting to float32 (float64 for a float64 output) and
-normalizing on the way, with vector instructions along the bands. NHWC: that is the output itself.
+One call cuts a range of patches of a batch straight into the output buffer, from one scene's tiles or
+from several scenes' (per-patch tables: tile side, values per pixel, band selection, normalization).
+For each patch it gathers the p*p source pixels (B bands each, contiguous unless a band selection),
+casting to float32 (float64 for a float64 output) and normalizing on the way, with vector instructions
+along the bands. NHWC: that is the output itself.
 NCHW: the patch goes to a patch-sized scratch (in the core's L2 cache; after the 16-bit rounding, if
 any) and is transposed into the B output planes in 8x8 blocks held in vector registers. So the output
 is written once, and nothing else of the batch's size leaves the cache. The kernel
@@ -27,11 +29,11 @@ a = p-1-a if v; b = p-1-b if h. Code 0 is the identity.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["MODES", "available", "cut_range", "unavailable_reason"]
+__all__ = ["MODES", "Tables", "available", "cut_range", "make_tables", "unavailable_reason"]
 
 # output conversions: the output array's dtype decides the store, the mode what the bits mean
 MODES = {"float32": 0, "float64": 0, "bfloat16": 1, "float16": 2}
@@ -73,21 +75,46 @@ def unavailable_reason() -> str | None:
     return _state["reason"]
 
 
-def cut_range(src: np.ndarray, bands: int, side: int, base: np.ndarray, dihedral: np.ndarray | None,
-              offset: np.ndarray, scale: np.ndarray, out: np.ndarray, p: int, nchw: bool, mode: int,
-              lo: int, hi: int) -> None:
-    """Cut patches ``lo:hi`` of a batch into ``out`` (see the module docstring for every argument).
+class Tables(NamedTuple):
+    """Per-table constants of the kernel: T tables (one for a single scene; see
+    :class:`hsgds.engines.base.SceneTables`). Table t: tiles ``side[t]`` pixels wide with ``stride[t]``
+    values per pixel, output band b read from stored band ``band[t, b]`` (``identity[t]``: the bands are
+    0..B-1, read as one contiguous run), normalized by ``offset[t, b]`` / ``scale[t, b]`` (compute dtype)."""
 
-    The caller validates: ``src`` is the contiguous flat storage, every patch lies inside its tile,
-    ``offset``/``scale`` have the compute dtype (float32, or float64 for a float64 ``out``), and ``out``
-    is flat and contiguous: float32/float64 for mode 0, uint16 for modes 1 and 2. Calls on different
-    threads may run at once (each has its own scratch) when they write different patches.
+    side: np.ndarray  # (T,) int64
+    stride: np.ndarray  # (T,) int64
+    band: np.ndarray  # (T, B) int64
+    identity: np.ndarray  # (T,) uint8
+    offset: np.ndarray  # (T, B) float32 or float64
+    scale: np.ndarray  # (T, B) float32 or float64
+
+
+def make_tables(side: Any, stride: Any, band: Any, offset: Any, scale: Any, compute: Any) -> Tables:
+    """:class:`Tables` from per-table values (offset/scale rounded once to the ``compute`` dtype)."""
+    band = np.ascontiguousarray(np.atleast_2d(band), dtype=np.int64)
+    identity = np.all(band == np.arange(band.shape[1]), axis=1).astype(np.uint8)
+    return Tables(np.ascontiguousarray(np.atleast_1d(side), dtype=np.int64),
+                  np.ascontiguousarray(np.atleast_1d(stride), dtype=np.int64), band, identity,
+                  np.ascontiguousarray(np.atleast_2d(offset).astype(compute)),
+                  np.ascontiguousarray(np.atleast_2d(scale).astype(compute)))
+
+
+def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihedral: np.ndarray | None,
+              tables: Tables, out: np.ndarray, p: int, nchw: bool, mode: int, lo: int, hi: int) -> None:
+    """Cut patches ``lo:hi`` of a batch into ``out``.
+
+    ``src`` is the flat storage; ``base[n]`` (int64) the element of ``src`` where patch n's top-left pixel
+    starts; ``table[n]`` its table (None: table 0 for all); ``dihedral[n]`` (int8) its dihedral code (None:
+    identity). The caller validates: every patch lies inside its tile, ``tables`` are consistent, and
+    ``out`` is flat and contiguous: float32/float64 for mode 0, uint16 for modes 1 and 2. Calls on
+    different threads may run at once (each has its own scratch) when they write different patches.
     """
     kernels = _kernel()
     if kernels is None:
         raise RuntimeError(unavailable_reason())
-    codes = _NO_DIHEDRAL if dihedral is None else dihedral
-    kernels[mode](src, bands, side, base, codes, offset, scale, out, p, nchw, lo, hi)
+    kernels[mode](src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
+                  *tables, out, p, nchw, lo, hi)
 
 
-_NO_DIHEDRAL = np.zeros(0, dtype=np.int8)
+_NONE_INT64 = np.zeros(0, dtype=np.int64)
+_NONE_INT8 = np.zeros(0, dtype=np.int8)

@@ -120,9 +120,6 @@ class TorchEngine(PatchEngine):
             else:
                 self._numba = True
                 self.reasons.append("CPU cut: fused numba kernel (hsgds.engines.cpu_cut)")
-            dt = np.float64 if self._compute == torch.float64 else np.float32
-            # the statistics rounded once to the compute dtype, as _consts_for does for the torch ops
-            self._offset_c, self._scale_c = np.asarray(spec.offset).astype(dt), np.asarray(spec.scale).astype(dt)
             self._mode = cpu_cut.MODES[str(out_dtype).removeprefix("torch.")]
 
     # -- cached per-device constants ------------------------------------------------------------------
@@ -201,7 +198,9 @@ class TorchEngine(PatchEngine):
             dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
         if cpu:
             if self._numba:
-                return self._cut_numba(storage, slot, y, x, shape, dihedral)
+                base = ((slot * side + (y - r)) * side + (x - r)) * bands  # top-left pixel's first element
+                return self._cut_numba(storage.view(-1).numpy(), base.numpy(), None, dihedral,
+                                       self._kernel_tables(side), shape)
             return self._cut_cpu(storage, slot, y, x, shape, dihedral)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if self._fused_kernel(storage.dtype):  # one pass on the GPU
@@ -271,40 +270,46 @@ class TorchEngine(PatchEngine):
             self._pool, self._pool_size = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels), workers
         return workers
 
-    def _cut_numba(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
-                   shape: tuple[int, ...], dihedral: torch.Tensor | None = None) -> torch.Tensor:
+    def _kernel_tables(self, side: int | None = None) -> cpu_cut.Tables:
+        """The fused kernel's per-table constants: the spec's SceneTables, or (``side``) one table for a
+        single scene whose tiles are ``side`` pixels wide; made once per engine (and side)."""
+        key = ("kernel-tables", side)
+        got = self._consts.get(key)
+        if got is None:
+            spec, dt = self.spec, (np.float64 if self._compute == torch.float64 else np.float32)
+            if side is None:
+                tb = self._scene_tables()
+                got = cpu_cut.make_tables(tb.side, tb.stride, tb.band, tb.offset, tb.scale, dt)
+            else:
+                got = cpu_cut.make_tables(side, spec.bands, np.arange(spec.bands), spec.offset, spec.scale, dt)
+            self._consts[key] = got
+        return got
+
+    def _cut_numba(self, src: np.ndarray, base: np.ndarray, table: np.ndarray | None,
+                   dihedral: torch.Tensor | None, tables: cpu_cut.Tables, shape: tuple[int, ...]) -> torch.Tensor:
         """The CPU path with the fused kernel: ranges of patches cut straight into the output by the
         engine's threads (the kernel releases the GIL). A range per ~``torch_chunk_bytes`` of work, so
-        a small batch stays on the calling thread and threads share a big one dynamically."""
-        spec = self.spec
-        r = spec.radius
-        n, side = slot.shape[0], storage.shape[1]
+        a small batch stays on the calling thread and threads share a big one dynamically. ``base``:
+        each patch's first element in ``src`` (the flat storage); ``table``: each patch's table or None."""
+        n = base.shape[0]
         out = self._output(shape)
-        base = ((slot * side + (y - r)) * side + (x - r)).numpy()  # top-left pixel of each patch
-        src = storage.view(-1).numpy()
         flat = out.view(-1)
         dst = flat.view(torch.int16).numpy().view(np.uint16) if self._mode else flat.numpy()
         codes = None if dihedral is None else dihedral.numpy()  # int8, one per patch (hsgds.augment)
+        args = (src, base, table, codes, tables, dst, self.spec.patch_size, self.spec.layout == "NCHW", self._mode)
         parts = -(-n // self._chunk)
         workers = self._workers(parts)
         if workers == 1:
-            self._cut_range(src, side, base, codes, dst, 0, n)
+            cpu_cut.cut_range(*args, 0, n)
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
         edges = [n * k // parts for k in range(parts + 1)]
         assert self._pool is not None  # _workers() made it for more than one worker
-        futures = [self._pool.submit(self._cut_range, src, side, base, codes, dst, lo, hi)
+        futures = [self._pool.submit(cpu_cut.cut_range, *args, lo, hi)
                    for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
         for f in futures:
             f.result()
         return out
-
-    def _cut_range(self, src: np.ndarray, side: int, base: np.ndarray, codes: np.ndarray | None, dst: np.ndarray,
-                   lo: int, hi: int) -> None:
-        """Patches lo:hi of a batch (any thread: the kernel allocates its own scratch)."""
-        spec = self.spec
-        cpu_cut.cut_range(src, spec.bands, side, base, codes, self._offset_c, self._scale_c, dst,
-                          spec.patch_size, spec.layout == "NCHW", self._mode, lo, hi)
 
     def _cut_cpu(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
                  shape: tuple[int, ...], dihedral: torch.Tensor | None = None) -> torch.Tensor:
@@ -426,6 +431,10 @@ class TorchEngine(PatchEngine):
         side, stride = tab["side"][table], tab["stride"][table]
         # first element of each patch's top-left pixel in the flattened ring
         base = slot * slot_elems + ((y - r) * side + (x - r)) * stride
+        if device.type == "cpu" and self._numba:
+            with self._lock:
+                return self._cut_numba(storage.view(-1).numpy(), base.numpy(), table.numpy(), dihedral,
+                                       self._kernel_tables(), shape)
         flat = storage.view(-1)
         if flat.dtype in _SIGNED_VIEW:
             flat = flat.view(_SIGNED_VIEW[flat.dtype])
@@ -452,7 +461,7 @@ class TorchEngine(PatchEngine):
         with self._lock:
             out = self._output(shape)
             chunks = [(i, min(self._chunk, n - i)) for i in range(0, n, self._chunk)]
-            workers = max(1, min(len(chunks), torch.get_num_threads(), self._max_threads))
+            workers = self._workers(len(chunks))
 
             def run(part: list[tuple[int, int]]) -> None:
                 for i, k in part:
@@ -461,11 +470,8 @@ class TorchEngine(PatchEngine):
             # even one chunk is cut in a pool thread: its kernels run single-threaded there, while in the
             # caller's thread a small op would wait at an OpenMP barrier for a team member that the
             # reader threads keep off the cores (tens of ms per op on a busy machine)
-            if self._pool is None or self._pool_size < workers:
-                if self._pool is not None:
-                    self._pool.shutdown(wait=True)
-                self._pool = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels)
-                self._pool_size = workers
+            if self._pool is None:  # _workers() starts the pool only for more than one worker
+                self._pool, self._pool_size = ThreadPoolExecutor(1, "hsgds-cut", _single_threaded_kernels), 1
             for f in [self._pool.submit(run, chunks[w::workers]) for w in range(workers)]:
                 f.result()
             return out

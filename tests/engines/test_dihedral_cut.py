@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from hsgds import defaults
 from hsgds.augment import apply_dihedral_numpy
 from hsgds.engines import PatchSpec, TorchEngine, make_engine
 from hsgds.errors import InputError
@@ -60,8 +61,9 @@ def test_bad_codes_are_input_errors():
         engine.cut(storage, one * 0, one * 2, one * 2, dihedral=torch.tensor([1, 2]))
 
 
+@pytest.mark.parametrize("numba", [True, False], ids=["numba", "torch-ops"])
 @pytest.mark.parametrize("select", [False, True])
-def test_per_scene_tables_apply_each_patch_code(select):
+def test_per_scene_tables_apply_each_patch_code(select, numba):
     """Several scenes (per-scene tables), with and without a band selection: the turned cut equals the
     numpy dihedral transform of the plain cut, patch by patch."""
     from hsgds.engines.base import SceneTables
@@ -76,7 +78,10 @@ def test_per_scene_tables_apply_each_patch_code(select):
                          offset=rng.normal(10, 1, (2, bands)), scale=1 / rng.uniform(5, 9, (2, bands)))
     spec = PatchSpec(patch_size=p, halo=r, bands=bands, tile_side=side, layout="NCHW", out_dtype=torch.float32,
                      offset=np.zeros(bands), scale=np.ones(bands), tables=tables)
-    engine = TorchEngine(spec)
+    if numba:
+        pytest.importorskip("numba")
+    with defaults.set(numba=numba):
+        engine = TorchEngine(spec)
     n = 120
     coords = [torch.from_numpy(a) for a in (rng.integers(0, slots, n), rng.integers(r, side - r, n),
                                             rng.integers(r, side - r, n), rng.integers(0, 2, n))]

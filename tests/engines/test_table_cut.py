@@ -6,9 +6,19 @@ import numpy as np
 import pytest
 import torch
 
+from hsgds import defaults
 from hsgds.engines import make_engine
 from hsgds.engines.base import PatchSpec, SceneTables
 from hsgds.errors import ConfigError, InputError
+
+
+@pytest.fixture(autouse=True, params=["numba", "torch-ops"])
+def cpu_path(request: pytest.FixtureRequest):
+    """Every test runs on both CPU paths: the fused numba kernel (when installed) and the torch ops."""
+    if request.param == "numba":
+        pytest.importorskip("numba")
+    with defaults.set(numba=request.param == "numba"):
+        yield request.param
 
 
 def _storage(rng, dtype, slots, elems):
@@ -30,7 +40,7 @@ def _reference(storage, tables, slot, y, x, table, p):
 @pytest.mark.parametrize("dtype", [np.int16, np.uint16])
 @pytest.mark.parametrize("layout,out_dtype", [("NCHW", torch.float32), ("NHWC", torch.float32),
                                               ("NCHW", torch.bfloat16), ("NHWC", torch.float16)])
-def test_mixed_geometry_and_band_selection_equal_numpy(dtype, layout, out_dtype):
+def test_mixed_geometry_and_band_selection_equal_numpy(dtype, layout, out_dtype, cpu_path):
     rng = np.random.default_rng(3)
     p, n = 5, 300
     # table 0: 12-px tiles of 5 bands; table 1: 10-px tiles of 7 bands; slots sized for the larger
@@ -44,6 +54,7 @@ def test_mixed_geometry_and_band_selection_equal_numpy(dtype, layout, out_dtype)
     slot = rng.integers(0, 6, n)
     spec = PatchSpec(p, 2, 3, 12, layout, out_dtype, np.zeros(3), np.ones(3), tables=tables)
     engine = make_engine("torch", spec, "cpu")
+    assert any(("fused numba kernel" in why) == (cpu_path == "numba") for why in engine.reasons)
     got = engine.cut(torch.from_numpy(storage), *(torch.from_numpy(a) for a in (slot, y, x, table)))
     ref = _reference(storage, tables, slot, y, x, table, p)
     if layout == "NCHW":
