@@ -5,6 +5,8 @@ Module-level functions, so that numba's on-disk cache (``cache=True``) finds the
 
 from __future__ import annotations
 
+import platform
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -12,6 +14,45 @@ from numba import types
 from numba.extending import intrinsic
 
 jit = numba.njit(nogil=True, cache=True, boundscheck=False)
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+@intrinsic
+def stream32(typingctx, src, s0, dst, d0):
+    """32 bytes from ``src[s0:]`` (any alignment) to ``dst[d0:]`` (32-byte aligned) with a non-temporal
+    store: the line goes to memory without being read first (a plain store reads every output line
+    before writing it, which halves the write bandwidth: measured 4.2 vs 11.8 GB/s on the 2-core VM)."""
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array) and src.dtype == dst.dtype):
+        return None
+    sig = types.void(src, types.intp, dst, types.intp)
+
+    def codegen(context, builder, signature, args):
+        srcv, s0v, dstv, d0v = args
+        sary = context.make_array(signature.args[0])(context, builder, srcv)
+        dary = context.make_array(signature.args[2])(context, builder, dstv)
+        vec = ir.VectorType(context.get_data_type(signature.args[0].dtype), 256 // signature.args[0].dtype.bitwidth)
+        value = builder.load(builder.bitcast(builder.gep(sary.data, [s0v]), vec.as_pointer()), align=1)
+        store = builder.store(value, builder.bitcast(builder.gep(dary.data, [d0v]), vec.as_pointer()), align=32)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """Order the non-temporal stores before everything after (sfence on x86; a full fence elsewhere), so
+    the thread that waits for this kernel sees the whole output."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        if _X86:
+            builder.call(builder.module.declare_intrinsic("llvm.x86.sse.sfence", fnty=ir.FunctionType(ir.VoidType(), [])), [])
+        else:
+            builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic
@@ -166,64 +207,104 @@ def patch_args(n, base, table, dihedral, side, stride, band, identity):
     return base[n], d, t, side[t], stride[t], identity[t] != 0
 
 
+@jit
+def stream_copy(w, out, o, size, phase):
+    """out[o:o + size] = w[:size] with non-temporal stores; ``phase``: the element index of ``out``'s first
+    element within its 32-byte block, so that the aligned stores start where they can."""
+    k = 32 // out.itemsize
+    head = min((k - (phase + o) % k) % k, size)
+    for i in range(head):
+        out[o + i] = w[i]
+    i = head
+    while i + k <= size:
+        stream32(w, i, out, o + i)
+        i += k
+    for j in range(i, size):
+        out[o + j] = w[j]
+
+
+@jit
+def write_patch(w, out, o, pp, bands, nchw, turn, phase, stream):
+    """A patch held pixel-major in ``w`` (output dtype) into out[o:o + pp*B] in its layout; streamed: built
+    in ``turn`` (NCHW, in cache) and copied out with non-temporal stores."""
+    if nchw and not stream:
+        store_nchw(w, out, o, pp, bands)
+    elif nchw:
+        store_nchw(w, turn, 0, pp, bands)
+        stream_copy(turn, out, o, pp * bands, phase)
+    else:
+        stream_copy(w, out, o, pp * bands, phase)
+
+
 # One kernel per kind of output store, so that each compiled specialization holds only its own code.
 # Arguments: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
 # ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
 # output (after the rounding, for 16-bit outputs). NCHW: into a patch-sized scratch (L2-sized), then
-# transposed into the B planes.
+# transposed into the B planes. ``stream`` (large batches): every patch is finished in cache and written
+# out with non-temporal stores (stream_copy), then one fence.
 
 @jit
-def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, lo, hi):
+def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+              lo, hi):
     """float32 / float64 output: the computed values as they are."""
     bands = offset.shape[1]
     size = p * p * bands
+    staged = nchw or stream
     tmp = np.empty(size, out.dtype)
+    turn = np.empty(size if nchw and stream else 0, out.dtype)
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         o = n * size
-        if nchw:
-            gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], tmp)
-            store_nchw(tmp, out, o, p * p, bands)
+        w = tmp if staged else out[o:o + size]
+        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], w)
+        if staged:
+            write_patch(tmp, out, o, p * p, bands, nchw, turn, phase, stream)
+    if stream:
+        store_fence()
+
+
+@jit
+def cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+             lo, hi, bf16):
+    """16-bit output as uint16 bits (float32 arithmetic): bfloat16 if ``bf16`` else float16."""
+    bands = offset.shape[1]
+    size = p * p * bands
+    staged = nchw or stream
+    tmp = np.empty(size, np.float32)
+    bits = tmp.view(np.uint32)
+    half = np.empty(size, np.uint16)
+    turn = np.empty(size if nchw and stream else 0, np.uint16)
+    for n in range(lo, hi):
+        q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
+        o = n * size
+        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], tmp)
+        dst = half if staged else out[o:o + size]
+        if bf16:
+            for k in range(size):
+                dst[k] = bf16_bits(np.int64(bits[k]))
         else:
-            gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], out[o:o + size])
+            for k in range(size):
+                dst[k] = f16_bits(np.int64(bits[k]))
+        if staged:
+            write_patch(half, out, o, p * p, bands, nchw, turn, phase, stream)
+    if stream:
+        store_fence()
 
 
 @jit
-def cut_bf16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, lo, hi):
-    """bfloat16 output as uint16 bits (float32 arithmetic)."""
-    bands = offset.shape[1]
-    size = p * p * bands
-    tmp = np.empty(size, np.float32)
-    bits = tmp.view(np.uint32)
-    half = np.empty(size, np.uint16)
-    for n in range(lo, hi):
-        q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
-        o = n * size
-        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], tmp)
-        dst = half if nchw else out[o:o + size]
-        for k in range(size):
-            dst[k] = bf16_bits(np.int64(bits[k]))
-        if nchw:
-            store_nchw(half, out, o, p * p, bands)
+def cut_bf16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+             lo, hi):
+    """bfloat16 output as uint16 bits."""
+    cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+             lo, hi, True)
 
 
 @jit
-def cut_f16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, lo, hi):
-    """float16 output as uint16 bits (float32 arithmetic)."""
-    bands = offset.shape[1]
-    size = p * p * bands
-    tmp = np.empty(size, np.float32)
-    bits = tmp.view(np.uint32)
-    half = np.empty(size, np.uint16)
-    for n in range(lo, hi):
-        q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
-        o = n * size
-        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], tmp)
-        dst = half if nchw else out[o:o + size]
-        for k in range(size):
-            dst[k] = f16_bits(np.int64(bits[k]))
-        if nchw:
-            store_nchw(half, out, o, p * p, bands)
+def cut_f16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+            lo, hi):
+    """float16 output as uint16 bits."""
+    cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+             lo, hi, False)
 
 
 KERNELS = (cut_float, cut_bf16, cut_f16)  # indexed by cpu_cut.MODES

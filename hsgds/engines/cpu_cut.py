@@ -7,7 +7,9 @@ casting to float32 (float64 for a float64 output) and normalizing on the way, wi
 along the bands. NHWC: that is the output itself.
 NCHW: the patch goes to a patch-sized scratch (in the core's L2 cache; after the 16-bit rounding, if
 any) and is transposed into the B output planes in 8x8 blocks held in vector registers. So the output
-is written once, and nothing else of the batch's size leaves the cache. The kernel
+is written once, and nothing else of the batch's size leaves the cache. A batch larger than the caches
+is written with non-temporal stores (each patch finished in cache, then streamed out): a plain store
+reads each output line from memory before writing it, which halves the bandwidth a core gets. The kernel
 releases the GIL: the torch engine runs one call per range of patches on its own threads.
 
 numba compiles the kernel (``pip install 'hsgds[cpu]'``); :func:`available` says whether it can run,
@@ -33,7 +35,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["MODES", "Tables", "available", "cut_range", "make_tables", "unavailable_reason"]
+__all__ = ["MODES", "STREAM_BYTES", "Tables", "available", "cut_range", "make_tables", "should_stream",
+           "unavailable_reason"]
 
 # output conversions: the output array's dtype decides the store, the mode what the bits mean
 MODES = {"float32": 0, "float64": 0, "bfloat16": 1, "float16": 2}
@@ -100,20 +103,36 @@ def make_tables(side: Any, stride: Any, band: Any, offset: Any, scale: Any, comp
 
 
 def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihedral: np.ndarray | None,
-              tables: Tables, out: np.ndarray, p: int, nchw: bool, mode: int, lo: int, hi: int) -> None:
+              tables: Tables, out: np.ndarray, p: int, nchw: bool, mode: int, lo: int, hi: int,
+              stream: bool = False) -> None:
     """Cut patches ``lo:hi`` of a batch into ``out``.
 
     ``src`` is the flat storage; ``base[n]`` (int64) the element of ``src`` where patch n's top-left pixel
     starts; ``table[n]`` its table (None: table 0 for all); ``dihedral[n]`` (int8) its dihedral code (None:
-    identity). The caller validates: every patch lies inside its tile, ``tables`` are consistent, and
-    ``out`` is flat and contiguous: float32/float64 for mode 0, uint16 for modes 1 and 2. Calls on
-    different threads may run at once (each has its own scratch) when they write different patches.
+    identity). ``stream``: write the output with non-temporal stores (for outputs larger than the
+    caches: see :func:`should_stream`). The caller validates: every patch lies inside its tile,
+    ``tables`` are consistent, and ``out`` is flat and contiguous: float32/float64 for mode 0, uint16
+    for modes 1 and 2. Calls on different threads may run at once (each has its own scratch) when they
+    write different patches.
     """
     kernels = _kernel()
     if kernels is None:
         raise RuntimeError(unavailable_reason())
+    phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
     kernels[mode](src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
-                  *tables, out, p, nchw, lo, hi)
+                  *tables, out, p, nchw, phase, stream, lo, hi)
+
+
+def should_stream(nbytes: int, nchw: bool) -> bool:
+    """Whether an output of ``nbytes`` is written with non-temporal stores: NCHW batches of STREAM_BYTES
+    or more. Such a batch cannot stay in a core's cache for its consumer anyway, and the B band planes
+    of a patch are written 32 bytes at a time with plain stores, each output line read from memory
+    first: streaming the finished patch out cut an Indian Pines float32 batch from 6.0 to 4.3 ms on the
+    2-core VM (2 threads, benchmarks/README.md). Sequential NHWC writes gained nothing measurable."""
+    return nchw and nbytes >= STREAM_BYTES
+
+
+STREAM_BYTES = 4 << 20
 
 
 _NONE_INT64 = np.zeros(0, dtype=np.int64)

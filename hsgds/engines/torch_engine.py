@@ -297,15 +297,16 @@ class TorchEngine(PatchEngine):
         dst = flat.view(torch.int16).numpy().view(np.uint16) if self._mode else flat.numpy()
         codes = None if dihedral is None else dihedral.numpy()  # int8, one per patch (hsgds.augment)
         args = (src, base, table, codes, tables, dst, self.spec.patch_size, self.spec.layout == "NCHW", self._mode)
+        stream = cpu_cut.should_stream(flat.numel() * flat.element_size(), self.spec.layout == "NCHW")
         parts = -(-n // self._chunk)
         workers = self._workers(parts)
         if workers == 1:
-            cpu_cut.cut_range(*args, 0, n)
+            cpu_cut.cut_range(*args, 0, n, stream)
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
         edges = [n * k // parts for k in range(parts + 1)]
         assert self._pool is not None  # _workers() made it for more than one worker
-        futures = [self._pool.submit(cpu_cut.cut_range, *args, lo, hi)
+        futures = [self._pool.submit(cpu_cut.cut_range, *args, lo, hi, stream)
                    for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
         for f in futures:
             f.result()

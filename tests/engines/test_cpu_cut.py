@@ -56,19 +56,22 @@ def _reference(storage: np.ndarray, slot, y, x, p: int, offset, scale, out_dtype
 
 
 def _kernel_cut(storage: np.ndarray, slot, y, x, p: int, offset, scale, out_dtype: str, nchw: bool,
-                dihedral=None, ranges=None) -> torch.Tensor:
-    """Call cut_range directly (the engine's own use of it is tested through TorchEngine below)."""
+                dihedral=None, ranges=None, stream=False, shift=0) -> torch.Tensor:
+    """Call cut_range directly (the engine's own use of it is tested through TorchEngine below).
+    ``stream``: non-temporal stores; ``shift``: the output starts ``shift`` elements into its buffer, so
+    the streamed stores meet every alignment of the first and last 32-byte block."""
     slots, side, _, bands = storage.shape
     r = p // 2
     n = len(slot)
     base = ((np.asarray(slot) * side + (np.asarray(y) - r)) * side + (np.asarray(x) - r)).astype(np.int64) * bands
     compute = np.float64 if out_dtype == "float64" else np.float32
-    out = torch.empty((n, bands, p, p) if nchw else (n, p, p, bands), dtype=getattr(torch, out_dtype))
+    shape = (n, bands, p, p) if nchw else (n, p, p, bands)
+    out = torch.empty(int(np.prod(shape)) + shift, dtype=getattr(torch, out_dtype))[shift:].view(shape)
     mode = cpu_cut.MODES[out_dtype]
     dst = out.view(-1).view(torch.int16).numpy().view(np.uint16) if mode else out.view(-1).numpy()
     tables = cpu_cut.make_tables(side, bands, np.arange(bands), offset, scale, compute)
     for lo, hi in ranges or [(0, n)]:
-        cpu_cut.cut_range(storage.reshape(-1), base, None, dihedral, tables, dst, p, nchw, mode, lo, hi)
+        cpu_cut.cut_range(storage.reshape(-1), base, None, dihedral, tables, dst, p, nchw, mode, lo, hi, stream)
     return out
 
 
@@ -84,7 +87,8 @@ def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> None:
 @pytest.mark.parametrize("store", STORE_DTYPES)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("nchw", [True, False], ids=["NCHW", "NHWC"])
-def test_every_dtype_and_layout_matches_numpy_bit_for_bit(store, out_dtype, nchw):
+@pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
+def test_every_dtype_and_layout_matches_numpy_bit_for_bit(store, out_dtype, nchw, stream):
     # p, B >= 8 and not multiples of 8: the register-transposed blocks, overlapping at both edges
     p, bands, side, slots = 9, 11, 14, 3
     storage = _storage(store, slots, side, bands, seed=1)
@@ -94,8 +98,9 @@ def test_every_dtype_and_layout_matches_numpy_bit_for_bit(store, out_dtype, nchw
     lo, hi = float(storage.min()), float(storage.max())
     offset = rng.uniform(lo, hi, bands)
     scale = 8 / (hi - lo) * rng.uniform(0.5, 1.5, bands)
-    got = _kernel_cut(storage, slot, y, x, p, offset, scale, out_dtype, nchw)
-    _equal_bits(got, _reference(storage, slot, y, x, p, offset, scale, out_dtype, nchw))
+    ref = _reference(storage, slot, y, x, p, offset, scale, out_dtype, nchw)
+    for shift in (0, 1, 3) if stream else (0,):
+        _equal_bits(_kernel_cut(storage, slot, y, x, p, offset, scale, out_dtype, nchw, stream=stream, shift=shift), ref)
 
 
 @pytest.mark.parametrize("p, bands, side", [(1, 1, 1), (1, 3, 4), (3, 1, 3), (7, 2, 9), (5, 7, 8), (3, 8, 3), (3, 9, 5),
@@ -111,8 +116,10 @@ def test_odd_shapes_and_tile_edges(p, bands, side):
     offset, scale = np.linspace(0, 3e4, bands), np.linspace(1e-4, 2e-4, bands)
     for out_dtype in ("float32", "bfloat16"):
         for nchw in (True, False):
-            got = _kernel_cut(storage, slot, y, x, p, offset, scale, out_dtype, nchw)
-            _equal_bits(got, _reference(storage, slot, y, x, p, offset, scale, out_dtype, nchw))
+            ref = _reference(storage, slot, y, x, p, offset, scale, out_dtype, nchw)
+            for stream, shift in ((False, 0), (True, 0), (True, 5)):
+                got = _kernel_cut(storage, slot, y, x, p, offset, scale, out_dtype, nchw, stream=stream, shift=shift)
+                _equal_bits(got, ref)
 
 
 @pytest.mark.parametrize("p, bands", [(1, 3), (3, 3), (5, 2), (9, 10)])
@@ -164,8 +171,12 @@ def test_16bit_roundings_match_torch_on_special_values():
 
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_engine_kernel_equals_torch_ops_path(out_dtype, layout):
-    """The engine's two CPU paths (numba kernel, torch ops) give the same bits, on several threads too."""
+@pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
+def test_engine_kernel_equals_torch_ops_path(out_dtype, layout, stream, monkeypatch):
+    """The engine's two CPU paths (numba kernel, torch ops) give the same bits, on several threads too;
+    ``streamed``: every batch counts as large, so NCHW batches take the non-temporal stores."""
+    if stream:
+        monkeypatch.setattr(cpu_cut, "STREAM_BYTES", 0)
     bands, side, p = 17, 20, 7
     storage = torch.from_numpy(_storage("uint16", 3, side, bands, seed=8))
     rng = np.random.default_rng(9)
