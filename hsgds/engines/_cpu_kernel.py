@@ -140,23 +140,51 @@ def row_source(i, p, side, d):
     return (p - 1 - i if v else i) * side + (p - 1 if h else 0), (-1 if h else 1)
 
 
+@intrinsic
+def float32_bits(typingctx, x):
+    """The bits of a float32 (a float64 is first rounded to float32) as uint32: a register move."""
+    if not isinstance(x, types.Float):
+        return None
+    sig = types.uint32(x)
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if signature.args[0].bitwidth == 64:
+            v = builder.fptrunc(v, ir.FloatType())
+        return builder.bitcast(v, ir.IntType(32))
+
+    return sig, codegen
+
+
 @jit
-def gather_row(src, first, step, bands, p, band, identity, offset, scale, w):
+def put(r, b, v, mode):
+    """r[b] = v in the output's kind: 0 the value, 1 its bfloat16 bits, 2 its float16 bits."""
+    if mode == 0:
+        r[b] = v
+    elif mode == 1:
+        r[b] = bf16_bits(np.int64(float32_bits(v)))
+    else:
+        r[b] = f16_bits(np.int64(float32_bits(v)))
+
+
+@jit
+def gather_row(src, first, step, bands, p, band, identity, offset, scale, w, mode):
     """Cast and normalize p source pixels (``step`` elements apart from element ``first``) into ``w``
-    (p*B values, pixel-major). ``band``: the stored band of each output band; ``identity``: it is
-    0..B-1, so the output bands are the pixel's first B values in order (a contiguous run). Slices (views) tell numba that each run is contiguous,
-    so LLVM vectorizes the band loop (indexing the flat arrays directly leaves it scalar, ~3x slower)."""
-    cast = w.dtype.type  # the compute dtype: float32, or float64 for a float64 output
+    (p*B values, pixel-major), rounded to the output's kind (``put``). ``band``: the stored band of
+    each output band; ``identity``: it is 0..B-1, so the output bands are the pixel's first B values in
+    order (a contiguous run). Slices (views) tell numba that each run is contiguous, so LLVM vectorizes
+    the band loop (indexing the flat arrays directly leaves it scalar, ~3x slower)."""
+    cast = offset.dtype.type  # the compute dtype: float32, or float64 for a float64 output
     for j in range(p):
         q = first + j * step
         r = w[j * bands:(j + 1) * bands]
         if identity:
             s = src[q:q + bands]
             for b in range(bands):
-                r[b] = (cast(s[b]) - offset[b]) * scale[b]
+                put(r, b, (cast(s[b]) - offset[b]) * scale[b], mode)
         else:
             for b in range(bands):
-                r[b] = (cast(src[q + band[b]]) - offset[b]) * scale[b]
+                put(r, b, (cast(src[q + band[b]]) - offset[b]) * scale[b], mode)
 
 
 @jit
@@ -188,7 +216,7 @@ def store_nchw(st, out, o, pp, bands):
 
 
 @jit
-def gather_patch(src, base, d, side, stride, bands, p, band, identity, offset, scale, w):
+def gather_patch(src, base, d, side, stride, bands, p, band, identity, offset, scale, w, mode):
     """The patch whose top-left pixel starts at element ``base`` (tiles ``side`` pixels wide, ``stride``
     values per pixel) under dihedral code ``d`` into ``w`` (p*p*B values, pixel-major in output order),
     cast and normalized."""
@@ -196,7 +224,7 @@ def gather_patch(src, base, d, side, stride, bands, p, band, identity, offset, s
     for i in range(p):
         first, step = row_source(i, p, side, d)
         gather_row(src, base + first * stride, step * stride, bands, p, band, identity, offset, scale,
-                   w[i * row:(i + 1) * row])
+                   w[i * row:(i + 1) * row], mode)
 
 
 @jit
@@ -256,7 +284,7 @@ def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, 
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         o = n * size
         w = tmp if staged else out[o:o + size]
-        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], w)
+        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], w, 0)
         if staged:
             write_patch(tmp, out, o, p * p, bands, nchw, turn, phase, stream)
     if stream:
@@ -265,26 +293,19 @@ def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, 
 
 @jit
 def cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             lo, hi, bf16):
-    """16-bit output as uint16 bits (float32 arithmetic): bfloat16 if ``bf16`` else float16."""
+             lo, hi, mode):
+    """16-bit output as uint16 bits (float32 arithmetic, rounded as each value is computed): mode 1
+    bfloat16, mode 2 float16."""
     bands = offset.shape[1]
     size = p * p * bands
     staged = nchw or stream
-    tmp = np.empty(size, np.float32)
-    bits = tmp.view(np.uint32)
     half = np.empty(size, np.uint16)
     turn = np.empty(size if nchw and stream else 0, np.uint16)
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         o = n * size
-        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], tmp)
-        dst = half if staged else out[o:o + size]
-        if bf16:
-            for k in range(size):
-                dst[k] = bf16_bits(np.int64(bits[k]))
-        else:
-            for k in range(size):
-                dst[k] = f16_bits(np.int64(bits[k]))
+        w = half if staged else out[o:o + size]
+        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], w, mode)
         if staged:
             write_patch(half, out, o, p * p, bands, nchw, turn, phase, stream)
     if stream:
@@ -296,7 +317,7 @@ def cut_bf16(src, base, table, dihedral, side, stride, band, identity, offset, s
              lo, hi):
     """bfloat16 output as uint16 bits."""
     cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             lo, hi, True)
+             lo, hi, 1)
 
 
 @jit
@@ -304,7 +325,7 @@ def cut_f16(src, base, table, dihedral, side, stride, band, identity, offset, sc
             lo, hi):
     """float16 output as uint16 bits."""
     cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             lo, hi, False)
+             lo, hi, 2)
 
 
 KERNELS = (cut_float, cut_bf16, cut_f16)  # indexed by cpu_cut.MODES
