@@ -248,26 +248,51 @@ class Augmenter:
     """Applies one batch's non-geometric parameters to the cut batch in place, on its device.
 
     Costs are proportional to what is drawn: radiation noise touches only the chosen patches, mixture
-    only their centre spectra, band dropout only the dropped (patch, band) planes.
+    only their centre spectra, band dropout only the dropped (patch, band) planes. Where the engine
+    applies radiation noise (``fused_radiation``) or band dropout (``fused_dropout``) inside its cut,
+    those steps are skipped here; the order of the rules stays radiation, mixture, dropout, so dropout
+    is fused only when there is no mixture.
     """
 
-    def __init__(self, aug: Augment, seed: int, layout: str) -> None:
+    def __init__(self, aug: Augment, seed: int, layout: str, *, fused_radiation: bool = False,
+                 fused_dropout: bool = False) -> None:
+        if fused_dropout and aug.mixture_noise > 0:
+            raise ConfigError("band dropout cannot be applied inside the cut when mixture noise follows it")
         self.aug, self.seed, self.nchw = aug, seed, layout == "NCHW"
-        self._bank: dict[Any, torch.Tensor] = {}
+        self.fused_radiation, self.fused_dropout = fused_radiation, fused_dropout
+        self._bank: dict[Any, Any] = {}
+
+    def host_bank(self, window: int) -> np.ndarray:
+        """The noise bank as a numpy array that holds every window of ``window`` values (the bank read
+        cyclically when a patch is bigger than it)."""
+        key = ("host", max(1, -(-window // BANK_SIZE)))
+        bank = self._bank.get(key)
+        if bank is None:
+            bank = self._bank.get("host-base")
+            if bank is None:
+                bank = self._bank["host-base"] = noise_bank(self.seed)
+            if window > BANK_SIZE:
+                bank = np.tile(bank, -(-window // BANK_SIZE) + 1)
+            self._bank[key] = bank
+        return bank
 
     def _bank_on(self, device: torch.device) -> torch.Tensor:
         bank = self._bank.get(device)
         if bank is None:
-            bank = self._bank[device] = torch.from_numpy(noise_bank(self.seed)).to(device)
+            bank = self._bank[device] = torch.from_numpy(self.host_bank(0)).to(device)
         return bank
 
     def __call__(self, out: torch.Tensor, batch: AugmentBatch) -> torch.Tensor:
-        apply_after_cut(out, batch, self.aug, self.nchw, self._bank_on if len(batch.radiated) else None)
+        radiation = len(batch.radiated) > 0 and not self.fused_radiation
+        apply_after_cut(out, batch, self.aug, self.nchw, self._bank_on if radiation else None,
+                        radiation=radiation, dropout=not self.fused_dropout)
         return out
 
 
-def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: bool, bank_on: Any) -> None:
-    """Radiation noise, then mixture, then band dropout, on ``out`` ((N, B, p, p) or (N, p, p, B))."""
+def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: bool, bank_on: Any, *,
+                    radiation: bool = True, dropout: bool = True) -> None:
+    """Radiation noise, then mixture, then band dropout, on ``out`` ((N, B, p, p) or (N, p, p, B));
+    ``radiation`` / ``dropout`` False: already applied in the cut."""
     device = out.device
     if nchw:
         n, bands, p, _ = out.shape
@@ -276,7 +301,7 @@ def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: 
         n, p, _, bands = out.shape
         view = out.permute(0, 3, 1, 2)  # a view in NCHW element order
     window = bands * p * p
-    if len(batch.radiated):
+    if radiation and len(batch.radiated):
         rad = torch.from_numpy(batch.radiated).to(device)
         bank = bank_on(device)
         if window > BANK_SIZE:  # a patch bigger than the bank reads it cyclically
@@ -295,6 +320,6 @@ def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: 
         centre = view[:, :, r, r]  # (N, B) view
         c, c2 = centre[mixed].float(), centre[partner].float()  # read both before writing any
         centre[mixed] = (w * c + (1 - w) * c2).to(out.dtype)
-    if len(batch.dropped):
+    if dropout and len(batch.dropped):
         d = torch.from_numpy(batch.dropped).to(device)
         view[d[:, 0], d[:, 1]] = 0

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from hsgds import defaults
-from hsgds.augment import Augment, Augmenter, draw
+from hsgds.augment import Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
-from hsgds.engines import make_engine
+from hsgds.engines import cpu_cut, make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
 from hsgds.io import make_reader
@@ -267,7 +267,13 @@ class PatchLoader:
         self._reader = make_reader(self.choice.reader, self.scenes.tile_source())
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
         self._out_bands = out_bands
-        self._augmenter = None if augment is None else Augmenter(augment, self.seed, layout)
+        # radiation noise and band dropout inside the cut where the engine can (the fused CPU kernel);
+        # dropout only without mixture noise, which comes between them (hsgds.augment)
+        fuse = augment is not None and self._engine.fuses_noise
+        self._fused_dropout = fuse and augment is not None and augment.band_dropout > 0 and augment.mixture_noise == 0
+        self._fused_radiation = fuse and augment is not None and augment.radiation_noise > 0
+        self._augmenter = None if augment is None else Augmenter(
+            augment, self.seed, layout, fused_radiation=self._fused_radiation, fused_dropout=self._fused_dropout)
         # CUDA: the per-batch index copy goes through a few reused pinned buffers (hsgds.batches)
         self._staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
         self._ring = TileRing(self.slots, slot_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader)
@@ -391,20 +397,32 @@ class PatchLoader:
             if tables:
                 rows[r] = self._tile_scene[tile]
                 r += 1
-            aug = None
+            aug = noise = None
             if self.augment is not None:  # keyed on each sample's index in the sample set
                 aug = draw(self.augment, self.seed, epoch, idx, s.label[idx], self._out_bands, self.patch_size)
                 if aug.dihedral is not None:
                     rows[r] = aug.dihedral
                     r += 1
+                noise = self._noise(aug, len(idx))
             if self.return_coords:
                 if coords3:
                     rows[r] = self._tile_scene[tile]
                     r += 1
                 rows[r], rows[r + 1] = s.scene_y[idx], s.scene_x[idx]
-            return Prepared(b, idx, tiles, inverse, rows, aug)
+            return Prepared(b, idx, tiles, inverse, rows, (aug, noise))
 
         return make
+
+    def _noise(self, aug: AugmentBatch, n: int) -> cpu_cut.Noise | None:
+        """The batch's radiation noise and band dropout for the engine's cut, where it applies them."""
+        if not (self._fused_radiation or self._fused_dropout):
+            return None
+        assert self.augment is not None and self._augmenter is not None
+        window = self._out_bands * self.patch_size**2
+        bank = self._augmenter.host_bank(window) if self._fused_radiation else np.zeros(0, np.float32)
+        radiated = aug.radiated if self._fused_radiation else aug.radiated[:0]
+        return cpu_cut.make_noise(n, radiated, aug.alpha, aug.bank_start, bank, self.augment.noise_std,
+                                  aug.dropped if self._fused_dropout else None)
 
     def _batches(self, plan: EpochPlan, start: int, pass_id: int):
         tables = self._tables is not None
@@ -428,11 +446,12 @@ class PatchLoader:
                 # one host-to-device copy per batch carries the cut coordinates, labels and centres; from a
                 # reused pinned buffer it is asynchronous, so it never waits for the training stream
                 index = self._staging.stage(rows) if self._staging is not None else torch.from_numpy(rows)  # CUDA
-                aug = prep.extra
+                aug, noise = prep.extra
                 dihedral = index[coord_row - 1] if aug is not None and aug.dihedral is not None else None
                 t_cut = time.perf_counter()
+                extra = {"noise": noise} if noise is not None else {}
                 patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2],
-                                           index[4] if tables else None, dihedral=dihedral)
+                                           index[4] if tables else None, dihedral=dihedral, **extra)
                 t_cut = time.perf_counter() - t_cut
                 if aug is not None and self._augmenter is not None:
                     self._augmenter(patches, aug)

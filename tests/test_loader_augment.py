@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 import hsgds
+from hsgds import defaults
 from hsgds.augment import apply_dihedral_numpy
 
 P = 5
@@ -79,7 +80,16 @@ def test_engines_give_the_same_flips(scene):
     np.testing.assert_array_equal(a[0], b[0])
 
 
-def test_radiation_noise_and_band_dropout_statistics(scene):
+@pytest.fixture(params=["fused", "after-cut"])
+def noise_path(request: pytest.FixtureRequest):
+    """Radiation noise and band dropout inside the fused CPU cut (numba), or applied after the cut."""
+    if request.param == "fused":
+        pytest.importorskip("numba")
+    with defaults.set(numba=request.param == "fused"):
+        yield request.param
+
+
+def test_radiation_noise_and_band_dropout_statistics(scene, noise_path):
     plain, _, cp = _run(scene, None)
     ref = _by_coord(plain, cp)
     noisy, _, cn = _run(scene, hsgds.Augment(radiation_noise=1.0, noise_std=0.05))
@@ -99,8 +109,9 @@ def test_radiation_noise_and_band_dropout_statistics(scene):
         np.testing.assert_array_equal(p[keep], ref[(int(y), int(x))][keep])
 
 
-def test_resume_mid_epoch_is_bit_identical(scene):
-    aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.3, mixture_noise=0.3, band_dropout=0.1)
+@pytest.mark.parametrize("mixture", [0.3, 0.0], ids=["mixture", "no-mixture"])
+def test_resume_mid_epoch_is_bit_identical(scene, noise_path, mixture):
+    aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.3, mixture_noise=mixture, band_dropout=0.1)
     kw = dict(patch_size=P, batch_size=32, augment=aug, device="cpu", seed=4)
     with hsgds.PatchLoader(scene, **kw) as loader:
         loader.set_epoch(2)
@@ -120,6 +131,19 @@ def test_resume_mid_epoch_is_bit_identical(scene):
     with hsgds.PatchLoader(scene, patch_size=P, batch_size=32, device="cpu", seed=4) as other:
         with pytest.raises(hsgds.ConfigError, match="augment"):
             other.load_state_dict(state)
+
+
+def test_fused_and_after_cut_paths_agree(scene):
+    """The same draws through the fused kernel and through the after-cut path: identical flips and
+    dropped bands, radiation noise equal to float32 rounding (the paths may round a product differently)."""
+    pytest.importorskip("numba")
+    aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.5, band_dropout=0.1)
+    fused = _run(scene, aug, shuffle=False)
+    with defaults.set(numba=False):
+        after = _run(scene, aug, shuffle=False)
+    np.testing.assert_array_equal(fused[2], after[2])
+    np.testing.assert_array_equal(fused[0] == 0, after[0] == 0)
+    np.testing.assert_allclose(fused[0], after[0], rtol=1e-6, atol=1e-6)
 
 
 def test_bad_augment_is_a_config_error(scene):

@@ -272,60 +272,110 @@ def write_patch(w, out, o, pp, bands, nchw, turn, phase, stream):
 # out with non-temporal stores (stream_copy), then one fence.
 
 @jit
+def radiate(w, pp, bands, alpha, noise, std):
+    """Radiation noise on a patch held pixel-major in ``w`` (float): value (k, b) <- alpha * value + std *
+    noise[b*pp + k], the noise window read in NCHW element order as hsgds.augment documents."""
+    cast = w.dtype.type  # the compute dtype: every operand in it
+    a, sd = cast(alpha), cast(std)
+    for b in range(bands):
+        nz = noise[b * pp:(b + 1) * pp]
+        for k in range(pp):
+            w[k * bands + b] = w[k * bands + b] * a + sd * cast(nz[k])
+
+
+@jit
+def drop_bands(w, pp, bands, drop):
+    """Zero the bands ``drop`` of a patch held pixel-major in ``w`` (0 bits are +0.0 in every dtype)."""
+    for b in drop:
+        for k in range(pp):
+            w[k * bands + b] = 0
+
+
+@jit
+def augments(n, alpha, start, drop_ptr):
+    """(radiation noise?, band dropout?) for patch n: empty arrays mean none for the whole batch; a
+    negative start, no noise for this patch."""
+    rad = alpha.size > 0 and start[n] >= 0
+    return rad, drop_ptr.size > 0 and drop_ptr[n + 1] > drop_ptr[n]
+
+
+# Noise arguments (hsgds.engines.cpu_cut.Noise; empty arrays: none): per patch ``alpha`` (float32) and
+# ``start`` (int64, its noise window in ``bank``, negative for none), ``std`` the noise's standard
+# deviation, and the dropped bands of patch n ``drop_band[drop_ptr[n]:drop_ptr[n + 1]]``. Noise is
+# added in the compute dtype before the one rounding; dropped bands are zeroed last.
+
+@jit
 def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-              lo, hi):
+              alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
     """float32 / float64 output: the computed values as they are."""
     bands = offset.shape[1]
-    size = p * p * bands
+    pp = p * p
+    size = pp * bands
     staged = nchw or stream
     tmp = np.empty(size, out.dtype)
     turn = np.empty(size if nchw and stream else 0, out.dtype)
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
+        rad, drops = augments(n, alpha, start, drop_ptr)
         o = n * size
         w = tmp if staged else out[o:o + size]
         gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], w, 0)
+        if rad:
+            radiate(w, pp, bands, alpha[n], bank[start[n]:start[n] + size], std)
+        if drops:
+            drop_bands(w, pp, bands, drop_band[drop_ptr[n]:drop_ptr[n + 1]])
         if staged:
-            write_patch(tmp, out, o, p * p, bands, nchw, turn, phase, stream)
+            write_patch(tmp, out, o, pp, bands, nchw, turn, phase, stream)
     if stream:
         store_fence()
 
 
 @jit
 def cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             lo, hi, mode):
-    """16-bit output as uint16 bits (float32 arithmetic, rounded as each value is computed): mode 1
-    bfloat16, mode 2 float16."""
+             alpha, start, bank, std, drop_ptr, drop_band, lo, hi, mode):
+    """16-bit output as uint16 bits (float32 arithmetic, rounded as each value is computed, or after the
+    noise for a noisy patch): mode 1 bfloat16, mode 2 float16."""
     bands = offset.shape[1]
-    size = p * p * bands
+    pp = p * p
+    size = pp * bands
     staged = nchw or stream
     half = np.empty(size, np.uint16)
     turn = np.empty(size if nchw and stream else 0, np.uint16)
+    noisy = np.empty(size if alpha.size > 0 else 0, np.float32)
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
+        rad, drops = augments(n, alpha, start, drop_ptr)
         o = n * size
         w = half if staged else out[o:o + size]
-        gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], w, mode)
+        if rad:
+            gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], noisy, 0)
+            radiate(noisy, pp, bands, alpha[n], bank[start[n]:start[n] + size], std)
+            for k in range(size):
+                put(w, k, noisy[k], mode)
+        else:
+            gather_patch(src, q, d, sd, st, bands, p, band[t], ident, offset[t], scale[t], w, mode)
+        if drops:
+            drop_bands(w, pp, bands, drop_band[drop_ptr[n]:drop_ptr[n + 1]])
         if staged:
-            write_patch(half, out, o, p * p, bands, nchw, turn, phase, stream)
+            write_patch(half, out, o, pp, bands, nchw, turn, phase, stream)
     if stream:
         store_fence()
 
 
 @jit
 def cut_bf16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             lo, hi):
+             alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
     """bfloat16 output as uint16 bits."""
     cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             lo, hi, 1)
+             alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 1)
 
 
 @jit
 def cut_f16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-            lo, hi):
+            alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
     """float16 output as uint16 bits."""
     cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             lo, hi, 2)
+             alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 2)
 
 
 KERNELS = (cut_float, cut_bf16, cut_f16)  # indexed by cpu_cut.MODES

@@ -229,6 +229,9 @@ class PatchEngine(abc.ABC):
     """
 
     name: str = "engine"
+    #: whether cut() takes ``noise=`` (radiation noise and band dropout applied inside the cut; the torch
+    #: engine's fused CPU kernel). Otherwise hsgds.augment applies them after the cut.
+    fuses_noise: bool = False
 
     def __init__(self, spec: PatchSpec, device: Any) -> None:
         if not isinstance(spec, PatchSpec):

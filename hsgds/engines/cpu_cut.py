@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["MODES", "STREAM_BYTES", "Tables", "available", "cut_range", "make_tables", "should_stream",
+__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cut_range", "make_noise", "make_tables", "should_stream",
            "unavailable_reason"]
 
 # output conversions: the output array's dtype decides the store, the mode what the bits mean
@@ -102,15 +102,49 @@ def make_tables(side: Any, stride: Any, band: Any, offset: Any, scale: Any, comp
                   np.ascontiguousarray(np.atleast_2d(scale).astype(compute)))
 
 
+class Noise(NamedTuple):
+    """One batch's radiation noise and band dropout for the kernel (hsgds.augment's rules): patch n gets
+    value <- alpha[n] * value + std * bank[start[n] + i] (i the value's NCHW index in its patch) when
+    start[n] >= 0, then its bands ``drop_band[drop_ptr[n]:drop_ptr[n + 1]]`` zeroed. Empty ``alpha`` /
+    ``drop_ptr``: no noise / no dropout in the whole batch. ``bank`` covers every window."""
+
+    alpha: np.ndarray  # (N,) float32
+    start: np.ndarray  # (N,) int64
+    bank: np.ndarray  # (M,) float32
+    std: np.float32
+    drop_ptr: np.ndarray  # (N + 1,) int64
+    drop_band: np.ndarray  # (D,) int64
+
+
+def make_noise(n: int, radiated: np.ndarray, alpha: np.ndarray, start: np.ndarray, bank: np.ndarray, std: float,
+               dropped: np.ndarray | None) -> Noise:
+    """:class:`Noise` for a batch of ``n`` patches from sparse draws: the ``radiated`` positions with their
+    ``alpha`` and window ``start``; ``dropped`` (D, 2) (position, band) pairs sorted by position, or None
+    to leave dropout to the caller."""
+    if len(radiated):
+        full_alpha = np.ones(n, np.float32)
+        full_start = np.full(n, -1, np.int64)
+        full_alpha[radiated], full_start[radiated] = alpha, start
+    else:
+        full_alpha, full_start = _NONE_FLOAT32, _NONE_INT64
+    if dropped is not None and len(dropped):
+        ptr = np.searchsorted(dropped[:, 0], np.arange(n + 1)).astype(np.int64)
+        bands = np.ascontiguousarray(dropped[:, 1], dtype=np.int64)
+    else:
+        ptr, bands = _NONE_INT64, _NONE_INT64
+    return Noise(full_alpha, full_start, bank, np.float32(std), ptr, bands)
+
+
 def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihedral: np.ndarray | None,
               tables: Tables, out: np.ndarray, p: int, nchw: bool, mode: int, lo: int, hi: int,
-              stream: bool = False) -> None:
+              stream: bool = False, noise: Noise | None = None) -> None:
     """Cut patches ``lo:hi`` of a batch into ``out``.
 
     ``src`` is the flat storage; ``base[n]`` (int64) the element of ``src`` where patch n's top-left pixel
     starts; ``table[n]`` its table (None: table 0 for all); ``dihedral[n]`` (int8) its dihedral code (None:
     identity). ``stream``: write the output with non-temporal stores (for outputs larger than the
-    caches: see :func:`should_stream`). The caller validates: every patch lies inside its tile,
+    caches: see :func:`should_stream`). ``noise``: radiation noise and band dropout applied in the same
+    pass (:class:`Noise`). The caller validates: every patch lies inside its tile,
     ``tables`` are consistent, and ``out`` is flat and contiguous: float32/float64 for mode 0, uint16
     for modes 1 and 2. Calls on different threads may run at once (each has its own scratch) when they
     write different patches.
@@ -120,7 +154,7 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
         raise RuntimeError(unavailable_reason())
     phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
     kernels[mode](src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
-                  *tables, out, p, nchw, phase, stream, lo, hi)
+                  *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
 
 
 def should_stream(nbytes: int, nchw: bool) -> bool:
@@ -137,3 +171,5 @@ STREAM_BYTES = 4 << 20
 
 _NONE_INT64 = np.zeros(0, dtype=np.int64)
 _NONE_INT8 = np.zeros(0, dtype=np.int8)
+_NONE_FLOAT32 = np.zeros(0, dtype=np.float32)
+_NO_NOISE = Noise(_NONE_FLOAT32, _NONE_INT64, _NONE_FLOAT32, np.float32(0), _NONE_INT64, _NONE_INT64)

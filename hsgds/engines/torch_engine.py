@@ -121,6 +121,7 @@ class TorchEngine(PatchEngine):
                 self._numba = True
                 self.reasons.append("CPU cut: fused numba kernel (hsgds.engines.cpu_cut)")
             self._mode = cpu_cut.MODES[str(out_dtype).removeprefix("torch.")]
+        self.fuses_noise = self._numba  # cut(noise=...): radiation noise and band dropout in the kernel
 
     # -- cached per-device constants ------------------------------------------------------------------
     def _consts_for(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,21 +171,38 @@ class TorchEngine(PatchEngine):
         return buf[:numel]
 
     # -- the batch ------------------------------------------------------------------------------------
-    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None) -> Any:
-        """Cut, normalize and lay out one batch; see :class:`~hsgds.engines.base.PatchEngine`."""
+    def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None,
+            noise: cpu_cut.Noise | None = None) -> Any:
+        """Cut, normalize and lay out one batch; see :class:`~hsgds.engines.base.PatchEngine`. ``noise``
+        (only where :attr:`fuses_noise`): the batch's radiation noise and band dropout, applied in the cut."""
         spec = self.spec
         check_dihedral(dihedral, slot)
+        if noise is not None:
+            self._check_noise(noise, storage, slot)
         if spec.tables is not None:
-            return self._cut_tables(storage, slot, y, x, table, dihedral)
+            return self._cut_tables(storage, slot, y, x, table, dihedral, noise)
         check_storage(storage, spec)
         check_coords(storage, slot, y, x, spec.radius, self._check_bounds)
         if storage.device.type == "cpu":
             with self._lock:
-                return self._cut(storage, slot, y, x, dihedral)
+                return self._cut(storage, slot, y, x, dihedral, noise)
         return self._cut(storage, slot, y, x, dihedral)
 
+    def _check_noise(self, noise: cpu_cut.Noise, storage: Any, slot: Any) -> None:
+        """InputError unless this path can apply ``noise`` and its arrays fit the batch."""
+        if not (self._numba and isinstance(storage, torch.Tensor) and storage.device.type == "cpu"):
+            raise InputError("noise= is applied inside the cut only by the fused CPU kernel (fuses_noise); "
+                             "apply it after the cut (hsgds.augment) on this path")
+        n, patch = len(slot), self.spec.patch_size ** 2 * self.spec.bands
+        if len(noise.alpha) not in (0, n) or len(noise.start) != len(noise.alpha) or len(noise.drop_ptr) not in (0, n + 1):
+            raise InputError(f"noise arrays must have one entry per sample ({n}), or none")
+        if len(noise.alpha) and (noise.start.max() + patch > len(noise.bank)):
+            raise InputError(f"a noise window runs past the bank's {len(noise.bank)} values")
+        if len(noise.drop_band) and not (noise.drop_band.min() >= 0 and noise.drop_band.max() < self.spec.bands):
+            raise InputError(f"dropped bands must be in 0..{self.spec.bands - 1}")
+
     def _cut(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
-             dihedral: torch.Tensor | None = None) -> torch.Tensor:
+             dihedral: torch.Tensor | None = None, noise: cpu_cut.Noise | None = None) -> torch.Tensor:
         spec = self.spec
         p, r, bands = spec.patch_size, spec.radius, spec.bands
         n, side, device = slot.shape[0], storage.shape[1], storage.device
@@ -200,7 +218,7 @@ class TorchEngine(PatchEngine):
             if self._numba:
                 base = ((slot * side + (y - r)) * side + (x - r)) * bands  # top-left pixel's first element
                 return self._cut_numba(storage.view(-1).numpy(), base.numpy(), None, dihedral,
-                                       self._kernel_tables(side), shape)
+                                       self._kernel_tables(side), shape, noise)
             return self._cut_cpu(storage, slot, y, x, shape, dihedral)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if self._fused_kernel(storage.dtype):  # one pass on the GPU
@@ -286,7 +304,8 @@ class TorchEngine(PatchEngine):
         return got
 
     def _cut_numba(self, src: np.ndarray, base: np.ndarray, table: np.ndarray | None,
-                   dihedral: torch.Tensor | None, tables: cpu_cut.Tables, shape: tuple[int, ...]) -> torch.Tensor:
+                   dihedral: torch.Tensor | None, tables: cpu_cut.Tables, shape: tuple[int, ...],
+                   noise: cpu_cut.Noise | None = None) -> torch.Tensor:
         """The CPU path with the fused kernel: ranges of patches cut straight into the output by the
         engine's threads (the kernel releases the GIL). A range per ~``torch_chunk_bytes`` of work, so
         a small batch stays on the calling thread and threads share a big one dynamically. ``base``:
@@ -301,12 +320,12 @@ class TorchEngine(PatchEngine):
         parts = -(-n // self._chunk)
         workers = self._workers(parts)
         if workers == 1:
-            cpu_cut.cut_range(*args, 0, n, stream)
+            cpu_cut.cut_range(*args, 0, n, stream, noise)
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
         edges = [n * k // parts for k in range(parts + 1)]
         assert self._pool is not None  # _workers() made it for more than one worker
-        futures = [self._pool.submit(cpu_cut.cut_range, *args, lo, hi, stream)
+        futures = [self._pool.submit(cpu_cut.cut_range, *args, lo, hi, stream, noise)
                    for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
         for f in futures:
             f.result()
@@ -399,7 +418,7 @@ class TorchEngine(PatchEngine):
         return got
 
     def _cut_tables(self, storage: Any, slot: Any, y: Any, x: Any, table: Any,
-                    dihedral: torch.Tensor | None = None) -> torch.Tensor:
+                    dihedral: torch.Tensor | None = None, noise: cpu_cut.Noise | None = None) -> torch.Tensor:
         """Cut from tiles of several scenes: per sample, its table's tile geometry, band selection and
         normalization. Still one gather per chunk of patches (per batch on CUDA) and one fused
         normalization: the per-sample tables only change the index arithmetic and the constants."""
@@ -435,7 +454,7 @@ class TorchEngine(PatchEngine):
         if device.type == "cpu" and self._numba:
             with self._lock:
                 return self._cut_numba(storage.view(-1).numpy(), base.numpy(), table.numpy(), dihedral,
-                                       self._kernel_tables(), shape)
+                                       self._kernel_tables(), shape, noise)
         flat = storage.view(-1)
         if flat.dtype in _SIGNED_VIEW:
             flat = flat.view(_SIGNED_VIEW[flat.dtype])

@@ -15,7 +15,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("numba")
 
 from hsgds import defaults  # noqa: E402
+from hsgds.augment import apply_dihedral_numpy  # noqa: E402
 from hsgds.engines import PatchSpec, TorchEngine, cpu_cut  # noqa: E402
+from hsgds.errors import InputError  # noqa: E402
 
 STORE_DTYPES = ["uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32", "float64"]
 OUT_DTYPES = ["float32", "float16", "bfloat16", "float64"]
@@ -228,6 +230,67 @@ def test_per_scene_tables_kernel_equals_torch_ops_path(out_dtype, layout):
     _equal_bits(fused.cut(storage, *co), ops.cut(storage, *co))
     codes = torch.from_numpy(rng.integers(0, 8, n).astype(np.int8))
     _equal_bits(fused.cut(storage, *co, dihedral=codes), ops.cut(storage, *co, dihedral=codes))
+
+
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
+def test_noise_and_dropout_in_the_cut_match_numpy(out_dtype, layout, stream, monkeypatch):
+    """Radiation noise (alpha * value + std * the patch's bank window in NCHW order) and band dropout
+    applied by the kernel, against numpy: the same float32 operations in the same order, then torch's
+    rounding; dropped bands exactly +0; patches without draws untouched."""
+    if stream:
+        monkeypatch.setattr(cpu_cut, "STREAM_BYTES", 0)
+    bands, side, p, n = 11, 16, 5, 40
+    storage = _storage("int16", 3, side, bands, seed=11)
+    rng = np.random.default_rng(12)
+    offset, scale = rng.uniform(-100, 100, bands), rng.uniform(1e-4, 1e-3, bands)
+    slot, y, x = rng.integers(0, 3, n), rng.integers(2, side - 2, n), rng.integers(2, side - 2, n)
+    codes = rng.integers(0, 8, n).astype(np.int8)
+    window = bands * p * p
+    bank = rng.normal(size=4096).astype(np.float32)
+    radiated = np.sort(rng.choice(n, 15, replace=False))
+    alpha = rng.uniform(0.9, 1.1, 15).astype(np.float32)
+    start = rng.integers(0, (4096 - window) // 64, 15) * 64
+    dropped = np.argwhere(rng.random((n, bands)) < 0.2)
+    noise = cpu_cut.make_noise(n, radiated, alpha, start, bank, 0.04, dropped)
+    spec = PatchSpec(p, 2, bands, side, layout, getattr(torch, out_dtype), offset, scale)
+    engine = TorchEngine(spec)
+    assert engine.fuses_noise
+    co = [torch.from_numpy(a) for a in (slot, y, x)]
+    got = engine.cut(torch.from_numpy(storage), *co, dihedral=torch.from_numpy(codes), noise=noise)
+
+    compute = np.float64 if out_dtype == "float64" else np.float32
+    ref = np.stack([apply_dihedral_numpy(storage[s, a - 2:a + 3, b - 2:b + 3], int(c))
+                    for s, a, b, c in zip(slot, y, x, codes)]).astype(compute)
+    ref = ((ref - offset.astype(compute)) * scale.astype(compute)).transpose(0, 3, 1, 2)  # NCHW
+    for k, i in enumerate(radiated):
+        window_noise = bank[start[k]:start[k] + window].astype(compute).reshape(bands, p, p)
+        ref[i] = ref[i] * compute(alpha[k]) + compute(np.float32(0.04)) * window_noise
+    ref[dropped[:, 0], dropped[:, 1]] = 0
+    if layout == "NHWC":
+        ref = ref.transpose(0, 2, 3, 1)
+    _equal_bits(got, torch.from_numpy(np.ascontiguousarray(ref)).to(getattr(torch, out_dtype)))
+    plain = engine.cut(torch.from_numpy(storage), *co, dihedral=torch.from_numpy(codes))
+    untouched = np.setdiff1d(np.setdiff1d(np.arange(n), radiated), dropped[:, 0])
+    _equal_bits(got[untouched], plain[untouched])
+
+
+def test_noise_is_refused_where_the_cut_cannot_apply_it():
+    spec = PatchSpec(3, 1, 4, 8, "NCHW", torch.float32, np.zeros(4), np.ones(4))
+    with defaults.set(numba=False):
+        ops = TorchEngine(spec)
+    assert not ops.fuses_noise
+    storage = torch.zeros((2, 8, 8, 4), dtype=torch.int16)
+    one = torch.ones(1, dtype=torch.int64) * 3
+    noise = cpu_cut.make_noise(1, np.array([0]), np.ones(1, np.float32), np.zeros(1, np.int64),
+                               np.zeros(64, np.float32), 0.1, None)
+    with pytest.raises(InputError, match="fused CPU kernel"):
+        ops.cut(storage, one * 0, one, one, noise=noise)
+    fused = TorchEngine(spec)
+    short = noise._replace(bank=np.zeros(8, np.float32))
+    with pytest.raises(InputError, match="past the bank"):
+        fused.cut(storage, one * 0, one, one, noise=short)
 
 
 def test_without_numba_the_engine_falls_back_and_says_why(monkeypatch):
