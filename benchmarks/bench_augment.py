@@ -1,10 +1,12 @@
 """What on-device augmentation costs: PatchLoader with and without Augment, and a DeepHyperX-style
 DataLoader that augments per sample in Python on the CPU, in one run (Indian Pines, p=13, batch 256).
 
-    python benchmarks/bench_augment.py [--device cpu|cuda] [--epochs 3] [--json out.json]
+    python benchmarks/bench_augment.py [--device cpu|cuda] [--epochs 20] [--json out.json]
 
-Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05), float32 NCHW, z-score. Prints
-the best epoch of each (after a warm-up epoch) and the ratios.
+Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05), float32 NCHW, z-score, and each
+part alone. All loaders are open at once and timed in rounds (one epoch of each per round, after a
+warm-up epoch); prints the best epoch of each, the median per-round ratio to the plain loader, and
+the ratio to the DeepHyperX-style loader.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from hsgds.cli import demo_store  # noqa: E402
 from hsgds.pixels import labelled_pixels  # noqa: E402
 
 AUGMENT = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05)
+CONFIGS = {"hsgds": None, "hsgds+augment": AUGMENT, "flips+turns only": hsgds.Augment(flip=True, rot90=True),
+           "radiation only": hsgds.Augment(radiation_noise=0.1), "dropout only": hsgds.Augment(band_dropout=0.05)}
 
 
 class DeepHyperXAugmented(PatchDataset):
@@ -54,33 +58,44 @@ class DeepHyperXAugmented(PatchDataset):
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), label
 
 
+def epoch_rate(batches) -> float:
+    t, n = time.perf_counter(), 0
+    for patches, _ in batches():
+        n += len(patches)
+    if patches.is_cuda:
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - t)
+
+
 def best_rate(batches, epochs: int) -> float:
-    for _ in batches():  # warm-up
-        pass
-    best = 0.0
-    for _ in range(epochs):
-        t, n = time.perf_counter(), 0
-        for patches, _ in batches():
-            n += len(patches)
-        if patches.is_cuda:
-            torch.cuda.synchronize()
-        best = max(best, n / (time.perf_counter() - t))
-    return best
+    epoch_rate(batches)  # warm-up
+    return max(epoch_rate(batches) for _ in range(epochs))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=20, help="rounds: each round times one epoch of every loader")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     store = demo_store()
     scene = hsgds.open_scene(store)
-    results = {}
-    for name, aug in (("hsgds", None), ("hsgds+augment", AUGMENT)):
-        with hsgds.PatchLoader(store, patch_size=13, batch_size=256, device=args.device, augment=aug) as loader:
-            results[name] = best_rate(lambda loader=loader: loader, args.epochs)
-            reader, engine = loader.stats.reader, loader.stats.engine
+    # every loader open at once; each round times one epoch of each in turn, so a noisy neighbour
+    # slows the loaders of a round alike: the ratio per round, then its median
+    loaders = {name: hsgds.PatchLoader(store, patch_size=13, batch_size=256, device=args.device, augment=aug)
+               for name, aug in CONFIGS.items()}
+    try:
+        for loader in loaders.values():
+            epoch_rate(lambda loader=loader: loader)  # warm-up: tiles read, kernels compiled
+        rounds = [{name: epoch_rate(lambda loader=loader: loader) for name, loader in loaders.items()}
+                  for _ in range(args.epochs)]
+        reader, engine = loaders["hsgds"].stats.reader, loaders["hsgds"].stats.engine
+        cut = next((r for r in loaders["hsgds+augment"].stats.reasons if r.startswith("CPU cut")), None)
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    results = {name: max(r[name] for r in rounds) for name in CONFIGS}
+    per_round = {name: float(np.median([r[name] / r["hsgds"] for r in rounds])) for name in CONFIGS if name != "hsgds"}
     # the same split and normalization, cut from the reflect-padded cube in RAM, one sample at a time
     offset, scale = hsgds.normalization_constants(scene, "zscore")
     sample = labelled_pixels(scene, "train")
@@ -89,16 +104,19 @@ def main() -> None:
     ds = DeepHyperXAugmented(cube, sample.scene_y, sample.scene_x, sample.label, 13, offset, scale, torch.float32)
     loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=0)
     results["deephyperx-style"] = best_rate(lambda: loader, args.epochs)
-    ratios = {"augment / plain": results["hsgds+augment"] / results["hsgds"],
-              "augment / deephyperx-style": results["hsgds+augment"] / results["deephyperx-style"]}
+    ratios = {"augment / plain (median of rounds)": per_round["hsgds+augment"],
+              "augment / plain (best epochs)": results["hsgds+augment"] / results["hsgds"],
+              "augment / deephyperx-style": results["hsgds+augment"] / results["deephyperx-style"],
+              **{f"{name} / plain (median of rounds)": v for name, v in per_round.items() if name != "hsgds+augment"}}
     for k, v in results.items():
-        print(f"{k:20s} {v:12,.0f} patches/s")
+        print(f"{k:24s} {v:12,.0f} patches/s (best epoch)")
     for k, v in ratios.items():
-        print(f"{k:28s} {v:6.2f}x")
-    print(f"reader {reader}, engine {engine}, device {args.device}")
+        print(f"{k:44s} {v:6.2f}x")
+    print(f"reader {reader}, engine {engine}, device {args.device}; {cut}; {args.epochs} rounds")
     if args.json:
-        args.json.write_text(json.dumps({"patches_per_s": results, "ratios": ratios, "reader": reader,
-                                         "engine": engine, "device": args.device}, indent=2))
+        args.json.write_text(json.dumps({"patches_per_s": results, "ratios": ratios, "rounds": rounds,
+                                         "reader": reader, "engine": engine, "cpu_cut": cut,
+                                         "device": args.device}, indent=2))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hsgds import defaults
 from hsgds.errors import ConfigError
 
 __all__ = ["Augment", "AugmentBatch", "apply_after_cut", "dihedral_batch", "dihedral_offsets", "draw", "philox4x32"]
@@ -51,7 +52,36 @@ ROTATIONS = np.array([0, 6, 3, 5], dtype=np.int8)  # 0, 90, 180, 270 degrees in 
 
 
 def philox4x32(counter: np.ndarray, key: tuple[int, int]) -> np.ndarray:
-    """Philox4x32-10. ``counter``: (..., 4) uint32-valued array; returns (..., 4) uint32 random words."""
+    """Philox4x32-10. ``counter``: (..., 4) uint32-valued array; returns (..., 4) uint32 random words.
+    Compiled (hsgds._philox_kernel) when numba imports and the setting ``numba`` is on; the same words
+    either way."""
+    compiled = _compiled_philox()
+    if compiled is not None:
+        rows = np.ascontiguousarray(np.asarray(counter).reshape(-1, 4), dtype=np.uint32)
+        out = np.empty_like(rows)
+        compiled(rows, np.uint64(key[0] & 0xFFFFFFFF), np.uint64(key[1] & 0xFFFFFFFF), out)
+        return out.reshape(np.shape(counter))
+    return philox4x32_numpy(counter, key)
+
+
+def _compiled_philox() -> Any:
+    """The numba Philox (hsgds._philox_kernel.philox_rows), or None without numba or with the setting off."""
+    if not defaults.get("numba"):
+        return None
+    if "philox" not in _COMPILED:
+        try:
+            from hsgds._philox_kernel import philox_rows
+        except ImportError:
+            philox_rows = None
+        _COMPILED["philox"] = philox_rows
+    return _COMPILED["philox"]
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def philox4x32_numpy(counter: np.ndarray, key: tuple[int, int]) -> np.ndarray:
+    """Philox4x32-10 in numpy (the reference; :func:`philox4x32` without numba)."""
     c = [np.asarray(counter[..., i], dtype=np.uint64) for i in range(4)]
     k0, k1 = np.uint64(key[0] & 0xFFFFFFFF), np.uint64(key[1] & 0xFFFFFFFF)
     for _ in range(10):

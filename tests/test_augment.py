@@ -8,7 +8,17 @@ import pytest
 import torch
 from scipy import stats
 
-from hsgds.augment import Augment, Augmenter, apply_dihedral_numpy, dihedral_offsets, draw, noise_bank, philox4x32
+from hsgds import defaults
+from hsgds.augment import (
+    Augment,
+    Augmenter,
+    apply_dihedral_numpy,
+    dihedral_offsets,
+    draw,
+    noise_bank,
+    philox4x32,
+    philox4x32_numpy,
+)
 from hsgds.errors import ConfigError
 
 
@@ -18,9 +28,24 @@ from hsgds.errors import ConfigError
     ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
      (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
 ])
-def test_philox_known_answers(counter, key, expected):
-    """Random123's kat_vectors for philox4x32-10."""
-    assert tuple(int(v) for v in philox4x32(np.array([counter]), key)[0]) == expected
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+def test_philox_known_answers(counter, key, expected, compiled):
+    """Random123's kat_vectors for philox4x32-10, from the compiled and the numpy version."""
+    if compiled:
+        pytest.importorskip("numba")
+    with defaults.set(numba=compiled):
+        assert tuple(int(v) for v in philox4x32(np.array([counter]), key)[0]) == expected
+
+
+def test_compiled_philox_gives_the_numpy_words():
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(0)
+    counters = rng.integers(0, 2**32, (3, 517, 4), dtype=np.uint64)
+    for key in ((0, 0), (0xFFFFFFFF, 1), (12345, 0xDEADBEEF)):
+        with defaults.set(numba=True):
+            fast = philox4x32(counters, key)
+        assert fast.shape == (3, 517, 4) and fast.dtype == np.uint32
+        np.testing.assert_array_equal(fast, philox4x32_numpy(counters, key))
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("converter", ("hsgds.preprocess.*",)),
     # pure index arithmetic of an epoch (which samples, in which order) and the per-sample augmentation
     # parameters (counter-based, a pure function of seed, epoch and sample); no I/O
-    ("sampling", ("hsgds.sampling", "hsgds.augment")),
+    ("sampling", ("hsgds.sampling", "hsgds.augment", "hsgds._philox_kernel")),
     # tile readers (POSIX, kvikio) and the kvikio helpers they need; no device probing
     ("io", ("hsgds.io.*",)),
     # an opened store: metadata, labels, samples, statistics (and its xarray view); collections of stores
