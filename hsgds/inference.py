@@ -175,6 +175,9 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
                         p = (scores if tta else torch.softmax(logits.float(), dim=1)).to(torch.float16).cpu().numpy()
                         probs.write(y.cpu().numpy(), x.cpu().numpy(), p)
                     done += n
+                    # drop this batch before the loader cuts the next: the engine then reuses its buffer
+                    # (peak memory holds one batch, not two)
+                    del patches, logits, scores
             expected = h * w if mask is None else int(mask.sum())
             if done != expected:  # the loader's contract; a mismatch would be a bug, never a silent hole
                 raise RuntimeError(f"predicted {done} pixels, expected {expected}")
