@@ -25,6 +25,11 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
   is the one choice that depends on the batch's composition (whether to mix and the weights do not).
 - band dropout (probability ``band_dropout`` per band): the band is zeroed after normalization and
   after the noises above, so a dropped band is exactly 0.
+
+Where they are applied: flips and turns always inside the cut. Radiation noise and band dropout inside
+the cut too where the engine can (``engine.fuses_noise``: the torch engine's fused CPU kernel, which adds
+the noise before the one rounding to the output dtype; dropout there only without mixture noise, which
+comes between them); otherwise, and for mixture noise, by :class:`Augmenter` right after the cut.
 """
 
 from __future__ import annotations

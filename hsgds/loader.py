@@ -465,6 +465,9 @@ class PatchLoader:
                     yield patches, labels, index[coord_row:].t().contiguous()
                 else:
                     yield patches, labels
+                # hold no reference across the next cut: a consumer that has dropped this batch (predict
+                # does) lets the engine reuse its buffer instead of allocating a second one
+                del patches, labels
             if pass_id == self._pass:
                 self._epoch, self._batch = self._epoch + 1, 0
         finally:
