@@ -1,0 +1,158 @@
+"""What bounds the fused CPU cut: store bandwidth with plain and non-temporal stores, against the kernel.
+
+    python benchmarks/bench_cpu_roofline.py [--rounds 15] [--json out.json]
+
+One batch of Indian Pines-shaped patches (256 x 13 x 13 x 200, uint16 ring of 4 tiles, float32 NCHW and
+NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` timed runs, 1 and 2 threads:
+
+- ``memcpy``: ``np.copyto`` of the batch's bytes (glibc streams large copies: non-temporal stores);
+- ``plain stores`` / ``streamed stores``: a numba loop writing the batch's bytes from a patch-sized
+  buffer that stays in cache, with plain 32-byte vector stores or with the kernel's non-temporal ones
+  (``hsgds.engines._cpu_kernel.stream32``): the write bandwidth a core gets either way;
+- the kernel (``hsgds.engines.cpu_cut.cut_range``) writing the batch with plain stores and streamed, and
+  into a cache-resident output (8 patches over and over: its compute alone).
+
+Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from hsgds.engines import cpu_cut
+from hsgds.engines._cpu_kernel import stream32
+
+SIDE, BANDS, P, N = 96, 200, 13, 256
+PATCH = BANDS * P * P
+
+
+@numba.njit(nogil=True)
+def _plain_fill(src, out, lo, hi):
+    """out[lo:hi] from the cached patch ``src``, repeated, with plain stores (a copy loop: LLVM calls
+    memcpy, whose size keeps it on plain stores)."""
+    i = lo
+    while i < hi:
+        n = min(src.size, hi - i)
+        d = out[i:i + n]
+        for k in range(n):
+            d[k] = src[k]
+        i += n
+
+
+@numba.njit(nogil=True)
+def _streamed_fill(src, out, lo, hi):
+    """out[lo:hi] from the cached patch ``src``, repeated, with non-temporal 32-byte stores (``out``
+    32-byte aligned, lo and the patch size multiples of 8 floats)."""
+    i = lo
+    while i < hi:
+        n = min(src.size, hi - i)
+        for k in range(0, n - 7, 8):
+            stream32(src, k, out, i + k)
+        i += n
+
+
+def _aligned(n: int, dtype) -> np.ndarray:
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.empty(n + 64 // itemsize, dtype)
+    skip = (-raw.ctypes.data % 64) // itemsize
+    return raw[skip:skip + n]
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs since boot (Linux /proc/stat; zeros elsewhere): on a VM, steal is
+    the time the host ran something else on our cores."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return values[7], sum(values)
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+
+
+def _median_s(fn, rounds: int) -> float:
+    fn()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if not cpu_cut.available():
+        raise SystemExit(cpu_cut.unavailable_reason())
+    rng = np.random.default_rng(0)
+    ring = rng.integers(0, 9000, (4, SIDE, SIDE, BANDS)).astype(np.uint16).reshape(-1)
+    base = ((rng.integers(0, 4, N) * SIDE + rng.integers(0, SIDE - P + 1, N)) * SIDE
+            + rng.integers(0, SIDE - P + 1, N)) * BANDS
+    pool = ThreadPoolExecutor(2)
+    steal0, total0 = _cpu_ticks()
+
+    def threads(fn, k: int, n: int, step: int = 1):
+        """fn(lo, hi) over [0, n) split into k parts (multiples of ``step``) on the pool."""
+        edges = [n * i // k // step * step for i in range(k)] + [n]
+        if k == 1:
+            return lambda: fn(0, n)
+        return lambda: [f.result() for f in [pool.submit(fn, a, b) for a, b in zip(edges[:-1], edges[1:])]]
+
+    rows = []
+
+    def add(name: str, nbytes: int, fn1, fn2) -> None:
+        r = {"what": name, "MB": nbytes / 1e6}
+        for k, fn in ((1, fn1), (2, fn2)):
+            r[f"GBps_{k}_thread"] = nbytes / _median_s(fn, args.rounds) / 1e9
+        rows.append(r)
+        print(f"{name:52s} {r['GBps_1_thread']:6.2f} GB/s (1 thread) {r['GBps_2_thread']:6.2f} GB/s (2 threads)",
+              flush=True)
+
+    out32 = _aligned(N * PATCH, np.float32)
+    src32 = np.ones(N * PATCH, np.float32)
+    cached = np.ones(PATCH, np.float32)
+    nbytes = out32.nbytes
+    add("memcpy (np.copyto, float32 batch)", nbytes, lambda: np.copyto(out32, src32),
+        threads(lambda a, b: np.copyto(out32[a:b], src32[a:b]), 2, out32.size, 8))
+    for name, fill in (("plain stores", _plain_fill), ("streamed (non-temporal) stores", _streamed_fill)):
+        add(name, nbytes, threads(lambda a, b, f=fill: f(cached, out32, a, b), 1, out32.size, 8),
+            threads(lambda a, b, f=fill: f(cached, out32, a, b), 2, out32.size, 8))
+
+    tables = cpu_cut.make_tables(SIDE, BANDS, np.arange(BANDS), rng.uniform(0, 5000, BANDS),
+                                 rng.uniform(1e-4, 1e-3, BANDS), np.float32)
+    for label, out, mode in (("float32", out32, 0), ("bfloat16", _aligned(N * PATCH, np.uint16), 1)):
+        for nchw in ((True, False) if mode == 0 else (True,)):
+            for stream in (False, True):
+                def cut(a, b, out=out, mode=mode, nchw=nchw, stream=stream):
+                    cpu_cut.cut_range(ring, base, None, None, tables, out, P, nchw, mode, a, b, stream)
+                kind = f"kernel {label} {'NCHW' if nchw else 'NHWC'}, {'streamed' if stream else 'plain stores'}"
+                add(kind, out.nbytes, threads(cut, 1, N), threads(cut, 2, N))
+        small = [np.empty(8 * PATCH, out.dtype) for _ in range(2)]
+
+        def resident(i: int, mode=mode, small=small) -> None:  # 8 patches over and over: stays in L2
+            for r in range(N // 8):
+                cpu_cut.cut_range(ring, base[r * 8:(r + 1) * 8], None, None, tables, small[i], P, True, mode, 0, 8)
+
+        add(f"kernel {label} NCHW, output in cache (compute alone)", N * PATCH * small[0].itemsize,
+            lambda: resident(0), lambda: [f.result() for f in [pool.submit(resident, 0), pool.submit(resident, 1)]])
+        rows[-1]["note"] = "2 threads: each cuts the whole batch, so the figure is per thread x 2"
+        rows[-1]["GBps_2_thread"] *= 2
+    steal1, total1 = _cpu_ticks()
+    steal = (steal1 - steal0) / max(1, total1 - total0)
+    print(f"CPU time stolen by the host during the run: {100 * steal:.1f}%")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "batch": [N, BANDS, P, P], "numba": numba.__version__,
+                                         "steal_fraction": steal}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
