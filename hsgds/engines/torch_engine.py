@@ -444,17 +444,19 @@ class TorchEngine(PatchEngine):
         if dihedral is not None:
             dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
         bounds = self._check_bounds if self._check_bounds is not None else device.type == "cpu"
-        tab = self._tables_for(device)
         if bounds:
-            self._check_table_coords(storage, slot, y, x, table, tab)
+            self._check_table_coords(storage, *(t.cpu().numpy() for t in (slot, y, x, table)))
         slot_elems = storage[0].numel()
+        if device.type == "cpu" and self._numba:  # the index arithmetic in numpy: a few µs per batch
+            kt = self._kernel_tables()
+            s, yy, xx, t = (v.numpy() for v in (slot, y, x, table))
+            base_np = s * slot_elems + ((yy - r) * kt.side[t] + (xx - r)) * kt.stride[t]
+            with self._lock:
+                return self._cut_numba(storage.view(-1).numpy(), base_np, t, dihedral, kt, shape, noise)
+        tab = self._tables_for(device)
         side, stride = tab["side"][table], tab["stride"][table]
         # first element of each patch's top-left pixel in the flattened ring
         base = slot * slot_elems + ((y - r) * side + (x - r)) * stride
-        if device.type == "cpu" and self._numba:
-            with self._lock:
-                return self._cut_numba(storage.view(-1).numpy(), base.numpy(), table.numpy(), dihedral,
-                                       self._kernel_tables(), shape, noise)
         flat = storage.view(-1)
         if flat.dtype in _SIGNED_VIEW:
             flat = flat.view(_SIGNED_VIEW[flat.dtype])
@@ -550,23 +552,26 @@ class TorchEngine(PatchEngine):
                 w = buf("t-cast", self._out_dtype, rows * bands).view(k, pp, bands).copy_(w)
             _transpose_into(dst.view(k, bands, pp), w)
 
-    def _check_table_coords(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
-                            table: torch.Tensor, tab: dict[str, torch.Tensor]) -> None:
-        r, ntab, slots = self.spec.radius, len(self._scene_tables()), storage.shape[0]
+    def _check_table_coords(self, storage: torch.Tensor, slot: np.ndarray, y: np.ndarray, x: np.ndarray,
+                            table: np.ndarray) -> None:
+        """InputError unless every sample's table and slot exist and its patch lies inside its table's tile
+        (host arrays: numpy's small-array ops cost a fraction of torch's)."""
+        tb, r, slots = self._scene_tables(), self.spec.radius, storage.shape[0]
+        ntab = len(tb)
         bad = (table < 0) | (table >= ntab) | (slot < 0) | (slot >= slots)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
             raise InputError(f"sample {i} has table {int(table[i])} / slot {int(slot[i])}: tables are 0..{ntab - 1}, "
                              f"slots 0..{slots - 1}")
-        side = tab["side"][table]
+        side = np.asarray(tb.side, np.int64)[table]
         bad = (y < r) | (x < r) | (y > side - r - 1) | (x > side - r - 1)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
             raise InputError(f"sample {i} (slot {int(slot[i])}, y {int(y[i])}, x {int(x[i])}) is outside its "
                              f"{int(side[i])}-px tile for a {2 * r + 1}-px patch")
-        need = (tab["side"] ** 2 * tab["stride"]).max()
-        if int(need) > storage[0].numel():
-            raise InputError(f"ring slots hold {storage[0].numel()} values, a table's tile needs {int(need)}")
+        need = int((np.asarray(tb.side, np.int64) ** 2 * np.asarray(tb.stride, np.int64)).max())
+        if need > storage[0].numel():
+            raise InputError(f"ring slots hold {storage[0].numel()} values, a table's tile needs {need}")
 
     def _fused_kernel(self, src_dtype: torch.dtype) -> bool:
         """Whether the one-pass Triton kernel serves this batch (setting ``triton``, HSGDS_TRITON)."""
