@@ -161,8 +161,9 @@ def should_stream(nbytes: int, nchw: bool) -> bool:
     """Whether an output of ``nbytes`` is written with non-temporal stores: NCHW batches of STREAM_BYTES
     or more. Such a batch cannot stay in a core's cache for its consumer anyway, and the B band planes
     of a patch are written 32 bytes at a time with plain stores, each output line read from memory
-    first: streaming the finished patch out cut an Indian Pines float32 batch from 6.0 to 4.3 ms on the
-    2-core VM (2 threads, benchmarks/README.md). Sequential NHWC writes gained nothing measurable."""
+    first: streaming the finished patch out took an Indian Pines float32 batch on 2 threads from 3.2 to
+    6.5 GB/s on the 2-core VM (benchmarks/bench_cpu_roofline.py). NHWC, written sequentially, gained
+    between nothing and 15% from run to run: it keeps plain stores."""
     return nchw and nbytes >= STREAM_BYTES
 
 
