@@ -190,10 +190,10 @@ def gather_row(src, first, step, bands, ws, p, band, identity, offset, scale, w,
 @jit
 def store_nchw(st, out, o, pp, bands, ss):
     """Write one patch held pixel-major in ``st`` (pp pixels ``ss`` >= B values apart, in output order) as
-    band planes out[o + b*pp + k]: 8x8 blocks transposed in registers, band blocks outermost so that each of the 8
-    planes being written is filled front to back while the scratch column stays in L1. Blocks overlap at
-    the edges (the same values written twice), so any pp, B >= 8 needs no scalar tail; smaller ones are
-    copied one value at a time."""
+    band planes out[o + b*pp + k]: 8x8 blocks transposed in registers, band blocks outermost so that each
+    of the 8 planes being written is filled front to back while the scratch column stays in L1. Blocks
+    overlap at the edges (the same values written twice), so any pp, B >= 8 needs no scalar tail; smaller
+    ones are copied one value at a time."""
     if pp >= 8 and bands >= 8:
         b0 = 0
         while True:
@@ -254,9 +254,9 @@ def stream_copy(w, out, o, size, phase):
 @jit
 def finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop):
     """A patch held pixel-major in ``w`` (output dtype, pixels ``ws`` values apart; NHWC not streamed:
-    ``w`` is out[o:o + pp*B] itself) into out[o:o + pp*B] in its layout, the bands ``drop`` zeroed (0 bits are +0.0 in every
-    dtype); streamed: finished in ``turn`` (NCHW) or ``w`` (NHWC), in cache, and copied out with
-    non-temporal stores. NCHW zeroes whole band planes after the transpose (contiguous runs)."""
+    ``w`` is out[o:o + pp*B] itself) into out[o:o + pp*B] in its layout, the bands ``drop`` zeroed (0 bits
+    are +0.0 in every dtype); streamed: finished in ``turn`` (NCHW) or ``w`` (NHWC), in cache, and copied
+    out with non-temporal stores. NCHW zeroes whole band planes after the transpose (contiguous runs)."""
     if nchw:
         dst = turn if stream else out
         d0 = 0 if stream else o
@@ -274,13 +274,6 @@ def finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop):
         if stream:
             stream_copy(w, out, o, pp * bands, phase)
 
-
-# One kernel per kind of output store, so that each compiled specialization holds only its own code.
-# Arguments: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
-# ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
-# output (after the rounding, for 16-bit outputs). NCHW: into a patch-sized scratch (L2-sized), then
-# transposed into the B planes. ``stream`` (large batches): every patch is finished in cache and written
-# out with non-temporal stores (stream_copy), then one fence.
 
 @jit
 def radiate(w, pp, bands, ws, alpha, noise, std, turned):
@@ -316,6 +309,13 @@ def scratch_stride(bands, nchw):
     return (bands + 7) // 8 * 8 if nchw else bands
 
 
+# One entry point per kind of output store (cpu_cut.MODES; bfloat16 and float16 share cut_half's body).
+# Arguments: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
+# ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
+# output (after the rounding, for 16-bit outputs). NCHW: into a patch-sized scratch (L2-sized, rows padded
+# to 8 values), then transposed into the B planes. ``stream`` (large batches): every patch is finished in
+# cache and written out with non-temporal stores (stream_copy), then one fence.
+#
 # Noise arguments (hsgds.engines.cpu_cut.Noise; empty arrays: none): per patch ``alpha`` (float32) and
 # ``start`` (int64, its noise window in ``bank``, negative for none), ``std`` the noise's standard
 # deviation, and the dropped bands of patch n ``drop_band[drop_ptr[n]:drop_ptr[n + 1]]``. Noise is
