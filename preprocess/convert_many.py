@@ -24,6 +24,7 @@ from hsgds._optional import require
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess.convert import ConvertOptions, _remove_stale, convert
+from hsgds.preprocess.readers.base import source_stamps
 from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
@@ -145,11 +146,8 @@ class SceneResult:
 
 
 def _stamps(paths: list[Path]) -> dict[str, tuple[int, int]]:
-    out = {}
-    for p in paths:
-        st = os.stat(p)
-        out[str(p)] = (st.st_size, st.st_mtime_ns)
-    return out
+    """:func:`source_stamps` keyed by the path's text, as collection.json records them."""
+    return {str(p): stamp for p, stamp in source_stamps(paths).items()}
 
 
 def _sha256(paths: list[Path]) -> str:

@@ -229,7 +229,7 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
 
 @jit
 def patch_args(n, base, table, dihedral, side, stride, band, identity):
-    """(first element, dihedral code, table, side, stride, identity) of patch n; see cut_float."""
+    """(first element, dihedral code, table, side, stride, identity) of patch n; see cut_patches."""
     t = table[n] if table.size > 0 else 0
     d = dihedral[n] if dihedral.size > 0 else 0
     return base[n], d, t, side[t], stride[t], identity[t] != 0
@@ -309,8 +309,7 @@ def scratch_stride(bands, nchw):
     return (bands + 7) // 8 * 8 if nchw else bands
 
 
-# One entry point per kind of output store (cpu_cut.MODES; bfloat16 and float16 share cut_half's body).
-# Arguments: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
+# Arguments of cut_patches: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
 # ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
 # output (after the rounding, for 16-bit outputs). NCHW: into a patch-sized scratch (L2-sized, rows padded
 # to 8 values), then transposed into the B planes. ``stream`` (large batches): every patch is finished in
@@ -322,50 +321,26 @@ def scratch_stride(bands, nchw):
 # added in the compute dtype before the one rounding; dropped bands are zeroed last.
 
 @jit
-def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-              alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
-    """float32 / float64 output: the computed values as they are."""
+def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase,
+                stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi, mode):
+    """Patches lo:hi of a batch into ``out``. ``mode`` (cpu_cut.MODES): 0 the computed values as they are
+    (float32 / float64 ``out``); 1 bfloat16, 2 float16 bits in a uint16 ``out``, float32 arithmetic,
+    rounded as each value is computed, or after the noise for a noisy patch."""
     bands = offset.shape[1]
     pp = p * p
     size = pp * bands
     ws = scratch_stride(bands, nchw)
     staged = nchw or stream
-    tmp = np.empty(pp * ws, out.dtype)
+    scratch = np.empty(pp * ws, out.dtype)
     turn = np.empty(size if nchw and stream else 0, out.dtype)
+    noisy = np.empty(pp * ws if alpha.size > 0 and mode != 0 else 0, np.float32)  # 16-bit: noise before rounding
     turned = np.empty(size if alpha.size > 0 else 0, np.float32)  # a noise window, pixel-major
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         rad, drop = augments(n, alpha, start, drop_ptr, drop_band)
         o = n * size
-        w = tmp if staged else out[o:o + size]
-        gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, 0)
-        if rad:
-            radiate(w, pp, bands, ws, alpha[n], bank[start[n]:start[n] + size], std, turned)
-        finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop)
-    if stream:
-        store_fence()
-
-
-@jit
-def cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             alpha, start, bank, std, drop_ptr, drop_band, lo, hi, mode):
-    """16-bit output as uint16 bits (float32 arithmetic, rounded as each value is computed, or after the
-    noise for a noisy patch): mode 1 bfloat16, mode 2 float16."""
-    bands = offset.shape[1]
-    pp = p * p
-    size = pp * bands
-    ws = scratch_stride(bands, nchw)
-    staged = nchw or stream
-    half = np.empty(pp * ws, np.uint16)
-    turn = np.empty(size if nchw and stream else 0, np.uint16)
-    noisy = np.empty(pp * ws if alpha.size > 0 else 0, np.float32)
-    turned = np.empty(size if alpha.size > 0 else 0, np.float32)  # a noise window, pixel-major
-    for n in range(lo, hi):
-        q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
-        rad, drop = augments(n, alpha, start, drop_ptr, drop_band)
-        o = n * size
-        w = half if staged else out[o:o + size]
-        if rad:
+        w = scratch if staged else out[o:o + size]
+        if rad and mode != 0:
             gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], noisy, 0)
             radiate(noisy, pp, bands, ws, alpha[n], bank[start[n]:start[n] + size], std, turned)
             for k in range(pp):
@@ -373,25 +348,36 @@ def cut_half(src, base, table, dihedral, side, stride, band, identity, offset, s
                     put(w, k * ws + b, noisy[k * ws + b], mode)
         else:
             gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, mode)
+            if rad:
+                radiate(w, pp, bands, ws, alpha[n], bank[start[n]:start[n] + size], std, turned)
         finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop)
     if stream:
         store_fence()
 
 
+# One entry point per kind of output store, each calling cut_patches with its mode as a constant: LLVM
+# inlines the body and drops the other modes' branches from the inner loops, which a mode passed at run
+# time would leave there (measured: the loader ~5x slower).
+
+@jit
+def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+              alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
+    cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+                alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 0)
+
+
 @jit
 def cut_bf16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
              alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
-    """bfloat16 output as uint16 bits."""
-    cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 1)
+    cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+                alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 1)
 
 
 @jit
 def cut_f16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
             alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
-    """float16 output as uint16 bits."""
-    cut_half(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 2)
+    cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
+                alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 2)
 
 
 KERNELS = (cut_float, cut_bf16, cut_f16)  # indexed by cpu_cut.MODES

@@ -46,14 +46,14 @@ _state: dict[str, Any] = {}
 
 
 def _build() -> Any:
-    """The compiled kernel's dispatcher; raises ImportError when numba is missing."""
+    """The compiled kernels (indexed by MODES); raises ImportError when numba is missing."""
     import importlib
 
     return importlib.import_module("hsgds.engines._cpu_kernel").KERNELS
 
 
 def _kernel() -> Any:
-    """The kernels (one per mode), imported once per process; None when numba cannot be imported."""
+    """The compiled kernels (one per mode), imported once per process; None when numba cannot be imported."""
     if "kernel" not in _state:
         with _lock:
             if "kernel" not in _state:
