@@ -199,7 +199,7 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
                 read_bytes = loader.stats.bytes_read - before
                 rows.setdefault(f"loader_{cache}", []).append(
                     {"patches": n, "epoch_s": dt, "bytes_read_per_epoch": read_bytes, "GBps": read_bytes / dt / 1e9})
-                seq = [tiles[iv.tile] for iv in loader._plan(loader.epoch - 1).intervals]  # the same tile order
+                seq = [tiles[t] for t in loader.read_order(loader.epoch - 1)]  # the same tile order
                 for threads in (1, 2):  # one reader, and as many reads in flight as the ring keeps
                     for verify in (False, True):
                         if cache == "cold":

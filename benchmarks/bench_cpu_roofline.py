@@ -12,7 +12,9 @@ NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` time
 - the kernel (``hsgds.engines.cpu_cut.cut_range``) writing the batch with plain stores and streamed, and
   into a cache-resident output (8 patches over and over: its compute alone).
 
-Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``).
+Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``). Unlike the other benchmarks,
+this one is white-box on purpose: it times the kernel's own store instruction and entry point, not the
+loader, so it imports them from the engine's modules.
 """
 
 from __future__ import annotations

@@ -39,6 +39,12 @@ RESERVE=25  # seconds kept for the summary
 
 export CUFILE_LOGFILE_PATH="$OUT/cufile.log"
 export PYTHONPATH="$SITE:$PWD"
+# the checkout is imported in place, not installed: hsgds.preprocess (installed from the top-level
+# preprocess/ by pyproject's package-dir) needs a link inside hsgds/, made here and removed at the end
+LINKED=""
+if [ ! -e hsgds/preprocess ]; then
+    ln -s ../preprocess hsgds/preprocess && LINKED=hsgds/preprocess
+fi
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 left() { echo $((T0 + BUDGET - $(date +%s))); }
@@ -262,4 +268,5 @@ EOF
 
 main 2>&1 | tee "$OUT/gpu_check.log"
 rm -rf "$WORK"
+[ -n "$LINKED" ] && rm -f "$LINKED"
 exit 0

@@ -78,8 +78,9 @@ def leakage(scene, patch_size: int | None = None) -> Leakage:
     return Leakage(int(p), n_test, int(np.count_nonzero(near & test)), n_train)
 
 
-def leakage_line(leak: Leakage) -> str:
-    """The ``leakage:`` line of ``hsgds info``."""
+def leakage_line(leak: Leakage, guarded: int | None = None) -> str:
+    """The ``leakage:`` line of ``hsgds info``. ``guarded``: the largest patch the store's block split
+    keeps apart (its halo's), when the split is a block split."""
     p = leak.patch_size
     if leak.train == 0 or leak.test == 0:
         return f"leakage:    no train/test split to compare ({leak.train} train, {leak.test} test pixels)"
@@ -87,6 +88,9 @@ def leakage_line(leak: Leakage) -> str:
             f"sharing pixels with a train patch")
     if leak.leaky == 0:
         return head + ": train and test footprints are disjoint"
+    if guarded is not None:  # a block split made for smaller patches: its guard is the store's halo
+        return head + (f"; the block split keeps patches up to {guarded}x{guarded} apart: convert again with "
+                       f"`--split blocks --max-patch {p}` for disjoint {p}x{p} footprints")
     return head + "; their scores are optimistic: use `--split blocks` (convert or resplit) for disjoint footprints"
 
 
@@ -137,7 +141,8 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     if scene.wavelengths:
         lines.append(f"bands:      {scene.wavelengths[0]:.1f}-{scene.wavelengths[-1]:.1f} nm")
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
-    lines.append(leakage_line(leakage(scene, patch_size)))
+    guarded = 2 * g.halo + 1 if m.split.get("method") == "blocks" else None
+    lines.append(leakage_line(leakage(scene, patch_size), guarded))
     counts = split_class_counts(scene)
     total: Any = sum(counts.values())  # per class, over the splits
     n_classes = int(np.count_nonzero(total[1:]))

@@ -322,6 +322,14 @@ class PatchLoader:
     def epoch(self) -> int:
         return self._epoch
 
+    def read_order(self, epoch: int | None = None) -> list[int]:
+        """The tile ids (global ids for several scenes) in the order the ring reads them in ``epoch``
+        (default: the current one), each as often as it is read into a slot; their files are
+        ``loader.ring.reader.source.paths[i]``. For staging a store on faster storage in reading order,
+        or timing raw reads of the same files."""
+        plan = self._plan(self._epoch if epoch is None else int(epoch))
+        return [iv.tile for iv in plan.intervals]
+
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at ``epoch`` (a new order). Iterating a whole epoch also advances it.
 

@@ -539,6 +539,10 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
         free = np.bincount(cls[fp], minlength=k)
     in_val = np.zeros(nb, dtype=bool)
     if t_val is not None:
+        # the guard takes its pixels from val and test alike: val keeps the share of the non-train pixels
+        # it was asked for (V / (1 - T) for fractions), of those the guard left, so test is not starved
+        asked = np.divide(t_val, n_cls - t_train, out=np.zeros(k), where=n_cls - t_train > 0)
+        t_val = np.minimum(t_val, asked * free)
         val = np.zeros(k)
         test_left = free.copy()
         while True:
@@ -950,7 +954,7 @@ def split_counts(labels: Any, split_map: Any) -> dict[str, dict[int, int]]:
     if bad.any():
         raise InputError(
             f"split_map has {int(bad.sum())} labelled pixels with codes outside "
-            f"{sorted(SPLIT_CODES.values())}; build it with one of the preprocess.splits functions"
+            f"{sorted(SPLIT_CODES.values())}; build it with one of the hsgds.preprocess.splits functions"
         )
     classes, cinv, _ = _compact(lab[labelled])
     table = split_class_counts(codes, cinv, classes.size - 1)  # counted by class index 0..C-1

@@ -76,6 +76,9 @@ def test_info_leakage_lines(indian_pines_store, tmp_path, run_cli, npy_scene):
     # a larger patch than the split was made for leaks again
     code, out, err = run_cli("info", store, "--patch-size", "15")
     assert re.search(r"leakage:    [1-9]\d* of \d+ test pixels .* 15x15 patch", out)
+    # ... and the pointer says how to guard that patch size, not to use the split it already has
+    assert "keeps patches up to 7x7 apart: convert again with `--split blocks --max-patch 15`" in out
+    assert "use `--split blocks`" not in out
 
 
 @pytest.mark.parametrize("bad", ["4", "0", "-3"])

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hsgds
+from hsgds import defaults
 from hsgds.errors import ChecksumError, ConfigError, TileReadError
 from hsgds.io import ChunkReader
 from hsgds.preprocess.convert import ConvertOptions, convert
@@ -187,6 +188,31 @@ def test_backpressure_slow_consumer_never_exceeds_ring(border_scene):
         assert loader.stats.slots == 3
         assert loader.stats.max_resident <= 3
         assert loader.stats.reader_wait_s > 0  # the reader waited for free slots
+
+
+def test_read_order_is_the_order_the_ring_reads(border_scene):
+    store = border_scene[2]["reflect"]
+    nbytes = hsgds.open_scene(store).grid.tile_nbytes
+    with defaults.set(read_inflight=1), _loader(store, split=None, ring_bytes=3 * nbytes, batch_size=64,
+                                                shuffle_window=1) as loader:
+        order = loader.read_order()
+        read: list[int] = []
+        reader = loader.ring.reader
+        real = reader.read_many
+
+        def recorded(requests):
+            requests = list(requests)
+            read.extend(t for t, _ in requests)
+            real(requests)
+
+        reader.read_many = recorded
+        for _ in loader:
+            pass
+        # every entry is one read into a slot, or a tile still intact in a freed slot (not read again)
+        assert loader.stats.tiles_loaded == len(read) and loader.stats.tiles_reused == len(order) - len(read)
+        left = iter(order)
+        assert all(t in left for t in read)  # the reads follow the order (a subsequence of it)
+        assert loader.read_order(1) != order  # another epoch, another order
 
 
 def test_slow_reader_stall_is_counted(border_scene):

@@ -275,6 +275,20 @@ def test_block_split_with_val(scene_labels):
     assert r.val
 
 
+@pytest.mark.parametrize("train", [0.3, 0.5])
+def test_block_split_val_and_test_share_what_the_guard_leaves(scene_labels, train):
+    # the guard takes pixels from val and test alike: val keeps the share of the non-train pixels it was
+    # asked for (0.1 / (1 - train)), so a high train share does not leave test almost empty
+    name, labels = scene_labels
+    r = block_split_details(labels, train=train, val=0.1, guard=H, seed=0)
+    split = check_stratified(labels, r, train, 0.1, H)
+    n_val, n_test = np.count_nonzero(split == SPLIT_VAL), np.count_nonzero(split == SPLIT_TEST)
+    asked = 0.1 / (1 - train)
+    # whole blocks, and a val pixel for every class that can be split: near the asked share, not exactly
+    assert n_val / (n_val + n_test) <= asked + 0.12, (name, n_val, n_test)
+    assert n_test >= n_val, (name, n_val, n_test)
+
+
 @pytest.mark.parametrize(("train", "val"), [(20, 0), (50, 10)])
 def test_block_split_per_class_counts(scene_labels, train, val):
     _, labels = scene_labels
