@@ -253,6 +253,7 @@ _MANDATORY_SLACK = 0.015
 _CLASS_FLOOR = 0.7
 #: The local search runs on this many of the block sizes, the best after the greedy.
 _REFINED = 2
+_ORIGINS = 3  # grid origins tried for each refined block size
 #: ...and moves no class's train count further than this share of its target from it.
 _REFINE_DRIFT = 0.25
 
@@ -285,8 +286,9 @@ class BlockSplit:
         Classes without a pixel in some split (train, test, and val when asked), mapped to the number
         of blocks their pixels lie in, ascending by class.
     tried : dict of int to tuple
-        Per block size tried, ``(classes that could be split but were not, excess of the train share over
-        the tolerance, guard loss + per-class share error)``: the ranking key, smallest wins.
+        Per block size tried (its best origin), ``(classes that could be split but were not, excess of the
+        train share over the tolerance, such classes below _CLASS_FLOOR of their train target, guard loss +
+        per-class share error)``: the ranking key, smallest wins.
     """
 
     split: np.ndarray
@@ -296,7 +298,7 @@ class BlockSplit:
     guard: int
     lost: int
     unsplit: dict[int, int]
-    tried: dict[int, tuple[int, float, float]]
+    tried: dict[int, tuple[int, float, int, float]]
     val: bool = False
 
     def warning(self) -> str | None:
@@ -735,18 +737,26 @@ def block_split_details(
         error = np.abs(per[SPLIT_TRAIN] - t_train) / n_cls
         if want_val:
             error = error + np.abs(per[SPLIT_VAL] - t_val) / n_cls
-        key = (int((missing & far_apart).sum()), round(float(excess), 9),
+        # classes that can be split but got less than _CLASS_FLOOR of their train target
+        short = int(((per[SPLIT_TRAIN] < _CLASS_FLOOR * t_train) & far_apart).sum())
+        key = (int((missing & far_apart).sum()), round(float(excess), 9), short,
                round(float(per[SPLIT_NONE].sum() / ys.size + error.mean()), 9))
         return key, (grid, a, code, per, missing)
 
     # greedy on every size, then the local search on the best _REFINED of them
     seeds = [(int(rng.integers(2**63)), int(rng.integers(2**63))) for _ in sizes]
     greedy = {bs: attempt(bs, origin, sd, False) for bs, origin, sd in zip(sizes, origins, seeds)}
-    tried: dict[int, tuple[int, float, float]] = {bs: r[0] for bs, r in greedy.items()}
+    tried: dict[int, tuple[int, float, int, float]] = {bs: r[0] for bs, r in greedy.items()}
     best = min(greedy.values(), key=lambda r: r[0])
-    for i in sorted(range(len(sizes)), key=lambda i: tried[sizes[i]])[:_REFINED]:
-        result = attempt(sizes[i], origins[i], seeds[i], True)
-        tried[sizes[i]] = min(tried[sizes[i]], result[0])
+    refined = sorted(range(len(sizes)), key=lambda i: tried[sizes[i]])[:_REFINED]
+    # the guard's loss depends on where the grid falls: the best sizes are also tried at other origins
+    shifted = [(-int(rng.integers(sizes[i])), -int(rng.integers(sizes[i])), int(rng.integers(2**63)),
+                int(rng.integers(2**63))) for i in refined for _ in range(_ORIGINS - 1)]
+    runs = [(sizes[i], origins[i], seeds[i]) for i in refined]
+    runs += [(sizes[i], (oy, ox), (s0, s1)) for i, (oy, ox, s0, s1) in zip(np.repeat(refined, _ORIGINS - 1), shifted)]
+    for bs, origin, sd in runs:
+        result = attempt(bs, origin, sd, True)
+        tried[bs] = min(tried[bs], result[0])
         if result[0] < best[0]:
             best = result
     _, (grid, a, code, per, missing) = best
