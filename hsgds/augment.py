@@ -14,8 +14,9 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
 - radiation noise (probability ``radiation_noise``, as DeepHyperX): x <- alpha * x + noise_std * n,
   alpha ~ U(radiation_scale), n ~ N(0, 1) per output value. The normals come from a bank of 2^20
   Philox/Box-Muller normals keyed on the seed; a sample reads a window of it that starts at a
-  per-sample random multiple of 64 (in NCHW element order, so both layouts and engines add the same
-  numbers). Windows of two samples may overlap (their noises are then shifted copies); within a
+  per-sample random multiple of 64, read in the patch's pixel-major order (NHWC element order: value
+  (i, j, b) of the output adds window[(i * p + j) * B + b]), so both layouts and engines add the same
+  numbers and the fused CPU cut reads the window front to back as it gathers each pixel. Windows of two samples may overlap (their noises are then shifted copies); within a
   patch the values are independent.
 - mixture noise (probability ``mixture_noise``): the patch's centre spectrum c becomes
   (a1 * c + a2 * c2) / (a1 + a2), a1, a2 ~ U(0.01, 1) (DeepHyperX's rule), where c2 is the centre
@@ -227,8 +228,10 @@ def draw(aug: Augment, seed: int, epoch: int, index: np.ndarray, label: np.ndarr
         # 16 random bits per band (8 bands per Philox call): resolution 2^-16 for the drop probability
         groups = -(-bands // 8)
         ctr = _counters(index[:, None] * groups + np.arange(groups), epoch, _BANDS)  # (N, groups, 4)
-        ub = philox4x32(ctr, key).view(np.uint16).reshape(n, groups * 8)[:, :bands] * (1.0 / 65536)
-        dropped = np.argwhere(ub < aug.band_dropout).astype(np.int64)
+        u16 = philox4x32(ctr, key).view(np.uint16).reshape(n, groups * 8)[:, :bands]
+        # u / 2^16 < p  <=>  u < ceil(p * 2^16): both sides exact, so the integer test is the same rule
+        hits = np.flatnonzero(u16 < np.uint32(np.ceil(aug.band_dropout * 65536)))
+        dropped = np.stack(np.divmod(hits, bands), axis=1).astype(np.int64)
     return AugmentBatch(dihedral=dihedral, radiated=radiated, alpha=alpha, bank_start=bank_start, mixed=mixed,
                         partner=partner, weight=weight, dropped=dropped)
 
@@ -342,7 +345,8 @@ def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: 
         if window > BANK_SIZE:  # a patch bigger than the bank reads it cyclically
             bank = bank.repeat(-(-window // BANK_SIZE) + 1)
         rows = torch.from_numpy(batch.bank_start // BANK_STEP).to(device)
-        noise = bank.unfold(0, window, BANK_STEP).index_select(0, rows).view(-1, bands, p, p)
+        # each window is pixel-major (R, p, p, B): seen in the view's (R, B, p, p) order
+        noise = bank.unfold(0, window, BANK_STEP).index_select(0, rows).view(-1, p, p, bands).permute(0, 3, 1, 2)
         alpha = torch.from_numpy(batch.alpha).to(device).view(-1, 1, 1, 1)
         x = view[rad].float()
         x.mul_(alpha).add_(noise, alpha=float(np.float32(aug.noise_std)))

@@ -147,6 +147,23 @@ def test_radiation_noise_recovers_alpha_and_std(layout):
         assert np.std(yv - alpha * x) == pytest.approx(0.05, rel=0.2)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_radiation_noise_reads_its_window_pixel_major(layout):
+    # the documented rule, against numpy: value (i, j, b) <- alpha * value + std * window[(i*p + j)*B + b]
+    n, bands, p = 5, 3, 3
+    clean = np.random.default_rng(4).normal(size=(n, p, p, bands)).astype(np.float32)  # NHWC
+    aug = Augment(radiation_noise=1.0, noise_std=0.05)
+    batch = draw(aug, 3, 0, np.arange(n), None, bands=bands, patch_size=p)
+    out = torch.from_numpy(clean.copy() if layout == "NHWC" else clean.transpose(0, 3, 1, 2).copy())
+    Augmenter(aug, 3, layout)(out, batch)
+    got = out.numpy() if layout == "NHWC" else out.numpy().transpose(0, 2, 3, 1)
+    bank = noise_bank(3)
+    for k in range(n):
+        window = bank[batch.bank_start[k]:batch.bank_start[k] + p * p * bands].reshape(p, p, bands)
+        expect = clean[k] * batch.alpha[k] + np.float32(0.05) * window
+        np.testing.assert_allclose(got[k], expect, rtol=1e-6, atol=1e-7)
+
+
 def test_both_layouts_add_the_same_numbers():
     n, bands, p = 6, 3, 3
     clean = np.random.default_rng(1).normal(size=(n, bands, p, p)).astype(np.float32)

@@ -168,17 +168,29 @@ def put(r, b, v, mode):
 
 
 @jit
-def gather_row(src, first, step, bands, ws, p, band, identity, offset, scale, w, mode):
+def gather_row(src, first, step, bands, ws, p, band, identity, offset, scale, w, mode, alpha, noise, std):
     """Cast and normalize p source pixels (``step`` elements apart from element ``first``) into ``w``
     (p pixels ``ws`` >= B values apart, pixel-major), rounded to the output's kind (``put``). ``band``: the stored band of
     each output band; ``identity``: it is 0..B-1, so the output bands are the pixel's first B values in
     order (a contiguous run). Slices (views) tell numba that each run is contiguous, so LLVM vectorizes
-    the band loop (indexing the flat arrays directly leaves it scalar, ~3x slower)."""
+    the band loop (indexing the flat arrays directly leaves it scalar, ~3x slower). ``noise`` (the row's
+    p*B noise values, pixel-major; empty: none): value <- alpha * value + std * noise, in the compute
+    dtype, before the rounding."""
     cast = offset.dtype.type  # the compute dtype: float32, or float64 for a float64 output
+    a, sd = cast(alpha), cast(std)
     for j in range(p):
         q = first + j * step
         r = w[j * ws:j * ws + bands]
-        if identity:
+        if noise.size > 0:
+            nz = noise[j * bands:(j + 1) * bands]
+            if identity:
+                s = src[q:q + bands]
+                for b in range(bands):
+                    put(r, b, ((cast(s[b]) - offset[b]) * scale[b]) * a + sd * cast(nz[b]), mode)
+            else:
+                for b in range(bands):
+                    put(r, b, ((cast(src[q + band[b]]) - offset[b]) * scale[b]) * a + sd * cast(nz[b]), mode)
+        elif identity:
             s = src[q:q + bands]
             for b in range(bands):
                 put(r, b, (cast(s[b]) - offset[b]) * scale[b], mode)
@@ -216,15 +228,18 @@ def store_nchw(st, out, o, pp, bands, ss):
 
 
 @jit
-def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offset, scale, w, mode):
+def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offset, scale, w, mode, alpha, noise,
+                 std):
     """The patch whose top-left pixel starts at element ``base`` (tiles ``side`` pixels wide, ``stride``
     values per pixel) under dihedral code ``d`` into ``w`` (p*p pixels ``ws`` values apart, pixel-major
-    in output order), cast and normalized."""
+    in output order), cast and normalized; with radiation noise when ``noise`` (the patch's window, p*p*B
+    values in the output's pixel-major order) is not empty."""
     row = p * ws
     for i in range(p):
         first, step = row_source(i, p, side, d)
+        nz = noise[i * p * bands:(i + 1) * p * bands] if noise.size > 0 else noise
         gather_row(src, base + first * stride, step * stride, bands, ws, p, band, identity, offset, scale,
-                   w[i * row:(i + 1) * row], mode)
+                   w[i * row:(i + 1) * row], mode, alpha, nz, std)
 
 
 @jit
@@ -276,22 +291,6 @@ def finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop):
 
 
 @jit
-def radiate(w, pp, bands, ws, alpha, noise, std, turned):
-    """Radiation noise on a patch held pixel-major in ``w`` (float, pixels ``ws`` values apart): value
-    (k, b) <- alpha * value + std * noise[b*pp + k], the noise window read in NCHW element order as
-    hsgds.augment documents. The window is first turned pixel-major into ``turned`` (the register
-    transpose, pixels and bands swapped), so the update runs along contiguous rows (reading the window
-    with a stride of pp touches a cache line per value: ~8x slower)."""
-    store_nchw(noise, turned, 0, bands, pp, pp)
-    cast = w.dtype.type  # the compute dtype: every operand in it
-    a, sd = cast(alpha), cast(std)
-    for k in range(pp):
-        r, nz = w[k * ws:k * ws + bands], turned[k * bands:(k + 1) * bands]
-        for b in range(bands):
-            r[b] = r[b] * a + sd * cast(nz[b])
-
-
-@jit
 def augments(n, alpha, start, drop_ptr, drop_band):
     """(radiation noise?, dropped bands) of patch n: empty arrays mean none for the whole batch; a
     negative start, no noise for this patch."""
@@ -318,14 +317,15 @@ def scratch_stride(bands, nchw):
 # Noise arguments (hsgds.engines.cpu_cut.Noise; empty arrays: none): per patch ``alpha`` (float32) and
 # ``start`` (int64, its noise window in ``bank``, negative for none), ``std`` the noise's standard
 # deviation, and the dropped bands of patch n ``drop_band[drop_ptr[n]:drop_ptr[n + 1]]``. Noise is
-# added in the compute dtype before the one rounding; dropped bands are zeroed last.
+# added as each value is gathered (its window read in the output's pixel-major order, front to back),
+# in the compute dtype before the one rounding; dropped bands are zeroed last.
 
 @jit
 def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase,
                 stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi, mode):
     """Patches lo:hi of a batch into ``out``. ``mode`` (cpu_cut.MODES): 0 the computed values as they are
     (float32 / float64 ``out``); 1 bfloat16, 2 float16 bits in a uint16 ``out``, float32 arithmetic,
-    rounded as each value is computed, or after the noise for a noisy patch."""
+    rounded as each value is computed (after its noise, for a radiated patch)."""
     bands = offset.shape[1]
     pp = p * p
     size = pp * bands
@@ -333,23 +333,14 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     staged = nchw or stream
     scratch = np.empty(pp * ws, out.dtype)
     turn = np.empty(size if nchw and stream else 0, out.dtype)
-    noisy = np.empty(pp * ws if alpha.size > 0 and mode != 0 else 0, np.float32)  # 16-bit: noise before rounding
-    turned = np.empty(size if alpha.size > 0 else 0, np.float32)  # a noise window, pixel-major
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         rad, drop = augments(n, alpha, start, drop_ptr, drop_band)
         o = n * size
         w = scratch if staged else out[o:o + size]
-        if rad and mode != 0:
-            gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], noisy, 0)
-            radiate(noisy, pp, bands, ws, alpha[n], bank[start[n]:start[n] + size], std, turned)
-            for k in range(pp):
-                for b in range(bands):
-                    put(w, k * ws + b, noisy[k * ws + b], mode)
-        else:
-            gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, mode)
-            if rad:
-                radiate(w, pp, bands, ws, alpha[n], bank[start[n]:start[n] + size], std, turned)
+        window = bank[start[n]:start[n] + size] if rad else bank[:0]
+        a = alpha[n] if rad else np.float32(1)
+        gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, mode, a, window, std)
         finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop)
     if stream:
         store_fence()

@@ -104,9 +104,9 @@ def make_tables(side: Any, stride: Any, band: Any, offset: Any, scale: Any, comp
 
 class Noise(NamedTuple):
     """One batch's radiation noise and band dropout for the kernel (hsgds.augment's rules): patch n gets
-    value <- alpha[n] * value + std * bank[start[n] + i] (i the value's NCHW index in its patch) when
-    start[n] >= 0, then its bands ``drop_band[drop_ptr[n]:drop_ptr[n + 1]]`` zeroed. Empty ``alpha`` /
-    ``drop_ptr``: no noise / no dropout in the whole batch. ``bank`` covers every window."""
+    value <- alpha[n] * value + std * bank[start[n] + i] (i the value's pixel-major, NHWC, index in its
+    patch) when start[n] >= 0, then its bands ``drop_band[drop_ptr[n]:drop_ptr[n + 1]]`` zeroed. Empty
+    ``alpha`` / ``drop_ptr``: no noise / no dropout in the whole batch. ``bank`` covers every window."""
 
     alpha: np.ndarray  # (N,) float32
     start: np.ndarray  # (N,) int64

@@ -236,7 +236,7 @@ def test_per_scene_tables_kernel_equals_torch_ops_path(out_dtype, layout):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
 def test_noise_and_dropout_in_the_cut_match_numpy(out_dtype, layout, stream, monkeypatch):
-    """Radiation noise (alpha * value + std * the patch's bank window in NCHW order) and band dropout
+    """Radiation noise (alpha * value + std * the patch's bank window, pixel-major) and band dropout
     applied by the kernel, against numpy: the same float32 operations in the same order, then torch's
     rounding; dropped bands exactly +0; patches without draws untouched."""
     if stream:
@@ -265,7 +265,7 @@ def test_noise_and_dropout_in_the_cut_match_numpy(out_dtype, layout, stream, mon
                     for s, a, b, c in zip(slot, y, x, codes)]).astype(compute)
     ref = ((ref - offset.astype(compute)) * scale.astype(compute)).transpose(0, 3, 1, 2)  # NCHW
     for k, i in enumerate(radiated):
-        window_noise = bank[start[k]:start[k] + window].astype(compute).reshape(bands, p, p)
+        window_noise = bank[start[k]:start[k] + window].astype(compute).reshape(p, p, bands).transpose(2, 0, 1)
         ref[i] = ref[i] * compute(alpha[k]) + compute(np.float32(0.04)) * window_noise
     ref[dropped[:, 0], dropped[:, 1]] = 0
     if layout == "NHWC":
