@@ -103,12 +103,13 @@ def _uniform(words: np.ndarray) -> np.ndarray:
 
 
 def _counters(index: np.ndarray, epoch: int, purpose: int) -> np.ndarray:
+    """(..., 4) uint32 Philox counters (index low word, index high word, epoch, purpose)."""
     index = np.asarray(index, dtype=np.uint64)
-    out = np.empty(index.shape + (4,), dtype=np.uint64)
-    out[..., 0] = index & _MASK
+    out = np.empty(index.shape + (4,), dtype=np.uint32)
+    out[..., 0] = index  # the low 32 bits (an unsafe cast keeps them)
     out[..., 1] = index >> np.uint64(32)
-    out[..., 2] = np.uint64(epoch & 0xFFFFFFFF)
-    out[..., 3] = np.uint64(purpose)
+    out[..., 2] = epoch & 0xFFFFFFFF
+    out[..., 3] = purpose
     return out
 
 
