@@ -57,11 +57,12 @@ def _is_raw(meta: dict) -> bool:
     return codecs[0].get("name") == "bytes" and isinstance(config, dict) and config.get("endian", "little") == "little"
 
 
-def _read_raw_array(root: Path, name: str, shape: tuple[int, ...]) -> np.ndarray:
+def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict[str, str] | None = None) -> np.ndarray:
     """Read a small uncompressed Zarr v3 array written by the converter (one chunk, codec bytes).
 
     ``shape`` is what the store's own metadata implies; the array's zarr.json must agree, and the chunk
-    file must have exactly that many bytes, before anything is allocated."""
+    file must have exactly that many bytes, before anything is allocated. ``checked``: the folders of
+    this store already checked by :func:`hsgds.format.inside` (shared by a scene's reads)."""
     where = f"{root}: array {name}"
     meta = _read_json(root / name / "zarr.json", str(root))
     try:
@@ -79,7 +80,7 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...]) -> np.ndarray
         return np.zeros(shape, dtype=dtype.newbyteorder("="))
     if chunk_shape != shape or not _is_raw(meta):
         raise StoreError(f"{where} is not stored as a single raw little-endian chunk")
-    path = fmt.inside(root, root / name / fmt.chunk_key(meta, (0,) * len(shape)), str(root))
+    path = fmt.inside(root, root / name / fmt.chunk_key(meta, (0,) * len(shape)), str(root), checked)
     expected = int(np.prod(shape)) * dtype.itemsize
     try:
         size = path.stat().st_size
@@ -127,7 +128,8 @@ class Scene:
         self.tile_paths = fmt.tile_paths(self.path, self.grid, tiles_meta)
         self._labels: np.ndarray | None = None
         self._samples: dict[str, np.ndarray] | None = None
-        self._stats: dict[str, BandStats | None] | None = None
+        self._stats: dict[str, BandStats | None] = {}  # per group, read on first use
+        self._checked: dict[str, str] = {}  # store folders already checked to stay inside the store
 
     def __repr__(self) -> str:
         h, w, b = self.shape
@@ -139,7 +141,7 @@ class Scene:
     def labels(self) -> np.ndarray:
         """(H, W) class map; 0 = unlabelled."""
         if self._labels is None:
-            self._labels = _read_raw_array(self.path, fmt.LABELS, self.shape[:2])
+            self._labels = _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked)
         return self._labels
 
     def sample_table(self) -> dict[str, np.ndarray]:
@@ -149,8 +151,9 @@ class Scene:
             # the split codes of the generation the metadata names (`hsgds resplit` writes new ones aside)
             names = {f: fmt.split_array(self.meta.split_generation) if f == "split" else f"{fmt.SAMPLES}/{f}"
                      for f in fmt.SAMPLE_FIELDS}
-            table = {f: _read_raw_array(self.path, names[f], (n,)) for f in fmt.SAMPLE_FIELDS}
-            table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets", (self.grid.num_tiles + 1,))
+            table = {f: _read_raw_array(self.path, names[f], (n,), self._checked) for f in fmt.SAMPLE_FIELDS}
+            table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets", (self.grid.num_tiles + 1,),
+                                               self._checked)
             self._check_samples(table)
             self._samples = table
         return self._samples
@@ -218,23 +221,25 @@ class Scene:
 
     @property
     def stats(self) -> dict[str, BandStats | None]:
-        if self._stats is None:
-            out: dict[str, BandStats | None] = {}
-            for group in fmt.STAT_GROUPS:
-                name = fmt.train_stats_group(self.meta.split_generation) if group == "train" else f"{fmt.STATS}/{group}"
-                if (self.path / name).is_dir():
-                    out[group] = BandStats(*(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],))
-                                             for f in fmt.STAT_FIELDS))
-                else:
-                    out[group] = None
-            self._stats = out
-        return self._stats
+        """{"train": statistics of the TRAIN pixels or None, "all": of every pixel or None}."""
+        return {group: self._stat_group(group) for group in fmt.STAT_GROUPS}
+
+    def _stat_group(self, group: str) -> BandStats | None:
+        """One group's statistics, read on first use (a loader needs one group of each of its scenes)."""
+        if group not in self._stats:
+            name = fmt.train_stats_group(self.meta.split_generation) if group == "train" else f"{fmt.STATS}/{group}"
+            if (self.path / name).is_dir():
+                self._stats[group] = BandStats(*(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],), self._checked)
+                                                 for f in fmt.STAT_FIELDS))
+            else:
+                self._stats[group] = None
+        return self._stats[group]
 
     @property
     def norm_stats(self) -> BandStats:
         """The statistics used for normalization: TRAIN pixels, or every pixel if the scene has no train split."""
-        s = self.stats
-        picked = s["train"] if s["train"] is not None else s["all"]
+        train = self._stat_group("train")
+        picked = train if train is not None else self._stat_group("all")
         if picked is None:
             raise StoreError(f"{self.path} has no band statistics (stats/ is missing); convert the source again")
         return picked
