@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,10 @@ import numpy as np
 
 from hsgds._version import __version__
 from hsgds.errors import StoreError
-from hsgds.scene import MAX_JSON_BYTES, Scene, open_scene
+from hsgds.format import TileGrid
+from hsgds.scene import MAX_JSON_BYTES, Scene, open_scene, samples_at
 
-__all__ = ["COLLECTION_FILE", "Collection", "SceneEntry", "open_collection", "write_collection"]
+__all__ = ["COLLECTION_FILE", "Collection", "DeferredScene", "SceneEntry", "open_collection", "write_collection"]
 
 COLLECTION_FILE = "collection.json"
 COLLECTION_FORMAT = "hsgds-collection"
@@ -49,10 +51,23 @@ class SceneEntry:
     source_sha256: str
     labels_sha256: str | None = None
     stamps: dict[str, tuple[int, int]] | None = None
+    #: the store's tile core, halo and format version: with them a loader needs no store opened to start
+    #: (None in a collection.json written before they were listed)
+    tile: int | None = None
+    halo: int | None = None
+    format_version: int | None = None
 
     @property
     def bands(self) -> int:
         return self.shape[2]
+
+    @property
+    def grid(self) -> TileGrid | None:
+        """The store's tile geometry, when the entry lists it."""
+        if self.tile is None or self.halo is None:
+            return None
+        h, w, b = self.shape
+        return TileGrid(height=h, width=w, bands=b, dtype=self.dtype, tile=self.tile, halo=self.halo)
 
     @classmethod
     def of_scene(cls, name: str, scene: Scene, stamps: dict[str, tuple[int, int]] | None = None) -> SceneEntry:
@@ -65,7 +80,7 @@ class SceneEntry:
                    class_names=None if m.class_names is None else tuple(m.class_names),
                    num_samples=int(m.num_samples), source_sha256=str(m.source.get("sha256", "")),
                    labels_sha256=None if not m.labels_source else m.labels_source.get("sha256"),
-                   stamps=stamps)
+                   stamps=stamps, tile=m.grid.tile, halo=m.grid.halo, format_version=m.format_version)
 
     def to_json(self, root: Path) -> dict[str, Any]:
         try:
@@ -79,7 +94,8 @@ class SceneEntry:
                 "class_names": None if self.class_names is None else list(self.class_names),
                 "num_samples": self.num_samples, "source_sha256": self.source_sha256,
                 "labels_sha256": self.labels_sha256,
-                "stamps": None if self.stamps is None else {k: list(v) for k, v in sorted(self.stamps.items())}}
+                "stamps": None if self.stamps is None else {k: list(v) for k, v in sorted(self.stamps.items())},
+                "tile": self.tile, "halo": self.halo, "format_version": self.format_version}
 
 
 def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
@@ -143,8 +159,14 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
         if not ok:
             raise bad("stamps must be null or an object of [size, mtime_ns] pairs")
         stamps = {str(key): (v[0], v[1]) for key, v in stamps.items()}
+    layout = {}
+    for key, least in (("tile", 1), ("halo", 0), ("format_version", 1)):
+        v = d.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
+            raise bad(f"{key} must be null or an integer >= {least}, got {str(v)[:20]}")
+        layout[key] = v
     full = Path(path) if os.path.isabs(path) else root / path
-    return SceneEntry(name=name, path=full, shape=tuple(shape), dtype=np.dtype(dtype).name,
+    return SceneEntry(**layout,name=name, path=full, shape=tuple(shape), dtype=np.dtype(dtype).name,
                       wavelengths=None if wl is None else tuple(float(w) for w in wl),
                       band_names=names_or_none("band_names", bands), num_classes=k,
                       class_names=names_or_none("class_names", None), num_samples=samples,
@@ -167,6 +189,7 @@ class Collection:
         self.entries: tuple[SceneEntry, ...] = tuple(entries)
         self._index = {e.name: i for i, e in enumerate(self.entries)}
         self._open: dict[int, Scene] = {}
+        self._lock = threading.Lock()  # a loader's reader and batch threads open scenes as they reach them
 
     def __repr__(self) -> str:
         return f"Collection({str(self.path)!r}, {len(self)} scenes)"
@@ -203,9 +226,19 @@ class Collection:
         if not -len(self) <= i < len(self):
             raise IndexError(f"scene index {key} out of range for {len(self)} scenes")
         i %= len(self)
-        if i not in self._open:
-            self._open[i] = self._open_scene(self.entries[i])
-        return self._open[i]
+        with self._lock:
+            if i not in self._open:
+                self._open[i] = self._open_scene(self.entries[i])
+            return self._open[i]
+
+    def is_open(self, i: int) -> bool:
+        """Whether scene ``i``'s store has been opened (nothing is read to answer)."""
+        return i in self._open
+
+    def deferred(self, i: int) -> DeferredScene | None:
+        """Scene ``i`` as a :class:`DeferredScene` (its store not opened yet), or None when its entry lacks
+        the tile geometry a loader needs (a collection.json written before it was listed)."""
+        return DeferredScene(self, i) if self.entries[i].grid is not None else None
 
     def _open_scene(self, e: SceneEntry) -> Scene:
         where = f"{self.path}: scene {e.name!r}"
@@ -216,10 +249,14 @@ class Collection:
             scene = open_scene(e.path)
         except StoreError as exc:
             raise StoreError(f"{where}: {exc}") from None
-        found = (tuple(scene.shape), scene.meta.dtype, str(scene.meta.source.get("sha256", "")))
-        listed = (e.shape, e.dtype, e.source_sha256)
+        g = scene.grid
+        found = (tuple(scene.shape), scene.meta.dtype, str(scene.meta.source.get("sha256", "")),
+                 g.tile if e.tile is not None else None, g.halo if e.halo is not None else None,
+                 scene.meta.format_version if e.format_version is not None else None)
+        listed = (e.shape, e.dtype, e.source_sha256, e.tile, e.halo, e.format_version)
         if found != listed:
-            what = ("shape" if found[0] != listed[0] else "dtype" if found[1] != listed[1] else "source sha256")
+            names = ("shape", "dtype", "source sha256", "tile size", "halo", "format version")
+            what = next(n for n, a, b in zip(names, found, listed) if a != b)
             raise StoreError(f"{where}: the store's {what} differs from collection.json (the store was replaced "
                              "after the collection was written); run `hsgds convert-many` again")
         return scene
@@ -253,6 +290,46 @@ class Collection:
     @property
     def num_classes(self) -> list[int]:
         return [e.num_classes for e in self.entries]
+
+
+class DeferredScene:
+    """A scene of a collection known from its ``collection.json`` entry alone: ``path``, ``shape``,
+    ``dtype``, ``wavelengths``, ``band_names``, ``class_names``, ``num_classes``, ``num_samples`` and
+    ``grid`` are answered without reading the store. Anything else (``meta``, ``tile_paths``, ``stats``,
+    ``labels``, ...) opens the store first, once, checked against its entry (:meth:`Collection.scene`),
+    and is then the opened :class:`~hsgds.scene.Scene`'s. A loader over a collection thus starts without
+    opening any store, and opens each as it first reaches one of its tiles.
+    """
+
+    def __init__(self, collection: Collection, index: int) -> None:
+        e = collection.entries[index]
+        grid = e.grid
+        assert grid is not None  # Collection.deferred() makes one only then
+        self._collection, self._index = collection, index
+        self.path, self.shape, self.dtype, self.grid = e.path, e.shape, np.dtype(e.dtype), grid
+        self.wavelengths, self.band_names = e.wavelengths, e.band_names
+        self.class_names, self.num_classes, self.num_samples = e.class_names, e.num_classes, e.num_samples
+        self.format_version = e.format_version
+
+    def __repr__(self) -> str:
+        return f"DeferredScene({str(self.path)!r}, {'open' if self.is_open else 'not opened yet'})"
+
+    @property
+    def is_open(self) -> bool:
+        return self._collection.is_open(self._index)
+
+    def open(self) -> Scene:
+        """The opened scene (the store is opened and checked the first time)."""
+        return self._collection.scene(self._index)
+
+    def samples_at(self, tile: np.ndarray, sy: np.ndarray, sx: np.ndarray, label: np.ndarray) -> Any:
+        """:meth:`hsgds.scene.Scene.samples_at`, from the entry's grid (nothing opened)."""
+        return samples_at(self.grid, tile, sy, sx, label)
+
+    def __getattr__(self, name: str) -> Any:  # only for what the entry does not answer
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.open(), name)
 
 
 def _collection_file(path: str | os.PathLike) -> Path:

@@ -27,7 +27,7 @@ from hsgds.pixels import PIXELS, all_pixels, check_mask, labelled_pixels
 from hsgds.ring import TileRing
 from hsgds.sampling import EpochPlan, SampleSet, plan_epoch
 from hsgds.scene import Scene
-from hsgds.scene_set import SceneSet, band_selection, normalization, open_scene_set, scene_tables
+from hsgds.scene_set import SceneSet, band_selection, normalization, normalization_rows, open_scene_set, scene_tables
 
 __all__ = ["LoaderStats", "PatchLoader", "normalization_constants"]
 
@@ -117,7 +117,7 @@ def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.nda
     """Per-band (offset, scale) the loader uses for one scene: out = (x - offset) * scale."""
     if normalize not in NORMALIZATIONS:
         raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
-    offset, scale = normalization(open_scene_set(scene), normalize, None)
+    offset, scale, _ = normalization(open_scene_set(scene), normalize, None)
     return offset[0], scale[0]
 
 
@@ -217,7 +217,8 @@ class PatchLoader:
         if not isinstance(seed, int) or seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
         selection = band_selection(self.scenes, bands, wavelengths, wavelength_tolerance)
-        offset, scale = normalization(self.scenes, normalize, selection, norm_scope)
+        # a collection's scenes not opened yet get their normalization when a batch first reaches them
+        offset, scale, later = normalization(self.scenes, normalize, selection, norm_scope)
         # tiles of different shapes (band counts, tile geometry) share slots sized for the largest, each
         # laid out from its slot's start; the engine reads every tile with its scene's strides
         shapes = {s.grid.tile_shape for s in self.scenes.scenes}
@@ -228,6 +229,12 @@ class PatchLoader:
         if len(self.scenes) > 1 or selection is not None:
             self._tables = scene_tables(self.scenes, selection, offset, scale)
             self._tile_scene = self.scenes.tile_scene()
+        elif later:  # one table: the spec's constants are needed now
+            offset[later], scale[later] = normalization_rows(self.scenes, later, str(normalize), selection)
+            later = []
+        self._norm_later: set[int] = set(later)  # scenes whose table rows are not in the engine yet
+        self._norm_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # their rows, once read (prep thread)
+        self._normalize, self._selection = normalize, selection
         # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself
         out_bands = grid.bands if selection is None else len(selection[0])
         spec = PatchSpec(patch_size=patch_size, halo=min(s.grid.halo for s in self.scenes.scenes), bands=out_bands,
@@ -417,9 +424,24 @@ class PatchLoader:
                     rows[r] = self._tile_scene[tile]
                     r += 1
                 rows[r], rows[r + 1] = s.scene_y[idx], s.scene_x[idx]
-            return Prepared(b, idx, tiles, inverse, rows, (aug, noise))
+            norm = self._norm_for(rows[4]) if self._norm_later else None
+            return Prepared(b, idx, tiles, inverse, rows, (aug, noise, norm))
 
         return make
+
+    def _norm_for(self, scene_of_sample: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(scenes, offset rows, scale rows) of the batch's scenes whose table rows the engine lacks (their
+        stores opened and statistics read here, on the prep thread, once per scene), or None."""
+        later = self._norm_later  # read only here; the consumer removes what it has applied
+        need = [int(i) for i in np.unique(scene_of_sample) if int(i) in later]
+        if not need:
+            return None
+        new = [i for i in need if i not in self._norm_rows]
+        if new:
+            offset, scale = normalization_rows(self.scenes, new, str(self._normalize), self._selection)
+            self._norm_rows.update({i: (offset[k], scale[k]) for k, i in enumerate(new)})
+        return (np.asarray(need, np.int64), np.stack([self._norm_rows[i][0] for i in need]),
+                np.stack([self._norm_rows[i][1] for i in need]))
 
     def _noise(self, aug: AugmentBatch, n: int) -> cpu_cut.Noise | None:
         """The batch's radiation noise and band dropout for the engine's cut, where it applies them."""
@@ -454,7 +476,10 @@ class PatchLoader:
                 # one host-to-device copy per batch carries the cut coordinates, labels and centres; from a
                 # reused pinned buffer it is asynchronous, so it never waits for the training stream
                 index = self._staging.stage(rows) if self._staging is not None else torch.from_numpy(rows)  # CUDA
-                aug, noise = prep.extra
+                aug, noise, norm = prep.extra
+                if norm is not None and self._norm_later:  # scenes reached for the first time
+                    self._engine.set_table_rows(*norm)
+                    self._norm_later.difference_update(norm[0].tolist())
                 dihedral = index[coord_row - 1] if aug is not None and aug.dihedral is not None else None
                 t_cut = time.perf_counter()
                 extra = {"noise": noise} if noise is not None else {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from hsgds import format as fmt
+from hsgds.collection import DeferredScene
 from hsgds.errors import ConfigError
 from hsgds.sampling import SampleSet
 from hsgds.scene import Scene
@@ -20,7 +21,7 @@ __all__ = ["PIXELS", "all_pixels", "check_mask", "labelled_pixels"]
 PIXELS = ("labelled", "all")
 
 
-def check_mask(mask: object, scene: Scene, where: str) -> np.ndarray | None:
+def check_mask(mask: object, scene: Scene | DeferredScene, where: str) -> np.ndarray | None:
     """``mask`` as a boolean (H, W) array, or None; a wrong shape or type is a ConfigError."""
     if mask is None:
         return None
@@ -33,12 +34,12 @@ def check_mask(mask: object, scene: Scene, where: str) -> np.ndarray | None:
     return arr
 
 
-def labelled_pixels(scene: Scene, split: str | None, mask: np.ndarray | None = None) -> SampleSet:
+def labelled_pixels(scene: Scene | DeferredScene, split: str | None, mask: np.ndarray | None = None) -> SampleSet:
     """The store's labelled samples of ``split`` (None: all of them), optionally restricted by ``mask``."""
     return scene.sample_set(split, mask)
 
 
-def all_pixels(scene: Scene, stride: int = 1, split: str | None = None,
+def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None = None,
                mask: np.ndarray | None = None) -> SampleSet:
     """Every ``stride``-th pixel (rows and columns, from 0, in scene coordinates), labelled or not.
 
@@ -61,11 +62,11 @@ def all_pixels(scene: Scene, stride: int = 1, split: str | None = None,
     keep = None
     if mask is not None:
         keep = mask[sy, sx]
-    if scene.meta.num_samples:
+    if scene.num_samples:
         label = scene.labels[sy, sx].astype(np.int16) - 1  # 0 (unlabelled) becomes -1
     else:  # a scene without labels (e.g. an archive for self-supervised training): nothing to read
         label = np.full(len(sy), -1, dtype=np.int16)
-    if split is not None and scene.meta.num_samples:
+    if split is not None and scene.num_samples:
         code = fmt.SPLIT_CODES.get(split)
         if code is None:
             scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error

@@ -14,7 +14,7 @@ from hsgds import format as fmt
 from hsgds.errors import InputError, StoreError, TileReadError
 from hsgds.sampling import SampleSet
 
-__all__ = ["BandStats", "Scene", "open_scene"]
+__all__ = ["BandStats", "Scene", "open_scene", "samples_at"]
 
 
 @dataclass(frozen=True)
@@ -195,14 +195,13 @@ class Scene:
 
     def samples_at(self, tile: np.ndarray, sy: np.ndarray, sx: np.ndarray, label: np.ndarray) -> SampleSet:
         """A :class:`~hsgds.sampling.SampleSet` of scene pixels (``sy``, ``sx``) already sorted by ``tile``,
-        with class indices ``label``. Small dtypes: a 4096x1024 scene at stride 1 is 4M samples, so
-        int32/int16 instead of int64 keeps the set at ~80 MB."""
-        t, h = self.grid.tile, self.grid.halo
-        ty, tx = np.divmod(tile, self.grid.ntx)
-        return SampleSet(tile=tile.astype(np.int32), y=(sy - ty * t + h).astype(np.int32),
-                         x=(sx - tx * t + h).astype(np.int32), label=label.astype(np.int16),
-                         scene_y=sy.astype(np.int32), scene_x=sx.astype(np.int32),
-                         offsets=fmt.tile_offsets(tile.astype(np.int64), self.grid.num_tiles))
+        with class indices ``label`` (see :func:`samples_at`)."""
+        return samples_at(self.grid, tile, sy, sx, label)
+
+    @property
+    def num_samples(self) -> int:
+        """Labelled pixels in the store."""
+        return int(self.meta.num_samples)
 
     def samples(self, split: str | None = "train") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(y, x, label) of the labelled pixels of ``split`` ("train", "val", "test", "none" or None for
@@ -304,6 +303,18 @@ class Scene:
             except TileReadError as exc:
                 problems.append(str(exc))
         return problems
+
+
+def samples_at(grid: fmt.TileGrid, tile: np.ndarray, sy: np.ndarray, sx: np.ndarray, label: np.ndarray) -> SampleSet:
+    """A :class:`~hsgds.sampling.SampleSet` of the scene pixels (``sy``, ``sx``) of a store with tiles
+    ``grid``, already sorted by ``tile``, with class indices ``label``. Small dtypes: a 4096x1024 scene at
+    stride 1 is 4M samples, so int32/int16 instead of int64 keeps the set at ~80 MB."""
+    t, h = grid.tile, grid.halo
+    ty, tx = np.divmod(tile, grid.ntx)
+    return SampleSet(tile=tile.astype(np.int32), y=(sy - ty * t + h).astype(np.int32),
+                     x=(sx - tx * t + h).astype(np.int32), label=label.astype(np.int16),
+                     scene_y=sy.astype(np.int32), scene_x=sx.astype(np.int32),
+                     offsets=fmt.tile_offsets(tile.astype(np.int64), grid.num_tiles))
 
 
 def open_scene(path: str | os.PathLike) -> Scene:

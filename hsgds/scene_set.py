@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 
 from hsgds import format as fmt
+from hsgds.collection import DeferredScene
 from hsgds.engines.base import SceneTables
 from hsgds.errors import ConfigError
 from hsgds.io.base import TileSource
 from hsgds.scene import BandStats, Scene, open_scene
 
-__all__ = ["NORM_SCOPES", "SceneSet", "band_selection", "normalization", "open_scene_set", "pooled_stats"]
+__all__ = ["NORM_SCOPES", "SceneSet", "band_selection", "normalization", "normalization_rows", "open_scene_set",
+           "pooled_stats"]
 
 NORM_SCOPES = ("scene", "collection")
 COLLECTION_FILE = "collection.json"
@@ -34,7 +36,7 @@ class SceneSet:
     """Scenes in the loader's order, their names, and whether the input was a collection (several stores,
     or a collection path) rather than one store."""
 
-    scenes: tuple[Scene, ...]
+    scenes: tuple[Scene | DeferredScene, ...]  # a collection's scenes are opened as the loader reaches them
     names: tuple[str, ...]
     is_collection: bool
 
@@ -51,9 +53,17 @@ class SceneSet:
         return np.repeat(np.arange(len(counts), dtype=np.int32), counts)
 
     def tile_source(self) -> TileSource:
-        if len(self.scenes) == 1:
-            return TileSource.from_scene(self.scenes[0])
-        return TileSource.concat([TileSource.from_scene(s) for s in self.scenes])
+        """Where every tile lives: of a collection's scenes, found when a tile is first read (the store is
+        opened then, on the reader's thread, and checked against its entry)."""
+        scenes = self.scenes
+        if any(isinstance(s, DeferredScene) and not s.is_open for s in scenes):
+            sizes = [s.grid.tile_nbytes for s in scenes for _ in range(s.grid.num_tiles)]
+            v2 = all(isinstance(s, DeferredScene) and (s.format_version or 1) >= 2 for s in scenes)
+            return TileSource.deferred(self.tile_starts().tolist(), sizes,
+                                       lambda i: TileSource.from_scene(_opened(scenes[i])), v2)
+        if len(scenes) == 1:
+            return TileSource.from_scene(_opened(scenes[0]))
+        return TileSource.concat([TileSource.from_scene(_opened(s)) for s in scenes])
 
     def check(self) -> None:
         """Refuse scenes that cannot be cut into one batch: mixed dtypes or classes. (Band counts are checked
@@ -69,6 +79,10 @@ class SceneSet:
             if bad:
                 raise ConfigError(f"scenes disagree on their classes: {_names(bad)} differ from "
                                   f"{labelled[0][0]!r} ({_short(first)}); load scenes with the same classes together")
+
+
+def _opened(scene: Scene | DeferredScene) -> Scene:
+    return scene.open() if isinstance(scene, DeferredScene) else scene
 
 
 def _names(names: Sequence[str]) -> str:
@@ -108,7 +122,11 @@ def open_scene_set(store: Any) -> SceneSet:
             from hsgds.collection import open_collection
 
             coll = open_collection(path)
-            listed = tuple(coll.scene(i) for i in range(len(coll.names)))
+            # deferred: nothing but collection.json is read now (stores are opened on first use)
+            deferred = [coll.deferred(i) for i in range(len(coll))]
+            listed: tuple[Scene | DeferredScene, ...] = (
+                tuple(d for d in deferred if d is not None) if all(d is not None for d in deferred)
+                else tuple(coll.scene(i) for i in range(len(coll))))
             if not listed:
                 raise ConfigError(f"collection {path} lists no scenes")
             return SceneSet(listed, tuple(coll.names), True)
@@ -230,22 +248,39 @@ def _offset_scale(st: BandStats, normalize: str) -> tuple[np.ndarray, np.ndarray
 
 
 def normalization(ss: SceneSet, normalize: str | None, selection: list[np.ndarray] | None,
-                  scope: str = "scene") -> tuple[np.ndarray, np.ndarray]:
-    """Per-scene (S, B) offset and scale: out = (x - offset) * scale.
+                  scope: str = "scene") -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Per-scene (S, B) offset and scale: out = (x - offset) * scale, and the scenes whose rows are left
+    for later (0 and 1 now): a collection's scenes not opened yet, whose rows :func:`normalization_rows`
+    gives when the loader first reaches them.
 
     ``scope="scene"``: each scene's own train statistics; ``"collection"``: the train statistics pooled
-    exactly over all scenes (the same row for every scene).
+    exactly over all scenes (the same row for every scene; every store is read now).
     """
     if scope not in NORM_SCOPES:
         raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {scope!r}")
     bands = len(selection[0]) if selection is not None else ss.scenes[0].shape[2]
+    offset, scale = np.zeros((len(ss), bands)), np.ones((len(ss), bands))
     if normalize is None:
-        return np.zeros((len(ss), bands)), np.ones((len(ss), bands))
-    picked = [_select(s.norm_stats, None if selection is None else selection[i]) for i, s in enumerate(ss.scenes)]
+        return offset, scale, []
     if scope == "collection" and len(ss) > 1:
-        pooled = pooled_stats([(_train_count(s), st) for s, st in zip(ss.scenes, picked)])
-        picked = [pooled] * len(ss)
-    rows = [_offset_scale(st, normalize) for st in picked]
+        picked = [_select(_opened(s).norm_stats, None if selection is None else selection[i])
+                  for i, s in enumerate(ss.scenes)]
+        pooled = pooled_stats([(_train_count(_opened(s)), st) for s, st in zip(ss.scenes, picked)])
+        offset[:], scale[:] = _offset_scale(pooled, normalize)
+        return offset, scale, []
+    later = [i for i, s in enumerate(ss.scenes) if isinstance(s, DeferredScene) and not s.is_open]
+    now = sorted(set(range(len(ss))) - set(later))
+    if now:
+        offset[now], scale[now] = normalization_rows(ss, now, normalize, selection)
+    return offset, scale, later
+
+
+def normalization_rows(ss: SceneSet, scenes: Sequence[int], normalize: str, selection: list[np.ndarray] | None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The (len(scenes), B) offset and scale rows of ``scenes`` (each scene's own statistics; a deferred
+    scene's store is opened to read them)."""
+    rows = [_offset_scale(_select(_opened(ss.scenes[i]).norm_stats, None if selection is None else selection[i]),
+                          normalize) for i in scenes]
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
 

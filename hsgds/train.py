@@ -296,7 +296,7 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
                            "seed": seed, "augment": None if augment is None else repr(augment)}}
     if out_dir is not None:
         result["checkpoint"] = str(save_checkpoint(out_dir / "model.ckpt", model, patch_size=patch_size,
-                                                   class_names=scene.class_names))
+                                                   class_names=None if scene.class_names is None else list(scene.class_names)))
         t0 = time.perf_counter()
         predict(scene, model, patch_size=patch_size, batch_size=1024, device=dev, out=out_dir / "classmap.png")
         result["predict_s"] = time.perf_counter() - t0

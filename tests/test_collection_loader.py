@@ -355,3 +355,63 @@ def test_collection_path_is_read_like_a_list_of_its_stores(scenes, tmp_path):
     for x, y in ((got_a, got_b), (got_a, got_c)):
         for u, v in zip(x, y):
             np.testing.assert_array_equal(u, v)
+
+
+def test_a_collection_loader_opens_each_store_when_it_first_reaches_it(tmp_path):
+    """collection.json alone starts the loader: of 1,000 listed scenes only the first exists, and the
+    loader is built and yields that scene's batch (equal to its own loader's) before it reaches the second,
+    which is then named as missing."""
+    import json
+
+    from hsgds.collection import SceneEntry
+    from hsgds.errors import StoreError
+    from hsgds.synthetic import make_scene
+
+    cube, _ = make_scene(20, 30, 4, classes=2, dtype="int16", seed=3)
+    np.save(tmp_path / "cube.npy", cube)
+    src = convert(tmp_path / "cube.npy", tmp_path / "src.zarr", ConvertOptions(tile=28, max_patch=5))  # unlabelled
+    folder = tmp_path / "coll"
+    (folder / "stores").mkdir(parents=True)
+    template = SceneEntry.of_scene("x", hsgds.open_scene(src)).to_json(folder)
+    assert (template["tile"], template["halo"], template["format_version"]) == (28, 2, 2)
+    scenes = [dict(template, name=f"s{i:04d}", path=f"stores/s{i:04d}.zarr") for i in range(1000)]
+    (folder / "collection.json").write_text(json.dumps({"format": "hsgds-collection", "format_version": 1,
+                                                        "scenes": scenes}))
+    shutil.copytree(src, folder / "stores/s0000.zarr")
+    opts = dict(patch_size=3, batch_size=600, pixels="all", shuffle=False, device="cpu")
+    tile_nbytes = hsgds.open_scene(src).grid.tile_nbytes
+    # a ring of the first scene's two tiles: the reader cannot run ahead into the missing second store
+    with hsgds.PatchLoader(folder, ring_bytes=2 * tile_nbytes, **opts) as loader, \
+            hsgds.PatchLoader(src, **opts) as alone:
+        assert len(loader.scenes) == 1000 and not any(s.is_open for s in loader.scenes.scenes)
+        it = iter(loader)
+        first, labels = next(it)  # the first scene's 600 pixels: its two tiles, one store opened
+        want, want_labels = next(iter(alone))
+        torch.testing.assert_close(first, want, rtol=0, atol=0)
+        assert torch.equal(labels, want_labels) and (labels == -1).all()
+        assert [s.is_open for s in loader.scenes.scenes[:3]] == [True, False, False]
+        with pytest.raises(StoreError, match=r"scene 's0001': store .*s0001\.zarr is missing"):
+            next(it)
+
+
+@pytest.mark.parametrize("numba", [True, False], ids=["fused", "torch-ops"])
+def test_deferred_collection_equals_its_stores_opened_first(scenes, tmp_path, numba):
+    """Every pixel of a collection read with its stores opened as the loader reaches them (per-scene
+    normalization filled in on first use) equals the same stores opened up front, bit for bit."""
+    from hsgds import defaults
+    from hsgds.collection import SceneEntry, write_collection
+
+    names = ["A", "B", "C"]
+    folder = tmp_path / "coll"
+    folder.mkdir()
+    for n in names:
+        shutil.copytree(scenes[n][2], folder / f"{n}.zarr")
+    write_collection(folder, [SceneEntry.of_scene(n, hsgds.open_scene(folder / f"{n}.zarr")) for n in names])
+    opts = dict(patch_size=5, batch_size=64, pixels="all", stride=2, return_coords=True, device="cpu", seed=2)
+    with defaults.set(numba=numba), hsgds.PatchLoader(folder, **opts) as deferred, \
+            hsgds.PatchLoader([folder / f"{n}.zarr" for n in names], **opts) as opened:
+        assert len(deferred._norm_later) == 3  # every scene's normalization waits for its first batch
+        for (p, lb, c), (q, lb2, c2) in zip(deferred, opened, strict=True):
+            assert torch.equal(c, c2) and torch.equal(lb, lb2)
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+        assert not deferred._norm_later

@@ -248,5 +248,11 @@ class PatchEngine(abc.ABC):
     @abc.abstractmethod
     def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None) -> Any: ...
 
+    def set_table_rows(self, tables: Any, offset: Any, scale: Any) -> None:
+        """Fill the normalization of tables (scenes) ``tables`` known only now: ``offset`` / ``scale`` are
+        (len(tables), B). Engines that take ``spec.tables`` implement it; the loader calls it on the
+        consuming thread before the first cut that reads those tables."""
+        raise ConfigError(f"the {self.name} engine has no per-scene tables to update")
+
     def close(self) -> None:
         """Release pipelines / buffers. Idempotent."""

@@ -396,6 +396,24 @@ class TorchEngine(PatchEngine):
                 _transpose_into(out[i:i + k].view(k, bands, pp), w.view(k, pp, bands))
 
     # -- several scenes (per-scene tables) -----------------------------------------------------------
+    def set_table_rows(self, tables: Any, offset: Any, scale: Any) -> None:
+        """Rows ``tables`` of the spec's offset / scale, and of every copy made of them (the fused kernel's,
+        each device's). On CUDA the rows are written on the current stream: cuts enqueued before read the
+        old rows (of other tables; a table is filled before its first use), later ones the new."""
+        tb = self._scene_tables()
+        ids = np.asarray(tables, dtype=np.int64)
+        offset, scale = np.asarray(offset, np.float64), np.asarray(scale, np.float64)
+        tb.offset[ids], tb.scale[ids] = offset, scale
+        for key, got in self._consts.items():
+            if key == ("kernel-tables", None):
+                got.offset[ids], got.scale[ids] = offset.astype(got.offset.dtype), scale.astype(got.scale.dtype)
+            elif isinstance(key, tuple) and key[0] == "tables":
+                index = torch.from_numpy(ids).to(key[1])
+                off = torch.as_tensor(offset, dtype=self._compute).to(key[1])
+                scl = torch.as_tensor(scale, dtype=self._compute).to(key[1])
+                got["offset"][index], got["scale"][index] = off, scl
+                got["norm"][index] = torch.cat([off, scl], dim=1)
+
     def _scene_tables(self) -> SceneTables:
         """The spec's per-scene tables (the per-scene-table cut runs only for a spec that has them)."""
         tables = self.spec.tables

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from hsgds import checksum
 from hsgds.errors import ChecksumError, TileReadError
@@ -23,11 +26,11 @@ class TileSource:
     :mod:`hsgds.checksum`), None for a format v1 store; ``store`` names the store in messages.
     """
 
-    paths: tuple[Path, ...]
+    paths: Sequence[Path]
     nbytes: int
-    checksums: tuple[int, ...]
+    checksums: Sequence[int]
     sizes: tuple[int, ...] | None = None
-    device_checksums: tuple[tuple[int, int], ...] | None = None
+    device_checksums: Sequence[tuple[int, int]] | None = None
     store: Path | None = None
 
     def tile_nbytes(self, tile_id: int) -> int:
@@ -54,6 +57,17 @@ class TileSource:
             return cls(paths, sources[0].nbytes, checksums, device_checksums=device, store=store)
         sizes = tuple(s.tile_nbytes(i) for s in sources for i in range(len(s.paths)))
         return cls(paths, max(sizes), checksums, sizes, device_checksums=device, store=store)
+
+    @classmethod
+    def deferred(cls, starts: Sequence[int], sizes: Sequence[int], scene: Callable[[int], TileSource],
+                 device_checksums: bool) -> TileSource:
+        """One source over the tiles of several scenes whose stores are opened only when first read:
+        ``starts`` (S + 1) are the scenes' first global tile ids and the total, ``sizes`` every tile's size
+        in bytes, ``scene(s)`` the source of scene ``s`` (it opens the store), asked for at most once
+        per scene, when one of its tiles is first looked up. ``device_checksums``: every store has them."""
+        per_scene = _PerScene(starts, scene)
+        return cls(_Lazy(per_scene, "paths"), max(sizes), _Lazy(per_scene, "checksums"), tuple(sizes),
+                   device_checksums=_Lazy(per_scene, "device_checksums") if device_checksums else None)
 
     def check_crc(self, tile_id: int, crc: int) -> None:
         check_tile_crc(tile_id, self.paths[tile_id], crc, self.checksums[tile_id])
@@ -113,3 +127,44 @@ class ChunkReader(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _PerScene:
+    """The sources of several scenes, each made on first use (thread-safe: reader threads ask at once)."""
+
+    def __init__(self, starts: Sequence[int], scene: Callable[[int], TileSource]) -> None:
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self._scene = scene
+        self._made: dict[int, TileSource] = {}
+        self._lock = threading.Lock()
+
+    def locate(self, tile_id: int) -> tuple[TileSource, int]:
+        """The source of the scene holding global tile ``tile_id``, and the tile's id in it."""
+        if not 0 <= tile_id < self.starts[-1]:
+            raise IndexError(f"tile id {tile_id} out of range 0..{self.starts[-1] - 1}")
+        s = int(np.searchsorted(self.starts, tile_id, side="right")) - 1
+        with self._lock:
+            source = self._made.get(s)
+            if source is None:
+                source = self._made[s] = self._scene(s)
+        return source, tile_id - int(self.starts[s])
+
+
+class _Lazy(Sequence):
+    """One per-tile field (``paths``, ``checksums``, ``device_checksums``) of a :class:`_PerScene`."""
+
+    def __init__(self, per_scene: _PerScene, field: str) -> None:
+        self._per_scene, self._field = per_scene, field
+
+    def __len__(self) -> int:
+        return int(self._per_scene.starts[-1])
+
+    def __getitem__(self, tile_id):  # type: ignore[override]
+        if not isinstance(tile_id, (int, np.integer)):
+            raise TypeError("deferred tile fields are looked up one tile at a time")
+        source, local = self._per_scene.locate(int(tile_id))
+        values = getattr(source, self._field)
+        if values is None:
+            raise TileReadError(f"tile {tile_id}: its store has no {self._field.replace('_', ' ')} "
+                                "(format v1); convert it again")
+        return values[local]

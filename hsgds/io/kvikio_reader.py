@@ -10,6 +10,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from hsgds import defaults
 from hsgds.checksum import as_signed, tile_checksums
 from hsgds.errors import ConfigError, HsgdsWarning, TileReadError
@@ -79,7 +81,7 @@ class KvikioReader(ChunkReader):
             warnings.warn(f"{source.store or 'the store'} is format v1 (no device checksums): the kvikio reader "
                           "checks every tile on the host, a copy back and crc32c per tile; convert the source "
                           "again for checks on the device", HsgdsWarning, stacklevel=2)
-        self._expected: dict[Any, Any] = {}  # device -> (tiles, 2) int64 tensor of the wsum64 pairs
+        self._expected: dict[Any, Any] = {}  # device -> ((tiles, 2) int64 wsum64 pairs, which rows are filled)
         self._streams = threading.local()  # a side stream per reader thread for the checks
         _configure_threads(self._kvikio, threads)
         try:
@@ -265,7 +267,7 @@ class KvikioReader(ChunkReader):
             by_size.setdefault(buf.numel(), []).append(k)
         order = [k for ks in by_size.values() for k in ks]
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            expected = self._expected_on(device)
+            expected = self._expected_on(device, [tile_id for tile_id, _ in done])
             flags = []
             for ks in by_size.values():
                 ids = torch.as_tensor([done[k][0] for k in ks], dtype=torch.int64).to(device)
@@ -276,17 +278,28 @@ class KvikioReader(ChunkReader):
             if wrong:
                 raise self.source.device_checksum_error(done[k][0])
 
-    def _expected_on(self, device: Any) -> Any:
-        """The store's wsum64 pairs as a (tiles, 2) int64 tensor on ``device`` (uploaded once)."""
-        with self._cond:
-            table = self._expected.get(device)
-            if table is None:
-                import torch
+    def _expected_on(self, device: Any, tiles: list[int]) -> Any:
+        """The store's wsum64 pairs as a (tiles, 2) int64 tensor on ``device``, its rows for ``tiles``
+        filled in (each row uploaded once, when its tile is first checked: a collection's stores are
+        opened as their tiles are first read, not all at the start)."""
+        import torch
 
-                table = torch.from_numpy(as_signed(list(self.source.device_checksums or ()))).to(device)
-                if table.is_cuda:  # uploaded on this thread's stream; other threads' streams read it
+        with self._cond:
+            got = self._expected.get(device)
+            if got is None:
+                n = len(self.source.paths)
+                got = self._expected[device] = (torch.zeros((n, 2), dtype=torch.int64, device=device),
+                                                np.zeros(n, dtype=bool))
+            table, filled = got
+            missing = sorted({t for t in tiles if not filled[t]})
+            if missing:
+                device_checksums = self.source.device_checksums
+                assert device_checksums is not None  # checked on the device only then
+                rows = torch.from_numpy(as_signed([device_checksums[t] for t in missing])).to(device)
+                table[torch.as_tensor(missing, dtype=torch.int64).to(device)] = rows
+                if table.is_cuda:  # written on this thread's stream; other threads' streams read the rows
                     torch.cuda.current_stream(device).synchronize()
-                self._expected[device] = table
+                filled[missing] = True
             return table
 
     def close(self) -> None:

@@ -119,6 +119,32 @@ def test_fake_kvikio_tile_overwritten_during_a_pass_is_caught(fake_kvikio, tile_
         reader.close()
 
 
+def test_fake_kvikio_deferred_collection_checks_each_scene_as_it_is_reached(fake_kvikio, tile_store, tmp_path):
+    """Tiles of several stores whose sources are made on first read (a collection's deferred scenes): each
+    store is opened once, when one of its tiles is first read, and its tiles are checked on the device."""
+    stores = [shutil.copytree(tile_store, tmp_path / f"s{i}.zarr") for i in range(3)]
+    sources = [TileSource.from_scene(open_scene(s)) for s in stores]
+    n = len(sources[0].paths)
+    made: list[int] = []
+
+    def scene(i):
+        made.append(i)
+        return sources[i]
+
+    source = TileSource.deferred([0, n, 2 * n, 3 * n], [sources[0].nbytes] * 3 * n, scene, device_checksums=True)
+    _flip(sources[2].paths[5])
+    dest = _dest(source, "cpu")
+    with KvikioReader(source) as reader:
+        assert reader.on_device and made == []  # nothing opened to build the reader
+        reader.read_many([(n + 1, dest)])
+        assert made == [1]
+        for t in (0, n + 2, 2 * n + 4):
+            reader.read_into(t, dest)
+        assert made == [1, 0, 2]  # once per store
+        with pytest.raises(ChecksumError, match=rf"tile {2 * n + 5} \({sources[2].paths[5]}\) fails its wsum64"):
+            reader.read_into(2 * n + 5, dest)
+
+
 # ------------------------------------------------------------------------------------- GPU (real kvikio)
 
 @pytest.mark.gpu
