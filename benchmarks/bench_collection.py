@@ -14,6 +14,9 @@
    rate of the same tile files (plain preadv, same order, same cache state, 1 and 2 threads, the faster
    one counts; and the same reads followed by the crc32c check the loader's reader makes), peak RSS (VmHWM) against the
    child's baseline + ring, and bytes read per epoch against the collection's size.
+0. Start-up (first): time to first batch of a loader over the first N scenes, given as a collection folder
+   (``collection.json``: stores opened as the loader reaches them) and as a list of store paths (every
+   store opened first), N = 1/8, 1/4, 1/2 and all of the scenes, and the time to read collection.json.
 JSON on stdout.
 """
 
@@ -219,6 +222,66 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
     return out
 
 
+def startup(stores: list[Path], work: Path, args: argparse.Namespace) -> dict:
+    """Time to first batch against the number of scenes: ``PatchLoader(collection folder)`` (nothing but
+    collection.json is read before the first batch) and ``PatchLoader([store paths])`` (every store opened
+    first), for the first N of the stores; unshuffled, with a ring of 4 tiles, so the first batch needs
+    one scene's tile whatever N is. Medians of ``--repeats`` + 1 runs, alternating the two."""
+    import hsgds
+    from hsgds.collection import SceneEntry, open_collection, write_collection
+
+    opts = dict(patch_size=args.patch, batch_size=args.batch, pixels="all", stride=args.stride, device="cpu",
+                shuffle=False, ring_bytes=4 * hsgds.open_scene(stores[0]).grid.tile_nbytes)
+    counts = sorted({n for n in (len(stores) // 8, len(stores) // 4, len(stores) // 2, len(stores)) if n > 0})
+    rows = []
+    for n in counts:
+        folder = work / f"collection_{n}"
+        folder.mkdir(exist_ok=True)
+        write_collection(folder, [SceneEntry.of_scene(s.name[:-5], hsgds.open_scene(s)) for s in stores[:n]])
+        runs: dict[str, list[float]] = {"collection.json read": [], "collection": [], "list of stores": []}
+        for _ in range(args.repeats + 1):
+            t = time.perf_counter()
+            open_collection(folder)
+            runs["collection.json read"].append(time.perf_counter() - t)
+            for name, store in (("collection", folder), ("list of stores", [str(s) for s in stores[:n]])):
+                t = time.perf_counter()
+                with hsgds.PatchLoader(store, **opts) as loader:
+                    next(iter(loader))
+                runs[name].append(time.perf_counter() - t)
+        row = {"scenes": n, **{f"{k} s": float(np.median(v)) for k, v in runs.items()}}
+        rows.append(row)
+        _log(f"  {n:4d} scenes: first batch {row['collection s']:.3f} s from collection.json, "
+             f"{row['list of stores s']:.3f} s from a list of stores (collection.json read {row['collection.json read s']:.3f} s)")
+    span = rows[-1]["scenes"] - rows[0]["scenes"]
+    per_scene = {k: (rows[-1][f"{k} s"] - rows[0][f"{k} s"]) / span * 1e3 if span else None
+                 for k in ("collection.json read", "collection", "list of stores")}
+    # archive-sized listings (SpectralEarth: 11,636 scenes): entries cycle over the stores on disk (names
+    # unique, paths repeated); the first batch reads the first scene only, so no other store is opened
+    template = json.loads((work / f"collection_{counts[-1]}" / "collection.json").read_text())
+    large = []
+    for n in (1000, 4000, 11636):
+        folder = work / f"listing_{n}"
+        folder.mkdir(exist_ok=True)
+        entries = [dict(template["scenes"][i % len(template["scenes"])], name=f"s{i:05d}") for i in range(n)]
+        for e in entries:
+            e["path"] = os.path.relpath(work / f"collection_{counts[-1]}" / e["path"], folder)
+        (folder / "collection.json").write_text(json.dumps({**template, "scenes": entries}))
+        read, first = [], []
+        for _ in range(args.repeats + 1):
+            t = time.perf_counter()
+            open_collection(folder)
+            read.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            with hsgds.PatchLoader(folder, **opts) as loader:
+                next(iter(loader))
+            first.append(time.perf_counter() - t)
+        large.append({"scenes": n, "collection.json read s": float(np.median(read)),
+                      "collection s": float(np.median(first))})
+        _log(f"  {n:5d} listed scenes: first batch {large[-1]['collection s']:.3f} s from collection.json "
+             f"(collection.json read {large[-1]['collection.json read s']:.3f} s)")
+    return {"rows": rows, "ms_per_scene": per_scene, "listed": large}
+
+
 def streaming(stores: list[Path], args: argparse.Namespace) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump([str(s) for s in stores], f)
@@ -248,6 +311,7 @@ def main() -> None:
     ap.add_argument("--stream-batch", type=int, default=16)
     ap.add_argument("--stream-repeats", type=int, default=3)
     ap.add_argument("--prepare-only", action="store_true", help="write the stores and stop")
+    ap.add_argument("--startup-only", action="store_true", help="only the time-to-first-batch section")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -267,6 +331,11 @@ def main() -> None:
     doc = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
            "machine": {"cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "loadavg": os.getloadavg()}}
+    _log("start-up: time to first batch against the number of scenes")
+    doc["startup"] = startup(stores, work, args)
+    if args.startup_only:
+        print(json.dumps(doc, indent=1))
+        return
     _log("throughput: collection vs one scene of the same pixels")
     doc["throughput"] = throughput(stores, single, args)
     _log("streaming: collection through a small ring")

@@ -100,15 +100,31 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
     else:
         masks = [mask] * len(ss)
     parts = []
+    # every pixel of an unlabelled, unmasked scene depends on its geometry alone: an archive of same-sized
+    # scenes enumerates one scene's pixels, not each scene's
+    same: dict[Any, SampleSet] = {}
     for i, scene in enumerate(ss.scenes):
         m = check_mask(masks[i], scene, f"scene {ss.names[i]!r}")
-        parts.append(all_pixels(scene, stride, split, m) if pixels == "all" else labelled_pixels(scene, split, m))
+        if pixels != "all":
+            parts.append(labelled_pixels(scene, split, m))
+            continue
+        key = scene.grid if m is None and not scene.num_samples else None
+        part = same.get(key) if key is not None else None
+        if part is None:
+            part = all_pixels(scene, stride, split, m)
+            if key is not None:
+                same[key] = part
+        parts.append(part)
     if len(parts) == 1:
         return parts[0]
+    # whole-array operations, not one per scene (an archive lists thousands)
     starts = ss.tile_starts()
+    samples = np.array([len(p) for p in parts], dtype=np.int64)
     cat = {f: np.concatenate([getattr(p, f) for p in parts]) for f in ("y", "x", "label", "scene_y", "scene_x")}
-    tile = np.concatenate([p.tile.astype(np.int64) + starts[i] for i, p in enumerate(parts)])
-    offsets = np.concatenate([[0]] + [p.offsets[1:] + sum(len(q) for q in parts[:i]) for i, p in enumerate(parts)])
+    tile = np.concatenate([p.tile for p in parts]).astype(np.int64) + np.repeat(starts[:-1], samples)
+    before = np.concatenate([[0], np.cumsum(samples)])  # samples of the scenes before each
+    offsets = np.concatenate([[0], np.concatenate([p.offsets[1:] for p in parts])
+                              + np.repeat(before[:-1], np.diff(starts))])
     return SampleSet(tile=tile if starts[-1] > np.iinfo(np.int32).max else tile.astype(np.int32),
                      offsets=offsets.astype(np.int64), **cat)
 

@@ -77,12 +77,21 @@ def shard_tiles(counts: np.ndarray, tile_order: np.ndarray, world_size: int) -> 
 
 def _windowed_order(samples: SampleSet, tiles: np.ndarray, window: int, shuffle: bool,
                     rng: np.random.Generator) -> np.ndarray:
+    if not shuffle:  # the windows only group samples for shuffling: unshuffled, one pass over every tile
+        return _sample_ranges(samples.offsets, np.asarray(tiles, dtype=np.int64))
     parts = []
     for i in range(0, len(tiles), window):
-        idx = np.concatenate([np.arange(samples.offsets[t], samples.offsets[t + 1]) for t in tiles[i:i + window]]
-                             or [np.zeros(0, np.int64)])
+        idx = _sample_ranges(samples.offsets, np.asarray(tiles[i:i + window], dtype=np.int64))
         parts.append(rng.permutation(idx) if shuffle else idx)
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _sample_ranges(offsets: np.ndarray, tiles: np.ndarray) -> np.ndarray:
+    """The sample indices of ``tiles``, tile after tile (each tile's ``offsets[t]:offsets[t + 1]``), in one
+    pass: the concatenated ranges, without a range per tile."""
+    lo = offsets[tiles].astype(np.int64)
+    n = offsets[tiles + 1].astype(np.int64) - lo
+    return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
 
 
 def _intervals(tile_of_sample: np.ndarray, batch_size: int, segments: list[tuple[int, int]]) -> list[Interval]:
@@ -91,12 +100,17 @@ def _intervals(tile_of_sample: np.ndarray, batch_size: int, segments: list[tuple
     for lo, hi in segments:
         if hi <= lo:
             continue
-        batches = np.arange(lo, hi) // batch_size
-        tiles = tile_of_sample[lo:hi]
-        uniq, first_idx = np.unique(tiles, return_index=True)
-        _, last_rev = np.unique(tiles[::-1], return_index=True)
-        last_idx = len(tiles) - 1 - last_rev
-        out += [Interval(int(t), int(batches[f]), int(batches[e])) for t, f, e in zip(uniq, first_idx, last_idx)]
+        tiles = tile_of_sample[lo:hi].astype(np.int64)
+        # first and last position of each tile: scatter-min/max, O(n) (np.unique's sort took seconds for
+        # the ~10M samples of an archive-sized collection)
+        pos = np.arange(lo, hi, dtype=np.int64)
+        first = np.full(int(tiles.max()) + 1, hi, dtype=np.int64)
+        last = np.full(len(first), -1, dtype=np.int64)
+        np.minimum.at(first, tiles, pos)
+        np.maximum.at(last, tiles, pos)
+        uniq = np.flatnonzero(last >= 0)
+        out += [Interval(int(t), int(f), int(e))
+                for t, f, e in zip(uniq, first[uniq] // batch_size, last[uniq] // batch_size)]
     # a tile used at the end of one segment and the start of the next stays resident throughout
     merged: dict[int, list[Interval]] = {}
     for iv in sorted(out, key=lambda iv: (iv.tile, iv.first)):

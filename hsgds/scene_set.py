@@ -57,7 +57,7 @@ class SceneSet:
         opened then, on the reader's thread, and checked against its entry)."""
         scenes = self.scenes
         if any(isinstance(s, DeferredScene) and not s.is_open for s in scenes):
-            sizes = [s.grid.tile_nbytes for s in scenes for _ in range(s.grid.num_tiles)]
+            sizes = np.repeat([s.grid.tile_nbytes for s in scenes], np.diff(self.tile_starts())).tolist()
             v2 = all(isinstance(s, DeferredScene) and (s.format_version or 1) >= 2 for s in scenes)
             return TileSource.deferred(self.tile_starts().tolist(), sizes,
                                        lambda i: TileSource.from_scene(_opened(scenes[i])), v2)
