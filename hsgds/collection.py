@@ -166,7 +166,7 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
             raise bad(f"{key} must be null or an integer >= {least}, got {str(v)[:20]}")
         layout[key] = v
     full = Path(path) if os.path.isabs(path) else root / path
-    return SceneEntry(**layout,name=name, path=full, shape=tuple(shape), dtype=np.dtype(dtype).name,
+    return SceneEntry(**layout, name=name, path=full, shape=tuple(shape), dtype=np.dtype(dtype).name,
                       wavelengths=None if wl is None else tuple(float(w) for w in wl),
                       band_names=names_or_none("band_names", bands), num_classes=k,
                       class_names=names_or_none("class_names", None), num_samples=samples,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hsgds import format as fmt
-from hsgds.collection import DeferredScene
+from hsgds.collection import DeferredScene, open_collection
 from hsgds.engines.base import SceneTables
 from hsgds.errors import ConfigError
 from hsgds.io.base import TileSource
@@ -119,8 +119,6 @@ def open_scene_set(store: Any) -> SceneSet:
     if isinstance(store, (str, os.PathLike)):
         path = Path(store)
         if _is_collection_path(path):
-            from hsgds.collection import open_collection
-
             coll = open_collection(path)
             # deferred: nothing but collection.json is read now (stores are opened on first use)
             deferred = [coll.deferred(i) for i in range(len(coll))]
