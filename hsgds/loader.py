@@ -23,9 +23,9 @@ from hsgds.engines import cpu_cut, make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
 from hsgds.io import make_reader
-from hsgds.pixels import PIXELS, all_pixels, check_mask, labelled_pixels
+from hsgds.pixels import PIXELS, GridSamples, all_pixels, check_mask, labelled_pixels
 from hsgds.ring import TileRing
-from hsgds.sampling import EpochPlan, SampleSet, plan_epoch
+from hsgds.sampling import EpochPlan, Samples, SampleSet, plan_epoch
 from hsgds.scene import Scene
 from hsgds.scene_set import SceneSet, band_selection, normalization, normalization_rows, open_scene_set, scene_tables
 
@@ -90,7 +90,7 @@ class LoaderStats:
 _UNSET: Any = object()  # split's default depends on ``pixels``
 
 
-def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask: Any) -> SampleSet:
+def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask: Any) -> Samples:
     """The samples of every scene, with global tile ids (scene's first tile id + tile id)."""
     if mask is not None and ss.is_collection:
         if not isinstance(mask, (list, tuple)) or len(mask) != len(ss):
@@ -99,22 +99,15 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
         masks = list(mask)
     else:
         masks = [mask] * len(ss)
-    parts = []
-    # every pixel of an unlabelled, unmasked scene depends on its geometry alone: an archive of same-sized
-    # scenes enumerates one scene's pixels, not each scene's
-    same: dict[Any, SampleSet] = {}
-    for i, scene in enumerate(ss.scenes):
-        m = check_mask(masks[i], scene, f"scene {ss.names[i]!r}")
-        if pixels != "all":
-            parts.append(labelled_pixels(scene, split, m))
-            continue
-        key = scene.grid if m is None and not scene.num_samples else None
-        part = same.get(key) if key is not None else None
-        if part is None:
-            part = all_pixels(scene, stride, split, m)
-            if key is not None:
-                same[key] = part
-        parts.append(part)
+    checked = [check_mask(m, scene, f"scene {name!r}") for m, scene, name in zip(masks, ss.scenes, ss.names)]
+    if pixels == "all" and all(m is None for m in checked) and (
+            split is None or not any(scene.num_samples for scene in ss.scenes)):
+        # every s-th pixel of every scene, computed per batch from the tile geometry: memory per tile, not
+        # per pixel (a whole scene for inference, an archive for self-supervised training)
+        return GridSamples([scene.grid for scene in ss.scenes], stride,
+                           [scene.labels if scene.num_samples else None for scene in ss.scenes])
+    parts = [all_pixels(scene, stride, split, m) if pixels == "all" else labelled_pixels(scene, split, m)
+             for scene, m in zip(ss.scenes, checked)]
     if len(parts) == 1:
         return parts[0]
     # whole-array operations, not one per scene (an archive lists thousands)
@@ -420,17 +413,17 @@ class PatchLoader:
 
         def make(b: int) -> Prepared:
             idx = plan.batch(b)
-            tile = s.tile[idx]
+            tile, y, x, label, scene_y, scene_x = s.take(idx)
             tiles, inverse = np.unique(tile, return_inverse=True)
             rows = np.empty((count, len(idx)), dtype=np.int64)
-            rows[1], rows[2], rows[3] = s.y[idx], s.x[idx], s.label[idx]
+            rows[1], rows[2], rows[3] = y, x, label
             r = 4
             if tables:
                 rows[r] = self._tile_scene[tile]
                 r += 1
             aug = noise = None
             if self.augment is not None:  # keyed on each sample's index in the sample set
-                aug = draw(self.augment, self.seed, epoch, idx, s.label[idx], self._out_bands, self.patch_size)
+                aug = draw(self.augment, self.seed, epoch, idx, label, self._out_bands, self.patch_size)
                 if aug.dihedral is not None:
                     rows[r] = aug.dihedral
                     r += 1
@@ -439,7 +432,7 @@ class PatchLoader:
                 if coords3:
                     rows[r] = self._tile_scene[tile]
                     r += 1
-                rows[r], rows[r + 1] = s.scene_y[idx], s.scene_x[idx]
+                rows[r], rows[r + 1] = scene_y, scene_x
             norm = self._norm_for(rows[4]) if self._norm_later else None
             return Prepared(b, idx, tiles, inverse, rows, (aug, noise, norm))
 

@@ -16,7 +16,7 @@ from hsgds.errors import ConfigError
 from hsgds.sampling import SampleSet
 from hsgds.scene import Scene
 
-__all__ = ["PIXELS", "all_pixels", "check_mask", "labelled_pixels"]
+__all__ = ["PIXELS", "GridSamples", "all_pixels", "check_mask", "labelled_pixels"]
 
 PIXELS = ("labelled", "all")
 
@@ -80,3 +80,64 @@ def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None 
     if keep is not None:
         tile, sy, sx, label = tile[keep], sy[keep], sx[keep], label[keep]
     return scene.samples_at(tile.astype(np.int64), sy, sx, label)
+
+
+class GridSamples:
+    """Every ``stride``-th pixel of one or more scenes, tile by tile and in raster order inside a tile (what
+    :func:`all_pixels` enumerates, then joined with global tile ids), computed for the samples asked for
+    instead of stored: per tile only its first sampled pixel and its sampled rows and columns are kept,
+    so a whole scene's (or an archive's) pixels cost memory per tile, not per pixel. Same interface as
+    :class:`~hsgds.sampling.SampleSet` where the loader and the epoch plan use it (``len``, ``offsets``,
+    ``counts``, ``take``, ``tile_of``); ``labels`` are each scene's (H, W) label maps (None: unlabelled).
+    """
+
+    def __init__(self, grids: list[fmt.TileGrid], stride: int, labels: list[np.ndarray | None]) -> None:
+        parts = []
+        for s, g in enumerate(grids):
+            ty, tx = np.divmod(np.arange(g.num_tiles, dtype=np.int64), g.ntx)
+            y0, ny = _sampled(ty * g.tile, np.minimum((ty + 1) * g.tile, g.height), stride)
+            x0, nx = _sampled(tx * g.tile, np.minimum((tx + 1) * g.tile, g.width), stride)
+            parts.append((np.full(g.num_tiles, s, np.int32), y0, x0, ny, nx, ty * g.tile - g.halo,
+                          tx * g.tile - g.halo))
+        self._scene, self._y0, self._x0, self._ny, self._nx, self._oy, self._ox = (
+            np.concatenate(col) for col in zip(*parts))
+        self.offsets = np.concatenate([[0], np.cumsum(self._ny * self._nx)]).astype(np.int64)
+        self._stride, self._labels = int(stride), labels
+        self._wide = len(self._scene) > np.iinfo(np.int32).max
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def tile_of(self, idx: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, np.asarray(idx, dtype=np.int64), side="right") - 1
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``: y, x in the tile's padded
+        coordinates, label the class index (-1 where unlabelled)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        tile = self.tile_of(idx)
+        row, col = np.divmod(idx - self.offsets[tile], self._nx[tile])
+        sy, sx = self._y0[tile] + self._stride * row, self._x0[tile] + self._stride * col
+        label = np.full(len(idx), -1, dtype=np.int16)
+        if any(lab is not None for lab in self._labels):
+            scene = self._scene[tile]
+            for s in np.unique(scene):
+                if self._labels[s] is not None:
+                    at = scene == s
+                    label[at] = self._labels[s][sy[at], sx[at]].astype(np.int16) - 1
+        return (tile if self._wide else tile.astype(np.int32), (sy - self._oy[tile]).astype(np.int32),
+                (sx - self._ox[tile]).astype(np.int32), label, sy.astype(np.int32), sx.astype(np.int32))
+
+    @property
+    def label(self) -> np.ndarray:
+        """Every sample's class index (computed for all of them: memory per sample)."""
+        return self.take(np.arange(len(self)))[3]
+
+
+def _sampled(lo: np.ndarray, hi: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """First multiple of ``stride`` in each [lo, hi) and how many there are (0 for none)."""
+    first = -(-lo // stride) * stride
+    return first, np.maximum(0, -(-(hi - first) // stride))

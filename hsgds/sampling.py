@@ -8,10 +8,32 @@ communicating.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from hsgds.errors import ConfigError
+
+
+class Samples(Protocol):
+    """What an epoch plan reads of a set of samples sorted by tile: :class:`SampleSet`, or one computed
+    per batch (:class:`hsgds.pixels.GridSamples`)."""
+
+    @property
+    def offsets(self) -> np.ndarray:  # (tiles + 1,): tile t holds samples offsets[t]:offsets[t + 1]
+        ...
+
+    @property
+    def label(self) -> np.ndarray:  # every sample's class index (-1: unlabelled)
+        ...
+
+    def __len__(self) -> int: ...
+
+    def counts(self) -> np.ndarray: ...
+
+    def tile_of(self, idx: np.ndarray) -> np.ndarray: ...
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -33,6 +55,13 @@ class SampleSet:
     def counts(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``."""
+        return (self.tile[idx], self.y[idx], self.x[idx], self.label[idx], self.scene_y[idx], self.scene_x[idx])
+
+    def tile_of(self, idx: np.ndarray) -> np.ndarray:
+        return self.tile[idx]
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -47,14 +76,15 @@ class Interval:
 class EpochPlan:
     """This rank's epoch: ``order`` (sample indices in yield order), batch size, and tile residency."""
 
-    order: np.ndarray
+    order: np.ndarray | range  # a range when the samples are taken in their own order (unshuffled, one rank)
     batch_size: int
     num_batches: int
     intervals: tuple[Interval, ...]  # sorted by first use: the order in which tiles are loaded
     window: int
 
     def batch(self, b: int) -> np.ndarray:
-        return self.order[b * self.batch_size:(b + 1) * self.batch_size]
+        part = self.order[b * self.batch_size:(b + 1) * self.batch_size]
+        return np.arange(part.start, part.stop, dtype=np.int64) if isinstance(part, range) else part
 
     def max_resident(self) -> int:
         return _max_live(self.intervals, self.num_batches)
@@ -75,7 +105,7 @@ def shard_tiles(counts: np.ndarray, tile_order: np.ndarray, world_size: int) -> 
     return [np.asarray(s, dtype=np.int64) for s in shards]
 
 
-def _windowed_order(samples: SampleSet, tiles: np.ndarray, window: int, shuffle: bool,
+def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, shuffle: bool,
                     rng: np.random.Generator) -> np.ndarray:
     if not shuffle:  # the windows only group samples for shuffling: unshuffled, one pass over every tile
         return _sample_ranges(samples.offsets, np.asarray(tiles, dtype=np.int64))
@@ -124,6 +154,18 @@ def _intervals(tile_of_sample: np.ndarray, batch_size: int, segments: list[tuple
     return out
 
 
+def _contiguous_intervals(offsets: np.ndarray, batch_size: int, limit: int) -> list[Interval]:
+    """The residency of every tile when samples 0..limit-1 are taken in order (tile t holds samples
+    ``offsets[t]:offsets[t + 1]``): what :func:`_intervals` gives for that order, from the offsets alone."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lo, hi = offsets[:-1], np.minimum(offsets[1:], limit)
+    tiles = np.flatnonzero(hi > lo)
+    first, last = lo[tiles] // batch_size, (hi[tiles] - 1) // batch_size
+    out = [Interval(int(t), int(f), int(e)) for t, f, e in zip(tiles, first, last)]
+    out.sort(key=lambda iv: (iv.first, iv.last, iv.tile))
+    return out
+
+
 def _max_live(intervals, num_batches: int) -> int:
     if not intervals:
         return 0
@@ -134,7 +176,7 @@ def _max_live(intervals, num_batches: int) -> int:
     return int(np.cumsum(delta).max())
 
 
-def plan_epoch(samples: SampleSet, *, batch_size: int, seed: int, epoch: int, shuffle: bool, slots: int,
+def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuffle: bool, slots: int,
                window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False) -> EpochPlan:
     """Plan one epoch for one rank.
 
@@ -163,6 +205,18 @@ def plan_epoch(samples: SampleSet, *, batch_size: int, seed: int, epoch: int, sh
     window = len(mine) if window is None else max(1, window)
     if window > slots // 2 and len(mine) > slots:
         window = max(1, slots // 2)  # double-buffer: the next window loads while this one is consumed
+    if not shuffle and world_size == 1:
+        # the samples in their own order (tile by tile): a range, and each tile's residency from the offset
+        # table, so nothing here grows with the number of samples (a whole scene's pixels for inference)
+        n = len(samples)
+        num_batches = n // batch_size if drop_last else -(-n // batch_size)
+        limit = num_batches * batch_size if drop_last else n
+        intervals = _contiguous_intervals(samples.offsets, batch_size, limit)
+        live = _max_live(intervals, num_batches)
+        if live > slots:
+            raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
+                              "raise ring_bytes or lower batch_size")
+        return EpochPlan(range(limit), batch_size, num_batches, tuple(intervals), window)
     while True:
         mix_rng = np.random.default_rng([seed, epoch, rank, 1])  # fresh per attempt: same seed, same order
         order = _windowed_order(samples, mine, window, shuffle, mix_rng)
@@ -177,7 +231,7 @@ def plan_epoch(samples: SampleSet, *, batch_size: int, seed: int, epoch: int, sh
             if n < target:  # pad with this rank's own samples so every rank yields as many batches
                 order = np.concatenate([order, np.resize(order, target - n)])
             segments = [(0, n), (n, target)]
-        intervals = _intervals(samples.tile[order], batch_size, segments)
+        intervals = _intervals(samples.tile_of(order), batch_size, segments)
         live = _max_live(intervals, num_batches)
         if live <= slots or window == 1:
             break

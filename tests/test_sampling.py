@@ -103,3 +103,20 @@ def test_resume_intervals_start_at_batch():
     assert all(iv.first >= 7 and iv.last >= 7 for iv in ivs)
     needed = set(s.tile[plan.batch(7)].tolist())
     assert needed <= {iv.tile for iv in ivs if iv.first == 7}
+
+
+@pytest.mark.parametrize("batch", [1, 7, 16, 64, 1000])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_unshuffled_plan_is_the_samples_in_order_with_each_tiles_residency(batch, drop_last):
+    """One rank, unshuffled: the plan is a range over the samples, and every tile's residency (from the
+    offset table) is what the per-sample computation gives for that order."""
+    from hsgds.sampling import _intervals
+
+    s = sample_set(COUNTS)
+    plan = plan_epoch(s, batch_size=batch, seed=0, epoch=0, shuffle=False, slots=100, drop_last=drop_last)
+    n = len(s) // batch * batch if drop_last else len(s)
+    assert isinstance(plan.order, range) and len(plan.order) == n
+    got = np.concatenate([plan.batch(b) for b in range(plan.num_batches)] or [np.zeros(0, np.int64)])
+    np.testing.assert_array_equal(got, np.arange(n))
+    segments = [(0, n)] if drop_last else [(0, n), (n, n)]
+    assert list(plan.intervals) == _intervals(s.tile[np.arange(n)], batch, segments)

@@ -1,0 +1,56 @@
+"""GridSamples (every s-th pixel, computed per batch) against a plain enumeration written here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hsgds.format import TileGrid
+from hsgds.pixels import GridSamples
+
+
+def enumerate_pixels(grids, stride, labels):
+    """Every stride-th pixel of each scene in global tile order, raster order inside a tile: (tile, padded y,
+    padded x, class index, scene y, scene x) per sample, by looping over tiles."""
+    rows, first = [], 0
+    for g, lab in zip(grids, labels):
+        for ty in range(g.nty):
+            for tx in range(g.ntx):
+                for y in range(ty * g.tile, min((ty + 1) * g.tile, g.height)):
+                    for x in range(tx * g.tile, min((tx + 1) * g.tile, g.width)):
+                        if y % stride == 0 and x % stride == 0:
+                            cls = -1 if lab is None else int(lab[y, x]) - 1
+                            rows.append((first + ty * g.ntx + tx, y - ty * g.tile + g.halo,
+                                         x - tx * g.tile + g.halo, cls, y, x))
+        first += g.num_tiles
+    return np.array(rows, dtype=np.int64).reshape(-1, 6)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3, 7])
+def test_grid_samples_equal_a_plain_enumeration(stride):
+    rng = np.random.default_rng(stride)
+    grids = [TileGrid(height=23, width=17, bands=3, dtype="int16", tile=8, halo=2),  # edge tiles cut short
+             TileGrid(height=5, width=31, bands=3, dtype="int16", tile=6, halo=1),
+             TileGrid(height=16, width=16, bands=3, dtype="int16", tile=16, halo=4)]
+    labels = [rng.integers(0, 4, (23, 17)).astype(np.uint8), None, rng.integers(0, 3, (16, 16)).astype(np.uint16)]
+    want = enumerate_pixels(grids, stride, labels)
+    samples = GridSamples(grids, stride, labels)
+    assert len(samples) == len(want)
+    np.testing.assert_array_equal(np.repeat(np.arange(len(samples.counts())), samples.counts()), want[:, 0])
+    idx = np.arange(len(samples))
+    for picked in (idx, rng.permutation(idx)[:50], idx[::5]):
+        got = np.stack([np.asarray(c, dtype=np.int64) for c in samples.take(picked)], axis=1)
+        np.testing.assert_array_equal(got, want[picked])
+    np.testing.assert_array_equal(samples.tile_of(idx), want[:, 0])
+    np.testing.assert_array_equal(samples.label, want[:, 3])
+
+
+def test_grid_samples_keep_memory_per_tile():
+    """A 40,000 x 40,000 scene at stride 1 (1.6 billion pixels): the set holds its 625 tiles' geometry."""
+    g = TileGrid(height=40_000, width=40_000, bands=200, dtype="int16", tile=1600, halo=7)
+    samples = GridSamples([g], 1, [None])
+    assert len(samples) == 40_000 ** 2
+    assert sum(a.nbytes for a in vars(samples).values() if isinstance(a, np.ndarray)) < 64 * 625
+    tile, y, x, label, sy, sx = samples.take(np.array([0, 40_000 ** 2 - 1]))
+    assert tile.tolist() == [0, 624] and sy.tolist() == [0, 39_999] and sx.tolist() == [0, 39_999]
+    assert y.tolist() == [7, 1606] and label.tolist() == [-1, -1]
