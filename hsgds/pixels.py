@@ -92,15 +92,16 @@ class GridSamples:
     """
 
     def __init__(self, grids: list[fmt.TileGrid], stride: int, labels: list[np.ndarray | None]) -> None:
-        parts = []
-        for s, g in enumerate(grids):
-            ty, tx = np.divmod(np.arange(g.num_tiles, dtype=np.int64), g.ntx)
-            y0, ny = _sampled(ty * g.tile, np.minimum((ty + 1) * g.tile, g.height), stride)
-            x0, nx = _sampled(tx * g.tile, np.minimum((tx + 1) * g.tile, g.width), stride)
-            parts.append((np.full(g.num_tiles, s, np.int32), y0, x0, ny, nx, ty * g.tile - g.halo,
-                          tx * g.tile - g.halo))
-        self._scene, self._y0, self._x0, self._ny, self._nx, self._oy, self._ox = (
-            np.concatenate(col) for col in zip(*parts))
+        per_grid: dict[fmt.TileGrid, tuple[np.ndarray, ...]] = {}  # an archive's scenes share a few grids
+        for g in grids:
+            if g not in per_grid:
+                ty, tx = np.divmod(np.arange(g.num_tiles, dtype=np.int64), g.ntx)
+                y0, ny = _sampled(ty * g.tile, np.minimum((ty + 1) * g.tile, g.height), stride)
+                x0, nx = _sampled(tx * g.tile, np.minimum((tx + 1) * g.tile, g.width), stride)
+                per_grid[g] = (y0, x0, ny, nx, ty * g.tile - g.halo, tx * g.tile - g.halo)
+        self._y0, self._x0, self._ny, self._nx, self._oy, self._ox = (
+            np.concatenate(col) for col in zip(*(per_grid[g] for g in grids)))
+        self._scene = np.repeat(np.arange(len(grids), dtype=np.int32), [g.num_tiles for g in grids])
         self.offsets = np.concatenate([[0], np.cumsum(self._ny * self._nx)]).astype(np.int64)
         self._stride, self._labels = int(stride), labels
         self._wide = len(self._scene) > np.iinfo(np.int32).max
