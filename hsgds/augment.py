@@ -16,8 +16,8 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
   Philox/Box-Muller normals keyed on the seed; a sample reads a window of it that starts at a
   per-sample random multiple of 64, read in the patch's pixel-major order (NHWC element order: value
   (i, j, b) of the output adds window[(i * p + j) * B + b]), so both layouts and engines add the same
-  numbers and the fused CPU cut reads the window front to back as it gathers each pixel. Windows of two samples may overlap (their noises are then shifted copies); within a
-  patch the values are independent.
+  numbers and the fused CPU cut reads the window front to back as it gathers each pixel. Windows of two
+  samples may overlap (their noises are then shifted copies); within a patch the values are independent.
 - mixture noise (probability ``mixture_noise``): the patch's centre spectrum c becomes
   (a1 * c + a2 * c2) / (a1 + a2), a1, a2 ~ U(0.01, 1) (DeepHyperX's rule), where c2 is the centre
   spectrum of another sample of the same class in the same batch (every sample of a batch is resident
