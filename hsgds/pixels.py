@@ -49,23 +49,12 @@ def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None 
     """
     h, w = scene.shape[:2]
     t = scene.grid.tile
-    ys = np.arange(0, h, stride, dtype=np.int32)
-    xs = np.arange(0, w, stride, dtype=np.int32)
-    # tiles of the grid, then rows, then columns: a stable sort of the raster order by tile id keeps
-    # each tile's pixels in raster order
-    tile = ((ys // t)[:, None] * scene.grid.ntx + (xs // t)[None, :]).reshape(-1)
-    order = np.argsort(tile, kind="stable")
-    tile = tile[order]
-    sy = np.repeat(ys, len(xs))[order]
-    sx = np.tile(xs, len(ys))[order]
-    del order
+    # the pixels GridSamples computes, all of them, then filtered (a scene without labels reads none)
+    every = GridSamples([scene.grid], stride, [scene.labels if scene.num_samples else None])
+    tile, _, _, label, sy, sx = every.take(np.arange(len(every)))
     keep = None
     if mask is not None:
         keep = mask[sy, sx]
-    if scene.num_samples:
-        label = scene.labels[sy, sx].astype(np.int16) - 1  # 0 (unlabelled) becomes -1
-    else:  # a scene without labels (e.g. an archive for self-supervised training): nothing to read
-        label = np.full(len(sy), -1, dtype=np.int16)
     if split is not None and scene.num_samples:
         code = fmt.SPLIT_CODES.get(split)
         if code is None:
