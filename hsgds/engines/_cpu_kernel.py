@@ -55,11 +55,33 @@ def store_fence(typingctx):
     return sig, codegen
 
 
+def _transposed(builder, rows):
+    """The 8 columns of 8 row vectors of 8 lanes (24 shuffles; LLVM picks the unpack/shuffle/permute
+    instructions of the machine)."""
+    def shuf(a, b, mask):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
+
+    t = []  # pairs of rows interleaved within 128-bit lanes
+    for k in range(0, 8, 2):
+        t.append(shuf(rows[k], rows[k + 1], [0, 8, 1, 9, 4, 12, 5, 13]))
+        t.append(shuf(rows[k], rows[k + 1], [2, 10, 3, 11, 6, 14, 7, 15]))
+    u = []  # groups of four rows: columns (m, m+4) of each
+    for g in (0, 4):
+        x0, x1, x2, x3 = t[g:g + 4]
+        u += [shuf(x0, x2, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(x0, x2, [2, 3, 10, 11, 6, 7, 14, 15]),
+              shuf(x1, x3, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(x1, x3, [2, 3, 10, 11, 6, 7, 14, 15])]
+    columns = [None] * 8
+    for m in range(4):
+        columns[m] = shuf(u[m], u[4 + m], [0, 1, 2, 3, 8, 9, 10, 11])
+        columns[m + 4] = shuf(u[m], u[4 + m], [4, 5, 6, 7, 12, 13, 14, 15])
+    return columns
+
+
 @intrinsic
 def transpose8(typingctx, src, s0, sstride, dst, d0, dstride):
     """``dst[d0 + m*dstride + k] = src[s0 + k*sstride + m]`` for k, m in 0..7: an 8x8 block transposed in
-    registers (8 vector loads, 24 shuffles, 8 vector stores; LLVM picks the unpack/shuffle/permute
-    instructions of the machine). ``src`` and ``dst``: contiguous 1-D arrays of one dtype."""
+    registers (8 vector loads, 24 shuffles, 8 vector stores). ``src`` and ``dst``: contiguous 1-D arrays of
+    one dtype."""
     if not (isinstance(src, types.Array) and isinstance(dst, types.Array) and src.dtype == dst.dtype):
         return None
     sig = types.void(src, types.intp, types.intp, dst, types.intp, types.intp)
@@ -75,26 +97,153 @@ def transpose8(typingctx, src, s0, sstride, dst, d0, dstride):
             off = builder.add(first, builder.mul(stride, ir.Constant(stride.type, k)))
             return builder.bitcast(builder.gep(ary.data, [off]), vec.as_pointer())
 
-        def shuf(a, b, mask):
-            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
-
         rows = [builder.load(at(sary, s0v, ssv, k), align=align) for k in range(8)]
-        t = []  # pairs of rows interleaved within 128-bit lanes
-        for k in range(0, 8, 2):
-            t.append(shuf(rows[k], rows[k + 1], [0, 8, 1, 9, 4, 12, 5, 13]))
-            t.append(shuf(rows[k], rows[k + 1], [2, 10, 3, 11, 6, 14, 7, 15]))
-        u = []  # groups of four rows: columns (m, m+4) of each
-        for g in (0, 4):
-            x0, x1, x2, x3 = t[g:g + 4]
-            u += [shuf(x0, x2, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(x0, x2, [2, 3, 10, 11, 6, 7, 14, 15]),
-                  shuf(x1, x3, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(x1, x3, [2, 3, 10, 11, 6, 7, 14, 15])]
-        for m in range(4):
-            builder.store(shuf(u[m], u[4 + m], [0, 1, 2, 3, 8, 9, 10, 11]), at(dary, d0v, dsv, m), align=align)
-            builder.store(shuf(u[m], u[4 + m], [4, 5, 6, 7, 12, 13, 14, 15]), at(dary, d0v, dsv, m + 4), align=align)
+        for m, column in enumerate(_transposed(builder, rows)):
+            builder.store(column, at(dary, d0v, dsv, m), align=align)
         return context.get_dummy_value()
 
     return sig, codegen
 
+
+def _gather_block(noisy: bool):
+    """An intrinsic that cuts an 8-pixel x 8-band block of a patch straight from the tile into band-major
+    output, in registers: ``dst[d0 + m*dstride + r] = f(src[pix[k0 + r] + b0 + m])`` for r, m in 0..7,
+    where f casts to the compute dtype (``offset``'s), normalizes ``(v - offset[b]) * scale[b]`` and, when
+    ``noisy``, adds radiation noise ``v * alpha + std * noise[(k0 + r) * nstride + b]`` (the same
+    operations in the same order as :func:`gather_row`, so the same bits). A 16-bit integer ``dst`` takes
+    the bfloat16 bits (:func:`bf16_bits`, vectorized), a float ``dst`` the value. ``pix``: each output
+    pixel's first element in ``src`` (int64). 8 vector loads, the arithmetic on 8 lanes, 24 shuffles and
+    8 vector stores per 64 values: no pixel-major scratch between the gather and the transpose."""
+
+    @intrinsic
+    def gather_block(typingctx, src, pix, k0, b0, offset, scale, alpha, noise, nstride, std, dst, d0, dstride):
+        arrays = (src, pix, offset, scale, noise, dst)
+        if not (all(isinstance(a, types.Array) for a in arrays) and isinstance(offset.dtype, types.Float)
+                and all(isinstance(a.dtype, (types.Integer, types.Float)) for a in (src, noise, dst))):
+            return None
+        compute = offset.dtype
+        sig = types.void(src, pix, types.intp, types.intp, offset, scale, compute, noise, types.intp, compute, dst,
+                         types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            srcv, pixv, k0v, b0v, offv, scalev, alphav, noisev, nstridev, stdv, dstv, d0v, dstridev = args
+            sary, pary, oary, cary, nary, dary = (context.make_array(signature.args[i])(context, builder, v) for i, v
+                                                  in ((0, srcv), (1, pixv), (4, offv), (5, scalev), (7, noisev),
+                                                      (10, dstv)))
+            intp = k0v.type
+            fvec = ir.VectorType(context.get_data_type(compute), 8)
+
+            def vector(dtype):
+                return ir.VectorType(context.get_data_type(dtype), 8)
+
+            def load8(ary, dtype, index):
+                ptr = builder.bitcast(builder.gep(ary.data, [index]), vector(dtype).as_pointer())
+                return builder.load(ptr, align=dtype.bitwidth // 8)
+
+            def to_float(v, dtype, target):
+                if isinstance(dtype, types.Integer):
+                    return (builder.sitofp if dtype.signed else builder.uitofp)(v, target)
+                if v.type == target:
+                    return v
+                return (builder.fpext if _bits(v.type) < _bits(target) else builder.fptrunc)(v, target)
+
+            def splat(value):
+                vec = ir.Constant(fvec, ir.Undefined)
+                for i in range(8):
+                    vec = builder.insert_element(vec, value, ir.Constant(ir.IntType(32), i))
+                return vec
+
+            off, scale_ = load8(oary, compute, b0v), load8(cary, compute, b0v)
+            alpha_, std_ = (splat(alphav), splat(stdv)) if noisy else (None, None)
+            rows = []
+            for r in range(8):
+                k = builder.add(k0v, ir.Constant(intp, r))
+                first = builder.load(builder.gep(pary.data, [k]))
+                v = to_float(load8(sary, signature.args[0].dtype, builder.add(first, b0v)), signature.args[0].dtype,
+                             fvec)
+                v = builder.fmul(builder.fsub(v, off), scale_)
+                if noisy:
+                    nz = load8(nary, signature.args[7].dtype, builder.add(builder.mul(k, nstridev), b0v))
+                    v = builder.fadd(builder.fmul(v, alpha_), builder.fmul(std_, to_float(nz, signature.args[7].dtype,
+                                                                                              fvec)))
+                rows.append(v)
+            out = signature.args[10].dtype
+            if isinstance(out, types.Integer):  # bfloat16 bits, round to nearest even, NaN -> 0x7FC0
+                i32 = ir.VectorType(ir.IntType(32), 8)
+
+                def c(x):
+                    return ir.Constant(i32, [x] * 8)
+
+                f32 = ir.VectorType(ir.FloatType(), 8)
+                rounded = []
+                for v in rows:
+                    u = builder.bitcast(v if v.type == f32 else builder.fptrunc(v, f32), i32)
+                    nan = builder.icmp_unsigned(">", builder.and_(u, c(0x7FFFFFFF)), c(0x7F800000))
+                    odd = builder.and_(builder.lshr(u, c(16)), c(1))
+                    bits = builder.lshr(builder.add(builder.add(u, c(0x7FFF)), odd), c(16))
+                    rounded.append(builder.select(nan, c(0x7FC0), bits))
+                columns = [builder.trunc(col, vector(out)) for col in _transposed(builder, rounded)]
+            else:
+                columns = [to_float(col, compute, vector(out)) for col in _transposed(builder, rows)]
+            for m, col in enumerate(columns):
+                at = builder.add(d0v, builder.mul(dstridev, ir.Constant(intp, m)))
+                ptr = builder.bitcast(builder.gep(dary.data, [at]), vector(out).as_pointer())
+                builder.store(col, ptr, align=out.bitwidth // 8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return gather_block
+
+
+def _bits(vec_type) -> int:
+    """Bit width of a float vector's element type."""
+    return {"half": 16, "float": 32, "double": 64}[str(vec_type.element)]
+
+
+gather_block = _gather_block(noisy=False)
+gather_block_noisy = _gather_block(noisy=True)
+
+
+@intrinsic
+def prefetch(typingctx, ary, index):
+    """Ask for the cache line holding ``ary[index]`` ahead of its use (a hint: no fault, no result)."""
+    if not isinstance(ary, types.Array):
+        return None
+    sig = types.void(ary, types.intp)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [ptr.type],
+                                              ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]))
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])  # read, keep, data
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@jit
+def prefetch_rows(src, q, side, stride, p, part, parts):
+    """Part ``part`` of ``parts`` of the cache lines of the p x p window whose top-left pixel starts at
+    element ``q`` (p rows of p*stride contiguous elements, side*stride apart)."""
+    step = max(1, 64 // src.itemsize)
+    per_row = (p * stride + step - 1) // step
+    lines = p * per_row
+    line, end = part * lines // parts, (part + 1) * lines // parts
+    r = line // per_row
+    c = line - r * per_row
+    at = q + r * side * stride + c * step
+    while line < end:  # no division per line
+        prefetch(src, at)
+        line += 1
+        c += 1
+        at += step
+        if c == per_row:
+            c = 0
+            r += 1
+            at = q + r * side * stride
 
 @jit
 def bf16_bits(u):  # u: float32 bits as int64; torch's round_to_nearest_even (NaN -> 0x7FC0)
@@ -243,6 +392,49 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
 
 
 @jit
+def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, chunk, rad, alpha,
+                window, std, drop, ahead):
+    """One NCHW patch (identity band map, p*p and B >= 8) cut in 8 x 8 register blocks (:func:`gather_block`)
+    straight from the tile: the pixel addresses first (``pix``, in output order under dihedral code ``d``),
+    then 8 band planes at a time, which are contiguous in the output; streamed, each group of 8 planes is
+    finished in ``chunk`` (8*p*p values, in L1) and written out with non-temporal stores. Blocks overlap at
+    the last pixels and bands (the same values written twice), as in :func:`store_nchw`."""
+    pp = p * p
+    for i in range(p):
+        first, step = row_source(i, p, side, d)
+        for j in range(p):
+            pix[i * p + j] = q + (first + j * step) * stride
+    dst = chunk if stream else out
+    groups = (bands + 7) // 8
+    b0 = 0
+    while True:
+        bb = min(b0, bands - 8)
+        if ahead >= 0:
+            prefetch_rows(src, ahead, side, stride, p, b0 // 8, groups)
+        d0 = 0 if stream else o + bb * pp
+        k0 = 0
+        while True:
+            kk = min(k0, pp - 8)
+            if rad:
+                gather_block_noisy(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
+            else:
+                gather_block(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
+            if kk == pp - 8:
+                break
+            k0 += 8
+        for b in drop:
+            if bb <= b < bb + 8:
+                plane = dst[d0 + (b - bb) * pp:d0 + (b - bb + 1) * pp]
+                for k in range(pp):
+                    plane[k] = 0
+        if stream:
+            stream_copy(chunk, out, o + bb * pp, 8 * pp, phase)
+        if bb == bands - 8:
+            break
+        b0 += 8
+
+
+@jit
 def patch_args(n, base, table, dihedral, side, stride, band, identity):
     """(first element, dihedral code, table, side, stride, identity) of patch n; see cut_patches."""
     t = table[n] if table.size > 0 else 0
@@ -333,13 +525,21 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     staged = nchw or stream
     scratch = np.empty(pp * ws, out.dtype)
     turn = np.empty(size if nchw and stream else 0, out.dtype)
+    blocked = nchw and mode != 2 and pp >= 8 and bands >= 8  # float16 rounds per value (f16_bits)
+    pix = np.empty(pp if blocked else 0, np.int64)
+    chunk = np.empty(8 * pp if blocked and stream else 0, out.dtype)
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
         rad, drop = augments(n, alpha, start, drop_ptr, drop_band)
         o = n * size
-        w = scratch if staged else out[o:o + size]
         window = bank[start[n]:start[n] + size] if rad else bank[:0]
         a = alpha[n] if rad else np.float32(1)
+        if blocked and ident:
+            ahead = base[n + 1] if n + 1 < hi else -1
+            cut_blocked(src, q, d, sd, st, bands, p, offset[t], scale[t], out, o, stream, phase, pix, chunk, rad, a,
+                        window, std, drop, ahead)
+            continue
+        w = scratch if staged else out[o:o + size]
         gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, mode, a, window, std)
         finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop)
     if stream:
