@@ -171,6 +171,35 @@ def test_16bit_roundings_match_torch_on_special_values():
         _equal_bits(got[~nan], want[~nan])
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
+def test_16bit_roundings_in_register_blocks_match_torch(stream):
+    """NCHW patches with p*p and B >= 8 go through the 8 x 8 register blocks, whose bfloat16 rounding is
+    vectorized: float32 bit patterns of every kind (NaN, infinities, subnormals, ties) pass through with
+    offset 0 and scale 1; an integer source whose scaled values overflow to infinity takes the block
+    without the NaN test (no integer can become NaN) and must round the same."""
+    rng = np.random.default_rng(8)
+    side, bands, p = 6, 8, 3
+    bits = rng.integers(0, 2**32, (2, side, side, bands), dtype=np.uint64).astype(np.uint32)
+    bits.reshape(-1)[:6] = np.float32([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0]).view(np.uint32)
+    bits.reshape(-1)[6:12] = np.array([0x3F808000, 0x3F818000, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0xFF7FC000])
+    storage = bits.view(np.float32)
+    slot, y, x = np.repeat([0, 1], 16), np.tile(np.repeat(np.arange(1, 5), 4), 2), np.tile(np.arange(1, 5), 8)
+    got = _kernel_cut(storage, slot, y, x, p, np.zeros(bands), np.ones(bands), "bfloat16", True, stream=stream)
+    with np.errstate(invalid="ignore"):  # signalling NaNs among the random bit patterns
+        want = _reference(storage, slot, y, x, p, np.zeros(bands), np.ones(bands), "bfloat16", True)
+    nan = torch.isnan(want)
+    assert nan.any() and torch.equal(torch.isnan(got), nan)
+    _equal_bits(got[~nan], want[~nan])
+    assert torch.all(got[nan].view(torch.int16) == 0x7FC0)  # the scalar rounding's NaN (torch's varies by path)
+
+    ints = _storage("int32", 2, side, bands, seed=9)
+    offset, scale = np.zeros(bands), np.geomspace(1e20, 1e32, bands)  # |v| * scale past float32's range
+    with np.errstate(over="ignore"):
+        want = _reference(ints, slot, y, x, p, offset, scale, "bfloat16", True)
+    assert torch.isinf(want).any() and not torch.isnan(want).any()
+    _equal_bits(_kernel_cut(ints, slot, y, x, p, offset, scale, "bfloat16", True, stream=stream), want)
+
+
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
