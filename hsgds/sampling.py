@@ -2,13 +2,15 @@
 
 Everything here is a pure function of (seed, epoch, rank, world size, window, ring slots), so an epoch
 can be resumed exactly from a batch index, and every rank computes every other rank's share without
-communicating.
+communicating. No plan holds an array per sample: an unshuffled one is a range, a shuffled one a generator
+state per window of tiles (:class:`WindowedOrder`), so its memory follows the tiles, not the pixels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -76,7 +78,7 @@ class Interval:
 class EpochPlan:
     """This rank's epoch: ``order`` (sample indices in yield order), batch size, and tile residency."""
 
-    order: np.ndarray | range  # a range when the samples are taken in their own order (unshuffled, one rank)
+    order: WindowedOrder | range  # a range when the samples are taken in their own order (unshuffled, one rank)
     batch_size: int
     num_batches: int
     intervals: tuple[Interval, ...]  # sorted by first use: the order in which tiles are loaded
@@ -85,6 +87,10 @@ class EpochPlan:
     def batch(self, b: int) -> np.ndarray:
         part = self.order[b * self.batch_size:(b + 1) * self.batch_size]
         return np.arange(part.start, part.stop, dtype=np.int64) if isinstance(part, range) else part
+
+    def positions(self) -> np.ndarray:
+        """The whole order as one array (tests and small plans: an archive's order is GBs)."""
+        return np.asarray(self.order[0:len(self.order)], dtype=np.int64)
 
     def max_resident(self) -> int:
         return _max_live(self.intervals, self.num_batches)
@@ -105,15 +111,81 @@ def shard_tiles(counts: np.ndarray, tile_order: np.ndarray, world_size: int) -> 
     return [np.asarray(s, dtype=np.int64) for s in shards]
 
 
-def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, shuffle: bool,
-                    rng: np.random.Generator) -> np.ndarray:
-    if not shuffle:  # the windows only group samples for shuffling: unshuffled, one pass over every tile
-        return _sample_ranges(samples.offsets, np.asarray(tiles, dtype=np.int64))
-    parts = []
+class WindowedOrder:
+    """A rank's order, made one window at a time: window w's samples (its tiles' sample ranges, tile after
+    tile) permuted by a generator restored to the state it had when planning reached that window. The
+    order is never held whole (an archive's 190M samples would take 1.5 GB as int64): only the window
+    that a batch reads from is, and its tiles are resident in the ring, so it is ring-sized. ``main``:
+    samples in one pass over the tiles; positions past it (padding up to the largest rank's share) repeat
+    the order from its start."""
+
+    def __init__(self, offsets: np.ndarray, tiles: np.ndarray, window: int, states: list[Any] | None,
+                 starts: np.ndarray, length: int) -> None:
+        self._offsets, self._tiles, self._window = offsets, tiles, window
+        self._states = states  # None: unshuffled
+        self._starts = starts  # (windows + 1,): each window's first position
+        self._main = int(starts[-1])
+        self._length = length
+        self._cached: tuple[int, np.ndarray | None] = (-1, None)  # replaced whole: safe across threads
+
+    def __len__(self) -> int:
+        return self._length
+
+    def resized(self, length: int) -> WindowedOrder:
+        """The same order cut to (or padded up to) ``length`` positions."""
+        return WindowedOrder(self._offsets, self._tiles, self._window, self._states, self._starts, length)
+
+    def window_samples(self, w: int) -> np.ndarray:
+        """Window w's samples in order."""
+        cached_w, cached = self._cached
+        if cached_w == w and cached is not None:
+            return cached
+        idx = _sample_ranges(self._offsets, self._tiles[w * self._window:(w + 1) * self._window])
+        if self._states is not None:
+            bits = np.random.PCG64()
+            bits.state = self._states[w]
+            idx = np.random.Generator(bits).permutation(idx)
+        self._cached = (w, idx)
+        return idx
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        start, stop, step = key.indices(self._length)
+        if step != 1:
+            raise ValueError("a WindowedOrder is sliced with step 1")
+        parts = [part for _, part in self.chunks(start, stop)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def chunks(self, start: int, stop: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(first position, samples) pieces of positions start..stop-1, at most a window each."""
+        pos = start
+        while pos < stop:
+            main = pos if pos < self._main else (pos - self._main) % self._main
+            w = int(np.searchsorted(self._starts, main, side="right")) - 1
+            take = min(stop - pos, int(self._starts[w + 1]) - main)
+            lo = main - int(self._starts[w])
+            yield pos, self.window_samples(w)[lo:lo + take]
+            pos += take
+
+
+def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, shuffle: bool, rng: np.random.Generator,
+                    visit: Callable[[int, np.ndarray], None] | None = None) -> WindowedOrder:
+    """The order of ``tiles``' samples: windows of ``window`` tiles, each window's samples permuted by
+    ``rng`` in turn (unshuffled: tile after tile). Each window is made once here, handed to
+    ``visit(first position, samples)``, and dropped: only the generator's state at its start is kept."""
+    tiles = np.asarray(tiles, dtype=np.int64)
+    offsets = np.asarray(samples.offsets, dtype=np.int64)
+    states: list[Any] | None = [] if shuffle else None  # bit generator states (dicts)
+    starts = [0]
     for i in range(0, len(tiles), window):
-        idx = _sample_ranges(samples.offsets, np.asarray(tiles[i:i + window], dtype=np.int64))
-        parts.append(rng.permutation(idx) if shuffle else idx)
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if states is not None:
+            states.append(rng.bit_generator.state)
+        idx = _sample_ranges(offsets, tiles[i:i + window])
+        if states is not None:
+            idx = rng.permutation(idx)
+        if visit is not None:
+            visit(starts[-1], idx)
+        starts.append(starts[-1] + len(idx))
+    return WindowedOrder(offsets, tiles, window, states, np.asarray(starts, dtype=np.int64), starts[-1])
 
 
 def _sample_ranges(offsets: np.ndarray, tiles: np.ndarray) -> np.ndarray:
@@ -124,24 +196,30 @@ def _sample_ranges(offsets: np.ndarray, tiles: np.ndarray) -> np.ndarray:
     return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
 
 
-def _intervals(tile_of_sample: np.ndarray, batch_size: int, segments: list[tuple[int, int]]) -> list[Interval]:
-    """One residency interval per tile per segment of the order (the main pass, then any padding)."""
-    out = []
-    for lo, hi in segments:
-        if hi <= lo:
-            continue
-        tiles = tile_of_sample[lo:hi].astype(np.int64)
-        # first and last position of each tile: scatter-min/max, O(n) (np.unique's sort took seconds for
-        # the ~10M samples of an archive-sized collection)
-        pos = np.arange(lo, hi, dtype=np.int64)
-        first = np.full(int(tiles.max()) + 1, hi, dtype=np.int64)
-        last = np.full(len(first), -1, dtype=np.int64)
-        np.minimum.at(first, tiles, pos)
-        np.maximum.at(last, tiles, pos)
-        uniq = np.flatnonzero(last >= 0)
-        out += [Interval(int(t), int(f), int(e))
-                for t, f, e in zip(uniq, first[uniq] // batch_size, last[uniq] // batch_size)]
-    # a tile used at the end of one segment and the start of the next stays resident throughout
+class _Residency:
+    """The first and last batch in which each tile is used within one segment of the order, fed piece by
+    piece (first position, tile of each sample): O(tiles) memory, whatever the number of samples."""
+
+    def __init__(self, num_tiles: int, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.first = np.full(num_tiles, np.iinfo(np.int64).max, dtype=np.int64)
+        self.last = np.full(num_tiles, -1, dtype=np.int64)
+
+    def add(self, pos: int, tiles: np.ndarray) -> None:
+        # scatter-min/max, O(n) (np.unique's sort took seconds for the ~10M samples of an archive)
+        at = np.arange(pos, pos + len(tiles), dtype=np.int64)
+        np.minimum.at(self.first, tiles, at)
+        np.maximum.at(self.last, tiles, at)
+
+    def intervals(self) -> list[Interval]:
+        used = np.flatnonzero(self.last >= 0)
+        return [Interval(int(t), int(f), int(e)) for t, f, e in
+                zip(used, self.first[used] // self.batch_size, self.last[used] // self.batch_size)]
+
+
+def _merged(out: list[Interval]) -> list[Interval]:
+    """Intervals sorted by first use; a tile used at the end of one segment and the start of the next
+    stays resident throughout."""
     merged: dict[int, list[Interval]] = {}
     for iv in sorted(out, key=lambda iv: (iv.tile, iv.first)):
         runs = merged.setdefault(iv.tile, [])
@@ -217,21 +295,29 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
             raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
                               "raise ring_bytes or lower batch_size")
         return EpochPlan(range(limit), batch_size, num_batches, tuple(intervals), window)
+    num_tiles = len(samples.offsets) - 1
+    if drop_last:
+        num_batches = min(sizes) // batch_size
+        length = limit = num_batches * batch_size  # every rank stops at the smallest share
+    else:
+        num_batches = -(-max(sizes) // batch_size)
+        length, limit = max(sizes), sizes[rank]  # past this rank's own share: its first samples again
     while True:
         mix_rng = np.random.default_rng([seed, epoch, rank, 1])  # fresh per attempt: same seed, same order
-        order = _windowed_order(samples, mine, window, shuffle, mix_rng)
-        n = len(order)
-        if drop_last:
-            num_batches = min(sizes) // batch_size
-            order = order[:num_batches * batch_size]
-            segments = [(0, len(order))]
-        else:
-            target = max(sizes)
-            num_batches = -(-target // batch_size)
-            if n < target:  # pad with this rank's own samples so every rank yields as many batches
-                order = np.concatenate([order, np.resize(order, target - n)])
-            segments = [(0, n), (n, target)]
-        intervals = _intervals(samples.tile_of(order), batch_size, segments)
+        main = _Residency(num_tiles, batch_size)
+
+        def visit(pos: int, idx: np.ndarray, main=main) -> None:
+            if pos < limit:
+                main.add(pos, samples.tile_of(idx[:limit - pos]))
+
+        order = _windowed_order(samples, mine, window, shuffle, mix_rng, visit).resized(length)
+        spans = main.intervals()
+        if length > limit:
+            pad = _Residency(num_tiles, batch_size)
+            for pos, idx in order.chunks(limit, length):
+                pad.add(pos, samples.tile_of(idx))
+            spans += pad.intervals()
+        intervals = _merged(spans)
         live = _max_live(intervals, num_batches)
         if live <= slots or window == 1:
             break
@@ -239,4 +325,4 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
     if live > slots:
         raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
                           "raise ring_bytes or lower batch_size")
-    return EpochPlan(order.astype(np.int64), batch_size, num_batches, tuple(intervals), window)
+    return EpochPlan(order, batch_size, num_batches, tuple(intervals), window)

@@ -25,7 +25,7 @@ COUNTS = [37, 0, 5, 120, 1, 64, 0, 33, 12, 90]
 def test_epoch_covers_every_sample_once():
     s = sample_set(COUNTS)
     plan = plan_epoch(s, batch_size=16, seed=1, epoch=0, shuffle=True, slots=100)
-    assert sorted(plan.order.tolist()) == list(range(len(s)))
+    assert sorted(plan.positions().tolist()) == list(range(len(s)))
     assert plan.num_batches == -(-len(s) // 16)
     assert plan.max_resident() <= 100
 
@@ -36,14 +36,14 @@ def test_same_seed_same_order_other_epoch_other_order():
     b = plan_epoch(s, batch_size=8, seed=3, epoch=0, shuffle=True, slots=4)
     c = plan_epoch(s, batch_size=8, seed=3, epoch=1, shuffle=True, slots=4)
     d = plan_epoch(s, batch_size=8, seed=4, epoch=0, shuffle=True, slots=4)
-    np.testing.assert_array_equal(a.order, b.order)
-    assert not np.array_equal(a.order, c.order) and not np.array_equal(a.order, d.order)
+    np.testing.assert_array_equal(a.positions(), b.positions())
+    assert not np.array_equal(a.positions(), c.positions()) and not np.array_equal(a.positions(), d.positions())
 
 
 def test_no_shuffle_is_tile_order():
     s = sample_set(COUNTS)
     plan = plan_epoch(s, batch_size=8, seed=0, epoch=5, shuffle=False, slots=3)
-    np.testing.assert_array_equal(plan.order, np.arange(len(s)))
+    np.testing.assert_array_equal(plan.positions(), np.arange(len(s)))
 
 
 @pytest.mark.parametrize("slots", [3, 5, 8])
@@ -78,12 +78,12 @@ def test_shards_disjoint_complete_equal(world, drop_last):
     plans = [plan_epoch(s, batch_size=8, seed=2, epoch=1, shuffle=True, slots=4, rank=r, world_size=world,
                         drop_last=drop_last) for r in range(world)]
     assert len({p.num_batches for p in plans}) == 1
-    tiles = [set(s.tile[p.order].tolist()) for p in plans]
+    tiles = [set(s.tile[p.positions()].tolist()) for p in plans]
     for i in range(world):
         for j in range(i + 1, world):
             assert not tiles[i] & tiles[j]
     if not drop_last:
-        union = set(np.concatenate([p.order for p in plans]).tolist())
+        union = set(np.concatenate([p.positions() for p in plans]).tolist())
         assert union == set(range(len(s)))
     else:
         for p in plans:
@@ -110,7 +110,7 @@ def test_resume_intervals_start_at_batch():
 def test_unshuffled_plan_is_the_samples_in_order_with_each_tiles_residency(batch, drop_last):
     """One rank, unshuffled: the plan is a range over the samples, and every tile's residency (from the
     offset table) is what the per-sample computation gives for that order."""
-    from hsgds.sampling import _intervals
+    from hsgds.sampling import _merged, _Residency
 
     s = sample_set(COUNTS)
     plan = plan_epoch(s, batch_size=batch, seed=0, epoch=0, shuffle=False, slots=100, drop_last=drop_last)
@@ -118,5 +118,73 @@ def test_unshuffled_plan_is_the_samples_in_order_with_each_tiles_residency(batch
     assert isinstance(plan.order, range) and len(plan.order) == n
     got = np.concatenate([plan.batch(b) for b in range(plan.num_batches)] or [np.zeros(0, np.int64)])
     np.testing.assert_array_equal(got, np.arange(n))
-    segments = [(0, n)] if drop_last else [(0, n), (n, n)]
-    assert list(plan.intervals) == _intervals(s.tile[np.arange(n)], batch, segments)
+    residency = _Residency(len(COUNTS), batch)
+    residency.add(0, s.tile[:n])
+    assert list(plan.intervals) == _merged(residency.intervals())
+
+
+def _reference_order(s: SampleSet, seed: int, epoch: int, rank: int, world: int, window: int, batch: int,
+                     drop_last: bool) -> np.ndarray:
+    """The order written out whole, as the plan defined it before it was made window by window: tiles
+    permuted by (seed, epoch), dealt to the rank with the fewest samples, each window's samples permuted
+    in turn by (seed, epoch, rank, 1), cut to the smallest share or padded from the start to the largest."""
+    counts = np.diff(s.offsets)
+    tiles = np.random.default_rng([seed, epoch]).permutation(np.flatnonzero(counts))
+    load, shards = np.zeros(world, np.int64), [[] for _ in range(world)]
+    for t in tiles:
+        r = int(np.argmin(load))
+        shards[r].append(int(t))
+        load[r] += counts[t]
+    rng = np.random.default_rng([seed, epoch, rank, 1])
+    mine = shards[rank]
+    parts = [rng.permutation(np.concatenate([np.arange(s.offsets[t], s.offsets[t + 1]) for t in mine[i:i + window]]))
+             for i in range(0, len(mine), window)]
+    order = np.concatenate(parts)
+    if drop_last:
+        return order[:min(load) // batch * batch]
+    return np.resize(order, max(load))
+
+
+@pytest.mark.parametrize("world,drop_last", [(1, False), (1, True), (2, False), (3, False), (3, True)])
+@pytest.mark.parametrize("window", [1, 2, 4])
+def test_windowed_order_is_the_whole_order_made_window_by_window(world, drop_last, window):
+    """The plan keeps a generator state per window instead of the order: every batch, and the whole
+    order, equal the order written out whole (so a state_dict saved before resumes to the same samples)."""
+    s = sample_set([37, 0, 5, 120, 1, 64, 0, 33, 12, 90, 7, 250, 3], seed=4)
+    for rank in range(world):
+        plan = plan_epoch(s, batch_size=9, seed=6, epoch=3, shuffle=True, slots=4 * window + 4, window=window,
+                          rank=rank, world_size=world, drop_last=drop_last)
+        assert plan.window == window
+        want = _reference_order(s, 6, 3, rank, world, window, 9, drop_last)
+        np.testing.assert_array_equal(plan.positions(), want)
+        for b in reversed(range(plan.num_batches)):  # any batch, in any order
+            np.testing.assert_array_equal(plan.batch(b), want[b * 9:(b + 1) * 9])
+
+
+def test_planning_a_shuffled_epoch_holds_no_array_per_sample():
+    """4M samples over 400 tiles, 16 ring slots: planning and taking batches allocate a window's worth
+    (8 tiles, 80k samples), not the epoch's order (32 MB of int64)."""
+    import tracemalloc
+
+    class Counted:  # samples known by their offset table only
+        offsets = np.linspace(0, 4_000_000, 401).astype(np.int64)
+
+        def __len__(self):
+            return 4_000_000
+
+        def counts(self):
+            return np.diff(self.offsets)
+
+        def tile_of(self, idx):
+            return np.searchsorted(self.offsets, idx, side="right") - 1
+
+    tracemalloc.start()
+    try:
+        plan = plan_epoch(Counted(), batch_size=256, seed=0, epoch=0, shuffle=True, slots=16)
+        for b in range(0, plan.num_batches, 97):
+            assert len(plan.batch(b)) == 256
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert plan.window == 8
+    assert peak < 4_000_000 * 8 / 8, f"{peak / 1e6:.1f} MB at peak"
