@@ -10,7 +10,8 @@ NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` time
   buffer that stays in cache, with plain 32-byte vector stores or with the kernel's non-temporal ones
   (``hsgds.engines._cpu_kernel.stream32``): the write bandwidth a core gets either way;
 - the kernel (``hsgds.engines.cpu_cut.cut_range``) writing the batch with plain stores and streamed, and
-  into a cache-resident output (8 patches over and over: its compute alone).
+  into a cache-resident output (8 patches over and over), reading the batch's sources from the ring (the
+  arithmetic and the source reads) or one patch's source over and over (the arithmetic alone).
 
 Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``). Unlike the other benchmarks,
 this one is white-box on purpose: it times the kernel's own store instruction and entry point, not the
@@ -116,7 +117,7 @@ def main() -> None:
         for k, fn in ((1, fn1), (2, fn2)):
             r[f"GBps_{k}_thread"] = nbytes / _median_s(fn, args.rounds) / 1e9
         rows.append(r)
-        print(f"{name:52s} {r['GBps_1_thread']:6.2f} GB/s (1 thread) {r['GBps_2_thread']:6.2f} GB/s (2 threads)",
+        print(f"{name:66s} {r['GBps_1_thread']:6.2f} GB/s (1 thread) {r['GBps_2_thread']:6.2f} GB/s (2 threads)",
               flush=True)
 
     out32 = _aligned(N * PATCH, np.float32)
@@ -139,15 +140,18 @@ def main() -> None:
                 kind = f"kernel {label} {'NCHW' if nchw else 'NHWC'}, {'streamed' if stream else 'plain stores'}"
                 add(kind, out.nbytes, threads(cut, 1, N), threads(cut, 2, N))
         small = [np.empty(8 * PATCH, out.dtype) for _ in range(2)]
+        one = np.full(N, base[0])  # one patch's source over and over: stays in L1/L2
 
-        def resident(i: int, mode=mode, small=small) -> None:  # 8 patches over and over: stays in L2
-            for r in range(N // 8):
-                cpu_cut.cut_range(ring, base[r * 8:(r + 1) * 8], None, None, tables, small[i], P, True, mode, 0, 8)
+        for what, sources in (("sources from the ring", base), ("one source (arithmetic alone)", one)):
+            def resident(i: int, mode=mode, small=small, sources=sources) -> None:  # 8 outputs over and over
+                for r in range(N // 8):
+                    cpu_cut.cut_range(ring, sources[r * 8:(r + 1) * 8], None, None, tables, small[i], P, True, mode,
+                                      0, 8)
 
-        add(f"kernel {label} NCHW, output in cache (compute alone)", N * PATCH * small[0].itemsize,
-            lambda: resident(0), lambda: [f.result() for f in [pool.submit(resident, 0), pool.submit(resident, 1)]])
-        rows[-1]["note"] = "2 threads: each cuts the whole batch, so the figure is per thread x 2"
-        rows[-1]["GBps_2_thread"] *= 2
+            add(f"kernel {label} NCHW, output in cache, {what}", N * PATCH * small[0].itemsize,
+                lambda: resident(0), lambda: [f.result() for f in [pool.submit(resident, 0), pool.submit(resident, 1)]])
+            rows[-1]["note"] = "2 threads: each cuts the whole batch, so the figure is per thread x 2"
+            rows[-1]["GBps_2_thread"] *= 2
     steal1, total1 = _cpu_ticks()
     steal = (steal1 - steal0) / max(1, total1 - total0)
     print(f"CPU time stolen by the host during the run: {100 * steal:.1f}%")
