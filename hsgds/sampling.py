@@ -115,9 +115,8 @@ class WindowedOrder:
     """A rank's order, made one window at a time: window w's samples (its tiles' sample ranges, tile after
     tile) permuted by a generator restored to the state it had when planning reached that window. The
     order is never held whole (an archive's 190M samples would take 1.5 GB as int64): only the window
-    that a batch reads from is, and its tiles are resident in the ring, so it is ring-sized. ``main``:
-    samples in one pass over the tiles; positions past it (padding up to the largest rank's share) repeat
-    the order from its start."""
+    that a batch reads from is, and its tiles are resident in the ring, so it is ring-sized. Positions past
+    one pass over the tiles (padding up to the largest rank's share) repeat the order from its start."""
 
     def __init__(self, offsets: np.ndarray, tiles: np.ndarray, window: int, states: list[Any] | None,
                  starts: np.ndarray, length: int) -> None:

@@ -6,6 +6,7 @@ Module-level functions, so that numba's on-disk cache (``cache=True``) finds the
 from __future__ import annotations
 
 import platform
+import sys
 
 import numba
 import numpy as np
@@ -15,6 +16,7 @@ from numba.extending import intrinsic, overload
 
 jit = numba.njit(nogil=True, cache=True, boundscheck=False)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+_LITTLE = sys.byteorder == "little"
 
 
 @intrinsic
@@ -79,10 +81,11 @@ def _transposed(builder, rows):
 
 def _bf16_columns(builder, rows, nan_check: bool):
     """The 8 columns, as bfloat16 bits, of 8 float rows (:func:`bf16_bits` on 8 lanes: round to nearest
-    even, NaN -> 0x7FC0; without ``nan_check``, for rows known to hold no NaN, the test is left out). Each rounded value is left in the high half of a 32-bit lane; two rows share
-    one vector (row r's value in the low half of each lane, row r+1's in the high half), so a 4 x 8
-    transpose of 32-bit lanes (8 shuffles, a third of the 8 x 8 one) leaves each column as 8 adjacent
-    16-bit values (little-endian: row r first)."""
+    even, NaN -> 0x7FC0; without ``nan_check``, for rows known to hold no NaN, the test is left out).
+    Each rounded value is left in the high half of a 32-bit lane; two rows share one vector (row r's
+    value in the low half of each lane, row r+1's in the high half), so a 4 x 8 transpose of 32-bit
+    lanes (8 shuffles, a third of the 8 x 8 one) leaves each column as 8 adjacent 16-bit values, row r
+    first on a little-endian machine (the only kind :func:`cut_patches` sends here)."""
     i32 = ir.VectorType(ir.IntType(32), 8)
     f32 = ir.VectorType(ir.FloatType(), 8)
 
@@ -152,8 +155,9 @@ def _gather_block(noisy: bool, nan_check: bool = True):
     ``noisy``, adds radiation noise ``v * alpha + std * noise[(k0 + r) * nstride + b]`` (the same
     operations in the same order as :func:`gather_row`, so the same bits). A 16-bit integer ``dst`` takes
     the bfloat16 bits (:func:`bf16_bits`, vectorized), a float ``dst`` the value. ``pix``: each output
-    pixel's first element in ``src`` (int64). 8 vector loads, the arithmetic on 8 lanes, 24 shuffles and
-    8 vector stores per 64 values: no pixel-major scratch between the gather and the transpose. Without
+    pixel's first element in ``src`` (int64). 8 vector loads, the arithmetic on 8 lanes, 24 shuffles (16
+    for bfloat16) and 8 vector stores per 64 values: no pixel-major scratch between the gather and the
+    transpose. Without
     ``nan_check`` the bfloat16 rounding assumes no value is NaN (see :func:`nan_free`)."""
 
     @intrinsic
@@ -441,7 +445,7 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
 
 @jit
 def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, chunk, rad, alpha,
-                window, std, drop, ahead, finite):
+                window, std, drop, ahead, finite):  # ahead: (first element, side, stride) of the next patch
     """One NCHW patch (identity band map, p*p and B >= 8) cut in 8 x 8 register blocks (:func:`gather_block`)
     straight from the tile: the pixel addresses first (``pix``, in output order under dihedral code ``d``),
     then 8 band planes at a time, which are contiguous in the output; streamed, each group of 8 planes is
@@ -457,8 +461,8 @@ def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream
     b0 = 0
     while True:
         bb = min(b0, bands - 8)
-        if ahead >= 0:
-            prefetch_rows(src, ahead, side, stride, p, b0 // 8, groups)
+        if ahead[0] >= 0:
+            prefetch_rows(src, ahead[0], ahead[1], ahead[2], p, b0 // 8, groups)
         d0 = 0 if stream else o + bb * pp
         k0 = 0
         while True:
@@ -579,7 +583,8 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     staged = nchw or stream
     scratch = np.empty(pp * ws, out.dtype)
     turn = np.empty(size if nchw and stream else 0, out.dtype)
-    blocked = nchw and mode != 2 and pp >= 8 and bands >= 8  # float16 rounds per value (f16_bits)
+    # float16 rounds per value (f16_bits); the bfloat16 blocks pack two values per 32-bit lane little-endian
+    blocked = nchw and (mode == 0 or (mode == 1 and _LITTLE)) and pp >= 8 and bands >= 8
     pix = np.empty(pp if blocked else 0, np.int64)
     chunk = np.empty(8 * pp if blocked and stream else 0, out.dtype)
     finite = blocked and nan_free(src, offset, scale)
@@ -590,7 +595,10 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
         window = bank[start[n]:start[n] + size] if rad else bank[:0]
         a = alpha[n] if rad else np.float32(1)
         if blocked and ident:
-            ahead = base[n + 1] if n + 1 < hi else -1
+            ahead = (-1, 0, 0)
+            if n + 1 < hi:  # its tile may have another geometry (a collection's scenes)
+                q1, _, _, sd1, st1, _ = patch_args(n + 1, base, table, dihedral, side, stride, band, identity)
+                ahead = (q1, sd1, st1)
             cut_blocked(src, q, d, sd, st, bands, p, offset[t], scale[t], out, o, stream, phase, pix, chunk, rad, a,
                         window, std, drop, ahead, finite)
             continue
