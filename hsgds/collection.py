@@ -190,6 +190,7 @@ class Collection:
         self._index = {e.name: i for i, e in enumerate(self.entries)}
         self._open: dict[int, Scene] = {}
         self._lock = threading.Lock()  # a loader's reader and batch threads open scenes as they reach them
+        self._grids: dict[tuple, TileGrid] = {}  # one TileGrid per distinct geometry (an archive's scenes share one)
 
     def __repr__(self) -> str:
         return f"Collection({str(self.path)!r}, {len(self)} scenes)"
@@ -238,7 +239,13 @@ class Collection:
     def deferred(self, i: int) -> DeferredScene | None:
         """Scene ``i`` as a :class:`DeferredScene` (its store not opened yet), or None when its entry lacks
         the tile geometry a loader needs (a collection.json written before it was listed)."""
-        return DeferredScene(self, i) if self.entries[i].grid is not None else None
+        e = self.entries[i]
+        key = (e.shape, e.dtype, e.tile, e.halo)
+        grid = self._grids.get(key) or e.grid
+        if grid is None:
+            return None
+        self._grids[key] = grid
+        return DeferredScene(self, i, grid)
 
     def _open_scene(self, e: SceneEntry) -> Scene:
         where = f"{self.path}: scene {e.name!r}"
@@ -301,10 +308,8 @@ class DeferredScene:
     opening any store, and opens each as it first reaches one of its tiles.
     """
 
-    def __init__(self, collection: Collection, index: int) -> None:
+    def __init__(self, collection: Collection, index: int, grid: TileGrid) -> None:
         e = collection.entries[index]
-        grid = e.grid
-        assert grid is not None  # Collection.deferred() makes one only then
         self._collection, self._index = collection, index
         self.path, self.shape, self.dtype, self.grid = e.path, e.shape, np.dtype(e.dtype), grid
         self.wavelengths, self.band_names = e.wavelengths, e.band_names
