@@ -230,3 +230,13 @@ def test_bench_verify_tiny(tmp_path):
         on, off = rows[(int(batch), True)]["median_patches_per_s"], rows[(int(batch), False)]["median_patches_per_s"]
         assert abs(ratio - on / off) < 1e-3
         assert doc["meets_target"][batch] == (ratio >= doc["target"])
+
+
+def test_bench_plan_tiny(tmp_path):
+    out = tmp_path / "plan.json"
+    _run([str(BENCH / "bench_plan.py"), "--side", "64", "--bands", "8", "--epochs", "2", "--batches", "5",
+          "--json", str(out)], tmp_path)
+    doc = json.loads(out.read_text())
+    assert doc["samples"] == 64 * 64 and [r["epoch"] for r in doc["rows"]] == [0, 1]
+    assert all(r["first_batch_s"] > 0 and r["batches_per_s"] > 0 and r["peak_rss_above_start_MB"] >= 0
+               for r in doc["rows"])
