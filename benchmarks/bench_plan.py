@@ -67,7 +67,7 @@ def main() -> None:
                 for _ in range(args.batches):
                     next(it)
                 rest = time.perf_counter() - t
-                peak = _status_mb("VmHWM:") - before
+                peak = max(0.0, _status_mb("VmHWM:") - before)  # RSS may end below where it started
                 del it
                 rows.append({"epoch": epoch, "first_batch_s": first, "batches_per_s": args.batches / rest,
                              "peak_rss_above_start_MB": peak})

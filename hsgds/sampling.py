@@ -132,7 +132,14 @@ class WindowedOrder:
 
     def resized(self, length: int) -> WindowedOrder:
         """The same order cut to (or padded up to) ``length`` positions."""
-        return WindowedOrder(self._offsets, self._tiles, self._window, self._states, self._starts, length)
+        order = WindowedOrder(self._offsets, self._tiles, self._window, self._states, self._starts, length)
+        order.keep(*self._cached)
+        return order
+
+    def keep(self, w: int, samples: np.ndarray | None) -> None:
+        """Hold window w's samples (made already) for the next :meth:`window_samples`."""
+        if samples is not None:
+            self._cached = (w, samples)
 
     def window_samples(self, w: int) -> np.ndarray:
         """Window w's samples in order."""
@@ -175,6 +182,7 @@ def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, shuffle: b
     offsets = np.asarray(samples.offsets, dtype=np.int64)
     states: list[Any] | None = [] if shuffle else None  # bit generator states (dicts)
     starts = [0]
+    first = None
     for i in range(0, len(tiles), window):
         if states is not None:
             states.append(rng.bit_generator.state)
@@ -183,8 +191,12 @@ def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, shuffle: b
             idx = rng.permutation(idx)
         if visit is not None:
             visit(starts[-1], idx)
+        if i == 0:
+            first = idx
         starts.append(starts[-1] + len(idx))
-    return WindowedOrder(offsets, tiles, window, states, np.asarray(starts, dtype=np.int64), starts[-1])
+    order = WindowedOrder(offsets, tiles, window, states, np.asarray(starts, dtype=np.int64), starts[-1])
+    order.keep(0, first)  # the epoch's first batches need it next: not made a second time
+    return order
 
 
 def _sample_ranges(offsets: np.ndarray, tiles: np.ndarray) -> np.ndarray:
