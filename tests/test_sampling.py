@@ -187,4 +187,4 @@ def test_planning_a_shuffled_epoch_holds_no_array_per_sample():
     finally:
         tracemalloc.stop()
     assert plan.window == 8
-    assert peak < 4_000_000 * 8 / 8, f"{peak / 1e6:.1f} MB at peak"
+    assert peak < 4_000_000 * 8 / 4, f"{peak / 1e6:.1f} MB at peak"  # ~3 MB here; the whole order alone is 32 MB
