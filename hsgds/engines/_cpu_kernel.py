@@ -57,11 +57,16 @@ def store_fence(typingctx):
     return sig, codegen
 
 
+def _shuffle(builder, a, b, mask):
+    """LLVM's shufflevector of ``a`` and ``b`` by the lane indices ``mask``."""
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(mask)), mask))
+
+
 def _transposed(builder, rows):
     """The 8 columns of 8 row vectors of 8 lanes (24 shuffles; LLVM picks the unpack/shuffle/permute
     instructions of the machine)."""
     def shuf(a, b, mask):
-        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
+        return _shuffle(builder, a, b, mask)
 
     t = []  # pairs of rows interleaved within 128-bit lanes
     for k in range(0, 8, 2):
@@ -93,7 +98,7 @@ def _bf16_columns(builder, rows, nan_check: bool):
         return ir.Constant(i32, [x] * 8)
 
     def shuf(a, b, mask):
-        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(mask)), mask))
+        return _shuffle(builder, a, b, mask)
 
     high = []
     for v in rows:
@@ -581,10 +586,11 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     size = pp * bands
     ws = scratch_stride(bands, nchw)
     staged = nchw or stream
-    scratch = np.empty(pp * ws, out.dtype)
-    turn = np.empty(size if nchw and stream else 0, out.dtype)
     # float16 rounds per value (f16_bits); the bfloat16 blocks pack two values per 32-bit lane little-endian
     blocked = nchw and (mode == 0 or (mode == 1 and _LITTLE)) and pp >= 8 and bands >= 8
+    staging = not blocked or not np.all(identity != 0)  # some patch takes the scratch path (a band map)
+    scratch = np.empty(pp * ws if staging else 0, out.dtype)
+    turn = np.empty(size if nchw and stream and staging else 0, out.dtype)
     pix = np.empty(pp if blocked else 0, np.int64)
     chunk = np.empty(8 * pp if blocked and stream else 0, out.dtype)
     finite = blocked and nan_free(src, offset, scale)
