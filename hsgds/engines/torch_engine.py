@@ -7,6 +7,7 @@ computed once, so a batch is ``index_select(storage.view(-1, B), 0, base[:, None
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -325,11 +326,26 @@ class TorchEngine(PatchEngine):
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
         edges = [n * k // parts for k in range(parts + 1)]
+        ranges = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+        taken = itertools.count()
+        lock = threading.Lock()
+
+        def drain() -> None:  # take the next range until none is left
+            while True:
+                with lock:
+                    i = next(taken)
+                if i >= len(ranges):
+                    return
+                cpu_cut.cut_range(*args, *ranges[i], stream, noise)
+
+        # the calling thread cuts too (it would only wait): one hand-off per helper, not per range
         assert self._pool is not None  # _workers() made it for more than one worker
-        futures = [self._pool.submit(cpu_cut.cut_range, *args, lo, hi, stream, noise)
-                   for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
-        for f in futures:
-            f.result()
+        helpers = [self._pool.submit(drain) for _ in range(workers - 1)]
+        try:
+            drain()
+        finally:
+            for f in helpers:
+                f.result()
         return out
 
     def _cut_cpu(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
