@@ -37,7 +37,7 @@ __all__ = ["TorchEngine"]
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # numba CPU path: ranges of patches per thread and batch at most (small ranges even out threads slowed by
-# other jobs on shared cores; each range costs a pool hand-off of ~10 us)
+# other jobs on shared cores; each range costs a kernel call of ~10 us)
 _RANGES_PER_THREAD = 4
 
 
@@ -309,8 +309,9 @@ class TorchEngine(PatchEngine):
                    dihedral: torch.Tensor | None, tables: cpu_cut.Tables, shape: tuple[int, ...],
                    noise: cpu_cut.Noise | None = None) -> torch.Tensor:
         """The CPU path with the fused kernel: ranges of patches cut straight into the output by the
-        engine's threads (the kernel releases the GIL). A range per ~``torch_chunk_bytes`` of work, so
-        a small batch stays on the calling thread and threads share a big one dynamically. ``base``:
+        calling thread and the engine's threads (the kernel releases the GIL). A range per
+        ~``torch_chunk_bytes`` of work, so a small batch stays on the calling thread and threads share a
+        big one dynamically: each takes the next range left. ``base``:
         each patch's first element in ``src`` (the flat storage); ``table``: each patch's table or None."""
         n = base.shape[0]
         out = self._output(shape)
