@@ -8,9 +8,9 @@ state per window of tiles (:class:`WindowedOrder`), so its memory follows the ti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -113,15 +113,17 @@ def shard_tiles(counts: np.ndarray, tile_order: np.ndarray, world_size: int) -> 
 
 class WindowedOrder:
     """A rank's order, made one window at a time: window w's samples (its tiles' sample ranges, tile after
-    tile) permuted by a generator restored to the state it had when planning reached that window. The
-    order is never held whole (an archive's 190M samples would take 1.5 GB as int64): only the window
-    that a batch reads from is, and its tiles are resident in the ring, so it is ring-sized. Positions past
-    one pass over the tiles (padding up to the largest rank's share) repeat the order from its start."""
+    tile) permuted by a generator of its own, seeded with (seed, epoch, rank, 1, w). The order is never
+    held whole (an archive's 190M samples would take 1.5 GB as int64), nor made whole while planning: only
+    the window that a batch reads from is, and its tiles are resident in the ring, so it is ring-sized.
+    Positions past one pass over the tiles (padding up to the largest rank's share) repeat the order from
+    its start."""
 
-    def __init__(self, offsets: np.ndarray, tiles: np.ndarray, window: int, states: list[Any] | None,
+    def __init__(self, offsets: np.ndarray, tiles: np.ndarray, bounds: np.ndarray, key: tuple[int, ...] | None,
                  starts: np.ndarray, length: int) -> None:
-        self._offsets, self._tiles, self._window = offsets, tiles, window
-        self._states = states  # None: unshuffled
+        self._offsets, self._tiles = offsets, tiles
+        self._bounds = bounds  # (windows + 1,): window w holds tiles[bounds[w]:bounds[w + 1]]
+        self._key = key  # (seed, epoch, rank) of the shuffle; None: unshuffled
         self._starts = starts  # (windows + 1,): each window's first position
         self._main = int(starts[-1])
         self._length = length
@@ -132,7 +134,7 @@ class WindowedOrder:
 
     def resized(self, length: int) -> WindowedOrder:
         """The same order cut to (or padded up to) ``length`` positions."""
-        order = WindowedOrder(self._offsets, self._tiles, self._window, self._states, self._starts, length)
+        order = WindowedOrder(self._offsets, self._tiles, self._bounds, self._key, self._starts, length)
         order.keep(*self._cached)
         return order
 
@@ -141,16 +143,15 @@ class WindowedOrder:
         if samples is not None:
             self._cached = (w, samples)
 
+    def window_tiles(self, w: int) -> np.ndarray:
+        return self._tiles[self._bounds[w]:self._bounds[w + 1]]
+
     def window_samples(self, w: int) -> np.ndarray:
         """Window w's samples in order."""
         cached_w, cached = self._cached
         if cached_w == w and cached is not None:
             return cached
-        idx = _sample_ranges(self._offsets, self._tiles[w * self._window:(w + 1) * self._window])
-        if self._states is not None:
-            bits = np.random.PCG64()
-            bits.state = self._states[w]
-            idx = np.random.Generator(bits).permutation(idx)
+        idx, _ = _window(self._offsets, self.window_tiles(w), self._key, w)
         self._cached = (w, idx)
         return idx
 
@@ -173,30 +174,57 @@ class WindowedOrder:
             pos += take
 
 
-def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, shuffle: bool, rng: np.random.Generator,
-                    visit: Callable[[int, np.ndarray], None] | None = None) -> WindowedOrder:
-    """The order of ``tiles``' samples: windows of ``window`` tiles, each window's samples permuted by
-    ``rng`` in turn (unshuffled: tile after tile). Each window is made once here, handed to
-    ``visit(first position, samples)``, and dropped: only the generator's state at its start is kept."""
+def window_bounds(num_tiles: int, window: int) -> np.ndarray:
+    """Tile boundaries of the windows over ``num_tiles`` tiles: windows of ``window`` tiles, except that when
+    there is more than one window the first ones ramp up, 2, 4, 8, ... tiles, so that an epoch's first
+    batch waits for two tiles rather than a whole window (the reader fills the next, larger window while
+    the small ones are consumed; a shuffle buffer that starts small, as WebDataset's ``initial``)."""
+    sizes = []
+    size = min(2, window) if window < num_tiles else window
+    left = num_tiles
+    while left > 0:
+        sizes.append(min(size, left))
+        left -= sizes[-1]
+        size = min(window, 2 * size)
+    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+
+def _window(offsets: np.ndarray, tiles: np.ndarray, key: tuple[int, ...] | None, w: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(samples, the tile of each) of window w holding ``tiles``: their sample ranges tile after tile,
+    permuted by the window's own generator when ``key`` (seed, epoch, rank) is given."""
+    idx = _sample_ranges(offsets, tiles)
+    of = np.repeat(tiles, offsets[tiles + 1] - offsets[tiles])  # each sample's tile, without a search
+    if key is not None:
+        perm = np.random.default_rng([*key, 1, w]).permutation(len(idx))
+        idx, of = idx[perm], of[perm]
+    return idx, of
+
+
+def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, key: tuple[int, ...] | None,
+                    batch_size: int, limit: int) -> tuple[WindowedOrder, list[Interval]]:
+    """The order of ``tiles``' samples in windows (:func:`window_bounds`), each shuffled on its own
+    (``key``: (seed, epoch, rank); None: tile after tile), and the residency of its positions below
+    ``limit``. Only the first window is made here (its batches come next, and its tiles' exact first and
+    last batches let the first batch start before the window's other tiles are read); a later window's
+    tiles are resident from its first batch to its last, from the offset table alone, so planning costs
+    O(tiles) beyond the first window, however many samples there are."""
     tiles = np.asarray(tiles, dtype=np.int64)
     offsets = np.asarray(samples.offsets, dtype=np.int64)
-    states: list[Any] | None = [] if shuffle else None  # bit generator states (dicts)
-    starts = [0]
-    first = None
-    for i in range(0, len(tiles), window):
-        if states is not None:
-            states.append(rng.bit_generator.state)
-        idx = _sample_ranges(offsets, tiles[i:i + window])
-        if states is not None:
-            idx = rng.permutation(idx)
-        if visit is not None:
-            visit(starts[-1], idx)
-        if i == 0:
-            first = idx
-        starts.append(starts[-1] + len(idx))
-    order = WindowedOrder(offsets, tiles, window, states, np.asarray(starts, dtype=np.int64), starts[-1])
+    bounds = window_bounds(len(tiles), window)
+    counts = offsets[tiles + 1] - offsets[tiles]
+    starts = np.concatenate([[0], np.cumsum(counts)[bounds[1:] - 1]]).astype(np.int64)
+    first, of = _window(offsets, tiles[bounds[0]:bounds[1]], key, 0)
+    residency = _Residency(len(offsets) - 1, batch_size)
+    residency.add(0, of[:limit])
+    spans = residency.intervals()
+    for w in range(1, len(bounds) - 1):
+        lo, hi = int(starts[w]), min(int(starts[w + 1]), limit)
+        if lo < hi:
+            spans += [Interval(int(t), lo // batch_size, (hi - 1) // batch_size) for t in tiles[bounds[w]:bounds[w + 1]]]
+    order = WindowedOrder(offsets, tiles, bounds, key, starts, int(starts[-1]))
     order.keep(0, first)  # the epoch's first batches need it next: not made a second time
-    return order
+    return order, spans
 
 
 def _sample_ranges(offsets: np.ndarray, tiles: np.ndarray) -> np.ndarray:
@@ -314,16 +342,10 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
         num_batches = -(-max(sizes) // batch_size)
         length, limit = max(sizes), sizes[rank]  # past this rank's own share: its first samples again
     while True:
-        mix_rng = np.random.default_rng([seed, epoch, rank, 1])  # fresh per attempt: same seed, same order
-        main = _Residency(num_tiles, batch_size)
-
-        def visit(pos: int, idx: np.ndarray, main=main) -> None:
-            if pos < limit:
-                main.add(pos, samples.tile_of(idx[:limit - pos]))
-
-        order = _windowed_order(samples, mine, window, shuffle, mix_rng, visit).resized(length)
-        spans = main.intervals()
-        if length > limit:
+        order, spans = _windowed_order(samples, mine, window, (seed, epoch, rank) if shuffle else None, batch_size,
+                                       limit)
+        order = order.resized(length)
+        if length > limit:  # padding: this rank's first samples again, at positions limit..length-1
             pad = _Residency(num_tiles, batch_size)
             for pos, idx in order.chunks(limit, length):
                 pad.add(pos, samples.tile_of(idx))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hsgds.errors import ConfigError
-from hsgds.sampling import SampleSet, plan_epoch
+from hsgds.sampling import SampleSet, plan_epoch, window_bounds
 
 
 def sample_set(counts, seed=0) -> SampleSet:
@@ -125,9 +125,10 @@ def test_unshuffled_plan_is_the_samples_in_order_with_each_tiles_residency(batch
 
 def _reference_order(s: SampleSet, seed: int, epoch: int, rank: int, world: int, window: int, batch: int,
                      drop_last: bool) -> np.ndarray:
-    """The order written out whole, as the plan defined it before it was made window by window: tiles
-    permuted by (seed, epoch), dealt to the rank with the fewest samples, each window's samples permuted
-    in turn by (seed, epoch, rank, 1), cut to the smallest share or padded from the start to the largest."""
+    """The order written out whole: tiles permuted by (seed, epoch), dealt to the rank with the fewest
+    samples, grouped into windows of ``window`` tiles (when there are several, the first ones ramp up: 2,
+    4, 8, ... tiles), window w's samples permuted by a generator seeded with (seed, epoch, rank, 1, w), cut to
+    the smallest share or padded from the start to the largest."""
     counts = np.diff(s.offsets)
     tiles = np.random.default_rng([seed, epoch]).permutation(np.flatnonzero(counts))
     load, shards = np.zeros(world, np.int64), [[] for _ in range(world)]
@@ -135,10 +136,14 @@ def _reference_order(s: SampleSet, seed: int, epoch: int, rank: int, world: int,
         r = int(np.argmin(load))
         shards[r].append(int(t))
         load[r] += counts[t]
-    rng = np.random.default_rng([seed, epoch, rank, 1])
     mine = shards[rank]
-    parts = [rng.permutation(np.concatenate([np.arange(s.offsets[t], s.offsets[t + 1]) for t in mine[i:i + window]]))
-             for i in range(0, len(mine), window)]
+    groups, size = [], min(2, window) if len(mine) > window else window
+    while sum(map(len, groups)) < len(mine):
+        done = sum(map(len, groups))
+        groups.append(mine[done:done + size])
+        size = min(2 * size, window)
+    parts = [np.random.default_rng([seed, epoch, rank, 1, w]).permutation(
+        np.concatenate([np.arange(s.offsets[t], s.offsets[t + 1]) for t in g])) for w, g in enumerate(groups)]
     order = np.concatenate(parts)
     if drop_last:
         return order[:min(load) // batch * batch]
@@ -146,10 +151,10 @@ def _reference_order(s: SampleSet, seed: int, epoch: int, rank: int, world: int,
 
 
 @pytest.mark.parametrize("world,drop_last", [(1, False), (1, True), (2, False), (3, False), (3, True)])
-@pytest.mark.parametrize("window", [1, 2, 4])
+@pytest.mark.parametrize("window", [1, 2, 4, 5])
 def test_windowed_order_is_the_whole_order_made_window_by_window(world, drop_last, window):
-    """The plan keeps a generator state per window instead of the order: every batch, and the whole
-    order, equal the order written out whole (so a state_dict saved before resumes to the same samples)."""
+    """The plan makes a window's order only when a batch reads from it: every batch, in any order, and the
+    whole order equal the order written out whole."""
     s = sample_set([37, 0, 5, 120, 1, 64, 0, 33, 12, 90, 7, 250, 3], seed=4)
     for rank in range(world):
         plan = plan_epoch(s, batch_size=9, seed=6, epoch=3, shuffle=True, slots=4 * window + 4, window=window,
@@ -159,6 +164,21 @@ def test_windowed_order_is_the_whole_order_made_window_by_window(world, drop_las
         np.testing.assert_array_equal(plan.positions(), want)
         for b in reversed(range(plan.num_batches)):  # any batch, in any order
             np.testing.assert_array_equal(plan.batch(b), want[b * 9:(b + 1) * 9])
+
+
+def test_a_streamed_epoch_starts_with_small_windows():
+    """More tiles than one window holds: the windows ramp up 2, 4, 8, ... tiles, so the first batch needs two
+    tiles resident, not a whole window; a scene that fits one window keeps its one global shuffle."""
+    assert window_bounds(40, 10).tolist() == [0, 2, 6, 14, 24, 34, 40]
+    assert window_bounds(12, 12).tolist() == [0, 12]
+    assert window_bounds(5, 1).tolist() == [0, 1, 2, 3, 4, 5]
+    s = sample_set([50] * 100, seed=1)
+    plan = plan_epoch(s, batch_size=32, seed=0, epoch=0, shuffle=True, slots=20)
+    assert plan.window == 10
+    assert len([iv for iv in plan.intervals if iv.first == 0]) == 2
+    assert sorted(plan.positions().tolist()) == list(range(5000))  # still every sample once
+    whole = plan_epoch(s, batch_size=32, seed=0, epoch=0, shuffle=True, slots=200)
+    assert whole.window == 100 and len([iv for iv in whole.intervals if iv.first == 0]) > 10
 
 
 def test_planning_a_shuffled_epoch_holds_no_array_per_sample():
