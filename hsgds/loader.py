@@ -161,8 +161,10 @@ class PatchLoader:
     shuffle, seed, drop_last : as in torch's DataLoader; the order is a pure function of
         (seed, epoch, rank, world size, shuffle window, ring slots).
     shuffle_window : int or None
-        Tiles whose samples are mixed together; default: as many as the ring holds (all of them when
-        the split fits: a true global shuffle).
+        Tiles whose samples are mixed together; default: all of them when the split fits the ring (a true
+        global shuffle), otherwise half the ring's slots (the next window loads while one is consumed).
+        When an epoch has several windows, its first ones ramp up (2, 4, 8, ... tiles), so that its first
+        batch waits for two tiles rather than a whole window.
     ring_bytes : int or None
         Memory for resident tiles; default: the whole split, capped (settings ``ring_cpu_bytes``, 2 GiB on
         CPU, and ``ring_gpu_fraction``, a quarter of free GPU memory; see docs/settings.md).
