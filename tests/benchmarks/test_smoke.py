@@ -240,3 +240,19 @@ def test_bench_plan_tiny(tmp_path):
     assert doc["samples"] == 64 * 64 and [r["epoch"] for r in doc["rows"]] == [0, 1]
     assert all(r["first_batch_s"] > 0 and r["batches_per_s"] > 0 and r["peak_rss_above_start_MB"] >= 0
                for r in doc["rows"])
+
+
+def test_bench_large_scene_tiny(tmp_path):
+    """benchmarks/bench_large_scene.py end to end on a small scene: the time to first batch per mode, and
+    the streaming section through a ring smaller than the store."""
+    proc = _run([str(BENCH / "bench_large_scene.py"), "--side", "1024", "--bands", "8", "--repeats", "1",
+                 "--ring-mib", "12", "--work", str(tmp_path / "work")], tmp_path, timeout=600)
+    doc = json.loads(proc.stdout)
+    assert doc["scene"]["shape"] == [1024, 1024, 8] and doc["scene"]["convert_MBps"] > 0
+    for mode in ("train", "all"):
+        run = doc["first_batch"][mode]["runs"][0]
+        assert run["mode"] == mode and run["to_first_batch_s"] >= run["construction_s"] > 0
+        assert run["tiles_read_by_then"] >= 1 and run["bytes_read_by_then"] > 0
+    stream = doc["streaming"]
+    assert stream["collection_over_ring"] > 1
+    assert stream["loader_cold"]["bytes_read_per_epoch"] == stream["collection_bytes"]
