@@ -23,7 +23,7 @@ from hsgds.engines import cpu_cut, make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
 from hsgds.io import make_reader
-from hsgds.pixels import PIXELS, GridSamples, all_pixels, check_mask, labelled_pixels
+from hsgds.pixels import PIXELS, GridSamples, all_pixels, check_mask, labelled_pixels, sampled_labels
 from hsgds.ring import TileRing
 from hsgds.sampling import EpochPlan, Samples, SampleSet, plan_epoch
 from hsgds.scene import Scene
@@ -105,7 +105,7 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
         # every s-th pixel of every scene, computed per batch from the tile geometry: memory per tile, not
         # per pixel (a whole scene for inference, an archive for self-supervised training)
         return GridSamples([scene.grid for scene in ss.scenes], stride,
-                           [scene.labels if scene.num_samples else None for scene in ss.scenes])
+                           [sampled_labels(scene, stride) for scene in ss.scenes])
     parts = [all_pixels(scene, stride, split, m) if pixels == "all" else labelled_pixels(scene, split, m)
              for scene, m in zip(ss.scenes, checked)]
     if len(parts) == 1:

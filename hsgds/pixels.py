@@ -8,6 +8,8 @@ training and full-scene inference read: every ``stride``-th row and column of th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from hsgds import format as fmt
@@ -50,7 +52,7 @@ def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None 
     h, w = scene.shape[:2]
     t = scene.grid.tile
     # the pixels GridSamples computes, all of them, then filtered (a scene without labels reads none)
-    every = GridSamples([scene.grid], stride, [scene.labels if scene.num_samples else None])
+    every = GridSamples([scene.grid], stride, [sampled_labels(scene, stride)])
     tile, _, _, label, sy, sx = every.take(np.arange(len(every)))
     keep = None
     if mask is not None:
@@ -71,16 +73,26 @@ def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None 
     return scene.samples_at(tile.astype(np.int64), sy, sx, label)
 
 
+def sampled_labels(scene: Scene | DeferredScene, stride: int) -> Callable[[], np.ndarray] | None:
+    """What :class:`GridSamples` reads a scene's labels with, when it first needs them (None: the scene
+    has no labelled pixel); a collection's scene is not opened before then."""
+    if not scene.num_samples:
+        return None
+    return lambda: scene.labels_every(stride)
+
+
 class GridSamples:
     """Every ``stride``-th pixel of one or more scenes, tile by tile and in raster order inside a tile (what
     :func:`all_pixels` enumerates, then joined with global tile ids), computed for the samples asked for
     instead of stored: per tile only its first sampled pixel and its sampled rows and columns are kept,
     so a whole scene's (or an archive's) pixels cost memory per tile, not per pixel. Same interface as
     :class:`~hsgds.sampling.SampleSet` where the loader and the epoch plan use it (``len``, ``offsets``,
-    ``counts``, ``take``, ``tile_of``); ``labels`` are each scene's (H, W) label maps (None: unlabelled).
+    ``counts``, ``take``, ``tile_of``); ``labels`` give each scene's label map at the sampled pixels,
+    ``labels[::stride, ::stride]`` (None: unlabelled), read when a sample of that scene is first taken.
     """
 
-    def __init__(self, grids: list[fmt.TileGrid], stride: int, labels: list[np.ndarray | None]) -> None:
+    def __init__(self, grids: list[fmt.TileGrid], stride: int,
+                 labels: list[Callable[[], np.ndarray] | None]) -> None:
         per_grid: dict[fmt.TileGrid, tuple[np.ndarray, ...]] = {}  # an archive's scenes share a few grids
         for g in grids:
             if g not in per_grid:
@@ -92,7 +104,8 @@ class GridSamples:
             np.concatenate(col) for col in zip(*(per_grid[g] for g in grids)))
         self._scene = np.repeat(np.arange(len(grids), dtype=np.int32), [g.num_tiles for g in grids])
         self.offsets = np.concatenate([[0], np.cumsum(self._ny * self._nx)]).astype(np.int64)
-        self._stride, self._labels = int(stride), labels
+        self._stride, self._label_of = int(stride), labels
+        self._label_maps: list[np.ndarray | None] = [None] * len(labels)  # read on first use
         self._wide = len(self._scene) > np.iinfo(np.int32).max
 
     def __len__(self) -> int:
@@ -112,14 +125,23 @@ class GridSamples:
         row, col = np.divmod(idx - self.offsets[tile], self._nx[tile])
         sy, sx = self._y0[tile] + self._stride * row, self._x0[tile] + self._stride * col
         label = np.full(len(idx), -1, dtype=np.int16)
-        if any(lab is not None for lab in self._labels):
+        if any(lab is not None for lab in self._label_of):
             scene = self._scene[tile]
             for s in np.unique(scene):
-                if self._labels[s] is not None:
+                if self._label_of[s] is not None:
                     at = scene == s
-                    label[at] = self._labels[s][sy[at], sx[at]].astype(np.int16) - 1
+                    label[at] = self._labels(s)[sy[at] // self._stride, sx[at] // self._stride].astype(np.int16) - 1
         return (tile if self._wide else tile.astype(np.int32), (sy - self._oy[tile]).astype(np.int32),
                 (sx - self._ox[tile]).astype(np.int32), label, sy.astype(np.int32), sx.astype(np.int32))
+
+    def _labels(self, s: int) -> np.ndarray:
+        """Scene s's labels at the sampled pixels (the grid of multiples of the stride)."""
+        got = self._label_maps[s]
+        if got is None:
+            read = self._label_of[s]
+            assert read is not None  # take() asks only for labelled scenes
+            got = self._label_maps[s] = read()
+        return got
 
     @property
     def label(self) -> np.ndarray:

@@ -57,8 +57,10 @@ def _is_raw(meta: dict) -> bool:
     return codecs[0].get("name") == "bytes" and isinstance(config, dict) and config.get("endian", "little") == "little"
 
 
-def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict[str, str] | None = None) -> np.ndarray:
-    """Read a small uncompressed Zarr v3 array written by the converter (one chunk, codec bytes).
+def _raw_array_file(root: Path, name: str, shape: tuple[int, ...], checked: dict[str, str] | None = None
+                    ) -> tuple[Path | None, np.dtype]:
+    """The chunk file and little-endian dtype of a small uncompressed Zarr v3 array written by the
+    converter (one chunk, codec bytes); None for an empty array.
 
     ``shape`` is what the store's own metadata implies; the array's zarr.json must agree, and the chunk
     file must have exactly that many bytes, before anything is allocated. ``checked``: the folders of
@@ -77,23 +79,48 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict
         raise StoreError(f"{where} has data type {str(dtype_name)[:20]!r}, not one of {', '.join(_SMALL_DTYPES)}")
     dtype = np.dtype(dtype_name).newbyteorder("<")
     if 0 in shape:
-        return np.zeros(shape, dtype=dtype.newbyteorder("="))
+        return None, dtype
     if chunk_shape != shape or not _is_raw(meta):
         raise StoreError(f"{where} is not stored as a single raw little-endian chunk")
     path = fmt.inside(root, root / name / fmt.chunk_key(meta, (0,) * len(shape)), str(root), checked)
     expected = int(np.prod(shape)) * dtype.itemsize
     try:
         size = path.stat().st_size
-        if size != expected:
-            raise StoreError(f"{where} has {size} bytes, expected {expected}; convert again")
-        data = np.fromfile(path, dtype=dtype)
     except OSError as exc:
-        if isinstance(exc, StoreError):
-            raise
         raise StoreError(f"{where}: cannot read {path.name} ({exc.strerror or exc})") from None
+    if size != expected:
+        raise StoreError(f"{where} has {size} bytes, expected {expected}; convert again")
+    return path, dtype
+
+
+def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict[str, str] | None = None,
+                    every: int = 1) -> np.ndarray:
+    """A small uncompressed array written by the converter (checked as :func:`_raw_array_file` says);
+    ``every`` > 1 (2-D arrays): only ``array[::every, ::every]``, read row by row, so a scene's label
+    map is never held whole when only a sampled grid of it is needed."""
+    path, dtype = _raw_array_file(root, name, shape, checked)
+    native = dtype.newbyteorder("=")
+    if path is None:
+        return np.zeros(shape, dtype=native)[::every, ::every] if every > 1 else np.zeros(shape, dtype=native)
+    rows = range(0, shape[0], every) if every > 1 else None
+    try:
+        if rows is None:
+            data = np.fromfile(path, dtype=dtype)
+        else:
+            row = shape[1] * dtype.itemsize
+            parts = []
+            with open(path, "rb") as f:
+                for y in rows:
+                    f.seek(y * row)
+                    line = f.read(row)
+                    parts.append(np.frombuffer(line[:len(line) // dtype.itemsize * dtype.itemsize], dtype)[::every])
+            data = np.concatenate(parts)
+            shape = (len(rows), len(range(0, shape[1], every)))
+    except OSError as exc:
+        raise StoreError(f"{root}: array {name}: cannot read {path.name} ({exc.strerror or exc})") from None
     if data.size != int(np.prod(shape)):
-        raise StoreError(f"{where} has {data.size} values, expected {int(np.prod(shape))}")
-    return data.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
+        raise StoreError(f"{root}: array {name} has {data.size} values, expected {int(np.prod(shape))}")
+    return data.reshape(shape).astype(native, copy=False)
 
 
 class Scene:
@@ -143,6 +170,13 @@ class Scene:
         if self._labels is None:
             self._labels = _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked)
         return self._labels
+
+    def labels_every(self, stride: int) -> np.ndarray:
+        """``labels[::stride, ::stride]``: the class map at every ``stride``-th pixel, read without
+        holding the whole map (unless it is already held, or ``stride`` is 1)."""
+        if stride == 1 or self._labels is not None:
+            return self.labels[::stride, ::stride]
+        return _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked, every=stride)
 
     def sample_table(self) -> dict[str, np.ndarray]:
         """The raw per-sample arrays (tile, y, x local to the tile core, label, split) and ``offsets``."""

@@ -34,7 +34,16 @@ def test_grid_samples_equal_a_plain_enumeration(stride):
              TileGrid(height=16, width=16, bands=3, dtype="int16", tile=16, halo=4)]
     labels = [rng.integers(0, 4, (23, 17)).astype(np.uint8), None, rng.integers(0, 3, (16, 16)).astype(np.uint16)]
     want = enumerate_pixels(grids, stride, labels)
-    samples = GridSamples(grids, stride, labels)
+    reads = []
+
+    def reader(lab):
+        def read():
+            reads.append(1)
+            return lab[::stride, ::stride]
+        return read
+
+    samples = GridSamples(grids, stride, [None if lab is None else reader(lab) for lab in labels])
+    assert not reads  # label maps are read when a sample of their scene is first taken
     assert len(samples) == len(want)
     np.testing.assert_array_equal(np.repeat(np.arange(len(samples.counts())), samples.counts()), want[:, 0])
     idx = np.arange(len(samples))
@@ -43,6 +52,7 @@ def test_grid_samples_equal_a_plain_enumeration(stride):
         np.testing.assert_array_equal(got, want[picked])
     np.testing.assert_array_equal(samples.tile_of(idx), want[:, 0])
     np.testing.assert_array_equal(samples.label, want[:, 3])
+    assert len(reads) == 2  # once per labelled scene
 
 
 def test_grid_samples_keep_memory_per_tile():

@@ -219,6 +219,26 @@ def test_invalid_small_array_metadata(store, array, change, message):
         scene.labels if array == "labels" else scene.sample_table()
 
 
+@pytest.mark.parametrize("stride", [1, 2, 4, 7, 29, 31])
+def test_labels_every_is_the_strided_label_map(store, stride):
+    """labels_every(s) (every s-th row read on its own, for pixels="all" with a stride) equals zarr-python's
+    read of the labels array, strided."""
+    import zarr
+
+    want = zarr.open_array(str(store / "labels"), mode="r")[::stride, ::stride]
+    got = hsgds.open_scene(store).labels_every(stride)  # a fresh scene: the whole map is not held
+    assert got.dtype.isnative and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_labels_every_refuses_a_short_label_file(store):
+    chunk = store / "labels" / "c" / "0" / "0"
+    with open(chunk, "r+b") as f:
+        f.truncate(chunk.stat().st_size - 1)
+    with pytest.raises(StoreError, match=r"labels has 1799 bytes, expected 1800"):
+        hsgds.open_scene(store).labels_every(4)
+
+
 def test_oversized_chunk_is_not_read(store):
     chunk = store / "labels" / "c" / "0" / "0"
     with open(chunk, "ab") as f:
