@@ -256,10 +256,6 @@ class PatchLoader:
         self.shuffle_window, self.return_coords = shuffle_window, return_coords
         self.pixels, self.stride, self.norm_scope = pixels, int(stride), norm_scope
         self.rank, self.world_size = _distributed(rank, world_size)
-        self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask)
-        if len(self.samples) == 0:
-            where = self.scene.path if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes"
-            raise ConfigError(f"split {split!r} of {where} has no samples (pixels={pixels!r}); see `hsgds info`")
 
         from hsgds.choice import choose
         from hsgds.probe import probe
@@ -275,6 +271,14 @@ class PatchLoader:
             self.choice = replace(self.choice, engine="torch", reasons=[
                 *self.choice.reasons, "engine torch: several scenes or a band selection need per-scene tables"])
         self.device = torch.device(self.choice.device)
+        if self.device.type == "cpu" and self.choice.engine == "torch" and defaults.get("numba"):
+            # numba's import and the kernel's load (~0.65 s) overlap the sample lookup and planning below
+            cpu_cut.warm_up(grid.dtype, str(dtype).removeprefix("torch."))
+        self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask)
+        if len(self.samples) == 0:
+            where = self.scene.path if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes"
+            raise ConfigError(f"split {split!r} of {where} has no samples (pixels={pixels!r}); see `hsgds info`")
+
         self._tile_nbytes = tile_nbytes
         needed = int(np.count_nonzero(self.samples.counts()))
         self.slots = self._slots(ring_bytes, needed)

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cut_range", "make_noise", "make_tables", "should_stream",
-           "unavailable_reason"]
+           "unavailable_reason", "warm_up"]
 
 # output conversions: the output array's dtype decides the store, the mode what the bits mean
 MODES = {"float32": 0, "float64": 0, "bfloat16": 1, "float16": 2}
@@ -155,6 +155,38 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
     phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
     kernels[mode](src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
                   *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
+
+
+def warm_up(src_dtype: Any, out_dtype: str) -> None:
+    """Import numba and load (or compile) the kernel that cuts ``src_dtype`` tiles into ``out_dtype``
+    patches (a :data:`MODES` name) on a background thread, once per pair and process, so that a loader's
+    first batch does not wait for them: ~0.3 s of import and ~0.35 s of loading from numba's cache on the
+    2-core VM (a first compile takes seconds). The calls that need the kernel wait for the import and the
+    load where they are not done yet (Python's import lock, numba's compiler lock). The thread is not a
+    daemon: an interpreter that exits meanwhile waits for it rather than stopping it inside numba."""
+    key = (np.dtype(src_dtype).str, out_dtype)
+    with _lock:
+        if key in _warming or out_dtype not in MODES:
+            return
+        _warming.add(key)
+    threading.Thread(target=_warm, args=(np.dtype(src_dtype), out_dtype), name="hsgds-warm-up").start()
+
+
+def _warm(src_dtype: np.dtype, out_dtype: str) -> None:
+    try:
+        if _kernel() is None:
+            return
+        mode = MODES[out_dtype]
+        out = np.zeros(0, np.uint16 if mode else out_dtype)
+        compute = np.float64 if out_dtype == "float64" else np.float32
+        tables = make_tables(8, 1, [0], [0.0], [1.0], compute)
+        # no patch to cut: the call only loads the specialization for these argument types
+        cut_range(np.zeros(8, src_dtype), _NONE_INT64, None, None, tables, out, 1, True, mode, 0, 0, False)
+    except Exception:  # the first real cut reports whatever is wrong, with its context
+        pass
+
+
+_warming: set[tuple[str, str]] = set()
 
 
 def should_stream(nbytes: int, nchw: bool) -> bool:

@@ -337,3 +337,33 @@ def test_without_numba_the_engine_falls_back_and_says_why(monkeypatch):
     out = engine.cut(storage, one * 0, one * 2, one * 3)
     want = storage[0, 1:4, 2:5].permute(2, 0, 1).to(torch.bfloat16)
     assert torch.equal(out[0], want)
+
+
+_WARM_UP_CHILD = """
+import threading
+import numpy as np, torch
+from hsgds.engines import PatchSpec, TorchEngine, cpu_cut
+from hsgds.engines._cpu_kernel import cut_bf16
+cpu_cut.warm_up(np.uint8, "bfloat16")
+for t in threading.enumerate():
+    if t.name == "hsgds-warm-up":
+        t.join()
+warmed = len(cut_bf16.signatures)
+rng = np.random.default_rng(0)
+storage = torch.from_numpy(rng.integers(0, 255, (2, 20, 20, 12)).astype(np.uint8))
+spec = PatchSpec(5, 3, 12, 20, "NCHW", torch.bfloat16, rng.uniform(0, 9, 12), rng.uniform(0.1, 1, 12))
+coords = [torch.tensor(v) for v in ([0, 1, 1], [3, 9, 16], [4, 10, 16])]
+TorchEngine(spec).cut(storage, *coords)
+print(warmed, len(cut_bf16.signatures))
+"""
+
+
+def test_warm_up_loads_the_specialization_the_first_cut_uses():
+    """cpu_cut.warm_up (the loader starts it while it looks up samples and plans) must load the very
+    specialization the engine's first cut calls, or the first batch would still wait for a load; in a
+    fresh process, so that no earlier test has compiled the pair."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", _WARM_UP_CHILD], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["1", "1"]  # one specialization, made by the warm-up, used by the cut
