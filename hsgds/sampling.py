@@ -189,15 +189,20 @@ def window_bounds(num_tiles: int, window: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
 
 
-def _window(offsets: np.ndarray, tiles: np.ndarray, key: tuple[int, ...] | None, w: int
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """(samples, the tile of each) of window w holding ``tiles``: their sample ranges tile after tile,
-    permuted by the window's own generator when ``key`` (seed, epoch, rank) is given."""
+def _window(offsets: np.ndarray, tiles: np.ndarray, key: tuple[int, ...] | None, w: int, with_tiles: bool = False
+            ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(samples, the tile of each if ``with_tiles``) of window w holding ``tiles``: their sample ranges tile
+    after tile, permuted by the window's own generator when ``key`` (seed, epoch, rank) is given."""
     idx = _sample_ranges(offsets, tiles)
-    of = np.repeat(tiles, offsets[tiles + 1] - offsets[tiles])  # each sample's tile, without a search
+    # each sample's tile, without a search
+    of = np.repeat(tiles, offsets[tiles + 1] - offsets[tiles]) if with_tiles else None
     if key is not None:
-        perm = np.random.default_rng([*key, 1, w]).permutation(len(idx))
-        idx, of = idx[perm], of[perm]
+        rng = np.random.default_rng([*key, 1, w])
+        if of is None:
+            idx = rng.permutation(idx)
+        else:  # the same draws as permutation(idx), applied to both
+            perm = rng.permutation(len(idx))
+            idx, of = idx[perm], of[perm]
     return idx, of
 
 
@@ -214,7 +219,8 @@ def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, key: tuple
     bounds = window_bounds(len(tiles), window)
     counts = offsets[tiles + 1] - offsets[tiles]
     starts = np.concatenate([[0], np.cumsum(counts)[bounds[1:] - 1]]).astype(np.int64)
-    first, of = _window(offsets, tiles[bounds[0]:bounds[1]], key, 0)
+    first, of = _window(offsets, tiles[bounds[0]:bounds[1]], key, 0, with_tiles=True)
+    assert of is not None
     residency = _Residency(len(offsets) - 1, batch_size)
     residency.add(0, of[:limit])
     spans = residency.intervals()
