@@ -32,7 +32,9 @@ from hsgds.scene_set import SceneSet, band_selection, normalization, normalizati
 __all__ = ["LoaderStats", "PatchLoader", "normalization_constants"]
 
 NORMALIZATIONS = ("zscore", "minmax", None)
-STATE_VERSION = 1
+# 2: shuffle windows that ramp up, each with a generator of its own (hsgds.sampling); a version-1 state
+# named a position in an order this version no longer makes
+STATE_VERSION = 2
 
 
 _HOST_WINDOW = 1024  # batches kept for the host-time medians
@@ -379,8 +381,13 @@ class PatchLoader:
                 "augment": None if self.augment is None else repr(self.augment)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") == 1:
+            raise ConfigError("loader state was saved by an older hsgds whose shuffled order differs from this one's "
+                              f"(state version 1, now {STATE_VERSION}): the rest of its epoch cannot be resumed exactly; "
+                              "start the next epoch instead (loader.set_epoch(epoch + 1))")
         if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"loader state has version {state.get('version')}, expected {STATE_VERSION}")
+            raise ConfigError(f"loader state has version {state.get('version')!r}, expected {STATE_VERSION}; "
+                              "pass a state made by PatchLoader.state_dict()")
         mine = self.state_dict()
         older = {"pixels": "labelled", "stride": 1, "scenes": 1}  # states saved before these settings existed
         for key in ("seed", "batch_size", "split", "world_size", "num_samples", "shuffle", "drop_last",

@@ -163,6 +163,18 @@ def test_resume_refuses_other_settings(border_scene):
             b.load_state_dict(a.state_dict())
 
 
+def test_resume_refuses_a_state_of_an_older_order(border_scene):
+    """A state saved before the shuffle windows ramped up names a position in an order this version no
+    longer makes: refused, with what to do instead, rather than resumed to other samples."""
+    store = border_scene[2]["reflect"]
+    with _loader(store) as a, _loader(store) as b:
+        state = {**a.state_dict(), "version": 1}
+        with pytest.raises(ConfigError, match=r"older hsgds whose shuffled order differs.*set_epoch\(epoch \+ 1\)"):
+            b.load_state_dict(state)
+        with pytest.raises(ConfigError, match="version 'x', expected"):
+            b.load_state_dict({**state, "version": "x"})
+
+
 class SlowReader:
     """Wraps a reader to add latency per tile."""
 
