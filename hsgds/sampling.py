@@ -2,8 +2,10 @@
 
 Everything here is a pure function of (seed, epoch, rank, world size, window, ring slots), so an epoch
 can be resumed exactly from a batch index, and every rank computes every other rank's share without
-communicating. No plan holds an array per sample: an unshuffled one is a range, a shuffled one a generator
-state per window of tiles (:class:`WindowedOrder`), so its memory follows the tiles, not the pixels.
+communicating. No plan holds an array per sample, nor makes one while planning beyond its first window:
+an unshuffled one is a range, a shuffled one the tile bounds of its windows, each window shuffled by a
+generator of its own when a batch first reads from it (:class:`WindowedOrder`), so its memory and its
+planning time follow the tiles, not the pixels.
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class WindowedOrder:
             self._cached = (w, samples)
 
     def window_tiles(self, w: int) -> np.ndarray:
+        """Window w's tiles, in the order their samples are listed before the shuffle."""
         return self._tiles[self._bounds[w]:self._bounds[w + 1]]
 
     def window_samples(self, w: int) -> np.ndarray:
