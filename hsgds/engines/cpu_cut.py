@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cut_range", "make_noise", "make_tables", "should_stream",
-           "unavailable_reason", "warm_up"]
+__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cut_range", "make_noise", "make_tables", "patch_starts",
+           "should_stream", "unavailable_reason", "warm_up"]
 
 # output conversions: the output array's dtype decides the store, the mode what the bits mean
 MODES = {"float32": 0, "float64": 0, "bfloat16": 1, "float16": 2}
@@ -46,14 +46,14 @@ _state: dict[str, Any] = {}
 
 
 def _build() -> Any:
-    """The compiled kernels (indexed by MODES); raises ImportError when numba is missing."""
+    """The module of compiled kernels (``KERNELS`` indexed by MODES); raises ImportError when numba is missing."""
     import importlib
 
-    return importlib.import_module("hsgds.engines._cpu_kernel").KERNELS
+    return importlib.import_module("hsgds.engines._cpu_kernel")
 
 
 def _kernel() -> Any:
-    """The compiled kernels (one per mode), imported once per process; None when numba cannot be imported."""
+    """The module of compiled kernels, imported once per process; None when numba cannot be imported."""
     if "kernel" not in _state:
         with _lock:
             if "kernel" not in _state:
@@ -137,13 +137,14 @@ def make_noise(n: int, radiated: np.ndarray, alpha: np.ndarray, start: np.ndarra
 
 def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihedral: np.ndarray | None,
               tables: Tables, out: np.ndarray, p: int, nchw: bool, mode: int, lo: int, hi: int,
-              stream: bool = False, noise: Noise | None = None) -> None:
+              stream: bool = False, noise: Noise | None = None, phase: int | None = None) -> None:
     """Cut patches ``lo:hi`` of a batch into ``out``.
 
     ``src`` is the flat storage; ``base[n]`` (int64) the element of ``src`` where patch n's top-left pixel
     starts; ``table[n]`` its table (None: table 0 for all); ``dihedral[n]`` (int8) its dihedral code (None:
     identity). ``stream``: write the output with non-temporal stores (for outputs larger than the
-    caches: see :func:`should_stream`). ``noise``: radiation noise and band dropout applied in the same
+    caches: see :func:`should_stream`). ``phase``: out[0]'s element index within its 32-byte block, when
+    the caller knows it (found from ``out`` otherwise). ``noise``: radiation noise and band dropout applied in the same
     pass (:class:`Noise`). The caller validates: every patch lies inside its tile,
     ``tables`` are consistent, and ``out`` is flat and contiguous: float32/float64 for mode 0, uint16
     for modes 1 and 2. Calls on different threads may run at once (each has its own scratch) when they
@@ -152,9 +153,26 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
     kernels = _kernel()
     if kernels is None:
         raise RuntimeError(unavailable_reason())
-    phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
-    kernels[mode](src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
+    if phase is None:
+        phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
+    kernels.KERNELS[mode](src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
                   *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
+
+
+def patch_starts(slot: np.ndarray, y: np.ndarray, x: np.ndarray, table: np.ndarray | None, tables: Tables,
+                 slots: int, slot_elems: int, radius: int, check: bool) -> tuple[np.ndarray, int]:
+    """(base, bad): each sample's ``base`` for :func:`cut_range` (the element where its patch's top-left
+    pixel starts in the flat ring of ``slots`` slots of ``slot_elems`` values), from int64 ``slot``, ``y``,
+    ``x`` (the patch centre) and ``table`` (None: table 0 for all). ``bad`` is the first sample whose table
+    does not exist or, with ``check``, whose slot does not exist or whose patch leaves its tile; -1 when
+    all are inside (``base`` is then complete)."""
+    kernels = _kernel()
+    if kernels is None:
+        raise RuntimeError(unavailable_reason())
+    base = np.empty(slot.shape[0], np.int64)
+    bad = kernels.patch_starts(slot, y, x, _NONE_INT64 if table is None else table, tables.side, tables.stride,
+                               slots, slot_elems, radius, check, base)
+    return base, int(bad)
 
 
 def warm_up(src_dtype: Any, out_dtype: str) -> None:
@@ -180,7 +198,8 @@ def _warm(src_dtype: np.dtype, out_dtype: str) -> None:
         out = np.zeros(0, np.uint16 if mode else out_dtype)
         compute = np.float64 if out_dtype == "float64" else np.float32
         tables = make_tables(8, 1, [0], [0.0], [1.0], compute)
-        # no patch to cut: the call only loads the specialization for these argument types
+        # no patch to cut: the calls only load the specializations for these argument types
+        patch_starts(_NONE_INT64, _NONE_INT64, _NONE_INT64, None, tables, 1, 1, 0, True)
         cut_range(np.zeros(8, src_dtype), _NONE_INT64, None, None, tables, out, 1, True, mode, 0, 0, False)
     except Exception:  # the first real cut reports whatever is wrong, with its context
         pass

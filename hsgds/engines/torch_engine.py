@@ -8,6 +8,7 @@ computed once, so a batch is ``index_select(storage.view(-1, B), 0, base[:, None
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -183,7 +184,8 @@ class TorchEngine(PatchEngine):
         if spec.tables is not None:
             return self._cut_tables(storage, slot, y, x, table, dihedral, noise)
         check_storage(storage, spec)
-        check_coords(storage, slot, y, x, spec.radius, self._check_bounds)
+        fused = self._numba and storage.device.type == "cpu"  # the kernel's patch_starts checks the bounds
+        check_coords(storage, slot, y, x, spec.radius, False if fused else self._check_bounds)
         if storage.device.type == "cpu":
             with self._lock:
                 return self._cut(storage, slot, y, x, dihedral, noise)
@@ -216,11 +218,14 @@ class TorchEngine(PatchEngine):
         if dihedral is not None:
             dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
         if cpu:
-            if self._numba:  # the index arithmetic in numpy: torch's small ops cost ~10x more per batch
-                s, yy, xx = (t.numpy() for t in (slot, y, x))
-                base = ((s * side + (yy - r)) * side + (xx - r)) * bands  # top-left pixel's first element
-                return self._cut_numba(storage.view(-1).numpy(), base, None, dihedral,
-                                       self._kernel_tables(side), shape, noise)
+            if self._numba:  # the index arithmetic and the bounds in one compiled pass
+                kt = self._kernel_tables(side)
+                starts, bad = cpu_cut.patch_starts(slot.numpy(), y.numpy(), x.numpy(), None, kt, storage.shape[0],
+                                                   side * side * bands, r, self._check_bounds is not False)
+                if bad >= 0:
+                    check_coords(storage, slot, y, x, r, True)  # raises, naming the first sample outside
+                    raise InputError(f"sample {bad} lies outside the ring storage")
+                return self._cut_numba(storage.view(-1).numpy(), starts, None, dihedral, kt, shape, noise)
             return self._cut_cpu(storage, slot, y, x, shape, dihedral)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if self._fused_kernel(storage.dtype):  # one pass on the GPU
@@ -267,13 +272,13 @@ class TorchEngine(PatchEngine):
         more than the whole cut; a pooled buffer is reused only when its storage's use count shows that
         no tensor, view or numpy array handed out earlier is still alive, so no caller ever sees a batch
         it holds change."""
-        numel = int(np.prod(shape))
+        numel = math.prod(shape)
         for i, (buf, idle) in enumerate(self._outs):
             if _storage_refs(buf) == idle:
                 if buf.numel() < numel:  # a bigger batch: replace the idle buffer
                     buf = torch.empty(numel, dtype=self._out_dtype)
                     self._outs[i] = (buf, _storage_refs(buf))
-                return buf[:numel].view(shape)
+                return (buf if buf.numel() == numel else buf[:numel]).view(shape)
         buf = torch.empty(numel, dtype=self._out_dtype)
         refs = _storage_refs(buf)
         if refs is not None and len(self._outs) < self._pool_max:
@@ -320,10 +325,11 @@ class TorchEngine(PatchEngine):
         codes = None if dihedral is None else dihedral.numpy()  # int8, one per patch (hsgds.augment)
         args = (src, base, table, codes, tables, dst, self.spec.patch_size, self.spec.layout == "NCHW", self._mode)
         stream = cpu_cut.should_stream(flat.numel() * flat.element_size(), self.spec.layout == "NCHW")
+        phase = flat.data_ptr() // dst.itemsize % (32 // dst.itemsize)  # out[0]'s place in its 32-byte block
         parts = -(-n // self._chunk)
         workers = self._workers(parts)
         if workers == 1:
-            cpu_cut.cut_range(*args, 0, n, stream, noise)
+            cpu_cut.cut_range(*args, 0, n, stream, noise, phase)
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
         edges = [n * k // parts for k in range(parts + 1)]
@@ -337,7 +343,7 @@ class TorchEngine(PatchEngine):
                     i = next(taken)
                 if i >= len(ranges):
                     return
-                cpu_cut.cut_range(*args, *ranges[i], stream, noise)
+                cpu_cut.cut_range(*args, *ranges[i], stream, noise, phase)
 
         # the calling thread cuts too (it would only wait): one hand-off per helper, not per range
         assert self._pool is not None  # _workers() made it for more than one worker
@@ -480,15 +486,20 @@ class TorchEngine(PatchEngine):
         if dihedral is not None:
             dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
         bounds = self._check_bounds if self._check_bounds is not None else device.type == "cpu"
-        if bounds:
-            self._check_table_coords(storage, *(t.cpu().numpy() for t in (slot, y, x, table)))
         slot_elems = storage[0].numel()
-        if device.type == "cpu" and self._numba:  # the index arithmetic in numpy: a few µs per batch
+        if device.type == "cpu" and self._numba:  # the index arithmetic and the bounds in one compiled pass
             kt = self._kernel_tables()
             s, yy, xx, t = (v.numpy() for v in (slot, y, x, table))
-            base_np = s * slot_elems + ((yy - r) * kt.side[t] + (xx - r)) * kt.stride[t]
+            if bounds:
+                self._check_slot_size(slot_elems)
+            starts, bad = cpu_cut.patch_starts(s, yy, xx, t, kt, storage.shape[0], slot_elems, r, bounds)
+            if bad >= 0:
+                self._check_table_coords(storage, s, yy, xx, t)  # raises, naming the first sample outside
+                raise InputError(f"sample {bad} lies outside the ring storage")
             with self._lock:
-                return self._cut_numba(storage.view(-1).numpy(), base_np, t, dihedral, kt, shape, noise)
+                return self._cut_numba(storage.view(-1).numpy(), starts, t, dihedral, kt, shape, noise)
+        if bounds:
+            self._check_table_coords(storage, *(t.cpu().numpy() for t in (slot, y, x, table)))
         tab = self._tables_for(device)
         side, stride = tab["side"][table], tab["stride"][table]
         # first element of each patch's top-left pixel in the flattened ring
@@ -605,9 +616,17 @@ class TorchEngine(PatchEngine):
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"sample {i} (slot {int(slot[i])}, y {int(y[i])}, x {int(x[i])}) is outside its "
                              f"{int(side[i])}-px tile for a {2 * r + 1}-px patch")
-        need = int((np.asarray(tb.side, np.int64) ** 2 * np.asarray(tb.stride, np.int64)).max())
-        if need > storage[0].numel():
-            raise InputError(f"ring slots hold {storage[0].numel()} values, a table's tile needs {need}")
+        self._check_slot_size(storage[0].numel())
+
+    def _check_slot_size(self, slot_elems: int) -> None:
+        """InputError unless a ring slot of ``slot_elems`` values holds every table's tile (once per size)."""
+        key = ("slot-holds-tiles", slot_elems)
+        if key not in self._consts:
+            tb = self._scene_tables()
+            need = int((np.asarray(tb.side, np.int64) ** 2 * np.asarray(tb.stride, np.int64)).max())
+            if need > slot_elems:
+                raise InputError(f"ring slots hold {slot_elems} values, a table's tile needs {need}")
+            self._consts[key] = True
 
     def _fused_kernel(self, src_dtype: torch.dtype) -> bool:
         """Whether the one-pass Triton kernel serves this batch (setting ``triton``, HSGDS_TRITON)."""

@@ -339,22 +339,50 @@ def test_without_numba_the_engine_falls_back_and_says_why(monkeypatch):
     assert torch.equal(out[0], want)
 
 
+def test_patch_starts_match_numpy_and_name_the_first_sample_outside():
+    """The engine's per-batch index pass (cpu_cut.patch_starts): each patch's first element as numpy
+    computes it, over tables of different tile geometry; the first sample whose table, slot or patch
+    is outside is found (the engine then raises the error that names it), and check=False skips the
+    slot and tile bounds but never the table (it indexes the tables)."""
+    rng = np.random.default_rng(11)
+    side, stride = np.array([12, 9, 15]), np.array([5, 7, 3])
+    tables = cpu_cut.make_tables(side, stride, np.zeros((3, 1), np.int64), np.zeros((3, 1)), np.ones((3, 1)),
+                                 np.float32)
+    n, r, slots, slot_elems = 500, 2, 4, 15 * 15 * 7
+    table = rng.integers(0, 3, n)
+    slot, y, x = rng.integers(0, slots, n), rng.integers(r, side[table] - r), rng.integers(r, side[table] - r)
+    base, bad = cpu_cut.patch_starts(slot, y, x, table, tables, slots, slot_elems, r, True)
+    assert bad == -1
+    np.testing.assert_array_equal(base, slot * slot_elems + ((y - r) * side[table] + (x - r)) * stride[table])
+    one = cpu_cut.make_tables(12, 5, np.zeros((1, 1), np.int64), np.zeros((1, 1)), np.ones((1, 1)), np.float32)
+    base, bad = cpu_cut.patch_starts(slot, y % 8 + r, x % 8 + r, None, one, slots, slot_elems, r, True)
+    assert bad == -1
+    np.testing.assert_array_equal(base, slot * slot_elems + ((y % 8) * 12 + x % 8) * 5)
+    for array, value in ((slot, slots), (slot, -1), (y, r - 1), (x, side[table[37]] - r), (table, 3), (table, -1)):
+        wrong = array.copy()
+        wrong[[37, 90]] = value
+        args = [wrong if a is array else a for a in (slot, y, x, table)]
+        assert cpu_cut.patch_starts(*args, tables, slots, slot_elems, r, True)[1] == 37
+        unchecked = cpu_cut.patch_starts(*args, tables, slots, slot_elems, r, False)[1]
+        assert unchecked == (37 if array is table else -1)
+
+
 _WARM_UP_CHILD = """
 import threading
 import numpy as np, torch
 from hsgds.engines import PatchSpec, TorchEngine, cpu_cut
-from hsgds.engines._cpu_kernel import cut_bf16
+from hsgds.engines._cpu_kernel import cut_bf16, patch_starts
 cpu_cut.warm_up(np.uint8, "bfloat16")
 for t in threading.enumerate():
     if t.name == "hsgds-warm-up":
         t.join()
-warmed = len(cut_bf16.signatures)
+warmed = len(cut_bf16.signatures), len(patch_starts.signatures)
 rng = np.random.default_rng(0)
 storage = torch.from_numpy(rng.integers(0, 255, (2, 20, 20, 12)).astype(np.uint8))
 spec = PatchSpec(5, 3, 12, 20, "NCHW", torch.bfloat16, rng.uniform(0, 9, 12), rng.uniform(0.1, 1, 12))
 coords = [torch.tensor(v) for v in ([0, 1, 1], [3, 9, 16], [4, 10, 16])]
 TorchEngine(spec).cut(storage, *coords)
-print(warmed, len(cut_bf16.signatures))
+print(*warmed, len(cut_bf16.signatures), len(patch_starts.signatures))
 """
 
 
@@ -366,4 +394,5 @@ def test_warm_up_loads_the_specialization_the_first_cut_uses():
 
     proc = subprocess.run([sys.executable, "-c", _WARM_UP_CHILD], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["1", "1"]  # one specialization, made by the warm-up, used by the cut
+    # one specialization of the cut and one of the index pass, made by the warm-up, used by the cut
+    assert proc.stdout.split() == ["1", "1", "1", "1"]
