@@ -256,3 +256,12 @@ def test_bench_large_scene_tiny(tmp_path):
     stream = doc["streaming"]
     assert stream["collection_over_ring"] > 1
     assert stream["loader_cold"]["bytes_read_per_epoch"] == stream["collection_bytes"]
+
+
+def test_bench_cut_overhead_tiny(tmp_path):
+    """benchmarks/bench_cut_overhead.py: the host time before the first kernel is part of the whole cut."""
+    pytest.importorskip("numba")
+    out = tmp_path / "overhead.json"
+    _run([str(BENCH / "bench_cut_overhead.py"), "--batches", "60", "--json", str(out)], tmp_path)
+    doc = json.loads(out.read_text())
+    assert 0 < doc["before_first_kernel_us"] < doc["whole_cut_us"]
