@@ -143,9 +143,9 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
     ``src`` is the flat storage; ``base[n]`` (int64) the element of ``src`` where patch n's top-left pixel
     starts; ``table[n]`` its table (None: table 0 for all); ``dihedral[n]`` (int8) its dihedral code (None:
     identity). ``stream``: write the output with non-temporal stores (for outputs larger than the
-    caches: see :func:`should_stream`). ``phase``: out[0]'s element index within its 32-byte block, when
-    the caller knows it (found from ``out`` otherwise). ``noise``: radiation noise and band dropout applied in the same
-    pass (:class:`Noise`). The caller validates: every patch lies inside its tile,
+    caches: see :func:`should_stream`). ``noise``: radiation noise and band dropout applied in the same
+    pass (:class:`Noise`). ``phase``: out[0]'s element index within its 32-byte block, when the caller
+    knows it (found from ``out`` otherwise). The caller validates: every patch lies inside its tile,
     ``tables`` are consistent, and ``out`` is flat and contiguous: float32/float64 for mode 0, uint16
     for modes 1 and 2. Calls on different threads may run at once (each has its own scratch) when they
     write different patches.
@@ -155,8 +155,9 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
         raise RuntimeError(unavailable_reason())
     if phase is None:
         phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
-    kernels.KERNELS[mode](src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
-                  *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
+    kernels.KERNELS[mode](src, base, _NONE_INT64 if table is None else table,
+                          _NONE_INT8 if dihedral is None else dihedral,
+                          *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
 
 
 def patch_starts(slot: np.ndarray, y: np.ndarray, x: np.ndarray, table: np.ndarray | None, tables: Tables,
