@@ -262,15 +262,14 @@ def memcpy_ceiling(nbytes: int, threads: int = 1, seconds: float = 0.5) -> dict[
     dst = torch.zeros_like(src)
     s, d = src.numpy(), dst.numpy()
     edges = [len(s) * k // threads for k in range(threads + 1)]
-    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    pool = ThreadPoolExecutor(threads)
 
     def sliced() -> None:  # numpy releases the GIL for large copies
-        assert pool is not None
         for f in [pool.submit(np.copyto, d[a:b], s[a:b]) for a, b in zip(edges[:-1], edges[1:])]:
             f.result()
 
     runs = {"torch": lambda: dst.copy_(src), "numpy": lambda: np.copyto(d, s)}
-    if pool is not None:
+    if threads > 1:
         runs[f"numpy_{threads}_threads"] = sliced
     out = {}
     try:
@@ -282,8 +281,7 @@ def memcpy_ceiling(nbytes: int, threads: int = 1, seconds: float = 0.5) -> dict[
                 n += 1
             out[name] = n * nbytes / (time.perf_counter() - t0) / GB
     finally:
-        if pool is not None:
-            pool.shutdown()
+        pool.shutdown()
     out["GBps"] = max(out.values())
     return out
 

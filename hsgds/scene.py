@@ -101,7 +101,8 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict
     path, dtype = _raw_array_file(root, name, shape, checked)
     native = dtype.newbyteorder("=")
     if path is None:
-        return np.zeros(shape, dtype=native)[::every, ::every] if every > 1 else np.zeros(shape, dtype=native)
+        empty = np.zeros(shape, dtype=native)
+        return empty[::every, ::every] if every > 1 else empty
     rows = range(0, shape[0], every) if every > 1 else None
     try:
         if rows is None:
