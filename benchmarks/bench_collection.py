@@ -16,7 +16,9 @@
    child's baseline + ring, and bytes read per epoch against the collection's size.
 0. Start-up (first): time to first batch of a loader over the first N scenes, given as a collection folder
    (``collection.json``: stores opened as the loader reaches them) and as a list of store paths (every
-   store opened first), N = 1/8, 1/4, 1/2 and all of the scenes, and the time to read collection.json.
+   store opened first), N = 1/8, 1/4, 1/2 and all of the scenes, and the time to read collection.json;
+   then listings of up to 11,636 scenes, and the same over labelled pixels (the train split of 8 small
+   labelled stores listed N times).
 JSON on stdout.
 """
 
@@ -283,7 +285,55 @@ def startup(stores: list[Path], work: Path, args: argparse.Namespace) -> dict:
                       "collection s": float(np.median(first))})
         _log(f"  {n:5d} listed scenes: first batch {large[-1]['collection s']:.3f} s from collection.json "
              f"(collection.json read {large[-1]['collection.json read s']:.3f} s)")
-    return {"rows": rows, "ms_per_scene": per_scene, "listed": large}
+    return {"rows": rows, "ms_per_scene": per_scene, "listed": large, "labelled": startup_labelled(work, args)}
+
+
+def startup_labelled(work: Path, args: argparse.Namespace) -> dict:
+    """Time to first batch over labelled pixels (the train split) against the number of scenes: listings of
+    N entries cycling over 8 small labelled stores (names unique, paths repeated), as a collection folder
+    (each entry counts its samples per tile: no store opened before the first batch) and, up to 1,000, as a
+    list of store paths (every store and its sample table opened first). Unshuffled, a ring of 4 tiles."""
+    import hsgds
+    from hsgds.collection import SceneEntry
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    stores = []
+    for i in range(8):
+        store = work / f"labelled_{i}.zarr"
+        if not store.exists():
+            cube, labels = make_scene(96, 96, 32, classes=6, dtype="int16", seed=2000 + i, labelled_fraction=0.3)
+            np.save(work / "tmp.npy", cube)
+            np.save(work / "tmp_gt.npy", labels)
+            convert(work / "tmp.npy", store, ConvertOptions(labels=work / "tmp_gt.npy", tile=48, max_patch=9, train=0.1))
+        stores.append(store)
+    (work / "tmp.npy").unlink(missing_ok=True)
+    (work / "tmp_gt.npy").unlink(missing_ok=True)
+    entries = [SceneEntry.of_scene(s.name[:-5], hsgds.open_scene(s)).to_json(work) for s in stores]
+    opts = dict(patch_size=args.patch, batch_size=64, split="train", device="cpu", shuffle=False,
+                ring_bytes=4 * hsgds.open_scene(stores[0]).grid.tile_nbytes)
+    rows = []
+    for n in (25, 200, 1000, 4000, 11636):
+        folder = work / f"labelled_listing_{n}"
+        folder.mkdir(exist_ok=True)
+        listed = [dict(entries[i % len(entries)], name=f"s{i:05d}",
+                       path=os.path.relpath(stores[i % len(stores)], folder)) for i in range(n)]
+        (folder / "collection.json").write_text(json.dumps({"format": "hsgds-collection", "format_version": 1,
+                                                            "scenes": listed}))
+        runs: dict[str, list[float]] = {"collection": [], "list of stores": []}
+        for _ in range(args.repeats + 1):
+            for name, store in (("collection", folder), ("list of stores", [str(stores[i % 8]) for i in range(n)])):
+                if name == "list of stores" and n > 1000:
+                    continue
+                t = time.perf_counter()
+                with hsgds.PatchLoader(store, **opts) as loader:
+                    next(iter(loader))
+                runs[name].append(time.perf_counter() - t)
+        row = {"scenes": n, **{f"{k} s": float(np.median(v)) if v else None for k, v in runs.items()}}
+        rows.append(row)
+        listed_s = "" if row["list of stores s"] is None else f", {row['list of stores s']:.3f} s from a list of stores"
+        _log(f"  {n:5d} labelled scenes: first batch {row['collection s']:.3f} s from collection.json{listed_s}")
+    return {"rows": rows}
 
 
 def streaming(stores: list[Path], args: argparse.Namespace) -> dict:

@@ -11,13 +11,14 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hsgds import format as fmt
 from hsgds._version import __version__
 from hsgds.errors import StoreError
 from hsgds.format import TileGrid
@@ -56,6 +57,9 @@ class SceneEntry:
     tile: int | None = None
     halo: int | None = None
     format_version: int | None = None
+    #: per split name ("none", "train", "val", "test"), each tile's number of labelled samples: with them a
+    #: loader over labelled pixels starts without opening a store (None: unlabelled, or not listed)
+    tile_samples: dict[str, tuple[int, ...]] | None = None
 
     @property
     def bands(self) -> int:
@@ -73,6 +77,12 @@ class SceneEntry:
     def of_scene(cls, name: str, scene: Scene, stamps: dict[str, tuple[int, int]] | None = None) -> SceneEntry:
         """The entry describing an opened store."""
         m = scene.meta
+        tile_samples = None
+        if m.num_samples:
+            t = scene.sample_table()
+            tile_samples = {split: tuple(np.bincount(t["tile"][t["split"] == code].astype(np.int64),
+                                                     minlength=m.grid.num_tiles).tolist())
+                            for split, code in fmt.SPLIT_CODES.items()}
         return cls(name=name, path=scene.path.resolve(), shape=m.shape, dtype=m.dtype,
                    wavelengths=None if m.wavelengths is None else tuple(float(w) for w in m.wavelengths),
                    band_names=None if m.band_names is None else tuple(m.band_names),
@@ -80,7 +90,8 @@ class SceneEntry:
                    class_names=None if m.class_names is None else tuple(m.class_names),
                    num_samples=int(m.num_samples), source_sha256=str(m.source.get("sha256", "")),
                    labels_sha256=None if not m.labels_source else m.labels_source.get("sha256"),
-                   stamps=stamps, tile=m.grid.tile, halo=m.grid.halo, format_version=m.format_version)
+                   stamps=stamps, tile=m.grid.tile, halo=m.grid.halo, format_version=m.format_version,
+                   tile_samples=tile_samples)
 
     def to_json(self, root: Path) -> dict[str, Any]:
         try:
@@ -95,7 +106,8 @@ class SceneEntry:
                 "num_samples": self.num_samples, "source_sha256": self.source_sha256,
                 "labels_sha256": self.labels_sha256,
                 "stamps": None if self.stamps is None else {k: list(v) for k, v in sorted(self.stamps.items())},
-                "tile": self.tile, "halo": self.halo, "format_version": self.format_version}
+                "tile": self.tile, "halo": self.halo, "format_version": self.format_version,
+                "tile_samples": None if self.tile_samples is None else {k: list(v) for k, v in self.tile_samples.items()}}
 
 
 def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
@@ -165,12 +177,34 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
             raise bad(f"{key} must be null or an integer >= {least}, got {str(v)[:20]}")
         layout[key] = v
+    tile_samples = _tile_samples(d.get("tile_samples"), shape, layout["tile"], samples, bad)
     full = Path(path) if os.path.isabs(path) else root / path
     return SceneEntry(**layout, name=name, path=full, shape=tuple(shape), dtype=np.dtype(dtype).name,
                       wavelengths=None if wl is None else tuple(float(w) for w in wl),
                       band_names=names_or_none("band_names", bands), num_classes=k,
                       class_names=names_or_none("class_names", None), num_samples=samples,
-                      source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps)
+                      source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps,
+                      tile_samples=tile_samples)
+
+
+def _tile_samples(v: Any, shape: list[int], tile: int | None, num_samples: int,
+                  bad: Callable[[str], StoreError]) -> dict[str, tuple[int, ...]] | None:
+    """An entry's ``tile_samples``, checked: per split name, one count per tile, summing to num_samples."""
+    if v is None:
+        return None
+    if tile is None:
+        raise bad("lists tile_samples without its tile size")
+    num_tiles = -(-shape[0] // tile) * -(-shape[1] // tile)
+    # type(n) is int also refuses JSON's true/false; map/set/min keep the loops in C (an archive's
+    # listing holds thousands of these)
+    ok = isinstance(v, dict) and set(v) <= set(fmt.SPLIT_CODES) and all(
+        isinstance(c, list) and len(c) == num_tiles and set(map(type, c)) <= {int} and (not c or min(c) >= 0)
+        for c in v.values())
+    if not ok:
+        raise bad(f"tile_samples must be null or an object of split name -> {num_tiles} counts (one per tile)")
+    if sum(sum(c) for c in v.values()) != num_samples:
+        raise bad(f"tile_samples count {sum(sum(c) for c in v.values())} samples, num_samples says {num_samples}")
+    return {k: tuple(c) for k, c in v.items()}
 
 
 class Collection:
@@ -301,11 +335,12 @@ class Collection:
 
 class DeferredScene:
     """A scene of a collection known from its ``collection.json`` entry alone: ``path``, ``shape``,
-    ``dtype``, ``wavelengths``, ``band_names``, ``class_names``, ``num_classes``, ``num_samples`` and
-    ``grid`` are answered without reading the store. Anything else (``meta``, ``tile_paths``, ``stats``,
-    ``labels``, ...) opens the store first, once, checked against its entry (:meth:`Collection.scene`),
-    and is then the opened :class:`~hsgds.scene.Scene`'s. A loader over a collection thus starts without
-    opening any store, and opens each as it first reaches one of its tiles.
+    ``dtype``, ``wavelengths``, ``band_names``, ``class_names``, ``num_classes``, ``num_samples``,
+    ``tile_samples`` (None when not listed) and ``grid`` are answered without reading the store. Anything
+    else (``meta``, ``tile_paths``, ``stats``, ``labels``, ...) opens the store first, once, checked against
+    its entry (:meth:`Collection.scene`), and is then the opened :class:`~hsgds.scene.Scene`'s. A loader
+    over a collection thus starts without opening any store, and opens each as it first reaches one of
+    its tiles (or, over labelled pixels, one of its samples).
     """
 
     def __init__(self, collection: Collection, index: int, grid: TileGrid) -> None:
@@ -314,7 +349,7 @@ class DeferredScene:
         self.path, self.shape, self.dtype, self.grid = e.path, e.shape, np.dtype(e.dtype), grid
         self.wavelengths, self.band_names = e.wavelengths, e.band_names
         self.class_names, self.num_classes, self.num_samples = e.class_names, e.num_classes, e.num_samples
-        self.format_version = e.format_version
+        self.format_version, self.tile_samples = e.format_version, e.tile_samples
 
     def __repr__(self) -> str:
         return f"DeferredScene({str(self.path)!r}, {'open' if self.is_open else 'not opened yet'})"

@@ -23,7 +23,16 @@ from hsgds.engines import cpu_cut, make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec
 from hsgds.errors import ConfigError, HsgdsError
 from hsgds.io import make_reader
-from hsgds.pixels import PIXELS, GridSamples, all_pixels, check_mask, labelled_pixels, sampled_labels
+from hsgds.pixels import (
+    PIXELS,
+    GridSamples,
+    ListedSamples,
+    all_pixels,
+    check_mask,
+    labelled_pixels,
+    listed_samples_apply,
+    sampled_labels,
+)
 from hsgds.ring import TileRing
 from hsgds.sampling import EpochPlan, Samples, SampleSet, plan_epoch
 from hsgds.scene import Scene
@@ -108,6 +117,10 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
         # per pixel (a whole scene for inference, an archive for self-supervised training)
         return GridSamples([scene.grid for scene in ss.scenes], stride,
                            [sampled_labels(scene, stride) for scene in ss.scenes])
+    if pixels == "labelled" and all(m is None for m in checked) and listed_samples_apply(ss.scenes):
+        # a collection's labelled samples, counted per tile in collection.json: each store's sample table
+        # is read when the loader first takes one of its samples, so starting does not open the stores
+        return ListedSamples(list(ss.scenes), list(ss.names), split)  # type: ignore[arg-type]
     parts = [all_pixels(scene, stride, split, m) if pixels == "all" else labelled_pixels(scene, split, m)
              for scene, m in zip(ss.scenes, checked)]
     if len(parts) == 1:

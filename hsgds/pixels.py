@@ -4,6 +4,10 @@ Both give a :class:`~hsgds.sampling.SampleSet` sorted by tile (a tile's samples 
 with whole-array numpy operations (no Python per pixel). ``pixels="all"`` is what self-supervised
 training and full-scene inference read: every ``stride``-th row and column of the scene, labelled or not
 (label -1 where unlabelled), in raster order inside each tile; borders come from the store's padding.
+
+Over many scenes, two sets stand in for the joined SampleSet without holding or reading every scene's
+samples up front: :class:`GridSamples` (every s-th pixel, computed from the tile geometry) and
+:class:`ListedSamples` (labelled samples, counted per tile in ``collection.json``, read per scene).
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds.collection import DeferredScene
-from hsgds.errors import ConfigError
+from hsgds.errors import ConfigError, StoreError
 from hsgds.sampling import SampleSet
 from hsgds.scene import Scene
 
-__all__ = ["PIXELS", "GridSamples", "all_pixels", "check_mask", "labelled_pixels"]
+__all__ = ["PIXELS", "GridSamples", "ListedSamples", "all_pixels", "check_mask", "labelled_pixels",
+           "listed_samples_apply"]
 
 PIXELS = ("labelled", "all")
 
@@ -153,3 +158,82 @@ def _sampled(lo: np.ndarray, hi: np.ndarray, stride: int) -> tuple[np.ndarray, n
     """First multiple of ``stride`` in each [lo, hi) and how many there are (0 for none)."""
     first = -(-lo // stride) * stride
     return first, np.maximum(0, -(-(hi - first) // stride))
+
+
+class ListedSamples:
+    """The labelled samples of ``split`` in a collection's scenes, known per tile from ``collection.json``
+    (each entry's ``tile_samples``) and read from a scene's store only when a sample of that scene is first
+    taken: a loader over an archive of labelled scenes starts without opening a store. The samples and
+    their order are those of the scenes' own sample sets joined scene after scene (what the loader builds
+    from opened stores); same interface as :class:`GridSamples`.
+    """
+
+    def __init__(self, scenes: list[DeferredScene], names: list[str], split: str | None) -> None:
+        if split is not None and split not in fmt.SPLIT_CODES:
+            Scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error
+        per_scene = [_listed_counts(s, split) for s in scenes]
+        tiles = np.array([len(c) for c in per_scene], dtype=np.int64)
+        self._scene_of_tile = np.repeat(np.arange(len(scenes), dtype=np.int64), tiles)
+        self.offsets = np.concatenate([[0], np.cumsum(np.concatenate(per_scene))]).astype(np.int64)
+        self._first = self.offsets[np.concatenate([[0], np.cumsum(tiles)])]  # each scene's first sample
+        self._wide = len(self._scene_of_tile) > np.iinfo(np.int32).max
+        self._scenes, self._names, self._split, self._counts = scenes, names, split, per_scene
+        self._sets: dict[int, SampleSet] = {}  # read on first use
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def tile_of(self, idx: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, np.asarray(idx, dtype=np.int64), side="right") - 1
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``, tile ids global."""
+        idx = np.asarray(idx, dtype=np.int64)
+        tile = self.tile_of(idx)
+        scene = self._scene_of_tile[tile]
+        y, x, sy, sx = (np.empty(len(idx), np.int32) for _ in range(4))
+        label = np.empty(len(idx), np.int16)
+        for s in np.unique(scene).tolist():
+            at = scene == s
+            local = idx[at] - self._first[s]
+            got = self._set(s)
+            y[at], x[at], label[at] = got.y[local], got.x[local], got.label[local]
+            sy[at], sx[at] = got.scene_y[local], got.scene_x[local]
+        return tile if self._wide else tile.astype(np.int32), y, x, label, sy, sx
+
+    def _set(self, s: int) -> SampleSet:
+        """Scene s's samples of the split, read from its store and checked against its listing."""
+        got = self._sets.get(s)
+        if got is None:
+            scene = self._scenes[s]
+            got = scene.sample_set(self._split)
+            if not np.array_equal(got.counts(), self._counts[s]):
+                raise StoreError(f"scene {self._names[s]!r} ({scene.path}): its labelled samples differ from collection.json (the "
+                                 "store was re-split or replaced after the collection was written); run "
+                                 "`hsgds convert-many` again to list them anew")
+            self._sets[s] = got
+        return got
+
+    @property
+    def label(self) -> np.ndarray:
+        """Every sample's class index (every store read: memory per sample)."""
+        return self.take(np.arange(len(self)))[3]
+
+
+def listed_samples_apply(scenes: tuple[Scene | DeferredScene, ...]) -> bool:
+    """Whether :class:`ListedSamples` can give these scenes' labelled samples without opening a store: every
+    scene is a collection's, not opened yet, and its entry lists its samples per tile (or it has none)."""
+    return all(isinstance(s, DeferredScene) and not s.is_open and (s.tile_samples is not None or not s.num_samples)
+               for s in scenes)
+
+
+def _listed_counts(scene: DeferredScene, split: str | None) -> np.ndarray:
+    """Each tile's number of samples of ``split`` (None: of every split), from the scene's entry."""
+    counts = np.zeros(scene.grid.num_tiles, np.int64)
+    for name, listed in (scene.tile_samples or {}).items():
+        if split is None or name == split:
+            counts += listed
+    return counts

@@ -20,8 +20,9 @@ from hsgds.errors import ConfigError
 
 
 class Samples(Protocol):
-    """What an epoch plan reads of a set of samples sorted by tile: :class:`SampleSet`, or one computed
-    per batch (:class:`hsgds.pixels.GridSamples`)."""
+    """What an epoch plan reads of a set of samples sorted by tile: :class:`SampleSet`, one computed per
+    batch (:class:`hsgds.pixels.GridSamples`), or one read per scene as it is reached
+    (:class:`hsgds.pixels.ListedSamples`)."""
 
     @property
     def offsets(self) -> np.ndarray:  # (tiles + 1,): tile t holds samples offsets[t]:offsets[t + 1]

@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+import zarr
 
 import hsgds
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
@@ -56,6 +57,14 @@ def test_round_trip_matches_each_store(three_stores):
             assert e.source_sha256 == ref["source"]["sha256"] and e.labels_sha256 == ref["labels_source"]["sha256"]
             assert list(e.class_names) == ref["class_names"] and e.num_classes == ref["num_classes"]
             assert e.num_samples == ref["num_samples"]
+            # each split's samples per tile, against the store's arrays read with zarr-python
+            z = zarr.open_group(p, mode="r")
+            tile = z["samples/tile"][:].astype(np.int64)
+            split = z[f"samples/split-{ref['split_generation']}" if ref.get("split_generation") else "samples/split"][:]
+            nt = -(-ref["shape"][0] // ref["tile"]) * -(-ref["shape"][1] // ref["tile"])
+            assert set(e.tile_samples) == {"none", "train", "val", "test"}
+            for name, code in (("none", 0), ("train", 1), ("val", 2), ("test", 3)):
+                assert list(e.tile_samples[name]) == np.bincount(tile[split == code], minlength=nt).tolist()
         assert c.bands == [5, 8, 5] and c.class_names == [("a", "b", "c")] * 3
         s1 = c.scene("scene1")
         assert s1 is c[1] is c.scene(1) is c.scene(-2)  # opened once, then kept
@@ -111,6 +120,13 @@ def _doc(**scene):
     (_doc(num_classes=-1), "num_classes must be a non-negative integer"),
     ({**_doc(), "scenes": [_doc()["scenes"][0]] * 2}, "scenes 0 and 1 are both named 'a'"),
     ({**_doc(), "scenes": [{"name": "b"}]}, r"scene 0 \('b'\): has no 'path'"),
+    (_doc(tile_samples={"train": [1]}, num_samples=1), "lists tile_samples without its tile size"),
+    (_doc(tile=2, halo=0, tile_samples={"train": [1, 0, 0]}, num_samples=1),
+     "tile_samples must be null or an object of split name -> 4 counts"),
+    (_doc(tile=2, halo=0, tile_samples={"taining": [1, 0, 0, 0]}, num_samples=1), "tile_samples must be null"),
+    (_doc(tile=2, halo=0, tile_samples={"train": [1, -1, 0, 0]}, num_samples=0), "tile_samples must be null"),
+    (_doc(tile=2, halo=0, tile_samples={"train": [1, 0, 0, 0], "test": [0, 0, 2, 0]}, num_samples=1),
+     "tile_samples count 3 samples, num_samples says 1"),
 ])
 def test_invalid_collection_json_is_one_line_error(tmp_path, doc, message):
     (tmp_path / COLLECTION_FILE).write_text(doc if isinstance(doc, str) else json.dumps(doc))

@@ -415,3 +415,89 @@ def test_deferred_collection_equals_its_stores_opened_first(scenes, tmp_path, nu
             assert torch.equal(c, c2) and torch.equal(lb, lb2)
             torch.testing.assert_close(p, q, rtol=0, atol=0)
         assert not deferred._norm_later
+
+
+def _collection_of(scenes, folder, names):
+    """``folder`` holding copies of the named stores and their collection.json."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    folder.mkdir()
+    for n in names:
+        shutil.copytree(scenes[n][2], folder / f"{n}.zarr")
+    write_collection(folder, [SceneEntry.of_scene(n, hsgds.open_scene(folder / f"{n}.zarr")) for n in names])
+    return folder
+
+
+@pytest.mark.parametrize("split, rank, world", [("train", 0, 1), (None, 0, 1), ("test", 1, 2)])
+def test_listed_samples_equal_the_stores_opened_first(scenes, tmp_path, split, rank, world):
+    """A labelled collection's samples, counted per tile in collection.json and read from each store when
+    its first sample is taken: the loader starts with no store opened, and every batch (patches, labels,
+    scene coordinates) and every sample lookup equals the same stores opened up front."""
+    from hsgds.pixels import ListedSamples
+
+    names = ["A", "B", "C"]
+    folder = _collection_of(scenes, tmp_path / "coll", names)
+    opts = dict(patch_size=5, batch_size=64, split=split, return_coords=True, device="cpu", seed=4, rank=rank,
+                world_size=world)
+    with hsgds.PatchLoader(folder, **opts) as listed, \
+            hsgds.PatchLoader([folder / f"{n}.zarr" for n in names], **opts) as opened:
+        assert isinstance(listed.samples, ListedSamples)
+        assert not any(s.is_open for s in listed.scenes.scenes)
+        assert len(listed.samples) == len(opened.samples)
+        np.testing.assert_array_equal(listed.samples.offsets, opened.samples.offsets)
+        for (p, lb, c), (q, lb2, c2) in zip(listed, opened, strict=True):
+            assert torch.equal(c, c2) and torch.equal(lb, lb2)
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+        assert all(s.is_open for s in listed.scenes.scenes)
+        idx = np.random.default_rng(0).permutation(len(opened.samples))
+        for a, b in zip(listed.samples.take(idx), opened.samples.take(idx), strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_labelled_collection_starts_without_opening_a_store(scenes, tmp_path):
+    """Of 1,000 listed labelled scenes only the first exists: the loader is built from collection.json
+    alone and yields that scene's first train batch (equal to its own loader's); the second scene is named
+    as missing when the loader reaches it."""
+    import json
+
+    from hsgds.collection import SceneEntry
+    from hsgds.errors import StoreError
+
+    folder = tmp_path / "coll"
+    (folder / "stores").mkdir(parents=True)
+    src = scenes["A"][2]
+    template = SceneEntry.of_scene("x", hsgds.open_scene(src)).to_json(folder)
+    listed = [dict(template, name=f"s{i:04d}", path=f"stores/s{i:04d}.zarr") for i in range(1000)]
+    (folder / "collection.json").write_text(json.dumps({"format": "hsgds-collection", "format_version": 1,
+                                                        "scenes": listed}))
+    shutil.copytree(src, folder / "stores/s0000.zarr")
+    opts = dict(patch_size=3, batch_size=32, split="train", shuffle=False, device="cpu")
+    ring = 3 * hsgds.open_scene(src).grid.tile_nbytes
+    with hsgds.PatchLoader(folder, ring_bytes=ring, **opts) as loader, hsgds.PatchLoader(src, **opts) as alone:
+        assert len(loader.samples) == 1000 * len(alone.samples)
+        assert not any(s.is_open for s in loader.scenes.scenes)
+        it = iter(loader)
+        got, labels = next(it)  # the first scene's first 32 train pixels: one store opened
+        want, want_labels = next(iter(alone))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert torch.equal(labels, want_labels)
+        assert [s.is_open for s in loader.scenes.scenes[:3]] == [True, False, False]
+        with pytest.raises(StoreError, match=r"scene 's0001': store .*s0001\.zarr is missing"):
+            for _ in it:  # named when the loader reaches it (its tiles read ahead, or its samples)
+                pass
+
+
+def test_a_store_resplit_after_its_collection_is_named(scenes, tmp_path):
+    """collection.json counts each split's samples per tile; a store re-split since then is refused,
+    naming the scene and the fix, not read with a plan made for other counts."""
+    from hsgds.errors import StoreError
+    from hsgds.preprocess.resplit import resplit
+
+    folder = _collection_of(scenes, tmp_path / "coll", ["A", "B"])
+    resplit(folder / "B.zarr", train=0.6, seed=9)
+    with hsgds.PatchLoader(folder, patch_size=3, batch_size=64, split="train", device="cpu") as loader:
+        with pytest.raises(StoreError, match=r"scene 'B' .*: its labelled samples differ from collection.json .*"
+                                             r"re-split.*run `hsgds convert-many` again"):
+            for _ in loader:
+                pass

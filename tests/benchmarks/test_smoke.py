@@ -203,6 +203,10 @@ def test_bench_collection_tiny(tmp_path):
     proc = _run([str(BENCH / "bench_collection.py"), "--scenes", "4", "--cols", "2", "--stride", "16", "--repeats", "1",
                  "--ring-mib", "20", "--stream-repeats", "1", "--work", str(tmp_path / "work")], tmp_path, timeout=600)
     doc = json.loads(proc.stdout)
+    labelled = doc["startup"]["labelled"]["rows"]
+    assert [r["scenes"] for r in labelled] == [25, 200, 1000, 4000, 11636]
+    assert all(r["collection s"] > 0 for r in labelled)
+    assert [r["list of stores s"] is None for r in labelled] == [False, False, False, True, True]
     best = doc["throughput"]["best"]
     assert best["collection"]["patches"] == best["single"]["patches"] == 4 * 8 * 8
     assert best["collection"]["bytes_read"] == best["single"]["bytes_read"] > 0
