@@ -205,7 +205,8 @@ def test_16bit_roundings_in_register_blocks_match_torch(stream):
 @pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
 def test_engine_kernel_equals_torch_ops_path(out_dtype, layout, stream, monkeypatch):
     """The engine's two CPU paths (numba kernel, torch ops) give the same bits, on several threads too;
-    ``streamed``: every batch counts as large, so NCHW batches take the non-temporal stores."""
+    ``streamed``: every batch counts as large, so NCHW float32 / float64 batches take the non-temporal
+    stores (16-bit outputs keep plain stores; the kernel's streamed 16-bit path is tested above)."""
     if stream:
         monkeypatch.setattr(cpu_cut, "STREAM_BYTES", 0)
     bands, side, p = 17, 20, 7
@@ -232,6 +233,13 @@ def test_engine_kernel_equals_torch_ops_path(out_dtype, layout, stream, monkeypa
         torch.set_num_threads(threads)
     codes = torch.from_numpy(rng.integers(0, 8, n).astype(np.int8))  # per-patch flips/turns (hsgds.augment)
     _equal_bits(fused.cut(storage, *co, dihedral=codes), ops.cut(storage, *co, dihedral=codes))
+
+
+def test_large_nchw_batches_of_4_and_8_byte_values_are_streamed():
+    big = cpu_cut.STREAM_BYTES
+    assert cpu_cut.should_stream(big, True, 4) and cpu_cut.should_stream(big, True, 8)
+    assert not cpu_cut.should_stream(big, True, 2)  # bfloat16 / float16: plain stores (measured faster)
+    assert not cpu_cut.should_stream(big - 1, True, 4) and not cpu_cut.should_stream(big, False, 4)
 
 
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])
