@@ -11,7 +11,10 @@ NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` time
   (``hsgds.engines._cpu_kernel.stream32``): the write bandwidth a core gets either way;
 - the kernel (``hsgds.engines.cpu_cut.cut_range``) writing the batch with plain stores and streamed, and
   into a cache-resident output (8 patches over and over), reading the batch's sources from the ring (the
-  arithmetic and the source reads) or one patch's source over and over (the arithmetic alone).
+  arithmetic and the source reads) or one patch's source over and over (the arithmetic alone);
+- ``rounding loop in L1``: bfloat16 rounding of 4,096 float32 bit patterns held in L1, over and over (pure
+  vector integer work, no memory traffic and no Python between calls): how much a second thread adds
+  when the work is arithmetic alone (on a VM whose two vCPUs share one physical core, ~1.4x, not 2x).
 
 Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``). Unlike the other benchmarks,
 this one is white-box on purpose: it times the kernel's own store instruction and entry point, not the
@@ -47,6 +50,15 @@ def _plain_fill(src, out, lo, hi):
         for k in range(n):
             d[k] = src[k]
         i += n
+
+
+@numba.njit(nogil=True)
+def _rounding_loop(bits, out, reps):
+    """bfloat16 rounding (round to nearest even) of ``bits`` into ``out``, ``reps`` times: both in L1."""
+    for r in range(reps):
+        for i in range(bits.size):
+            u = bits[i] + r
+            out[i] = np.uint16(((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
 
 
 @numba.njit(nogil=True)
@@ -152,6 +164,14 @@ def main() -> None:
                 lambda: resident(0), lambda: [f.result() for f in [pool.submit(resident, 0), pool.submit(resident, 1)]])
             rows[-1]["note"] = "2 threads: each cuts the whole batch, so the figure is per thread x 2"
             rows[-1]["GBps_2_thread"] *= 2
+    loops = [(rng.integers(0, 2**31, 4096).astype(np.int32), np.empty(4096, np.uint16)) for _ in range(2)]
+    reps = 200000  # ~0.25 s a run: long enough for both threads to overlap fully
+    _rounding_loop(*loops[0], 1)
+    add("rounding loop in L1 (arithmetic alone, bfloat16 output bytes)", reps * 4096 * 2,
+        lambda: _rounding_loop(*loops[0], reps),
+        lambda: [f.result() for f in [pool.submit(_rounding_loop, *loops[i], reps) for i in range(2)]])
+    rows[-1]["note"] = "2 threads: each runs the whole loop, so the figure is per thread x 2"
+    rows[-1]["GBps_2_thread"] *= 2
     steal1, total1 = _cpu_ticks()
     steal = (steal1 - steal0) / max(1, total1 - total0)
     print(f"CPU time stolen by the host during the run: {100 * steal:.1f}%")
