@@ -107,7 +107,8 @@ class SceneEntry:
                 "labels_sha256": self.labels_sha256,
                 "stamps": None if self.stamps is None else {k: list(v) for k, v in sorted(self.stamps.items())},
                 "tile": self.tile, "halo": self.halo, "format_version": self.format_version,
-                "tile_samples": None if self.tile_samples is None else {k: list(v) for k, v in self.tile_samples.items()}}
+                "tile_samples": (None if self.tile_samples is None
+                                 else {k: list(v) for k, v in self.tile_samples.items()})}
 
 
 def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:

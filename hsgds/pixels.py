@@ -211,9 +211,9 @@ class ListedSamples:
             scene = self._scenes[s]
             got = scene.sample_set(self._split)
             if not np.array_equal(got.counts(), self._counts[s]):
-                raise StoreError(f"scene {self._names[s]!r} ({scene.path}): its labelled samples differ from collection.json (the "
-                                 "store was re-split or replaced after the collection was written); run "
-                                 "`hsgds convert-many` again to list them anew")
+                raise StoreError(f"scene {self._names[s]!r} ({scene.path}): its labelled samples differ from "
+                                 "collection.json (the store was re-split or replaced after the collection was "
+                                 "written); run `hsgds convert-many` again to list them anew")
             self._sets[s] = got
         return got
 
