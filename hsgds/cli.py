@@ -196,7 +196,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
               help="Patch side p of the leakage line (default: the store's largest patch, 2*halo+1).")
 def info(store, patch_size) -> None:
     """Print a store's shape, dtype, tiling, split (with its train/test patch leakage), classes and
-    per-class counts per split."""
+    per-class counts per split. For a collection (a folder holding collection.json, or that file): its
+    scenes, bands and labelled pixels per split, from collection.json alone."""
     from hsgds.info import describe
 
     click.echo(describe(store, patch_size))

@@ -24,7 +24,8 @@ from hsgds.errors import StoreError
 from hsgds.format import TileGrid
 from hsgds.scene import MAX_JSON_BYTES, Scene, open_scene, samples_at
 
-__all__ = ["COLLECTION_FILE", "Collection", "DeferredScene", "SceneEntry", "open_collection", "write_collection"]
+__all__ = ["COLLECTION_FILE", "Collection", "DeferredScene", "SceneEntry", "is_collection_path", "open_collection",
+           "write_collection"]
 
 COLLECTION_FILE = "collection.json"
 COLLECTION_FORMAT = "hsgds-collection"
@@ -371,6 +372,12 @@ class DeferredScene:
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.open(), name)
+
+
+def is_collection_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a collection: a folder holding ``collection.json``, or a ``.json`` file."""
+    p = Path(path)
+    return (p.is_dir() and (p / COLLECTION_FILE).is_file()) or (p.is_file() and p.suffix == ".json")
 
 
 def _collection_file(path: str | os.PathLike) -> Path:

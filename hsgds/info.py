@@ -1,4 +1,4 @@
-"""Human-readable summary of a store (``hsgds info``)."""
+"""Human-readable summary of a store or a collection of stores (``hsgds info``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import numpy as np
 from scipy.ndimage import maximum_filter
 
 from hsgds import format as fmt
+from hsgds.collection import Collection, is_collection_path, open_collection
 from hsgds.errors import InputError
 from hsgds.scene import open_scene
+
+LISTED_SCENES = 20  # scenes a collection's summary lists one per line before "... and N more"
 
 
 def split_class_counts(scene) -> dict[str, np.ndarray]:
@@ -125,6 +128,9 @@ def split_summary(scene) -> str | None:
 
 
 def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
+    """A store's summary; for a collection path, the collection's (from ``collection.json`` alone)."""
+    if is_collection_path(path):
+        return describe_collection(open_collection(path))
     scene = open_scene(path)
     m, g = scene.meta, scene.grid
     h, w, b = scene.shape
@@ -159,4 +165,60 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
             lines.append(f"{c:>5}  {name:<28}" + "".join(f"{int(counts[s][c]):>8}" for s in names) + f"{total:>8}")
         lines.append(f"{'all':>5}  {'':<28}" + "".join(f"{int(counts[s].sum()):>8}" for s in names)
                      + f"{m.num_samples:>8}")
+    return "\n".join(lines)
+
+
+def _tally(values: list, unit: str = "") -> str:
+    """``"224"`` when every scene has the same value, else ``"224 (40 scenes), 103 (2 scenes)"``."""
+    counts: dict[Any, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) == 1:
+        return f"{values[0]}{unit} (every scene)"
+    top = sorted(counts.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{v}{unit} ({n} scene{'s' * (n > 1)})" for v, n in top[:6])
+    return text + (f" and {len(top) - 6} more" if len(top) > 6 else "")
+
+
+def describe_collection(coll: Collection) -> str:
+    """A collection's scenes, bands, classes and labelled pixels per split, from ``collection.json`` alone
+    (no store is opened: an archive's listing is summarized in the time it takes to read it)."""
+    entries = coll.entries
+    pixels = sum(e.shape[0] * e.shape[1] for e in entries)
+    raw = sum(e.shape[0] * e.shape[1] * e.shape[2] * np.dtype(e.dtype).itemsize for e in entries)
+    lines = [f"collection: {coll.path} ({len(entries)} scenes, {pixels:,} pixels, {raw / 2**30:.2f} GiB of cube data)",
+             f"dtype:      {_tally([e.dtype for e in entries])}",
+             f"bands:      {_tally([e.bands for e in entries])}"]
+    listed = [e.wavelengths for e in entries if e.wavelengths]
+    if listed:
+        lo, hi = min(w[0] for w in listed), max(w[-1] for w in listed)
+        missing = len(entries) - len(listed)
+        lines.append(f"wavelengths: {lo:.1f}-{hi:.1f} nm" + (f" ({missing} scenes list none)" if missing else ""))
+    labelled = [e for e in entries if e.num_samples]
+    names = next((e.class_names for e in labelled if e.class_names), None)
+    classes = max((e.num_classes for e in labelled), default=0)
+    if not labelled:
+        lines.append("classes:    none (no scene has labels)")
+        return "\n".join(lines)
+    shown = f" ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})" if names else ""
+    lines.append(f"classes:    {classes}{shown}; {sum(e.num_samples for e in labelled)} labelled pixels "
+                 f"in {len(labelled)} scenes")
+    splits = ("train", "val", "test", "none")
+    per_split = all(e.tile_samples is not None for e in labelled)  # listings written before only have totals
+    lines.append("")
+    header = f"{'scene':<24} {'shape':>16} {'dtype':>8}"
+    lines.append(header + ("".join(f"{s:>9}" for s in splits) if per_split else "") + f"{'labelled':>10}")
+    totals = dict.fromkeys(splits, 0)
+    for i, e in enumerate(entries):
+        counts = {s: sum((e.tile_samples or {}).get(s, ())) for s in splits}
+        for s in splits:
+            totals[s] += counts[s]
+        if i < LISTED_SCENES:
+            shape = "x".join(str(n) for n in e.shape)
+            lines.append(f"{e.name[:24]:<24} {shape:>16} {e.dtype:>8}"
+                         + ("".join(f"{counts[s]:>9}" for s in splits) if per_split else "") + f"{e.num_samples:>10}")
+    if len(entries) > LISTED_SCENES:
+        lines.append(f"... and {len(entries) - LISTED_SCENES} more scenes")
+    lines.append(f"{'all':<24} {'':>16} {'':>8}" + ("".join(f"{totals[s]:>9}" for s in splits) if per_split else "")
+                 + f"{sum(e.num_samples for e in entries):>10}")
     return "\n".join(lines)

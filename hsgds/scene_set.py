@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hsgds import format as fmt
-from hsgds.collection import DeferredScene, open_collection
+from hsgds.collection import DeferredScene, is_collection_path, open_collection
 from hsgds.engines.base import SceneTables
 from hsgds.errors import ConfigError
 from hsgds.io.base import TileSource
@@ -27,7 +27,6 @@ __all__ = ["NORM_SCOPES", "SceneSet", "band_selection", "normalization", "normal
            "pooled_stats"]
 
 NORM_SCOPES = ("scene", "collection")
-COLLECTION_FILE = "collection.json"
 _LISTED = 12  # scenes named in a mismatch message before "... and N more"
 
 
@@ -107,10 +106,6 @@ def _scene_name(path: Path) -> str:
     return path.name[:-5] if path.name.endswith(".zarr") else path.name
 
 
-def _is_collection_path(path: Path) -> bool:
-    return (path.is_dir() and (path / COLLECTION_FILE).is_file()) or (path.is_file() and path.suffix == ".json")
-
-
 def open_scene_set(store: Any) -> SceneSet:
     """Resolve a loader's ``store``: a store path, a Scene, a list of those, or a collection path (a folder
     holding ``collection.json``, or that file)."""
@@ -118,7 +113,7 @@ def open_scene_set(store: Any) -> SceneSet:
         return SceneSet((store,), (_scene_name(store.path),), False)
     if isinstance(store, (str, os.PathLike)):
         path = Path(store)
-        if _is_collection_path(path):
+        if is_collection_path(path):
             coll = open_collection(path)
             # deferred: nothing but collection.json is read now (stores are opened on first use)
             deferred = [coll.deferred(i) for i in range(len(coll))]

@@ -95,3 +95,38 @@ def test_info_without_labels(npy_scene, tmp_path, run_cli):
     code, out, err = run_cli("info", store)
     assert code == 0, err
     assert "leakage:    no train/test split to compare (0 train, 0 test pixels)" in out
+
+
+def test_info_on_a_collection_reads_collection_json_alone(npy_scene, tmp_path, run_cli):
+    """`hsgds info FOLDER` summarizes a collection from collection.json alone (its stores are removed
+    first): scenes, bands, and each scene's labelled pixels per split, equal to the stores' own sample
+    arrays read with zarr-python."""
+    import shutil
+
+    import zarr
+
+    from hsgds.collection import SceneEntry, write_collection
+
+    folder = tmp_path / "coll"
+    folder.mkdir()
+    entries, want = [], {}
+    for seed, (h, w, b, labelled) in enumerate([(37, 29, 6, True), (20, 31, 6, True), (25, 25, 4, False)]):
+        cp, lp, _, _ = npy_scene(h=h, w=w, b=b, seed=seed)
+        store = folder / f"s{seed}.zarr"
+        convert(cp, store, ConvertOptions(labels=lp, train=0.3, val=0.2) if labelled else ConvertOptions())
+        entries.append(SceneEntry.of_scene(f"s{seed}", hsgds.open_scene(store)))
+        z = zarr.open_group(store, mode="r")
+        split = z["samples/split"][:] if labelled else np.zeros(0, np.uint8)
+        want[f"s{seed}"] = [int(np.count_nonzero(split == c)) for c in (1, 2, 3, 0)] + [len(split)]
+    write_collection(folder, entries)
+    for s in folder.glob("*.zarr"):
+        shutil.rmtree(s)
+    code, out, err = run_cli("info", folder)
+    assert code == 0, err
+    assert f"collection: {(folder / 'collection.json').resolve()} (3 scenes, {37 * 29 + 20 * 31 + 25 * 25:,} pixels" in out
+    assert "bands:      6 (2 scenes), 4 (1 scene)" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if re.match(r"(s\d|all) ", line)}
+    for name, counts in want.items():  # train, val, test, none, labelled
+        assert [int(v) for v in rows[name][-5:]] == counts
+    assert [int(v) for v in rows["all"][-5:]] == [sum(c[i] for c in want.values()) for i in range(5)]
+    assert want["s0"][0] > 0 and want["s0"][1] > 0
