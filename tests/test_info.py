@@ -130,3 +130,15 @@ def test_info_on_a_collection_reads_collection_json_alone(npy_scene, tmp_path, r
         assert [int(v) for v in rows[name][-5:]] == counts
     assert [int(v) for v in rows["all"][-5:]] == [sum(c[i] for c in want.values()) for i in range(5)]
     assert want["s0"][0] > 0 and want["s0"][1] > 0
+    # a listing written before the per-tile counts: the labelled totals only
+    import json
+
+    doc = json.loads((folder / "collection.json").read_text())
+    for scene in doc["scenes"]:
+        scene.pop("tile_samples")
+    (folder / "collection.json").write_text(json.dumps(doc))
+    code, out, err = run_cli("info", folder)
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if re.match(r"(s\d|all) ", line)}
+    assert "train" not in out and {n: int(r[-1]) for n, r in rows.items()} == {
+        **{n: c[4] for n, c in want.items()}, "all": sum(c[4] for c in want.values())}
