@@ -269,3 +269,14 @@ def test_bench_cut_overhead_tiny(tmp_path):
     _run([str(BENCH / "bench_cut_overhead.py"), "--batches", "60", "--json", str(out)], tmp_path)
     doc = json.loads(out.read_text())
     assert 0 < doc["before_first_kernel_us"] < doc["whole_cut_us"]
+
+
+def test_bench_cpu_roofline_tiny(tmp_path):
+    """benchmarks/bench_cpu_roofline.py: every row measured on 1 and 2 threads, the kernel's rows included."""
+    pytest.importorskip("numba")
+    out = tmp_path / "roofline.json"
+    _run([str(BENCH / "bench_cpu_roofline.py"), "--rounds", "1", "--json", str(out)], tmp_path)
+    rows = {r["what"]: r for r in json.loads(out.read_text())["rows"]}
+    assert {"memcpy (np.copyto, float32 batch)", "kernel bfloat16 NCHW, plain stores",
+            "rounding loop in L1 (arithmetic alone, bfloat16 output bytes)"} <= set(rows)
+    assert all(r["GBps_1_thread"] > 0 and r["GBps_2_thread"] > 0 for r in rows.values())
