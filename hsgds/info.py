@@ -168,15 +168,15 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def _tally(values: list, unit: str = "") -> str:
-    """``"224"`` when every scene has the same value, else ``"224 (40 scenes), 103 (2 scenes)"``."""
+def _tally(values: list) -> str:
+    """``"224 (every scene)"``, or the values with their scene counts: ``"224 (40 scenes), 103 (2 scenes)"``."""
     counts: dict[Any, int] = {}
     for v in values:
         counts[v] = counts.get(v, 0) + 1
     if len(counts) == 1:
-        return f"{values[0]}{unit} (every scene)"
+        return f"{values[0]} (every scene)"
     top = sorted(counts.items(), key=lambda kv: -kv[1])
-    text = ", ".join(f"{v}{unit} ({n} scene{'s' * (n > 1)})" for v, n in top[:6])
+    text = ", ".join(f"{v} ({n} scene{'s' * (n > 1)})" for v, n in top[:6])
     return text + (f" and {len(top) - 6} more" if len(top) > 6 else "")
 
 
@@ -193,7 +193,7 @@ def describe_collection(coll: Collection) -> str:
     if listed:
         lo, hi = min(w[0] for w in listed), max(w[-1] for w in listed)
         missing = len(entries) - len(listed)
-        lines.append(f"wavelengths: {lo:.1f}-{hi:.1f} nm" + (f" ({missing} scenes list none)" if missing else ""))
+        lines.append(f"spectrum:   {lo:.1f}-{hi:.1f} nm" + (f" ({missing} scenes list no wavelengths)" if missing else ""))
     labelled = [e for e in entries if e.num_samples]
     names = next((e.class_names for e in labelled if e.class_names), None)
     classes = max((e.num_classes for e in labelled), default=0)
