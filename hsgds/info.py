@@ -193,7 +193,7 @@ def describe_collection(coll: Collection) -> str:
     if listed:
         lo, hi = min(w[0] for w in listed), max(w[-1] for w in listed)
         missing = len(entries) - len(listed)
-        lines.append(f"spectrum:   {lo:.1f}-{hi:.1f} nm" + (f" ({missing} scenes list no wavelengths)" if missing else ""))
+        lines.append(f"spectrum:   {lo:.1f}-{hi:.1f} nm" + (f" ({missing} scene{'s' * (missing > 1)} without wavelengths)" if missing else ""))
     labelled = [e for e in entries if e.num_samples]
     names = next((e.class_names for e in labelled if e.class_names), None)
     classes = max((e.num_classes for e in labelled), default=0)

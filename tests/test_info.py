@@ -142,3 +142,22 @@ def test_info_on_a_collection_reads_collection_json_alone(npy_scene, tmp_path, r
     rows = {line.split()[0]: line.split() for line in out.splitlines() if re.match(r"(s\d|all) ", line)}
     assert "train" not in out and {n: int(r[-1]) for n, r in rows.items()} == {
         **{n: c[4] for n, c in want.items()}, "all": sum(c[4] for c in want.values())}
+
+
+def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
+    from hsgds.collection import Collection, SceneEntry
+    from hsgds.info import describe_collection
+
+    def entry(name, bands, dtype, wavelengths):
+        return SceneEntry(name=name, path=tmp_path / f"{name}.zarr", shape=(4, 5, bands), dtype=dtype,
+                          wavelengths=wavelengths, band_names=None, num_classes=0, class_names=None, num_samples=0,
+                          source_sha256="")
+
+    text = describe_collection(Collection(tmp_path / "collection.json", [
+        entry("a", 3, "int16", (400.0, 500.0, 600.0)), entry("b", 3, "uint16", (450.0, 550.0, 900.0)),
+        entry("c", 2, "int16", None)]))
+    assert "(3 scenes, 60 pixels," in text
+    assert "dtype:      int16 (2 scenes), uint16 (1 scene)" in text
+    assert "bands:      3 (2 scenes), 2 (1 scene)" in text
+    assert "spectrum:   400.0-900.0 nm (1 scene without wavelengths)" in text
+    assert text.endswith("classes:    none (no scene has labels)")
