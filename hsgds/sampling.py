@@ -99,7 +99,10 @@ class EpochPlan:
         return _max_live(self.intervals, self.num_batches)
 
     def intervals_from(self, start: int) -> list[Interval]:
-        """Residency needed to resume at batch ``start``."""
+        """Residency needed to resume at batch ``start`` (from the first batch: the plan's own, not copied:
+        an archive's epoch has one interval per tile, tens of thousands)."""
+        if start <= 0:
+            return list(self.intervals)
         return [Interval(iv.tile, max(iv.first, start), iv.last) for iv in self.intervals if iv.last >= start]
 
 

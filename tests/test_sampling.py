@@ -99,6 +99,7 @@ def test_more_ranks_than_tiles():
 def test_resume_intervals_start_at_batch():
     s = sample_set(COUNTS)
     plan = plan_epoch(s, batch_size=16, seed=0, epoch=0, shuffle=True, slots=4)
+    assert plan.intervals_from(0) == list(plan.intervals)  # from the start: every interval as planned
     ivs = plan.intervals_from(7)
     assert all(iv.first >= 7 and iv.last >= 7 for iv in ivs)
     needed = set(s.tile[plan.batch(7)].tolist())
