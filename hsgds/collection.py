@@ -7,6 +7,8 @@ classes come from there, so opening thousands of scenes costs one small JSON par
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
 import secrets
@@ -135,7 +137,7 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
     try:
         if not isinstance(dtype, str):
             raise TypeError
-        np.dtype(dtype)
+        dtype_name = _dtype_name(dtype)
     except TypeError:
         raise bad(f"dtype {str(dtype)[:30]!r} is not a numpy type name") from None
     bands = shape[2]
@@ -181,12 +183,18 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
         layout[key] = v
     tile_samples = _tile_samples(d.get("tile_samples"), shape, layout["tile"], samples, bad)
     full = Path(path) if os.path.isabs(path) else root / path
-    return SceneEntry(**layout, name=name, path=full, shape=tuple(shape), dtype=np.dtype(dtype).name,
+    return SceneEntry(**layout, name=name, path=full, shape=tuple(shape), dtype=dtype_name,
                       wavelengths=None if wl is None else tuple(float(w) for w in wl),
                       band_names=names_or_none("band_names", bands), num_classes=k,
                       class_names=names_or_none("class_names", None), num_samples=samples,
                       source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps,
                       tile_samples=tile_samples)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(text: str) -> str:
+    """numpy's name of the type ``text`` names (TypeError if none): once per distinct string, not per entry."""
+    return np.dtype(text).name
 
 
 def _tile_samples(v: Any, shape: list[int], tile: int | None, num_samples: int,
@@ -197,15 +205,15 @@ def _tile_samples(v: Any, shape: list[int], tile: int | None, num_samples: int,
     if tile is None:
         raise bad("lists tile_samples without its tile size")
     num_tiles = -(-shape[0] // tile) * -(-shape[1] // tile)
-    # type(n) is int also refuses JSON's true/false; map/set/min keep the loops in C (an archive's
-    # listing holds thousands of these)
     ok = isinstance(v, dict) and set(v) <= set(fmt.SPLIT_CODES) and all(
-        isinstance(c, list) and len(c) == num_tiles and set(map(type, c)) <= {int} and (not c or min(c) >= 0)
-        for c in v.values())
-    if not ok:
+        isinstance(c, list) and len(c) == num_tiles for c in v.values())
+    # every count at once: type(n) is int also refuses JSON's true/false, and map/set/min/sum keep the
+    # loops in C (an archive's listing holds thousands of entries)
+    counts = list(itertools.chain.from_iterable(v.values())) if ok else []
+    if not ok or not set(map(type, counts)) <= {int} or (counts and min(counts) < 0):
         raise bad(f"tile_samples must be null or an object of split name -> {num_tiles} counts (one per tile)")
-    if sum(sum(c) for c in v.values()) != num_samples:
-        raise bad(f"tile_samples count {sum(sum(c) for c in v.values())} samples, num_samples says {num_samples}")
+    if sum(counts) != num_samples:
+        raise bad(f"tile_samples count {sum(counts)} samples, num_samples says {num_samples}")
     return {k: tuple(c) for k, c in v.items()}
 
 
