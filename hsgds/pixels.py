@@ -12,6 +12,7 @@ samples up front: :class:`GridSamples` (every s-th pixel, computed from the tile
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import numpy as np
@@ -86,7 +87,32 @@ def sampled_labels(scene: Scene | DeferredScene, stride: int) -> Callable[[], np
     return lambda: scene.labels_every(stride)
 
 
-class GridSamples:
+class _PerTileSamples(ABC):
+    """What :class:`GridSamples` and :class:`ListedSamples` share: samples sorted by tile, found through the
+    per-tile ``offsets`` table (tile t holds samples offsets[t]:offsets[t + 1]); ``take`` is theirs."""
+
+    offsets: np.ndarray
+
+    @abstractmethod
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``."""
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def tile_of(self, idx: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, np.asarray(idx, dtype=np.int64), side="right") - 1
+
+    @property
+    def label(self) -> np.ndarray:
+        """Every sample's class index (taken for all of them: memory per sample, every store read)."""
+        return self.take(np.arange(len(self)))[3]
+
+
+class GridSamples(_PerTileSamples):
     """Every ``stride``-th pixel of one or more scenes, tile by tile and in raster order inside a tile (what
     :func:`all_pixels` enumerates, then joined with global tile ids), computed for the samples asked for
     instead of stored: per tile only its first sampled pixel and its sampled rows and columns are kept,
@@ -112,15 +138,6 @@ class GridSamples:
         self._stride, self._label_of = int(stride), labels
         self._label_maps: list[np.ndarray | None] = [None] * len(labels)  # read on first use
         self._wide = len(self._scene) > np.iinfo(np.int32).max
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def tile_of(self, idx: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.offsets, np.asarray(idx, dtype=np.int64), side="right") - 1
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``: y, x in the tile's padded
@@ -148,11 +165,6 @@ class GridSamples:
             got = self._label_maps[s] = read()
         return got
 
-    @property
-    def label(self) -> np.ndarray:
-        """Every sample's class index (computed for all of them: memory per sample)."""
-        return self.take(np.arange(len(self)))[3]
-
 
 def _sampled(lo: np.ndarray, hi: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
     """First multiple of ``stride`` in each [lo, hi) and how many there are (0 for none)."""
@@ -160,7 +172,7 @@ def _sampled(lo: np.ndarray, hi: np.ndarray, stride: int) -> tuple[np.ndarray, n
     return first, np.maximum(0, -(-(hi - first) // stride))
 
 
-class ListedSamples:
+class ListedSamples(_PerTileSamples):
     """The labelled samples of ``split`` in a collection's scenes, known per tile from ``collection.json``
     (each entry's ``tile_samples``) and read from a scene's store only when a sample of that scene is first
     taken: a loader over an archive of labelled scenes starts without opening a store. The samples and
@@ -179,15 +191,6 @@ class ListedSamples:
         self._wide = len(self._scene_of_tile) > np.iinfo(np.int32).max
         self._scenes, self._names, self._split, self._counts = scenes, names, split, per_scene
         self._sets: dict[int, SampleSet] = {}  # read on first use
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def tile_of(self, idx: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.offsets, np.asarray(idx, dtype=np.int64), side="right") - 1
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``, tile ids global."""
@@ -216,11 +219,6 @@ class ListedSamples:
                                  "written); run `hsgds convert-many` again to list them anew")
             self._sets[s] = got
         return got
-
-    @property
-    def label(self) -> np.ndarray:
-        """Every sample's class index (every store read: memory per sample)."""
-        return self.take(np.arange(len(self)))[3]
 
 
 def listed_samples_apply(scenes: tuple[Scene | DeferredScene, ...]) -> bool:
