@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import secrets
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from hsgds import defaults
 from hsgds import format as fmt
+from hsgds._lru import LruCache
 from hsgds._version import __version__
 from hsgds.errors import StoreError
 from hsgds.format import TileGrid
@@ -221,7 +222,7 @@ class Collection:
     """Scenes listed by a ``collection.json``; use :func:`open_collection`.
 
     ``len(c)``, ``c[i]`` / ``c["name"]`` / ``c.scene(i)`` (a :class:`~hsgds.scene.Scene`, opened on first
-    use and then kept), iteration over the scenes (each opened as it is reached), ``c.scenes`` (the same
+    use and kept while it is among the ``max_open_scenes`` most recently used), iteration over the scenes (each opened as it is reached), ``c.scenes`` (the same
     lazy sequence), ``c.entries`` (per-scene metadata from ``collection.json``, nothing opened), and the
     per-scene lists ``names``, ``paths``, ``shapes``, ``bands``, ``wavelengths``, ``class_names``,
     ``num_classes``.
@@ -232,8 +233,9 @@ class Collection:
         self.root = path.parent
         self.entries: tuple[SceneEntry, ...] = tuple(entries)
         self._index = {e.name: i for i, e in enumerate(self.entries)}
-        self._open: dict[int, Scene] = {}
-        self._lock = threading.Lock()  # a loader's reader and batch threads open scenes as they reach them
+        # opened stores, most recently used kept: an epoch over an archive visits thousands; the cache's lock
+        # also serializes opening (a loader's reader and batch threads open scenes as they reach them)
+        self._open: LruCache[Scene] = LruCache(int(defaults.get("max_open_scenes")))
         self._grids: dict[tuple, TileGrid] = {}  # one TileGrid per distinct geometry (an archive's scenes share one)
 
     def __repr__(self) -> str:
@@ -271,13 +273,11 @@ class Collection:
         if not -len(self) <= i < len(self):
             raise IndexError(f"scene index {key} out of range for {len(self)} scenes")
         i %= len(self)
-        with self._lock:
-            if i not in self._open:
-                self._open[i] = self._open_scene(self.entries[i])
-            return self._open[i]
+        return self._open.get(i, lambda: self._open_scene(self.entries[i]))
 
     def is_open(self, i: int) -> bool:
-        """Whether scene ``i``'s store has been opened (nothing is read to answer)."""
+        """Whether scene ``i``'s store is open now (nothing is read to answer): opened, and not yet dropped
+        for more recently used ones (the ``max_open_scenes`` setting)."""
         return i in self._open
 
     def deferred(self, i: int) -> DeferredScene | None:
@@ -347,8 +347,9 @@ class DeferredScene:
     """A scene of a collection known from its ``collection.json`` entry alone: ``path``, ``shape``,
     ``dtype``, ``wavelengths``, ``band_names``, ``class_names``, ``num_classes``, ``num_samples``,
     ``tile_samples`` (None when not listed) and ``grid`` are answered without reading the store. Anything
-    else (``meta``, ``tile_paths``, ``stats``, ``labels``, ...) opens the store first, once, checked against
-    its entry (:meth:`Collection.scene`), and is then the opened :class:`~hsgds.scene.Scene`'s. A loader
+    else (``meta``, ``tile_paths``, ``stats``, ``labels``, ...) opens the store first, checked against its
+    entry (:meth:`Collection.scene`; again if it was dropped since), and is then the opened
+    :class:`~hsgds.scene.Scene`'s. A loader
     over a collection thus starts without opening any store, and opens each as it first reaches one of
     its tiles (or, over labelled pixels, one of its samples).
     """

@@ -108,6 +108,10 @@ _SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("numba", "HSGDS_NUMBA", True, _boolean, "a boolean (1/0, true/false, yes/no, on/off)"),
     # the kvikio reader keeps at most this many tile files open (a least-recently-used cache of handles)
     Setting("max_open_files", "HSGDS_MAX_OPEN_FILES", 64, _integer(1), "an integer >= 1"),
+    # a collection keeps at most this many scenes open (metadata, statistics, labels, sample tables)
+    Setting("max_open_scenes", "HSGDS_MAX_OPEN_SCENES", 64, _integer(1), "an integer >= 1"),
+    # a loader over several scenes keeps their label maps / sample sets up to this many bytes (LRU)
+    Setting("sample_cache_bytes", "HSGDS_SAMPLE_CACHE_BYTES", 256 << 20, _integer(0), "a number of bytes >= 0"),
     # most tiles the ring reads at once (one batched read_many for kvikio, one thread each for POSIX)
     Setting("read_inflight", "HSGDS_READ_INFLIGHT", 4, _integer(1), "an integer >= 1"),
     # ring_bytes=None: the ring holds the whole split, capped to this many bytes on the CPU ...

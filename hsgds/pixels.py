@@ -17,7 +17,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hsgds import defaults
 from hsgds import format as fmt
+from hsgds._lru import LruCache
 from hsgds.collection import DeferredScene
 from hsgds.errors import ConfigError, StoreError
 from hsgds.sampling import SampleSet
@@ -92,7 +94,6 @@ class _PerTileSamples(ABC):
     per-tile ``offsets`` table (tile t holds samples offsets[t]:offsets[t + 1]); ``take`` is theirs."""
 
     offsets: np.ndarray
-
     @abstractmethod
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``."""
@@ -136,7 +137,7 @@ class GridSamples(_PerTileSamples):
         self._scene = np.repeat(np.arange(len(grids), dtype=np.int32), [g.num_tiles for g in grids])
         self.offsets = np.concatenate([[0], np.cumsum(self._ny * self._nx)]).astype(np.int64)
         self._stride, self._label_of = int(stride), labels
-        self._label_maps: list[np.ndarray | None] = [None] * len(labels)  # read on first use
+        self._label_maps = _per_scene_cache()
         self._wide = len(self._scene) > np.iinfo(np.int32).max
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -158,12 +159,15 @@ class GridSamples(_PerTileSamples):
 
     def _labels(self, s: int) -> np.ndarray:
         """Scene s's labels at the sampled pixels (the grid of multiples of the stride)."""
-        got = self._label_maps[s]
-        if got is None:
-            read = self._label_of[s]
-            assert read is not None  # take() asks only for labelled scenes
-            got = self._label_maps[s] = read()
-        return got
+        read = self._label_of[s]
+        assert read is not None  # take() asks only for labelled scenes
+        return self._label_maps.get(s, read)
+
+
+def _per_scene_cache() -> LruCache:
+    """Label maps or sample sets by scene, read on first use and kept up to ``sample_cache_bytes`` (an epoch
+    over an archive visits thousands of scenes; what was dropped is read again when next used)."""
+    return LruCache(max_bytes=int(defaults.get("sample_cache_bytes")))
 
 
 def _sampled(lo: np.ndarray, hi: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
@@ -190,7 +194,7 @@ class ListedSamples(_PerTileSamples):
         self._first = self.offsets[np.concatenate([[0], np.cumsum(tiles)])]  # each scene's first sample
         self._wide = len(self._scene_of_tile) > np.iinfo(np.int32).max
         self._scenes, self._names, self._split, self._counts = scenes, names, split, per_scene
-        self._sets: dict[int, SampleSet] = {}  # read on first use
+        self._sets = _per_scene_cache()
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``, tile ids global."""
@@ -208,16 +212,17 @@ class ListedSamples(_PerTileSamples):
         return tile if self._wide else tile.astype(np.int32), y, x, label, sy, sx
 
     def _set(self, s: int) -> SampleSet:
-        """Scene s's samples of the split, read from its store and checked against its listing."""
-        got = self._sets.get(s)
-        if got is None:
-            scene = self._scenes[s]
-            got = scene.sample_set(self._split)
-            if not np.array_equal(got.counts(), self._counts[s]):
-                raise StoreError(f"scene {self._names[s]!r} ({scene.path}): its labelled samples differ from "
-                                 "collection.json (the store was re-split or replaced after the collection was "
-                                 "written); run `hsgds convert-many` again to list them anew")
-            self._sets[s] = got
+        """Scene s's samples of the split, from its store (when not kept since last read) and checked
+        against its listing."""
+        return self._sets.get(s, lambda: self._read_set(s))
+
+    def _read_set(self, s: int) -> SampleSet:
+        scene = self._scenes[s]
+        got = scene.sample_set(self._split)
+        if not np.array_equal(got.counts(), self._counts[s]):
+            raise StoreError(f"scene {self._names[s]!r} ({scene.path}): its labelled samples differ from "
+                             "collection.json (the store was re-split or replaced after the collection was "
+                             "written); run `hsgds convert-many` again to list them anew")
         return got
 
 

@@ -57,6 +57,12 @@ class SampleSet:
     def __len__(self) -> int:
         return len(self.tile)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays."""
+        return sum(a.nbytes for a in (self.tile, self.y, self.x, self.label, self.scene_y, self.scene_x,
+                                      self.offsets))
+
     def counts(self) -> np.ndarray:
         return np.diff(self.offsets)
 

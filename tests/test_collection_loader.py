@@ -501,3 +501,30 @@ def test_a_store_resplit_after_its_collection_is_named(scenes, tmp_path):
                                              r"re-split.*run `hsgds convert-many` again"):
             for _ in loader:
                 pass
+
+
+@pytest.mark.parametrize("pixels", ["all", "labelled"])
+def test_an_epoch_keeps_one_scene_open_and_yields_the_same_batches(scenes, tmp_path, pixels):
+    """With max_open_scenes=1 and no byte for label maps or sample tables, an epoch over a collection keeps at
+    most one store open and one scene's labels read at any batch (each dropped scene reopened, checked and
+    read again when a batch needs it), and yields the same batches, bit for bit, as with the defaults."""
+    from hsgds import defaults
+
+    folder = _collection_of(scenes, tmp_path / "coll", ["A", "B", "C"])
+    opts = dict(patch_size=5, batch_size=32, pixels=pixels, return_coords=True, device="cpu", seed=3,
+                ring_bytes=4 * hsgds.open_scene(folder / "A.zarr").grid.tile_nbytes)
+    if pixels == "all":
+        opts.update(stride=2, split=None)
+    with hsgds.PatchLoader(folder, **opts) as ref:
+        want = [tuple(t.clone() for t in batch) for batch in ref]
+    with defaults.set(max_open_scenes=1, sample_cache_bytes=0), hsgds.PatchLoader(folder, **opts) as small:
+        per_scene = small.samples._label_maps if pixels == "all" else small.samples._sets
+        got = []
+        for batch in small:
+            got.append(batch)
+            assert sum(s.is_open for s in small.scenes.scenes) <= 1 and len(per_scene) <= 1
+    assert len(got) == len(want) > 3
+    for (p, lb, c), (q, lb2, c2) in zip(got, want, strict=True):
+        assert torch.equal(c, c2) and torch.equal(lb, lb2)
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert len({int(s) for _, _, c in got for s in c[:, 0]}) == 3  # every scene was read
