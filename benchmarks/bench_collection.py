@@ -19,6 +19,9 @@
    store opened first), N = 1/8, 1/4, 1/2 and all of the scenes, and the time to read collection.json;
    then listings of up to 11,636 scenes, and the same over labelled pixels (the train split of 8 small
    labelled stores listed N times).
+3. Memory: RSS over two epochs of a loader over ``--memory-scenes`` listed labelled scenes (every 8th pixel,
+   and the train samples), each in a fresh process: growth per scene visited, stores open and per-scene
+   label maps / sample tables held at the end (``max_open_scenes``, ``sample_cache_bytes``).
 JSON on stdout.
 """
 
@@ -294,32 +297,13 @@ def startup_labelled(work: Path, args: argparse.Namespace) -> dict:
     (each entry counts its samples per tile: no store opened before the first batch) and, up to 1,000, as a
     list of store paths (every store and its sample table opened first). Unshuffled, a ring of 4 tiles."""
     import hsgds
-    from hsgds.collection import SceneEntry
-    from hsgds.preprocess.convert import ConvertOptions, convert
-    from hsgds.synthetic import make_scene
 
-    stores = []
-    for i in range(8):
-        store = work / f"labelled_{i}.zarr"
-        if not store.exists():
-            cube, labels = make_scene(96, 96, 32, classes=6, dtype="int16", seed=2000 + i, labelled_fraction=0.3)
-            np.save(work / "tmp.npy", cube)
-            np.save(work / "tmp_gt.npy", labels)
-            convert(work / "tmp.npy", store, ConvertOptions(labels=work / "tmp_gt.npy", tile=48, max_patch=9, train=0.1))
-        stores.append(store)
-    (work / "tmp.npy").unlink(missing_ok=True)
-    (work / "tmp_gt.npy").unlink(missing_ok=True)
-    entries = [SceneEntry.of_scene(s.name[:-5], hsgds.open_scene(s)).to_json(work) for s in stores]
+    stores = labelled_stores(work)
     opts = dict(patch_size=args.patch, batch_size=64, split="train", device="cpu", shuffle=False,
                 ring_bytes=4 * hsgds.open_scene(stores[0]).grid.tile_nbytes)
     rows = []
-    for n in (25, 200, 1000, 4000, 11636):
-        folder = work / f"labelled_listing_{n}"
-        folder.mkdir(exist_ok=True)
-        listed = [dict(entries[i % len(entries)], name=f"s{i:05d}",
-                       path=os.path.relpath(stores[i % len(stores)], folder)) for i in range(n)]
-        (folder / "collection.json").write_text(json.dumps({"format": "hsgds-collection", "format_version": 1,
-                                                            "scenes": listed}))
+    for n in args.listings:
+        folder = labelled_listing(work, stores, n)
         runs: dict[str, list[float]] = {"collection": [], "list of stores": []}
         for _ in range(args.repeats + 1):
             for name, store in (("collection", folder), ("list of stores", [str(stores[i % 8]) for i in range(n)])):
@@ -334,6 +318,93 @@ def startup_labelled(work: Path, args: argparse.Namespace) -> dict:
         listed_s = "" if row["list of stores s"] is None else f", {row['list of stores s']:.3f} s from a list of stores"
         _log(f"  {n:5d} labelled scenes: first batch {row['collection s']:.3f} s from collection.json{listed_s}")
     return {"rows": rows}
+
+
+def labelled_stores(work: Path) -> list[Path]:
+    """8 small seeded labelled stores (96x96x32 int16, 30% labelled, 10% of that train; 48-px tiles)."""
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    stores = []
+    for i in range(8):
+        store = work / f"labelled_{i}.zarr"
+        if not store.exists():
+            cube, labels = make_scene(96, 96, 32, classes=6, dtype="int16", seed=2000 + i, labelled_fraction=0.3)
+            np.save(work / "tmp.npy", cube)
+            np.save(work / "tmp_gt.npy", labels)
+            convert(work / "tmp.npy", store, ConvertOptions(labels=work / "tmp_gt.npy", tile=48, max_patch=9, train=0.1))
+        stores.append(store)
+    (work / "tmp.npy").unlink(missing_ok=True)
+    (work / "tmp_gt.npy").unlink(missing_ok=True)
+    return stores
+
+
+def labelled_listing(work: Path, stores: list[Path], n: int) -> Path:
+    """A collection folder listing ``n`` scenes that cycle over ``stores`` (names unique, paths repeated)."""
+    import hsgds
+    from hsgds.collection import SceneEntry
+
+    folder = work / f"labelled_listing_{n}"
+    folder.mkdir(exist_ok=True)
+    entries = [SceneEntry.of_scene(s.name[:-5], hsgds.open_scene(s)).to_json(folder) for s in stores]
+    listed = [dict(entries[i % len(entries)], name=f"s{i:05d}") for i in range(n)]
+    (folder / "collection.json").write_text(json.dumps({"format": "hsgds-collection", "format_version": 1,
+                                                        "scenes": listed}))
+    return folder
+
+
+def memory(work: Path, args: argparse.Namespace) -> dict:
+    """RSS over two epochs of a loader over N listed labelled scenes (each its own entry, so each opened and
+    read on its own), every 8th pixel and the train samples, each run in a fresh process: the growth per
+    scene visited after the first batch, and what the per-scene caches hold at the end."""
+    stores = labelled_stores(work)
+    rows = []
+    for n in args.memory_scenes:
+        folder = labelled_listing(work, stores, n)
+        for pixels in ("all", "labelled"):
+            cmd = [sys.executable, __file__, "--memory-child", f"{folder}:{pixels}"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HSGDS_DEVICE": "cpu"})
+            if proc.returncode:
+                raise SystemExit(proc.stderr[-3000:])
+            row = {"scenes": n, "pixels": pixels, **json.loads(proc.stdout)}
+            row["growth_kib_per_scene"] = (row["rss_epoch2_mib"] - row["rss_first_batch_mib"]) * 1024 / n
+            rows.append(row)
+            _log(f"  {n:5d} scenes, pixels={pixels}: RSS {row['rss_first_batch_mib']:.0f} MiB after the first "
+                 f"batch, {row['rss_epoch1_mib']:.0f} / {row['rss_epoch2_mib']:.0f} MiB after epochs 1 / 2 "
+                 f"({row['growth_kib_per_scene']:.1f} KiB per scene); {row['scenes_open']} stores open, labels "
+                 f"of {row['scenes_cached']} scenes cached ({row['cache_mib']:.1f} MiB)")
+    return {"rows": rows}
+
+
+def memory_child(spec: str) -> dict:
+    import gc
+
+    import hsgds
+    from hsgds import defaults
+
+    folder, pixels = spec.rsplit(":", 1)
+    opts: dict = dict(patch_size=5, batch_size=512, device="cpu", pixels=pixels)
+    opts.update(stride=8, split=None) if pixels == "all" else opts.update(split="train")
+    first = Path(folder) / json.loads((Path(folder) / "collection.json").read_text())["scenes"][0]["path"]
+    opts["ring_bytes"] = 16 * hsgds.open_scene(first).grid.tile_nbytes
+    out = {}
+    with hsgds.PatchLoader(folder, **opts) as loader:
+        next(iter(loader))
+        gc.collect()
+        out["rss_first_batch_mib"] = _rss_mib()
+        for epoch in (1, 2):
+            loader.set_epoch(epoch - 1)
+            t = time.perf_counter()
+            out[f"batches_epoch{epoch}"] = sum(1 for _ in loader)
+            out[f"epoch{epoch}_s"] = time.perf_counter() - t
+            gc.collect()
+            out[f"rss_epoch{epoch}_mib"] = _rss_mib()
+        cache = loader.samples._label_maps if pixels == "all" else loader.samples._sets
+        out.update(scenes_open=sum(s.is_open for s in loader.scenes.scenes), scenes_cached=len(cache),
+                   cache_mib=cache.nbytes / 2**20, max_open_scenes=defaults.get("max_open_scenes"),
+                   sample_cache_mib=defaults.get("sample_cache_bytes") / 2**20)
+    out["peak_rss_mib"] = _peak_rss_mib()
+    return out
 
 
 def streaming(stores: list[Path], args: argparse.Namespace) -> dict:
@@ -366,8 +437,18 @@ def main() -> None:
     ap.add_argument("--stream-repeats", type=int, default=3)
     ap.add_argument("--prepare-only", action="store_true", help="write the stores and stop")
     ap.add_argument("--startup-only", action="store_true", help="only the time-to-first-batch section")
+    ap.add_argument("--memory-only", action="store_true", help="only the memory-over-an-epoch section")
+    ap.add_argument("--listings", default="25,200,1000,4000,11636",
+                    help="start-up over labelled pixels: listing sizes (a list of stores up to 1,000)")
+    ap.add_argument("--memory-scenes", default="1000,3000", help="memory over an epoch: listing sizes")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.listings = [int(v) for v in args.listings.split(",")]
+    args.memory_scenes = [int(v) for v in args.memory_scenes.split(",")]
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child)))
+        return
     if args.child:
         stores = json.loads(Path(args.child).read_text())
         print(json.dumps(stream_child(stores, args)))
@@ -378,6 +459,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     import torch
 
+    if args.memory_only:
+        _log("memory over an epoch against the number of scenes")
+        print(json.dumps({"memory": memory(work, args)}, indent=1))
+        return
     _log(f"preparing {args.scenes} scenes in {work}")
     stores, single = prepare(work, args.scenes, args.cols)
     if args.prepare_only:
@@ -394,6 +479,8 @@ def main() -> None:
     doc["throughput"] = throughput(stores, single, args)
     _log("streaming: collection through a small ring")
     doc["streaming"] = streaming(stores, args)
+    _log("memory: RSS over two epochs against the number of scenes")
+    doc["memory"] = memory(work, args)
     doc["machine"]["loadavg_end"] = os.getloadavg()
     print(json.dumps(doc, indent=1))
 

@@ -201,12 +201,18 @@ def test_bench_predict_tiny(tmp_path):
 
 def test_bench_collection_tiny(tmp_path):
     proc = _run([str(BENCH / "bench_collection.py"), "--scenes", "4", "--cols", "2", "--stride", "16", "--repeats", "1",
-                 "--ring-mib", "20", "--stream-repeats", "1", "--work", str(tmp_path / "work")], tmp_path, timeout=600)
+                 "--ring-mib", "20", "--stream-repeats", "1", "--listings", "25,1200", "--memory-scenes", "20",
+                 "--work", str(tmp_path / "work")], tmp_path, timeout=600)
     doc = json.loads(proc.stdout)
     labelled = doc["startup"]["labelled"]["rows"]
-    assert [r["scenes"] for r in labelled] == [25, 200, 1000, 4000, 11636]
+    assert [r["scenes"] for r in labelled] == [25, 1200]
     assert all(r["collection s"] > 0 for r in labelled)
-    assert [r["list of stores s"] is None for r in labelled] == [False, False, False, True, True]
+    assert [r["list of stores s"] is None for r in labelled] == [False, True]
+    memory = doc["memory"]["rows"]
+    assert [(r["scenes"], r["pixels"]) for r in memory] == [(20, "all"), (20, "labelled")]
+    for r in memory:  # every scene visited each epoch; stores open bounded by max_open_scenes
+        assert r["batches_epoch1"] == r["batches_epoch2"] > 0 and 0 < r["scenes_open"] <= r["max_open_scenes"]
+        assert r["scenes_cached"] == 20 and 0 < r["cache_mib"] <= r["sample_cache_mib"]
     best = doc["throughput"]["best"]
     assert best["collection"]["patches"] == best["single"]["patches"] == 4 * 8 * 8
     assert best["collection"]["bytes_read"] == best["single"]["bytes_read"] > 0
