@@ -399,7 +399,7 @@ def memory_child(spec: str) -> dict:
             out[f"epoch{epoch}_s"] = time.perf_counter() - t
             gc.collect()
             out[f"rss_epoch{epoch}_mib"] = _rss_mib()
-        cache = loader.samples._label_maps if pixels == "all" else loader.samples._sets
+        cache = loader.samples._per_scene
         out.update(scenes_open=sum(s.is_open for s in loader.scenes.scenes), scenes_cached=len(cache),
                    cache_mib=cache.nbytes / 2**20, max_open_scenes=defaults.get("max_open_scenes"),
                    sample_cache_mib=defaults.get("sample_cache_bytes") / 2**20)

@@ -117,10 +117,10 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
         # per pixel (a whole scene for inference, an archive for self-supervised training)
         return GridSamples([scene.grid for scene in ss.scenes], stride,
                            [sampled_labels(scene, stride) for scene in ss.scenes])
-    if pixels == "labelled" and all(m is None for m in checked) and listed_samples_apply(ss.scenes):
-        # a collection's labelled samples, counted per tile in collection.json: each store's sample table
-        # is read when the loader first takes one of its samples, so starting does not open the stores
-        return ListedSamples(list(ss.scenes), list(ss.names), split)  # type: ignore[arg-type]
+    if (pixels == "labelled" or stride == 1) and all(m is None for m in checked) and listed_samples_apply(ss.scenes):
+        # a collection's samples, counted per tile in collection.json: each store's sample table is read
+        # when the loader first takes one of its samples, so starting does not open the stores
+        return ListedSamples(list(ss.scenes), list(ss.names), split, pixels)  # type: ignore[arg-type]
     parts = [all_pixels(scene, stride, split, m) if pixels == "all" else labelled_pixels(scene, split, m)
              for scene, m in zip(ss.scenes, checked)]
     if len(parts) == 1:
@@ -297,6 +297,8 @@ class PatchLoader:
         self._tile_nbytes = tile_nbytes
         needed = int(np.count_nonzero(self.samples.counts()))
         self.slots = self._slots(ring_bytes, needed)
+        if isinstance(self.samples, (GridSamples, ListedSamples)):
+            self.samples.keep_scenes(self.slots)  # the scenes of every resident tile stay read
         self._epoch, self._batch, self._pass = 0, 0, 0
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}

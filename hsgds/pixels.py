@@ -94,6 +94,14 @@ class _PerTileSamples(ABC):
     per-tile ``offsets`` table (tile t holds samples offsets[t]:offsets[t + 1]); ``take`` is theirs."""
 
     offsets: np.ndarray
+    _per_scene: LruCache  # what each scene's samples are taken from (label map or sample set), by scene
+
+    def keep_scenes(self, n: int) -> None:
+        """Keep what was read for at least the ``n`` most recently used scenes, over ``sample_cache_bytes``
+        if need be: with ``n`` the ring's slots, the scenes of every resident tile stay read (each batch
+        would read them again otherwise)."""
+        self._per_scene.min_count = max(1, n)
+
     @abstractmethod
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``."""
@@ -137,7 +145,7 @@ class GridSamples(_PerTileSamples):
         self._scene = np.repeat(np.arange(len(grids), dtype=np.int32), [g.num_tiles for g in grids])
         self.offsets = np.concatenate([[0], np.cumsum(self._ny * self._nx)]).astype(np.int64)
         self._stride, self._label_of = int(stride), labels
-        self._label_maps = _per_scene_cache()
+        self._per_scene = _per_scene_cache()  # label maps
         self._wide = len(self._scene) > np.iinfo(np.int32).max
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -161,7 +169,7 @@ class GridSamples(_PerTileSamples):
         """Scene s's labels at the sampled pixels (the grid of multiples of the stride)."""
         read = self._label_of[s]
         assert read is not None  # take() asks only for labelled scenes
-        return self._label_maps.get(s, read)
+        return self._per_scene.get(s, read)
 
 
 def _per_scene_cache() -> LruCache:
@@ -177,24 +185,31 @@ def _sampled(lo: np.ndarray, hi: np.ndarray, stride: int) -> tuple[np.ndarray, n
 
 
 class ListedSamples(_PerTileSamples):
-    """The labelled samples of ``split`` in a collection's scenes, known per tile from ``collection.json``
-    (each entry's ``tile_samples``) and read from a scene's store only when a sample of that scene is first
-    taken: a loader over an archive of labelled scenes starts without opening a store. The samples and
-    their order are those of the scenes' own sample sets joined scene after scene (what the loader builds
-    from opened stores); same interface as :class:`GridSamples`.
+    """A collection's samples counted per tile from ``collection.json`` (each entry's ``tile_samples``) and
+    read from a scene's store only when a sample of that scene is first taken, so a loader over an archive
+    starts without opening a store: with ``pixels="labelled"`` the labelled samples of ``split``; with
+    ``pixels="all"`` every pixel but the labelled ones of other splits (stride 1: the listing counts
+    labelled pixels, not those of a stride's lattice). The samples and their order are those of the
+    scenes' own sample sets joined scene after scene (what the loader builds from opened stores); same
+    interface as :class:`GridSamples`.
     """
 
-    def __init__(self, scenes: list[DeferredScene], names: list[str], split: str | None) -> None:
+    def __init__(self, scenes: list[DeferredScene], names: list[str], split: str | None,
+                 pixels: str = "labelled") -> None:
         if split is not None and split not in fmt.SPLIT_CODES:
             Scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error
-        per_scene = [_listed_counts(s, split) for s in scenes]
+        if pixels == "labelled":
+            per_scene = [_listed_counts(s, split) for s in scenes]
+        else:  # each tile's pixels less the labelled ones of the other splits
+            per_scene = [_grid_counts(s.grid) - _listed_counts(s, split, others=True) for s in scenes]
+        self._pixels = pixels
         tiles = np.array([len(c) for c in per_scene], dtype=np.int64)
         self._scene_of_tile = np.repeat(np.arange(len(scenes), dtype=np.int64), tiles)
         self.offsets = np.concatenate([[0], np.cumsum(np.concatenate(per_scene))]).astype(np.int64)
         self._first = self.offsets[np.concatenate([[0], np.cumsum(tiles)])]  # each scene's first sample
         self._wide = len(self._scene_of_tile) > np.iinfo(np.int32).max
         self._scenes, self._names, self._split, self._counts = scenes, names, split, per_scene
-        self._sets = _per_scene_cache()
+        self._per_scene = _per_scene_cache()  # sample sets
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         """(tile, y, x, label, scene_y, scene_x) of the samples ``idx``, tile ids global."""
@@ -214,11 +229,11 @@ class ListedSamples(_PerTileSamples):
     def _set(self, s: int) -> SampleSet:
         """Scene s's samples of the split, from its store (when not kept since last read) and checked
         against its listing."""
-        return self._sets.get(s, lambda: self._read_set(s))
+        return self._per_scene.get(s, lambda: self._read_set(s))
 
     def _read_set(self, s: int) -> SampleSet:
         scene = self._scenes[s]
-        got = scene.sample_set(self._split)
+        got = scene.sample_set(self._split) if self._pixels == "labelled" else all_pixels(scene, 1, self._split)
         if not np.array_equal(got.counts(), self._counts[s]):
             raise StoreError(f"scene {self._names[s]!r} ({scene.path}): its labelled samples differ from "
                              "collection.json (the store was re-split or replaced after the collection was "
@@ -227,16 +242,24 @@ class ListedSamples(_PerTileSamples):
 
 
 def listed_samples_apply(scenes: tuple[Scene | DeferredScene, ...]) -> bool:
-    """Whether :class:`ListedSamples` can give these scenes' labelled samples without opening a store: every
-    scene is a collection's, not opened yet, and its entry lists its samples per tile (or it has none)."""
+    """Whether :class:`ListedSamples` can give these scenes' samples without opening a store: every scene is
+    a collection's, not opened yet, and its entry lists its samples per tile (or it has none)."""
     return all(isinstance(s, DeferredScene) and not s.is_open and (s.tile_samples is not None or not s.num_samples)
                for s in scenes)
 
 
-def _listed_counts(scene: DeferredScene, split: str | None) -> np.ndarray:
-    """Each tile's number of samples of ``split`` (None: of every split), from the scene's entry."""
+def _listed_counts(scene: DeferredScene, split: str | None, others: bool = False) -> np.ndarray:
+    """Each tile's number of labelled samples of ``split`` (None: of every split), or with ``others`` of
+    the other splits, from the scene's entry."""
     counts = np.zeros(scene.grid.num_tiles, np.int64)
     for name, listed in (scene.tile_samples or {}).items():
-        if split is None or name == split:
+        if (split is None or name == split) != others:
             counts += listed
     return counts
+
+
+def _grid_counts(g: fmt.TileGrid) -> np.ndarray:
+    """Each tile's number of scene pixels (its core, clipped to the scene)."""
+    ty, tx = np.divmod(np.arange(g.num_tiles, dtype=np.int64), g.ntx)
+    return ((np.minimum((ty + 1) * g.tile, g.height) - ty * g.tile)
+            * (np.minimum((tx + 1) * g.tile, g.width) - tx * g.tile))

@@ -505,26 +505,55 @@ def test_a_store_resplit_after_its_collection_is_named(scenes, tmp_path):
 
 @pytest.mark.parametrize("pixels", ["all", "labelled"])
 def test_an_epoch_keeps_one_scene_open_and_yields_the_same_batches(scenes, tmp_path, pixels):
-    """With max_open_scenes=1 and no byte for label maps or sample tables, an epoch over a collection keeps at
-    most one store open and one scene's labels read at any batch (each dropped scene reopened, checked and
-    read again when a batch needs it), and yields the same batches, bit for bit, as with the defaults."""
+    """With max_open_scenes=1 and no byte for label maps or sample tables, an epoch over six scenes through a
+    ring of three tiles keeps at most one store open and the labels of at most three scenes (those of the
+    resident tiles) at any batch, each dropped scene reopened, checked and read again when a batch needs
+    it, and yields the same batches, bit for bit, as with the defaults."""
     from hsgds import defaults
+    from hsgds.collection import SceneEntry, write_collection
 
-    folder = _collection_of(scenes, tmp_path / "coll", ["A", "B", "C"])
-    opts = dict(patch_size=5, batch_size=32, pixels=pixels, return_coords=True, device="cpu", seed=3,
-                ring_bytes=4 * hsgds.open_scene(folder / "A.zarr").grid.tile_nbytes)
+    folder = tmp_path / "coll"
+    folder.mkdir()
+    names = ["A", "B", "C", "A2", "B2", "C2"]
+    for n in names:
+        shutil.copytree(scenes[n[0]][2], folder / f"{n}.zarr")
+    write_collection(folder, [SceneEntry.of_scene(n, hsgds.open_scene(folder / f"{n}.zarr")) for n in names])
+    opts = dict(patch_size=5, batch_size=8, pixels=pixels, return_coords=True, device="cpu", seed=3,
+                ring_bytes=3 * hsgds.open_scene(folder / "A.zarr").grid.tile_nbytes)
     if pixels == "all":
         opts.update(stride=2, split=None)
     with hsgds.PatchLoader(folder, **opts) as ref:
         want = [tuple(t.clone() for t in batch) for batch in ref]
     with defaults.set(max_open_scenes=1, sample_cache_bytes=0), hsgds.PatchLoader(folder, **opts) as small:
-        per_scene = small.samples._label_maps if pixels == "all" else small.samples._sets
+        assert small.slots == 3
         got = []
         for batch in small:
             got.append(batch)
-            assert sum(s.is_open for s in small.scenes.scenes) <= 1 and len(per_scene) <= 1
-    assert len(got) == len(want) > 3
+            assert sum(s.is_open for s in small.scenes.scenes) <= 1 and len(small.samples._per_scene) <= 3
+    assert len(got) == len(want) > 6
     for (p, lb, c), (q, lb2, c2) in zip(got, want, strict=True):
         assert torch.equal(c, c2) and torch.equal(lb, lb2)
         torch.testing.assert_close(p, q, rtol=0, atol=0)
-    assert len({int(s) for _, _, c in got for s in c[:, 0]}) == 3  # every scene was read
+    assert len({int(s) for _, _, c in got for s in c[:, 0]}) == 6  # every scene was read
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_every_pixel_but_other_splits_starts_without_opening_a_store(scenes, tmp_path, split):
+    """pixels="all" with a split over a collection (self-supervised training that never sees a validation or
+    test pixel): counted per tile from collection.json (each tile's pixels less the other splits' labelled
+    ones), so no store is opened at construction, and every batch equals the same stores opened first."""
+    from hsgds.pixels import ListedSamples
+
+    names = ["A", "B", "C"]
+    folder = _collection_of(scenes, tmp_path / "coll", names)
+    opts = dict(patch_size=5, batch_size=64, pixels="all", split=split, return_coords=True, device="cpu", seed=5)
+    with hsgds.PatchLoader(folder, **opts) as listed, \
+            hsgds.PatchLoader([folder / f"{n}.zarr" for n in names], **opts) as opened:
+        assert isinstance(listed.samples, ListedSamples)
+        assert not any(s.is_open for s in listed.scenes.scenes)
+        np.testing.assert_array_equal(listed.samples.offsets, opened.samples.offsets)
+        for (p, lb, c), (q, lb2, c2) in zip(listed, opened, strict=True):
+            assert torch.equal(c, c2) and torch.equal(lb, lb2)
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+    with hsgds.PatchLoader(folder, **opts, stride=2) as strided:  # a stride's lattice is not counted: opened
+        assert not isinstance(strided.samples, ListedSamples)

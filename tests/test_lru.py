@@ -73,3 +73,13 @@ def test_threads_asking_at_once_make_a_value_once():
 def test_nonsense_limits_are_refused(limit, max_bytes):
     with pytest.raises(ValueError, match="keeps at least 1 value"):
         LruCache(limit=limit, max_bytes=max_bytes)
+
+
+def test_min_count_holds_values_over_the_byte_budget():
+    cache = LruCache(max_bytes=0, min_count=2)
+    for k in range(3):
+        cache.get(k, lambda: np.zeros(8, np.uint8))
+    assert [k in cache for k in range(3)] == [False, True, True] and cache.nbytes == 16
+    cache.min_count = 1
+    cache.get(3, lambda: np.zeros(8, np.uint8))
+    assert len(cache) == 1 and 3 in cache
