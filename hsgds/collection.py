@@ -222,10 +222,10 @@ class Collection:
     """Scenes listed by a ``collection.json``; use :func:`open_collection`.
 
     ``len(c)``, ``c[i]`` / ``c["name"]`` / ``c.scene(i)`` (a :class:`~hsgds.scene.Scene`, opened on first
-    use and kept while it is among the ``max_open_scenes`` most recently used), iteration over the scenes (each opened as it is reached), ``c.scenes`` (the same
-    lazy sequence), ``c.entries`` (per-scene metadata from ``collection.json``, nothing opened), and the
-    per-scene lists ``names``, ``paths``, ``shapes``, ``bands``, ``wavelengths``, ``class_names``,
-    ``num_classes``.
+    use and kept while it is among the ``max_open_scenes`` most recently used), iteration over the scenes
+    (each opened as it is reached), ``c.scenes`` (the same lazy sequence), ``c.entries`` (per-scene
+    metadata from ``collection.json``, nothing opened), and the per-scene lists ``names``, ``paths``,
+    ``shapes``, ``bands``, ``wavelengths``, ``class_names``, ``num_classes``.
     """
 
     def __init__(self, path: Path, entries: Sequence[SceneEntry]) -> None:
@@ -349,9 +349,8 @@ class DeferredScene:
     ``tile_samples`` (None when not listed) and ``grid`` are answered without reading the store. Anything
     else (``meta``, ``tile_paths``, ``stats``, ``labels``, ...) opens the store first, checked against its
     entry (:meth:`Collection.scene`; again if it was dropped since), and is then the opened
-    :class:`~hsgds.scene.Scene`'s. A loader
-    over a collection thus starts without opening any store, and opens each as it first reaches one of
-    its tiles (or, over labelled pixels, one of its samples).
+    :class:`~hsgds.scene.Scene`'s. A loader over a collection thus starts without opening any store, and
+    opens each as it first reaches one of its tiles (or, over labelled pixels, one of its samples).
     """
 
     def __init__(self, collection: Collection, index: int, grid: TileGrid) -> None:
