@@ -21,6 +21,7 @@ import numpy as np
 
 from hsgds import defaults
 from hsgds import format as fmt
+from hsgds._gc import gc_paused
 from hsgds._lru import LruCache
 from hsgds._version import __version__
 from hsgds.errors import StoreError
@@ -399,6 +400,7 @@ def _collection_file(path: str | os.PathLike) -> Path:
     return p.resolve()
 
 
+@gc_paused()  # an archive's listing is ~100,000 small objects
 def open_collection(path: str | os.PathLike) -> Collection:
     """Open a collection: a folder holding ``collection.json``, or that file.
 

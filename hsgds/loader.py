@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hsgds import defaults
+from hsgds._gc import gc_paused
 from hsgds.augment import Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.engines import cpu_cut, make_engine
@@ -210,6 +211,7 @@ class PatchLoader:
     scene with all its bands only).
     """
 
+    @gc_paused()  # over an archive: its scenes, sample counts and the first epoch's plan, built at once
     def __init__(self, store: Any, *, patch_size: int, batch_size: int, split: str | None = _UNSET,
                  device: Any = None, dtype: torch.dtype = torch.float32, layout: str = "NCHW",
                  normalize: str | None = "zscore", shuffle: bool = True, seed: int = 0, drop_last: bool = False,
@@ -423,12 +425,13 @@ class PatchLoader:
     def __iter__(self):
         if self._closed:
             raise HsgdsError("this PatchLoader is closed; create a new one")
-        plan = self._plan(self._epoch)
-        # only a restored state resumes mid-epoch; a new iteration after an early break restarts the epoch
-        start = min(self._batch, plan.num_batches) if self._resume else 0
-        self._resume, self._batch = False, start
-        self._pass += 1
-        self._ring.start(plan.intervals_from(start))
+        with gc_paused():  # a new epoch's plan and the ring's schedule: an interval per tile
+            plan = self._plan(self._epoch)
+            # only a restored state resumes mid-epoch; a new iteration after an early break restarts the epoch
+            start = min(self._batch, plan.num_batches) if self._resume else 0
+            self._resume, self._batch = False, start
+            self._pass += 1
+            self._ring.start(plan.intervals_from(start))
         return self._batches(plan, start, self._pass)
 
     def _prepare(self, plan: EpochPlan, epoch: int) -> Callable[[int], Prepared]:

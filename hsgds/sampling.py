@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -74,13 +74,18 @@ class SampleSet:
         return self.tile[idx]
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A tile resident in the ring from batch ``first`` to batch ``last`` (inclusive)."""
+class Interval(NamedTuple):
+    """A tile resident in the ring from batch ``first`` to batch ``last`` (inclusive). A named tuple: an
+    archive's epoch makes one per tile, tens of thousands (a frozen dataclass took 3 µs each)."""
 
     tile: int
     first: int
     last: int
+
+
+#: Residency while planning: (tile, first batch, last batch) int64 arrays, one entry per span; whole-array
+#: operations until the plan's Intervals are made, once.
+Spans = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,8 @@ class EpochPlan:
         return np.asarray(self.order[0:len(self.order)], dtype=np.int64)
 
     def max_resident(self) -> int:
-        return _max_live(self.intervals, self.num_batches)
+        return _max_live(np.array([iv.first for iv in self.intervals], dtype=np.int64),
+                         np.array([iv.last for iv in self.intervals], dtype=np.int64), self.num_batches)
 
     def intervals_from(self, start: int) -> list[Interval]:
         """Residency needed to resume at batch ``start`` (from the first batch: the plan's own, not copied:
@@ -220,7 +226,7 @@ def _window(offsets: np.ndarray, tiles: np.ndarray, key: tuple[int, ...] | None,
 
 
 def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, key: tuple[int, ...] | None,
-                    batch_size: int, limit: int) -> tuple[WindowedOrder, list[Interval]]:
+                    batch_size: int, limit: int) -> tuple[WindowedOrder, list[Spans]]:
     """The order of ``tiles``' samples in windows (:func:`window_bounds`), each shuffled on its own
     (``key``: (seed, epoch, rank); None: tile after tile), and the residency of its positions below
     ``limit``. Only the first window is made here (its batches come next, and its tiles' exact first and
@@ -236,11 +242,13 @@ def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, key: tuple
     assert of is not None
     residency = _Residency(len(offsets) - 1, batch_size)
     residency.add(0, of[:limit])
-    spans = residency.intervals()
-    for w in range(1, len(bounds) - 1):
-        lo, hi = int(starts[w]), min(int(starts[w + 1]), limit)
-        if lo < hi:
-            spans += [Interval(int(t), lo // batch_size, (hi - 1) // batch_size) for t in tiles[bounds[w]:bounds[w + 1]]]
+    # every later window below the limit: its tiles resident from its first position's batch to its last's
+    w = np.arange(1, len(bounds) - 1)
+    lo, hi = starts[w], np.minimum(starts[w + 1], limit)
+    w, lo, hi = w[lo < hi], lo[lo < hi], hi[lo < hi]
+    n = bounds[w + 1] - bounds[w]  # tiles per window
+    at = _sample_ranges(bounds, w)  # those windows' positions in ``tiles`` (bounds read as an offset table)
+    spans = [residency.spans(), (tiles[at], np.repeat(lo // batch_size, n), np.repeat((hi - 1) // batch_size, n))]
     order = WindowedOrder(offsets, tiles, bounds, key, starts, int(starts[-1]))
     order.keep(0, first)  # the epoch's first batches need it next: not made a second time
     return order, spans
@@ -269,46 +277,51 @@ class _Residency:
         np.minimum.at(self.first, tiles, at)
         np.maximum.at(self.last, tiles, at)
 
-    def intervals(self) -> list[Interval]:
+    def spans(self) -> Spans:
         used = np.flatnonzero(self.last >= 0)
-        return [Interval(int(t), int(f), int(e)) for t, f, e in
-                zip(used, self.first[used] // self.batch_size, self.last[used] // self.batch_size)]
+        return used, self.first[used] // self.batch_size, self.last[used] // self.batch_size
 
 
-def _merged(out: list[Interval]) -> list[Interval]:
-    """Intervals sorted by first use; a tile used at the end of one segment and the start of the next
-    stays resident throughout."""
-    merged: dict[int, list[Interval]] = {}
-    for iv in sorted(out, key=lambda iv: (iv.tile, iv.first)):
-        runs = merged.setdefault(iv.tile, [])
-        if runs and iv.first <= runs[-1].last + 1:
-            runs[-1] = Interval(iv.tile, runs[-1].first, max(runs[-1].last, iv.last))
-        else:
-            runs.append(iv)
-    out = [iv for runs in merged.values() for iv in runs]
-    out.sort(key=lambda iv: (iv.first, iv.last, iv.tile))
-    return out
+def _merged(parts: list[Spans]) -> Spans:
+    """The spans of ``parts`` with each tile's overlapping or adjacent spans joined (a tile used at the end
+    of one segment and the start of the next stays resident throughout), sorted by first use (first,
+    last, tile): the order in which the ring loads them."""
+    tile, first, last = (np.concatenate([p[i] for p in parts]).astype(np.int64) for i in range(3))
+    if len(tile) == 0:
+        return tile, first, last
+    o = np.lexsort((first, tile))
+    tile, first, last = tile[o], first[o], last[o]
+    # each tile's running end (tiles sorted, so tile * big + last only grows within a tile)
+    big = int(last.max()) + 2
+    reach = np.maximum.accumulate(tile * big + last) - tile * big
+    new_run = np.ones(len(tile), dtype=bool)
+    new_run[1:] = (tile[1:] != tile[:-1]) | (first[1:] > reach[:-1] + 1)
+    starts = np.flatnonzero(new_run)
+    ends = np.concatenate([starts[1:], [len(tile)]]) - 1
+    tile, first, last = tile[starts], first[starts], reach[ends]
+    o = np.lexsort((tile, last, first))
+    return tile[o], first[o], last[o]
 
 
-def _contiguous_intervals(offsets: np.ndarray, batch_size: int, limit: int) -> list[Interval]:
+def _as_intervals(spans: Spans) -> tuple[Interval, ...]:
+    """The plan's Intervals, in the spans' order (made once per plan)."""
+    return tuple(map(Interval, *(a.tolist() for a in spans)))
+
+
+def _contiguous_spans(offsets: np.ndarray, batch_size: int, limit: int) -> Spans:
     """The residency of every tile when samples 0..limit-1 are taken in order (tile t holds samples
-    ``offsets[t]:offsets[t + 1]``): what :func:`_intervals` gives for that order, from the offsets alone."""
+    ``offsets[t]:offsets[t + 1]``), from the offsets alone, sorted by first use."""
     offsets = np.asarray(offsets, dtype=np.int64)
     lo, hi = offsets[:-1], np.minimum(offsets[1:], limit)
     tiles = np.flatnonzero(hi > lo)
-    first, last = lo[tiles] // batch_size, (hi[tiles] - 1) // batch_size
-    out = [Interval(int(t), int(f), int(e)) for t, f, e in zip(tiles, first, last)]
-    out.sort(key=lambda iv: (iv.first, iv.last, iv.tile))
-    return out
+    return _merged([(tiles, lo[tiles] // batch_size, (hi[tiles] - 1) // batch_size)])
 
 
-def _max_live(intervals, num_batches: int) -> int:
-    if not intervals:
+def _max_live(first: np.ndarray, last: np.ndarray, num_batches: int) -> int:
+    """Most spans live in one batch."""
+    if len(first) == 0:
         return 0
-    delta = np.zeros(num_batches + 1, dtype=np.int64)
-    for iv in intervals:
-        delta[iv.first] += 1
-        delta[iv.last + 1] -= 1
+    delta = np.bincount(first, minlength=num_batches + 1) - np.bincount(last + 1, minlength=num_batches + 1)
     return int(np.cumsum(delta).max())
 
 
@@ -347,12 +360,12 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
         n = len(samples)
         num_batches = n // batch_size if drop_last else -(-n // batch_size)
         limit = num_batches * batch_size if drop_last else n
-        intervals = _contiguous_intervals(samples.offsets, batch_size, limit)
-        live = _max_live(intervals, num_batches)
+        spans = _contiguous_spans(samples.offsets, batch_size, limit)
+        live = _max_live(spans[1], spans[2], num_batches)
         if live > slots:
             raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
                               "raise ring_bytes or lower batch_size")
-        return EpochPlan(range(limit), batch_size, num_batches, tuple(intervals), window)
+        return EpochPlan(range(limit), batch_size, num_batches, _as_intervals(spans), window)
     num_tiles = len(samples.offsets) - 1
     if drop_last:
         num_batches = min(sizes) // batch_size
@@ -361,20 +374,20 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
         num_batches = -(-max(sizes) // batch_size)
         length, limit = max(sizes), sizes[rank]  # past this rank's own share: its first samples again
     while True:
-        order, spans = _windowed_order(samples, mine, window, (seed, epoch, rank) if shuffle else None, batch_size,
+        order, parts = _windowed_order(samples, mine, window, (seed, epoch, rank) if shuffle else None, batch_size,
                                        limit)
         order = order.resized(length)
         if length > limit:  # padding: this rank's first samples again, at positions limit..length-1
             pad = _Residency(num_tiles, batch_size)
             for pos, idx in order.chunks(limit, length):
                 pad.add(pos, samples.tile_of(idx))
-            spans += pad.intervals()
-        intervals = _merged(spans)
-        live = _max_live(intervals, num_batches)
+            parts.append(pad.spans())
+        spans = _merged(parts)
+        live = _max_live(spans[1], spans[2], num_batches)
         if live <= slots or window == 1:
             break
         window = max(1, window // 2)
     if live > slots:
         raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
                           "raise ring_bytes or lower batch_size")
-    return EpochPlan(order, batch_size, num_batches, tuple(intervals), window)
+    return EpochPlan(order, batch_size, num_batches, _as_intervals(spans), window)

@@ -111,7 +111,7 @@ def test_resume_intervals_start_at_batch():
 def test_unshuffled_plan_is_the_samples_in_order_with_each_tiles_residency(batch, drop_last):
     """One rank, unshuffled: the plan is a range over the samples, and every tile's residency (from the
     offset table) is what the per-sample computation gives for that order."""
-    from hsgds.sampling import _merged, _Residency
+    from hsgds.sampling import _as_intervals, _merged, _Residency
 
     s = sample_set(COUNTS)
     plan = plan_epoch(s, batch_size=batch, seed=0, epoch=0, shuffle=False, slots=100, drop_last=drop_last)
@@ -121,7 +121,7 @@ def test_unshuffled_plan_is_the_samples_in_order_with_each_tiles_residency(batch
     np.testing.assert_array_equal(got, np.arange(n))
     residency = _Residency(len(COUNTS), batch)
     residency.add(0, s.tile[:n])
-    assert list(plan.intervals) == _merged(residency.intervals())
+    assert plan.intervals == _as_intervals(_merged([residency.spans()]))
 
 
 def _reference_order(s: SampleSet, seed: int, epoch: int, rank: int, world: int, window: int, batch: int,
@@ -209,3 +209,28 @@ def test_planning_a_shuffled_epoch_holds_no_array_per_sample():
         tracemalloc.stop()
     assert plan.window == 8
     assert peak < 4_000_000 * 8 / 4, f"{peak / 1e6:.1f} MB at peak"  # ~3 MB here; the whole order alone is 32 MB
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_merged_spans_equal_a_plain_python_merge(seed):
+    """_merged joins each tile's overlapping or adjacent spans and sorts by (first, last, tile), with
+    whole-array operations: the same as merging span by span in Python."""
+    from hsgds.sampling import _merged
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    tile = rng.integers(0, 8, n)
+    first = rng.integers(0, 30, n)
+    last = first + rng.integers(0, 6, n)
+    parts = [(tile[:n // 2], first[:n // 2], last[:n // 2]), (tile[n // 2:], first[n // 2:], last[n // 2:])]
+    runs: dict[int, list[list[int]]] = {}
+    for t, f, e in sorted(zip(tile.tolist(), first.tolist(), last.tolist())):
+        r = runs.setdefault(t, [])
+        if r and f <= r[-1][1] + 1:
+            r[-1][1] = max(r[-1][1], e)
+        else:
+            r.append([f, e])
+    want = sorted(((f, e, t) for t, rs in runs.items() for f, e in rs))
+    got = _merged(parts)
+    assert all(a.dtype == np.int64 for a in got)
+    assert list(zip(got[1].tolist(), got[2].tolist(), got[0].tolist())) == want
