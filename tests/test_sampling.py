@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hsgds.errors import ConfigError
-from hsgds.sampling import SampleSet, plan_epoch, window_bounds
+from hsgds.sampling import SampleSet, plan_epoch, shard_tiles, window_bounds
 
 
 def sample_set(counts, seed=0) -> SampleSet:
@@ -234,3 +234,19 @@ def test_merged_spans_equal_a_plain_python_merge(seed):
     got = _merged(parts)
     assert all(a.dtype == np.int64 for a in got)
     assert list(zip(got[1].tolist(), got[2].tolist(), got[0].tolist())) == want
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_tiles_dealt_to_the_least_loaded_rank_lowest_first_on_ties(world):
+    """shard_tiles deals each tile, in order, to the rank with the fewest samples so far and the lowest such
+    rank on a tie (many ties: counts from a few values), as the loop over argmin of the loads does."""
+    rng = np.random.default_rng(world)
+    counts = rng.choice([1, 2, 5, 100], size=500)
+    order = rng.permutation(500)
+    load, want = np.zeros(world, np.int64), [[] for _ in range(world)]
+    for t in order:
+        r = int(np.argmin(load))
+        want[r].append(int(t))
+        load[r] += counts[t]
+    got = shard_tiles(counts, order, world)
+    assert [g.tolist() for g in got] == want and all(g.dtype == np.int64 for g in got)
