@@ -172,10 +172,16 @@ def test_unsigned_and_negative_values_exact(engine_name: str) -> None:
         assert out.reshape(-1).tolist() == [float(v) for v in values]
 
 
+#: every stored dtype into float32 and bfloat16 (the training outputs), and into float16 and float64 from one
+#: dtype of each kind and width: each (stored, output) pair is a numba specialization compiled in ~9 s on a
+#: cold CI machine, and the cast of the stored value and the rounding of the output are separate steps
+AGREE_CASES = [(d, o) for o in ("float32", "bfloat16") for d in DTYPES] + [
+    (d, o) for o in ("float16", "float64") for d in ("uint8", "int16", "uint16", "uint32", "float32", "float64")]
+
+
 @pytest.mark.skipif(not HAS_DALI, reason="NVIDIA DALI is not installed")
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dtype, out_name", AGREE_CASES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("out_name", ["float32", "float16", "bfloat16", "float64"])
 def test_engines_agree_bit_for_bit(dtype: str, layout: str, out_name: str) -> None:
     storage = make_storage(dtype, seed=6)
     slot, y, x = make_coords(20, seed=7)
