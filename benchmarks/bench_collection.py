@@ -383,10 +383,12 @@ def memory_child(spec: str) -> dict:
     from hsgds import defaults
 
     folder, pixels = spec.rsplit(":", 1)
-    opts: dict = dict(patch_size=5, batch_size=512, device="cpu", pixels=pixels)
-    opts.update(stride=8, split=None) if pixels == "all" else opts.update(split="train")
-    first = Path(folder) / json.loads((Path(folder) / "collection.json").read_text())["scenes"][0]["path"]
-    opts["ring_bytes"] = 16 * hsgds.open_scene(first).grid.tile_nbytes
+    opts: dict = dict(patch_size=5, batch_size=512, device="cpu", pixels=pixels,
+                      ring_bytes=16 * hsgds.open_collection(folder).entries[0].grid.tile_nbytes)
+    if pixels == "all":
+        opts.update(stride=8, split=None)
+    else:
+        opts.update(split="train")
     out = {}
     with hsgds.PatchLoader(folder, **opts) as loader:
         next(iter(loader))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,12 +171,9 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
 
 def _tally(values: list) -> str:
     """``"224 (every scene)"``, or the values with their scene counts: ``"224 (40 scenes), 103 (2 scenes)"``."""
-    counts: dict[Any, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    if len(counts) == 1:
+    top = Counter(values).most_common()
+    if len(top) == 1:
         return f"{values[0]} (every scene)"
-    top = sorted(counts.items(), key=lambda kv: -kv[1])
     text = ", ".join(f"{v} ({n} scene{'s' * (n > 1)})" for v, n in top[:6])
     return text + (f" and {len(top) - 6} more" if len(top) > 6 else "")
 

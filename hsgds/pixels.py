@@ -12,6 +12,7 @@ samples up front: :class:`GridSamples` (every s-th pixel, computed from the tile
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -133,15 +134,8 @@ class GridSamples(_PerTileSamples):
 
     def __init__(self, grids: list[fmt.TileGrid], stride: int,
                  labels: list[Callable[[], np.ndarray] | None]) -> None:
-        per_grid: dict[fmt.TileGrid, tuple[np.ndarray, ...]] = {}  # an archive's scenes share a few grids
-        for g in grids:
-            if g not in per_grid:
-                ty, tx = np.divmod(np.arange(g.num_tiles, dtype=np.int64), g.ntx)
-                y0, ny = _sampled(ty * g.tile, np.minimum((ty + 1) * g.tile, g.height), stride)
-                x0, nx = _sampled(tx * g.tile, np.minimum((tx + 1) * g.tile, g.width), stride)
-                per_grid[g] = (y0, x0, ny, nx, ty * g.tile - g.halo, tx * g.tile - g.halo)
         self._y0, self._x0, self._ny, self._nx, self._oy, self._ox = (
-            np.concatenate(col) for col in zip(*(per_grid[g] for g in grids)))
+            np.concatenate(col) for col in zip(*(_lattice(g, stride) for g in grids)))
         self._scene = np.repeat(np.arange(len(grids), dtype=np.int32), [g.num_tiles for g in grids])
         self.offsets = np.concatenate([[0], np.cumsum(self._ny * self._nx)]).astype(np.int64)
         self._stride, self._label_of = int(stride), labels
@@ -178,6 +172,17 @@ def _per_scene_cache() -> LruCache:
     return LruCache(max_bytes=int(defaults.get("sample_cache_bytes")))
 
 
+@functools.lru_cache(maxsize=64)  # an archive's scenes share a few grids
+def _lattice(g: fmt.TileGrid, stride: int) -> tuple[np.ndarray, ...]:
+    """Per tile of grid ``g``: the scene row and column of its first sampled pixel (multiples of
+    ``stride``), its sampled rows and columns, and its padded origin (row, column). Shared: not to be
+    modified."""
+    ty, tx = np.divmod(np.arange(g.num_tiles, dtype=np.int64), g.ntx)
+    y0, ny = _sampled(ty * g.tile, np.minimum((ty + 1) * g.tile, g.height), stride)
+    x0, nx = _sampled(tx * g.tile, np.minimum((tx + 1) * g.tile, g.width), stride)
+    return y0, x0, ny, nx, ty * g.tile - g.halo, tx * g.tile - g.halo
+
+
 def _sampled(lo: np.ndarray, hi: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
     """First multiple of ``stride`` in each [lo, hi) and how many there are (0 for none)."""
     first = -(-lo // stride) * stride
@@ -201,7 +206,7 @@ class ListedSamples(_PerTileSamples):
         if pixels == "labelled":
             per_scene = [_listed_counts(s, split) for s in scenes]
         else:  # each tile's pixels less the labelled ones of the other splits
-            per_scene = [_grid_counts(s.grid) - _listed_counts(s, split, others=True) for s in scenes]
+            per_scene = [_pixels_per_tile(s.grid) - _listed_counts(s, split, others=True) for s in scenes]
         self._pixels = pixels
         tiles = np.array([len(c) for c in per_scene], dtype=np.int64)
         self._scene_of_tile = np.repeat(np.arange(len(scenes), dtype=np.int64), tiles)
@@ -258,8 +263,7 @@ def _listed_counts(scene: DeferredScene, split: str | None, others: bool = False
     return counts
 
 
-def _grid_counts(g: fmt.TileGrid) -> np.ndarray:
+def _pixels_per_tile(g: fmt.TileGrid) -> np.ndarray:
     """Each tile's number of scene pixels (its core, clipped to the scene)."""
-    ty, tx = np.divmod(np.arange(g.num_tiles, dtype=np.int64), g.ntx)
-    return ((np.minimum((ty + 1) * g.tile, g.height) - ty * g.tile)
-            * (np.minimum((tx + 1) * g.tile, g.width) - tx * g.tile))
+    _, _, ny, nx, _, _ = _lattice(g, 1)
+    return ny * nx
