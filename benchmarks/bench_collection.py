@@ -268,7 +268,7 @@ def startup(stores: list[Path], work: Path, args: argparse.Namespace) -> dict:
     # unique, paths repeated); the first batch reads the first scene only, so no other store is opened
     template = json.loads((work / f"collection_{counts[-1]}" / "collection.json").read_text())
     large = []
-    for n in (1000, 4000, 11636):
+    for n in args.listings:
         folder = work / f"listing_{n}"
         folder.mkdir(exist_ok=True)
         entries = [dict(template["scenes"][i % len(template["scenes"])], name=f"s{i:05d}") for i in range(n)]
@@ -441,7 +441,8 @@ def main() -> None:
     ap.add_argument("--startup-only", action="store_true", help="only the time-to-first-batch section")
     ap.add_argument("--memory-only", action="store_true", help="only the memory-over-an-epoch section")
     ap.add_argument("--listings", default="25,200,1000,4000,11636",
-                    help="start-up over labelled pixels: listing sizes (a list of stores up to 1,000)")
+                    help="start-up over archive-sized listings, every pixel and labelled pixels: listing sizes "
+                         "(labelled: also as a list of stores, up to 1,000)")
     ap.add_argument("--memory-scenes", default="1000,3000", help="memory over an epoch: listing sizes")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)

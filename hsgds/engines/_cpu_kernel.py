@@ -255,11 +255,22 @@ def _integer_values(ary):
 
 
 @jit
+def finite_tables(offset, scale):
+    """Whether every offset and scale is finite. A function of its own, not of the tile's dtype: compiled
+    once per compute dtype instead of once per (tile, output) dtype pair (~0.6 s each on the 2-core VM)."""
+    for values in (offset, scale):
+        for v in values.flat:
+            if not np.isfinite(v):
+                return False
+    return True
+
+
+@jit
 def nan_free(src, offset, scale):
     """Whether no value cut without noise can be NaN: integers minus a finite offset times a finite scale
     are finite or, past float32's range, infinite. Then the bfloat16 rounding needs no NaN test (the
     test and its select took a third of the bfloat16 block's time)."""
-    return integer_values(src) and np.all(np.isfinite(offset)) and np.all(np.isfinite(scale))
+    return integer_values(src) and finite_tables(offset, scale)
 
 
 @intrinsic
