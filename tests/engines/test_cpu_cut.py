@@ -19,19 +19,7 @@ from hsgds.augment import apply_dihedral_numpy  # noqa: E402
 from hsgds.engines import PatchSpec, TorchEngine, cpu_cut  # noqa: E402
 from hsgds.errors import InputError  # noqa: E402
 
-STORE_DTYPES = ["uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32", "float64"]
-OUT_DTYPES = ["float32", "float16", "bfloat16", "float64"]
-# Each (store, output) pair is a kernel of its own that numba compiles in ~6 s on the 2-core VM, so the
-# bit-for-bit test covers the pairs where the code differs instead of all 40: every store dtype into
-# float32 (its conversion to the float32 compute type, shared by both 16-bit outputs) and into bfloat16
-# (the register blocks' vector conversion and rounding, and the NaN test that integer stores skip);
-# float16 rounds the same float32 values per value, from a few stores; float64 computes in float64, so
-# every conversion whose result differs in kind (sign or zero extension, the rounding 64-bit integers
-# need) from one store of each. test_engines_agree_bit_for_bit compiles the same float16 / float64 pairs.
-FLOAT16_STORES = ["uint8", "int16", "uint16", "uint32", "float32", "float64"]
-FLOAT64_STORES = [*FLOAT16_STORES, "int64", "uint64"]
-CUT_PAIRS = [(s, o) for o in ("float32", "bfloat16") for s in STORE_DTYPES] + [
-    (s, "float16") for s in FLOAT16_STORES] + [(s, "float64") for s in FLOAT64_STORES]
+from .kernel_pairs import CUT_PAIRS, OUT_DTYPES  # noqa: E402
 
 
 def _storage(dtype: str, slots: int, side: int, bands: int, seed: int) -> np.ndarray:
