@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from hsgds import defaults
+from hsgds._numba_cache import import_kernels
 from hsgds.errors import ConfigError
 
 __all__ = ["Augment", "AugmentBatch", "apply_after_cut", "dihedral_batch", "dihedral_offsets", "draw", "philox4x32"]
@@ -76,7 +77,7 @@ def _compiled_philox() -> Any:
         return None
     if "philox" not in _COMPILED:
         try:
-            from hsgds._philox_kernel import philox_rows
+            philox_rows = import_kernels("hsgds._philox_kernel").philox_rows
         except ImportError:
             philox_rows = None
         _COMPILED["philox"] = philox_rows

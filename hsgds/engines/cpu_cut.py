@@ -15,8 +15,9 @@ releases the GIL: the torch engine runs one call per range of patches on its own
 
 numba compiles the kernel (``pip install 'hsgds[cpu]'``); :func:`available` says whether it can run,
 and :func:`unavailable_reason` why not. Compiled code is cached on disk (numba's ``cache=True``: next to
-this file, or in numba's per-user cache directory when the package folder is read-only), so only the
-first process on a machine pays the compile time of each (store dtype, output dtype) pair.
+this file, or in numba's per-user cache directory when the package folder is read-only, or in a private
+folder of the temporary directory when both are: :mod:`hsgds._numba_cache`), so only the first process on
+a machine pays the compile time of each (store dtype, output dtype) pair.
 
 Arithmetic: ``(compute(x) - offset) * scale`` with ``compute`` float32 (float64 for a float64 output),
 the exact operations of the torch engine; then one rounding to the output dtype. 16-bit outputs are
@@ -36,6 +37,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hsgds._numba_cache import NoCacheFolder, import_kernels
+
 __all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cut_range", "make_noise", "make_tables", "patch_starts",
            "should_stream", "unavailable_reason", "warm_up"]
 
@@ -47,20 +50,21 @@ _state: dict[str, Any] = {}
 
 
 def _build() -> Any:
-    """The module of compiled kernels (``KERNELS`` indexed by MODES); raises ImportError when numba is missing."""
-    import importlib
-
-    return importlib.import_module("hsgds.engines._cpu_kernel")
+    """The module of compiled kernels (``KERNELS`` indexed by MODES); raises ImportError when numba is missing
+    (:class:`~hsgds._numba_cache.NoCacheFolder` when it has nowhere to keep compiled code)."""
+    return import_kernels("hsgds.engines._cpu_kernel")
 
 
 def _kernel() -> Any:
-    """The module of compiled kernels, imported once per process; None when numba cannot be imported."""
+    """The module of compiled kernels, imported once per process; None when it cannot be (the reason kept)."""
     if "kernel" not in _state:
         with _lock:
             if "kernel" not in _state:
                 try:
                     _state["kernel"] = _build()
                     _state["reason"] = None
+                except NoCacheFolder as exc:
+                    _state["kernel"], _state["reason"] = None, f"the fused CPU kernel cannot run: {exc}"
                 except ImportError as exc:
                     _state["kernel"] = None
                     _state["reason"] = (f"the fused CPU kernel needs numba ({' '.join(str(exc).split())}); "
