@@ -13,7 +13,7 @@ import click
 import numpy as np
 
 from hsgds._version import __version__
-from hsgds.errors import HsgdsError
+from hsgds.errors import HsgdsError, InputError
 
 EXIT_BAD_INPUT = 2
 EXIT_SOME_FAILED = 1  # convert-many: the other scenes were converted
@@ -356,7 +356,11 @@ def demo_store(refresh: bool = False) -> Path:
 
     store = Path(defaults.get("cache_dir")) / "indian_pines.zarr"
     if refresh or not (store / "zarr.json").is_file():
-        store.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot make the cache folder {store.parent} ({exc.strerror or exc}); set "
+                             "HSGDS_CACHE_DIR to a writable folder") from None
         cube, gt = indian_pines_files()
         click.echo(f"converting Indian Pines ({cube.name}) into {store}", err=True)
         run_convert(cube, store, ConvertOptions(labels=gt, class_names=INDIAN_PINES_CLASSES, overwrite=True))

@@ -160,3 +160,12 @@ def test_demo_command_writes_report_model_and_map(tmp_path, monkeypatch, indian_
     code, out, err = run_cli("predict", cache / "indian_pines.zarr", "--model", tmp_path / "out" / "model.ckpt",
                              "-o", tmp_path / "out" / "map.npy")
     assert code == 0, err
+
+
+def test_demo_with_an_unusable_cache_folder_is_one_line(tmp_path, monkeypatch, run_cli):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HSGDS_CACHE_DIR", str(blocker / "cache"))
+    code, out, err = run_cli("demo", "--epochs", "0", "-o", tmp_path / "out")
+    assert code == 2 and "HSGDS_CACHE_DIR" in err and "cache" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
