@@ -225,9 +225,14 @@ def resplit(store, split, train, val, block_size, seed) -> None:
 @cli.command()
 @click.argument("store", type=click.Path())
 def verify(store) -> None:
-    """Re-read every tile and check its size and checksum."""
+    """Re-read every tile and check its size and checksum. For a collection (a folder holding
+    collection.json, or that file): every scene's store, each also checked against its entry."""
+    from hsgds.collection import is_collection_path
     from hsgds.scene import open_scene
 
+    if is_collection_path(store):
+        _verify_collection(store)
+        return
     scene = open_scene(store)
     problems = scene.verify()
     if problems:
@@ -238,6 +243,41 @@ def verify(store) -> None:
         "crc32c; a format v1 store has no device checksums: convert again for on-device checks"
     click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes "
                f"verified ({sums})")
+
+
+def _verify_collection(path: str) -> None:
+    """``hsgds verify`` over a collection: each scene's problems named as found, the others verified."""
+    from hsgds.collection import open_collection
+
+    coll = open_collection(path)
+    bad: list[str] = []
+    tiles = nbytes = 0
+    bar: Any = click.progressbar(length=len(coll), label="scenes", file=sys.stderr, show_pos=True
+                                 ) if sys.stderr.isatty() else None
+    try:
+        for i, name in enumerate(coll.names):
+            try:
+                scene = coll.scene(i)
+                problems = scene.verify()
+            except HsgdsError as exc:  # missing, unreadable, or not the store collection.json lists
+                problems = [str(exc)]
+            else:
+                tiles += scene.grid.num_tiles
+                nbytes += scene.grid.num_tiles * scene.grid.tile_nbytes
+            for p in problems:
+                click.echo(f"{chr(10) if bar else ''}hsgds: bad scene {name}: {p}", err=True)
+            if problems:
+                bad.append(name)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.render_finish()
+    if bad:
+        _fail(f"{len(bad)} of {len(coll)} scenes are damaged ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); "
+              "run the `hsgds convert-many` that made the collection again: it converts only what is missing, "
+              "changed or damaged")
+    click.echo(f"ok: {len(coll)} scenes, {tiles} tiles, {nbytes} bytes verified")
 
 
 @cli.command()

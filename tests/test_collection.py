@@ -140,3 +140,35 @@ def test_missing_collection(tmp_path):
         open_collection(tmp_path)
     with pytest.raises(StoreError, match="does not exist"):
         open_collection(tmp_path / "nowhere")
+
+
+def test_verify_checks_every_scene_and_names_the_damaged_ones(three_stores, tmp_path, run_cli):
+    """``hsgds verify`` on a collection: every store re-read and checked against its entry; a flipped
+    byte, a missing store and a replaced one are each named, the intact scene is verified, exit 2."""
+    root, stores = three_stores
+    for p in stores:
+        shutil.copytree(p, tmp_path / p.name)
+    copies = [tmp_path / p.name for p in stores]
+    _write(tmp_path, copies)
+    code, out, err = run_cli("verify", tmp_path)
+    assert code == 0, err
+    total = sum(open_scene(p).grid.num_tiles for p in copies)
+    assert out.strip() == f"ok: 3 scenes, {total} tiles, " \
+        f"{sum(open_scene(p).grid.num_tiles * open_scene(p).grid.tile_nbytes for p in copies)} bytes verified"
+
+    tile = open_scene(copies[0]).tile_paths[0]
+    data = bytearray(tile.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    tile.write_bytes(bytes(data))
+    shutil.rmtree(copies[1])
+    shutil.rmtree(copies[2])
+    shutil.copytree(stores[0], copies[2])  # scene2's store replaced by another scene
+    code, out, err = run_cli("verify", tmp_path / COLLECTION_FILE)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("hsgds: bad scene scene0: tile 0 ") and "crc32c" in lines[0]
+    assert lines[1].startswith("hsgds: bad scene scene1: ") and "is missing" in lines[1]
+    assert lines[2].startswith("hsgds: bad scene scene2: ") and "differs from collection.json" in lines[2]
+    assert lines[3] == ("hsgds: error: 3 of 3 scenes are damaged (scene0, scene1, scene2); run the `hsgds "
+                        "convert-many` that made the collection again: it converts only what is missing, "
+                        "changed or damaged")
