@@ -40,8 +40,9 @@ def _number(value: str) -> float:
 
 
 @contextmanager
-def _split_warnings():
-    """Show a split's warnings (classes that could not be split) as one line each on stderr."""
+def _split_warnings(prefix: str = ""):
+    """Show a split's warnings (classes that could not be split) as one line each on stderr, after
+    ``prefix`` (a collection's scene name)."""
     from hsgds.preprocess.splits import UnsplittableClassWarning
 
     with warnings.catch_warnings(record=True) as caught:
@@ -51,7 +52,7 @@ def _split_warnings():
         finally:
             for w in caught:
                 if issubclass(w.category, UnsplittableClassWarning):
-                    click.echo(f"hsgds: warning: {w.message}", err=True)
+                    click.echo(f"hsgds: warning: {prefix}{w.message}", err=True)
                 else:
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
@@ -213,9 +214,15 @@ def info(store, patch_size) -> None:
 @click.option("--seed", default=0, show_default=True)
 def resplit(store, split, train, val, block_size, seed) -> None:
     """Re-split an existing store without its source: new split codes and train statistics, written
-    atomically (a loader reading the store meanwhile sees the old split or the new one); tiles untouched."""
+    atomically (a loader reading the store meanwhile sees the old split or the new one); tiles untouched.
+    For a collection (a folder holding collection.json, or that file): every labelled scene, each split on
+    its own labels with these settings, then collection.json's per-tile sample counts written anew."""
+    from hsgds.collection import is_collection_path
     from hsgds.preprocess.resplit import resplit as run_resplit
 
+    if is_collection_path(store):
+        _resplit_collection(store, split, _number(train), _number(val), block_size, seed)
+        return
     with _split_warnings():
         run_resplit(store, split, train=_number(train), val=_number(val), block_size=block_size, seed=seed)
     click.echo(f"re-split {store}")
@@ -243,6 +250,43 @@ def verify(store) -> None:
         "crc32c; a format v1 store has no device checksums: convert again for on-device checks"
     click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes "
                f"verified ({sums})")
+
+
+def _resplit_collection(path: str, split: str, train: float, val: float, block_size: int | None, seed: int) -> None:
+    """``hsgds resplit`` over a collection. A scene that fails is named and left as it was (each store's
+    re-split is atomic); collection.json is rewritten for those that were re-split either way, so it always
+    matches the stores. Exit 1 when some scenes failed."""
+    from hsgds.collection import SceneEntry, open_collection, write_collection
+    from hsgds.info import split_summary
+    from hsgds.preprocess.resplit import resplit as run_resplit
+    from hsgds.scene import open_scene
+
+    coll = open_collection(path)
+    entries, failed = list(coll.entries), []
+    labelled = [i for i, e in enumerate(coll.entries) if e.num_samples]
+    for i in labelled:
+        e = coll.entries[i]
+        try:
+            coll.scene(i)  # the store collection.json lists, not another one put in its place
+            with _split_warnings(f"{e.name}: "):
+                run_resplit(e.path, split, train=train, val=val, block_size=block_size, seed=seed)
+            scene = open_scene(e.path)
+            entries[i] = SceneEntry.of_scene(e.name, scene, stamps=e.stamps)
+            line = split_summary(scene)
+            if line:
+                click.echo(f"{e.name}: {line}")
+        except HsgdsError as exc:
+            failed.append(e.name)
+            click.echo(f"hsgds: failed: {e.name}: {exc}", err=True)
+    if len(failed) < len(labelled):
+        write_collection(coll.root, entries, coll.path.name)
+    click.echo(f"re-split {len(labelled) - len(failed)} of {len(coll)} scenes "
+               f"({len(coll) - len(labelled)} unlabelled, {len(failed)} failed); wrote {coll.path}")
+    if failed:
+        click.echo(f"hsgds: error: {len(failed)} of {len(labelled)} labelled scenes could not be re-split ("
+                   f"{', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}); fix them and run the same "
+                   "command again", err=True)
+        sys.exit(EXIT_SOME_FAILED)
 
 
 def _verify_collection(path: str) -> None:

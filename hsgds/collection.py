@@ -438,8 +438,9 @@ def open_collection(path: str | os.PathLike) -> Collection:
     return Collection(file, entries)
 
 
-def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry]) -> Path:
-    """Write ``folder/collection.json`` atomically (a temporary file renamed over it); returns its path.
+def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry], name: str = COLLECTION_FILE) -> Path:
+    """Write ``folder/collection.json`` (or ``name``) atomically (a temporary file renamed over it); returns
+    its path.
 
     Store paths are written relative to ``folder``. Readers either see the previous file or the new one.
     """
@@ -450,8 +451,8 @@ def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry]) -
     root = folder.resolve()
     doc = {"format": COLLECTION_FORMAT, "format_version": COLLECTION_VERSION, "created_by": f"hsgds {__version__}",
            "scenes": [e.to_json(root) for e in entries]}
-    out = folder / COLLECTION_FILE
-    tmp = folder / f".{COLLECTION_FILE}.tmp-{secrets.token_hex(4)}"
+    out = folder / name
+    tmp = folder / f".{name}.tmp-{secrets.token_hex(4)}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)

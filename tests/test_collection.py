@@ -172,3 +172,57 @@ def test_verify_checks_every_scene_and_names_the_damaged_ones(three_stores, tmp_
     assert lines[3] == ("hsgds: error: 3 of 3 scenes are damaged (scene0, scene1, scene2); run the `hsgds "
                         "convert-many` that made the collection again: it converts only what is missing, "
                         "changed or damaged")
+
+
+def _train_rows(stores) -> set:
+    """(scene, y, x) of every train pixel, read from each store on its own."""
+    rows = set()
+    for i, p in enumerate(stores):
+        y, x, _ = open_scene(p).samples("train")
+        rows |= {(i, int(a), int(b)) for a, b in zip(y, x)}
+    return rows
+
+
+def _loader_rows(folder) -> set:
+    with hsgds.PatchLoader(folder, patch_size=5, batch_size=64, split="train", return_coords=True,
+                           device="cpu") as loader:
+        coords = [c for _, _, c in loader]
+    rows = [tuple(r) for r in np.concatenate(coords).tolist()]
+    assert len(rows) == len(set(rows))
+    return set(rows)
+
+
+def test_resplit_a_collection_rewrites_its_sample_counts(three_stores, tmp_path, run_cli):
+    """``hsgds resplit`` on a collection: every scene re-split, collection.json's per-tile counts written
+    anew, so a loader started from collection.json alone serves exactly the stores' new train pixels; a
+    scene that cannot be re-split is named, left as it was and the others done (exit 1)."""
+    root, stores = three_stores
+    sources = [stores[0], stores[2], stores[0]]  # scenes of one band count, so that one loader reads them
+    copies = [tmp_path / f"{name}.zarr" for name in "abc"]
+    for p, c in zip(sources, copies):
+        shutil.copytree(p, c)
+    _write(tmp_path, copies)
+    before = _train_rows(copies)
+    assert _loader_rows(tmp_path) == before
+
+    code, out, err = run_cli("resplit", tmp_path, "--split", "blocks", "--train", "0.4", "--seed", "3")
+    assert code == 0, err
+    assert out.splitlines()[-1] == f"re-split 3 of 3 scenes (0 unlabelled, 0 failed); wrote {tmp_path / COLLECTION_FILE}"
+    after = _train_rows(copies)
+    assert after != before and all(open_scene(c).meta.split["method"] == "blocks" for c in copies)
+    listed = open_collection(tmp_path).entries
+    assert [e.tile_samples for e in listed] == [SceneEntry.of_scene("x", open_scene(c)).tile_samples for c in copies]
+    assert _loader_rows(tmp_path) == after
+
+    shutil.rmtree(copies[1])
+    shutil.copytree(stores[1], copies[1])  # scene1's store replaced by another scene: not touched
+    code, out, err = run_cli("resplit", tmp_path, "--split", "random", "--train", "0.2")
+    assert code == 1
+    assert "hsgds: failed: scene1: " in err and "differs from collection.json" in err
+    assert err.strip().splitlines()[-1].startswith("hsgds: error: 1 of 3 labelled scenes could not be re-split (scene1)")
+    assert [open_scene(c).meta.split_generation for c in copies] == [2, open_scene(stores[1]).meta.split_generation, 2]
+    assert [open_scene(c).meta.split["method"] for c in copies[::2]] == ["random", "random"]
+    assert _train_rows(copies[1:2]) == _train_rows(stores[1:2])  # the replaced store untouched
+    listed = open_collection(tmp_path).entries
+    for i in (0, 2):
+        assert listed[i].tile_samples == SceneEntry.of_scene("x", open_scene(copies[i])).tile_samples
