@@ -388,29 +388,42 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
 @click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False),
               help="A torch.export program (.pt2) or a checkpoint saved by `hsgds demo`.")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
-              help="Class map to write: .tif (GeoTIFF), .png, .hdr (ENVI classification) or .npy.")
+              help="Class map to write: .tif (GeoTIFF), .png, .hdr (ENVI classification) or .npy. For a "
+                   "collection, a path naming each scene's map with {name}, e.g. maps/{name}.tif.")
 @click.option("--patch-size", type=int, help="Patch side p (default: the model's).")
 @click.option("--batch-size", default=1024, show_default=True)
 @click.option("--probabilities", type=click.Path(dir_okay=False),
-              help="Also write per-class probabilities, float16 (H, W, K), to this .npy file.")
+              help="Also write per-class probabilities, float16 (H, W, K), to this .npy file (with {name} for a "
+                   "collection).")
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--tta", is_flag=True, help="Test-time augmentation: average the model's probabilities over the "
                                           "8 flips / quarter turns of each patch (8x the model's work).")
 def predict(store, model_path, out, patch_size, batch_size, probabilities, device, tta) -> None:
-    """Classify every pixel of STORE with a model and write the class map (georeferenced when the source was)."""
+    """Classify every pixel of STORE with a model and write the class map (georeferenced when the source was).
+    For a collection (a folder holding collection.json, or that file): a map per scene, each scene
+    normalized with its own train statistics (as a loader over the collection does by default)."""
     from hsgds import writers
-    from hsgds.inference import predict as run_predict
+    from hsgds.collection import is_collection_path
     from hsgds.models import load_model
     from hsgds.scene import open_scene
 
-    writers.check_output(out)  # before any work: a bad suffix or missing folder costs nothing
     if probabilities is not None and Path(probabilities).suffix.lower() != ".npy":
         _fail(f"--probabilities is written as .npy; name the file {Path(probabilities).stem}.npy")
+    if is_collection_path(store):
+        _predict_collection(store, model_path, out, patch_size, batch_size, probabilities, device, tta)
+        return
+    writers.check_output(out)  # before any work: a bad suffix or missing folder costs nothing
     scene = open_scene(store)
     loaded = load_model(model_path)
-    bands = scene.shape[2]
+    patch_size = _patch_size_for(loaded, model_path, patch_size, str(store), scene.shape[2], scene.grid.halo)
+    _predict_scene(scene, loaded, out, patch_size, batch_size, probabilities, device, tta)
+
+
+def _patch_size_for(loaded, model_path: str, patch_size: int | None, where: str, bands: int, halo: int) -> int:
+    """The patch size to predict ``where`` with (``--patch-size`` or the model's), once the model is known to
+    take its bands and the store to serve that size; exit 2 with what to do otherwise."""
     if loaded.bands is not None and loaded.bands != bands:
-        _fail(f"{model_path} takes {loaded.bands} bands but {store} has {bands}; use a model trained on this sensor")
+        _fail(f"{model_path} takes {loaded.bands} bands but {where} has {bands}; use a model trained on this sensor")
     if patch_size is None:
         if loaded.patch_size is None:
             _fail(f"{model_path} does not fix its patch size; pass --patch-size")
@@ -418,10 +431,18 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     elif loaded.patch_size is not None and patch_size != loaded.patch_size:
         _fail(f"{model_path} was made for {loaded.patch_size}x{loaded.patch_size} patches, not {patch_size}x{patch_size}; "
               f"drop --patch-size or pass {loaded.patch_size}")
-    max_p = 2 * scene.grid.halo + 1
+    assert patch_size is not None
+    max_p = 2 * halo + 1
     if patch_size > max_p:
-        _fail(f"the model needs {patch_size}x{patch_size} patches but {store} serves at most {max_p}x{max_p}; "
+        _fail(f"the model needs {patch_size}x{patch_size} patches but {where} serves at most {max_p}x{max_p}; "
               f"convert again with --max-patch {patch_size}")
+    return patch_size
+
+
+def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int, probabilities: str | None,
+                   device: str | None, tta: bool) -> None:
+    from hsgds.inference import predict as run_predict
+
     classmap = run_predict(scene, loaded.module, patch_size=patch_size, batch_size=batch_size, device=device,
                            normalize=loaded.normalize, layout=loaded.layout, probabilities=probabilities or False,
                            out=out, tta=tta)
@@ -429,6 +450,41 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {int(counts[1:].sum())} pixels "
                f"predicted into {int(np.count_nonzero(counts[1:]))} classes"
                + (f"; probabilities in {probabilities}" if probabilities else ""))
+
+
+def _predict_collection(path: str, model_path: str, out: str, patch_size: int | None, batch_size: int,
+                        probabilities: str | None, device: str | None, tta: bool) -> None:
+    """``hsgds predict`` over a collection: every scene checked against the model and every output path
+    before any work (exit 2); then a map per scene, a scene that fails named while the others are
+    predicted (exit 1)."""
+    from hsgds import writers
+    from hsgds.collection import open_collection
+    from hsgds.models import load_model
+
+    for option, value in (("-o", out), ("--probabilities", probabilities)):
+        if value is not None and "{name}" not in value:
+            _fail(f"{option} {value} would be written once per scene of the collection; name each scene's file "
+                  "with {name}, e.g. maps/{name}.tif")
+    coll = open_collection(path)
+    loaded = load_model(model_path)
+    sizes = []
+    for i, e in enumerate(coll.entries):
+        halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
+        sizes.append(_patch_size_for(loaded, model_path, patch_size, f"scene {e.name!r}", e.bands, halo))
+        writers.check_output(out.replace("{name}", e.name))
+    failed = []
+    for i, e in enumerate(coll.entries):
+        try:
+            _predict_scene(coll.scene(i), loaded, out.replace("{name}", e.name), sizes[i], batch_size,
+                           probabilities.replace("{name}", e.name) if probabilities else None, device, tta)
+        except HsgdsError as exc:
+            failed.append(e.name)
+            click.echo(f"hsgds: failed: {e.name}: {exc}", err=True)
+    if failed:
+        click.echo(f"hsgds: error: {len(failed)} of {len(coll)} scenes could not be predicted ("
+                   f"{', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}); fix them and run the same "
+                   "command again", err=True)
+        sys.exit(EXIT_SOME_FAILED)
 
 
 def demo_store(refresh: bool = False) -> Path:

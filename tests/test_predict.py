@@ -333,3 +333,45 @@ def test_tta_is_the_mean_probability_over_the_8_dihedral_variants(store, layout,
             np.testing.assert_array_equal(classmap[y, xx][~ambiguous], mean.argmax(1)[~ambiguous] + 1)
     plain = predict(store, net, patch_size=p, batch_size=200, device="cpu", layout=layout)
     assert (plain != classmap).any()  # a model that is not invariant: TTA changes some pixels
+
+
+def test_cli_predict_a_collection_writes_a_map_per_scene(store, tmp_path, run_cli):
+    """``hsgds predict COLLECTION -o maps/{name}.npy``: each scene's map equals hsgds.predict on that store
+    alone; checks of every scene and output come before any work (exit 2, nothing written); a scene that
+    fails is named while the others are predicted (exit 1)."""
+    import shutil
+
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.scene import open_scene
+
+    ckpt, model = _checkpoint(tmp_path)
+    coll = tmp_path / "coll"
+    coll.mkdir()
+    for name in ("north", "south"):
+        shutil.copytree(store, coll / f"{name}.zarr")
+    write_collection(coll, [SceneEntry.of_scene(n, open_scene(coll / f"{n}.zarr")) for n in ("north", "south")])
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    want = predict(store, model, patch_size=5, device="cpu")
+
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", tmp_path / "one.npy")
+    assert code == 2 and "{name}" in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", tmp_path / "nowhere" / "{name}.npy")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    other_bands, _ = _checkpoint(tmp_path / "..", bands=B + 1)
+    code, out, err = run_cli("predict", coll, "--model", other_bands, "-o", maps / "{name}.npy")
+    assert code == 2 and "scene 'north'" in err and "takes 9 bands" in err, err
+    assert not any(maps.iterdir())
+
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--probabilities",
+                             maps / "{name}.p.npy")
+    assert code == 0, err
+    for name in ("north", "south"):
+        assert np.array_equal(np.load(maps / f"{name}.npy", allow_pickle=False), want)
+        assert np.load(maps / f"{name}.p.npy", allow_pickle=False).shape == (H, W, 4)
+
+    shutil.rmtree(coll / "north.zarr")
+    (maps / "south.npy").unlink()
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy")
+    assert code == 1 and "hsgds: failed: north: " in err and "is missing" in err
+    assert np.array_equal(np.load(maps / "south.npy", allow_pickle=False), want)
