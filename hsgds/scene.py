@@ -137,6 +137,9 @@ class Scene:
         if not self.path.is_dir():
             raise StoreError(f"{self.path} is not a store directory; create one with `hsgds convert`")
         where = str(self.path)
+        if (self.path / "collection.json").is_file() and not (self.path / "zarr.json").exists():
+            raise StoreError(f"{where} is a collection (collection.json), not a store: give one of its scenes' "
+                             f"stores, e.g. {where}/<name>.zarr (`hsgds info {where}` lists them)")
         root = _read_json(self.path / "zarr.json", where)
         self.meta = fmt.StoreMeta.from_json(root.get("attributes", {}), where)
         self.grid = self.meta.grid

@@ -226,3 +226,12 @@ def test_resplit_a_collection_rewrites_its_sample_counts(three_stores, tmp_path,
     listed = open_collection(tmp_path).entries
     for i in (0, 2):
         assert listed[i].tile_samples == SceneEntry.of_scene("x", open_scene(copies[i])).tile_samples
+
+
+def test_a_collection_given_where_one_store_is_needed_says_so(three_stores, run_cli):
+    root, stores = three_stores
+    folder = _write(root, stores).parent
+    with pytest.raises(StoreError, match=r"is a collection \(collection.json\), not a store: give one of its scenes'"):
+        open_scene(folder)
+    code, out, err = run_cli("preview", folder, "-o", folder / "p.png")
+    assert code == 2 and "is a collection" in err and len(err.strip().splitlines()) == 1
