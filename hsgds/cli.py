@@ -298,6 +298,7 @@ def _verify_collection(path: str) -> None:
     tiles = nbytes = 0
     bar: Any = click.progressbar(length=len(coll), label="scenes", file=sys.stderr, show_pos=True
                                  ) if sys.stderr.isatty() else None
+    lead = "\n" if bar is not None else ""  # a problem's line starts below the bar
     try:
         for i, name in enumerate(coll.names):
             try:
@@ -309,7 +310,7 @@ def _verify_collection(path: str) -> None:
                 tiles += scene.grid.num_tiles
                 nbytes += scene.grid.num_tiles * scene.grid.tile_nbytes
             for p in problems:
-                click.echo(f"{chr(10) if bar else ''}hsgds: bad scene {name}: {p}", err=True)
+                click.echo(f"{lead}hsgds: bad scene {name}: {p}", err=True)
             if problems:
                 bad.append(name)
             if bar is not None:
