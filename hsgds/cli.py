@@ -7,7 +7,7 @@ import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import numpy as np
@@ -19,7 +19,7 @@ EXIT_BAD_INPUT = 2
 EXIT_SOME_FAILED = 1  # convert-many: the other scenes were converted
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"hsgds: error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
 
@@ -432,7 +432,6 @@ def _patch_size_for(loaded, model_path: str, patch_size: int | None, where: str,
     elif loaded.patch_size is not None and patch_size != loaded.patch_size:
         _fail(f"{model_path} was made for {loaded.patch_size}x{loaded.patch_size} patches, not {patch_size}x{patch_size}; "
               f"drop --patch-size or pass {loaded.patch_size}")
-    assert patch_size is not None
     max_p = 2 * halo + 1
     if patch_size > max_p:
         _fail(f"the model needs {patch_size}x{patch_size} patches but {where} serves at most {max_p}x{max_p}; "

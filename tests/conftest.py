@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +21,42 @@ def _cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     except ImportError:
         return False
+
+
+_COMPILER = pytest.StashKey[subprocess.Popen]()
+_COMPILE = """
+import os, sys
+os.nice(10)  # spare cycles only: the tests keep the cores they ask for
+import numpy as np
+from hsgds.engines import cpu_cut
+for pair in sys.argv[1:]:
+    store, out = pair.split(":")
+    cpu_cut._warm(np.dtype(store), out)
+"""
+
+
+def pytest_collection_finish(session):
+    """When the engine tests are to run: compile the fused CPU kernel's specializations they use in a
+    background process, into numba's on-disk cache. numba compiles one at a time per process (~6 s each on
+    the 2-core CI machine, 32 of them), so with a cold cache they took minutes of the suite on the test
+    process; meanwhile that process mostly runs on one core. The tests load from the cache what is already
+    there and compile the rest themselves (both writes are atomic); a warm cache costs the background
+    process a few seconds. It is stopped at the end of the session."""
+    if importlib.util.find_spec("numba") is None or not any(
+            item.nodeid.startswith("tests/engines/") for item in session.items):
+        return
+    from tests.engines.kernel_pairs import CUT_PAIRS
+
+    session.config.stash[_COMPILER] = subprocess.Popen(
+        [sys.executable, "-c", _COMPILE, *(f"{store}:{out}" for store, out in CUT_PAIRS)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_sessionfinish(session):
+    proc = session.config.stash.get(_COMPILER, None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def pytest_collection_modifyitems(config, items):
