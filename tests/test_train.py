@@ -141,14 +141,14 @@ def test_demo_defaults_agree():
         (train.DEMO_EPOCHS, train.DEMO_PATCH_SIZE, train.DEMO_BATCH_SIZE)
 
 
-def test_demo_command_writes_report_model_and_map(tmp_path, monkeypatch, indian_pines_store, run_cli):
+def test_demo_command_writes_report_model_and_map(tmp_path, hsgds_env, indian_pines_store, run_cli):
     import json
     import shutil
 
     cache = tmp_path / "cache"
     cache.mkdir()
     shutil.copytree(indian_pines_store, cache / "indian_pines.zarr")  # no second conversion
-    monkeypatch.setenv("HSGDS_CACHE_DIR", str(cache))
+    hsgds_env("HSGDS_CACHE_DIR", str(cache))
     code, out, err = run_cli("demo", "--epochs", "1", "--patch-size", "3", "--batch-size", "256", "--device", "cpu",
                              "-o", tmp_path / "out")
     assert code == 0, err
@@ -162,10 +162,10 @@ def test_demo_command_writes_report_model_and_map(tmp_path, monkeypatch, indian_
     assert code == 0, err
 
 
-def test_demo_with_an_unusable_cache_folder_is_one_line(tmp_path, monkeypatch, run_cli):
+def test_demo_with_an_unusable_cache_folder_is_one_line(tmp_path, hsgds_env, run_cli):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    monkeypatch.setenv("HSGDS_CACHE_DIR", str(blocker / "cache"))
+    hsgds_env("HSGDS_CACHE_DIR", str(blocker / "cache"))
     code, out, err = run_cli("demo", "--epochs", "0", "-o", tmp_path / "out")
     assert code == 2 and "HSGDS_CACHE_DIR" in err and "cache" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
