@@ -26,7 +26,8 @@ def _cuda_available() -> bool:
 _COMPILER = pytest.StashKey[subprocess.Popen]()
 _COMPILE = """
 import os, sys
-os.nice(10)  # spare cycles only: the tests keep the cores they ask for
+if hasattr(os, "nice"):
+    os.nice(10)  # spare cycles only: the tests keep the cores they ask for
 import numpy as np
 from hsgds.engines import cpu_cut
 for pair in sys.argv[1:]:
@@ -40,8 +41,9 @@ def pytest_collection_finish(session):
     background process, into numba's on-disk cache. numba compiles one at a time per process (~6 s each on
     the 2-core CI machine, 32 of them), so with a cold cache they took minutes of the suite on the test
     process; meanwhile that process mostly runs on one core. The tests load from the cache what is already
-    there and compile the rest themselves (both writes are atomic); a warm cache costs the background
-    process a few seconds. It is stopped at the end of the session."""
+    there and compile the rest themselves (numba replaces its cache files whole: at worst one is compiled
+    twice); a warm cache costs the background process a few seconds. It is stopped at the end of the
+    session."""
     if importlib.util.find_spec("numba") is None or not any(
             item.nodeid.startswith("tests/engines/") for item in session.items):
         return
