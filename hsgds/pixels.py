@@ -242,7 +242,9 @@ class ListedSamples(_PerTileSamples):
         if not np.array_equal(got.counts(), self._counts[s]):
             raise StoreError(f"scene {self._names[s]!r} ({scene.path}): its labelled samples differ from "
                              "collection.json (the store was re-split or replaced after the collection was "
-                             "written); run `hsgds convert-many` again to list them anew")
+                             "written); re-split through the collection (`hsgds resplit COLLECTION ...` re-splits "
+                             "every scene and lists the new counts), or run `hsgds convert-many` again (it "
+                             "converts the store again with the manifest's split)")
         return got
 
 
