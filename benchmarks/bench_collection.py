@@ -341,15 +341,15 @@ def labelled_stores(work: Path) -> list[Path]:
 
 def labelled_listing(work: Path, stores: list[Path], n: int) -> Path:
     """A collection folder listing ``n`` scenes that cycle over ``stores`` (names unique, paths repeated)."""
+    from dataclasses import replace
+
     import hsgds
-    from hsgds.collection import SceneEntry
+    from hsgds.collection import SceneEntry, write_collection
 
     folder = work / f"labelled_listing_{n}"
     folder.mkdir(exist_ok=True)
-    entries = [SceneEntry.of_scene(s.name[:-5], hsgds.open_scene(s)).to_json(folder) for s in stores]
-    listed = [dict(entries[i % len(entries)], name=f"s{i:05d}") for i in range(n)]
-    (folder / "collection.json").write_text(json.dumps({"format": "hsgds-collection", "format_version": 1,
-                                                        "scenes": listed}))
+    entries = [SceneEntry.of_scene(s.name[:-5], hsgds.open_scene(s)) for s in stores]
+    write_collection(folder, [replace(entries[i % len(entries)], name=f"s{i:05d}") for i in range(n)])
     return folder
 
 

@@ -87,8 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
                     t = time.perf_counter()
                     again = convert_many(manifest, out, opts, scheduler=cluster.scheduler_address)
                     rerun_s = time.perf_counter() - t
-                    assert not first.failed and len(first.converted) == args.scenes, first.failed[:1]
-                    assert len(again.up_to_date) == args.scenes
+                    if first.failed or len(first.converted) != args.scenes or len(again.up_to_date) != args.scenes:
+                        raise SystemExit(f"not a valid measurement: {len(first.converted)} of {args.scenes} "
+                                         f"converted ({first.failed[:1]}), {len(again.up_to_date)} up to date on rerun")
                     store_bytes = sum(r.store_bytes for r in first.converted)
                     print(f"workers {n} repeat {rep}: convert {convert_s:.2f} s, rerun {rerun_s:.2f} s",
                           file=sys.stderr)

@@ -137,10 +137,13 @@ class Scene:
         if not self.path.is_dir():
             raise StoreError(f"{self.path} is not a store directory; create one with `hsgds convert`")
         where = str(self.path)
-        if (self.path / "collection.json").is_file() and not (self.path / "zarr.json").exists():
-            raise StoreError(f"{where} is a collection (collection.json), not a store: give one of its scenes' "
-                             f"stores, e.g. {where}/<name>.zarr (`hsgds info {where}` lists them)")
-        root = _read_json(self.path / "zarr.json", where)
+        try:
+            root = _read_json(self.path / "zarr.json", where)
+        except StoreError:
+            if (self.path / "collection.json").is_file():  # checked only when the store fails to open
+                raise StoreError(f"{where} is a collection (collection.json), not a store: give one of its "
+                                 f"scenes' stores, e.g. {where}/<name>.zarr (`hsgds info {where}` lists them)") from None
+            raise
         self.meta = fmt.StoreMeta.from_json(root.get("attributes", {}), where)
         self.grid = self.meta.grid
         self.shape: tuple[int, int, int] = self.meta.shape
