@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -401,8 +402,10 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
                                           "8 flips / quarter turns of each patch (8x the model's work).")
 def predict(store, model_path, out, patch_size, batch_size, probabilities, device, tta) -> None:
     """Classify every pixel of STORE with a model and write the class map (georeferenced when the source was).
-    For a collection (a folder holding collection.json, or that file): a map per scene, each scene
-    normalized with its own train statistics (as a loader over the collection does by default)."""
+    For a collection (a folder holding collection.json, or that file): a map per scene. Each scene is
+    normalized with its own train statistics (as a loader over the collection does by default), or with
+    the statistics a checkpoint carries; a checkpoint's band selection (indices or wavelengths) is applied
+    to every scene."""
     from hsgds import writers
     from hsgds.collection import is_collection_path
     from hsgds.models import load_model
@@ -416,14 +419,25 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     writers.check_output(out)  # before any work: a bad suffix or missing folder costs nothing
     scene = open_scene(store)
     loaded = load_model(model_path)
-    patch_size = _patch_size_for(loaded, model_path, patch_size, str(store), scene.shape[2], scene.grid.halo)
+    patch_size = _patch_size_for(loaded, model_path, patch_size, str(store), scene.shape[2], scene.wavelengths,
+                                 scene.grid.halo)
     _predict_scene(scene, loaded, out, patch_size, batch_size, probabilities, device, tta)
 
 
-def _patch_size_for(loaded, model_path: str, patch_size: int | None, where: str, bands: int, halo: int) -> int:
-    """The patch size to predict ``where`` with (``--patch-size`` or the model's), once the model is known to
-    take its bands and the store to serve that size; exit 2 with what to do otherwise."""
-    if loaded.bands is not None and loaded.bands != bands:
+def _patch_size_for(loaded, model_path: str, patch_size: int | None, name: str, bands: int,
+                    wavelengths: Sequence[float] | None, halo: int) -> int:
+    """The patch size to predict scene ``name`` with (``--patch-size`` or the model's), once the model is known
+    to take its bands (all of them, or the checkpoint's selection) and the store to serve that size; exit 2
+    with what to do otherwise."""
+    from hsgds.scene_set import scene_bands
+
+    where = f"scene {name!r}"
+    if loaded.band_indices is not None or loaded.wavelengths is not None:
+        try:
+            scene_bands(name, bands, wavelengths, loaded.band_indices, loaded.wavelengths, loaded.wavelength_tolerance)
+        except HsgdsError as exc:
+            _fail(f"{model_path} was trained on a band selection that {where} cannot give: {exc}")
+    elif loaded.bands is not None and loaded.bands != bands:
         _fail(f"{model_path} takes {loaded.bands} bands but {where} has {bands}; use a model trained on this sensor")
     if patch_size is None:
         if loaded.patch_size is None:
@@ -445,7 +459,8 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int, pr
 
     classmap = run_predict(scene, loaded.module, patch_size=patch_size, batch_size=batch_size, device=device,
                            normalize=loaded.normalize, layout=loaded.layout, probabilities=probabilities or False,
-                           out=out, tta=tta)
+                           out=out, tta=tta, bands=loaded.band_indices, wavelengths=loaded.wavelengths,
+                           wavelength_tolerance=loaded.wavelength_tolerance, norm_stats=loaded.norm_stats)
     counts = np.bincount(classmap.reshape(-1), minlength=2)
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {int(counts[1:].sum())} pixels "
                f"predicted into {int(np.count_nonzero(counts[1:]))} classes"
@@ -470,7 +485,7 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     sizes = []
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
-        sizes.append(_patch_size_for(loaded, model_path, patch_size, f"scene {e.name!r}", e.bands, halo))
+        sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo))
         writers.check_output(out.replace("{name}", e.name))
     failed = []
     for i, e in enumerate(coll.entries):

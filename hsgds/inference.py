@@ -21,7 +21,7 @@ from torch import nn
 
 from hsgds.augment import dihedral_batch
 from hsgds.errors import ConfigError, InputError
-from hsgds.scene import Scene, open_scene
+from hsgds.scene import BandStats, Scene, open_scene
 
 __all__ = ["predict", "ring_bytes_for"]
 
@@ -85,7 +85,9 @@ def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Te
 def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 1024, device: Any = None,
             dtype: torch.dtype = torch.float32, layout: str = "NCHW", normalize: str | None = "zscore",
             mask: Any = None, probabilities: Any = False, out: str | os.PathLike | None = None,
-            engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None, tta: bool = False) -> np.ndarray:
+            engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None, tta: bool = False,
+            bands: Any = None, wavelengths: Any = None, wavelength_tolerance: float = 5.0,
+            norm_stats: BandStats | None = None) -> np.ndarray:
     """Classify every pixel of a store with ``model``; return the (H, W) class map.
 
     Parameters
@@ -97,6 +99,11 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
         ``torch.inference_mode()``, on ``device``.
     patch_size, batch_size, device, dtype, layout, normalize, engine, reader, ring_bytes
         As for :class:`~hsgds.PatchLoader`; use the settings the model was trained with.
+    bands, wavelengths, wavelength_tolerance, norm_stats
+        As for :class:`~hsgds.PatchLoader`: the bands the model takes (indices, or each wavelength's nearest
+        band of this scene) and the statistics to normalize with. By default the scene is normalized with
+        its own train statistics; a model trained with ``norm_scope="collection"`` (or on another scene)
+        expects its training loader's: pass ``norm_stats=loader.norm_stats``.
     mask : (H, W) bool array or None
         Predict only where True; other pixels are 0 in the map (and in the probabilities).
     probabilities : bool or path
@@ -142,7 +149,8 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
     try:
         with PatchLoader(scene, patch_size=patch_size, batch_size=batch_size, split=None, pixels="all",
                          shuffle=False, return_coords=True, mask=mask, device=device, dtype=dtype, layout=layout,
-                         normalize=normalize, engine=engine, reader=reader,
+                         normalize=normalize, engine=engine, reader=reader, bands=bands, wavelengths=wavelengths,
+                         wavelength_tolerance=wavelength_tolerance, norm_stats=norm_stats,
                          ring_bytes=ring_bytes_for(scene, batch_size, mask) if ring_bytes is None else ring_bytes) as loader:
             dev = loader.device
             classmap = torch.zeros((h, w), dtype=torch.int32, device=dev)
@@ -157,7 +165,8 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
                             raise
                         raise InputError(f"the model failed on a {tuple(patches.shape)} {patches.dtype} "
                                          f"{layout} patch batch ({_first_line(exc)}); check that it takes "
-                                         f"{scene.shape[2]} bands and {patch_size}x{patch_size} patches") from None
+                                         f"{patches.shape[1 if layout == 'NCHW' else 3]} bands and {patch_size}x{patch_size} "
+                                         "patches") from None
                     n = patches.shape[0]
                     if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != n:
                         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__

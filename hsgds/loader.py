@@ -36,8 +36,17 @@ from hsgds.pixels import (
 )
 from hsgds.ring import TileRing
 from hsgds.sampling import EpochPlan, Samples, SampleSet, plan_epoch
-from hsgds.scene import Scene
-from hsgds.scene_set import SceneSet, band_selection, normalization, normalization_rows, open_scene_set, scene_tables
+from hsgds.scene import BandStats, Scene
+from hsgds.scene_set import (
+    NORM_SCOPES,
+    SceneSet,
+    band_selection,
+    normalization,
+    normalization_rows,
+    open_scene_set,
+    scene_tables,
+    shared_stats,
+)
 
 __all__ = ["LoaderStats", "PatchLoader", "normalization_constants"]
 
@@ -200,6 +209,9 @@ class PatchLoader:
         ``wavelength_tolerance`` nm (default 5). Scenes with different band counts need this.
     norm_scope : "scene" (each scene's own train statistics) or "collection" (the train statistics pooled
         exactly over all scenes).
+    norm_stats : hsgds.BandStats or None
+        Statistics of the output bands to normalize every scene with instead of its own, e.g. the
+        ``norm_stats`` of the loader a model was trained with, when it predicts or is evaluated on other scenes.
     augment : hsgds.Augment or None
         On-device augmentation (flips / quarter turns inside the cut, radiation and mixture noise, band
         dropout), seeded per (seed, epoch, sample): the same whatever the batch size, world size, ring size
@@ -219,7 +231,8 @@ class PatchLoader:
                  reader: str = "auto", rank: int | None = None, world_size: int | None = None,
                  return_coords: bool = False, pixels: str = "labelled", stride: int = 1, mask: Any = None,
                  bands: Any = None, wavelengths: Any = None, wavelength_tolerance: float = 5.0,
-                 norm_scope: str = "scene", augment: Augment | None = None) -> None:
+                 norm_scope: str = "scene", norm_stats: BandStats | None = None,
+                 augment: Augment | None = None) -> None:
         self._closed = True  # until fully built, so close() in __del__ is safe
         if augment is not None and not isinstance(augment, Augment):
             raise ConfigError(f"augment must be an hsgds.Augment(...) or None, got {type(augment).__name__}")
@@ -245,8 +258,16 @@ class PatchLoader:
         if not isinstance(seed, int) or seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
         selection = band_selection(self.scenes, bands, wavelengths, wavelength_tolerance)
+        if norm_scope not in NORM_SCOPES:
+            raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {norm_scope!r}")
+        if normalize is None and norm_stats is not None:
+            raise ConfigError("norm_stats applies with normalize='zscore' or 'minmax', not normalize=None")
+        #: the statistics every scene is normalized with, when they are one set (pooled, given, or the only
+        #: scene's); None when each scene uses its own, or without normalization. Pass them to
+        #: ``hsgds.predict(..., norm_stats=)`` to normalize other scenes as the model was trained.
+        self.norm_stats = None if normalize is None else shared_stats(self.scenes, selection, norm_scope, norm_stats)
         # a collection's scenes not opened yet get their normalization when a batch first reaches them
-        offset, scale, later = normalization(self.scenes, normalize, selection, norm_scope)
+        offset, scale, later = normalization(self.scenes, normalize, selection, self.norm_stats)
         # tiles of different shapes (band counts, tile geometry) share slots sized for the largest, each
         # laid out from its slot's start; the engine reads every tile with its scene's strides
         shapes = {s.grid.tile_shape for s in self.scenes.scenes}

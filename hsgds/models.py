@@ -12,14 +12,17 @@ minute; on a GPU it is small enough that a slow loader shows up in the step time
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from hsgds.errors import ConfigError, InputError
+from hsgds.scene import BandStats
 
 __all__ = ["CHECKPOINT_FORMAT", "MIN_BANDS", "MODELS", "Hamida3D", "LoadedModel", "SpectralSpatialCNN",
            "load_model", "make_model", "save_checkpoint"]
@@ -126,17 +129,26 @@ def make_model(bands: int, classes: int, patch_size: int, **kwargs: Any) -> nn.M
 # ------------------------------------------------------------------------------------------- checkpoints
 
 CHECKPOINT_FORMAT = "hsgds-model"
-CHECKPOINT_VERSION = 1
+#: 2 added the input recipe of a model trained on a band selection or shared statistics; 1 is still read
+CHECKPOINT_VERSION = 2
 #: every key a checkpoint holds; values are plain Python data and tensors (torch.load(weights_only=True))
 _CHECKPOINT_KEYS = ("format", "version", "model", "kwargs", "state_dict", "patch_size", "normalize", "layout",
                     "bands", "classes", "class_names")
+_RECIPE_KEYS = ("band_indices", "wavelengths", "wavelength_tolerance", "norm_stats")  # version 2
+_STATS_FIELDS = ("mean", "std", "min", "max")
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: int, normalize: str | None = "zscore",
-                    class_names: list[str] | None = None) -> Path:
+                    class_names: list[str] | None = None, bands: Sequence[int] | None = None,
+                    wavelengths: Sequence[float] | None = None, wavelength_tolerance: float = 5.0,
+                    norm_stats: BandStats | None = None) -> Path:
     """Save ``model`` (a class from :data:`MODELS` with a ``config`` dict) so that :func:`load_model` can
     rebuild it without unpickling code: class name, constructor arguments, weights, and the loader
-    settings it was trained with. Written atomically."""
+    settings it was trained with (as given to :class:`~hsgds.PatchLoader`: ``bands`` or ``wavelengths``
+    for a band selection, ``norm_stats`` for statistics shared by every scene, e.g. the training
+    loader's ``norm_stats`` under ``norm_scope="collection"``), which ``hsgds predict`` then applies.
+    Written atomically."""
+    from hsgds.scene_set import checked_stats
     from hsgds.writers import atomic_path
 
     name = type(model).__name__
@@ -144,11 +156,24 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: in
         raise ConfigError(f"only the models in hsgds.models.MODELS can be saved as checkpoints, not {name}; "
                           "save other models with torch.export")
     config: dict[str, Any] = model.config  # type: ignore[assignment]  # checked to be a dict above
+    in_bands = int(config["bands"])
+    if bands is not None and wavelengths is not None:
+        raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
+    chosen = bands if bands is not None else wavelengths
+    if chosen is not None and len(chosen) != in_bands:
+        raise ConfigError(f"the model takes {in_bands} bands but {len(chosen)} "
+                          f"{'band indices' if bands is not None else 'wavelengths'} were given; pass the "
+                          "selection it was trained on")
+    stats = None if norm_stats is None else checked_stats(norm_stats, in_bands)
     state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(config),
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "patch_size": int(patch_size), "normalize": normalize, "layout": "NCHW",
-             "bands": int(config["bands"]), "classes": int(config["classes"]),
-             "class_names": None if class_names is None else [str(n) for n in class_names]}
+             "bands": in_bands, "classes": int(config["classes"]),
+             "class_names": None if class_names is None else [str(n) for n in class_names],
+             "band_indices": None if bands is None else [int(b) for b in bands],
+             "wavelengths": None if wavelengths is None else [float(w) for w in wavelengths],
+             "wavelength_tolerance": float(wavelength_tolerance),
+             "norm_stats": None if stats is None else {f: getattr(stats, f).tolist() for f in _STATS_FIELDS}}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         torch.save(state, f)
     return Path(path)
@@ -158,7 +183,9 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: in
 class LoadedModel:
     """A model ready for :func:`hsgds.predict`, with what is known about its input.
 
-    ``bands`` and ``patch_size`` are None when a torch.export program leaves them dynamic."""
+    ``bands`` and ``patch_size`` are None when a torch.export program leaves them dynamic. ``band_indices``
+    / ``wavelengths`` (a band selection) and ``norm_stats`` (statistics shared by every scene) are the
+    checkpoint's input recipe, passed to :func:`hsgds.predict` as its arguments of the same names."""
 
     module: nn.Module
     kind: str  # "checkpoint" or "export"
@@ -168,6 +195,10 @@ class LoadedModel:
     normalize: str | None = "zscore"
     layout: str = "NCHW"
     class_names: list[str] | None = None
+    band_indices: list[int] | None = None
+    wavelengths: list[float] | None = None
+    wavelength_tolerance: float = 5.0
+    norm_stats: BandStats | None = None
 
 
 def _bad(path: Path, why: str) -> InputError:
@@ -201,9 +232,10 @@ def _load_checkpoint(path: Path) -> LoadedModel:
                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise _bad(path, "not an hsgds checkpoint (no 'format': 'hsgds-model')")
-    if state.get("version") != CHECKPOINT_VERSION:
-        raise _bad(path, f"checkpoint version {state.get('version')!r}, this hsgds reads {CHECKPOINT_VERSION}")
-    missing = [k for k in _CHECKPOINT_KEYS if k not in state]
+    version = state.get("version")
+    if version not in (1, CHECKPOINT_VERSION):
+        raise _bad(path, f"checkpoint version {version!r}, this hsgds reads 1 to {CHECKPOINT_VERSION}")
+    missing = [k for k in _CHECKPOINT_KEYS + (_RECIPE_KEYS if version >= 2 else ()) if k not in state]
     if missing:
         raise _bad(path, f"the checkpoint lacks {', '.join(missing)}")
     cls = MODELS.get(state["model"]) if isinstance(state["model"], str) else None
@@ -223,7 +255,39 @@ def _load_checkpoint(path: Path) -> LoadedModel:
     names = state["class_names"]
     return LoadedModel(module=module, kind="checkpoint", bands=int(state["bands"]), patch_size=p,
                        classes=int(state["classes"]), normalize=state["normalize"], layout=state["layout"],
-                       class_names=list(names) if isinstance(names, list) else None)
+                       class_names=list(names) if isinstance(names, list) else None,
+                       **_recipe(path, state, int(state["bands"])))
+
+
+def _recipe(path: Path, state: dict, bands: int) -> dict[str, Any]:
+    """A version-2 checkpoint's band selection and shared statistics, checked (absent in version 1)."""
+    out: dict[str, Any] = {}
+    indices, nm = state.get("band_indices"), state.get("wavelengths")
+    for key, value, kind in (("band_indices", indices, int), ("wavelengths", nm, float)):
+        if value is None:
+            continue
+        if (not isinstance(value, list) or len(value) != bands
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            raise _bad(path, f"its {key} are not a list of {bands} numbers")
+        out[key] = [kind(v) for v in value]
+    if indices is not None and nm is not None:
+        raise _bad(path, "it holds both band indices and wavelengths")
+    tolerance = state.get("wavelength_tolerance", 5.0)
+    if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
+        raise _bad(path, f"wavelength tolerance {tolerance!r} is not a number >= 0")
+    out["wavelength_tolerance"] = float(tolerance)
+    stats = state.get("norm_stats")
+    if stats is not None:
+        from hsgds.scene_set import checked_stats
+
+        if not isinstance(stats, dict) or sorted(stats) != sorted(_STATS_FIELDS):
+            raise _bad(path, f"its normalization statistics are not {', '.join(_STATS_FIELDS)} lists")
+        try:
+            out["norm_stats"] = checked_stats(BandStats(**{f: np.asarray(stats[f], np.float64) for f in _STATS_FIELDS}),
+                                              bands)
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise _bad(path, f"its normalization statistics do not fit ({' '.join(str(exc).split())[:160]})") from None
+    return out
 
 
 def load_model(path: str | os.PathLike) -> LoadedModel:

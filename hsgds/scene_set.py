@@ -23,8 +23,8 @@ from hsgds.errors import ConfigError
 from hsgds.io.base import TileSource
 from hsgds.scene import BandStats, Scene, open_scene
 
-__all__ = ["NORM_SCOPES", "SceneSet", "band_selection", "normalization", "normalization_rows", "open_scene_set",
-           "pooled_stats"]
+__all__ = ["NORM_SCOPES", "SceneSet", "band_selection", "checked_stats", "normalization", "normalization_rows",
+           "open_scene_set", "pooled_stats", "scene_bands", "shared_stats"]
 
 NORM_SCOPES = ("scene", "collection")
 _LISTED = 12  # scenes named in a mismatch message before "... and N more"
@@ -159,34 +159,42 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
         more = f" and {len(counts) - _LISTED} more" if len(counts) > _LISTED else ""
         raise ConfigError(f"scenes have different band counts ({listed}{more}); pass wavelengths=[...] (nm) to "
                           "take each scene's band nearest each wavelength")
+    if bands is None and wavelengths is None:
+        return None
+    if bands is not None:  # same-sensor scenes: one check, one array
+        return [scene_bands(ss.names[0], counts[0], None, bands, None, tolerance)] * len(ss)
+    return [scene_bands(name, s.shape[2], s.wavelengths, bands, wavelengths, tolerance)
+            for name, s in zip(ss.names, ss.scenes)]
+
+
+def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequence[int] | None,
+                wavelengths: Sequence[float] | None, tolerance: float) -> np.ndarray:
+    """The stored band of scene ``name`` (``count`` bands at wavelengths ``have``) for each output band:
+    ``bands`` (indices) or, for ``wavelengths`` (nm), its band nearest each within ``tolerance`` nm.
+    A one-line ConfigError says what does not fit and what to change."""
     if bands is not None:
         idx = np.asarray(bands)
         if idx.ndim != 1 or len(idx) == 0 or idx.dtype.kind not in "iu":
             raise ConfigError(f"bands must be a non-empty list of band indices, got {bands!r}")
-        if idx.min() < 0 or idx.max() >= counts[0]:
-            raise ConfigError(f"bands must be in 0..{counts[0] - 1} (the scenes have {counts[0]} bands), got {bands!r}")
-        return [idx.astype(np.int64)] * len(ss)
-    if wavelengths is None:
-        return None
+        if idx.min() < 0 or idx.max() >= count:
+            raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {bands!r}")
+        return idx.astype(np.int64)
     want = np.asarray(wavelengths, dtype=np.float64)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
         raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
     if not (isinstance(tolerance, (int, float)) and tolerance >= 0):
         raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
-    out = []
-    for name, scene in zip(ss.names, ss.scenes):
-        if scene.wavelengths is None:
-            raise ConfigError(f"scene {name!r} has no band wavelengths; convert it with its wavelengths "
-                              "(ENVI header, --wavelengths) or select bands with bands=[...]")
-        have = np.asarray(scene.wavelengths, dtype=np.float64)
-        nearest = np.abs(have[None, :] - want[:, None]).argmin(axis=1)
-        miss = np.abs(have[nearest] - want) > tolerance
-        if miss.any():
-            i = int(np.flatnonzero(miss)[0])
-            raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
-                              f"{have[nearest[i]]:g} nm); raise wavelength_tolerance or drop that wavelength")
-        out.append(nearest.astype(np.int64))
-    return out
+    if have is None:
+        raise ConfigError(f"scene {name!r} has no band wavelengths; convert it with its wavelengths "
+                          "(ENVI header, --wavelengths) or select bands with bands=[...]")
+    nm = np.asarray(have, dtype=np.float64)
+    nearest = np.abs(nm[None, :] - want[:, None]).argmin(axis=1)
+    miss = np.abs(nm[nearest] - want) > tolerance
+    if miss.any():
+        i = int(np.flatnonzero(miss)[0])
+        raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
+                          f"{nm[nearest[i]]:g} nm); raise wavelength_tolerance or drop that wavelength")
+    return nearest.astype(np.int64)
 
 
 def _train_count(scene: Scene) -> int:
@@ -240,26 +248,62 @@ def _offset_scale(st: BandStats, normalize: str) -> tuple[np.ndarray, np.ndarray
     return offset, scale
 
 
+def shared_stats(ss: SceneSet, selection: list[np.ndarray] | None, scope: str,
+                 given: Any = None) -> BandStats | None:
+    """The one set of statistics (of the output bands) every scene is normalized with, when there is one:
+    ``given`` (e.g. a training loader's ``norm_stats``), the train statistics pooled exactly over the scenes
+    (``scope="collection"``; every store is read now), or the only scene's own. None when each of several
+    scenes is normalized with its own (``scope="scene"``)."""
+    bands = len(selection[0]) if selection is not None else ss.scenes[0].shape[2]
+    if given is not None:
+        if scope == "collection":
+            raise ConfigError("pass norm_stats= (statistics to use) or norm_scope='collection' (pool the scenes'), "
+                              "not both")
+        return checked_stats(given, bands)
+    if scope == "scene" and len(ss) > 1:
+        return None
+    picked = [_select(_opened(s).norm_stats, None if selection is None else selection[i])
+              for i, s in enumerate(ss.scenes)]
+    if len(ss) == 1:
+        return picked[0]
+    return pooled_stats([(_train_count(_opened(s)), st) for s, st in zip(ss.scenes, picked)])
+
+
+def checked_stats(given: Any, bands: int) -> BandStats:
+    """``given`` as float64 BandStats of ``bands`` bands, or a one-line ConfigError."""
+    if not isinstance(given, BandStats):
+        raise ConfigError(f"norm_stats must be an hsgds.BandStats (e.g. a training loader's .norm_stats), "
+                          f"got {type(given).__name__}")
+    arrays = {}
+    for field in ("mean", "std", "min", "max"):
+        a = np.asarray(getattr(given, field), dtype=np.float64)
+        if a.shape != (bands,):
+            raise ConfigError(f"norm_stats.{field} has shape {a.shape}, but the patches have {bands} bands; pass "
+                              "the statistics of the bands the model was trained on")
+        if not np.all(np.isfinite(a)):
+            raise ConfigError(f"norm_stats.{field} holds a NaN or an infinity; pass finite statistics")
+        arrays[field] = a
+    if np.any(arrays["std"] < 0) or np.any(arrays["max"] < arrays["min"]):
+        raise ConfigError("norm_stats has a negative std or a max below its min; pass statistics computed from data "
+                          "(e.g. a training loader's .norm_stats)")
+    return BandStats(**arrays)
+
+
 def normalization(ss: SceneSet, normalize: str | None, selection: list[np.ndarray] | None,
-                  scope: str = "scene") -> tuple[np.ndarray, np.ndarray, list[int]]:
+                  shared: BandStats | None = None) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Per-scene (S, B) offset and scale: out = (x - offset) * scale, and the scenes whose rows are left
     for later (0 and 1 now): a collection's scenes not opened yet, whose rows :func:`normalization_rows`
     gives when the loader first reaches them.
 
-    ``scope="scene"``: each scene's own train statistics; ``"collection"``: the train statistics pooled
-    exactly over all scenes (the same row for every scene; every store is read now).
+    ``shared`` (see :func:`shared_stats`): the same row for every scene; None: each scene's own train
+    statistics.
     """
-    if scope not in NORM_SCOPES:
-        raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {scope!r}")
     bands = len(selection[0]) if selection is not None else ss.scenes[0].shape[2]
     offset, scale = np.zeros((len(ss), bands)), np.ones((len(ss), bands))
     if normalize is None:
         return offset, scale, []
-    if scope == "collection" and len(ss) > 1:
-        picked = [_select(_opened(s).norm_stats, None if selection is None else selection[i])
-                  for i, s in enumerate(ss.scenes)]
-        pooled = pooled_stats([(_train_count(_opened(s)), st) for s, st in zip(ss.scenes, picked)])
-        offset[:], scale[:] = _offset_scale(pooled, normalize)
+    if shared is not None:
+        offset[:], scale[:] = _offset_scale(shared, normalize)
         return offset, scale, []
     later = [i for i, s in enumerate(ss.scenes) if isinstance(s, DeferredScene) and not s.is_open]
     now = sorted(set(range(len(ss))) - set(later))

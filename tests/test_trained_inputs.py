@@ -1,0 +1,236 @@
+"""A model trained on a band selection or on shared statistics (``norm_scope="collection"``) is fed the same
+input elsewhere: ``PatchLoader.norm_stats`` / ``norm_stats=``, ``hsgds.predict(..., wavelengths=, norm_stats=)``,
+and a checkpoint that carries both to ``hsgds predict``. Against numpy cuts of the source cubes and numpy
+statistics of their train pixels."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hsgds
+from hsgds.errors import ConfigError, InputError
+from hsgds.preprocess.convert import ConvertOptions, convert
+from hsgds.scene import BandStats
+
+HALO = 7  # max_patch 15
+P = 3
+WANT = [500.0, 700.0, 900.0]  # nm: bands 1, 3, 5 of A and B (400..900 nm), 2, 4, 6 of C (300..1000 nm)
+PICKED = {"A": [1, 3, 5], "B": [1, 3, 5], "C": [2, 4, 6]}
+
+
+def _write_envi(path, cube, wavelengths):
+    """An ENVI pair written by hand (band-interleaved-by-pixel int16, wavelengths in nm)."""
+    h, w, b = cube.shape
+    cube.astype("<i2").tofile(path.with_suffix(".img"))
+    wl = ", ".join(f"{v:g}" for v in wavelengths)
+    path.with_suffix(".hdr").write_text(
+        f"ENVI\nsamples = {w}\nlines = {h}\nbands = {b}\nheader offset = 0\nfile type = ENVI Standard\n"
+        f"data type = 2\ninterleave = bip\nbyte order = 0\nwavelength units = Nanometers\nwavelength = {{{wl}}}\n")
+    return path.with_suffix(".hdr")
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory):
+    """A and B (6 bands, 400..900 nm; B brighter, so pooled statistics differ from either scene's) to train
+    on, and C (8 bands, 300..1000 nm) to predict. Every pixel labelled, 30% train."""
+    from hsgds.synthetic import make_scene
+
+    d = tmp_path_factory.mktemp("trained")
+    out = {}
+    for i, (name, (h, w, b, wl0)) in enumerate({"A": (30, 25, 6, 400), "B": (25, 30, 6, 400),
+                                                "C": (20, 22, 8, 300)}.items()):
+        cube, labels = make_scene(h, w, b, classes=4, dtype="int16", seed=31 + i, labelled_fraction=1.0)
+        if name == "B":
+            cube = (cube // 2 + 3000).astype(np.int16)
+        np.save(d / f"{name}_gt.npy", labels)
+        hdr = _write_envi(d / f"{name}_cube", cube, [wl0 + 100 * k for k in range(b)])
+        out[name] = (cube, convert(hdr, d / f"{name}.zarr", ConvertOptions(labels=d / f"{name}_gt.npy", tile=18,
+                                                                             max_patch=15, train=0.3, val=0.2)))
+    return out
+
+
+def _pooled(scenes, names):
+    """numpy statistics of the train pixels of ``names`` together, at the WANT bands."""
+    px = []
+    for n in names:
+        cube, store = scenes[n]
+        y, x, _ = hsgds.open_scene(store).samples("train")
+        px.append(cube[y, x][:, PICKED[n]].astype(np.float64))
+    px = np.concatenate(px)
+    return px.mean(0), px.std(0), px.min(0), px.max(0)
+
+
+def _every_patch(cube, bands, mean, std):
+    """(H*W, B, p, p) numpy patches of every pixel (reflect padding), raster order, normalized."""
+    h, w, _ = cube.shape
+    padded = np.pad(cube[:, :, bands].astype(np.float64), ((HALO, HALO), (HALO, HALO), (0, 0)), mode="reflect")
+    padded = (padded - mean) / std
+    r = P // 2
+    return np.stack([padded[y + HALO - r:y + HALO + r + 1, x + HALO - r:x + HALO + r + 1].transpose(2, 0, 1)
+                     for y in range(h) for x in range(w)])
+
+
+def _pooled_loader_stats(scenes):
+    with hsgds.PatchLoader([scenes["A"][1], scenes["B"][1]], patch_size=P, batch_size=64, wavelengths=WANT,
+                           norm_scope="collection", device="cpu") as loader:
+        return loader.norm_stats
+
+
+def test_loader_norm_stats_are_the_statistics_it_normalizes_with(scenes):
+    stats = _pooled_loader_stats(scenes)
+    for got, want in zip((stats.mean, stats.std, stats.min, stats.max), _pooled(scenes, "AB")):
+        np.testing.assert_allclose(got, want, rtol=1e-10)
+    with hsgds.PatchLoader([scenes["A"][1], scenes["B"][1]], patch_size=P, batch_size=64, device="cpu") as loader:
+        assert loader.norm_stats is None  # each scene its own
+    with hsgds.PatchLoader(scenes["A"][1], patch_size=P, batch_size=64, device="cpu") as loader:
+        own = hsgds.open_scene(scenes["A"][1]).norm_stats
+        assert all(np.array_equal(getattr(loader.norm_stats, f), getattr(own, f)) for f in ("mean", "std", "min", "max"))
+    with hsgds.PatchLoader(scenes["A"][1], patch_size=P, batch_size=64, normalize=None, device="cpu") as loader:
+        assert loader.norm_stats is None
+
+    # another scene normalized with them: C's bands at the same wavelengths, minus the pooled mean, over the std
+    cube = scenes["C"][0]
+    with hsgds.PatchLoader(scenes["C"][1], patch_size=P, batch_size=97, split=None, pixels="all", shuffle=False,
+                           wavelengths=WANT, norm_stats=stats, return_coords=True, device="cpu") as loader:
+        batches = [(x.numpy(), yx.numpy()) for x, _, yx in loader]
+    got, yx = np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+    ref = _every_patch(cube, PICKED["C"], stats.mean, stats.std)[yx[:, 0] * cube.shape[1] + yx[:, 1]]
+    assert len(got) == cube.shape[0] * cube.shape[1]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_norm_stats_that_do_not_fit_are_refused_in_one_line(scenes):
+    stats = _pooled_loader_stats(scenes)
+    store = scenes["C"][1]
+    cases = [
+        (dict(norm_stats=stats), r"norm_stats.mean has shape \(3,\), but the patches have 8 bands"),
+        (dict(wavelengths=WANT, norm_stats=(stats.mean, stats.std)), "norm_stats must be an hsgds.BandStats"),
+        (dict(wavelengths=WANT, norm_stats=stats, norm_scope="collection"), "not both"),
+        (dict(wavelengths=WANT, norm_stats=stats, normalize=None), "applies with normalize='zscore' or 'minmax'"),
+        (dict(wavelengths=WANT, norm_stats=BandStats(stats.mean, -stats.std, stats.min, stats.max)), "negative std"),
+        (dict(wavelengths=WANT, norm_stats=BandStats(stats.mean * np.nan, stats.std, stats.min, stats.max)), "NaN"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ConfigError, match=message) as info:
+            hsgds.PatchLoader(store, patch_size=P, batch_size=8, device="cpu", **kwargs)
+        assert "\n" not in str(info.value)
+
+
+class RandomConv(nn.Module):
+    """A fixed random classifier of 3-band p x p patches."""
+
+    def __init__(self, k=5, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = nn.Conv2d(len(WANT), k, P)
+
+    def forward(self, x):
+        return self.conv(x).flatten(1)
+
+
+def test_predict_feeds_the_model_its_training_bands_and_statistics(scenes):
+    stats = _pooled_loader_stats(scenes)
+    cube, store = scenes["C"]
+    model = RandomConv()
+    got = hsgds.predict(store, model, patch_size=P, batch_size=50, device="cpu", wavelengths=WANT, norm_stats=stats)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(_every_patch(cube, PICKED["C"], stats.mean, stats.std)).float()).numpy()
+    clear = np.diff(np.sort(logits, 1)[:, -2:], axis=1)[:, 0] > 1e-4  # near-ties may flip with float32 rounding
+    assert clear.mean() > 0.95
+    np.testing.assert_array_equal(got.reshape(-1)[clear], logits.argmax(1)[clear] + 1)
+    # with C's own statistics the model sees other inputs: the map is not the same
+    own = hsgds.predict(store, model, patch_size=P, batch_size=50, device="cpu", wavelengths=WANT)
+    assert (own != got).mean() > 0.05
+
+
+def _trained_checkpoint(path, stats, **recipe):
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    torch.manual_seed(0)
+    model = SpectralSpatialCNN(len(WANT), 4, P, reduce=4, width=8)
+    return save_checkpoint(path, model, patch_size=P, norm_stats=stats, **recipe), model
+
+
+def test_a_checkpoint_carries_bands_and_statistics_to_hsgds_predict(scenes, tmp_path, run_cli):
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.models import load_model
+
+    stats = _pooled_loader_stats(scenes)
+    ckpt, model = _trained_checkpoint(tmp_path / "model.ckpt", stats, wavelengths=WANT)
+    loaded = load_model(ckpt)
+    assert loaded.wavelengths == WANT and loaded.band_indices is None and loaded.wavelength_tolerance == 5.0
+    assert all(np.array_equal(getattr(loaded.norm_stats, f), getattr(stats, f)) for f in ("mean", "std", "min", "max"))
+
+    coll = tmp_path / "coll"
+    coll.mkdir()
+    for name in "ABC":
+        shutil.copytree(scenes[name][1], coll / f"{name}.zarr")
+    write_collection(coll, [SceneEntry.of_scene(n, hsgds.open_scene(coll / f"{n}.zarr")) for n in "ABC"])
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    code, _, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy")
+    assert code == 0, err
+    for name in "ABC":
+        want = hsgds.predict(scenes[name][1], model, patch_size=P, device="cpu", wavelengths=WANT, norm_stats=stats)
+        assert np.array_equal(np.load(maps / f"{name}.npy", allow_pickle=False), want), name
+    code, _, err = run_cli("predict", scenes["C"][1], "--model", ckpt, "-o", tmp_path / "c.npy")
+    assert code == 0, err
+    assert np.array_equal(np.load(tmp_path / "c.npy"), np.load(maps / "C.npy"))
+
+    # a selection one scene cannot give: refused before any work, naming the scene
+    far, _ = _trained_checkpoint(tmp_path / "far.ckpt", stats, wavelengths=[500.0, 700.0, 1000.0])
+    shutil.rmtree(maps)
+    maps.mkdir()
+    code, _, err = run_cli("predict", coll, "--model", far, "-o", maps / "{name}.npy")
+    assert code == 2 and "scene 'A' has no band within 5 nm of 1000 nm" in err, err
+    assert len(err.strip().splitlines()) == 1 and not any(maps.iterdir())
+    indices, _ = _trained_checkpoint(tmp_path / "idx.ckpt", None, bands=[1, 3, 7])
+    code, _, err = run_cli("predict", coll, "--model", indices, "-o", maps / "{name}.npy")
+    assert code == 2 and "bands must be in 0..5 (scene 'A' has 6 bands)" in err, err
+
+
+def test_checkpoint_recipes_are_checked_when_saved_and_loaded(scenes, tmp_path):
+    from hsgds.models import load_model
+
+    stats = _pooled_loader_stats(scenes)
+    with pytest.raises(ConfigError, match="takes 3 bands but 4 wavelengths were given"):
+        _trained_checkpoint(tmp_path / "x.ckpt", None, wavelengths=WANT + [1000.0])
+    with pytest.raises(ConfigError, match="not both"):
+        _trained_checkpoint(tmp_path / "x.ckpt", None, wavelengths=WANT, bands=[0, 1, 2])
+    own = hsgds.open_scene(scenes["A"][1]).norm_stats  # 6 bands, the model takes 3
+    with pytest.raises(ConfigError, match=r"norm_stats.mean has shape \(6,\)"):
+        _trained_checkpoint(tmp_path / "x.ckpt", own)
+    assert not (tmp_path / "x.ckpt").exists()
+
+    ckpt, _ = _trained_checkpoint(tmp_path / "m.ckpt", stats, bands=[0, 2, 4])
+    state = torch.load(ckpt, weights_only=True)
+    assert state["version"] == 2 and state["band_indices"] == [0, 2, 4]
+    # a version-1 checkpoint (before the recipe) still loads: every scene's own statistics, all its bands
+    old = {k: v for k, v in state.items() if k not in ("band_indices", "wavelengths", "wavelength_tolerance",
+                                                       "norm_stats")}
+    torch.save({**old, "version": 1}, tmp_path / "v1.ckpt")
+    v1 = load_model(tmp_path / "v1.ckpt")
+    assert v1.band_indices is None and v1.wavelengths is None and v1.norm_stats is None and v1.bands == 3
+    forged = [
+        ({"band_indices": [0, 2]}, "band_indices are not a list of 3 numbers"),
+        ({"wavelengths": WANT}, "both band indices and wavelengths"),
+        ({"wavelength_tolerance": -1.0}, "wavelength tolerance -1.0"),
+        ({"norm_stats": {"mean": [0.0] * 3}}, "statistics are not mean, std, min, max lists"),
+        ({"norm_stats": {**state["norm_stats"], "std": [float("nan")] * 3}}, "statistics do not fit"),
+        ({"norm_stats": {**state["norm_stats"], "min": [0.0] * 5}}, "statistics do not fit"),
+        ({"version": 2, "norm_stats": None, "wavelengths": None, "band_indices": None,
+          "wavelength_tolerance": None}, "wavelength tolerance None"),
+    ]
+    for change, message in forged:
+        torch.save({**state, **change}, tmp_path / "forged.ckpt")
+        with pytest.raises(InputError, match=message):
+            load_model(tmp_path / "forged.ckpt")
+    del state["norm_stats"]
+    torch.save(state, tmp_path / "forged.ckpt")
+    with pytest.raises(InputError, match="lacks norm_stats"):
+        load_model(tmp_path / "forged.ckpt")
