@@ -11,20 +11,10 @@ import torch
 import hsgds
 from hsgds.errors import ConfigError, TileReadError
 from hsgds.preprocess.convert import ConvertOptions, convert
+from tests.envi import write_envi
 
 HALO = 7  # max_patch 15
 CLASSES = ("a", "b", "c", "d")
-
-
-def _write_envi(path, cube, wavelengths):
-    """An ENVI pair written by hand (band-interleaved-by-pixel int16, wavelengths in nm)."""
-    h, w, b = cube.shape
-    cube.astype("<i2").tofile(path.with_suffix(".img"))
-    wl = ", ".join(f"{v:g}" for v in wavelengths)
-    path.with_suffix(".hdr").write_text(
-        f"ENVI\nsamples = {w}\nlines = {h}\nbands = {b}\nheader offset = 0\nfile type = ENVI Standard\n"
-        f"data type = 2\ninterleave = bip\nbyte order = 0\nwavelength units = Nanometers\nwavelength = {{{wl}}}\n")
-    return path.with_suffix(".hdr")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +34,7 @@ def scenes(tmp_path_factory):
         labels[0, 0] = 4  # every scene has all four classes
         labels[1, 0] = 1
         np.save(d / f"{name}_gt.npy", labels)
-        hdr = _write_envi(d / f"{name}_cube", cube, [wl0 + 100 * k for k in range(b)])
+        hdr = write_envi(d / f"{name}_cube", cube, [wl0 + 100 * k for k in range(b)])
         tile, max_patch = (40, 9) if name == "F" else (18, 15)
         store = convert(hdr, d / f"{name}.zarr", ConvertOptions(labels=d / f"{name}_gt.npy", tile=tile,
                                                                   max_patch=max_patch, train=0.3, val=0.2,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,21 +19,9 @@ from hsgds.preview import (
     preview_panels,
     render_preview,
 )
+from tests.envi import write_envi
 
 WAVELENGTHS = [400.0 + 50.0 * i for i in range(16)]  # 400..1150 nm: 650/550/450 are the nearest bands
-
-
-def write_envi(path: Path, cube: np.ndarray, wavelengths: list[float] | None) -> Path:
-    """A minimal ENVI scene (bip, little-endian int16), written by hand."""
-    h, w, b = cube.shape
-    path.with_suffix(".img").write_bytes(cube.astype("<i2").tobytes())
-    fields = [f"samples = {w}", f"lines = {h}", f"bands = {b}", "header offset = 0",
-              "file type = ENVI Standard", "data type = 2", "interleave = bip", "byte order = 0"]
-    if wavelengths is not None:
-        fields += ["wavelength units = Nanometers", "wavelength = {" + ", ".join(map(str, wavelengths)) + "}"]
-    hdr = path.with_suffix(".hdr")
-    hdr.write_text("ENVI\n" + "\n".join(fields) + "\n")
-    return hdr
 
 
 @pytest.fixture(scope="module")

@@ -16,22 +16,12 @@ import hsgds
 from hsgds.errors import ConfigError, InputError
 from hsgds.preprocess.convert import ConvertOptions, convert
 from hsgds.scene import BandStats
+from tests.envi import write_envi
 
 HALO = 7  # max_patch 15
 P = 3
 WANT = [500.0, 700.0, 900.0]  # nm: bands 1, 3, 5 of A and B (400..900 nm), 2, 4, 6 of C (300..1000 nm)
 PICKED = {"A": [1, 3, 5], "B": [1, 3, 5], "C": [2, 4, 6]}
-
-
-def _write_envi(path, cube, wavelengths):
-    """An ENVI pair written by hand (band-interleaved-by-pixel int16, wavelengths in nm)."""
-    h, w, b = cube.shape
-    cube.astype("<i2").tofile(path.with_suffix(".img"))
-    wl = ", ".join(f"{v:g}" for v in wavelengths)
-    path.with_suffix(".hdr").write_text(
-        f"ENVI\nsamples = {w}\nlines = {h}\nbands = {b}\nheader offset = 0\nfile type = ENVI Standard\n"
-        f"data type = 2\ninterleave = bip\nbyte order = 0\nwavelength units = Nanometers\nwavelength = {{{wl}}}\n")
-    return path.with_suffix(".hdr")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +38,7 @@ def scenes(tmp_path_factory):
         if name == "B":
             cube = (cube // 2 + 3000).astype(np.int16)
         np.save(d / f"{name}_gt.npy", labels)
-        hdr = _write_envi(d / f"{name}_cube", cube, [wl0 + 100 * k for k in range(b)])
+        hdr = write_envi(d / f"{name}_cube", cube, [wl0 + 100 * k for k in range(b)])
         out[name] = (cube, convert(hdr, d / f"{name}.zarr", ConvertOptions(labels=d / f"{name}_gt.npy", tile=18,
                                                                              max_patch=15, train=0.3, val=0.2)))
     return out

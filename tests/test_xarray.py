@@ -18,7 +18,8 @@ xr = pytest.importorskip("xarray")
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     from hsgds.synthetic import make_scene
-    from tests.test_preview import WAVELENGTHS, write_envi
+    from tests.envi import write_envi
+    from tests.test_preview import WAVELENGTHS
 
     tmp = tmp_path_factory.mktemp("xr")
     cube, labels = make_scene(53, 70, len(WAVELENGTHS), classes=4, dtype="int16", seed=5)

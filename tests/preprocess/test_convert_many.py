@@ -24,6 +24,7 @@ from hsgds.preprocess.convert import ConvertOptions  # noqa: E402
 from hsgds.preprocess.convert_many import convert_many, read_manifest  # noqa: E402
 from hsgds.scene import open_scene  # noqa: E402
 from hsgds.synthetic import make_scene  # noqa: E402
+from tests.envi import write_envi  # noqa: E402
 
 CLASSES = ("soil", "grass", "water")
 OPTS = ConvertOptions(max_patch=5, class_names=CLASSES, workers=2)
@@ -36,16 +37,6 @@ def cluster():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   silence_logs=50) as c:
         yield c
-
-
-def write_envi(path: Path, cube: np.ndarray) -> Path:
-    """A band-sequential little-endian int16 ENVI scene, written by hand; returns the header."""
-    h, w, b = cube.shape
-    path.with_suffix(".img").write_bytes(np.ascontiguousarray(cube.transpose(2, 0, 1)).astype("<i2").tobytes())
-    path.with_suffix(".hdr").write_text(
-        f"ENVI\nsamples = {w}\nlines = {h}\nbands = {b}\nheader offset = 0\nfile type = ENVI Standard\n"
-        "data type = 2\ninterleave = bsq\nbyte order = 0\n")
-    return path.with_suffix(".hdr")
 
 
 def make_sources(folder: Path, n: int = 6, big: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
@@ -62,7 +53,7 @@ def make_sources(folder: Path, n: int = 6, big: bool = False) -> dict[str, tuple
             rows.append(f"data/cube{i}.npy,data/gt{i}.npy,")
             arrays[f"cube{i}"] = (cube, labels)
         else:
-            write_envi(folder / f"envi/line{i}", cube)
+            write_envi(folder / f"envi/line{i}", cube, interleave="bsq")
             rows.append(f"envi/line{i}.hdr,,flight_{i}")
             arrays[f"flight_{i}"] = (cube, None)
     if big:  # slow enough (~44 MB, a second or more) to be caught in the middle of its conversion
