@@ -11,6 +11,7 @@ minute; on a GPU it is small enough that a slow loader shows up in the step time
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from hsgds.errors import ConfigError, InputError
 from hsgds.scene import BandStats
 
 __all__ = ["CHECKPOINT_FORMAT", "MIN_BANDS", "MODELS", "Hamida3D", "LoadedModel", "SpectralSpatialCNN",
-           "load_model", "make_model", "save_checkpoint"]
+           "load_model", "make_model", "save_checkpoint", "save_program"]
 
 #: fewest bands the spectral convolutions and strides leave at least one band for
 MIN_BANDS = 37
@@ -126,7 +127,7 @@ def make_model(bands: int, classes: int, patch_size: int, **kwargs: Any) -> nn.M
     return Hamida3D(bands, classes, patch_size, **kwargs)
 
 
-# ------------------------------------------------------------------------------------------- checkpoints
+# ------------------------------------------------------------------------- checkpoints and programs
 
 CHECKPOINT_FORMAT = "hsgds-model"
 #: 2 added the input recipe of a model trained on a band selection or shared statistics; 1 is still read
@@ -134,8 +135,38 @@ CHECKPOINT_VERSION = 2
 #: every key a checkpoint holds; values are plain Python data and tensors (torch.load(weights_only=True))
 _CHECKPOINT_KEYS = ("format", "version", "model", "kwargs", "state_dict", "patch_size", "normalize", "layout",
                     "bands", "classes", "class_names")
-_RECIPE_KEYS = ("band_indices", "wavelengths", "wavelength_tolerance", "norm_stats")  # version 2
+#: the input recipe: what a loader fed the model beyond its patch size (version 2 of a checkpoint, programs)
+_RECIPE_KEYS = ("band_indices", "wavelengths", "wavelength_tolerance", "norm_stats")
 _STATS_FIELDS = ("mean", "std", "min", "max")
+#: a torch.export program saved by :func:`save_program` carries its recipe as this JSON file in the archive
+PROGRAM_RECIPE = "hsgds.json"
+PROGRAM_FORMAT = "hsgds-program"
+_NORMALIZATIONS = ("zscore", "minmax", None)
+
+
+def _recipe_state(in_bands: int | None, bands: Sequence[int] | None, wavelengths: Sequence[float] | None,
+                  wavelength_tolerance: float, norm_stats: BandStats | None) -> dict[str, Any]:
+    """The recipe as plain data, checked against the model's ``in_bands`` (None: not fixed by the model)."""
+    from hsgds.scene_set import checked_stats
+
+    if bands is not None and wavelengths is not None:
+        raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
+    chosen = bands if bands is not None else wavelengths
+    if chosen is not None and in_bands is not None and len(chosen) != in_bands:
+        raise ConfigError(f"the model takes {in_bands} bands but {len(chosen)} "
+                          f"{'band indices' if bands is not None else 'wavelengths'} were given; pass the "
+                          "selection it was trained on")
+    if in_bands is None:
+        in_bands = len(chosen) if chosen is not None else None
+    if not isinstance(wavelength_tolerance, (int, float)) or not wavelength_tolerance >= 0:
+        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {wavelength_tolerance!r}")
+    stats = None
+    if norm_stats is not None:
+        stats = checked_stats(norm_stats, in_bands if in_bands is not None else np.size(getattr(norm_stats, "mean", 0)))
+    return {"band_indices": None if bands is None else [int(b) for b in bands],
+            "wavelengths": None if wavelengths is None else [float(w) for w in wavelengths],
+            "wavelength_tolerance": float(wavelength_tolerance),
+            "norm_stats": None if stats is None else {f: getattr(stats, f).tolist() for f in _STATS_FIELDS}}
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: int, normalize: str | None = "zscore",
@@ -147,36 +178,60 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: in
     settings it was trained with (as given to :class:`~hsgds.PatchLoader`: ``bands`` or ``wavelengths``
     for a band selection, ``norm_stats`` for statistics shared by every scene, e.g. the training
     loader's ``norm_stats`` under ``norm_scope="collection"``), which ``hsgds predict`` then applies.
-    Written atomically."""
-    from hsgds.scene_set import checked_stats
+    Other models: :func:`save_program`. Written atomically."""
     from hsgds.writers import atomic_path
 
     name = type(model).__name__
     if MODELS.get(name) is not type(model) or not isinstance(getattr(model, "config", None), dict):
         raise ConfigError(f"only the models in hsgds.models.MODELS can be saved as checkpoints, not {name}; "
-                          "save other models with torch.export")
+                          "save other models with torch.export and hsgds.models.save_program")
     config: dict[str, Any] = model.config  # type: ignore[assignment]  # checked to be a dict above
-    in_bands = int(config["bands"])
-    if bands is not None and wavelengths is not None:
-        raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
-    chosen = bands if bands is not None else wavelengths
-    if chosen is not None and len(chosen) != in_bands:
-        raise ConfigError(f"the model takes {in_bands} bands but {len(chosen)} "
-                          f"{'band indices' if bands is not None else 'wavelengths'} were given; pass the "
-                          "selection it was trained on")
-    stats = None if norm_stats is None else checked_stats(norm_stats, in_bands)
+    _check_settings(patch_size, normalize)
     state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(config),
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "patch_size": int(patch_size), "normalize": normalize, "layout": "NCHW",
-             "bands": in_bands, "classes": int(config["classes"]),
+             "bands": int(config["bands"]), "classes": int(config["classes"]),
              "class_names": None if class_names is None else [str(n) for n in class_names],
-             "band_indices": None if bands is None else [int(b) for b in bands],
-             "wavelengths": None if wavelengths is None else [float(w) for w in wavelengths],
-             "wavelength_tolerance": float(wavelength_tolerance),
-             "norm_stats": None if stats is None else {f: getattr(stats, f).tolist() for f in _STATS_FIELDS}}
+             **_recipe_state(int(config["bands"]), bands, wavelengths, wavelength_tolerance, norm_stats)}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         torch.save(state, f)
     return Path(path)
+
+
+def save_program(path: str | os.PathLike, program: Any, *, patch_size: int, normalize: str | None = "zscore",
+                 class_names: list[str] | None = None, bands: Sequence[int] | None = None,
+                 wavelengths: Sequence[float] | None = None, wavelength_tolerance: float = 5.0,
+                 norm_stats: BandStats | None = None) -> Path:
+    """Save a ``torch.export`` program of any model (taking one (N, B, p, p) NCHW batch) as a ``.pt2`` file
+    that also carries the loader settings it was trained with, as for :func:`save_checkpoint`, in a
+    ``hsgds.json`` entry of the archive: ``hsgds predict`` then feeds every scene as in training (without
+    it, a ``.pt2`` is fed all bands, z-scored with each scene's own statistics). Written atomically."""
+    from hsgds.writers import atomic_path
+
+    if not isinstance(program, torch.export.ExportedProgram):
+        raise ConfigError(f"program must be a torch.export.ExportedProgram (torch.export.export(model, (batch,))), "
+                          f"got {type(program).__name__}")
+    if Path(path).suffix.lower() != ".pt2":
+        raise ConfigError(f"a torch.export program is saved as .pt2; name the file {Path(path).stem}.pt2")
+    _check_settings(patch_size, normalize)
+    shape = _program_input(program)
+    if shape is None:
+        raise ConfigError("the program must take one (N, B, p, p) batch; export the model with one 4-D input")
+    if any(d is not None and d != patch_size for d in shape[2:]):
+        raise ConfigError(f"the program takes {shape[2]}x{shape[3]} patches, not patch_size={patch_size}")
+    recipe = {"format": PROGRAM_FORMAT, "version": 1, "patch_size": int(patch_size), "normalize": normalize,
+              "layout": "NCHW", "class_names": None if class_names is None else [str(n) for n in class_names],
+              **_recipe_state(shape[1], bands, wavelengths, wavelength_tolerance, norm_stats)}
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: torch wants .pt2 names otherwise
+        torch.export.save(program, f, extra_files={PROGRAM_RECIPE: json.dumps(recipe)})
+    return Path(path)
+
+
+def _check_settings(patch_size: Any, normalize: Any) -> None:
+    if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size < 1 or patch_size % 2 == 0:
+        raise ConfigError(f"patch_size must be a positive odd integer, got {patch_size!r}")
+    if normalize not in _NORMALIZATIONS:
+        raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
 
 
 @dataclass(frozen=True)
@@ -185,7 +240,8 @@ class LoadedModel:
 
     ``bands`` and ``patch_size`` are None when a torch.export program leaves them dynamic. ``band_indices``
     / ``wavelengths`` (a band selection) and ``norm_stats`` (statistics shared by every scene) are the
-    checkpoint's input recipe, passed to :func:`hsgds.predict` as its arguments of the same names."""
+    recipe a checkpoint or a :func:`save_program` file carries, passed to :func:`hsgds.predict` as its
+    arguments of the same names."""
 
     module: nn.Module
     kind: str  # "checkpoint" or "export"
@@ -202,26 +258,56 @@ class LoadedModel:
 
 
 def _bad(path: Path, why: str) -> InputError:
-    return InputError(f"{path} is not a usable model: {why}; pass a torch.export program (.pt2) or a "
-                      "checkpoint saved by `hsgds demo` / hsgds.models.save_checkpoint")
+    return InputError(f"{path} is not a usable model: {why}; pass a torch.export program (.pt2, "
+                      "hsgds.models.save_program) or a checkpoint saved by `hsgds demo` / hsgds.models.save_checkpoint")
 
 
-def _load_export(path: Path) -> LoadedModel:
-    try:
-        program = torch.export.load(path)
-        module = program.module()
-    except Exception as exc:  # a damaged or foreign archive: its exception types are not a contract
-        raise _bad(path, f"torch.export.load failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+def _program_input(program: Any) -> list[int | None] | None:
+    """The (N, B, p, p) shape of the program's one input (None where dynamic); None when it is not that."""
     names = list(program.graph_signature.user_inputs)
     shape: list[int | None] = []
     for node in program.graph.nodes:
         if node.op == "placeholder" and names and node.name == names[0]:
             val = node.meta.get("val")
             shape = [int(s) if isinstance(s, int) else None for s in getattr(val, "shape", ())]
-    if len(names) != 1 or len(shape) != 4:
-        raise _bad(path, f"the program takes {len(names)} inputs of shape {shape}; predict passes one (N, B, p, p) batch")
+    return shape if len(names) == 1 and len(shape) == 4 else None
+
+
+def _load_export(path: Path) -> LoadedModel:
+    extra = {PROGRAM_RECIPE: ""}
+    try:
+        program = torch.export.load(path, extra_files=extra)
+        module = program.module()
+    except Exception as exc:  # a damaged or foreign archive: its exception types are not a contract
+        raise _bad(path, f"torch.export.load failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+    shape = _program_input(program)
+    if shape is None:
+        raise _bad(path, f"the program takes {len(program.graph_signature.user_inputs)} inputs, not one "
+                         "(N, B, p, p) batch")
     bands, p1, p2 = shape[1], shape[2], shape[3]
-    return LoadedModel(module=module, kind="export", bands=bands, patch_size=p1 if p1 == p2 else None, classes=None)
+    patch_size = p1 if p1 == p2 else None
+    if not extra[PROGRAM_RECIPE]:  # a plain torch.export.save: all bands, each scene's own z-score
+        return LoadedModel(module=module, kind="export", bands=bands, patch_size=patch_size, classes=None)
+    try:
+        recipe = json.loads(extra[PROGRAM_RECIPE])
+    except ValueError as exc:
+        raise _bad(path, f"its {PROGRAM_RECIPE} is not JSON ({exc})") from None
+    if not isinstance(recipe, dict) or recipe.get("format") != PROGRAM_FORMAT or recipe.get("version") != 1:
+        raise _bad(path, f"its {PROGRAM_RECIPE} is not an hsgds program recipe of version 1")
+    missing = [k for k in ("patch_size", "normalize", "layout", "class_names", *_RECIPE_KEYS) if k not in recipe]
+    if missing:
+        raise _bad(path, f"its {PROGRAM_RECIPE} lacks {', '.join(missing)}")
+    p, normalize, names = recipe["patch_size"], recipe["normalize"], recipe["class_names"]
+    if not isinstance(p, int) or isinstance(p, bool) or p < 1 or p % 2 == 0 or patch_size not in (None, p):
+        raise _bad(path, f"its recipe's patch size {p!r} is not the program's ({patch_size})")
+    if normalize not in _NORMALIZATIONS or recipe["layout"] != "NCHW":
+        raise _bad(path, f"its recipe's normalize {normalize!r} / layout {recipe['layout']!r} is not supported")
+    chosen = recipe["band_indices"] if recipe["band_indices"] is not None else recipe["wavelengths"]
+    if bands is None and isinstance(chosen, list):
+        bands = len(chosen)
+    return LoadedModel(module=module, kind="export", bands=bands, patch_size=p, classes=None, normalize=normalize,
+                       class_names=[str(n) for n in names] if isinstance(names, list) else None,
+                       **_recipe(path, recipe, bands))
 
 
 def _load_checkpoint(path: Path) -> LoadedModel:
@@ -259,8 +345,9 @@ def _load_checkpoint(path: Path) -> LoadedModel:
                        **_recipe(path, state, int(state["bands"])))
 
 
-def _recipe(path: Path, state: dict, bands: int) -> dict[str, Any]:
-    """A version-2 checkpoint's band selection and shared statistics, checked (absent in version 1)."""
+def _recipe(path: Path, state: dict, bands: int | None) -> dict[str, Any]:
+    """The band selection and shared statistics of a checkpoint (version 2; absent in 1) or a program's
+    recipe, checked against the model's ``bands`` (None: not fixed by the model)."""
     out: dict[str, Any] = {}
     indices, nm = state.get("band_indices"), state.get("wavelengths")
     for key, value, kind in (("band_indices", indices, int), ("wavelengths", nm, float)):
@@ -283,8 +370,8 @@ def _recipe(path: Path, state: dict, bands: int) -> dict[str, Any]:
         if not isinstance(stats, dict) or sorted(stats) != sorted(_STATS_FIELDS):
             raise _bad(path, f"its normalization statistics are not {', '.join(_STATS_FIELDS)} lists")
         try:
-            out["norm_stats"] = checked_stats(BandStats(**{f: np.asarray(stats[f], np.float64) for f in _STATS_FIELDS}),
-                                              bands)
+            arrays = {f: np.asarray(stats[f], np.float64) for f in _STATS_FIELDS}
+            out["norm_stats"] = checked_stats(BandStats(**arrays), bands if bands is not None else arrays["mean"].size)
         except (ConfigError, TypeError, ValueError) as exc:
             raise _bad(path, f"its normalization statistics do not fit ({' '.join(str(exc).split())[:160]})") from None
     return out

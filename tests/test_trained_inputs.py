@@ -5,6 +5,7 @@ statistics of their train pixels."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -224,3 +225,70 @@ def test_checkpoint_recipes_are_checked_when_saved_and_loaded(scenes, tmp_path):
     torch.save(state, tmp_path / "forged.ckpt")
     with pytest.raises(InputError, match="lacks norm_stats"):
         load_model(tmp_path / "forged.ckpt")
+
+
+def _program(model, batch=4):
+    model.eval()
+    return torch.export.export(model, (torch.randn(batch, len(WANT), P, P),),
+                               dynamic_shapes=({0: torch.export.Dim("n", min=1, max=1 << 20)},))
+
+
+@pytest.mark.parametrize("normalize", ["zscore", "minmax"])
+def test_a_program_of_any_model_carries_its_recipe_too(scenes, tmp_path, run_cli, normalize):
+    from hsgds.models import load_model, save_program
+
+    stats = _pooled_loader_stats(scenes)
+    model = RandomConv(seed=3)
+    path = save_program(tmp_path / "m.pt2", _program(model), patch_size=P, normalize=normalize, wavelengths=WANT,
+                        norm_stats=stats, class_names=["a", "b", "c", "d", "e"])
+    loaded = load_model(path)
+    assert (loaded.kind, loaded.bands, loaded.patch_size, loaded.normalize) == ("export", 3, P, normalize)
+    assert loaded.wavelengths == WANT and loaded.class_names == ["a", "b", "c", "d", "e"]
+    assert np.array_equal(loaded.norm_stats.max, stats.max)
+    code, _, err = run_cli("predict", scenes["C"][1], "--model", path, "-o", tmp_path / "c.npy")
+    assert code == 0, err
+    want = hsgds.predict(scenes["C"][1], model, patch_size=P, device="cpu", normalize=normalize, wavelengths=WANT,
+                         norm_stats=stats)
+    assert np.array_equal(np.load(tmp_path / "c.npy"), want)
+    # the same program saved plainly is fed all of C's 8 bands: refused before any work
+    torch.export.save(_program(model), tmp_path / "plain.pt2")
+    code, _, err = run_cli("predict", scenes["C"][1], "--model", tmp_path / "plain.pt2", "-o", tmp_path / "p.npy")
+    assert code == 2 and "takes 3 bands but scene" in err and not (tmp_path / "p.npy").exists(), err
+
+
+def test_programs_and_their_recipes_are_checked(scenes, tmp_path):
+    from hsgds.models import load_model, save_program
+
+    program = _program(RandomConv())
+    cases = [
+        (dict(program=RandomConv()), "must be a torch.export.ExportedProgram"),
+        (dict(path=tmp_path / "m.pt"), "saved as .pt2; name the file m.pt2"),
+        (dict(patch_size=5), "takes 3x3 patches, not patch_size=5"),
+        (dict(patch_size=4), "positive odd integer"),
+        (dict(normalize="l2"), "normalize must be"),
+        (dict(wavelengths=WANT[:2]), "takes 3 bands but 2 wavelengths"),
+    ]
+    for change, message in cases:
+        kwargs = {"path": tmp_path / "m.pt2", "program": program, "patch_size": P, **change}
+        with pytest.raises(ConfigError, match=message):
+            save_program(kwargs.pop("path"), kwargs.pop("program"), **kwargs)
+    assert not list(tmp_path.iterdir())
+    forged = [
+        ("not json", "is not JSON"),
+        ('{"format": "other", "version": 1}', "not an hsgds program recipe"),
+        ('{"format": "hsgds-program", "version": 1, "patch_size": 3}', "lacks normalize"),
+    ]
+    good = json.loads(_saved_recipe(save_program(tmp_path / "g.pt2", program, patch_size=P, wavelengths=WANT)))
+    forged += [(json.dumps({**good, "patch_size": 5}), "patch size 5 is not the program's"),
+               (json.dumps({**good, "normalize": "l2"}), "normalize 'l2'"),
+               (json.dumps({**good, "wavelengths": [500.0]}), "wavelengths are not a list of 3 numbers")]
+    for text, message in forged:
+        torch.export.save(program, tmp_path / "f.pt2", extra_files={"hsgds.json": text})
+        with pytest.raises(InputError, match=message):
+            load_model(tmp_path / "f.pt2")
+
+
+def _saved_recipe(path):
+    extra = {"hsgds.json": ""}
+    torch.export.load(path, extra_files=extra)
+    return extra["hsgds.json"]
