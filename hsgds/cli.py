@@ -388,7 +388,8 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
 @cli.command()
 @click.argument("store", type=click.Path())
 @click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False),
-              help="A torch.export program (.pt2) or a checkpoint saved by `hsgds demo`.")
+              help="A torch.export program (.pt2) or a checkpoint saved by `hsgds demo`; saved with "
+                   "hsgds.models.save_program / save_checkpoint, it carries the settings it was trained with.")
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
               help="Class map to write: .tif (GeoTIFF), .png, .hdr (ENVI classification) or .npy. For a "
                    "collection, a path naming each scene's map with {name}, e.g. maps/{name}.tif.")

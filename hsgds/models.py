@@ -1,4 +1,5 @@
-"""Small standard hyperspectral classifiers for the demo and the benchmarks, and their checkpoints.
+"""Small standard hyperspectral classifiers for the demo and the benchmarks, and the files models are saved in
+(checkpoints of these classes; torch.export programs of any model), with the settings they were trained with.
 
 :class:`SpectralSpatialCNN` (the demo's model) reduces the spectrum per pixel with a learned 1x1
 convolution, then mixes space with two 3x3 convolutions and pools: the shape of the 2-D CNNs that reach
