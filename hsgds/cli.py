@@ -199,7 +199,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
 def info(store, patch_size) -> None:
     """Print a store's shape, dtype, tiling, split (with its train/test patch leakage), classes and
     per-class counts per split. For a collection (a folder holding collection.json, or that file): its
-    scenes, bands and labelled pixels per split, from collection.json alone."""
+    scenes, bands and labelled pixels per split, from collection.json alone. For a model file (.pt2 or a
+    checkpoint): the bands, patch size and normalization it takes."""
     from hsgds.info import describe
 
     click.echo(describe(store, patch_size))

@@ -1,10 +1,11 @@
-"""Human-readable summary of a store or a collection of stores (``hsgds info``)."""
+"""Human-readable summary of a store, a collection of stores, or a model file (``hsgds info``)."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,9 +130,14 @@ def split_summary(scene) -> str | None:
 
 
 def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
-    """A store's summary; for a collection path, the collection's (from ``collection.json`` alone)."""
+    """A store's summary; for a collection path, the collection's (from ``collection.json`` alone); for a
+    model file (a file that is not a collection listing), what the model takes."""
     if is_collection_path(path):
         return describe_collection(open_collection(path))
+    if Path(path).is_file():
+        from hsgds.models import load_model
+
+        return describe_model(path, load_model(path))
     scene = open_scene(path)
     m, g = scene.meta, scene.grid
     h, w, b = scene.shape
@@ -220,3 +226,35 @@ def describe_collection(coll: Collection) -> str:
     lines.append(f"{'all':<24} {'':>16} {'':>8}" + ("".join(f"{totals[s]:>9}" for s in splits) if per_split else "")
                  + f"{sum(e.num_samples for e in entries):>10}")
     return "\n".join(lines)
+
+
+def describe_model(path: str | os.PathLike, loaded: Any) -> str:
+    """What a model file (:class:`~hsgds.models.LoadedModel`) takes and how ``hsgds predict`` feeds it."""
+    kind = "hsgds checkpoint" if loaded.kind == "checkpoint" else "torch.export program"
+    params = sum(int(t.numel()) for t in loaded.module.parameters())
+    lines = [f"model:      {path}: {kind}, {type(loaded.module).__name__}, {params:,} parameters"]
+    if loaded.wavelengths is not None:
+        bands = (f"{len(loaded.wavelengths)} bands, each scene's nearest within {loaded.wavelength_tolerance:g} nm "
+                 f"of {_listed(loaded.wavelengths)} nm")
+    elif loaded.band_indices is not None:
+        bands = f"{len(loaded.band_indices)} bands, indices {_listed(loaded.band_indices)}"
+    else:
+        bands = "every band of the scene" + (f" ({loaded.bands})" if loaded.bands is not None else "")
+    p = loaded.patch_size
+    lines.append(f"input:      {bands}; " + (f"{p}x{p} patches" if p is not None else "patch size not fixed")
+                 + f", {loaded.layout}")
+    if loaded.normalize is None:
+        norm = "none (values as stored)"
+    else:
+        whose = "the statistics saved with the model" if loaded.norm_stats is not None else "each scene's own train statistics"
+        norm = f"{loaded.normalize}, with {whose}"
+    lines.append(f"normalize:  {norm}")
+    if loaded.classes is not None or loaded.class_names:
+        names = f" ({', '.join(loaded.class_names[:8])}{', ...' if len(loaded.class_names) > 8 else ''})" if loaded.class_names else ""
+        lines.append(f"classes:    {loaded.classes if loaded.classes is not None else len(loaded.class_names or [])}{names}")
+    return "\n".join(lines)
+
+
+def _listed(values: list, shown: int = 8) -> str:
+    text = ", ".join(f"{v:g}" for v in values[:shown])
+    return text + (f", ... ({len(values)} in all)" if len(values) > shown else "")

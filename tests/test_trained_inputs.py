@@ -292,3 +292,22 @@ def _saved_recipe(path):
     extra = {"hsgds.json": ""}
     torch.export.load(path, extra_files=extra)
     return extra["hsgds.json"]
+
+
+def test_hsgds_info_says_what_a_model_file_takes(scenes, tmp_path, run_cli):
+    stats = _pooled_loader_stats(scenes)
+    ckpt, _ = _trained_checkpoint(tmp_path / "model.ckpt", stats, wavelengths=WANT)
+    code, out, err = run_cli("info", ckpt)
+    assert code == 0, err
+    assert "hsgds checkpoint, SpectralSpatialCNN" in out
+    assert "input:      3 bands, each scene's nearest within 5 nm of 500, 700, 900 nm; 3x3 patches, NCHW" in out
+    assert "normalize:  zscore, with the statistics saved with the model" in out
+    assert "classes:    4" in out
+    torch.export.save(_program(RandomConv()), tmp_path / "plain.pt2")
+    code, out, err = run_cli("info", tmp_path / "plain.pt2")
+    assert code == 0, err
+    assert "torch.export program" in out and "every band of the scene (3); 3x3 patches" in out
+    assert "zscore, with each scene's own train statistics" in out
+    (tmp_path / "junk.ckpt").write_bytes(b"junk")
+    code, out, err = run_cli("info", tmp_path / "junk.ckpt")
+    assert code == 2 and "is not a usable model" in err and len(err.strip().splitlines()) == 1, err

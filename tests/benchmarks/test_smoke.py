@@ -157,14 +157,16 @@ def test_bench_verdict():
     assert _report(e2e_step_s=0.015, compute_step_s=0.02).best_speedup_from_input == 1.0
 
 
-def test_hsgds_demo_cli(tmp_path, run_cli, hsgds_env):
+def test_hsgds_demo_cli(tmp_path, run_cli, hsgds_env, monkeypatch):
     pytest.importorskip("tensorly")
     hsgds_env("HSGDS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # the default output folder, hsgds-demo/, goes there and not into the checkout
     code, out, err = run_cli("demo", "--epochs", "1", "--patch-size", "3", "--batch-size", "256", "--device", "cpu")
     assert code == 0, err
     assert "verify:     all tiles intact" in out
     assert "OA " in out and "AA " in out and "kappa " in out and "loader:" in out
     assert (tmp_path / "cache" / "indian_pines.zarr" / "zarr.json").is_file()
+    assert {f.name for f in (tmp_path / "hsgds-demo").iterdir()} == {"report.json", "model.ckpt", "classmap.png"}
 
 
 def test_bench_epoch_tiny(tmp_path):
