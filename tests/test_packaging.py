@@ -99,12 +99,21 @@ def test_extras_named_in_messages_exist(ce):
 def test_converter_is_installed_as_hsgds_preprocess(tmp_path):
     """The wheel holds the converter as hsgds/preprocess/ and no top-level `preprocess` package (PyPI has an
     unrelated one), and every package folder of the checkout is in the wheel."""
+    import shutil
     import subprocess
     import sys
     import zipfile
 
+    # built from a copy: setuptools writes build/ and *.egg-info into the source folder, and a stale build/lib
+    # there could carry deleted modules into the wheel
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("hsgds", "preprocess"):
+        shutil.copytree(ROOT / name, src / name, ignore=skip, symlinks=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
     run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+                          "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     (wheel,) = tmp_path.glob("hsgds-*.whl")
     files = set(zipfile.ZipFile(wheel).namelist())
