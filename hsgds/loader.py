@@ -212,6 +212,8 @@ class PatchLoader:
     norm_stats : hsgds.BandStats or None
         Statistics of the output bands to normalize every scene with instead of its own, e.g. the
         ``norm_stats`` of the loader a model was trained with, when it predicts or is evaluated on other scenes.
+        The attribute ``loader.norm_stats`` holds the statistics a loader normalizes every scene with when
+        they are one set (these, the pooled ones of ``norm_scope="collection"``, or its one scene's), else None.
     augment : hsgds.Augment or None
         On-device augmentation (flips / quarter turns inside the cut, radiation and mixture noise, band
         dropout), seeded per (seed, epoch, sample): the same whatever the batch size, world size, ring size
