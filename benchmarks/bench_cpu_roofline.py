@@ -14,7 +14,11 @@ NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` time
   arithmetic and the source reads) or one patch's source over and over (the arithmetic alone);
 - ``rounding loop in L1``: bfloat16 rounding of 4,096 float32 bit patterns held in L1, over and over (pure
   vector integer work, no memory traffic and no Python between calls): how much a second thread adds
-  when the work is arithmetic alone (on a VM whose two vCPUs share one physical core, ~1.4x, not 2x).
+  when the work is arithmetic alone (on a VM whose two vCPUs share one physical core, ~1.4x, not 2x);
+- ``16-bit gather + transpose, no arithmetic``: the bfloat16 batch's memory work alone: the same 8 x 8
+  blocks from the same ring into the same NCHW planes, with the next patch's rows prefetched as the
+  kernel does, but the values copied as they are (as if every tile held its bfloat16 bits already). No
+  bfloat16 cut can be faster than this; the kernel's ratio to it is what its arithmetic costs.
 
 Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``). Unlike the other benchmarks,
 this one is white-box on purpose: it times the kernel's own store instruction and entry point, not the
@@ -31,9 +35,12 @@ from pathlib import Path
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from hsgds.engines import cpu_cut
-from hsgds.engines._cpu_kernel import stream32
+from hsgds.engines._cpu_kernel import _transposed, prefetch_rows, stream32
 
 SIDE, BANDS, P, N = 96, 200, 13, 256
 PATCH = BANDS * P * P
@@ -71,6 +78,57 @@ def _streamed_fill(src, out, lo, hi):
         for k in range(0, n - 7, 8):
             stream32(src, k, out, i + k)
         i += n
+
+
+@intrinsic
+def _copy_block(typingctx, src, pix, k0, b0, dst, d0, dstride):
+    """dst[d0 + m*dstride + r] = src[pix[k0 + r] + b0 + m] for r, m in 0..7 (16-bit values): the kernel's
+    8 x 8 block (8 vector loads, 24 shuffles, 8 vector stores) without its arithmetic."""
+    sig = types.void(src, pix, types.intp, types.intp, dst, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        srcv, pixv, k0v, b0v, dstv, d0v, dsv = args
+        sary, pary, dary = (context.make_array(signature.args[i])(context, builder, v)
+                            for i, v in ((0, srcv), (1, pixv), (4, dstv)))
+        vec, intp = ir.VectorType(ir.IntType(16), 8), k0v.type
+        rows = []
+        for r in range(8):
+            first = builder.load(builder.gep(pary.data, [builder.add(k0v, ir.Constant(intp, r))]))
+            rows.append(builder.load(builder.bitcast(builder.gep(sary.data, [builder.add(first, b0v)]),
+                                                     vec.as_pointer()), align=2))
+        for m, col in enumerate(_transposed(builder, rows)):
+            at = builder.add(d0v, builder.mul(dsv, ir.Constant(intp, m)))
+            builder.store(col, builder.bitcast(builder.gep(dary.data, [at]), vec.as_pointer()), align=2)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(nogil=True)
+def _copy_cut(src, base, out, p, side, bands, lo, hi):
+    """Patches lo:hi as the kernel's NCHW blocked path cuts them (identity transform), values copied."""
+    pp, groups = p * p, (bands + 7) // 8
+    pix = np.empty(pp, np.int64)
+    for n in range(lo, hi):
+        o = n * pp * bands
+        for i in range(p):
+            for j in range(p):
+                pix[i * p + j] = base[n] + (i * side + j) * bands
+        b0 = 0
+        while True:
+            bb = min(b0, bands - 8)
+            if n + 1 < hi:
+                prefetch_rows(src, base[n + 1], side, bands, p, b0 // 8, groups)
+            k0 = 0
+            while True:
+                kk = min(k0, pp - 8)
+                _copy_block(src, pix, kk, bb, out, o + bb * pp + kk, pp)
+                if kk == pp - 8:
+                    break
+                k0 += 8
+            if bb == bands - 8:
+                break
+            b0 += 8
 
 
 def _aligned(n: int, dtype) -> np.ndarray:
@@ -164,6 +222,13 @@ def main() -> None:
                 lambda: resident(0), lambda: [f.result() for f in [pool.submit(resident, 0), pool.submit(resident, 1)]])
             rows[-1]["note"] = "2 threads: each cuts the whole batch, so the figure is per thread x 2"
             rows[-1]["GBps_2_thread"] *= 2
+    out16 = _aligned(N * PATCH, np.uint16)
+    _copy_cut(ring, base, out16, P, SIDE, BANDS, 0, 1)
+    if not np.array_equal(out16[:P * P], ring[base[0] + np.add.outer(np.arange(P) * SIDE, np.arange(P)).ravel() * BANDS]):
+        raise SystemExit("the copy loop does not cut band 0 of patch 0: fix it before reading its figures")
+    add("16-bit gather + transpose, no arithmetic (bfloat16 NCHW floor)", out16.nbytes,
+        threads(lambda a, b: _copy_cut(ring, base, out16, P, SIDE, BANDS, a, b), 1, N),
+        threads(lambda a, b: _copy_cut(ring, base, out16, P, SIDE, BANDS, a, b), 2, N))
     loops = [(rng.integers(0, 2**31, 4096).astype(np.int32), np.empty(4096, np.uint16)) for _ in range(2)]
     reps = 200000  # ~0.25 s a run: long enough for both threads to overlap fully
     _rounding_loop(*loops[0], 1)
@@ -172,12 +237,37 @@ def main() -> None:
         lambda: [f.result() for f in [pool.submit(_rounding_loop, *loops[i], reps) for i in range(2)]])
     rows[-1]["note"] = "2 threads: each runs the whole loop, so the figure is per thread x 2"
     rows[-1]["GBps_2_thread"] *= 2
+    floor = _floor_ratios(ring, base, tables, out16, pool, args.rounds * 3)
+    print(f"bfloat16 kernel time / no-arithmetic floor time, 2 threads, alternated round by round: plain stores "
+          f"{floor['plain']['median']:.2f} (IQR {floor['plain']['q25']:.2f}-{floor['plain']['q75']:.2f}), streamed "
+          f"{floor['streamed']['median']:.2f} (IQR {floor['streamed']['q25']:.2f}-{floor['streamed']['q75']:.2f})")
     steal1, total1 = _cpu_ticks()
     steal = (steal1 - steal0) / max(1, total1 - total0)
     print(f"CPU time stolen by the host during the run: {100 * steal:.1f}%")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "batch": [N, BANDS, P, P], "numba": numba.__version__,
-                                         "steal_fraction": steal}, indent=2))
+                                         "floor_ratios": floor, "steal_fraction": steal}, indent=2))
+
+
+def _floor_ratios(ring, base, tables, out, pool, rounds: int) -> dict:
+    """The bfloat16 kernel's time over the no-arithmetic copy's, both on 2 threads, timed alternately in each
+    round (this VM's speed drifts between the rows above): what the arithmetic adds to the memory work."""
+    def two(fn) -> float:
+        t = time.perf_counter()
+        for f in [pool.submit(fn, 0, N // 2), pool.submit(fn, N // 2, N)]:
+            f.result()
+        return time.perf_counter() - t
+
+    fns = {"plain": lambda a, b: cpu_cut.cut_range(ring, base, None, None, tables, out, P, True, 1, a, b, False),
+           "streamed": lambda a, b: cpu_cut.cut_range(ring, base, None, None, tables, out, P, True, 1, a, b, True),
+           "copy": lambda a, b: _copy_cut(ring, base, out, P, SIDE, BANDS, a, b)}
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(two(fn))
+    copy = np.array(times["copy"])
+    return {k: dict(zip(("q25", "median", "q75"), np.percentile(np.array(times[k]) / copy, [25, 50, 75]).tolist()))
+            for k in ("plain", "streamed")}
 
 
 if __name__ == "__main__":

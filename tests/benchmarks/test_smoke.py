@@ -284,7 +284,10 @@ def test_bench_cpu_roofline_tiny(tmp_path):
     pytest.importorskip("numba")
     out = tmp_path / "roofline.json"
     _run([str(BENCH / "bench_cpu_roofline.py"), "--rounds", "1", "--json", str(out)], tmp_path)
-    rows = {r["what"]: r for r in json.loads(out.read_text())["rows"]}
+    doc = json.loads(out.read_text())
+    rows = {r["what"]: r for r in doc["rows"]}
     assert {"memcpy (np.copyto, float32 batch)", "kernel bfloat16 NCHW, plain stores",
-            "rounding loop in L1 (arithmetic alone, bfloat16 output bytes)"} <= set(rows)
+            "rounding loop in L1 (arithmetic alone, bfloat16 output bytes)",
+            "16-bit gather + transpose, no arithmetic (bfloat16 NCHW floor)"} <= set(rows)
     assert all(r["GBps_1_thread"] > 0 and r["GBps_2_thread"] > 0 for r in rows.values())
+    assert all(0 < doc["floor_ratios"][k]["q25"] <= doc["floor_ratios"][k]["median"] for k in ("plain", "streamed"))
