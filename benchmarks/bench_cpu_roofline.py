@@ -18,7 +18,9 @@ NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` time
 - ``16-bit gather + transpose, no arithmetic``: the bfloat16 batch's memory work alone: the same 8 x 8
   blocks from the same ring into the same NCHW planes, with the next patch's rows prefetched as the
   kernel does, but the values copied as they are (as if every tile held its bfloat16 bits already). No
-  bfloat16 cut can be faster than this; the kernel's ratio to it is what its arithmetic costs.
+  bfloat16 cut in 8 x 8 blocks can be faster; the kernel's ratio to it (timed alternately, round by
+  round, at the end) is what its arithmetic costs. The same copy in 16 x 16 blocks (32-byte stores,
+  fewer shuffles per value) says whether wider blocks would move that floor.
 
 Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``). Unlike the other benchmarks,
 this one is white-box on purpose: it times the kernel's own store instruction and entry point, not the
@@ -40,7 +42,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from hsgds.engines import cpu_cut
-from hsgds.engines._cpu_kernel import _transposed, prefetch_rows, stream32
+from hsgds.engines._cpu_kernel import _shuffle, _transposed, prefetch_rows, stream32
 
 SIDE, BANDS, P, N = 96, 200, 13, 256
 PATCH = BANDS * P * P
@@ -80,55 +82,84 @@ def _streamed_fill(src, out, lo, hi):
         i += n
 
 
-@intrinsic
-def _copy_block(typingctx, src, pix, k0, b0, dst, d0, dstride):
-    """dst[d0 + m*dstride + r] = src[pix[k0 + r] + b0 + m] for r, m in 0..7 (16-bit values): the kernel's
-    8 x 8 block (8 vector loads, 24 shuffles, 8 vector stores) without its arithmetic."""
-    sig = types.void(src, pix, types.intp, types.intp, dst, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        srcv, pixv, k0v, b0v, dstv, d0v, dsv = args
-        sary, pary, dary = (context.make_array(signature.args[i])(context, builder, v)
-                            for i, v in ((0, srcv), (1, pixv), (4, dstv)))
-        vec, intp = ir.VectorType(ir.IntType(16), 8), k0v.type
-        rows = []
-        for r in range(8):
-            first = builder.load(builder.gep(pary.data, [builder.add(k0v, ir.Constant(intp, r))]))
-            rows.append(builder.load(builder.bitcast(builder.gep(sary.data, [builder.add(first, b0v)]),
-                                                     vec.as_pointer()), align=2))
-        for m, col in enumerate(_transposed(builder, rows)):
-            at = builder.add(d0v, builder.mul(dsv, ir.Constant(intp, m)))
-            builder.store(col, builder.bitcast(builder.gep(dary.data, [at]), vec.as_pointer()), align=2)
-        return context.get_dummy_value()
-
-    return sig, codegen
+def _butterfly(builder, rows):
+    """The columns of n row vectors of n lanes (n a power of two): at each distance d, rows i and i + d swap
+    their off-diagonal d x d blocks (n log2 n shuffles; for 16: 64 per 256 values, the 8 x 8 one 96)."""
+    rows, n = list(rows), len(rows)
+    d = 1
+    while d < n:
+        for i in (i for i in range(n) if not i & d):
+            low = [j if not j & d else n + j - d for j in range(n)]
+            high = [j + d if not j & d else n + j for j in range(n)]
+            rows[i], rows[i + d] = _shuffle(builder, rows[i], rows[i + d], low), _shuffle(builder, rows[i], rows[i + d], high)
+        d *= 2
+    return rows
 
 
-@numba.njit(nogil=True)
-def _copy_cut(src, base, out, p, side, bands, lo, hi):
-    """Patches lo:hi as the kernel's NCHW blocked path cuts them (identity transform), values copied."""
-    pp, groups = p * p, (bands + 7) // 8
-    pix = np.empty(pp, np.int64)
-    for n in range(lo, hi):
-        o = n * pp * bands
-        for i in range(p):
-            for j in range(p):
-                pix[i * p + j] = base[n] + (i * side + j) * bands
-        b0 = 0
-        while True:
-            bb = min(b0, bands - 8)
-            if n + 1 < hi:
-                prefetch_rows(src, base[n + 1], side, bands, p, b0 // 8, groups)
-            k0 = 0
+def _copy_block(n: int):
+    """An intrinsic: dst[d0 + m*dstride + r] = src[pix[k0 + r] + b0 + m] for r, m in 0..n-1 (16-bit values):
+    the kernel's block (n vector loads, a transpose in registers, n vector stores) without its arithmetic;
+    n = 8 transposes as the kernel does."""
+    transpose = _transposed if n == 8 else _butterfly
+
+    @intrinsic
+    def copy_block(typingctx, src, pix, k0, b0, dst, d0, dstride):
+        sig = types.void(src, pix, types.intp, types.intp, dst, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            srcv, pixv, k0v, b0v, dstv, d0v, dsv = args
+            sary, pary, dary = (context.make_array(signature.args[i])(context, builder, v)
+                                for i, v in ((0, srcv), (1, pixv), (4, dstv)))
+            vec, intp = ir.VectorType(ir.IntType(16), n), k0v.type
+            rows = []
+            for r in range(n):
+                first = builder.load(builder.gep(pary.data, [builder.add(k0v, ir.Constant(intp, r))]))
+                rows.append(builder.load(builder.bitcast(builder.gep(sary.data, [builder.add(first, b0v)]),
+                                                         vec.as_pointer()), align=2))
+            for m, col in enumerate(transpose(builder, rows)):
+                at = builder.add(d0v, builder.mul(dsv, ir.Constant(intp, m)))
+                builder.store(col, builder.bitcast(builder.gep(dary.data, [at]), vec.as_pointer()), align=2)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return copy_block
+
+
+def _copy_cut_with(n: int):
+    """Patches lo:hi as the kernel's NCHW blocked path cuts them (identity transform, the next patch's rows
+    prefetched), in n x n blocks, values copied."""
+    block = _copy_block(n)
+
+    @numba.njit(nogil=True)
+    def copy_cut(src, base, out, p, side, bands, lo, hi):
+        pp, groups = p * p, (bands + n - 1) // n
+        pix = np.empty(pp, np.int64)
+        for k in range(lo, hi):
+            o = k * pp * bands
+            for i in range(p):
+                for j in range(p):
+                    pix[i * p + j] = base[k] + (i * side + j) * bands
+            b0 = 0
             while True:
-                kk = min(k0, pp - 8)
-                _copy_block(src, pix, kk, bb, out, o + bb * pp + kk, pp)
-                if kk == pp - 8:
+                bb = min(b0, bands - n)
+                if k + 1 < hi:
+                    prefetch_rows(src, base[k + 1], side, bands, p, b0 // n, groups)
+                k0 = 0
+                while True:
+                    kk = min(k0, pp - n)
+                    block(src, pix, kk, bb, out, o + bb * pp + kk, pp)
+                    if kk == pp - n:
+                        break
+                    k0 += n
+                if bb == bands - n:
                     break
-                k0 += 8
-            if bb == bands - 8:
-                break
-            b0 += 8
+                b0 += n
+
+    return copy_cut
+
+
+_copy_cut, _copy_cut16 = _copy_cut_with(8), _copy_cut_with(16)
 
 
 def _aligned(n: int, dtype) -> np.ndarray:
@@ -229,6 +260,14 @@ def main() -> None:
     add("16-bit gather + transpose, no arithmetic (bfloat16 NCHW floor)", out16.nbytes,
         threads(lambda a, b: _copy_cut(ring, base, out16, P, SIDE, BANDS, a, b), 1, N),
         threads(lambda a, b: _copy_cut(ring, base, out16, P, SIDE, BANDS, a, b), 2, N))
+    wide = _aligned(N * PATCH, np.uint16)
+    _copy_cut16(ring, base, wide, P, SIDE, BANDS, 0, N)
+    _copy_cut(ring, base, out16, P, SIDE, BANDS, 0, N)
+    if not np.array_equal(wide, out16):
+        raise SystemExit("the 16 x 16 copy differs from the 8 x 8 one: fix it before reading its figures")
+    add("the same in 16 x 16 blocks (32-byte stores)", wide.nbytes,
+        threads(lambda a, b: _copy_cut16(ring, base, wide, P, SIDE, BANDS, a, b), 1, N),
+        threads(lambda a, b: _copy_cut16(ring, base, wide, P, SIDE, BANDS, a, b), 2, N))
     loops = [(rng.integers(0, 2**31, 4096).astype(np.int32), np.empty(4096, np.uint16)) for _ in range(2)]
     reps = 200000  # ~0.25 s a run: long enough for both threads to overlap fully
     _rounding_loop(*loops[0], 1)
@@ -240,7 +279,9 @@ def main() -> None:
     floor = _floor_ratios(ring, base, tables, out16, pool, args.rounds * 3)
     print(f"bfloat16 kernel time / no-arithmetic floor time, 2 threads, alternated round by round: plain stores "
           f"{floor['plain']['median']:.2f} (IQR {floor['plain']['q25']:.2f}-{floor['plain']['q75']:.2f}), streamed "
-          f"{floor['streamed']['median']:.2f} (IQR {floor['streamed']['q25']:.2f}-{floor['streamed']['q75']:.2f})")
+          f"{floor['streamed']['median']:.2f} (IQR {floor['streamed']['q25']:.2f}-{floor['streamed']['q75']:.2f}); "
+          f"the 16 x 16 copy's {floor['copy16']['median']:.2f} (IQR {floor['copy16']['q25']:.2f}-"
+          f"{floor['copy16']['q75']:.2f})")
     steal1, total1 = _cpu_ticks()
     steal = (steal1 - steal0) / max(1, total1 - total0)
     print(f"CPU time stolen by the host during the run: {100 * steal:.1f}%")
@@ -260,6 +301,7 @@ def _floor_ratios(ring, base, tables, out, pool, rounds: int) -> dict:
 
     fns = {"plain": lambda a, b: cpu_cut.cut_range(ring, base, None, None, tables, out, P, True, 1, a, b, False),
            "streamed": lambda a, b: cpu_cut.cut_range(ring, base, None, None, tables, out, P, True, 1, a, b, True),
+           "copy16": lambda a, b: _copy_cut16(ring, base, out, P, SIDE, BANDS, a, b),
            "copy": lambda a, b: _copy_cut(ring, base, out, P, SIDE, BANDS, a, b)}
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
@@ -267,7 +309,7 @@ def _floor_ratios(ring, base, tables, out, pool, rounds: int) -> dict:
             times[k].append(two(fn))
     copy = np.array(times["copy"])
     return {k: dict(zip(("q25", "median", "q75"), np.percentile(np.array(times[k]) / copy, [25, 50, 75]).tolist()))
-            for k in ("plain", "streamed")}
+            for k in ("plain", "streamed", "copy16")}
 
 
 if __name__ == "__main__":
