@@ -152,6 +152,12 @@ def _recipe_state(in_bands: int | None, bands: Sequence[int] | None, wavelengths
 
     if bands is not None and wavelengths is not None:
         raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
+    if bands is not None and not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 0
+                                     for b in bands):
+        raise ConfigError(f"bands must be band indices (integers >= 0), got {bands!r}")
+    if wavelengths is not None and not all(isinstance(w, (int, float, np.number)) and not isinstance(w, bool)
+                                           and np.isfinite(w) for w in wavelengths):
+        raise ConfigError(f"wavelengths must be numbers (nm), got {wavelengths!r}")
     chosen = bands if bands is not None else wavelengths
     if chosen is not None and in_bands is not None and len(chosen) != in_bands:
         raise ConfigError(f"the model takes {in_bands} bands but {len(chosen)} "

@@ -193,6 +193,10 @@ def test_checkpoint_recipes_are_checked_when_saved_and_loaded(scenes, tmp_path):
         _trained_checkpoint(tmp_path / "x.ckpt", None, wavelengths=WANT + [1000.0])
     with pytest.raises(ConfigError, match="not both"):
         _trained_checkpoint(tmp_path / "x.ckpt", None, wavelengths=WANT, bands=[0, 1, 2])
+    with pytest.raises(ConfigError, match="bands must be band indices"):
+        _trained_checkpoint(tmp_path / "x.ckpt", None, bands=[0, "1", 2])
+    with pytest.raises(ConfigError, match="wavelengths must be numbers"):
+        _trained_checkpoint(tmp_path / "x.ckpt", None, wavelengths=[500.0, float("nan"), 900.0])
     own = hsgds.open_scene(scenes["A"][1]).norm_stats  # 6 bands, the model takes 3
     with pytest.raises(ConfigError, match=r"norm_stats.mean has shape \(6,\)"):
         _trained_checkpoint(tmp_path / "x.ckpt", own)
