@@ -193,7 +193,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: in
         raise ConfigError(f"only the models in hsgds.models.MODELS can be saved as checkpoints, not {name}; "
                           "save other models with torch.export and hsgds.models.save_program")
     config: dict[str, Any] = model.config  # type: ignore[assignment]  # checked to be a dict above
-    _check_settings(patch_size, normalize)
+    _check_settings(patch_size, normalize, norm_stats)
     state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(config),
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "patch_size": int(patch_size), "normalize": normalize, "layout": "NCHW",
@@ -220,7 +220,7 @@ def save_program(path: str | os.PathLike, program: Any, *, patch_size: int, norm
                           f"got {type(program).__name__}")
     if Path(path).suffix.lower() != ".pt2":
         raise ConfigError(f"a torch.export program is saved as .pt2; name the file {Path(path).stem}.pt2")
-    _check_settings(patch_size, normalize)
+    _check_settings(patch_size, normalize, norm_stats)
     shape = _program_input(program)
     if shape is None:
         raise ConfigError("the program must take one (N, B, p, p) batch; export the model with one 4-D input")
@@ -234,11 +234,13 @@ def save_program(path: str | os.PathLike, program: Any, *, patch_size: int, norm
     return Path(path)
 
 
-def _check_settings(patch_size: Any, normalize: Any) -> None:
+def _check_settings(patch_size: Any, normalize: Any, norm_stats: Any) -> None:
     if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size < 1 or patch_size % 2 == 0:
         raise ConfigError(f"patch_size must be a positive odd integer, got {patch_size!r}")
     if normalize not in _NORMALIZATIONS:
         raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
+    if normalize is None and norm_stats is not None:
+        raise ConfigError("norm_stats applies with normalize='zscore' or 'minmax', not normalize=None")
 
 
 @dataclass(frozen=True)
@@ -371,6 +373,8 @@ def _recipe(path: Path, state: dict, bands: int | None) -> dict[str, Any]:
         raise _bad(path, f"wavelength tolerance {tolerance!r} is not a number >= 0")
     out["wavelength_tolerance"] = float(tolerance)
     stats = state.get("norm_stats")
+    if stats is not None and state.get("normalize") is None:
+        raise _bad(path, "it has normalization statistics but normalize None")
     if stats is not None:
         from hsgds.scene_set import checked_stats
 

@@ -218,6 +218,7 @@ def test_checkpoint_recipes_are_checked_when_saved_and_loaded(scenes, tmp_path):
         ({"norm_stats": {"mean": [0.0] * 3}}, "statistics are not mean, std, min, max lists"),
         ({"norm_stats": {**state["norm_stats"], "std": [float("nan")] * 3}}, "statistics do not fit"),
         ({"norm_stats": {**state["norm_stats"], "min": [0.0] * 5}}, "statistics do not fit"),
+        ({"normalize": None}, "normalization statistics but normalize None"),
         ({"version": 2, "norm_stats": None, "wavelengths": None, "band_indices": None,
           "wavelength_tolerance": None}, "wavelength tolerance None"),
     ]
@@ -271,6 +272,7 @@ def test_programs_and_their_recipes_are_checked(scenes, tmp_path):
         (dict(patch_size=4), "positive odd integer"),
         (dict(normalize="l2"), "normalize must be"),
         (dict(wavelengths=WANT[:2]), "takes 3 bands but 2 wavelengths"),
+        (dict(normalize=None, norm_stats=_pooled_loader_stats(scenes)), "not normalize=None"),
     ]
     for change, message in cases:
         kwargs = {"path": tmp_path / "m.pt2", "program": program, "patch_size": P, **change}
@@ -285,7 +287,9 @@ def test_programs_and_their_recipes_are_checked(scenes, tmp_path):
     good = json.loads(_saved_recipe(save_program(tmp_path / "g.pt2", program, patch_size=P, wavelengths=WANT)))
     forged += [(json.dumps({**good, "patch_size": 5}), "patch size 5 is not the program's"),
                (json.dumps({**good, "normalize": "l2"}), "normalize 'l2'"),
-               (json.dumps({**good, "wavelengths": [500.0]}), "wavelengths are not a list of 3 numbers")]
+               (json.dumps({**good, "wavelengths": [500.0]}), "wavelengths are not a list of 3 numbers"),
+               (json.dumps({**good, "normalize": None, "norm_stats": {f: [1.0] * 3 for f in ("mean", "std", "min", "max")}}),
+                "statistics but normalize None")]
     for text, message in forged:
         torch.export.save(program, tmp_path / "f.pt2", extra_files={"hsgds.json": text})
         with pytest.raises(InputError, match=message):
