@@ -421,9 +421,21 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     writers.check_output(out)  # before any work: a bad suffix or missing folder costs nothing
     scene = open_scene(store)
     loaded = load_model(model_path)
+    _echo_recipe(model_path, loaded)
     patch_size = _patch_size_for(loaded, model_path, patch_size, str(store), scene.shape[2], scene.wavelengths,
                                  scene.grid.halo)
     _predict_scene(scene, loaded, out, patch_size, batch_size, probabilities, device, tta)
+
+
+def _echo_recipe(model_path: str, loaded) -> None:
+    """Say how every scene will be fed when the model file carries a band selection or statistics (the
+    lines of ``hsgds info MODEL``), so that a map is never made from inputs the user did not expect."""
+    from hsgds.info import describe_model
+
+    if loaded.band_indices is None and loaded.wavelengths is None and loaded.norm_stats is None:
+        return
+    for line in describe_model(model_path, loaded).splitlines()[1:3]:  # its input and normalize lines
+        click.echo(line)
 
 
 def _patch_size_for(loaded, model_path: str, patch_size: int | None, name: str, bands: int,
@@ -484,6 +496,7 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
                   "with {name}, e.g. maps/{name}.tif")
     coll = open_collection(path)
     loaded = load_model(model_path)
+    _echo_recipe(model_path, loaded)
     sizes = []
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo

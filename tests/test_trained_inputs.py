@@ -169,9 +169,11 @@ def test_a_checkpoint_carries_bands_and_statistics_to_hsgds_predict(scenes, tmp_
     for name in "ABC":
         want = hsgds.predict(scenes[name][1], model, patch_size=P, device="cpu", wavelengths=WANT, norm_stats=stats)
         assert np.array_equal(np.load(maps / f"{name}.npy", allow_pickle=False), want), name
-    code, _, err = run_cli("predict", scenes["C"][1], "--model", ckpt, "-o", tmp_path / "c.npy")
+    code, out, err = run_cli("predict", scenes["C"][1], "--model", ckpt, "-o", tmp_path / "c.npy")
     assert code == 0, err
     assert np.array_equal(np.load(tmp_path / "c.npy"), np.load(maps / "C.npy"))
+    assert "input:      3 bands, each scene's nearest within 5 nm of 500, 700, 900 nm" in out
+    assert "normalize:  zscore, with the statistics saved with the model" in out
 
     # a selection one scene cannot give: refused before any work, naming the scene
     far, _ = _trained_checkpoint(tmp_path / "far.ckpt", stats, wavelengths=[500.0, 700.0, 1000.0])
