@@ -30,6 +30,7 @@ from hsgds.pixels import (
     ListedSamples,
     all_pixels,
     check_mask,
+    excluded_pixels,
     labelled_pixels,
     listed_samples_apply,
     sampled_labels,
@@ -131,6 +132,12 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
         # a collection's samples, counted per tile in collection.json: each store's sample table is read
         # when the loader first takes one of its samples, so starting does not open the stores
         return ListedSamples(list(ss.scenes), list(ss.names), split, pixels)  # type: ignore[arg-type]
+    if pixels == "all" and all(m is None for m in checked):
+        # every s-th pixel less the other splits' labelled ones, computed per batch: memory per tile and
+        # per labelled pixel, not per pixel (self-supervised training that never sees a test pixel)
+        return GridSamples([scene.grid for scene in ss.scenes], stride,
+                           [sampled_labels(scene, stride) for scene in ss.scenes],
+                           [excluded_pixels(scene, stride, split) for scene in ss.scenes])
     parts = [all_pixels(scene, stride, split, m) if pixels == "all" else labelled_pixels(scene, split, m)
              for scene, m in zip(ss.scenes, checked)]
     if len(parts) == 1:

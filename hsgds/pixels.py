@@ -26,8 +26,8 @@ from hsgds.errors import ConfigError, StoreError
 from hsgds.sampling import SampleSet
 from hsgds.scene import Scene
 
-__all__ = ["PIXELS", "GridSamples", "ListedSamples", "all_pixels", "check_mask", "labelled_pixels",
-           "listed_samples_apply"]
+__all__ = ["PIXELS", "GridSamples", "ListedSamples", "all_pixels", "check_mask", "excluded_pixels",
+           "labelled_pixels", "listed_samples_apply"]
 
 PIXELS = ("labelled", "all")
 
@@ -58,28 +58,35 @@ def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None 
     split), so e.g. ``split="train"`` never shows a validation or test pixel. ``mask`` (H, W) keeps only
     the pixels where it is True. Order: tile by tile, raster order inside each tile.
     """
-    h, w = scene.shape[:2]
-    t = scene.grid.tile
-    # the pixels GridSamples computes, all of them, then filtered (a scene without labels reads none)
-    every = GridSamples([scene.grid], stride, [sampled_labels(scene, stride)])
+    # the pixels GridSamples computes (less the other splits' labelled ones), all of them, then masked
+    every = GridSamples([scene.grid], stride, [sampled_labels(scene, stride)], [excluded_pixels(scene, stride, split)])
     tile, _, _, label, sy, sx = every.take(np.arange(len(every)))
-    keep = None
     if mask is not None:
         keep = mask[sy, sx]
-    if split is not None and scene.num_samples:
-        code = fmt.SPLIT_CODES.get(split)
-        if code is None:
-            scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error
-        table = scene.sample_table()
-        split_map = np.full((h, w), -1, dtype=np.int8)  # -1: unlabelled, in no split
-        ty, tx = np.divmod(table["tile"].astype(np.int64), scene.grid.ntx)
-        split_map[ty * t + table["y"], tx * t + table["x"]] = table["split"]
-        codes = split_map[sy, sx]
-        other = (codes >= 0) & (codes != code)
-        keep = ~other if keep is None else keep & ~other
-    if keep is not None:
         tile, sy, sx, label = tile[keep], sy[keep], sx[keep], label[keep]
     return scene.samples_at(tile.astype(np.int64), sy, sx, label)
+
+
+def excluded_pixels(scene: Scene | DeferredScene, stride: int, split: str | None
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The labelled pixels of splits other than ``split`` that fall on the ``stride`` lattice, as (tile,
+    lattice index within the tile) for :class:`GridSamples`; None when nothing is left out (no split, or
+    a scene without labels). Reads the scene's sample table: memory per labelled pixel."""
+    if split is None or not scene.num_samples:
+        return None
+    code = fmt.SPLIT_CODES.get(split)
+    if code is None:
+        scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error
+    table = scene.sample_table()
+    other = table["split"] != code
+    tile = table["tile"][other].astype(np.int64)
+    g = scene.grid
+    ty, tx = np.divmod(tile, g.ntx)
+    sy, sx = ty * g.tile + table["y"][other], tx * g.tile + table["x"][other]
+    on = (sy % stride == 0) & (sx % stride == 0)
+    tile, sy, sx = tile[on], sy[on], sx[on]
+    y0, x0, _, nx, _, _ = _lattice(g, stride)
+    return tile, (sy - y0[tile]) // stride * nx[tile] + (sx - x0[tile]) // stride
 
 
 def sampled_labels(scene: Scene | DeferredScene, stride: int) -> Callable[[], np.ndarray] | None:
@@ -130,14 +137,31 @@ class GridSamples(_PerTileSamples):
     :class:`~hsgds.sampling.SampleSet` where the loader and the epoch plan use it (``len``, ``offsets``,
     ``counts``, ``take``, ``tile_of``); ``labels`` give each scene's label map at the sampled pixels,
     ``labels[::stride, ::stride]`` (None: unlabelled), read when a sample of that scene is first taken.
+
+    ``excluded`` (per scene, from :func:`excluded_pixels`, or None): sampled pixels left out, e.g. the
+    labelled pixels of other splits. They cost memory each (the rest still per tile): the k-th pixel kept
+    in a tile is its lattice index k + #{i : e_i - i <= k} over the tile's sorted excluded indices e_i.
     """
 
-    def __init__(self, grids: list[fmt.TileGrid], stride: int,
-                 labels: list[Callable[[], np.ndarray] | None]) -> None:
+    def __init__(self, grids: list[fmt.TileGrid], stride: int, labels: list[Callable[[], np.ndarray] | None],
+                 excluded: list[tuple[np.ndarray, np.ndarray] | None] | None = None) -> None:
         self._y0, self._x0, self._ny, self._nx, self._oy, self._ox = (
             np.concatenate(col) for col in zip(*(_lattice(g, stride) for g in grids)))
         self._scene = np.repeat(np.arange(len(grids), dtype=np.int32), [g.num_tiles for g in grids])
-        self.offsets = np.concatenate([[0], np.cumsum(self._ny * self._nx)]).astype(np.int64)
+        per_tile = self._ny * self._nx
+        self._skip: np.ndarray | None = None  # per excluded pixel: tile * span + (e_i - i), sorted
+        if excluded is not None and any(e is not None and len(e[0]) for e in excluded):
+            first = np.concatenate([[0], np.cumsum([g.num_tiles for g in grids])])
+            tile = np.concatenate([e[0] + first[s] for s, e in enumerate(excluded) if e is not None])
+            index = np.concatenate([e[1] for e in excluded if e is not None])
+            self._span = int(per_tile.max()) + 1
+            order = np.lexsort((index, tile))
+            tile, index = tile[order], index[order]
+            self._ex_start = fmt.tile_offsets(tile, len(per_tile))
+            rank = np.arange(len(tile), dtype=np.int64) - self._ex_start[tile]
+            self._skip = tile * self._span + (index - rank)
+            per_tile = per_tile - np.diff(self._ex_start)
+        self.offsets = np.concatenate([[0], np.cumsum(per_tile)]).astype(np.int64)
         self._stride, self._label_of = int(stride), labels
         self._per_scene = _per_scene_cache()  # label maps
         self._wide = len(self._scene) > np.iinfo(np.int32).max
@@ -147,7 +171,10 @@ class GridSamples(_PerTileSamples):
         coordinates, label the class index (-1 where unlabelled)."""
         idx = np.asarray(idx, dtype=np.int64)
         tile = self.tile_of(idx)
-        row, col = np.divmod(idx - self.offsets[tile], self._nx[tile])
+        k = idx - self.offsets[tile]
+        if self._skip is not None:  # past the excluded pixels before it in its tile
+            k = k + np.searchsorted(self._skip, tile * self._span + k, side="right") - self._ex_start[tile]
+        row, col = np.divmod(k, self._nx[tile])
         sy, sx = self._y0[tile] + self._stride * row, self._x0[tile] + self._stride * col
         label = np.full(len(idx), -1, dtype=np.int16)
         if any(lab is not None for lab in self._label_of):

@@ -244,6 +244,35 @@ def test_pixels_all_split_and_mask_restrict_pixels(scenes):
         hsgds.PatchLoader(store, patch_size=3, batch_size=4, stride=2, device="cpu")
 
 
+@pytest.mark.parametrize("split,stride", [("train", 1), ("test", 2), ("val", 3)])
+def test_pixels_all_with_a_split_keeps_memory_per_labelled_pixel(scenes, split, stride):
+    """One store, every s-th pixel but the other splits' labelled ones: computed per batch (GridSamples with
+    those pixels left out, not a list of every pixel), the same pixels in the same order as the split map
+    says, with their labels."""
+    from hsgds.format import SPLIT_CODES
+    from hsgds.pixels import GridSamples
+
+    cube, labels, store = scenes["B"]
+    scene = hsgds.open_scene(store)
+    table = scene.sample_table()
+    h, w = labels.shape
+    split_map = np.full((h, w), -1)
+    ty, tx = np.divmod(table["tile"].astype(np.int64), scene.grid.ntx)
+    split_map[ty * 18 + table["y"], tx * 18 + table["x"]] = table["split"]
+    with hsgds.PatchLoader(store, patch_size=3, batch_size=64, pixels="all", split=split, stride=stride,
+                           shuffle=False, return_coords=True, device="cpu") as loader:
+        assert isinstance(loader.samples, GridSamples)
+        got, lab, coords = _collect(loader)
+    keep = np.zeros((h, w), bool)
+    keep[::stride, ::stride] = True
+    keep &= (split_map == SPLIT_CODES[split]) | (split_map == -1)
+    ys, xs = np.nonzero(keep)
+    order = np.lexsort((xs, ys, (ys // 18) * scene.grid.ntx + xs // 18))  # tile by tile, raster order inside
+    np.testing.assert_array_equal(coords, np.column_stack([ys[order], xs[order]]))
+    np.testing.assert_array_equal(lab, labels[ys[order], xs[order]].astype(np.int64) - 1)
+    assert (split_map[coords[:, 0], coords[:, 1]] != -1).any()  # the split's own labelled pixels stay
+
+
 def test_pixels_all_over_a_collection_with_masks(scenes):
     names = ["A", "B"]
     masks = [None, np.zeros(scenes["B"][1].shape, bool)]

@@ -64,3 +64,39 @@ def test_grid_samples_keep_memory_per_tile():
     tile, y, x, label, sy, sx = samples.take(np.array([0, 40_000 ** 2 - 1]))
     assert tile.tolist() == [0, 624] and sy.tolist() == [0, 39_999] and sx.tolist() == [0, 39_999]
     assert y.tolist() == [7, 1606] and label.tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_grid_samples_leave_out_excluded_pixels(stride):
+    """Excluded (tile, lattice index) pairs, drawn at random per tile (none, some, all of a tile), are
+    skipped: the rest equals the plain enumeration without them, in the same order."""
+    rng = np.random.default_rng(10 + stride)
+    grids = [TileGrid(height=23, width=17, bands=3, dtype="int16", tile=8, halo=2),
+             TileGrid(height=16, width=16, bands=3, dtype="int16", tile=16, halo=4)]
+    labels = [rng.integers(0, 4, (23, 17)).astype(np.uint8), None]
+    every = enumerate_pixels(grids, stride, labels)
+    drop = np.zeros(len(every), bool)
+    excluded = []
+    first = 0
+    for g in grids:
+        tiles, index = [], []
+        for t in range(g.num_tiles):
+            rows = np.flatnonzero(every[:, 0] == first + t)
+            n = rng.choice([0, len(rows), rng.integers(0, len(rows) + 1)]) if len(rows) else 0
+            out = np.sort(rng.choice(len(rows), size=n, replace=False))
+            drop[rows[out]] = True
+            tiles += [t] * len(out)
+            index += out.tolist()
+        order = rng.permutation(len(tiles))  # any order: GridSamples sorts them
+        excluded.append((np.array(tiles, np.int64)[order], np.array(index, np.int64)[order]))
+        first += g.num_tiles
+    assert drop.any() and not drop.all()
+    want = every[~drop]
+    samples = GridSamples(grids, stride, [None if lab is None else (lambda lab=lab: lab[::stride, ::stride])
+                                          for lab in labels], excluded)
+    assert len(samples) == len(want)
+    np.testing.assert_array_equal(np.repeat(np.arange(len(samples.counts())), samples.counts()), want[:, 0])
+    idx = np.arange(len(samples))
+    for picked in (idx, rng.permutation(idx)[:40]):
+        got = np.stack([np.asarray(c, dtype=np.int64) for c in samples.take(picked)], axis=1)
+        np.testing.assert_array_equal(got, want[picked])
