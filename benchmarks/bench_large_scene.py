@@ -9,8 +9,10 @@ block mirrored), and converts it with the default options (timed: MB/s). Then, e
 process with the page cache of the store's tiles dropped first (fsync + posix_fadvise DONTNEED):
 
 - time to the first batch: from ``PatchLoader(store, patch_size=13, batch_size=256, device="cpu")`` to
-  its first batch, with the default ``split="train"`` and with ``pixels="all"``; the loader's
-  construction and the wait for the batch apart, and the tiles read by then; medians of ``--repeats``;
+  its first batch, with the default ``split="train"``, with ``pixels="all"`` and with ``pixels="all",
+  split="train"`` (self-supervised training that never sees a test pixel); the loader's construction
+  and the wait for the batch apart, the tiles read by then, and the bytes its sample set holds; medians
+  of ``--repeats``;
 - the streaming regime: ``bench_collection.py``'s streaming section on this one store (a 256 MiB ring;
   the loader's tile read rate against raw ``preadv`` of the same tiles in the same order, with and
   without the crc32c check the reader makes; peak RSS against baseline + ring).
@@ -89,7 +91,7 @@ def first_batch_child(store: str, mode: str) -> dict:
 
     imports = time.perf_counter() - t0
     drop_cache(list(hsgds.open_scene(store).tile_paths))
-    kwargs = {"pixels": "all"} if mode == "all" else {"split": mode}
+    kwargs = {"all": {"pixels": "all"}, "all+train": {"pixels": "all", "split": "train"}}.get(mode, {"split": mode})
     t1 = time.perf_counter()
     loader = hsgds.PatchLoader(store, patch_size=13, batch_size=256, device="cpu", **kwargs)
     t2 = time.perf_counter()
@@ -99,12 +101,13 @@ def first_batch_child(store: str, mode: str) -> dict:
         st = loader.stats
         return {"mode": mode, "imports_s": imports, "construction_s": t2 - t1, "first_batch_wait_s": t3 - t2,
                 "to_first_batch_s": t3 - t1, "tiles_read_by_then": st.tiles_loaded, "bytes_read_by_then": st.bytes_read,
-                "ring_bytes": st.ring_bytes, "slots": st.slots, "samples": len(loader) * 256}
+                "ring_bytes": st.ring_bytes, "slots": st.slots, "samples": len(loader.samples),
+                "samples_held_bytes": sum(a.nbytes for a in vars(loader.samples).values() if isinstance(a, np.ndarray))}
 
 
 def first_batch(store: Path, repeats: int) -> dict:
     out = {}
-    for mode in ("train", "all"):
+    for mode in ("train", "all", "all+train"):
         runs = []
         for _ in range(repeats):
             proc = subprocess.run([sys.executable, __file__, "--child-first", str(store), mode], capture_output=True,
@@ -113,10 +116,12 @@ def first_batch(store: Path, repeats: int) -> dict:
                 raise SystemExit(proc.stderr[-3000:])
             runs.append(json.loads(proc.stdout))
         med = {k: float(np.median([r[k] for r in runs])) for k in ("construction_s", "first_batch_wait_s",
-                                                                   "to_first_batch_s", "tiles_read_by_then")}
+                                                                   "to_first_batch_s", "tiles_read_by_then",
+                                                                   "samples_held_bytes")}
         out[mode] = {"median": med, "runs": runs}
         _log(f"{mode}: construction {med['construction_s']:.2f} s + first batch {med['first_batch_wait_s']:.2f} s = "
-             f"{med['to_first_batch_s']:.2f} s (median of {repeats}; {med['tiles_read_by_then']:.0f} tiles read by then)")
+             f"{med['to_first_batch_s']:.2f} s (median of {repeats}; {med['tiles_read_by_then']:.0f} tiles read by then; "
+             f"samples held in {med['samples_held_bytes'] / 1e6:.1f} MB)")
     return out
 
 

@@ -261,10 +261,14 @@ def test_bench_large_scene_tiny(tmp_path):
                  "--ring-mib", "12", "--work", str(tmp_path / "work")], tmp_path, timeout=600)
     doc = json.loads(proc.stdout)
     assert doc["scene"]["shape"] == [1024, 1024, 8] and doc["scene"]["convert_MBps"] > 0
-    for mode in ("train", "all"):
+    for mode in ("train", "all", "all+train"):
         run = doc["first_batch"][mode]["runs"][0]
         assert run["mode"] == mode and run["to_first_batch_s"] >= run["construction_s"] > 0
-        assert run["tiles_read_by_then"] >= 1 and run["bytes_read_by_then"] > 0
+        assert run["tiles_read_by_then"] >= 1 and run["bytes_read_by_then"] > 0 and run["samples_held_bytes"] > 0
+    runs = {mode: doc["first_batch"][mode]["runs"][0] for mode in ("all", "all+train")}
+    assert runs["all+train"]["samples"] < runs["all"]["samples"]  # the other splits' labelled pixels left out
+    # held per left-out pixel (8 bytes), not per sample as a listing would (22 bytes)
+    assert runs["all+train"]["samples_held_bytes"] < 22 * runs["all+train"]["samples"] / 4
     stream = doc["streaming"]
     assert stream["collection_over_ring"] > 1
     assert stream["loader_cold"]["bytes_read_per_epoch"] == stream["collection_bytes"]
