@@ -223,14 +223,20 @@ def test_pixels_all_yields_every_pixel_once_in_tile_raster_order(tmp_path, strid
     np.testing.assert_array_equal(got, _cut(cube, coords[:, 0], coords[:, 1], 15, "edge").transpose(0, 3, 1, 2))
 
 
-def test_pixels_all_split_and_mask_restrict_pixels(scenes):
-    cube, labels, store = scenes["A"]
+def _split_map(store):
+    """(H, W) split code of each labelled pixel, -1 where unlabelled, from the store's sample table."""
     scene = hsgds.open_scene(store)
     table = scene.sample_table()
-    h, w = labels.shape
-    split_map = np.full((h, w), -1)
+    split_map = np.full(scene.shape[:2], -1)
     ty, tx = np.divmod(table["tile"].astype(np.int64), scene.grid.ntx)
-    split_map[ty * 18 + table["y"], tx * 18 + table["x"]] = table["split"]
+    split_map[ty * scene.grid.tile + table["y"], tx * scene.grid.tile + table["x"]] = table["split"]
+    return split_map
+
+
+def test_pixels_all_split_and_mask_restrict_pixels(scenes):
+    cube, labels, store = scenes["A"]
+    h, w = labels.shape
+    split_map = _split_map(store)
     mask = np.zeros((h, w), bool)
     mask[5:30, 3:20] = True
     with hsgds.PatchLoader(store, patch_size=3, batch_size=64, pixels="all", split="train", mask=mask,
@@ -254,11 +260,8 @@ def test_pixels_all_with_a_split_keeps_memory_per_labelled_pixel(scenes, split, 
 
     cube, labels, store = scenes["B"]
     scene = hsgds.open_scene(store)
-    table = scene.sample_table()
     h, w = labels.shape
-    split_map = np.full((h, w), -1)
-    ty, tx = np.divmod(table["tile"].astype(np.int64), scene.grid.ntx)
-    split_map[ty * 18 + table["y"], tx * 18 + table["x"]] = table["split"]
+    split_map = _split_map(store)
     with hsgds.PatchLoader(store, patch_size=3, batch_size=64, pixels="all", split=split, stride=stride,
                            shuffle=False, return_coords=True, device="cpu") as loader:
         assert isinstance(loader.samples, GridSamples)
