@@ -122,19 +122,16 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
     else:
         masks = [mask] * len(ss)
     checked = [check_mask(m, scene, f"scene {name!r}") for m, scene, name in zip(masks, ss.scenes, ss.names)]
-    if pixels == "all" and all(m is None for m in checked) and (
-            split is None or not any(scene.num_samples for scene in ss.scenes)):
-        # every s-th pixel of every scene, computed per batch from the tile geometry: memory per tile, not
-        # per pixel (a whole scene for inference, an archive for self-supervised training)
-        return GridSamples([scene.grid for scene in ss.scenes], stride,
-                           [sampled_labels(scene, stride) for scene in ss.scenes])
-    if (pixels == "labelled" or stride == 1) and all(m is None for m in checked) and listed_samples_apply(ss.scenes):
+    unmasked = all(m is None for m in checked)
+    split_all = pixels == "all" and split is not None and any(scene.num_samples for scene in ss.scenes)
+    if (pixels == "labelled" or (split_all and stride == 1)) and unmasked and listed_samples_apply(ss.scenes):
         # a collection's samples, counted per tile in collection.json: each store's sample table is read
         # when the loader first takes one of its samples, so starting does not open the stores
         return ListedSamples(list(ss.scenes), list(ss.names), split, pixels)  # type: ignore[arg-type]
-    if pixels == "all" and all(m is None for m in checked):
-        # every s-th pixel less the other splits' labelled ones, computed per batch: memory per tile and
-        # per labelled pixel, not per pixel (self-supervised training that never sees a test pixel)
+    if pixels == "all" and unmasked:
+        # every s-th pixel of every scene (less the other splits' labelled ones), computed per batch from
+        # the tile geometry: memory per tile and per left-out pixel, not per pixel (a whole scene for
+        # inference, an archive for self-supervised training that never sees a test pixel)
         return GridSamples([scene.grid for scene in ss.scenes], stride,
                            [sampled_labels(scene, stride) for scene in ss.scenes],
                            [excluded_pixels(scene, stride, split) for scene in ss.scenes])

@@ -163,13 +163,13 @@ def _recipe_state(in_bands: int | None, bands: Sequence[int] | None, wavelengths
         raise ConfigError(f"the model takes {in_bands} bands but {len(chosen)} "
                           f"{'band indices' if bands is not None else 'wavelengths'} were given; pass the "
                           "selection it was trained on")
-    if in_bands is None:
-        in_bands = len(chosen) if chosen is not None else None
     if not isinstance(wavelength_tolerance, (int, float)) or not wavelength_tolerance >= 0:
         raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {wavelength_tolerance!r}")
     stats = None
-    if norm_stats is not None:
-        stats = checked_stats(norm_stats, in_bands if in_bands is not None else np.size(getattr(norm_stats, "mean", 0)))
+    if norm_stats is not None:  # of the model's bands: fixed by it, by the selection, or else by the statistics
+        n = in_bands if in_bands is not None else len(chosen) if chosen is not None else np.size(
+            getattr(norm_stats, "mean", 0))
+        stats = checked_stats(norm_stats, n)
     return {"band_indices": None if bands is None else [int(b) for b in bands],
             "wavelengths": None if wavelengths is None else [float(w) for w in wavelengths],
             "wavelength_tolerance": float(wavelength_tolerance),
