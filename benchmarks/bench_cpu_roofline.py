@@ -42,7 +42,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from hsgds.engines import cpu_cut
-from hsgds.engines._cpu_kernel import _shuffle, _transposed, prefetch_rows, stream32
+from hsgds.engines._cpu_kernel import _shuffle, _transposed, prefetch_rows, store_fence, stream32, stream_copy
 
 SIDE, BANDS, P, N = 96, 200, 13, 256
 PATCH = BANDS * P * P
@@ -127,16 +127,17 @@ def _copy_block(n: int):
 
 
 def _copy_cut_with(n: int):
-    """Patches lo:hi as the kernel's NCHW blocked path cuts them (identity transform, the next patch's rows
-    prefetched), in n x n blocks, values copied."""
+    """Patches lo:hi as the kernel's streamed NCHW blocked path cuts them (identity transform, the next
+    patch's rows prefetched, the patch finished in cache and streamed out), in n x n blocks, values copied
+    (``out`` 32-byte aligned)."""
     block = _copy_block(n)
 
     @numba.njit(nogil=True)
     def copy_cut(src, base, out, p, side, bands, lo, hi):
         pp, groups = p * p, (bands + n - 1) // n
         pix = np.empty(pp, np.int64)
+        whole = np.empty(pp * bands, out.dtype)
         for k in range(lo, hi):
-            o = k * pp * bands
             for i in range(p):
                 for j in range(p):
                     pix[i * p + j] = base[k] + (i * side + j) * bands
@@ -148,13 +149,15 @@ def _copy_cut_with(n: int):
                 k0 = 0
                 while True:
                     kk = min(k0, pp - n)
-                    block(src, pix, kk, bb, out, o + bb * pp + kk, pp)
+                    block(src, pix, kk, bb, whole, bb * pp + kk, pp)
                     if kk == pp - n:
                         break
                     k0 += n
                 if bb == bands - n:
                     break
                 b0 += n
+            stream_copy(whole, out, k * pp * bands, pp * bands, 0)
+        store_fence()
 
     return copy_cut
 

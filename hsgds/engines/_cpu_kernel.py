@@ -460,26 +460,28 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
 
 
 @jit
-def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, chunk, rad, alpha,
+def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, whole, rad, alpha,
                 window, std, drop, ahead, finite):  # ahead: (first element, side, stride) of the next patch
     """One NCHW patch (identity band map, p*p and B >= 8) cut in 8 x 8 register blocks (:func:`gather_block`)
     straight from the tile: the pixel addresses first (``pix``, in output order under dihedral code ``d``),
-    then 8 band planes at a time, which are contiguous in the output; streamed, each group of 8 planes is
-    finished in ``chunk`` (8*p*p values, in L1) and written out with non-temporal stores. Blocks overlap at
-    the last pixels and bands (the same values written twice), as in :func:`store_nchw`."""
+    then 8 band planes at a time, which are contiguous in the output; streamed, the whole patch is
+    finished in ``whole`` (p*p*B values, in L2) and then written out with non-temporal stores in one
+    sequential pass (streaming each group of 8 planes as it was finished ran at about half the speed: the
+    stores' write-combining stalls between the gathers). Blocks overlap at the last pixels and bands (the
+    same values written twice), as in :func:`store_nchw`."""
     pp = p * p
     for i in range(p):
         first, step = row_source(i, p, side, d)
         for j in range(p):
             pix[i * p + j] = q + (first + j * step) * stride
-    dst = chunk if stream else out
+    dst = whole if stream else out
     groups = (bands + 7) // 8
     b0 = 0
     while True:
         bb = min(b0, bands - 8)
         if ahead[0] >= 0:
             prefetch_rows(src, ahead[0], ahead[1], ahead[2], p, b0 // 8, groups)
-        d0 = 0 if stream else o + bb * pp
+        d0 = bb * pp if stream else o + bb * pp
         k0 = 0
         while True:
             kk = min(k0, pp - 8)
@@ -497,11 +499,11 @@ def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream
                 plane = dst[d0 + (b - bb) * pp:d0 + (b - bb + 1) * pp]
                 for k in range(pp):
                     plane[k] = 0
-        if stream:
-            stream_copy(chunk, out, o + bb * pp, 8 * pp, phase)
         if bb == bands - 8:
             break
         b0 += 8
+    if stream:
+        stream_copy(whole, out, o, pp * bands, phase)
 
 
 @jit
@@ -529,13 +531,13 @@ def stream_copy(w, out, o, size, phase):
 
 
 @jit
-def finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop):
+def finish_patch(w, out, o, pp, bands, ws, nchw, whole, phase, stream, drop):
     """A patch held pixel-major in ``w`` (output dtype, pixels ``ws`` values apart; NHWC not streamed:
     ``w`` is out[o:o + pp*B] itself) into out[o:o + pp*B] in its layout, the bands ``drop`` zeroed (0 bits
-    are +0.0 in every dtype); streamed: finished in ``turn`` (NCHW) or ``w`` (NHWC), in cache, and copied
+    are +0.0 in every dtype); streamed: finished in ``whole`` (NCHW) or ``w`` (NHWC), in cache, and copied
     out with non-temporal stores. NCHW zeroes whole band planes after the transpose (contiguous runs)."""
     if nchw:
-        dst = turn if stream else out
+        dst = whole if stream else out
         d0 = 0 if stream else o
         store_nchw(w, dst, d0, pp, bands, ws)
         for b in drop:
@@ -543,7 +545,7 @@ def finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop):
             for k in range(pp):
                 plane[k] = 0
         if stream:
-            stream_copy(turn, out, o, pp * bands, phase)
+            stream_copy(whole, out, o, pp * bands, phase)
     else:
         for b in drop:
             for k in range(pp):
@@ -601,9 +603,8 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     blocked = nchw and (mode == 0 or (mode == 1 and _LITTLE)) and pp >= 8 and bands >= 8
     staging = not blocked or not np.all(identity != 0)  # some patch takes the scratch path (a band map)
     scratch = np.empty(pp * ws if staging else 0, out.dtype)
-    turn = np.empty(size if nchw and stream and staging else 0, out.dtype)
+    whole = np.empty(size if nchw and stream else 0, out.dtype)  # a streamed NCHW patch, finished in cache
     pix = np.empty(pp if blocked else 0, np.int64)
-    chunk = np.empty(8 * pp if blocked and stream else 0, out.dtype)
     finite = blocked and nan_free(src, offset, scale)
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
@@ -616,12 +617,12 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
             if n + 1 < hi:  # its tile may have another geometry (a collection's scenes)
                 q1, _, _, sd1, st1, _ = patch_args(n + 1, base, table, dihedral, side, stride, band, identity)
                 ahead = (q1, sd1, st1)
-            cut_blocked(src, q, d, sd, st, bands, p, offset[t], scale[t], out, o, stream, phase, pix, chunk, rad, a,
+            cut_blocked(src, q, d, sd, st, bands, p, offset[t], scale[t], out, o, stream, phase, pix, whole, rad, a,
                         window, std, drop, ahead, finite)
             continue
         w = scratch if staged else out[o:o + size]
         gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, mode, a, window, std)
-        finish_patch(w, out, o, pp, bands, ws, nchw, turn, phase, stream, drop)
+        finish_patch(w, out, o, pp, bands, ws, nchw, whole, phase, stream, drop)
     if stream:
         store_fence()
 

@@ -10,7 +10,7 @@ any) and is transposed into the B output planes in 8x8 blocks held in vector reg
 is written once, and nothing else of the batch's size leaves the cache. A float32 / float64 batch
 larger than the caches is written with non-temporal stores (each patch finished in cache, then streamed
 out): a plain store reads each output line from memory before writing it, which halves the bandwidth a
-core gets (16-bit outputs keep plain stores: see :func:`should_stream`). The kernel
+core gets (see :func:`should_stream`). The kernel
 releases the GIL: the torch engine runs one call per range of patches on its own threads.
 
 numba compiles the kernel (``pip install 'hsgds[cpu]'``); :func:`available` says whether it can run,
@@ -214,18 +214,16 @@ def _warm(src_dtype: np.dtype, out_dtype: str) -> None:
 _warming: set[tuple[str, str]] = set()
 
 
-def should_stream(nbytes: int, nchw: bool, itemsize: int = 4) -> bool:
+def should_stream(nbytes: int, nchw: bool) -> bool:
     """Whether an output of ``nbytes`` is written with non-temporal stores: NCHW batches of STREAM_BYTES
-    or more with 4- or 8-byte values. Such a batch cannot stay in a core's cache for its consumer anyway,
-    and the B band planes of a patch are written 32 bytes at a time with plain stores, each output line
-    read from memory first: streaming the finished patch out took an Indian Pines float32 batch on 2
-    threads from 3.2 to 6.5 GB/s on the 2-core VM (benchmarks/bench_cpu_roofline.py). 16-bit outputs
-    carry half the bytes per value computed, so the cut is bound by its arithmetic and source reads, not
-    by those reads of the output: the loader's bfloat16 patches/s with plain stores / streamed, alternated
-    in one process, 0.98-1.21x (median 1.05-1.08x) on Indian Pines and 1.06-1.26x on a Pavia-sized scene;
-    float16 0.95-1.11x; float32 0.90-1.01x, which keeps streaming. NHWC, written sequentially, gained
-    between nothing and 15% from run to run: it keeps plain stores."""
-    return nchw and itemsize >= 4 and nbytes >= STREAM_BYTES
+    or more. Such a batch cannot stay in a core's cache for its consumer anyway, and the B band planes of
+    a patch are written 16 or 32 bytes at a time: with plain stores each output line is read from memory
+    first. Each patch is finished in cache and streamed out in one sequential pass: an Indian Pines
+    bfloat16 batch on the 2-core VM went from 1.8 to 3.7 GB/s on one thread
+    (benchmarks/bench_cpu_roofline.py), the loader from 38-40k to 60-69k patches/s (alternated in fresh
+    processes). NHWC, written sequentially, gained between nothing and 15% from run to run: it keeps plain
+    stores."""
+    return nchw and nbytes >= STREAM_BYTES
 
 
 STREAM_BYTES = 4 << 20

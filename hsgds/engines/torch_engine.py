@@ -324,8 +324,7 @@ class TorchEngine(PatchEngine):
         dst = flat.view(torch.int16).numpy().view(np.uint16) if self._mode else flat.numpy()
         codes = None if dihedral is None else dihedral.numpy()  # int8, one per patch (hsgds.augment)
         args = (src, base, table, codes, tables, dst, self.spec.patch_size, self.spec.layout == "NCHW", self._mode)
-        stream = cpu_cut.should_stream(flat.numel() * flat.element_size(), self.spec.layout == "NCHW",
-                                       flat.element_size())
+        stream = cpu_cut.should_stream(flat.numel() * flat.element_size(), self.spec.layout == "NCHW")
         phase = flat.data_ptr() // dst.itemsize % (32 // dst.itemsize)  # out[0]'s place in its 32-byte block
         parts = -(-n // self._chunk)
         workers = self._workers(parts)
