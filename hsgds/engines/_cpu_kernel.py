@@ -125,6 +125,28 @@ def _bf16_columns(builder, rows, nan_check: bool):
     return columns
 
 
+def _f16_columns(builder, rows, nan_check: bool):
+    """The 8 columns, as float16 bits, of 8 float32 rows (:func:`f16_bits` on 8 lanes): LLVM's vector
+    ``fptrunc`` to half (IEEE round to nearest even, subnormals and overflow to infinity included; one
+    ``vcvtps2ph`` per row on an x86 CPU with F16C), then the 8 x 8 transpose of 16-bit lanes. A NaN becomes
+    sign | 0x7E00 (the conversion would keep part of its payload); without ``nan_check`` that test is left
+    out, for rows known to hold no NaN."""
+    i32 = ir.VectorType(ir.IntType(32), 8)
+    i16 = ir.VectorType(ir.IntType(16), 8)
+    halves = []
+    for v in rows:
+        bits = builder.bitcast(builder.fptrunc(v, ir.VectorType(ir.HalfType(), 8)), i16)
+        if nan_check:
+            u = builder.bitcast(v, i32)
+            nan = builder.icmp_unsigned(">", builder.and_(u, ir.Constant(i32, [0x7FFFFFFF] * 8)),
+                                        ir.Constant(i32, [0x7F800000] * 8))
+            sign = builder.trunc(builder.lshr(u, ir.Constant(i32, [16] * 8)), i16)
+            quiet = builder.or_(builder.and_(sign, ir.Constant(i16, [0x8000] * 8)), ir.Constant(i16, [0x7E00] * 8))
+            bits = builder.select(nan, quiet, bits)
+        halves.append(bits)
+    return _transposed(builder, halves)
+
+
 @intrinsic
 def transpose8(typingctx, src, s0, sstride, dst, d0, dstride):
     """``dst[d0 + m*dstride + k] = src[s0 + k*sstride + m]`` for k, m in 0..7: an 8x8 block transposed in
@@ -153,13 +175,14 @@ def transpose8(typingctx, src, s0, sstride, dst, d0, dstride):
     return sig, codegen
 
 
-def _gather_block(noisy: bool, nan_check: bool = True):
+def _gather_block(noisy: bool, nan_check: bool = True, half: bool = False):
     """An intrinsic that cuts an 8-pixel x 8-band block of a patch straight from the tile into band-major
     output, in registers: ``dst[d0 + m*dstride + r] = f(src[pix[k0 + r] + b0 + m])`` for r, m in 0..7,
     where f casts to the compute dtype (``offset``'s), normalizes ``(v - offset[b]) * scale[b]`` and, when
     ``noisy``, adds radiation noise ``v * alpha + std * noise[(k0 + r) * nstride + b]`` (the same
     operations in the same order as :func:`gather_row`, so the same bits). A 16-bit integer ``dst`` takes
-    the bfloat16 bits (:func:`bf16_bits`, vectorized), a float ``dst`` the value. ``pix``: each output
+    the bfloat16 bits (:func:`bf16_bits`, vectorized; with ``half``, float16 bits: :func:`_f16_columns`),
+    a float ``dst`` the value. ``pix``: each output
     pixel's first element in ``src`` (int64). 8 vector loads, the arithmetic on 8 lanes, 24 shuffles (16
     for bfloat16) and 8 vector stores per 64 values: no pixel-major scratch between the gather and the
     transpose. Without
@@ -219,7 +242,7 @@ def _gather_block(noisy: bool, nan_check: bool = True):
                 rows.append(v)
             out = signature.args[10].dtype
             if isinstance(out, types.Integer):
-                columns = _bf16_columns(builder, rows, nan_check)
+                columns = (_f16_columns if half else _bf16_columns)(builder, rows, nan_check)
             else:
                 columns = [to_float(col, compute, vector(out)) for col in _transposed(builder, rows)]
             for m, col in enumerate(columns):
@@ -241,6 +264,9 @@ def _bits(vec_type) -> int:
 gather_block = _gather_block(noisy=False)
 gather_block_nan_free = _gather_block(noisy=False, nan_check=False)
 gather_block_noisy = _gather_block(noisy=True)
+f16_block = _gather_block(noisy=False, half=True)
+f16_block_nan_free = _gather_block(noisy=False, nan_check=False, half=True)
+f16_block_noisy = _gather_block(noisy=True, half=True)
 
 
 def integer_values(ary):
@@ -461,7 +487,7 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
 
 @jit
 def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, whole, rad, alpha,
-                window, std, drop, ahead, finite):  # ahead: (first element, side, stride) of the next patch
+                window, std, drop, ahead, finite, half):  # ahead: (first element, side, stride) of the next patch
     """One NCHW patch (identity band map, p*p and B >= 8) cut in 8 x 8 register blocks (:func:`gather_block`)
     straight from the tile: the pixel addresses first (``pix``, in output order under dihedral code ``d``),
     then 8 band planes at a time, which are contiguous in the output; streamed, the whole patch is
@@ -485,7 +511,14 @@ def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream
         k0 = 0
         while True:
             kk = min(k0, pp - 8)
-            if rad:
+            if half:  # float16 bits in a uint16 dst
+                if rad:
+                    f16_block_noisy(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
+                elif finite:
+                    f16_block_nan_free(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
+                else:
+                    f16_block(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
+            elif rad:
                 gather_block_noisy(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
             elif finite:
                 gather_block_nan_free(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
@@ -574,8 +607,8 @@ def scratch_stride(bands, nchw):
 
 # Arguments of cut_patches: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
 # ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
-# output (after the rounding, for 16-bit outputs). NCHW with p*p and B >= 8, an identity band map and a
-# float32/float64/bfloat16 output: 8 x 8 register blocks straight from the tile (cut_blocked), the next
+# output (after the rounding, for 16-bit outputs). NCHW with p*p and B >= 8 and an identity band map
+# (bfloat16: on a little-endian machine): 8 x 8 register blocks straight from the tile (cut_blocked), the next
 # patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in memory, not in cache: prefetching
 # them took a cache-resident Indian Pines float32 cut from 20 to 10-12 us per patch). Other NCHW cuts: into
 # a patch-sized scratch (L2-sized, rows padded to 8 values), then transposed into the B planes. ``stream``
@@ -599,8 +632,8 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     size = pp * bands
     ws = scratch_stride(bands, nchw)
     staged = nchw or stream
-    # float16 rounds per value (f16_bits); the bfloat16 blocks pack two values per 32-bit lane little-endian
-    blocked = nchw and (mode == 0 or (mode == 1 and _LITTLE)) and pp >= 8 and bands >= 8
+    # the bfloat16 blocks pack two values per 32-bit lane little-endian
+    blocked = nchw and (mode != 1 or _LITTLE) and pp >= 8 and bands >= 8
     staging = not blocked or not np.all(identity != 0)  # some patch takes the scratch path (a band map)
     scratch = np.empty(pp * ws if staging else 0, out.dtype)
     whole = np.empty(size if nchw and stream else 0, out.dtype)  # a streamed NCHW patch, finished in cache
@@ -618,7 +651,7 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
                 q1, _, _, sd1, st1, _ = patch_args(n + 1, base, table, dihedral, side, stride, band, identity)
                 ahead = (q1, sd1, st1)
             cut_blocked(src, q, d, sd, st, bands, p, offset[t], scale[t], out, o, stream, phase, pix, whole, rad, a,
-                        window, std, drop, ahead, finite)
+                        window, std, drop, ahead, finite, mode == 2)
             continue
         w = scratch if staged else out[o:o + size]
         gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, mode, a, window, std)

@@ -169,33 +169,43 @@ def test_16bit_roundings_match_torch_on_special_values():
         _equal_bits(got[~nan], want[~nan])
 
 
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
-def test_16bit_roundings_in_register_blocks_match_torch(stream):
-    """NCHW patches with p*p and B >= 8 go through the 8 x 8 register blocks, whose bfloat16 rounding is
-    vectorized: float32 bit patterns of every kind (NaN, infinities, subnormals, ties) pass through with
-    offset 0 and scale 1; an integer source whose scaled values overflow to infinity takes the block
-    without the NaN test (no integer can become NaN) and must round the same."""
+def test_16bit_roundings_in_register_blocks_match_torch(out_dtype, stream):
+    """NCHW patches with p*p and B >= 8 go through the 8 x 8 register blocks, whose 16-bit rounding is
+    vectorized: float32 bit patterns of every kind (NaN, infinities, subnormals, ties; for float16 also
+    its subnormals, ties and overflow) pass through with offset 0 and scale 1; an integer source whose
+    scaled values overflow to infinity takes the block without the NaN test (no integer can become NaN)
+    and must round the same."""
     rng = np.random.default_rng(8)
     side, bands, p = 6, 8, 3
     bits = rng.integers(0, 2**32, (2, side, side, bands), dtype=np.uint64).astype(np.uint32)
+    if out_dtype == "float16":  # random bit patterns are mostly outside float16's range: half of them inside
+        bits.reshape(-1)[::2] = rng.uniform(-7e4, 7e4, bits.size // 2).astype(np.float32).view(np.uint32)
+        bits.reshape(-1)[1::4] = (rng.uniform(-1, 1, bits.size // 4) * 2.0**-13).astype(np.float32).view(np.uint32)
     bits.reshape(-1)[:6] = np.float32([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0]).view(np.uint32)
     bits.reshape(-1)[6:12] = np.array([0x3F808000, 0x3F818000, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0xFF7FC000])
+    bits.reshape(-1)[12:22] = np.float32([65504, 65519.99, 65520, -65520, 2**-24, 2**-25, 1.5 * 2**-25,
+                                          2**-14 - 2**-24, 1 + 2**-11, 1 + 3 * 2**-11]).view(np.uint32)
+    bits.reshape(-1)[22:24] = np.array([0x7F800001, 0xFFFFFFFF])  # a signalling NaN, a NaN with a full payload
     storage = bits.view(np.float32)
     slot, y, x = np.repeat([0, 1], 16), np.tile(np.repeat(np.arange(1, 5), 4), 2), np.tile(np.arange(1, 5), 8)
-    got = _kernel_cut(storage, slot, y, x, p, np.zeros(bands), np.ones(bands), "bfloat16", True, stream=stream)
+    got = _kernel_cut(storage, slot, y, x, p, np.zeros(bands), np.ones(bands), out_dtype, True, stream=stream)
     with np.errstate(invalid="ignore"):  # signalling NaNs among the random bit patterns
-        want = _reference(storage, slot, y, x, p, np.zeros(bands), np.ones(bands), "bfloat16", True)
+        want = _reference(storage, slot, y, x, p, np.zeros(bands), np.ones(bands), out_dtype, True)
     nan = torch.isnan(want)
     assert nan.any() and torch.equal(torch.isnan(got), nan)
     _equal_bits(got[~nan], want[~nan])
-    assert torch.all(got[nan].view(torch.int16) == 0x7FC0)  # the scalar rounding's NaN (torch's varies by path)
+    # the scalar roundings' NaNs (torch's vary by path): bfloat16 0x7FC0; float16 the sign and 0x7E00
+    nans = {v & 0xFFFF for v in got[nan].view(torch.int16).tolist()}
+    assert nans == ({0x7FC0} if out_dtype == "bfloat16" else {0x7E00, 0xFE00})
 
     ints = _storage("int32", 2, side, bands, seed=9)
     offset, scale = np.zeros(bands), np.geomspace(1e20, 1e32, bands)  # |v| * scale past float32's range
     with np.errstate(over="ignore"):
-        want = _reference(ints, slot, y, x, p, offset, scale, "bfloat16", True)
+        want = _reference(ints, slot, y, x, p, offset, scale, out_dtype, True)
     assert torch.isinf(want).any() and not torch.isnan(want).any()
-    _equal_bits(_kernel_cut(ints, slot, y, x, p, offset, scale, "bfloat16", True, stream=stream), want)
+    _equal_bits(_kernel_cut(ints, slot, y, x, p, offset, scale, out_dtype, True, stream=stream), want)
 
 
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
@@ -265,7 +275,7 @@ def test_per_scene_tables_kernel_equals_torch_ops_path(out_dtype, layout):
     _equal_bits(fused.cut(storage, *co, dihedral=codes), ops.cut(storage, *co, dihedral=codes))
 
 
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16", "float64"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
 def test_noise_and_dropout_in_the_cut_match_numpy(out_dtype, layout, stream, monkeypatch):
