@@ -264,9 +264,34 @@ def _bits(vec_type) -> int:
 gather_block = _gather_block(noisy=False)
 gather_block_nan_free = _gather_block(noisy=False, nan_check=False)
 gather_block_noisy = _gather_block(noisy=True)
-f16_block = _gather_block(noisy=False, half=True)
-f16_block_nan_free = _gather_block(noisy=False, nan_check=False, half=True)
-f16_block_noisy = _gather_block(noisy=True, half=True)
+
+
+def _vector_half() -> bool:
+    """Whether numba's target CPU converts float vectors to half in registers (x86 with F16C). Elsewhere,
+    e.g. under ``NUMBA_CPU_NAME=generic`` (caches shared between machines), LLVM calls ``__truncsfhf2``,
+    which numba's JIT cannot link: float16 then keeps the scalar rounding (:func:`f16_bits`)."""
+    if not _X86:
+        return False
+    if numba.config.CPU_NAME:
+        return "+f16c" in (numba.config.CPU_FEATURES or "")
+    from llvmlite import binding
+    return bool(binding.get_host_cpu_features().get("f16c"))
+
+
+_VECTOR_HALF = _vector_half()
+
+
+@jit
+def _no_vector_half(src, pix, k0, b0, offset, scale, alpha, noise, nstride, std, dst, d0, dstride):
+    raise AssertionError("float16 register blocks without a vector conversion to half")
+
+
+if _VECTOR_HALF:
+    f16_block = _gather_block(noisy=False, half=True)
+    f16_block_nan_free = _gather_block(noisy=False, nan_check=False, half=True)
+    f16_block_noisy = _gather_block(noisy=True, half=True)
+else:  # cut_patches sends no float16 patch to the blocks
+    f16_block = f16_block_nan_free = f16_block_noisy = _no_vector_half
 
 
 def integer_values(ary):
@@ -608,7 +633,8 @@ def scratch_stride(bands, nchw):
 # Arguments of cut_patches: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
 # ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
 # output (after the rounding, for 16-bit outputs). NCHW with p*p and B >= 8 and an identity band map
-# (bfloat16: on a little-endian machine): 8 x 8 register blocks straight from the tile (cut_blocked), the next
+# (bfloat16: on a little-endian machine; float16: with _VECTOR_HALF): 8 x 8 register blocks straight from
+# the tile (cut_blocked), the next
 # patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in memory, not in cache: prefetching
 # them took a cache-resident Indian Pines float32 cut from 20 to 10-12 us per patch). Other NCHW cuts: into
 # a patch-sized scratch (L2-sized, rows padded to 8 values), then transposed into the B planes. ``stream``
@@ -633,7 +659,8 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     ws = scratch_stride(bands, nchw)
     staged = nchw or stream
     # the bfloat16 blocks pack two values per 32-bit lane little-endian
-    blocked = nchw and (mode != 1 or _LITTLE) and pp >= 8 and bands >= 8
+    blocked = (nchw and (mode == 0 or (mode == 1 and _LITTLE) or (mode == 2 and _VECTOR_HALF)) and pp >= 8
+               and bands >= 8)
     staging = not blocked or not np.all(identity != 0)  # some patch takes the scratch path (a band map)
     scratch = np.empty(pp * ws if staging else 0, out.dtype)
     whole = np.empty(size if nchw and stream else 0, out.dtype)  # a streamed NCHW patch, finished in cache

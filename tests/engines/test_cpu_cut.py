@@ -6,6 +6,8 @@ References are independent: patches sliced sample by sample with numpy, dihedral
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -410,3 +412,32 @@ def test_warm_up_loads_the_specialization_the_first_cut_uses():
     assert proc.returncode == 0, proc.stderr[-2000:]
     # one specialization of the cut and one of the index pass, made by the warm-up, used by the cut
     assert proc.stdout.split() == ["1", "1", "1", "1"]
+
+
+GENERIC_CHILD = r"""
+import numpy as np, torch
+from hsgds.engines import _cpu_kernel, cpu_cut
+side, bands, p = 9, 10, 5
+rng = np.random.default_rng(3)
+storage = rng.uniform(-7e4, 7e4, (1, side, side, bands)).astype(np.float32)
+tables = cpu_cut.make_tables(side, bands, np.arange(bands), np.zeros(bands), np.ones(bands), np.float32)
+base = np.array([0, (side + 1) * bands, (4 * side + 4) * bands], np.int64)
+for name in ("float16",):
+    out = torch.empty(len(base), bands, p, p, dtype=getattr(torch, name))
+    dst = out.view(-1).view(torch.int16).numpy().view(np.uint16)
+    cpu_cut.cut_range(storage.reshape(-1), base, None, None, tables, dst, p, True, cpu_cut.MODES[name], 0, len(base))
+    want = torch.stack([torch.from_numpy(storage[0].reshape(-1, bands)[b // bands + np.add.outer(
+        np.arange(p) * side, np.arange(p)).ravel()].T.reshape(bands, p, p).copy()) for b in base]).to(out.dtype)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16)), name
+print("vector half:", _cpu_kernel._VECTOR_HALF)
+"""
+
+
+def test_a_generic_target_cpu_keeps_the_scalar_float16_rounding(tmp_path):
+    """Under ``NUMBA_CPU_NAME=generic`` (portable caches) x86 has no F16C: LLVM would call __truncsfhf2,
+    which numba's JIT cannot link (the process aborts), so float16 patches keep the scalar rounding and
+    every cut still compiles and gives torch's bits."""
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", GENERIC_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "vector half: False"
