@@ -15,12 +15,12 @@ NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` time
 - ``rounding loop in L1``: bfloat16 rounding of 4,096 float32 bit patterns held in L1, over and over (pure
   vector integer work, no memory traffic and no Python between calls): how much a second thread adds
   when the work is arithmetic alone (on a VM whose two vCPUs share one physical core, ~1.4x, not 2x);
-- ``16-bit gather + transpose, no arithmetic``: the bfloat16 batch's memory work alone: the same 8 x 8
-  blocks from the same ring into the same NCHW planes, with the next patch's rows prefetched as the
-  kernel does, but the values copied as they are (as if every tile held its bfloat16 bits already). No
-  bfloat16 cut in 8 x 8 blocks can be faster; the kernel's ratio to it (timed alternately, round by
-  round, at the end) is what its arithmetic costs. The same copy in 16 x 16 blocks (32-byte stores,
-  fewer shuffles per value) says whether wider blocks would move that floor.
+- ``16-bit gather + transpose, no arithmetic``: the bfloat16 batch's memory work alone, done as the
+  kernel's streamed path does it: the same 8 x 8 blocks from the same ring into the NCHW planes of a
+  patch finished in cache and streamed out, with the next patch's rows prefetched, but the values copied
+  as they are (as if every tile held its bfloat16 bits already). The kernel's ratio to it (timed
+  alternately, round by round, at the end) is what its arithmetic costs. The same copy in 16 x 16 blocks
+  (32-byte stores, fewer shuffles per value) says whether wider blocks would move that floor.
 
 Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``). Unlike the other benchmarks,
 this one is white-box on purpose: it times the kernel's own store instruction and entry point, not the

@@ -5,13 +5,13 @@ from several scenes' (per-patch tables: tile side, values per pixel, band select
 For each patch it gathers the p*p source pixels (B bands each, contiguous unless a band selection),
 casting to float32 (float64 for a float64 output) and normalizing on the way, with vector instructions
 along the bands. NHWC: that is the output itself.
-NCHW: the patch goes to a patch-sized scratch (in the core's L2 cache; after the 16-bit rounding, if
-any) and is transposed into the B output planes in 8x8 blocks held in vector registers. So the output
-is written once, and nothing else of the batch's size leaves the cache. A float32 / float64 batch
-larger than the caches is written with non-temporal stores (each patch finished in cache, then streamed
-out): a plain store reads each output line from memory before writing it, which halves the bandwidth a
-core gets (see :func:`should_stream`). The kernel
-releases the GIL: the torch engine runs one call per range of patches on its own threads.
+NCHW: blocks of 8 pixels x 8 bands are loaded straight from the tile, cast, normalized (and rounded,
+for 16-bit outputs) and transposed in vector registers into the B output planes; a band selection, or
+fewer than 8 bands or pixels, goes through a patch-sized scratch in the core's L2 cache first. So the
+output is written once. An NCHW batch larger than the caches is written with non-temporal stores (each
+patch finished in cache, then streamed out in one pass): a plain store reads each output line from
+memory before writing it (see :func:`should_stream`). The kernel releases the GIL: the torch engine runs
+one call per range of patches on its own threads.
 
 numba compiles the kernel (``pip install 'hsgds[cpu]'``); :func:`available` says whether it can run,
 and :func:`unavailable_reason` why not. Compiled code is cached on disk (numba's ``cache=True``: next to
