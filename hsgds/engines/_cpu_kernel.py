@@ -424,6 +424,37 @@ def float32_bits(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def _f16_converted(typingctx, x):
+    """The float16 bits of a float32 (a float64 is first rounded to float32) by LLVM's ``fptrunc`` to half,
+    as :func:`f16_bits` rounds them (NaN -> sign | 0x7E00): one instruction with F16C, and a loop of them
+    vectorizes. Only where ``_VECTOR_HALF``."""
+    if not isinstance(x, types.Float):
+        return None
+    sig = types.uint16(x)
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if signature.args[0].bitwidth == 64:
+            v = builder.fptrunc(v, ir.FloatType())
+        i32, i16 = ir.IntType(32), ir.IntType(16)
+        bits = builder.bitcast(builder.fptrunc(v, ir.HalfType()), i16)
+        u = builder.bitcast(v, i32)
+        nan = builder.icmp_unsigned(">", builder.and_(u, ir.Constant(i32, 0x7FFFFFFF)), ir.Constant(i32, 0x7F800000))
+        sign = builder.and_(builder.trunc(builder.lshr(u, ir.Constant(i32, 16)), i16), ir.Constant(i16, 0x8000))
+        return builder.select(nan, builder.or_(sign, ir.Constant(i16, 0x7E00)), bits)
+
+    return sig, codegen
+
+
+@jit
+def _f16_rounded(x):
+    return f16_bits(np.int64(float32_bits(x)))
+
+
+f16_of = _f16_converted if _VECTOR_HALF else _f16_rounded  # the float16 bits of a float
+
+
 @jit
 def put(r, b, v, mode):
     """r[b] = v in the output's kind: 0 the value, 1 its bfloat16 bits, 2 its float16 bits."""
@@ -432,7 +463,7 @@ def put(r, b, v, mode):
     elif mode == 1:
         r[b] = bf16_bits(np.int64(float32_bits(v)))
     else:
-        r[b] = f16_bits(np.int64(float32_bits(v)))
+        r[b] = f16_of(v)
 
 
 @jit
