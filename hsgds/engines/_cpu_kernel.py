@@ -19,6 +19,21 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _LITTLE = sys.byteorder == "little"
 
 
+def _vector_half() -> bool:
+    """Whether numba's target CPU converts float vectors to half in registers (x86 with F16C). Elsewhere,
+    e.g. under ``NUMBA_CPU_NAME=generic`` (caches shared between machines), LLVM calls ``__truncsfhf2``,
+    which numba's JIT cannot link: float16 then keeps the scalar rounding (:func:`f16_bits`)."""
+    if not _X86:
+        return False
+    if numba.config.CPU_NAME:
+        return "+f16c" in (numba.config.CPU_FEATURES or "")
+    from llvmlite import binding
+    return bool(binding.get_host_cpu_features().get("f16c"))
+
+
+_VECTOR_HALF = _vector_half()
+
+
 @intrinsic
 def stream32(typingctx, src, s0, dst, d0):
     """32 bytes from ``src[s0:]`` (any alignment) to ``dst[d0:]`` (32-byte aligned) with a non-temporal
@@ -125,26 +140,33 @@ def _bf16_columns(builder, rows, nan_check: bool):
     return columns
 
 
+def _half_bits(builder, v, nan_check: bool):
+    """The float16 bits of float32 ``v`` (a value or a vector of them) as :func:`f16_bits` gives them:
+    LLVM's ``fptrunc`` to half (IEEE round to nearest even, subnormals and overflow to infinity included;
+    ``vcvtps2ph`` on an x86 CPU with F16C), and a NaN as sign | 0x7E00 (the conversion would keep part of
+    its payload). Without ``nan_check`` that test is left out, for values known not to be NaN."""
+    lanes = getattr(v.type, "count", None)
+
+    def typed(t):
+        return t if lanes is None else ir.VectorType(t, lanes)
+
+    def const(t, x):
+        return ir.Constant(t, x if lanes is None else [x] * lanes)
+
+    i32, i16 = typed(ir.IntType(32)), typed(ir.IntType(16))
+    bits = builder.bitcast(builder.fptrunc(v, typed(ir.HalfType())), i16)
+    if not nan_check:
+        return bits
+    u = builder.bitcast(v, i32)
+    nan = builder.icmp_unsigned(">", builder.and_(u, const(i32, 0x7FFFFFFF)), const(i32, 0x7F800000))
+    sign = builder.and_(builder.trunc(builder.lshr(u, const(i32, 16)), i16), const(i16, 0x8000))
+    return builder.select(nan, builder.or_(sign, const(i16, 0x7E00)), bits)
+
+
 def _f16_columns(builder, rows, nan_check: bool):
-    """The 8 columns, as float16 bits, of 8 float32 rows (:func:`f16_bits` on 8 lanes): LLVM's vector
-    ``fptrunc`` to half (IEEE round to nearest even, subnormals and overflow to infinity included; one
-    ``vcvtps2ph`` per row on an x86 CPU with F16C), then the 8 x 8 transpose of 16-bit lanes. A NaN becomes
-    sign | 0x7E00 (the conversion would keep part of its payload); without ``nan_check`` that test is left
-    out, for rows known to hold no NaN."""
-    i32 = ir.VectorType(ir.IntType(32), 8)
-    i16 = ir.VectorType(ir.IntType(16), 8)
-    halves = []
-    for v in rows:
-        bits = builder.bitcast(builder.fptrunc(v, ir.VectorType(ir.HalfType(), 8)), i16)
-        if nan_check:
-            u = builder.bitcast(v, i32)
-            nan = builder.icmp_unsigned(">", builder.and_(u, ir.Constant(i32, [0x7FFFFFFF] * 8)),
-                                        ir.Constant(i32, [0x7F800000] * 8))
-            sign = builder.trunc(builder.lshr(u, ir.Constant(i32, [16] * 8)), i16)
-            quiet = builder.or_(builder.and_(sign, ir.Constant(i16, [0x8000] * 8)), ir.Constant(i16, [0x7E00] * 8))
-            bits = builder.select(nan, quiet, bits)
-        halves.append(bits)
-    return _transposed(builder, halves)
+    """The 8 columns, as float16 bits (:func:`_half_bits`), of 8 float32 rows: the 8 x 8 transpose of
+    16-bit lanes after the conversion."""
+    return _transposed(builder, [_half_bits(builder, v, nan_check) for v in rows])
 
 
 @intrinsic
@@ -175,14 +197,15 @@ def transpose8(typingctx, src, s0, sstride, dst, d0, dstride):
     return sig, codegen
 
 
-def _gather_block(noisy: bool, nan_check: bool = True, half: bool = False):
+def _gather_block(noisy: bool, nan_check: bool = True):
     """An intrinsic that cuts an 8-pixel x 8-band block of a patch straight from the tile into band-major
     output, in registers: ``dst[d0 + m*dstride + r] = f(src[pix[k0 + r] + b0 + m])`` for r, m in 0..7,
     where f casts to the compute dtype (``offset``'s), normalizes ``(v - offset[b]) * scale[b]`` and, when
     ``noisy``, adds radiation noise ``v * alpha + std * noise[(k0 + r) * nstride + b]`` (the same
-    operations in the same order as :func:`gather_row`, so the same bits). A 16-bit integer ``dst`` takes
-    the bfloat16 bits (:func:`bf16_bits`, vectorized; with ``half``, float16 bits: :func:`_f16_columns`),
-    a float ``dst`` the value. ``pix``: each output
+    operations in the same order as :func:`gather_row`, so the same bits). A uint16 ``dst`` takes the
+    bfloat16 bits (:func:`bf16_bits`, vectorized), an int16 one the float16 bits (:func:`_f16_columns`;
+    :func:`hsgds.engines.cpu_cut.cut_range` passes float16 outputs as int16), a float ``dst`` the value.
+    ``pix``: each output
     pixel's first element in ``src`` (int64). 8 vector loads, the arithmetic on 8 lanes, 24 shuffles (16
     for bfloat16) and 8 vector stores per 64 values: no pixel-major scratch between the gather and the
     transpose. Without
@@ -242,7 +265,10 @@ def _gather_block(noisy: bool, nan_check: bool = True, half: bool = False):
                 rows.append(v)
             out = signature.args[10].dtype
             if isinstance(out, types.Integer):
-                columns = (_f16_columns if half else _bf16_columns)(builder, rows, nan_check)
+                if out.signed and not _VECTOR_HALF:  # cut_patches sends no float16 patch to the blocks then
+                    builder.call(builder.module.declare_intrinsic("llvm.trap", (), ir.FunctionType(ir.VoidType(), [])),
+                                 [])
+                columns = (_f16_columns if out.signed and _VECTOR_HALF else _bf16_columns)(builder, rows, nan_check)
             else:
                 columns = [to_float(col, compute, vector(out)) for col in _transposed(builder, rows)]
             for m, col in enumerate(columns):
@@ -264,34 +290,6 @@ def _bits(vec_type) -> int:
 gather_block = _gather_block(noisy=False)
 gather_block_nan_free = _gather_block(noisy=False, nan_check=False)
 gather_block_noisy = _gather_block(noisy=True)
-
-
-def _vector_half() -> bool:
-    """Whether numba's target CPU converts float vectors to half in registers (x86 with F16C). Elsewhere,
-    e.g. under ``NUMBA_CPU_NAME=generic`` (caches shared between machines), LLVM calls ``__truncsfhf2``,
-    which numba's JIT cannot link: float16 then keeps the scalar rounding (:func:`f16_bits`)."""
-    if not _X86:
-        return False
-    if numba.config.CPU_NAME:
-        return "+f16c" in (numba.config.CPU_FEATURES or "")
-    from llvmlite import binding
-    return bool(binding.get_host_cpu_features().get("f16c"))
-
-
-_VECTOR_HALF = _vector_half()
-
-
-@jit
-def _no_vector_half(src, pix, k0, b0, offset, scale, alpha, noise, nstride, std, dst, d0, dstride):
-    raise AssertionError("float16 register blocks without a vector conversion to half")
-
-
-if _VECTOR_HALF:
-    f16_block = _gather_block(noisy=False, half=True)
-    f16_block_nan_free = _gather_block(noisy=False, nan_check=False, half=True)
-    f16_block_noisy = _gather_block(noisy=True, half=True)
-else:  # cut_patches sends no float16 patch to the blocks
-    f16_block = f16_block_nan_free = f16_block_noisy = _no_vector_half
 
 
 def integer_values(ary):
@@ -426,25 +424,18 @@ def float32_bits(typingctx, x):
 
 @intrinsic
 def _f16_converted(typingctx, x):
-    """The float16 bits of a float32 (a float64 is first rounded to float32) by LLVM's ``fptrunc`` to half,
-    as :func:`f16_bits` rounds them (NaN -> sign | 0x7E00): one instruction with F16C, and a loop of them
-    vectorizes. Only where ``_VECTOR_HALF``."""
+    """The float16 bits of a float32 (a float64 is first rounded to float32) by :func:`_half_bits`: one
+    instruction with F16C, and a loop of them vectorizes. Only where ``_VECTOR_HALF``."""
     if not isinstance(x, types.Float):
         return None
-    sig = types.uint16(x)
 
     def codegen(context, builder, signature, args):
         v = args[0]
         if signature.args[0].bitwidth == 64:
             v = builder.fptrunc(v, ir.FloatType())
-        i32, i16 = ir.IntType(32), ir.IntType(16)
-        bits = builder.bitcast(builder.fptrunc(v, ir.HalfType()), i16)
-        u = builder.bitcast(v, i32)
-        nan = builder.icmp_unsigned(">", builder.and_(u, ir.Constant(i32, 0x7FFFFFFF)), ir.Constant(i32, 0x7F800000))
-        sign = builder.and_(builder.trunc(builder.lshr(u, ir.Constant(i32, 16)), i16), ir.Constant(i16, 0x8000))
-        return builder.select(nan, builder.or_(sign, ir.Constant(i16, 0x7E00)), bits)
+        return _half_bits(builder, v, True)
 
-    return sig, codegen
+    return types.uint16(x), codegen
 
 
 @jit
@@ -543,7 +534,7 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
 
 @jit
 def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, whole, rad, alpha,
-                window, std, drop, ahead, finite, half):  # ahead: (first element, side, stride) of the next patch
+                window, std, drop, ahead, finite):  # ahead: (first element, side, stride) of the next patch
     """One NCHW patch (identity band map, p*p and B >= 8) cut in 8 x 8 register blocks (:func:`gather_block`)
     straight from the tile: the pixel addresses first (``pix``, in output order under dihedral code ``d``),
     then 8 band planes at a time, which are contiguous in the output; streamed, the whole patch is
@@ -567,14 +558,7 @@ def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream
         k0 = 0
         while True:
             kk = min(k0, pp - 8)
-            if half:  # float16 bits in a uint16 dst
-                if rad:
-                    f16_block_noisy(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
-                elif finite:
-                    f16_block_nan_free(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
-                else:
-                    f16_block(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
-            elif rad:
+            if rad:
                 gather_block_noisy(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
             elif finite:
                 gather_block_nan_free(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
@@ -682,7 +666,7 @@ def scratch_stride(bands, nchw):
 def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase,
                 stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi, mode):
     """Patches lo:hi of a batch into ``out``. ``mode`` (cpu_cut.MODES): 0 the computed values as they are
-    (float32 / float64 ``out``); 1 bfloat16, 2 float16 bits in a uint16 ``out``, float32 arithmetic,
+    (float32 / float64 ``out``); 1 bfloat16 bits in a uint16 ``out``, 2 float16 bits in an int16 one; float32 arithmetic,
     rounded as each value is computed (after its noise, for a radiated patch)."""
     bands = offset.shape[1]
     pp = p * p
@@ -709,7 +693,7 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
                 q1, _, _, sd1, st1, _ = patch_args(n + 1, base, table, dihedral, side, stride, band, identity)
                 ahead = (q1, sd1, st1)
             cut_blocked(src, q, d, sd, st, bands, p, offset[t], scale[t], out, o, stream, phase, pix, whole, rad, a,
-                        window, std, drop, ahead, finite, mode == 2)
+                        window, std, drop, ahead, finite)
             continue
         w = scratch if staged else out[o:o + size]
         gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, mode, a, window, std)

@@ -160,6 +160,8 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
         raise RuntimeError(unavailable_reason())
     if phase is None:
         phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
+    if mode == 2:  # the kernel tells float16 bits from bfloat16 bits by their integer type when it compiles
+        out = out.view(np.int16)
     kernels.KERNELS[mode](src, base, _NONE_INT64 if table is None else table,
                           _NONE_INT8 if dihedral is None else dihedral,
                           *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
