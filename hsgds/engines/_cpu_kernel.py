@@ -205,11 +205,10 @@ def _gather_block(noisy: bool, nan_check: bool = True):
     operations in the same order as :func:`gather_row`, so the same bits). A uint16 ``dst`` takes the
     bfloat16 bits (:func:`bf16_bits`, vectorized), an int16 one the float16 bits (:func:`_f16_columns`;
     :func:`hsgds.engines.cpu_cut.cut_range` passes float16 outputs as int16), a float ``dst`` the value.
-    ``pix``: each output
-    pixel's first element in ``src`` (int64). 8 vector loads, the arithmetic on 8 lanes, 24 shuffles (16
-    for bfloat16) and 8 vector stores per 64 values: no pixel-major scratch between the gather and the
-    transpose. Without
-    ``nan_check`` the bfloat16 rounding assumes no value is NaN (see :func:`nan_free`)."""
+    ``pix``: each output pixel's first element in ``src`` (int64). 8 vector loads, the arithmetic on 8
+    lanes, 24 shuffles (16 for bfloat16) and 8 vector stores per 64 values: no pixel-major scratch between
+    the gather and the transpose. Without ``nan_check`` the 16-bit rounding assumes no value is NaN (see
+    :func:`nan_free`)."""
 
     @intrinsic
     def gather_block(typingctx, src, pix, k0, b0, offset, scale, alpha, noise, nstride, std, dst, d0, dstride):
@@ -539,9 +538,9 @@ def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream
     straight from the tile: the pixel addresses first (``pix``, in output order under dihedral code ``d``),
     then 8 band planes at a time, which are contiguous in the output; streamed, the whole patch is
     finished in ``whole`` (p*p*B values, in L2) and then written out with non-temporal stores in one
-    sequential pass (streaming each group of 8 planes as it was finished ran at about half the speed: the
-    stores' write-combining stalls between the gathers). Blocks overlap at the last pixels and bands (the
-    same values written twice), as in :func:`store_nchw`."""
+    sequential pass (streaming each group of 8 planes as soon as it was finished, between the gathers of
+    the next, took about twice as long per patch on the 2-core VM). Blocks overlap at the last pixels and
+    bands (the same values written twice), as in :func:`store_nchw`."""
     pp = p * p
     for i in range(p):
         first, step = row_source(i, p, side, d)
@@ -649,8 +648,7 @@ def scratch_stride(bands, nchw):
 # ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
 # output (after the rounding, for 16-bit outputs). NCHW with p*p and B >= 8 and an identity band map
 # (bfloat16: on a little-endian machine; float16: with _VECTOR_HALF): 8 x 8 register blocks straight from
-# the tile (cut_blocked), the next
-# patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in memory, not in cache: prefetching
+# the tile (cut_blocked), the next patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in memory, not in cache: prefetching
 # them took a cache-resident Indian Pines float32 cut from 20 to 10-12 us per patch). Other NCHW cuts: into
 # a patch-sized scratch (L2-sized, rows padded to 8 values), then transposed into the B planes. ``stream``
 # (large batches): every patch is finished in cache and written out with non-temporal stores
@@ -666,8 +664,9 @@ def scratch_stride(bands, nchw):
 def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase,
                 stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi, mode):
     """Patches lo:hi of a batch into ``out``. ``mode`` (cpu_cut.MODES): 0 the computed values as they are
-    (float32 / float64 ``out``); 1 bfloat16 bits in a uint16 ``out``, 2 float16 bits in an int16 one; float32 arithmetic,
-    rounded as each value is computed (after its noise, for a radiated patch)."""
+    (float32 / float64 ``out``); 1 bfloat16 bits in a uint16 ``out``; 2 float16 bits in an int16 one.
+    16-bit outputs: float32 arithmetic, rounded as each value is computed (after its noise, for a radiated
+    patch)."""
     bands = offset.shape[1]
     pp = p * p
     size = pp * bands
