@@ -648,11 +648,11 @@ def scratch_stride(bands, nchw):
 # ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
 # output (after the rounding, for 16-bit outputs). NCHW with p*p and B >= 8 and an identity band map
 # (bfloat16: on a little-endian machine; float16: with _VECTOR_HALF): 8 x 8 register blocks straight from
-# the tile (cut_blocked), the next patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in memory, not in cache: prefetching
-# them took a cache-resident Indian Pines float32 cut from 20 to 10-12 us per patch). Other NCHW cuts: into
-# a patch-sized scratch (L2-sized, rows padded to 8 values), then transposed into the B planes. ``stream``
-# (large batches): every patch is finished in cache and written out with non-temporal stores
-# (stream_copy), then one fence.
+# the tile (cut_blocked), the next patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in
+# memory, not in cache: prefetching them took a cache-resident Indian Pines float32 cut from 20 to 10-12
+# us per patch). Other NCHW cuts: into a patch-sized scratch (L2-sized, rows padded to 8 values), then
+# transposed into the B planes. ``stream`` (large batches): every patch is finished in cache and written out
+# with non-temporal stores (stream_copy), then one fence.
 #
 # Noise arguments (hsgds.engines.cpu_cut.Noise; empty arrays: none): per patch ``alpha`` (float32) and
 # ``start`` (int64, its noise window in ``bank``, negative for none), ``std`` the noise's standard
