@@ -198,7 +198,7 @@ def test_16bit_roundings_in_register_blocks_match_torch(out_dtype, stream):
     nan = torch.isnan(want)
     assert nan.any() and torch.equal(torch.isnan(got), nan)
     _equal_bits(got[~nan], want[~nan])
-    # the scalar roundings' NaNs (torch's vary by path): bfloat16 0x7FC0; float16 the sign and 0x7E00
+    # the NaN bits hsgds writes (torch's vary by path): bfloat16 0x7FC0; float16 the sign and 0x7E00
     nans = {v & 0xFFFF for v in got[nan].view(torch.int16).tolist()}
     assert nans == ({0x7FC0} if out_dtype == "bfloat16" else {0x7E00, 0xFE00})
 
