@@ -17,8 +17,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/hsgds demo
 
+# one test process per core, up to 4 (tests/conftest.py): the CPU kernel's compiles and the benchmark smoke
+# runs are single-threaded
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 # ruff (rules in pyproject.toml) on every Python file of the repository, mypy on the hsgds package
 lint: $(STAMP)

@@ -36,6 +36,13 @@ for pair in sys.argv[1:]:
 """
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``pytest -n auto`` (``make test``): one test process per usable core, at most 4 (each imports torch
+    and compiles its own kernels)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
 def pytest_collection_finish(session):
     """When the engine tests are to run: compile the fused CPU kernel's specializations they use in a
     background process, into numba's on-disk cache. numba compiles one at a time per process (~6 s each on
@@ -43,7 +50,9 @@ def pytest_collection_finish(session):
     process; meanwhile that process mostly runs on one core. The tests load from the cache what is already
     there and compile the rest themselves (numba replaces its cache files whole: at worst one is compiled
     twice); a warm cache costs the background process a few seconds. It is stopped at the end of the
-    session."""
+    session. Under pytest-xdist only the first worker starts it: one is enough for all."""
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
     if importlib.util.find_spec("numba") is None or not any(
             item.nodeid.startswith("tests/engines/") for item in session.items):
         return

@@ -445,19 +445,43 @@ def _f16_rounded(x):
 f16_of = _f16_converted if _VECTOR_HALF else _f16_rounded  # the float16 bits of a float
 
 
-@jit
-def put(r, b, v, mode):
-    """r[b] = v in the output's kind: 0 the value, 1 its bfloat16 bits, 2 its float16 bits."""
-    if mode == 0:
-        r[b] = v
-    elif mode == 1:
-        r[b] = bf16_bits(np.int64(float32_bits(v)))
+def put(r, b, v):
+    """r[b] = v in the output's kind (:func:`output_kind`), decided when numba compiles the caller."""
+
+
+@overload(put)
+def _put(r, b, v):
+    kind = _kind(r.dtype)
+    if kind == 0:
+        def store(r, b, v):
+            r[b] = v
+    elif kind == 1:
+        def store(r, b, v):
+            r[b] = bf16_bits(np.int64(float32_bits(v)))
     else:
-        r[b] = f16_of(v)
+        def store(r, b, v):
+            r[b] = f16_of(v)
+    return store
+
+
+def output_kind(out):
+    """What ``out``'s values mean: 0 the computed values (a float array), 1 bfloat16 bits (uint16), 2
+    float16 bits (int16; :func:`hsgds.engines.cpu_cut.cut_range` passes float16 outputs so). A constant
+    of the compiled code: one kernel per output dtype holds only its own rounding."""
+
+
+@overload(output_kind)
+def _output_kind(out):
+    kind = _kind(out.dtype)
+    return lambda out: kind
+
+
+def _kind(dtype) -> int:
+    return 0 if isinstance(dtype, types.Float) else 2 if dtype.signed else 1
 
 
 @jit
-def gather_row(src, first, step, bands, ws, p, band, identity, offset, scale, w, mode, alpha, noise, std):
+def gather_row(src, first, step, bands, ws, p, band, identity, offset, scale, w, alpha, noise, std):
     """Cast and normalize p source pixels (``step`` elements apart from element ``first``) into ``w``
     (p pixels ``ws`` >= B values apart, pixel-major), rounded to the output's kind (``put``). ``band``: the stored band of
     each output band; ``identity``: it is 0..B-1, so the output bands are the pixel's first B values in
@@ -475,17 +499,17 @@ def gather_row(src, first, step, bands, ws, p, band, identity, offset, scale, w,
             if identity:
                 s = src[q:q + bands]
                 for b in range(bands):
-                    put(r, b, ((cast(s[b]) - offset[b]) * scale[b]) * a + sd * cast(nz[b]), mode)
+                    put(r, b, ((cast(s[b]) - offset[b]) * scale[b]) * a + sd * cast(nz[b]))
             else:
                 for b in range(bands):
-                    put(r, b, ((cast(src[q + band[b]]) - offset[b]) * scale[b]) * a + sd * cast(nz[b]), mode)
+                    put(r, b, ((cast(src[q + band[b]]) - offset[b]) * scale[b]) * a + sd * cast(nz[b]))
         elif identity:
             s = src[q:q + bands]
             for b in range(bands):
-                put(r, b, (cast(s[b]) - offset[b]) * scale[b], mode)
+                put(r, b, (cast(s[b]) - offset[b]) * scale[b])
         else:
             for b in range(bands):
-                put(r, b, (cast(src[q + band[b]]) - offset[b]) * scale[b], mode)
+                put(r, b, (cast(src[q + band[b]]) - offset[b]) * scale[b])
 
 
 @jit
@@ -517,8 +541,7 @@ def store_nchw(st, out, o, pp, bands, ss):
 
 
 @jit
-def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offset, scale, w, mode, alpha, noise,
-                 std):
+def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offset, scale, w, alpha, noise, std):
     """The patch whose top-left pixel starts at element ``base`` (tiles ``side`` pixels wide, ``stride``
     values per pixel) under dihedral code ``d`` into ``w`` (p*p pixels ``ws`` values apart, pixel-major
     in output order), cast and normalized; with radiation noise when ``noise`` (the patch's window, p*p*B
@@ -528,7 +551,7 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
         first, step = row_source(i, p, side, d)
         nz = noise[i * p * bands:(i + 1) * p * bands] if noise.size > 0 else noise
         gather_row(src, base + first * stride, step * stride, bands, ws, p, band, identity, offset, scale,
-                   w[i * row:(i + 1) * row], mode, alpha, nz, std)
+                   w[i * row:(i + 1) * row], alpha, nz, std)
 
 
 @jit
@@ -662,11 +685,11 @@ def scratch_stride(bands, nchw):
 
 @jit
 def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase,
-                stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi, mode):
-    """Patches lo:hi of a batch into ``out``. ``mode`` (cpu_cut.MODES): 0 the computed values as they are
-    (float32 / float64 ``out``); 1 bfloat16 bits in a uint16 ``out``; 2 float16 bits in an int16 one.
+                stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
+    """Patches lo:hi of a batch into ``out``, whose dtype says what its values are (:func:`output_kind`).
     16-bit outputs: float32 arithmetic, rounded as each value is computed (after its noise, for a radiated
     patch)."""
+    mode = output_kind(out)
     bands = offset.shape[1]
     pp = p * p
     size = pp * bands
@@ -695,7 +718,7 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
                         window, std, drop, ahead, finite)
             continue
         w = scratch if staged else out[o:o + size]
-        gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, mode, a, window, std)
+        gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, a, window, std)
         finish_patch(w, out, o, pp, bands, ws, nchw, whole, phase, stream, drop)
     if stream:
         store_fence()
@@ -718,31 +741,3 @@ def patch_starts(slot, y, x, table, side, stride, slots, slot_elems, r, check, b
             return i
         base[i] = s * slot_elems + ((yy - r) * side[t] + (xx - r)) * stride[t]
     return -1
-
-
-# One entry point per kind of output store, each calling cut_patches with its mode as a constant: LLVM
-# inlines the body and drops the other modes' branches from the inner loops, which a mode passed at run
-# time would leave there (measured: the loader ~5x slower).
-
-@jit
-def cut_float(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-              alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
-    cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-                alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 0)
-
-
-@jit
-def cut_bf16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-             alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
-    cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-                alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 1)
-
-
-@jit
-def cut_f16(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-            alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
-    cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase, stream,
-                alpha, start, bank, std, drop_ptr, drop_band, lo, hi, 2)
-
-
-KERNELS = (cut_float, cut_bf16, cut_f16)  # indexed by cpu_cut.MODES

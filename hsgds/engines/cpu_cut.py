@@ -50,7 +50,7 @@ _state: dict[str, Any] = {}
 
 
 def _build() -> Any:
-    """The module of compiled kernels (``KERNELS`` indexed by MODES); raises ImportError when numba is missing
+    """The module of compiled kernels; raises ImportError when numba is missing
     (:class:`~hsgds._numba_cache.NoCacheFolder` when it has nowhere to keep compiled code)."""
     return import_kernels("hsgds.engines._cpu_kernel")
 
@@ -162,9 +162,8 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
         phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
     if mode == 2:  # the kernel tells float16 bits from bfloat16 bits by their integer type when it compiles
         out = out.view(np.int16)
-    kernels.KERNELS[mode](src, base, _NONE_INT64 if table is None else table,
-                          _NONE_INT8 if dihedral is None else dihedral,
-                          *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
+    kernels.cut_patches(src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
+                        *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
 
 
 def patch_starts(slot: np.ndarray, y: np.ndarray, x: np.ndarray, table: np.ndarray | None, tables: Tables,

@@ -387,18 +387,18 @@ _WARM_UP_CHILD = """
 import threading
 import numpy as np, torch
 from hsgds.engines import PatchSpec, TorchEngine, cpu_cut
-from hsgds.engines._cpu_kernel import cut_bf16, patch_starts
+from hsgds.engines._cpu_kernel import cut_patches, patch_starts
 cpu_cut.warm_up(np.uint8, "bfloat16")
 for t in threading.enumerate():
     if t.name == "hsgds-warm-up":
         t.join()
-warmed = len(cut_bf16.signatures), len(patch_starts.signatures)
+warmed = len(cut_patches.signatures), len(patch_starts.signatures)
 rng = np.random.default_rng(0)
 storage = torch.from_numpy(rng.integers(0, 255, (2, 20, 20, 12)).astype(np.uint8))
 spec = PatchSpec(5, 3, 12, 20, "NCHW", torch.bfloat16, rng.uniform(0, 9, 12), rng.uniform(0.1, 1, 12))
 coords = [torch.tensor(v) for v in ([0, 1, 1], [3, 9, 16], [4, 10, 16])]
 TorchEngine(spec).cut(storage, *coords)
-print(*warmed, len(cut_bf16.signatures), len(patch_starts.signatures))
+print(*warmed, len(cut_patches.signatures), len(patch_starts.signatures))
 """
 
 
