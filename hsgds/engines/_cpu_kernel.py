@@ -689,14 +689,14 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     """Patches lo:hi of a batch into ``out``, whose dtype says what its values are (:func:`output_kind`).
     16-bit outputs: float32 arithmetic, rounded as each value is computed (after its noise, for a radiated
     patch)."""
-    mode = output_kind(out)
+    kind = output_kind(out)
     bands = offset.shape[1]
     pp = p * p
     size = pp * bands
     ws = scratch_stride(bands, nchw)
     staged = nchw or stream
     # the bfloat16 blocks pack two values per 32-bit lane little-endian
-    blocked = (nchw and (mode == 0 or (mode == 1 and _LITTLE) or (mode == 2 and _VECTOR_HALF)) and pp >= 8
+    blocked = (nchw and (kind == 0 or (kind == 1 and _LITTLE) or (kind == 2 and _VECTOR_HALF)) and pp >= 8
                and bands >= 8)
     staging = not blocked or not np.all(identity != 0)  # some patch takes the scratch path (a band map)
     scratch = np.empty(pp * ws if staging else 0, out.dtype)
