@@ -336,11 +336,11 @@ def _verify_collection(path: str) -> None:
 def doctor(reader, engine, store, require_gpu) -> None:
     """What this machine can use (CUDA, kvikio + GDS or compat mode, DALI, WSL) and what hsgds would pick."""
     from hsgds.choice import choose
-    from hsgds.doctor import doctor_report
+    from hsgds.doctor import cpu_cut_status, doctor_report
     from hsgds.probe import probe
 
     report = probe(refresh=True)
-    click.echo(doctor_report(report, reader=reader, engine=engine, store=store))
+    click.echo(doctor_report(report, reader=reader, engine=engine, store=store, cpu_cut=cpu_cut_status()))
     if require_gpu:
         try:
             kind = choose(report, reader, engine).kind

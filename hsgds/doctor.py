@@ -10,7 +10,7 @@ from hsgds.choice import Choice, choose
 from hsgds.errors import HsgdsError
 from hsgds.probe import DeviceReport
 
-__all__ = ["NO_MAIN_GUARD", "WINDOWS_DRIVE_FS", "doctor_report", "mount_of", "platform_notes"]
+__all__ = ["NO_MAIN_GUARD", "WINDOWS_DRIVE_FS", "cpu_cut_status", "doctor_report", "mount_of", "platform_notes"]
 
 #: Filesystems through which WSL2 reaches Windows drives (/mnt/c ...): every read crosses the VM boundary.
 WINDOWS_DRIVE_FS = ("9p", "v9fs", "drvfs")
@@ -93,10 +93,28 @@ def _status(ok: bool, detail: str, reason: str) -> str:
     return f"yes  {detail}".rstrip() if ok else f"no   {detail + ': ' if detail else ''}{reason}"
 
 
+def cpu_cut_status() -> str:
+    """The doctor's line on the fused CPU cut (:mod:`hsgds.engines.cpu_cut`), which the torch engine uses
+    on the CPU: whether it runs here and why not, numba's version, where compiled kernels are kept.
+    Imports numba (~1-2 s)."""
+    from hsgds import defaults
+    from hsgds.engines import cpu_cut
+
+    if not defaults.get("numba"):
+        return _status(False, "", "setting numba is off (HSGDS_NUMBA=false): torch ops cut on the CPU")
+    if not cpu_cut.available():
+        return _status(False, "", f"torch ops cut on the CPU: {cpu_cut.unavailable_reason()}")
+    import numba
+
+    return _status(True, f"numba {numba.__version__}, compiled once per store dtype and output dtype (seconds), "
+                         f"kept in {cpu_cut.cache_folder() or 'numba cache'}", "")
+
+
 def doctor_report(report: DeviceReport, choice: Choice | None = None, *, reader: str = "auto",
-                  engine: str = "auto", store: str | os.PathLike | None = None) -> str:
+                  engine: str = "auto", store: str | os.PathLike | None = None, cpu_cut: str | None = None) -> str:
     """A human-readable report of what this machine can use and what hsgds would pick, with reasons,
-    and what that path means on this platform (:func:`platform_notes`; ``store``: where it lives).
+    and what that path means on this platform (:func:`platform_notes`; ``store``: where it lives;
+    ``cpu_cut``: the line of :func:`cpu_cut_status`, left out when None).
 
     ``choice`` defaults to ``choose(report, reader, engine)``; if that raises, the error is shown.
     """
@@ -122,6 +140,8 @@ def doctor_report(report: DeviceReport, choice: Choice | None = None, *, reader:
         f"  GDS           {_status(report.gds, gds_detail, report.gds_reason)}",
         f"  DALI (GPU)    {_status(report.dali_gpu, report.dali_version or '', report.dali_reason)}",
     ]
+    if cpu_cut is not None:
+        lines.append(f"  CPU cut       {cpu_cut}")
     if report.probe_error:
         lines.append(f"  probe error   {report.probe_error}")
     if choice is None:

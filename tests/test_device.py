@@ -252,6 +252,30 @@ def test_doctor_report():
     assert "device=cpu reader=posix" in doctor_report(probe())
 
 
+def test_doctor_says_whether_the_fused_cpu_cut_runs(monkeypatch, hsgds_env):
+    """The doctor's "CPU cut" line: numba's version and the folder where the compiled kernel is kept;
+    off by the setting; numba missing: the reason, naming the pip extra."""
+    numba = pytest.importorskip("numba")
+    from hsgds.doctor import cpu_cut_status
+    from hsgds.engines import cpu_cut
+
+    line = cpu_cut_status()
+    folder = cpu_cut.cache_folder()
+    assert line.startswith(f"yes  numba {numba.__version__},") and folder and line.endswith(f"kept in {folder}")
+    assert Path(folder).is_absolute()
+    assert f"CPU cut       {line}" in doctor_report(CPU, cpu_cut=line)
+    assert "CPU cut" not in doctor_report(CPU)
+    hsgds_env("HSGDS_NUMBA", "false")
+    assert cpu_cut_status().startswith("no   setting numba is off")
+    hsgds_env("HSGDS_NUMBA", None)
+    monkeypatch.setitem(sys.modules, "numba", None)  # "import numba" raises ImportError
+    monkeypatch.delitem(sys.modules, "hsgds.engines._cpu_kernel", raising=False)
+    monkeypatch.setattr(cpu_cut, "_state", {})
+    line = cpu_cut_status()
+    assert line.startswith("no   torch ops cut on the CPU: ") and "pip install 'hsgds[cpu]'" in line
+    assert cpu_cut.cache_folder() is None
+
+
 # ------------------------------------------------------------------- platforms: WSL2, native Windows
 
 def _fake_kvikio_mode(compat: str, preferred: bool, gds: bool) -> types.SimpleNamespace:

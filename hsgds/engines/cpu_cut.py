@@ -39,8 +39,8 @@ import numpy as np
 
 from hsgds._numba_cache import NoCacheFolder, import_kernels
 
-__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cut_range", "make_noise", "make_tables", "patch_starts",
-           "should_stream", "unavailable_reason", "warm_up"]
+__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cache_folder", "cut_range", "make_noise", "make_tables",
+           "patch_starts", "should_stream", "unavailable_reason", "warm_up"]
 
 # output conversions: the output array's dtype decides the store, the mode what the bits mean
 MODES = {"float32": 0, "float64": 0, "bfloat16": 1, "float16": 2}
@@ -81,6 +81,15 @@ def unavailable_reason() -> str | None:
     """Why :func:`available` is False (a sentence naming the pip extra), or None."""
     _kernel()
     return _state["reason"]
+
+
+def cache_folder() -> str | None:
+    """The folder where numba keeps the kernel's compiled code (see the module's docstring); None when the
+    kernel cannot run or numba does not say."""
+    kernels = _kernel()
+    cache = getattr(getattr(kernels, "cut_patches", None), "_cache", None)  # numba's FunctionCache
+    path = getattr(cache, "_cache_path", None)
+    return str(path) if path else None
 
 
 class Tables(NamedTuple):
