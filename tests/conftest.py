@@ -36,6 +36,7 @@ for pair in sys.argv[1:]:
 """
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist (the GPU check's image) runs the suite too
 def pytest_xdist_auto_num_workers(config):
     """``pytest -n auto`` (``make test``): one test process per usable core, at most 4 (each imports torch
     and compiles its own kernels)."""

@@ -124,3 +124,14 @@ def test_converter_is_installed_as_hsgds_preprocess(tmp_path):
     expected |= {f"hsgds/preprocess/{p.relative_to(ROOT / 'preprocess').as_posix()}"
                  for p in (ROOT / "preprocess").rglob("*.py")}
     assert expected <= files, f"missing from the wheel (add the package to pyproject): {sorted(expected - files)}"
+
+
+def test_the_suite_runs_without_pytest_xdist():
+    """``make test`` uses pytest-xdist, but the GPU check's image runs ``pytest -m gpu`` without it: the
+    suite's conftest must load there (an xdist hook that pytest does not know is an internal error)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                           "tests/test_lru.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
