@@ -334,7 +334,8 @@ def _verify_collection(path: str) -> None:
 @click.option("--require-gpu", is_flag=True,
               help="Exit 1 unless hsgds would use a CUDA GPU (a container health check).")
 def doctor(reader, engine, store, require_gpu) -> None:
-    """What this machine can use (CUDA, kvikio + GDS or compat mode, DALI, WSL) and what hsgds would pick."""
+    """What this machine can use (CUDA, kvikio + GDS or compat mode, DALI, the fused CPU cut, WSL) and what
+    hsgds would pick."""
     from hsgds.choice import choose
     from hsgds.doctor import cpu_cut_status, doctor_report
     from hsgds.probe import probe

@@ -106,8 +106,9 @@ def cpu_cut_status() -> str:
         return _status(False, "", f"torch ops cut on the CPU: {cpu_cut.unavailable_reason()}")
     import numba
 
+    folder = cpu_cut.cache_folder() or "numba's cache folder"
     return _status(True, f"numba {numba.__version__}, compiled once per store dtype and output dtype (seconds), "
-                         f"kept in {cpu_cut.cache_folder() or 'numba cache'}", "")
+                         f"kept in {folder}", "")
 
 
 def doctor_report(report: DeviceReport, choice: Choice | None = None, *, reader: str = "auto",

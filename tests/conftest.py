@@ -47,11 +47,11 @@ def pytest_xdist_auto_num_workers(config):
 def pytest_collection_finish(session):
     """When the engine tests are to run: compile the fused CPU kernel's specializations they use in a
     background process, into numba's on-disk cache. numba compiles one at a time per process (6-10 s each on
-    the 2-core CI machine, 26 of them): with a cold cache the tests would wait minutes for them, while
-    time is left on the cores whenever a test waits for a subprocess or a sleep. The tests load from the cache what is already
-    there and compile the rest themselves (numba replaces its cache files whole: at worst one is compiled
-    twice); a warm cache costs the background process a few seconds. It is stopped at the end of the
-    session. Under pytest-xdist only the first worker starts it: one is enough for all."""
+    the 2-core CI machine, 26 of them): with a cold cache the tests would wait minutes for them, while time
+    is left on the cores whenever a test waits for a subprocess or a sleep. The tests load from the cache
+    what is already there and compile the rest themselves (numba replaces its cache files whole: at worst
+    one is compiled twice); a warm cache costs the background process a few seconds. It is stopped at the
+    end of the session. Under pytest-xdist only the first worker starts it: one is enough for all."""
     if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
         return
     if importlib.util.find_spec("numba") is None or not any(
