@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,9 +131,6 @@ def test_converter_is_installed_as_hsgds_preprocess(tmp_path):
 def test_the_suite_runs_without_pytest_xdist():
     """``make test`` uses pytest-xdist, but the GPU check's image runs ``pytest -m gpu`` without it: the
     suite's conftest must load there (an xdist hook that pytest does not know is an internal error)."""
-    import subprocess
-    import sys
-
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
                            "tests/test_lru.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
