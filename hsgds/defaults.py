@@ -106,6 +106,8 @@ _SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("kvikio_threads", "HSGDS_KVIKIO_THREADS", 0, _integer(0), "an integer >= 0 (0: automatic)"),
     # on the CPU the torch engine cuts with its fused numba kernel (hsgds.engines.cpu_cut) when numba imports
     Setting("numba", "HSGDS_NUMBA", True, _boolean, "a boolean (1/0, true/false, yes/no, on/off)"),
+    # bfloat16 / float16 on the CPU: each tile normalized once as it lands in the ring, patches then copied
+    Setting("normalize_tiles", "HSGDS_NORMALIZE_TILES", True, _boolean, "a boolean (1/0, true/false, yes/no, on/off)"),
     # the kvikio reader keeps at most this many tile files open (a least-recently-used cache of handles)
     Setting("max_open_files", "HSGDS_MAX_OPEN_FILES", 64, _integer(1), "an integer >= 1"),
     # a collection keeps at most this many scenes open (metadata, statistics, labels, sample tables)

@@ -315,9 +315,17 @@ class PatchLoader:
             self.choice = replace(self.choice, engine="torch", reasons=[
                 *self.choice.reasons, "engine torch: several scenes or a band selection need per-scene tables"])
         self.device = torch.device(self.choice.device)
-        if self.device.type == "cpu" and self.choice.engine == "torch" and defaults.get("numba"):
+        out_name = str(dtype).removeprefix("torch.")
+        fused_cpu = self.device.type == "cpu" and self.choice.engine == "torch" and defaults.get("numba")
+        # 16-bit outputs on the CPU: each tile is normalized once, as it lands in the ring, and patches are
+        # copied from it (the engine confirms below). Radiation noise needs the values before rounding;
+        # scenes normalized only when first reached have no constants yet when their tiles are read.
+        self._normalize_tiles = bool(fused_cpu and defaults.get("normalize_tiles") and not self._norm_later
+                                     and not (augment is not None and augment.radiation_noise > 0)
+                                     and cpu_cut.normalizes_tiles(grid.dtype, out_name))
+        if fused_cpu:
             # numba's import and the kernel's load (~0.65 s) overlap the sample lookup and planning below
-            cpu_cut.warm_up(grid.dtype, str(dtype).removeprefix("torch."))
+            cpu_cut.warm_up(grid.dtype, out_name, self._normalize_tiles)
         self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask)
         if len(self.samples) == 0:
             where = self.scene.path if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes"
@@ -340,18 +348,28 @@ class PatchLoader:
         fuse = augment is not None and self._engine.fuses_noise
         self._fused_dropout = fuse and augment is not None and augment.band_dropout > 0 and augment.mixture_noise == 0
         self._fused_radiation = fuse and augment is not None and augment.radiation_noise > 0
+        self._normalize_tiles = self._normalize_tiles and self._engine.normalizes_tiles(TORCH_DTYPES[grid.dtype])
         self._augmenter = None if augment is None else Augmenter(
             augment, self.seed, layout, fused_radiation=self._fused_radiation, fused_dropout=self._fused_dropout)
         # CUDA: the per-batch index copy goes through a few reused pinned buffers (hsgds.batches)
         self._staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
-        self._ring = TileRing(self.slots, slot_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader)
+        self._ring = TileRing(self.slots, slot_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader,
+                              on_load=self._normalize_tile if self._normalize_tiles else None)
         self._reader.register(self._ring.storage)  # e.g. GDS pins the ring for DMA once, not per read
         self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
                                  slots=self.slots, ring_bytes=self.slots * tile_nbytes,
                                  reasons=list(self.choice.reasons) + list(self._engine.reasons))
+        if self._normalize_tiles:
+            self.stats.reasons.append(f"tiles normalized once as they are read, into {out_name}; patches copied "
+                                      "from them (setting normalize_tiles)")
         self._closed = False
 
     # -- construction helpers -------------------------------------------------------------------------
+    def _normalize_tile(self, slot: int, tile: int) -> None:
+        """The ring's ``on_load``: the tile just read rewritten as the output's values (reader thread)."""
+        table = int(self._tile_scene[tile]) if self._tables is not None else 0
+        self._engine.normalize_tile(self._ring.storage, slot, table)
+
     def _slots(self, ring_bytes: int | None, needed: int) -> int:
         nbytes = self._tile_nbytes
         if ring_bytes is None:
@@ -549,7 +567,9 @@ class PatchLoader:
                     self._norm_later.difference_update(norm[0].tolist())
                 dihedral = index[coord_row - 1] if aug is not None and aug.dihedral is not None else None
                 t_cut = time.perf_counter()
-                extra = {"noise": noise} if noise is not None else {}
+                extra: dict[str, Any] = {"noise": noise} if noise is not None else {}
+                if self._normalize_tiles:
+                    extra["normalized"] = True
                 patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2],
                                            index[4] if tables else None, dihedral=dihedral, **extra)
                 t_cut = time.perf_counter() - t_cut

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -54,10 +54,13 @@ class TileRing:
     At most ``inflight`` tiles are read at once (default: the ``read_inflight`` setting): the loader
     thread claims every free slot it may, up to that number, and hands them to the reader as one
     ``read_many`` batch when the reader overlaps its reads (kvikio), else one read per thread.
+    ``on_load(slot, tile)``, when given, runs on the reading thread after each tile is read (and
+    verified) and before the consumer may use it: e.g. the tile rewritten as the output's values.
     """
 
     def __init__(self, slots: int, tile_shape: tuple[int, ...], dtype: Any, device: Any,
-                 reader: ChunkReader, inflight: int | None = None) -> None:
+                 reader: ChunkReader, inflight: int | None = None,
+                 on_load: Callable[[int, int], None] | None = None) -> None:
         import torch
 
         if slots < 1:
@@ -78,6 +81,7 @@ class TileRing:
                               f"(e.g. ring_bytes={max(2, slots // 2) * (nbytes // slots)})") from None
         self.device = torch.device(device)
         self.reader = reader
+        self._on_load = on_load
         self.slots = slots
         self.state = [FREE] * slots
         self._busy = 0  # slots not FREE, kept with every state change (read per batch: O(1), not O(slots))
@@ -203,6 +207,9 @@ class TileRing:
         try:
             if not self._stop.is_set():
                 self.reader.read_many([(tile, self.tile_view(slot, tile)) for slot, tile in batch])
+                if self._on_load is not None:
+                    for slot, tile in batch:
+                        self._on_load(slot, tile)
                 ok = True
         except BaseException as exc:
             self._fail(exc)

@@ -99,6 +99,24 @@ def _transposed(builder, rows):
     return columns
 
 
+def _bf16_high(builder, v, nan_check: bool):
+    """:func:`bf16_bits` of the 8 lanes of float vector ``v`` (float64 lanes first rounded to float32), left
+    in the high half of each 32-bit lane: round to nearest even, NaN -> 0x7FC0 (without ``nan_check``, for
+    values known not to be NaN, the test is left out)."""
+    i32 = ir.VectorType(ir.IntType(32), 8)
+    f32 = ir.VectorType(ir.FloatType(), 8)
+
+    def c(x):
+        return ir.Constant(i32, [x] * 8)
+
+    u = builder.bitcast(v if v.type == f32 else builder.fptrunc(v, f32), i32)
+    rounded = builder.add(builder.add(u, c(0x7FFF)), builder.and_(builder.lshr(u, c(16)), c(1)))
+    if nan_check:
+        nan = builder.icmp_unsigned(">", builder.and_(u, c(0x7FFFFFFF)), c(0x7F800000))
+        rounded = builder.select(nan, c(0x7FC00000), rounded)
+    return rounded
+
+
 def _bf16_columns(builder, rows, nan_check: bool):
     """The 8 columns, as bfloat16 bits, of 8 float rows (:func:`bf16_bits` on 8 lanes: round to nearest
     even, NaN -> 0x7FC0; without ``nan_check``, for rows known to hold no NaN, the test is left out).
@@ -107,7 +125,6 @@ def _bf16_columns(builder, rows, nan_check: bool):
     lanes (8 shuffles, a third of the 8 x 8 one) leaves each column as 8 adjacent 16-bit values, row r
     first on a little-endian machine (the only kind :func:`cut_patches` sends here)."""
     i32 = ir.VectorType(ir.IntType(32), 8)
-    f32 = ir.VectorType(ir.FloatType(), 8)
 
     def c(x):
         return ir.Constant(i32, [x] * 8)
@@ -115,15 +132,7 @@ def _bf16_columns(builder, rows, nan_check: bool):
     def shuf(a, b, mask):
         return _shuffle(builder, a, b, mask)
 
-    high = []
-    for v in rows:
-        u = builder.bitcast(v if v.type == f32 else builder.fptrunc(v, f32), i32)
-        odd = builder.and_(builder.lshr(u, c(16)), c(1))
-        rounded = builder.add(builder.add(u, c(0x7FFF)), odd)
-        if nan_check:
-            nan = builder.icmp_unsigned(">", builder.and_(u, c(0x7FFFFFFF)), c(0x7F800000))
-            rounded = builder.select(nan, c(0x7FC00000), rounded)
-        high.append(rounded)
+    high = [_bf16_high(builder, v, nan_check) for v in rows]
     pairs = [builder.or_(builder.lshr(high[r], c(16)), builder.and_(high[r + 1], c(0xFFFF0000)))
              for r in range(0, 8, 2)]
     t = [shuf(pairs[k], pairs[k + 1], mask) for k in (0, 2) for mask in
@@ -197,6 +206,35 @@ def transpose8(typingctx, src, s0, sstride, dst, d0, dstride):
     return sig, codegen
 
 
+@intrinsic
+def copy_block(typingctx, src, pix, k0, b0, dst, d0, dstride):
+    """``dst[d0 + m*dstride + r] = src[pix[k0 + r] + b0 + m]`` for r, m in 0..7: the 8 x 8 block of
+    :func:`gather_block` with no arithmetic, for tiles that already hold the output's values
+    (:func:`normalize_tile`): 8 vector loads, 24 shuffles, 8 vector stores. ``src`` and ``dst``: one dtype."""
+    if not (isinstance(src, types.Array) and isinstance(pix, types.Array) and isinstance(dst, types.Array)
+            and src.dtype == dst.dtype):
+        return None
+    sig = types.void(src, pix, types.intp, types.intp, dst, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        srcv, pixv, k0v, b0v, dstv, d0v, dsv = args
+        sary, pary, dary = (context.make_array(signature.args[i])(context, builder, v)
+                            for i, v in ((0, srcv), (1, pixv), (4, dstv)))
+        vec, intp = ir.VectorType(context.get_data_type(signature.args[0].dtype), 8), k0v.type
+        align = signature.args[0].dtype.bitwidth // 8
+        rows = []
+        for r in range(8):
+            first = builder.load(builder.gep(pary.data, [builder.add(k0v, ir.Constant(intp, r))]))
+            ptr = builder.bitcast(builder.gep(sary.data, [builder.add(first, b0v)]), vec.as_pointer())
+            rows.append(builder.load(ptr, align=align))
+        for m, column in enumerate(_transposed(builder, rows)):
+            at = builder.add(d0v, builder.mul(dsv, ir.Constant(intp, m)))
+            builder.store(column, builder.bitcast(builder.gep(dary.data, [at]), vec.as_pointer()), align=align)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _gather_block(noisy: bool, nan_check: bool = True):
     """An intrinsic that cuts an 8-pixel x 8-band block of a patch straight from the tile into band-major
     output, in registers: ``dst[d0 + m*dstride + r] = f(src[pix[k0 + r] + b0 + m])`` for r, m in 0..7,
@@ -226,21 +264,16 @@ def _gather_block(noisy: bool, nan_check: bool = True):
                                                   in ((0, srcv), (1, pixv), (4, offv), (5, scalev), (7, noisev),
                                                       (10, dstv)))
             intp = k0v.type
-            fvec = ir.VectorType(context.get_data_type(compute), 8)
+            fvec = _vector8(context, compute)
 
             def vector(dtype):
-                return ir.VectorType(context.get_data_type(dtype), 8)
+                return _vector8(context, dtype)
 
             def load8(ary, dtype, index):
-                ptr = builder.bitcast(builder.gep(ary.data, [index]), vector(dtype).as_pointer())
-                return builder.load(ptr, align=dtype.bitwidth // 8)
+                return _load8(context, builder, ary, dtype, index)
 
             def to_float(v, dtype, target):
-                if isinstance(dtype, types.Integer):
-                    return (builder.sitofp if dtype.signed else builder.uitofp)(v, target)
-                if v.type == target:
-                    return v
-                return (builder.fpext if _bits(v.type) < _bits(target) else builder.fptrunc)(v, target)
+                return _to_float(builder, v, dtype, target)
 
             def splat(value):
                 vec = ir.Constant(fvec, ir.Undefined)
@@ -284,6 +317,64 @@ def _gather_block(noisy: bool, nan_check: bool = True):
 def _bits(vec_type) -> int:
     """Bit width of a float vector's element type."""
     return {"half": 16, "float": 32, "double": 64}[str(vec_type.element)]
+
+
+def _vector8(context, dtype):
+    """The LLVM type of 8 lanes of numba ``dtype``."""
+    return ir.VectorType(context.get_data_type(dtype), 8)
+
+
+def _load8(context, builder, ary, dtype, index):
+    """8 consecutive ``dtype`` values of array ``ary`` (numba's array struct) from element ``index``."""
+    ptr = builder.bitcast(builder.gep(ary.data, [index]), _vector8(context, dtype).as_pointer())
+    return builder.load(ptr, align=dtype.bitwidth // 8)
+
+
+def _to_float(builder, v, dtype, target):
+    """Vector ``v`` of numba ``dtype`` values converted to the float vector type ``target``."""
+    if isinstance(dtype, types.Integer):
+        return (builder.sitofp if dtype.signed else builder.uitofp)(v, target)
+    if v.type == target:
+        return v
+    return (builder.fpext if _bits(v.type) < _bits(target) else builder.fptrunc)(v, target)
+
+
+@intrinsic
+def normalize8(typingctx, src, s0, offset, scale, b0, dst, d0):
+    """``dst[d0 + m] = round((src[s0 + m] - offset[b0 + m]) * scale[b0 + m])`` for m in 0..7, in
+    ``offset``'s compute dtype, rounded to ``dst``'s kind as :func:`put` does (uint16: bfloat16 bits,
+    int16: float16 bits, only where ``_VECTOR_HALF``; a float array: the value), on 8 lanes. Every value is
+    loaded before any is stored, so ``dst`` may overlap ``src`` (:func:`normalize_tile` in place)."""
+    arrays = (src, offset, scale, dst)
+    if not (all(isinstance(a, types.Array) for a in arrays) and isinstance(offset.dtype, types.Float)
+            and all(isinstance(a.dtype, (types.Integer, types.Float)) for a in (src, dst))):
+        return None
+    compute = offset.dtype
+    sig = types.void(src, types.intp, offset, scale, types.intp, dst, types.intp)
+
+    def codegen(context, builder, signature, args):
+        srcv, s0v, offv, scalev, b0v, dstv, d0v = args
+        sary, oary, cary, dary = (context.make_array(signature.args[i])(context, builder, v) for i, v in
+                                  ((0, srcv), (2, offv), (3, scalev), (5, dstv)))
+        fvec, out = _vector8(context, compute), signature.args[5].dtype
+        v = _to_float(builder, _load8(context, builder, sary, signature.args[0].dtype, s0v), signature.args[0].dtype,
+                      fvec)
+        v = builder.fmul(builder.fsub(v, _load8(context, builder, oary, compute, b0v)),
+                         _load8(context, builder, cary, compute, b0v))
+        i16x8 = ir.VectorType(ir.IntType(16), 8)
+        if isinstance(out, types.Integer) and out.signed:
+            v = _half_bits(builder, v if compute.bitwidth == 32 else builder.fptrunc(v, _vector8(context, types.float32)),
+                           True)
+        elif isinstance(out, types.Integer):
+            high = _bf16_high(builder, v, True)
+            v = builder.trunc(builder.lshr(high, ir.Constant(high.type, [16] * 8)), i16x8)
+        else:
+            v = _to_float(builder, v, compute, _vector8(context, out))
+        ptr = builder.bitcast(builder.gep(dary.data, [d0v]), v.type.as_pointer())
+        builder.store(v, ptr, align=out.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 gather_block = _gather_block(noisy=False)
@@ -741,3 +832,95 @@ def patch_starts(slot, y, x, table, side, stride, slots, slot_elems, r, check, b
             return i
         base[i] = s * slot_elems + ((yy - r) * side[t] + (xx - r)) * stride[t]
     return -1
+
+
+@jit
+def normalize_tile(src, first, side, stride, band, identity, offset, scale, dst, dfirst, dstride):
+    """The side x side tile whose first pixel starts at ``src[first]`` (``stride`` values per pixel) as
+    the output's values: pixel k's output band b cast, normalized and rounded to ``dst``'s kind
+    (:func:`put`) exactly as :func:`cut_patches` computes it (:func:`gather_row`), written to
+    ``dst[dfirst + k*dstride + b]``. Row by row through a scratch row, so ``dst`` may be ``src``'s own
+    memory (the tile rewritten in place): a row is read whole before it is written, and each pixel's
+    output values fit in its own bytes."""
+    bands = offset.shape[0]
+    if identity and (output_kind(dst) != 2 or _VECTOR_HALF):
+        # band b of a pixel goes to a place no later than its own: each pixel in place, 8 bands at a time
+        cast = offset.dtype.type
+        vector_end = bands - bands % 8
+        for k in range(side * side):
+            q, o = first + k * stride, dfirst + k * dstride
+            for b in range(0, vector_end, 8):
+                normalize8(src, q + b, offset, scale, b, dst, o + b)
+            for b in range(vector_end, bands):
+                put(dst, o + b, (cast(src[q + b]) - offset[b]) * scale[b])
+        return
+    scratch = np.empty(side * bands, dst.dtype)  # a band map may read a band that was already overwritten
+    none = np.empty(0, np.float32)
+    for i in range(side):
+        gather_row(src, first + i * side * stride, stride, bands, bands, side, band, identity, offset, scale,
+                   scratch, np.float32(1), none, np.float32(0))
+        for j in range(side):
+            o = dfirst + (i * side + j) * dstride
+            dst[o:o + bands] = scratch[j * bands:(j + 1) * bands]
+
+
+@jit
+def copy_patches(src, base, table, dihedral, side, stride, bands, out, p, nchw, phase, stream, drop_ptr, drop_band,
+                 lo, hi):
+    """Patches lo:hi of a batch into ``out`` from tiles that already hold the output's values
+    (:func:`normalize_tile`: a pixel's B output values first in its ``stride[t]`` elements): the layout,
+    dihedral transform and band dropout of :func:`cut_patches`, with no arithmetic. NCHW with p*p and
+    B >= 8: 8 x 8 blocks transposed in registers (:func:`copy_block`), the next patch's rows prefetched,
+    streamed like :func:`cut_blocked`; NHWC: each pixel's B values copied as one run."""
+    pp = p * p
+    size = pp * bands
+    blocked = nchw and pp >= 8 and bands >= 8
+    whole = np.empty(size if nchw and stream else 0, out.dtype)
+    pix = np.empty(pp, np.int64)
+    groups = (bands + 7) // 8
+    for n in range(lo, hi):
+        t = table[n] if table.size > 0 else 0
+        d = dihedral[n] if dihedral.size > 0 else 0
+        for i in range(p):
+            first, step = row_source(i, p, side[t], d)
+            for j in range(p):
+                pix[i * p + j] = base[n] + (first + j * step) * stride[t]
+        o = n * size
+        drop = drop_band[drop_ptr[n]:drop_ptr[n + 1]] if drop_ptr.size > 0 else drop_band[:0]
+        if not nchw:
+            for k in range(pp):
+                out[o + k * bands:o + (k + 1) * bands] = src[pix[k]:pix[k] + bands]
+                for b in drop:
+                    out[o + k * bands + b] = 0
+            continue
+        dst = whole if stream else out
+        d0 = 0 if stream else o
+        if blocked:
+            t1 = (table[n + 1] if table.size > 0 else 0) if n + 1 < hi else 0
+            b0 = 0
+            while True:
+                bb = min(b0, bands - 8)
+                if n + 1 < hi:  # its tile may have another geometry (a collection's scenes)
+                    prefetch_rows(src, base[n + 1], side[t1], stride[t1], p, b0 // 8, groups)
+                k0 = 0
+                while True:
+                    kk = min(k0, pp - 8)
+                    copy_block(src, pix, kk, bb, dst, d0 + bb * pp + kk, pp)
+                    if kk == pp - 8:
+                        break
+                    k0 += 8
+                if bb == bands - 8:
+                    break
+                b0 += 8
+        else:
+            for b in range(bands):
+                for k in range(pp):
+                    dst[d0 + b * pp + k] = src[pix[k] + b]
+        for b in drop:
+            plane = dst[d0 + b * pp:d0 + (b + 1) * pp]
+            for k in range(pp):
+                plane[k] = 0
+        if stream:
+            stream_copy(whole, out, o, size, phase)
+    if stream:
+        store_fence()

@@ -248,6 +248,16 @@ class PatchEngine(abc.ABC):
     @abc.abstractmethod
     def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None) -> Any: ...
 
+    def normalizes_tiles(self, store_dtype: Any) -> bool:
+        """Whether this engine can normalize tiles of ``store_dtype`` once, as they land in the ring
+        (:meth:`normalize_tile`), and then cut them with ``cut(..., normalized=True)``."""
+        return False
+
+    def normalize_tile(self, storage: Any, slot: int, table: int = 0) -> None:
+        """Rewrite slot ``slot``'s tile (of table ``table``) in place as the output's values; only where
+        :meth:`normalizes_tiles`."""
+        raise ConfigError(f"the {self.name} engine does not normalize tiles in the ring")
+
     def set_table_rows(self, tables: Any, offset: Any, scale: Any) -> None:
         """Fill the normalization of tables (scenes) ``tables`` known only now: ``offset`` / ``scale`` are
         (len(tables), B). Engines that take ``spec.tables`` implement it; the loader calls it on the

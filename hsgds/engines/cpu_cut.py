@@ -39,8 +39,9 @@ import numpy as np
 
 from hsgds._numba_cache import NoCacheFolder, import_kernels
 
-__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cache_folder", "cut_range", "make_noise", "make_tables",
-           "patch_starts", "should_stream", "unavailable_reason", "warm_up"]
+__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cache_folder", "copy_range", "cut_range", "make_noise",
+           "make_tables", "normalize_tile", "normalizes_tiles", "patch_starts", "should_stream", "unavailable_reason",
+           "warm_up"]
 
 # output conversions: the output array's dtype decides the store, the mode what the bits mean
 MODES = {"float32": 0, "float64": 0, "bfloat16": 1, "float16": 2}
@@ -175,6 +176,54 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
                         *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
 
 
+def normalizes_tiles(store_dtype: Any, out_dtype: str) -> bool:
+    """Whether tiles of ``store_dtype`` can be rewritten in place as ``out_dtype`` values (a :data:`MODES`
+    name) by :func:`normalize_tile`: a 16-bit output (bfloat16, float16), where the rounding bounds the cut
+    rather than the memory traffic, and a store of at least 2 bytes per value, so that each value's output
+    fits in its own bytes."""
+    try:
+        itemsize = np.dtype(store_dtype).itemsize
+    except TypeError:
+        return False
+    return out_dtype in ("bfloat16", "float16") and itemsize >= 2
+
+
+def normalize_tile(src: np.ndarray, first: int, tables: Tables, t: int, dst: np.ndarray, dfirst: int,
+                   dstride: int) -> None:
+    """Write the tile of table ``t`` whose first pixel starts at ``src[first]`` as the output's values:
+    pixel k's output band b at ``dst[dfirst + k*dstride + b]``, cast, normalized and rounded exactly as
+    :func:`cut_range` computes it. ``dst`` (uint16: bfloat16 bits; int16: float16 bits) may be ``src``'s
+    own memory, the tile rewritten in place, when each pixel's output values fit in its bytes (``dstride``
+    covers the pixel's ``tables.stride[t]`` store values). Patches are then cut with :func:`copy_range`."""
+    kernels = _kernel()
+    if kernels is None:
+        raise RuntimeError(unavailable_reason())
+    kernels.normalize_tile(src, first, tables.side[t], tables.stride[t], tables.band[t], tables.identity[t] != 0,
+                           tables.offset[t], tables.scale[t], dst, dfirst, dstride)
+
+
+def copy_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihedral: np.ndarray | None,
+               tables: Tables, out: np.ndarray, p: int, nchw: bool, mode: int, lo: int, hi: int,
+               stream: bool = False, noise: Noise | None = None, phase: int | None = None) -> None:
+    """:func:`cut_range` for tiles that :func:`normalize_tile` has rewritten: ``src`` holds the output's
+    values (the same 16-bit type as ``out``), ``tables`` give each table's side and stride in those
+    values; the patches are copied, laid out, transformed and their dropped bands zeroed. ``noise`` may
+    carry band dropout only (radiation noise needs the values before their rounding)."""
+    kernels = _kernel()
+    if kernels is None:
+        raise RuntimeError(unavailable_reason())
+    noise = noise or _NO_NOISE
+    if len(noise.alpha):
+        raise ValueError("radiation noise needs the tiles' values before rounding: cut them with cut_range")
+    if phase is None:
+        phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)
+    if mode == 2:
+        out = out.view(np.int16)
+    kernels.copy_patches(src.view(out.dtype), base, _NONE_INT64 if table is None else table,
+                         _NONE_INT8 if dihedral is None else dihedral, tables.side, tables.stride,
+                         tables.offset.shape[1], out, p, nchw, phase, stream, noise.drop_ptr, noise.drop_band, lo, hi)
+
+
 def patch_starts(slot: np.ndarray, y: np.ndarray, x: np.ndarray, table: np.ndarray | None, tables: Tables,
                  slots: int, slot_elems: int, radius: int, check: bool) -> tuple[np.ndarray, int]:
     """(base, bad): each sample's ``base`` for :func:`cut_range` (the element where its patch's top-left
@@ -191,32 +240,39 @@ def patch_starts(slot: np.ndarray, y: np.ndarray, x: np.ndarray, table: np.ndarr
     return base, int(bad)
 
 
-def warm_up(src_dtype: Any, out_dtype: str) -> None:
+def warm_up(src_dtype: Any, out_dtype: str, normalized: bool = False) -> None:
     """Import numba and load (or compile) the kernel that cuts ``src_dtype`` tiles into ``out_dtype``
     patches (a :data:`MODES` name) on a background thread, once per pair and process, so that a loader's
     first batch does not wait for them: ~0.3 s of import and ~0.35 s of loading from numba's cache on the
-    2-core VM (a first compile takes seconds). The calls that need the kernel wait for the import and the
+    2-core VM (a first compile takes seconds). ``normalized``: the kernels of normalized tiles instead
+    (:func:`normalize_tile`, :func:`copy_range`). The calls that need the kernel wait for the import and the
     load where they are not done yet (Python's import lock, numba's compiler lock). The thread is not a
     daemon: an interpreter that exits meanwhile waits for it rather than stopping it inside numba."""
-    key = (np.dtype(src_dtype).str, out_dtype)
+    key = (np.dtype(src_dtype).str, out_dtype, normalized)
     with _lock:
         if key in _warming or out_dtype not in MODES:
             return
         _warming.add(key)
-    threading.Thread(target=_warm, args=(np.dtype(src_dtype), out_dtype), name="hsgds-warm-up").start()
+    threading.Thread(target=_warm, args=(np.dtype(src_dtype), out_dtype, normalized), name="hsgds-warm-up").start()
 
 
-def _warm(src_dtype: np.dtype, out_dtype: str) -> None:
+def _warm(src_dtype: np.dtype, out_dtype: str, normalized: bool = False) -> None:
     try:
         if _kernel() is None:
             return
         mode = MODES[out_dtype]
         out = np.zeros(0, np.uint16 if mode else out_dtype)
         compute = np.float64 if out_dtype == "float64" else np.float32
-        tables = make_tables(8, 1, [0], [0.0], [1.0], compute)
+        tables = make_tables(1, 1, [0], [0.0], [1.0], compute)
         # no patch to cut: the calls only load the specializations for these argument types
         patch_starts(_NONE_INT64, _NONE_INT64, _NONE_INT64, None, tables, 1, 1, 0, True)
-        cut_range(np.zeros(8, src_dtype), _NONE_INT64, None, None, tables, out, 1, True, mode, 0, 0, False)
+        src = np.zeros(8, src_dtype)
+        if normalized and normalizes_tiles(src_dtype, out_dtype):
+            flat = src.view(np.int16 if mode == 2 else np.uint16)
+            normalize_tile(src, 0, tables, 0, flat, 0, src.itemsize // 2)
+            copy_range(src, _NONE_INT64, None, None, tables, out, 1, True, mode, 0, 0, False)
+        else:
+            cut_range(src, _NONE_INT64, None, None, tables, out, 1, True, mode, 0, 0, False)
     except Exception:  # the first real cut reports whatever is wrong, with its context
         pass
 

@@ -174,21 +174,29 @@ class TorchEngine(PatchEngine):
 
     # -- the batch ------------------------------------------------------------------------------------
     def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None,
-            noise: cpu_cut.Noise | None = None) -> Any:
+            noise: cpu_cut.Noise | None = None, normalized: bool = False) -> Any:
         """Cut, normalize and lay out one batch; see :class:`~hsgds.engines.base.PatchEngine`. ``noise``
-        (only where :attr:`fuses_noise`): the batch's radiation noise and band dropout, applied in the cut."""
+        (only where :attr:`fuses_noise`): the batch's radiation noise and band dropout, applied in the cut.
+        ``normalized``: every tile cut from went through :meth:`normalize_tile`, so the patches are copied."""
         spec = self.spec
         check_dihedral(dihedral, slot)
         if noise is not None:
             self._check_noise(noise, storage, slot)
+        if normalized:
+            if not (isinstance(storage, torch.Tensor) and storage.device.type == "cpu"
+                    and self.normalizes_tiles(storage.dtype)):
+                raise InputError("normalized=True needs tiles that normalize_tile rewrote; see normalizes_tiles()")
+            if noise is not None and len(noise.alpha):
+                raise InputError("radiation noise needs the tiles' values before rounding: cut tiles that were "
+                                 "not normalized (normalized=False)")
         if spec.tables is not None:
-            return self._cut_tables(storage, slot, y, x, table, dihedral, noise)
+            return self._cut_tables(storage, slot, y, x, table, dihedral, noise, normalized)
         check_storage(storage, spec)
         fused = self._numba and storage.device.type == "cpu"  # the kernel's patch_starts checks the bounds
         check_coords(storage, slot, y, x, spec.radius, False if fused else self._check_bounds)
         if storage.device.type == "cpu":
             with self._lock:
-                return self._cut(storage, slot, y, x, dihedral, noise)
+                return self._cut(storage, slot, y, x, dihedral, noise, normalized)
         return self._cut(storage, slot, y, x, dihedral)
 
     def _check_noise(self, noise: cpu_cut.Noise, storage: Any, slot: Any) -> None:
@@ -205,7 +213,8 @@ class TorchEngine(PatchEngine):
             raise InputError(f"dropped bands must be in 0..{self.spec.bands - 1}")
 
     def _cut(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
-             dihedral: torch.Tensor | None = None, noise: cpu_cut.Noise | None = None) -> torch.Tensor:
+             dihedral: torch.Tensor | None = None, noise: cpu_cut.Noise | None = None,
+             normalized: bool = False) -> torch.Tensor:
         spec = self.spec
         p, r, bands = spec.patch_size, spec.radius, spec.bands
         n, side, device = slot.shape[0], storage.shape[1], storage.device
@@ -219,13 +228,14 @@ class TorchEngine(PatchEngine):
             dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
         if cpu:
             if self._numba:  # the index arithmetic and the bounds in one compiled pass
-                kt = self._kernel_tables(side)
+                k = self._values_per_store_value(storage, normalized)
+                kt = self._kernel_tables(side, k)
                 starts, bad = cpu_cut.patch_starts(slot.numpy(), y.numpy(), x.numpy(), None, kt, storage.shape[0],
-                                                   side * side * bands, r, self._check_bounds is not False)
+                                                   side * side * bands * k, r, self._check_bounds is not False)
                 if bad >= 0:
                     check_coords(storage, slot, y, x, r, True)  # raises, naming the first sample outside
                     raise InputError(f"sample {bad} lies outside the ring storage")
-                return self._cut_numba(storage.view(-1).numpy(), starts, None, dihedral, kt, shape, noise)
+                return self._cut_numba(storage.view(-1).numpy(), starts, None, dihedral, kt, shape, noise, normalized)
             return self._cut_cpu(storage, slot, y, x, shape, dihedral)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if self._fused_kernel(storage.dtype):  # one pass on the GPU
@@ -295,9 +305,16 @@ class TorchEngine(PatchEngine):
             self._pool, self._pool_size = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels), workers
         return workers
 
-    def _kernel_tables(self, side: int | None = None) -> cpu_cut.Tables:
+    def _kernel_tables(self, side: int | None = None, k: int = 1) -> cpu_cut.Tables:
         """The fused kernel's per-table constants: the spec's SceneTables, or (``side``) one table for a
-        single scene whose tiles are ``side`` pixels wide; made once per engine (and side)."""
+        single scene whose tiles are ``side`` pixels wide; made once per engine (and side). ``k``: strides
+        in units of 1/k of a store value (normalized tiles, read as 16-bit values: k = store bytes / 2)."""
+        if k != 1:
+            key = ("kernel-tables", side, k)
+            if key not in self._consts:  # shares the arrays that set_table_rows updates
+                kt = self._kernel_tables(side)
+                self._consts[key] = kt._replace(stride=kt.stride * k)
+            return self._consts[key]
         key = ("kernel-tables", side)
         got = self._consts.get(key)
         if got is None:
@@ -312,12 +329,14 @@ class TorchEngine(PatchEngine):
 
     def _cut_numba(self, src: np.ndarray, base: np.ndarray, table: np.ndarray | None,
                    dihedral: torch.Tensor | None, tables: cpu_cut.Tables, shape: tuple[int, ...],
-                   noise: cpu_cut.Noise | None = None) -> torch.Tensor:
+                   noise: cpu_cut.Noise | None = None, normalized: bool = False) -> torch.Tensor:
         """The CPU path with the fused kernel: ranges of patches cut straight into the output by the
         calling thread and the engine's threads (the kernel releases the GIL). A range per
         ~``torch_chunk_bytes`` of work, so a small batch stays on the calling thread and threads share a
         big one dynamically: each takes the next range left. ``base``:
-        each patch's first element in ``src`` (the flat storage); ``table``: each patch's table or None."""
+        each patch's first element in ``src`` (the flat storage); ``table``: each patch's table or None.
+        ``normalized``: the tiles hold the output's values (normalize_tile); ``base`` and ``tables`` count
+        16-bit values, and the patches are copied (cpu_cut.copy_range)."""
         n = base.shape[0]
         out = self._output(shape)
         flat = out.view(-1)
@@ -326,10 +345,11 @@ class TorchEngine(PatchEngine):
         args = (src, base, table, codes, tables, dst, self.spec.patch_size, self.spec.layout == "NCHW", self._mode)
         stream = cpu_cut.should_stream(flat.numel() * flat.element_size(), self.spec.layout == "NCHW")
         phase = flat.data_ptr() // dst.itemsize % (32 // dst.itemsize)  # out[0]'s place in its 32-byte block
+        cut_range = cpu_cut.copy_range if normalized else cpu_cut.cut_range
         parts = -(-n // self._chunk)
         workers = self._workers(parts)
         if workers == 1:
-            cpu_cut.cut_range(*args, 0, n, stream, noise, phase)
+            cut_range(*args, 0, n, stream, noise, phase)
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
         edges = [n * k // parts for k in range(parts + 1)]
@@ -343,7 +363,7 @@ class TorchEngine(PatchEngine):
                     i = next(taken)
                 if i >= len(ranges):
                     return
-                cpu_cut.cut_range(*args, *ranges[i], stream, noise, phase)
+                cut_range(*args, *ranges[i], stream, noise, phase)
 
         # the calling thread cuts too (it would only wait): one hand-off per helper, not per range
         assert self._pool is not None  # _workers() made it for more than one worker
@@ -460,7 +480,8 @@ class TorchEngine(PatchEngine):
         return got
 
     def _cut_tables(self, storage: Any, slot: Any, y: Any, x: Any, table: Any,
-                    dihedral: torch.Tensor | None = None, noise: cpu_cut.Noise | None = None) -> torch.Tensor:
+                    dihedral: torch.Tensor | None = None, noise: cpu_cut.Noise | None = None,
+                    normalized: bool = False) -> torch.Tensor:
         """Cut from tiles of several scenes: per sample, its table's tile geometry, band selection and
         normalization. Still one gather per chunk of patches (per batch on CUDA) and one fused
         normalization: the per-sample tables only change the index arithmetic and the constants."""
@@ -488,16 +509,17 @@ class TorchEngine(PatchEngine):
         bounds = self._check_bounds if self._check_bounds is not None else device.type == "cpu"
         slot_elems = storage[0].numel()
         if device.type == "cpu" and self._numba:  # the index arithmetic and the bounds in one compiled pass
-            kt = self._kernel_tables()
+            k = self._values_per_store_value(storage, normalized)
+            kt = self._kernel_tables(None, k)
             s, yy, xx, t = (v.numpy() for v in (slot, y, x, table))
             if bounds:
                 self._check_slot_size(slot_elems)
-            starts, bad = cpu_cut.patch_starts(s, yy, xx, t, kt, storage.shape[0], slot_elems, r, bounds)
+            starts, bad = cpu_cut.patch_starts(s, yy, xx, t, kt, storage.shape[0], slot_elems * k, r, bounds)
             if bad >= 0:
                 self._check_table_coords(storage, s, yy, xx, t)  # raises, naming the first sample outside
                 raise InputError(f"sample {bad} lies outside the ring storage")
             with self._lock:
-                return self._cut_numba(storage.view(-1).numpy(), starts, t, dihedral, kt, shape, noise)
+                return self._cut_numba(storage.view(-1).numpy(), starts, t, dihedral, kt, shape, noise, normalized)
         if bounds:
             self._check_table_coords(storage, *(t.cpu().numpy() for t in (slot, y, x, table)))
         tab = self._tables_for(device)
@@ -627,6 +649,40 @@ class TorchEngine(PatchEngine):
             if need > slot_elems:
                 raise InputError(f"ring slots hold {slot_elems} values, a table's tile needs {need}")
             self._consts[key] = True
+
+    # -- tiles normalized once, as they land in the ring -----------------------------------------------
+    def normalizes_tiles(self, store_dtype: Any) -> bool:
+        """Whether :meth:`normalize_tile` can rewrite tiles of ``store_dtype`` in place: the fused CPU kernel,
+        a 16-bit output (bfloat16, float16: where its rounding, not the memory traffic, bounds the cut) and
+        a store of at least 2 bytes per value, so that each value's output fits in its own bytes."""
+        return (self._numba and is_store_dtype(store_dtype)
+                and cpu_cut.normalizes_tiles(str(store_dtype).removeprefix("torch."), str(self._out_dtype).removeprefix("torch.")))
+
+    def normalize_tile(self, storage: Any, slot: int, table: int = 0) -> None:
+        """Rewrite the tile in ring slot ``slot`` (of table ``table``: its scene's geometry, band selection
+        and normalization) in place as the output's values: each pixel's output bands cast, normalized and
+        rounded exactly as the cut computes them, as 16-bit values at the start of the pixel's bytes. Then
+        ``cut(..., normalized=True)`` copies patches from it: each value is computed once per tile load
+        instead of once for every patch that reads it (up to p*p times). Safe to call from a reader thread
+        while other slots are cut (the kernel releases the GIL)."""
+        if not (isinstance(storage, torch.Tensor) and storage.device.type == "cpu" and storage.is_contiguous()
+                and self.normalizes_tiles(storage.dtype)):
+            raise InputError("normalize_tile needs the fused CPU kernel, a bfloat16 or float16 output and a "
+                             "contiguous CPU ring of a store dtype of at least 2 bytes; see normalizes_tiles()")
+        tables = self.spec.tables
+        if not 0 <= slot < storage.shape[0] or not 0 <= table < (1 if tables is None else len(tables)):
+            raise InputError(f"slot {slot} / table {table} do not exist")
+        k = self._values_per_store_value(storage, True)
+        kt = self._kernel_tables(None if tables is not None else storage.shape[1])
+        flat = storage.view(-1).numpy()
+        first = slot * storage[0].numel()
+        cpu_cut.normalize_tile(flat, first, kt, table, flat.view(np.int16 if self._mode == 2 else np.uint16),
+                               first * k, int(kt.stride[table]) * k)
+
+    @staticmethod
+    def _values_per_store_value(storage: torch.Tensor, normalized: bool) -> int:
+        """16-bit output values per store value in a normalized ring (1 otherwise)."""
+        return storage.element_size() // 2 if normalized else 1
 
     def _fused_kernel(self, src_dtype: torch.dtype) -> bool:
         """Whether the one-pass Triton kernel serves this batch (setting ``triton``, HSGDS_TRITON)."""
