@@ -31,8 +31,8 @@ if hasattr(os, "nice"):
 import numpy as np
 from hsgds.engines import cpu_cut
 for pair in sys.argv[1:]:
-    store, out = pair.split(":")
-    cpu_cut._warm(np.dtype(store), out)
+    store, out, normalized = pair.split(":")
+    cpu_cut._warm(np.dtype(store), out, normalized == "normalized")
 """
 
 
@@ -47,7 +47,7 @@ def pytest_xdist_auto_num_workers(config):
 def pytest_collection_finish(session):
     """When the engine tests are to run: compile the fused CPU kernel's specializations they use in a
     background process, into numba's on-disk cache. numba compiles one at a time per process (6-10 s each on
-    the 2-core CI machine, 26 of them): with a cold cache the tests would wait minutes for them, while time
+    the 2-core CI machine, 26 of them, and 2-5 s for each of the 6 pairs of normalized tiles): with a cold cache the tests would wait minutes for them, while time
     is left on the cores whenever a test waits for a subprocess or a sleep. The tests load from the cache
     what is already there and compile the rest themselves (numba replaces its cache files whole: at worst
     one is compiled twice); a warm cache costs the background process a few seconds. It is stopped at the
@@ -57,11 +57,12 @@ def pytest_collection_finish(session):
     if importlib.util.find_spec("numba") is None or not any(
             item.nodeid.startswith("tests/engines/") for item in session.items):
         return
-    from tests.engines.kernel_pairs import CUT_PAIRS
+    from tests.engines.kernel_pairs import CUT_PAIRS, NORMALIZED_PAIRS
 
-    session.config.stash[_COMPILER] = subprocess.Popen(
-        [sys.executable, "-c", _COMPILE, *(f"{store}:{out}" for store, out in CUT_PAIRS)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pairs = [f"{store}:{out}:raw" for store, out in CUT_PAIRS]
+    pairs += [f"{store}:{out}:normalized" for store, out in NORMALIZED_PAIRS]
+    session.config.stash[_COMPILER] = subprocess.Popen([sys.executable, "-c", _COMPILE, *pairs],
+                                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def pytest_sessionfinish(session):

@@ -183,6 +183,42 @@ def test_reader_errors_surface_in_the_consumer(tile_store, tmp_path, zarr_tile, 
         reader.close()
 
 
+def test_on_load_runs_on_each_read_tile_before_the_consumer_sees_it(tile_store, zarr_tile):
+    """The hook sees the tile as read (and verified) and the consumer sees what the hook made of it; a hook
+    that fails is raised in the consumer like a read error."""
+    scene = open_scene(tile_store)
+    seen: list[int] = []
+
+    def on_load(slot, tile):
+        assert _bytes(ring.storage[slot]) == zarr_tile(tile_store, tile)
+        ring.storage[slot].bitwise_not_()
+        seen.append(tile)
+
+    reader = PosixReader(TileSource.from_scene(scene))
+    ring = TileRing(2, scene.grid.tile_shape, torch.int16, "cpu", reader, on_load=on_load)
+    try:
+        ring.start([Interval(t, t, t) for t in range(4)])
+        for b in range(4):
+            (slot,) = ring.acquire([b], timeout=JOIN_S)
+            assert _bytes(ring.storage[slot].bitwise_not()) == zarr_tile(tile_store, b)
+            ring.release_batch(b)
+        assert sorted(seen) == [0, 1, 2, 3]
+    finally:
+        ring.close()
+
+    def fail(slot, tile):
+        raise ValueError(f"cannot rewrite tile {tile}")
+
+    ring = TileRing(2, scene.grid.tile_shape, torch.int16, "cpu", reader, on_load=fail)
+    try:
+        ring.start([Interval(t, t, t) for t in (4, 5)])
+        with pytest.raises(HsgdsError, match="cannot rewrite tile 4"):
+            ring.acquire([4], timeout=JOIN_S)
+    finally:
+        ring.close()
+        reader.close()
+
+
 def _in_thread(fn) -> tuple[threading.Thread, list]:
     out: list = []
 

@@ -4,6 +4,9 @@ band map and tile geometry; the loader switches it on for 16-bit CPU outputs and
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -149,3 +152,30 @@ def test_the_loader_keeps_raw_tiles_for_radiation_noise_and_float32(indian_pines
         with PatchLoader(indian_pines_store, patch_size=7, batch_size=64, device="cpu", **kw) as loader:
             next(iter(loader))
             assert not any("tiles normalized once" in r for r in loader.stats.reasons), kw
+
+
+_WARM_UP_CHILD = """
+import threading
+import numpy as np, torch
+from hsgds.engines import PatchSpec, TorchEngine, cpu_cut
+from hsgds.engines._cpu_kernel import copy_patches, normalize_tile, patch_starts
+cpu_cut.warm_up(np.int16, "bfloat16", normalized=True)
+for t in threading.enumerate():
+    if t.name == "hsgds-warm-up":
+        t.join()
+warmed = len(normalize_tile.signatures), len(copy_patches.signatures), len(patch_starts.signatures)
+rng = np.random.default_rng(0)
+ring = torch.from_numpy(rng.integers(-999, 999, (2, 20, 20, 12)).astype(np.int16))
+engine = TorchEngine(PatchSpec(5, 3, 12, 20, "NCHW", torch.bfloat16, rng.uniform(0, 9, 12), rng.uniform(0.1, 1, 12)))
+engine.normalize_tile(ring, 1)
+engine.cut(ring, *[torch.tensor(v) for v in ([1, 1], [3, 9], [4, 10])], normalized=True)
+print(*warmed, len(normalize_tile.signatures), len(copy_patches.signatures), len(patch_starts.signatures))
+"""
+
+
+def test_warm_up_loads_the_kernels_of_normalized_tiles():
+    """The loader's warm-up, told that tiles will be normalized, loads the very specializations that
+    normalize_tile and the copying cut then call (in a fresh process: none loaded before)."""
+    proc = subprocess.run([sys.executable, "-c", _WARM_UP_CHILD], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["1"] * 6
