@@ -212,7 +212,7 @@ def test_on_load_runs_on_each_read_tile_before_the_consumer_sees_it(tile_store, 
     ring = TileRing(2, scene.grid.tile_shape, torch.int16, "cpu", reader, on_load=fail)
     try:
         ring.start([Interval(t, t, t) for t in (4, 5)])
-        with pytest.raises(HsgdsError, match="cannot rewrite tile 4"):
+        with pytest.raises(HsgdsError, match="cannot rewrite tile [45]"):  # read on two threads
             ring.acquire([4], timeout=JOIN_S)
     finally:
         ring.close()
