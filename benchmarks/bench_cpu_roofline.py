@@ -15,12 +15,13 @@ NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` time
 - ``rounding loop in L1``: bfloat16 rounding of 4,096 float32 bit patterns held in L1, over and over (pure
   vector integer work, no memory traffic and no Python between calls): how much a second thread adds
   when the work is arithmetic alone (on a VM whose two vCPUs share one physical core, ~1.4x, not 2x);
-- ``16-bit gather + transpose, no arithmetic``: the bfloat16 batch's memory work alone, done as the
-  kernel's streamed path does it: the same 8 x 8 blocks from the same ring into the NCHW planes of a
-  patch finished in cache and streamed out, with the next patch's rows prefetched, but the values copied
-  as they are (as if every tile held its bfloat16 bits already). The kernel's ratio to it (timed
-  alternately, round by round, at the end) is what its arithmetic costs. The same copy in 16 x 16 blocks
-  (32-byte stores, fewer shuffles per value) says whether wider blocks would move that floor.
+- ``bfloat16 from normalized tiles``: the bfloat16 batch's memory work alone, as the loader cuts it when
+  each tile already holds its bfloat16 bits (``cpu_cut.copy_range``: the same 8 x 8 blocks from the same
+  ring into the NCHW planes of a patch finished in cache and streamed out, the next patch's rows
+  prefetched, no arithmetic), and ``cpu_cut.normalize_tile`` rewriting one tile in place (what that costs
+  once per tile load). The fused kernel's ratio to the copy (timed alternately, round by round, at the
+  end) is what its arithmetic costs. The same copy in 16 x 16 blocks (32-byte stores, fewer shuffles per
+  value) says whether wider blocks would move that floor.
 
 Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``). Unlike the other benchmarks,
 this one is white-box on purpose: it times the kernel's own store instruction and entry point, not the
@@ -42,7 +43,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from hsgds.engines import cpu_cut
-from hsgds.engines._cpu_kernel import _shuffle, _transposed, prefetch_rows, store_fence, stream32, stream_copy
+from hsgds.engines._cpu_kernel import _shuffle, prefetch_rows, store_fence, stream32, stream_copy
 
 SIDE, BANDS, P, N = 96, 200, 13, 256
 PATCH = BANDS * P * P
@@ -98,9 +99,8 @@ def _butterfly(builder, rows):
 
 def _copy_block(n: int):
     """An intrinsic: dst[d0 + m*dstride + r] = src[pix[k0 + r] + b0 + m] for r, m in 0..n-1 (16-bit values):
-    the kernel's block (n vector loads, a transpose in registers, n vector stores) without its arithmetic;
-    n = 8 transposes as the kernel does."""
-    transpose = _transposed if n == 8 else _butterfly
+    the kernel's copy_block (n vector loads, a transpose in registers, n vector stores) in n x n blocks."""
+    transpose = _butterfly
 
     @intrinsic
     def copy_block(typingctx, src, pix, k0, b0, dst, d0, dstride):
@@ -162,7 +162,7 @@ def _copy_cut_with(n: int):
     return copy_cut
 
 
-_copy_cut, _copy_cut16 = _copy_cut_with(8), _copy_cut_with(16)
+_copy_cut16 = _copy_cut_with(16)
 
 
 def _aligned(n: int, dtype) -> np.ndarray:
@@ -257,17 +257,28 @@ def main() -> None:
             rows[-1]["note"] = "2 threads: each cuts the whole batch, so the figure is per thread x 2"
             rows[-1]["GBps_2_thread"] *= 2
     out16 = _aligned(N * PATCH, np.uint16)
-    _copy_cut(ring, base, out16, P, SIDE, BANDS, 0, 1)
-    if not np.array_equal(out16[:P * P], ring[base[0] + np.add.outer(np.arange(P) * SIDE, np.arange(P)).ravel() * BANDS]):
-        raise SystemExit("the copy loop does not cut band 0 of patch 0: fix it before reading its figures")
-    add("16-bit gather + transpose, no arithmetic (bfloat16 NCHW floor)", out16.nbytes,
-        threads(lambda a, b: _copy_cut(ring, base, out16, P, SIDE, BANDS, a, b), 1, N),
-        threads(lambda a, b: _copy_cut(ring, base, out16, P, SIDE, BANDS, a, b), 2, N))
+
+    def copy(a: int, b: int, out=out16) -> None:  # the ring's values taken as bfloat16 bits
+        cpu_cut.copy_range(ring, base, None, None, tables, out, P, True, 1, a, b, True)
+
+    add("bfloat16 NCHW from normalized tiles (copy_range, streamed)", out16.nbytes, threads(copy, 1, N),
+        threads(copy, 2, N))
+    tile = ring[:SIDE * SIDE * BANDS].copy()
+    work = tile.copy()
+
+    def normalize() -> None:  # one tile rewritten in place (from the same values each time)
+        np.copyto(work, tile)
+        cpu_cut.normalize_tile(work, 0, tables, 0, work, 0, BANDS)
+
+    restore = _median_s(lambda: np.copyto(work, tile), args.rounds)
+    per_tile = _median_s(normalize, args.rounds) - restore
+    print(f"normalize_tile: {per_tile * 1e3:.2f} ms per {SIDE}x{SIDE}x{BANDS} tile in place, one thread "
+          f"({tile.size / per_tile / 1e9:.2f} G values/s; the restoring copy's time taken off)", flush=True)
     wide = _aligned(N * PATCH, np.uint16)
     _copy_cut16(ring, base, wide, P, SIDE, BANDS, 0, N)
-    _copy_cut(ring, base, out16, P, SIDE, BANDS, 0, N)
+    copy(0, N)
     if not np.array_equal(wide, out16):
-        raise SystemExit("the 16 x 16 copy differs from the 8 x 8 one: fix it before reading its figures")
+        raise SystemExit("the 16 x 16 copy differs from copy_range: fix it before reading its figures")
     add("the same in 16 x 16 blocks (32-byte stores)", wide.nbytes,
         threads(lambda a, b: _copy_cut16(ring, base, wide, P, SIDE, BANDS, a, b), 1, N),
         threads(lambda a, b: _copy_cut16(ring, base, wide, P, SIDE, BANDS, a, b), 2, N))
@@ -290,11 +301,12 @@ def main() -> None:
     print(f"CPU time stolen by the host during the run: {100 * steal:.1f}%")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "batch": [N, BANDS, P, P], "numba": numba.__version__,
-                                         "floor_ratios": floor, "steal_fraction": steal}, indent=2))
+                                         "floor_ratios": floor, "normalize_tile_s": per_tile,
+                                         "steal_fraction": steal}, indent=2))
 
 
 def _floor_ratios(ring, base, tables, out, pool, rounds: int) -> dict:
-    """The bfloat16 kernel's time over the no-arithmetic copy's, both on 2 threads, timed alternately in each
+    """The bfloat16 kernel's time over the no-arithmetic copy's (copy_range), both on 2 threads, timed alternately in each
     round (this VM's speed drifts between the rows above): what the arithmetic adds to the memory work."""
     def two(fn) -> float:
         t = time.perf_counter()
@@ -305,7 +317,7 @@ def _floor_ratios(ring, base, tables, out, pool, rounds: int) -> dict:
     fns = {"plain": lambda a, b: cpu_cut.cut_range(ring, base, None, None, tables, out, P, True, 1, a, b, False),
            "streamed": lambda a, b: cpu_cut.cut_range(ring, base, None, None, tables, out, P, True, 1, a, b, True),
            "copy16": lambda a, b: _copy_cut16(ring, base, out, P, SIDE, BANDS, a, b),
-           "copy": lambda a, b: _copy_cut(ring, base, out, P, SIDE, BANDS, a, b)}
+           "copy": lambda a, b: cpu_cut.copy_range(ring, base, None, None, tables, out, P, True, 1, a, b, True)}
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():

@@ -13,6 +13,13 @@ patch finished in cache, then streamed out in one pass): a plain store reads eac
 memory before writing it (see :func:`should_stream`). The kernel releases the GIL: the torch engine runs
 one call per range of patches on its own threads.
 
+Normalized tiles (16-bit outputs, where the rounding rather than the memory traffic bounds the cut): the
+loader has each tile rewritten in place as the output's values as it lands in the ring
+(:func:`normalize_tile`: each pixel's output bands cast, normalized and rounded exactly as the cut would,
+8 bands at a time in vector registers) and then cuts by copying (:func:`copy_range`: the same layouts,
+transforms and dropout, no arithmetic). Each value is then computed once per tile load instead of once
+for every patch that reads it (up to p*p times). The same bits either way.
+
 numba compiles the kernel (``pip install 'hsgds[cpu]'``); :func:`available` says whether it can run,
 and :func:`unavailable_reason` why not. Compiled code is cached on disk (numba's ``cache=True``: next to
 this file, or in numba's per-user cache directory when the package folder is read-only, or in a private

@@ -292,6 +292,7 @@ def test_bench_cpu_roofline_tiny(tmp_path):
     rows = {r["what"]: r for r in doc["rows"]}
     assert {"memcpy (np.copyto, float32 batch)", "kernel bfloat16 NCHW, plain stores",
             "rounding loop in L1 (arithmetic alone, bfloat16 output bytes)",
-            "16-bit gather + transpose, no arithmetic (bfloat16 NCHW floor)"} <= set(rows)
+            "bfloat16 NCHW from normalized tiles (copy_range, streamed)"} <= set(rows)
     assert all(r["GBps_1_thread"] > 0 and r["GBps_2_thread"] > 0 for r in rows.values())
+    assert doc["normalize_tile_s"] > 0
     assert all(0 < doc["floor_ratios"][k]["q25"] <= doc["floor_ratios"][k]["median"] for k in ("plain", "streamed", "copy16"))
