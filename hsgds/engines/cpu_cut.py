@@ -284,7 +284,7 @@ def _warm(src_dtype: np.dtype, out_dtype: str, normalized: bool = False) -> None
         pass
 
 
-_warming: set[tuple[str, str]] = set()
+_warming: set[tuple[str, str, bool]] = set()
 
 
 def should_stream(nbytes: int, nchw: bool) -> bool:

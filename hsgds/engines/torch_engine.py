@@ -310,11 +310,11 @@ class TorchEngine(PatchEngine):
         single scene whose tiles are ``side`` pixels wide; made once per engine (and side). ``k``: strides
         in units of 1/k of a store value (normalized tiles, read as 16-bit values: k = store bytes / 2)."""
         if k != 1:
-            key = ("kernel-tables", side, k)
-            if key not in self._consts:  # shares the arrays that set_table_rows updates
+            scaled = ("kernel-tables", side, k)
+            if scaled not in self._consts:  # shares the arrays that set_table_rows updates
                 kt = self._kernel_tables(side)
-                self._consts[key] = kt._replace(stride=kt.stride * k)
-            return self._consts[key]
+                self._consts[scaled] = kt._replace(stride=kt.stride * k)
+            return self._consts[scaled]
         key = ("kernel-tables", side)
         got = self._consts.get(key)
         if got is None:
