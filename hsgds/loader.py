@@ -7,6 +7,7 @@ casts, normalizes and lays out every patch of the batch.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -288,7 +289,8 @@ class PatchLoader:
             offset[later], scale[later] = normalization_rows(self.scenes, later, str(normalize), selection)
             later = []
         self._norm_later: set[int] = set(later)  # scenes whose table rows are not in the engine yet
-        self._norm_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # their rows, once read (prep thread)
+        self._norm_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # their rows, once read (_later_rows)
+        self._norm_lock = threading.Lock()
         self._normalize, self._selection = normalize, selection
         # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself
         out_bands = grid.bands if selection is None else len(selection[0])
@@ -318,9 +320,8 @@ class PatchLoader:
         out_name = str(dtype).removeprefix("torch.")
         fused_cpu = self.device.type == "cpu" and self.choice.engine == "torch" and defaults.get("numba")
         # 16-bit outputs on the CPU: each tile is normalized once, as it lands in the ring, and patches are
-        # copied from it (the engine confirms below). Radiation noise needs the values before rounding;
-        # scenes normalized only when first reached have no constants yet when their tiles are read.
-        self._normalize_tiles = bool(fused_cpu and defaults.get("normalize_tiles") and not self._norm_later
+        # copied from it (the engine confirms below). Radiation noise needs the values before rounding.
+        self._normalize_tiles = bool(fused_cpu and defaults.get("normalize_tiles")
                                      and not (augment is not None and augment.radiation_noise > 0)
                                      and cpu_cut.normalizes_tiles(grid.dtype, out_name))
         if fused_cpu:
@@ -366,9 +367,11 @@ class PatchLoader:
 
     # -- construction helpers -------------------------------------------------------------------------
     def _normalize_tile(self, slot: int, tile: int) -> None:
-        """The ring's ``on_load``: the tile just read rewritten as the output's values (reader thread)."""
+        """The ring's ``on_load``: the tile just read rewritten as the output's values (reader thread). A
+        scene normalized on first use may have no rows in the engine yet: its own are read here then."""
         table = int(self._tile_scene[tile]) if self._tables is not None else 0
-        self._engine.normalize_tile(self._ring.storage, slot, table)
+        rows = self._later_rows([table])[0] if table in self._norm_later else ()
+        self._engine.normalize_tile(self._ring.storage, slot, table, *rows)
 
     def _slots(self, ring_bytes: int | None, needed: int) -> int:
         nbytes = self._tile_nbytes
@@ -517,16 +520,23 @@ class PatchLoader:
     def _norm_for(self, scene_of_sample: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(scenes, offset rows, scale rows) of the batch's scenes whose table rows the engine lacks (their
         stores opened and statistics read here, on the prep thread, once per scene), or None."""
-        later = self._norm_later  # read only here; the consumer removes what it has applied
+        later = self._norm_later  # the consumer removes what it has applied
         need = [int(i) for i in np.unique(scene_of_sample) if int(i) in later]
         if not need:
             return None
-        new = [i for i in need if i not in self._norm_rows]
-        if new:
-            offset, scale = normalization_rows(self.scenes, new, str(self._normalize), self._selection)
-            self._norm_rows.update({i: (offset[k], scale[k]) for k, i in enumerate(new)})
-        return (np.asarray(need, np.int64), np.stack([self._norm_rows[i][0] for i in need]),
-                np.stack([self._norm_rows[i][1] for i in need]))
+        rows = self._later_rows(need)
+        return np.asarray(need, np.int64), np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+    def _later_rows(self, scenes: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(offset, scale) rows of ``scenes``, among those normalized on first use, each read once (its store
+        opened for its statistics) by whichever thread needs it first: the prep thread, or a reader thread
+        normalizing one of its tiles."""
+        with self._norm_lock:
+            new = [i for i in scenes if i not in self._norm_rows]
+            if new:
+                offset, scale = normalization_rows(self.scenes, new, str(self._normalize), self._selection)
+                self._norm_rows.update({i: (offset[k], scale[k]) for k, i in enumerate(new)})
+            return [self._norm_rows[i] for i in scenes]
 
     def _noise(self, aug: AugmentBatch, n: int) -> cpu_cut.Noise | None:
         """The batch's radiation noise and band dropout for the engine's cut, where it applies them."""

@@ -439,6 +439,30 @@ def test_deferred_collection_equals_its_stores_opened_first(scenes, tmp_path, nu
         assert not deferred._norm_later
 
 
+def test_a_deferred_collection_normalizes_its_tiles_in_the_ring(scenes, tmp_path):
+    """bfloat16 over a collection whose scenes' statistics are read on first use: tiles normalized as they
+    land in the ring (a reader thread reads a scene's statistics when it gets there before the batches do)
+    give the same batches as the fused kernel on stored values, over two epochs through a ring of 4 slots
+    for the 16 tiles (tiles read again each epoch)."""
+    from hsgds import defaults
+
+    folder = _collection_of(scenes, tmp_path / "coll", ["A", "B", "C"])
+    opts = dict(patch_size=5, batch_size=32, pixels="all", stride=2, return_coords=True, device="cpu", seed=2,
+                dtype=torch.bfloat16, ring_bytes=4 * hsgds.open_scene(folder / "A.zarr").grid.tile_nbytes)
+    loaders = {}
+    for flag in (True, False):
+        with defaults.set(normalize_tiles=flag):
+            loaders[flag] = hsgds.PatchLoader(folder, **opts)
+    with loaders[True] as normalized, loaders[False] as stored:
+        assert any("tiles normalized once" in r for r in normalized.stats.reasons)
+        assert len(normalized._norm_later) == 3 and normalized.slots == 4
+        for _ in range(2):
+            for (p, lb, c), (q, lb2, c2) in zip(normalized, stored, strict=True):
+                assert torch.equal(c, c2) and torch.equal(lb, lb2)
+                assert torch.equal(p.view(torch.int16), q.view(torch.int16))
+        assert not normalized._norm_later and normalized.stats.tiles_loaded > 16
+
+
 def _collection_of(scenes, folder, names):
     """``folder`` holding copies of the named stores and their collection.json."""
     from hsgds.collection import SceneEntry, write_collection

@@ -658,13 +658,14 @@ class TorchEngine(PatchEngine):
         return (self._numba and is_store_dtype(store_dtype)
                 and cpu_cut.normalizes_tiles(str(store_dtype).removeprefix("torch."), str(self._out_dtype).removeprefix("torch.")))
 
-    def normalize_tile(self, storage: Any, slot: int, table: int = 0) -> None:
+    def normalize_tile(self, storage: Any, slot: int, table: int = 0, offset: Any = None, scale: Any = None) -> None:
         """Rewrite the tile in ring slot ``slot`` (of table ``table``: its scene's geometry, band selection
         and normalization) in place as the output's values: each pixel's output bands cast, normalized and
         rounded exactly as the cut computes them, as 16-bit values at the start of the pixel's bytes. Then
         ``cut(..., normalized=True)`` copies patches from it: each value is computed once per tile load
-        instead of once for every patch that reads it (up to p*p times). Safe to call from a reader thread
-        while other slots are cut (the kernel releases the GIL)."""
+        instead of once for every patch that reads it (up to p*p times). ``offset`` / ``scale`` (B,): the
+        table's normalization when :meth:`set_table_rows` has not given it yet. Safe to call from a reader
+        thread while other slots are cut (the kernel releases the GIL)."""
         if not (isinstance(storage, torch.Tensor) and storage.device.type == "cpu" and storage.is_contiguous()
                 and self.normalizes_tiles(storage.dtype)):
             raise InputError("normalize_tile needs the fused CPU kernel, a bfloat16 or float16 output and a "
@@ -674,6 +675,14 @@ class TorchEngine(PatchEngine):
             raise InputError(f"slot {slot} / table {table} do not exist")
         k = self._values_per_store_value(storage, True)
         kt = self._kernel_tables(None if tables is not None else storage.shape[1])
+        if offset is not None or scale is not None:
+            rows = [np.ascontiguousarray(v, dtype=kt.offset.dtype) for v in (offset, scale)]
+            if any(v.shape != (self.spec.bands,) for v in rows):
+                raise InputError(f"offset and scale must both be given, {self.spec.bands} values each")
+            kt = kt._replace(offset=rows[0][None], scale=rows[1][None], side=kt.side[table:table + 1],
+                             stride=kt.stride[table:table + 1], band=kt.band[table:table + 1],
+                             identity=kt.identity[table:table + 1])
+            table = 0
         flat = storage.view(-1).numpy()
         first = slot * storage[0].numel()
         cpu_cut.normalize_tile(flat, first, kt, table, flat.view(np.int16 if self._mode == 2 else np.uint16),

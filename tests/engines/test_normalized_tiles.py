@@ -96,6 +96,13 @@ def test_normalized_tiles_of_several_scenes_keep_each_tables_geometry_and_band_m
     ring = _normalized(engine, storage, slot_table)
     codes = torch.from_numpy(rng.integers(0, 8, n).astype(np.int8))
     _equal_bits(engine.cut(ring, *co, dihedral=codes, normalized=True), engine.cut(storage, *co, dihedral=codes))
+    given = storage.clone()  # a table's rows given with the call (a scene normalized on first use) act alike
+    for s in range(slots):
+        t = int(slot_table[s])
+        engine.normalize_tile(given, s, t, tables.offset[t], tables.scale[t])
+    assert torch.equal(given, ring)
+    with pytest.raises(InputError, match="offset and scale must both be given"):
+        engine.normalize_tile(given, 0, 0, tables.offset[0])
 
 
 def test_normalized_tiles_are_refused_where_they_cannot_be_cut():
