@@ -839,12 +839,12 @@ def normalize_tile(src, first, side, stride, band, identity, offset, scale, dst,
     """The side x side tile whose first pixel starts at ``src[first]`` (``stride`` values per pixel) as
     the output's values: pixel k's output band b cast, normalized and rounded to ``dst``'s kind
     (:func:`put`) exactly as :func:`cut_patches` computes it (:func:`gather_row`), written to
-    ``dst[dfirst + k*dstride + b]``. Row by row through a scratch row, so ``dst`` may be ``src``'s own
-    memory (the tile rewritten in place): a row is read whole before it is written, and each pixel's
-    output values fit in its own bytes."""
+    ``dst[dfirst + k*dstride + b]``. ``dst`` may be ``src``'s own memory (the tile rewritten in place),
+    when each pixel's output values fit in its own bytes: with every band in order, a value goes to a
+    place no later than its own, so each pixel is rewritten in place, 8 bands per vector (:func:`normalize8`);
+    a band map may read a band that was already overwritten, so each row goes through a scratch row."""
     bands = offset.shape[0]
     if identity and (output_kind(dst) != 2 or _VECTOR_HALF):
-        # band b of a pixel goes to a place no later than its own: each pixel in place, 8 bands at a time
         cast = offset.dtype.type
         vector_end = bands - bands % 8
         for k in range(side * side):
@@ -854,7 +854,7 @@ def normalize_tile(src, first, side, stride, band, identity, offset, scale, dst,
             for b in range(vector_end, bands):
                 put(dst, o + b, (cast(src[q + b]) - offset[b]) * scale[b])
         return
-    scratch = np.empty(side * bands, dst.dtype)  # a band map may read a band that was already overwritten
+    scratch = np.empty(side * bands, dst.dtype)
     none = np.empty(0, np.float32)
     for i in range(side):
         gather_row(src, first + i * side * stride, stride, bands, bands, side, band, identity, offset, scale,
