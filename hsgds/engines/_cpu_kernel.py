@@ -604,6 +604,16 @@ def gather_row(src, first, step, bands, ws, p, band, identity, offset, scale, w,
 
 
 @jit
+def block_starts(n):
+    """The first index of each 8-wide block over 0..n-1 (n >= 8): 0, 8, 16, ..., the last block ending at
+    n and overlapping the one before when n is not a multiple of 8 (its values written twice)."""
+    starts = np.empty((n + 7) // 8, np.int64)
+    for g in range(starts.size):
+        starts[g] = min(8 * g, n - 8)
+    return starts
+
+
+@jit
 def store_nchw(st, out, o, pp, bands, ss):
     """Write one patch held pixel-major in ``st`` (pp pixels ``ss`` >= B values apart, in output order) as
     band planes out[o + b*pp + k]: 8x8 blocks transposed in registers, band blocks outermost so that each
@@ -611,19 +621,10 @@ def store_nchw(st, out, o, pp, bands, ss):
     overlap at the edges (the same values written twice), so any pp, B >= 8 needs no scalar tail; smaller
     ones are copied one value at a time."""
     if pp >= 8 and bands >= 8:
-        b0 = 0
-        while True:
-            bb = min(b0, bands - 8)
-            k0 = 0
-            while True:
-                kk = min(k0, pp - 8)
+        pixels = block_starts(pp)
+        for bb in block_starts(bands):
+            for kk in pixels:
                 transpose8(st, kk * ss + bb, ss, out, o + bb * pp + kk, pp)
-                if kk == pp - 8:
-                    break
-                k0 += 8
-            if bb == bands - 8:
-                break
-            b0 += 8
     else:
         for b in range(bands):
             dst = out[o + b * pp:o + (b + 1) * pp]
@@ -647,47 +648,39 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
 
 @jit
 def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, whole, rad, alpha,
-                window, std, drop, ahead, finite):  # ahead: (first element, side, stride) of the next patch
+                window, std, drop, ahead, finite, blocks):  # ahead: (first element, side, stride) of the next patch
     """One NCHW patch (identity band map, p*p and B >= 8) cut in 8 x 8 register blocks (:func:`gather_block`)
     straight from the tile: the pixel addresses first (``pix``, in output order under dihedral code ``d``),
     then 8 band planes at a time, which are contiguous in the output; streamed, the whole patch is
     finished in ``whole`` (p*p*B values, in L2) and then written out with non-temporal stores in one
     sequential pass (streaming each group of 8 planes as soon as it was finished, between the gathers of
     the next, took about twice as long per patch on the 2-core VM). Blocks overlap at the last pixels and
-    bands (the same values written twice), as in :func:`store_nchw`."""
+    bands (the same values written twice), as in :func:`store_nchw`; ``blocks``: (:func:`block_starts` of
+    the bands, of the p*p pixels)."""
     pp = p * p
     for i in range(p):
         first, step = row_source(i, p, side, d)
         for j in range(p):
             pix[i * p + j] = q + (first + j * step) * stride
     dst = whole if stream else out
-    groups = (bands + 7) // 8
-    b0 = 0
-    while True:
-        bb = min(b0, bands - 8)
+    band_blocks, pixel_blocks = blocks
+    for g in range(band_blocks.size):
+        bb = band_blocks[g]
         if ahead[0] >= 0:
-            prefetch_rows(src, ahead[0], ahead[1], ahead[2], p, b0 // 8, groups)
+            prefetch_rows(src, ahead[0], ahead[1], ahead[2], p, g, band_blocks.size)
         d0 = bb * pp if stream else o + bb * pp
-        k0 = 0
-        while True:
-            kk = min(k0, pp - 8)
+        for kk in pixel_blocks:
             if rad:
                 gather_block_noisy(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
             elif finite:
                 gather_block_nan_free(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
             else:
                 gather_block(src, pix, kk, bb, offset, scale, alpha, window, bands, std, dst, d0 + kk, pp)
-            if kk == pp - 8:
-                break
-            k0 += 8
         for b in drop:
             if bb <= b < bb + 8:
                 plane = dst[d0 + (b - bb) * pp:d0 + (b - bb + 1) * pp]
                 for k in range(pp):
                     plane[k] = 0
-        if bb == bands - 8:
-            break
-        b0 += 8
     if stream:
         stream_copy(whole, out, o, pp * bands, phase)
 
@@ -793,6 +786,7 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     scratch = np.empty(pp * ws if staging else 0, out.dtype)
     whole = np.empty(size if nchw and stream else 0, out.dtype)  # a streamed NCHW patch, finished in cache
     pix = np.empty(pp if blocked else 0, np.int64)
+    blocks = (block_starts(bands), block_starts(pp)) if blocked else (pix[:0], pix[:0])
     finite = blocked and nan_free(src, offset, scale)
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
@@ -806,7 +800,7 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
                 q1, _, _, sd1, st1, _ = patch_args(n + 1, base, table, dihedral, side, stride, band, identity)
                 ahead = (q1, sd1, st1)
             cut_blocked(src, q, d, sd, st, bands, p, offset[t], scale[t], out, o, stream, phase, pix, whole, rad, a,
-                        window, std, drop, ahead, finite)
+                        window, std, drop, ahead, finite, blocks)
             continue
         w = scratch if staged else out[o:o + size]
         gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, a, window, std)
@@ -877,7 +871,8 @@ def copy_patches(src, base, table, dihedral, side, stride, bands, out, p, nchw, 
     blocked = nchw and pp >= 8 and bands >= 8
     whole = np.empty(size if nchw and stream else 0, out.dtype)
     pix = np.empty(pp, np.int64)
-    groups = (bands + 7) // 8
+    band_blocks = block_starts(bands) if blocked else pix[:0]
+    pixel_blocks = block_starts(pp) if blocked else pix[:0]
     for n in range(lo, hi):
         t = table[n] if table.size > 0 else 0
         d = dihedral[n] if dihedral.size > 0 else 0
@@ -897,21 +892,12 @@ def copy_patches(src, base, table, dihedral, side, stride, bands, out, p, nchw, 
         d0 = 0 if stream else o
         if blocked:
             t1 = (table[n + 1] if table.size > 0 else 0) if n + 1 < hi else 0
-            b0 = 0
-            while True:
-                bb = min(b0, bands - 8)
+            for g in range(band_blocks.size):
+                bb = band_blocks[g]
                 if n + 1 < hi:  # its tile may have another geometry (a collection's scenes)
-                    prefetch_rows(src, base[n + 1], side[t1], stride[t1], p, b0 // 8, groups)
-                k0 = 0
-                while True:
-                    kk = min(k0, pp - 8)
+                    prefetch_rows(src, base[n + 1], side[t1], stride[t1], p, g, band_blocks.size)
+                for kk in pixel_blocks:
                     copy_block(src, pix, kk, bb, dst, d0 + bb * pp + kk, pp)
-                    if kk == pp - 8:
-                        break
-                    k0 += 8
-                if bb == bands - 8:
-                    break
-                b0 += 8
         else:
             for b in range(bands):
                 for k in range(pp):
