@@ -362,6 +362,10 @@ def normalize8(typingctx, src, s0, offset, scale, b0, dst, d0):
         v = builder.fmul(builder.fsub(v, _load8(context, builder, oary, compute, b0v)),
                          _load8(context, builder, cary, compute, b0v))
         i16x8 = ir.VectorType(ir.IntType(16), 8)
+        if isinstance(out, types.Integer) and out.signed and not _VECTOR_HALF:
+            # normalize_tile sends no float16 here then; LLVM would call __truncsfhf2, which numba cannot link
+            builder.call(builder.module.declare_intrinsic("llvm.trap", (), ir.FunctionType(ir.VoidType(), [])), [])
+            return context.get_dummy_value()
         if isinstance(out, types.Integer) and out.signed:
             v = _half_bits(builder, v if compute.bitwidth == 32 else builder.fptrunc(v, _vector8(context, types.float32)),
                            True)

@@ -428,6 +428,12 @@ cpu_cut.cut_range(storage.reshape(-1), base, None, None, tables, dst, p, True, c
 want = torch.stack([torch.from_numpy(storage[0].reshape(-1, bands)[b // bands + np.add.outer(
     np.arange(p) * side, np.arange(p)).ravel()].T.reshape(bands, p, p).copy()) for b in base]).to(out.dtype)
 assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+ring = storage.reshape(-1).copy()  # the same patches from a tile normalized in place (scalar rounding too)
+cpu_cut.normalize_tile(ring, 0, tables, 0, ring.view(np.int16), 0, 2 * bands)
+copied = np.empty_like(dst)
+cpu_cut.copy_range(ring, base * 2, None, None, tables._replace(stride=tables.stride * 2), copied, p, True,
+                   cpu_cut.MODES["float16"], 0, len(base))
+assert np.array_equal(copied, dst)
 print("vector half:", _cpu_kernel._VECTOR_HALF)
 """
 
@@ -435,7 +441,7 @@ print("vector half:", _cpu_kernel._VECTOR_HALF)
 def test_a_generic_target_cpu_keeps_the_scalar_float16_rounding(tmp_path):
     """Under ``NUMBA_CPU_NAME=generic`` (portable caches) x86 has no F16C: LLVM would call __truncsfhf2,
     which numba's JIT cannot link (the process aborts), so float16 patches keep the scalar rounding and
-    every cut still compiles and gives torch's bits."""
+    every cut still compiles and gives torch's bits, from stored values and from normalized tiles."""
     env = {**os.environ, "NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", GENERIC_CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
