@@ -266,14 +266,8 @@ def _gather_block(noisy: bool, nan_check: bool = True):
             intp = k0v.type
             fvec = _vector8(context, compute)
 
-            def vector(dtype):
-                return _vector8(context, dtype)
-
             def load8(ary, dtype, index):
                 return _load8(context, builder, ary, dtype, index)
-
-            def to_float(v, dtype, target):
-                return _to_float(builder, v, dtype, target)
 
             def splat(value):
                 vec = ir.Constant(fvec, ir.Undefined)
@@ -287,22 +281,21 @@ def _gather_block(noisy: bool, nan_check: bool = True):
             for r in range(8):
                 k = builder.add(k0v, ir.Constant(intp, r))
                 first = builder.load(builder.gep(pary.data, [k]))
-                v = to_float(load8(sary, signature.args[0].dtype, builder.add(first, b0v)), signature.args[0].dtype,
-                             fvec)
+                v = _to_float(builder, load8(sary, signature.args[0].dtype, builder.add(first, b0v)),
+                              signature.args[0].dtype, fvec)
                 v = builder.fmul(builder.fsub(v, off), scale_)
                 if noisy:
                     nz = load8(nary, signature.args[7].dtype, builder.add(builder.mul(k, nstridev), b0v))
-                    v = builder.fadd(builder.fmul(v, alpha_), builder.fmul(std_, to_float(nz, signature.args[7].dtype,
-                                                                                              fvec)))
+                    v = builder.fadd(builder.fmul(v, alpha_),
+                                     builder.fmul(std_, _to_float(builder, nz, signature.args[7].dtype, fvec)))
                 rows.append(v)
             out = signature.args[10].dtype
             if isinstance(out, types.Integer):
                 if out.signed and not _VECTOR_HALF:  # cut_patches sends no float16 patch to the blocks then
-                    builder.call(builder.module.declare_intrinsic("llvm.trap", (), ir.FunctionType(ir.VoidType(), [])),
-                                 [])
+                    _trap(builder)
                 columns = (_f16_columns if out.signed and _VECTOR_HALF else _bf16_columns)(builder, rows, nan_check)
             else:
-                columns = [to_float(col, compute, vector(out)) for col in _transposed(builder, rows)]
+                columns = [_to_float(builder, col, compute, _vector8(context, out)) for col in _transposed(builder, rows)]
             for m, col in enumerate(columns):
                 at = builder.add(d0v, builder.mul(dstridev, ir.Constant(intp, m)))
                 ptr = builder.bitcast(builder.gep(dary.data, [at]), col.type.as_pointer())
@@ -317,6 +310,12 @@ def _gather_block(noisy: bool, nan_check: bool = True):
 def _bits(vec_type) -> int:
     """Bit width of a float vector's element type."""
     return {"half": 16, "float": 32, "double": 64}[str(vec_type.element)]
+
+
+def _trap(builder):
+    """Stop the process here: code that must compile but never runs (a half conversion where LLVM would call
+    __truncsfhf2, which numba's JIT cannot link)."""
+    builder.call(builder.module.declare_intrinsic("llvm.trap", (), ir.FunctionType(ir.VoidType(), [])), [])
 
 
 def _vector8(context, dtype):
@@ -363,8 +362,7 @@ def normalize8(typingctx, src, s0, offset, scale, b0, dst, d0):
                          _load8(context, builder, cary, compute, b0v))
         i16x8 = ir.VectorType(ir.IntType(16), 8)
         if isinstance(out, types.Integer) and out.signed and not _VECTOR_HALF:
-            # normalize_tile sends no float16 here then; LLVM would call __truncsfhf2, which numba cannot link
-            builder.call(builder.module.declare_intrinsic("llvm.trap", (), ir.FunctionType(ir.VoidType(), [])), [])
+            _trap(builder)  # normalize_tile sends no float16 here then (see _vector_half)
             return context.get_dummy_value()
         if isinstance(out, types.Integer) and out.signed:
             v = _half_bits(builder, v if compute.bitwidth == 32 else builder.fptrunc(v, _vector8(context, types.float32)),
@@ -651,6 +649,16 @@ def gather_patch(src, base, d, side, stride, bands, ws, p, band, identity, offse
 
 
 @jit
+def patch_pixels(pix, q, p, side, stride, d):
+    """pix[i*p + j] = the first element of output pixel (i, j) of the patch whose top-left pixel starts at
+    element ``q`` (tiles ``side`` pixels wide, ``stride`` values per pixel), under dihedral code ``d``."""
+    for i in range(p):
+        first, step = row_source(i, p, side, d)
+        for j in range(p):
+            pix[i * p + j] = q + (first + j * step) * stride
+
+
+@jit
 def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, whole, rad, alpha,
                 window, std, drop, ahead, finite, blocks):  # ahead: (first element, side, stride) of the next patch
     """One NCHW patch (identity band map, p*p and B >= 8) cut in 8 x 8 register blocks (:func:`gather_block`)
@@ -662,10 +670,7 @@ def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream
     bands (the same values written twice), as in :func:`store_nchw`; ``blocks``: (:func:`block_starts` of
     the bands, of the p*p pixels)."""
     pp = p * p
-    for i in range(p):
-        first, step = row_source(i, p, side, d)
-        for j in range(p):
-            pix[i * p + j] = q + (first + j * step) * stride
+    patch_pixels(pix, q, p, side, stride, d)
     dst = whole if stream else out
     band_blocks, pixel_blocks = blocks
     for g in range(band_blocks.size):
@@ -880,10 +885,7 @@ def copy_patches(src, base, table, dihedral, side, stride, bands, out, p, nchw, 
     for n in range(lo, hi):
         t = table[n] if table.size > 0 else 0
         d = dihedral[n] if dihedral.size > 0 else 0
-        for i in range(p):
-            first, step = row_source(i, p, side[t], d)
-            for j in range(p):
-                pix[i * p + j] = base[n] + (first + j * step) * stride[t]
+        patch_pixels(pix, base[n], p, side[t], stride[t], d)
         o = n * size
         drop = drop_band[drop_ptr[n]:drop_ptr[n + 1]] if drop_ptr.size > 0 else drop_band[:0]
         if not nchw:

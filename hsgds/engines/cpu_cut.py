@@ -80,6 +80,14 @@ def _kernel() -> Any:
     return _state["kernel"]
 
 
+def _compiled() -> Any:
+    """The module of compiled kernels; RuntimeError naming the pip extra when it cannot run."""
+    kernels = _kernel()
+    if kernels is None:
+        raise RuntimeError(unavailable_reason())
+    return kernels
+
+
 def available() -> bool:
     """Whether the compiled kernel can run in this process (numba imports)."""
     return _kernel() is not None
@@ -172,15 +180,19 @@ def cut_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihed
     for modes 1 and 2. Calls on different threads may run at once (each has its own scratch) when they
     write different patches.
     """
-    kernels = _kernel()
-    if kernels is None:
-        raise RuntimeError(unavailable_reason())
-    if phase is None:
-        phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)  # out[0]'s place in its 32-byte block
-    if mode == 2:  # the kernel tells float16 bits from bfloat16 bits by their integer type when it compiles
-        out = out.view(np.int16)
+    kernels = _compiled()
+    out, phase = _kernel_output(out, mode, phase)
     kernels.cut_patches(src, base, _NONE_INT64 if table is None else table, _NONE_INT8 if dihedral is None else dihedral,
                         *tables, out, p, nchw, phase, stream, *(noise or _NO_NOISE), lo, hi)
+
+
+def _kernel_output(out: np.ndarray, mode: int, phase: int | None) -> tuple[np.ndarray, int]:
+    """``out`` as the kernels take it, and out[0]'s element index within its 32-byte block (found from
+    ``out`` when ``phase`` is None): the kernel tells float16 bits (int16) from bfloat16 bits (uint16) by
+    their integer type when it compiles."""
+    if phase is None:
+        phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)
+    return (out.view(np.int16) if mode == 2 else out), phase
 
 
 def normalizes_tiles(store_dtype: Any, out_dtype: str) -> bool:
@@ -202,9 +214,7 @@ def normalize_tile(src: np.ndarray, first: int, tables: Tables, t: int, dst: np.
     :func:`cut_range` computes it. ``dst`` (uint16: bfloat16 bits; int16: float16 bits) may be ``src``'s
     own memory, the tile rewritten in place, when each pixel's output values fit in its bytes (``dstride``
     covers the pixel's ``tables.stride[t]`` store values). Patches are then cut with :func:`copy_range`."""
-    kernels = _kernel()
-    if kernels is None:
-        raise RuntimeError(unavailable_reason())
+    kernels = _compiled()
     kernels.normalize_tile(src, first, tables.side[t], tables.stride[t], tables.band[t], tables.identity[t] != 0,
                            tables.offset[t], tables.scale[t], dst, dfirst, dstride)
 
@@ -216,16 +226,11 @@ def copy_range(src: np.ndarray, base: np.ndarray, table: np.ndarray | None, dihe
     values (the same 16-bit type as ``out``), ``tables`` give each table's side and stride in those
     values; the patches are copied, laid out, transformed and their dropped bands zeroed. ``noise`` may
     carry band dropout only (radiation noise needs the values before their rounding)."""
-    kernels = _kernel()
-    if kernels is None:
-        raise RuntimeError(unavailable_reason())
+    kernels = _compiled()
     noise = noise or _NO_NOISE
     if len(noise.alpha):
         raise ValueError("radiation noise needs the tiles' values before rounding: cut them with cut_range")
-    if phase is None:
-        phase = (out.ctypes.data // out.itemsize) % (32 // out.itemsize)
-    if mode == 2:
-        out = out.view(np.int16)
+    out, phase = _kernel_output(out, mode, phase)
     kernels.copy_patches(src.view(out.dtype), base, _NONE_INT64 if table is None else table,
                          _NONE_INT8 if dihedral is None else dihedral, tables.side, tables.stride,
                          tables.offset.shape[1], out, p, nchw, phase, stream, noise.drop_ptr, noise.drop_band, lo, hi)
@@ -238,9 +243,7 @@ def patch_starts(slot: np.ndarray, y: np.ndarray, x: np.ndarray, table: np.ndarr
     ``x`` (the patch centre) and ``table`` (None: table 0 for all). ``bad`` is the first sample whose table
     does not exist or, with ``check``, whose slot does not exist or whose patch leaves its tile; -1 when
     all are inside (``base`` is then complete)."""
-    kernels = _kernel()
-    if kernels is None:
-        raise RuntimeError(unavailable_reason())
+    kernels = _compiled()
     base = np.empty(slot.shape[0], np.int64)
     bad = kernels.patch_starts(slot, y, x, _NONE_INT64 if table is None else table, tables.side, tables.stride,
                                slots, slot_elems, radius, check, base)
