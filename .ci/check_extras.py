@@ -4,8 +4,11 @@
     python .ci/check_extras.py            # from the repository root; needs the package index (network)
 
 Each check is ``pip install --dry-run --ignore-installed --report``: pip resolves the whole dependency
-tree from package metadata (PEP 658, no multi-GB CUDA wheels are downloaded) and writes what it would
-install as JSON, which is then checked:
+tree from package metadata and writes what it would install as JSON, which is then checked. The index
+serves no PEP 658 metadata for DALI, torch's CUDA build or the nvidia-* libraries, so plain pip downloads
+those wheels whole (~5 GB on disk at once, which once failed CI with "No space left on device");
+``--use-feature=fast-deps`` reads only each wheel's METADATA with HTTP range requests (peak ~15 MB). The
+checks:
 
 1. ``.[cu12]`` and ``.[cu13]`` on this machine: kvikio and DALI of that CUDA major are in the
    plan, and hsgds itself comes from this checkout (a local directory), not from an index.
@@ -84,7 +87,7 @@ def dry_run(args: list[str]) -> tuple[dict | None, str]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--disable-pip-version-check", "--report", str(report), *args]
+               "--disable-pip-version-check", "--use-feature=fast-deps", "--report", str(report), *args]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0 or not report.is_file():
             lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")] or proc.stderr.splitlines()
