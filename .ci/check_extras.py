@@ -7,8 +7,8 @@ Each check is ``pip install --dry-run --ignore-installed --report``: pip resolve
 tree from package metadata and writes what it would install as JSON, which is then checked. The index
 serves no PEP 658 metadata for DALI, torch's CUDA build or the nvidia-* libraries, so plain pip downloads
 those wheels whole (~5 GB on disk at once, which once failed CI with "No space left on device");
-``--use-feature=fast-deps`` reads only each wheel's METADATA with HTTP range requests (peak ~15 MB). The
-checks:
+``--use-feature=fast-deps`` reads only each wheel's METADATA with HTTP range requests (peak ~15 MB; without
+that feature the checks run one at a time). The checks:
 
 1. ``.[cu12]`` and ``.[cu13]`` on this machine: kvikio and DALI of that CUDA major are in the
    plan, and hsgds itself comes from this checkout (a local directory), not from an index.
@@ -82,12 +82,24 @@ def docker_torch_version(dockerfile: Path = ROOT / "docker" / "Dockerfile") -> s
     return m.group(1)
 
 
-def dry_run(args: list[str]) -> tuple[dict | None, str]:
-    """Run ``pip install --dry-run --ignore-installed --report`` with ``args``; (report or None, pip's stderr)."""
+def metadata_only() -> list[str]:
+    """``--use-feature=fast-deps`` when this pip has it (an experimental feature a later pip may drop; pip
+    checks the option before it shows --help), else nothing: the checks then download whole wheels and run
+    one at a time, so that at most one plan's wheels are on disk at once."""
+    cmd = [sys.executable, "-m", "pip", "install", "--use-feature=fast-deps", "--help"]
+    ok = subprocess.run(cmd, capture_output=True).returncode == 0
+    if not ok:
+        print("note: this pip has no fast-deps; downloading whole wheels, one check at a time", file=sys.stderr)
+    return ["--use-feature=fast-deps"] if ok else []
+
+
+def dry_run(args: list[str], options: list[str]) -> tuple[dict | None, str]:
+    """Run ``pip install --dry-run --ignore-installed --report`` with ``options`` and ``args``; (report or
+    None, pip's stderr)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--disable-pip-version-check", "--use-feature=fast-deps", "--report", str(report), *args]
+               "--disable-pip-version-check", *options, "--report", str(report), *args]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0 or not report.is_file():
             lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")] or proc.stderr.splitlines()
@@ -138,8 +150,9 @@ def main() -> int:
         jobs[f"[{extra}] on native Windows (win_amd64, py3.11): {', '.join(own) or '-'}"] = (
             ["--platform", "win_amd64", "--python-version", "3.11", "--only-binary=:all:", *left],
             names, LINUX_ONLY)
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        results = dict(zip(jobs, pool.map(lambda job: dry_run(job[0]), jobs.values())))
+    options = metadata_only()
+    with ThreadPoolExecutor(max_workers=len(jobs) if options else 1) as pool:
+        results = dict(zip(jobs, pool.map(lambda job: dry_run(job[0], options), jobs.values())))
     for label, (_, must_have, forbidden) in jobs.items():
         report, err = results[label]
         if report is None:
