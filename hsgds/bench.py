@@ -73,6 +73,10 @@ def _read_tiles(loader: Any) -> tuple[int, float]:
     """Read every tile holding samples of the loader's split once, into one ring slot; (tiles, seconds)."""
     import numpy as np
 
+    if loader.device.type == "cpu":
+        from hsgds.engines import cpu_cut
+
+        cpu_cut.wait_for_warm_up()  # the loader's background kernel load would be timed with the reads
     counts = loader.samples.counts()
     tiles = [int(t) for t in np.flatnonzero(counts)]
     ring = loader.ring  # before the first epoch: slot 0 is free to read into

@@ -263,7 +263,20 @@ def warm_up(src_dtype: Any, out_dtype: str, normalized: bool = False) -> None:
         if key in _warming or out_dtype not in MODES:
             return
         _warming.add(key)
-    threading.Thread(target=_warm, args=(np.dtype(src_dtype), out_dtype, normalized), name="hsgds-warm-up").start()
+        thread = threading.Thread(target=_warm, args=(np.dtype(src_dtype), out_dtype, normalized),
+                                  name="hsgds-warm-up")
+        _warm_threads.append(thread)
+    thread.start()
+
+
+def wait_for_warm_up() -> None:
+    """Wait until every :func:`warm_up` started so far has finished: a measurement taken right after a
+    loader's construction (``hsgds bench``'s t_io) would otherwise share the interpreter with numba's
+    import and time that too."""
+    with _lock:
+        threads = list(_warm_threads)
+    for thread in threads:
+        thread.join()
 
 
 def _warm(src_dtype: np.dtype, out_dtype: str, normalized: bool = False) -> None:
@@ -288,6 +301,7 @@ def _warm(src_dtype: np.dtype, out_dtype: str, normalized: bool = False) -> None
 
 
 _warming: set[tuple[str, str, bool]] = set()
+_warm_threads: list[threading.Thread] = []
 
 
 def should_stream(nbytes: int, nchw: bool) -> bool:

@@ -389,9 +389,8 @@ import numpy as np, torch
 from hsgds.engines import PatchSpec, TorchEngine, cpu_cut
 from hsgds.engines._cpu_kernel import cut_patches, patch_starts
 cpu_cut.warm_up(np.uint8, "bfloat16")
-for t in threading.enumerate():
-    if t.name == "hsgds-warm-up":
-        t.join()
+cpu_cut.wait_for_warm_up()
+assert not any(t.name == "hsgds-warm-up" and t.is_alive() for t in threading.enumerate())
 warmed = len(cut_patches.signatures), len(patch_starts.signatures)
 rng = np.random.default_rng(0)
 storage = torch.from_numpy(rng.integers(0, 255, (2, 20, 20, 12)).astype(np.uint8))
@@ -405,7 +404,8 @@ print(*warmed, len(cut_patches.signatures), len(patch_starts.signatures))
 def test_warm_up_loads_the_specialization_the_first_cut_uses():
     """cpu_cut.warm_up (the loader starts it while it looks up samples and plans) must load the very
     specialization the engine's first cut calls, or the first batch would still wait for a load; in a
-    fresh process, so that no earlier test has compiled the pair."""
+    fresh process, so that no earlier test has compiled the pair. ``wait_for_warm_up`` returns only once
+    the load is done (``hsgds bench`` waits for it before timing reads)."""
     import subprocess
 
     proc = subprocess.run([sys.executable, "-c", _WARM_UP_CHILD], capture_output=True, text=True, timeout=600)

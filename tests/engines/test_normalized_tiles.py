@@ -167,9 +167,8 @@ import numpy as np, torch
 from hsgds.engines import PatchSpec, TorchEngine, cpu_cut
 from hsgds.engines._cpu_kernel import copy_patches, normalize_tile, patch_starts
 cpu_cut.warm_up(np.int16, "bfloat16", normalized=True)
-for t in threading.enumerate():
-    if t.name == "hsgds-warm-up":
-        t.join()
+cpu_cut.wait_for_warm_up()
+assert not any(t.name == "hsgds-warm-up" and t.is_alive() for t in threading.enumerate())
 warmed = len(normalize_tile.signatures), len(copy_patches.signatures), len(patch_starts.signatures)
 rng = np.random.default_rng(0)
 ring = torch.from_numpy(rng.integers(-999, 999, (2, 20, 20, 12)).astype(np.int16))
