@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,6 +272,14 @@ def _bad(path: Path, why: str) -> InputError:
                       "hsgds.models.save_program) or a checkpoint saved by `hsgds demo` / hsgds.models.save_checkpoint")
 
 
+def _words(text: str, limit: int) -> str:
+    """``text`` on one line, cut at a word boundary to at most ``limit`` characters (marked "...")."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def _program_input(program: Any) -> list[int | None] | None:
     """The (N, B, p, p) shape of the program's one input (None where dynamic); None when it is not that."""
     names = list(program.graph_signature.user_inputs)
@@ -285,10 +294,11 @@ def _program_input(program: Any) -> list[int | None] | None:
 def _load_export(path: Path) -> LoadedModel:
     extra = {PROGRAM_RECIPE: ""}
     try:
-        program = torch.export.load(path, extra_files=extra)
+        with open(path, "rb") as f:  # a file object: torch wants .pt2 names otherwise
+            program = torch.export.load(f, extra_files=extra)
         module = program.module()
     except Exception as exc:  # a damaged or foreign archive: its exception types are not a contract
-        raise _bad(path, f"torch.export.load failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+        raise _bad(path, f"torch.export.load failed ({type(exc).__name__}: {_words(str(exc), 200)})") from None
     shape = _program_input(program)
     if shape is None:
         raise _bad(path, f"the program takes {len(program.graph_signature.user_inputs)} inputs, not one "
@@ -320,11 +330,17 @@ def _load_export(path: Path) -> LoadedModel:
 
 
 def _load_checkpoint(path: Path) -> LoadedModel:
+    if not zipfile.is_zipfile(path):  # what torch.save and torch.export write are zip archives
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if head.startswith(b"PK"):
+            raise _bad(path, "a truncated or damaged zip archive (save the model again)")
+        raise _bad(path, f"not a zip archive as torch.save / torch.export write (it starts {head!r})")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise _bad(path, f"not a torch.export program and torch.load(weights_only=True) failed "
-                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from None
+                         f"({type(exc).__name__}: {_words(str(exc), 160)})") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise _bad(path, "not an hsgds checkpoint (no 'format': 'hsgds-model')")
     version = state.get("version")
@@ -393,6 +409,16 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no model file {path}; pass a .pt2 program or a checkpoint saved by `hsgds demo`")
-    if path.suffix.lower() == ".pt2":
+    if path.suffix.lower() == ".pt2" or _is_export_archive(path):
         return _load_export(path)
     return _load_checkpoint(path)
+
+
+def _is_export_archive(path: Path) -> bool:
+    """Whether ``path`` is a torch.export archive whatever its name (``model.pt``, say): such archives hold
+    an ``archive_format`` entry, which torch.save's checkpoints do not."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(name.rsplit("/", 1)[-1] == "archive_format" for name in z.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False

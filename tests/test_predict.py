@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+import zipfile
 
 import numpy as np
 import pytest
@@ -226,6 +227,11 @@ def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, 
     code, out, err = run_cli("predict", store, "--model", tmp_path / "m.pt2", "-o", tmp_path / "b.npy")
     assert code == 0, err
     assert np.array_equal(np.load(tmp_path / "b.npy", allow_pickle=False), a)
+    # the same program under another name is still read as a program, not as a checkpoint
+    (tmp_path / "m.pt").write_bytes((tmp_path / "m.pt2").read_bytes())
+    code, out, err = run_cli("predict", store, "--model", tmp_path / "m.pt", "-o", tmp_path / "c.npy")
+    assert code == 0, err
+    assert np.array_equal(np.load(tmp_path / "c.npy", allow_pickle=False), a)
     code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "t.npy", "--tta")
     assert code == 0, err
     assert np.array_equal(np.load(tmp_path / "t.npy", allow_pickle=False),
@@ -247,6 +253,16 @@ def test_cli_predict_refuses_bad_models_in_one_line(store, tmp_path, run_cli):
     bad_pt2 = tmp_path / "bad.pt2"
     bad_pt2.write_bytes(b"PK\x03\x04 broken zip")
     cases.append((("--model", bad_pt2), "torch.export.load failed"))
+    report = tmp_path / "report.json"  # the file next to the demo's checkpoint, passed by mistake
+    report.write_text('{"store": "ip.zarr"}')
+    cases.append((("--model", report), "not a zip archive as torch.save / torch.export write (it starts b'{\"store"))
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(ckpt.read_bytes()[:1000])
+    cases.append((("--model", truncated), "a truncated or damaged zip archive"))
+    foreign_zip = tmp_path / "foreign.ckpt"
+    with zipfile.ZipFile(foreign_zip, "w") as z:
+        z.writestr("readme.txt", "not a torch file")
+    cases.append((("--model", foreign_zip), "torch.load(weights_only=True) failed"))
     (tmp_path / "out").mkdir()
     for args, message in cases:
         code, out, err = run_cli("predict", store, *args, "-o", tmp_path / "out" / "m.tif")
