@@ -160,6 +160,21 @@ def test_demo_command_writes_report_model_and_map(tmp_path, hsgds_env, indian_pi
     code, out, err = run_cli("predict", cache / "indian_pines.zarr", "--model", tmp_path / "out" / "model.ckpt",
                              "-o", tmp_path / "out" / "map.npy")
     assert code == 0, err
+    # the checkpoint keeps the train statistics the model was normalized with ...
+    from hsgds.models import load_model
+    from hsgds.scene import open_scene
+
+    trained_on = open_scene(cache / "indian_pines.zarr").stats["train"]
+    saved = load_model(tmp_path / "out" / "model.ckpt").norm_stats
+    assert saved is not None and np.array_equal(saved.mean, trained_on.mean) and np.array_equal(saved.std, trained_on.std)
+    # ... so a new split of the store, with other train statistics, leaves the map unchanged
+    code, _, err = run_cli("resplit", cache / "indian_pines.zarr", "--split", "blocks", "--train", "0.1")
+    assert code == 0, err
+    assert not np.array_equal(open_scene(cache / "indian_pines.zarr").stats["train"].mean, trained_on.mean)
+    code, out, err = run_cli("predict", cache / "indian_pines.zarr", "--model", tmp_path / "out" / "model.ckpt",
+                             "-o", tmp_path / "out" / "after_resplit.npy")
+    assert code == 0, err
+    assert np.array_equal(np.load(tmp_path / "out" / "after_resplit.npy"), np.load(tmp_path / "out" / "map.npy"))
 
 
 def test_demo_with_an_unusable_cache_folder_is_one_line(tmp_path, hsgds_env, run_cli):
