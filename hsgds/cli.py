@@ -429,12 +429,11 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
 
 
 def _echo_recipe(model_path: str, loaded) -> None:
-    """Say how every scene will be fed when the model file carries a band selection or statistics (the
-    lines of ``hsgds info MODEL``), so that a map is never made from inputs the user did not expect."""
+    """Say how every scene will be fed (the lines of ``hsgds info MODEL``): its bands, and whether it is
+    normalized with statistics the model file carries or with each scene's own (those of its current split,
+    which `hsgds resplit` changes), so that a map is never made from inputs the user did not expect."""
     from hsgds.info import describe_model
 
-    if loaded.band_indices is None and loaded.wavelengths is None and loaded.norm_stats is None:
-        return
     for line in describe_model(model_path, loaded).splitlines()[1:3]:  # its input and normalize lines
         click.echo(line)
 

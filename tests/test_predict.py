@@ -217,6 +217,7 @@ def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, 
     code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "a.npy", "--batch-size", "77",
                              "--probabilities", tmp_path / "p.npy")
     assert code == 0, err
+    assert "normalize:  zscore, with each scene's own train statistics" in out  # said, as the model carries none
     a = np.load(tmp_path / "a.npy", allow_pickle=False)
     assert np.array_equal(a, predict(store, model, patch_size=5, device="cpu"))
     assert np.load(tmp_path / "p.npy", allow_pickle=False).shape == (H, W, 4)

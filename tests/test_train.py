@@ -174,6 +174,7 @@ def test_demo_command_writes_report_model_and_map(tmp_path, hsgds_env, indian_pi
     code, out, err = run_cli("predict", cache / "indian_pines.zarr", "--model", tmp_path / "out" / "model.ckpt",
                              "-o", tmp_path / "out" / "after_resplit.npy")
     assert code == 0, err
+    assert "normalize:  zscore, with the statistics saved with the model" in out
     assert np.array_equal(np.load(tmp_path / "out" / "after_resplit.npy"), np.load(tmp_path / "out" / "map.npy"))
 
 
