@@ -570,6 +570,7 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
     click.echo("verify:     all tiles intact")
     if epochs <= 0:
         return
+    from hsgds.loader import describe_stats
     from hsgds.train import run_demo
 
     click.echo("")
@@ -587,11 +588,7 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
                f"{t.samples / max(t.elapsed_s, 1e-9):.0f} patches/s), {100 * t.stall_fraction:.1f}% of it waiting "
                f"for data; evaluation {r['eval_s']:.1f} s; whole-scene prediction {r['predict_s']:.1f} s")
     ls = r["train_loader"]
-    click.echo(f"loader:     {ls['device']}, reader {ls['reader']}, engine {ls['engine']}, {ls['slots']} ring slots "
-               f"({ls['ring_bytes'] / 2**20:.1f} MiB); {ls['patches']} patches in {ls['batches']} batches; "
-               f"{ls['bytes_read'] / 2**20:.1f} MiB read "
-               f"({ls['tiles_loaded']} tile reads, {ls['tiles_reused']} reused); first batch "
-               f"{1e3 * (ls['first_batch_s'] or 0):.0f} ms; consumer waited {ls['consumer_wait_s']:.3f} s")
+    click.echo(f"loader:     {describe_stats(ls)}")
     report = {"store": str(store), "model": r["model"], "settings": r["settings"], "device": r["device"],
               "test_pixels": r["test_pixels"], "metrics": m.as_dict(), "class_names": r["class_names"],
               "train": t.as_dict(), "eval_s": r["eval_s"], "predict_s": r["predict_s"],

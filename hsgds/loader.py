@@ -109,6 +109,24 @@ class LoaderStats:
         return {**asdict(self), "patches_per_s": self.patches_per_s, "host_us_median": self.host_us_median,
                 "cut_us_median": self.cut_us_median}
 
+    def __str__(self) -> str:  # print(loader.stats); repr() keeps every field
+        return describe_stats(self.as_dict())
+
+
+def describe_stats(stats: dict[str, Any]) -> str:
+    """One line from :meth:`LoaderStats.as_dict` (as ``hsgds demo``'s report keeps it): what ran, how fast,
+    what was read, and the waits."""
+    host = stats.get("host_us_median")
+    per_batch = "" if host is None else (f"; {host:.0f} µs per batch on this thread "
+                                         f"(cut {stats.get('cut_us_median') or 0:.0f} µs), median")
+    first = stats["first_batch_s"]
+    return (f"{stats['device']}, reader {stats['reader']}, engine {stats['engine']}, {stats['slots']} ring slots "
+            f"({stats['ring_bytes'] / 2**20:.1f} MiB); {stats['patches']} patches in {stats['batches']} batches, "
+            f"{stats['patches_per_s']:,.0f} patches/s; {stats['bytes_read'] / 2**20:.1f} MiB read "
+            f"({stats['tiles_loaded']} tile reads, {stats['tiles_reused']} reused); first batch "
+            f"{'-' if first is None else f'{1e3 * first:.0f} ms'}; waited {stats['consumer_wait_s']:.3f} s for tiles"
+            f"{per_batch}")
+
 
 _UNSET: Any = object()  # split's default depends on ``pixels``
 

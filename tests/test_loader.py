@@ -355,6 +355,13 @@ def test_split_that_fits_is_read_once_across_epochs(border_scene):
         assert loader.stats.tiles_loaded == scene.grid.num_tiles
         assert loader.stats.bytes_read == scene.grid.num_tiles * scene.grid.tile_nbytes
         assert loader.stats.tiles_reused >= 2 * scene.grid.num_tiles
+        # print(loader.stats): one line with the same numbers
+        st = loader.stats
+        line = str(st)
+        assert "\n" not in line and line.startswith(f"{st.device}, reader {st.reader}, engine {st.engine}, ")
+        assert f"{st.patches} patches in {st.batches} batches, {st.patches_per_s:,.0f} patches/s" in line
+        assert f"({st.tiles_loaded} tile reads, {st.tiles_reused} reused)" in line
+        assert f"{st.host_us_median:.0f} µs per batch on this thread" in line
 
 
 def test_posix_reader_o_direct_reads_the_same_bytes(border_scene):
