@@ -253,9 +253,9 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
     """Train :class:`~hsgds.models.SpectralSpatialCNN` on ``store``'s train split with
     :class:`~hsgds.PatchLoader` (AdamW, one-cycle learning rate), score the test split, and, with
     ``out_dir``, save the model (``model.ckpt``, with the statistics it was trained on), predict the whole
-    scene and write the class map
-    (``classmap.png``: prediction | ground truth | errors). Returns metrics, timings, loader stats and
-    the paths written. ``augment``: an :class:`~hsgds.Augment` for the training loader."""
+    scene and write the class map (``classmap.png``: prediction | ground truth | errors). Returns metrics,
+    timings, loader stats and the paths written. ``augment``: an :class:`~hsgds.Augment` for the training
+    loader."""
     from pathlib import Path
 
     from hsgds.inference import predict
