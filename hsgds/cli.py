@@ -206,6 +206,11 @@ def info(store, patch_size) -> None:
     click.echo(describe(store, patch_size))
 
 
+# a model trained before a re-split, and saved without its statistics, would be fed other inputs after it
+_NEW_STATISTICS = ("statistics: now those of the new train pixels; a model file that normalizes with each "
+                   "scene's own is fed differently (`hsgds info MODEL` says which it does)")
+
+
 @cli.command()
 @click.argument("store", type=click.Path())
 @click.option("--split", required=True, type=click.Choice(["random", "blocks"]),
@@ -229,6 +234,7 @@ def resplit(store, split, train, val, block_size, seed) -> None:
         run_resplit(store, split, train=_number(train), val=_number(val), block_size=block_size, seed=seed)
     click.echo(f"re-split {store}")
     _echo_split(store)
+    click.echo(_NEW_STATISTICS)
 
 
 @cli.command()
@@ -284,6 +290,8 @@ def _resplit_collection(path: str, split: str, train: float, val: float, block_s
         write_collection(coll.root, entries, coll.path.name)
     click.echo(f"re-split {len(labelled) - len(failed)} of {len(coll)} scenes "
                f"({len(coll) - len(labelled)} unlabelled, {len(failed)} failed); wrote {coll.path}")
+    if len(failed) < len(labelled):
+        click.echo(_NEW_STATISTICS)
     if failed:
         click.echo(f"hsgds: error: {len(failed)} of {len(labelled)} labelled scenes could not be re-split ("
                    f"{', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}); fix them and run the same "

@@ -207,7 +207,8 @@ def test_resplit_a_collection_rewrites_its_sample_counts(three_stores, tmp_path,
 
     code, out, err = run_cli("resplit", tmp_path, "--split", "blocks", "--train", "0.4", "--seed", "3")
     assert code == 0, err
-    assert out.splitlines()[-1] == f"re-split 3 of 3 scenes (0 unlabelled, 0 failed); wrote {tmp_path / COLLECTION_FILE}"
+    assert out.splitlines()[-2] == f"re-split 3 of 3 scenes (0 unlabelled, 0 failed); wrote {tmp_path / COLLECTION_FILE}"
+    assert out.splitlines()[-1].startswith("statistics: now those of the new train pixels")
     after = _train_rows(copies)
     assert after != before and all(open_scene(c).meta.split["method"] == "blocks" for c in copies)
     listed = open_collection(tmp_path).entries

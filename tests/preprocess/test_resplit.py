@@ -59,6 +59,7 @@ def test_resplit_equals_converting_with_that_split(ip_copy, tmp_path, run_cli):
                              "--seed", "2")
     assert code == 0, err
     assert "dropped by the guard" in out and "hsgds: warning: block split: classes 1 (" in err
+    assert "statistics: now those of the new train pixels" in out  # models that use the store's are fed differently
     cube, gt = indian_pines_files()
     ref = tmp_path / "ref.zarr"
     with pytest.warns(UserWarning, match="could not be split"):
