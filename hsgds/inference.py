@@ -104,7 +104,7 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
         band of this scene) and the statistics to normalize with. By default the scene is normalized with
         its own train statistics, those of its current split; a model trained with ``norm_scope="collection"``,
         on another scene or before a ``resplit`` expects its training loader's: pass
-        ``norm_stats=loader.norm_stats`` (and save them with the model: ``save_checkpoint(..., norm_stats=)``).
+        ``norm_stats=loader.norm_stats`` (and save them with the model: ``save_checkpoint(..., loader=loader)``).
     mask : (H, W) bool array or None
         Predict only where True; other pixels are 0 in the map (and in the probabilities).
     probabilities : bool or path

@@ -319,6 +319,11 @@ class PatchLoader:
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_window, self.return_coords = shuffle_window, return_coords
         self.pixels, self.stride, self.norm_scope = pixels, int(stride), norm_scope
+        # the input a model trained on this loader expects (hsgds.models.save_checkpoint(..., loader=))
+        self.layout, self.dtype, self.normalize = layout, dtype, normalize
+        self.bands = None if bands is None else [int(b) for b in bands]
+        self.wavelengths = None if wavelengths is None else [float(w) for w in wavelengths]
+        self.wavelength_tolerance = float(wavelength_tolerance)
         self.rank, self.world_size = _distributed(rank, world_size)
 
         from hsgds.choice import choose

@@ -146,10 +146,12 @@ PROGRAM_FORMAT = "hsgds-program"
 _NORMALIZATIONS = ("zscore", "minmax", None)
 
 
-def _recipe_state(in_bands: int | None, bands: Sequence[int] | None, wavelengths: Sequence[float] | None,
-                  wavelength_tolerance: float, norm_stats: BandStats | None) -> dict[str, Any]:
+def _recipe_state(in_bands: int | None, settings: dict[str, Any]) -> dict[str, Any]:
     """The recipe as plain data, checked against the model's ``in_bands`` (None: not fixed by the model)."""
     from hsgds.scene_set import checked_stats
+
+    bands, wavelengths, norm_stats = settings["bands"], settings["wavelengths"], settings["norm_stats"]
+    wavelength_tolerance = settings["wavelength_tolerance"]
 
     if bands is not None and wavelengths is not None:
         raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
@@ -177,15 +179,25 @@ def _recipe_state(in_bands: int | None, bands: Sequence[int] | None, wavelengths
             "norm_stats": None if stats is None else {f: getattr(stats, f).tolist() for f in _STATS_FIELDS}}
 
 
-def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: int, normalize: str | None = "zscore",
-                    class_names: list[str] | None = None, bands: Sequence[int] | None = None,
-                    wavelengths: Sequence[float] | None = None, wavelength_tolerance: float = 5.0,
-                    norm_stats: BandStats | None = None) -> Path:
+_UNSET: Any = object()  # a setting not given: the loader's with loader=, else its default
+_SETTING_DEFAULTS: dict[str, Any] = {"normalize": "zscore", "bands": None, "wavelengths": None,
+                                     "wavelength_tolerance": 5.0, "norm_stats": None}
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, loader: Any = None, patch_size: Any = _UNSET,
+                    normalize: Any = _UNSET, class_names: Sequence[str] | None = None, bands: Any = _UNSET,
+                    wavelengths: Any = _UNSET, wavelength_tolerance: Any = _UNSET,
+                    norm_stats: Any = _UNSET) -> Path:
     """Save ``model`` (a class from :data:`MODELS` with a ``config`` dict) so that :func:`load_model` can
-    rebuild it without unpickling code: class name, constructor arguments, weights, and the loader
-    settings it was trained with (as given to :class:`~hsgds.PatchLoader`: ``bands`` or ``wavelengths``
-    for a band selection, ``norm_stats`` for statistics shared by every scene, e.g. the training
-    loader's ``norm_stats`` under ``norm_scope="collection"``), which ``hsgds predict`` then applies.
+    rebuild it without unpickling code: class name, constructor arguments, weights, and the input it was
+    trained on, which ``hsgds predict`` then feeds every scene.
+
+    ``loader=`` (the :class:`~hsgds.PatchLoader` it was trained with) records that input whole: patch size,
+    normalization, band selection and the statistics the loader normalized with (``loader.norm_stats``:
+    its scene's train statistics, or the pooled ones of ``norm_scope="collection"``), so a later
+    ``hsgds resplit`` of the store or another scene does not change what the model is fed; and the store's
+    class names unless ``class_names`` is given. Without it, give the settings as for the loader
+    (``patch_size`` is required; ``norm_stats=None`` means each scene's own current train statistics).
     Other models: :func:`save_program`. Written atomically."""
     from hsgds.writers import atomic_path
 
@@ -194,26 +206,27 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, patch_size: in
         raise ConfigError(f"only the models in hsgds.models.MODELS can be saved as checkpoints, not {name}; "
                           "save other models with torch.export and hsgds.models.save_program")
     config: dict[str, Any] = model.config  # type: ignore[assignment]  # checked to be a dict above
-    _check_settings(patch_size, normalize, norm_stats)
+    settings = _settings(loader, class_names, patch_size=patch_size, normalize=normalize, bands=bands,
+                         wavelengths=wavelengths, wavelength_tolerance=wavelength_tolerance, norm_stats=norm_stats)
     state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(config),
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-             "patch_size": int(patch_size), "normalize": normalize, "layout": "NCHW",
+             "patch_size": settings["patch_size"], "normalize": settings["normalize"], "layout": "NCHW",
              "bands": int(config["bands"]), "classes": int(config["classes"]),
-             "class_names": None if class_names is None else [str(n) for n in class_names],
-             **_recipe_state(int(config["bands"]), bands, wavelengths, wavelength_tolerance, norm_stats)}
+             "class_names": settings["class_names"], **_recipe_state(int(config["bands"]), settings)}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         torch.save(state, f)
     return Path(path)
 
 
-def save_program(path: str | os.PathLike, program: Any, *, patch_size: int, normalize: str | None = "zscore",
-                 class_names: list[str] | None = None, bands: Sequence[int] | None = None,
-                 wavelengths: Sequence[float] | None = None, wavelength_tolerance: float = 5.0,
-                 norm_stats: BandStats | None = None) -> Path:
+def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, patch_size: Any = _UNSET,
+                 normalize: Any = _UNSET, class_names: Sequence[str] | None = None, bands: Any = _UNSET,
+                 wavelengths: Any = _UNSET, wavelength_tolerance: Any = _UNSET,
+                 norm_stats: Any = _UNSET) -> Path:
     """Save a ``torch.export`` program of any model (taking one (N, B, p, p) NCHW batch) as a ``.pt2`` file
-    that also carries the loader settings it was trained with, as for :func:`save_checkpoint`, in a
-    ``hsgds.json`` entry of the archive: ``hsgds predict`` then feeds every scene as in training (without
-    it, a ``.pt2`` is fed all bands, z-scored with each scene's own statistics). Written atomically."""
+    that also carries the input it was trained on, given as for :func:`save_checkpoint` (``loader=``, or
+    the settings), in a ``hsgds.json`` entry of the archive: ``hsgds predict`` then feeds every scene as in
+    training (a ``.pt2`` without it is fed all bands, z-scored with each scene's own statistics). Written
+    atomically."""
     from hsgds.writers import atomic_path
 
     if not isinstance(program, torch.export.ExportedProgram):
@@ -221,18 +234,50 @@ def save_program(path: str | os.PathLike, program: Any, *, patch_size: int, norm
                           f"got {type(program).__name__}")
     if Path(path).suffix.lower() != ".pt2":
         raise ConfigError(f"a torch.export program is saved as .pt2; name the file {Path(path).stem}.pt2")
-    _check_settings(patch_size, normalize, norm_stats)
+    settings = _settings(loader, class_names, patch_size=patch_size, normalize=normalize, bands=bands,
+                         wavelengths=wavelengths, wavelength_tolerance=wavelength_tolerance, norm_stats=norm_stats)
     shape = _program_input(program)
     if shape is None:
         raise ConfigError("the program must take one (N, B, p, p) batch; export the model with one 4-D input")
-    if any(d is not None and d != patch_size for d in shape[2:]):
-        raise ConfigError(f"the program takes {shape[2]}x{shape[3]} patches, not patch_size={patch_size}")
-    recipe = {"format": PROGRAM_FORMAT, "version": 1, "patch_size": int(patch_size), "normalize": normalize,
-              "layout": "NCHW", "class_names": None if class_names is None else [str(n) for n in class_names],
-              **_recipe_state(shape[1], bands, wavelengths, wavelength_tolerance, norm_stats)}
+    p = settings["patch_size"]
+    if any(d is not None and d != p for d in shape[2:]):
+        raise ConfigError(f"the program takes {shape[2]}x{shape[3]} patches, not patch_size={p}")
+    recipe = {"format": PROGRAM_FORMAT, "version": 1, "patch_size": p, "normalize": settings["normalize"],
+              "layout": "NCHW", "class_names": settings["class_names"], **_recipe_state(shape[1], settings)}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: torch wants .pt2 names otherwise
         torch.export.save(program, f, extra_files={PROGRAM_RECIPE: json.dumps(recipe)})
     return Path(path)
+
+
+def _settings(loader: Any, class_names: Sequence[str] | None, **given: Any) -> dict[str, Any]:
+    """The input a model file records: the given settings (defaults for the rest), or the training loader's."""
+    chosen = {k: v for k, v in given.items() if v is not _UNSET}
+    if loader is None:
+        if "patch_size" not in chosen:
+            raise ConfigError("pass loader= (the PatchLoader the model was trained with) or patch_size= and the "
+                              "other settings it was trained with")
+        settings = {**_SETTING_DEFAULTS, **chosen}
+    else:
+        from hsgds.loader import PatchLoader
+
+        if not isinstance(loader, PatchLoader):
+            raise ConfigError(f"loader must be the hsgds.PatchLoader the model was trained with, "
+                              f"got {type(loader).__name__}")
+        if chosen:
+            raise ConfigError(f"pass loader= or {', '.join(k + '=' for k in chosen)}, not both: the loader's "
+                              "settings are what the model was trained on")
+        if loader.layout != "NCHW":
+            raise ConfigError(f"the loader yields {loader.layout} batches, and hsgds predict feeds models NCHW "
+                              "(N, B, p, p) ones; train with layout='NCHW' (or permute inside the model)")
+        settings = {"patch_size": loader.patch_size, "normalize": loader.normalize, "bands": loader.bands,
+                    "wavelengths": loader.wavelengths, "wavelength_tolerance": loader.wavelength_tolerance,
+                    "norm_stats": loader.norm_stats}
+        if class_names is None:
+            class_names = next((s.class_names for s in loader.scenes.scenes if s.class_names), None)
+    _check_settings(settings["patch_size"], settings["normalize"], settings["norm_stats"])
+    settings["patch_size"] = int(settings["patch_size"])
+    settings["class_names"] = None if class_names is None else [str(n) for n in class_names]
+    return settings
 
 
 def _check_settings(patch_size: Any, normalize: Any, norm_stats: Any) -> None:

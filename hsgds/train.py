@@ -299,9 +299,8 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
               "settings": {"epochs": epochs, "patch_size": patch_size, "batch_size": batch_size, "lr": lr,
                            "seed": seed, "augment": None if augment is None else repr(augment)}}
     if out_dir is not None:
-        result["checkpoint"] = str(save_checkpoint(out_dir / "model.ckpt", model, patch_size=patch_size,
-                                                   class_names=None if scene.class_names is None else list(scene.class_names),
-                                                   norm_stats=norm_stats))
+        # the training loader's input, its statistics included: what `hsgds predict` feeds the model
+        result["checkpoint"] = str(save_checkpoint(out_dir / "model.ckpt", model, loader=train))
         t0 = time.perf_counter()
         predict(scene, model, patch_size=patch_size, batch_size=1024, device=dev, out=out_dir / "classmap.png",
                 norm_stats=norm_stats)

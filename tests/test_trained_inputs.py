@@ -234,6 +234,77 @@ def test_checkpoint_recipes_are_checked_when_saved_and_loaded(scenes, tmp_path):
         load_model(tmp_path / "forged.ckpt")
 
 
+def _same_stats(a, b):
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("mean", "std", "min", "max"))
+
+
+def test_a_model_saved_with_its_loader_is_fed_what_the_loader_fed_it(scenes, tmp_path, run_cli):
+    """``save_checkpoint(..., loader=)`` / ``save_program(..., loader=)``: patch size, normalization, band
+    selection and the loader's statistics, so neither another scene nor a resplit changes the model's input."""
+    from hsgds.models import SpectralSpatialCNN, load_model, save_checkpoint, save_program
+
+    with hsgds.PatchLoader([scenes["A"][1], scenes["B"][1]], patch_size=P, batch_size=64, wavelengths=WANT,
+                           norm_scope="collection", normalize="minmax", device="cpu") as pooled:
+        stats = pooled.norm_stats
+    torch.manual_seed(0)
+    model = SpectralSpatialCNN(len(WANT), 4, P, reduce=4, width=8)
+    ckpt = save_checkpoint(tmp_path / "m.ckpt", model, loader=pooled)
+    loaded = load_model(ckpt)
+    assert (loaded.patch_size, loaded.normalize, loaded.wavelengths, loaded.band_indices) == (P, "minmax", WANT, None)
+    assert _same_stats(loaded.norm_stats, stats) and loaded.wavelength_tolerance == 5.0
+    code, _, err = run_cli("predict", scenes["C"][1], "--model", ckpt, "-o", tmp_path / "c.npy")
+    assert code == 0, err
+    want = hsgds.predict(scenes["C"][1], model, patch_size=P, device="cpu", normalize="minmax", wavelengths=WANT,
+                         norm_stats=stats)
+    assert np.array_equal(np.load(tmp_path / "c.npy"), want)
+    program = save_program(tmp_path / "m.pt2", _program(RandomConv()), loader=pooled)
+    assert load_model(program).wavelengths == WANT and _same_stats(load_model(program).norm_stats, stats)
+
+    # one scene, all its bands: its train statistics of the time, kept through a resplit of the store
+    store = tmp_path / "A.zarr"
+    shutil.copytree(scenes["A"][1], store)
+    with hsgds.PatchLoader(store, patch_size=P, batch_size=64, bands=[0, 2, 4], device="cpu") as own:
+        before = own.norm_stats
+    ckpt = save_checkpoint(tmp_path / "a.ckpt", model, loader=own)
+    code, out, err = run_cli("resplit", store, "--split", "blocks", "--train", "0.3", "--seed", "5")
+    assert code == 0, err
+    after = hsgds.open_scene(store).norm_stats
+    assert not np.array_equal(after.mean[[0, 2, 4]], before.mean)
+    loaded = load_model(ckpt)
+    assert loaded.band_indices == [0, 2, 4] and _same_stats(loaded.norm_stats, before)
+    assert loaded.class_names == hsgds.open_scene(store).class_names
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "a.npy")
+    assert code == 0 and "with the statistics saved with the model" in out, err
+    want = hsgds.predict(store, model, patch_size=P, device="cpu", bands=[0, 2, 4], norm_stats=before)
+    assert np.array_equal(np.load(tmp_path / "a.npy"), want)
+
+
+def test_saving_with_a_loader_takes_its_settings_only(scenes, tmp_path):
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    model = SpectralSpatialCNN(len(WANT), 4, P, reduce=4, width=8)
+    store = scenes["A"][1]
+    with hsgds.PatchLoader(store, patch_size=P, batch_size=8, bands=[0, 1, 2], device="cpu") as loader:
+        pass
+    with hsgds.PatchLoader(store, patch_size=P, batch_size=8, bands=[0, 1, 2], layout="NHWC", device="cpu") as nhwc:
+        pass
+    cases = [
+        (dict(loader=loader, patch_size=P), "pass loader= or patch_size=, not both"),
+        (dict(loader=loader, norm_stats=None, normalize="zscore"), "pass loader= or normalize=, norm_stats=, not both"),
+        (dict(loader=nhwc), "yields NHWC batches"),
+        (dict(loader=store), "loader must be the hsgds.PatchLoader the model was trained with, got PosixPath"),
+        (dict(norm_stats=None), "pass loader= .* or patch_size="),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ConfigError, match=message) as info:
+            save_checkpoint(tmp_path / "x.ckpt", model, **kwargs)
+        assert "\n" not in str(info.value)
+    assert not (tmp_path / "x.ckpt").exists()
+    # class names given explicitly win over the store's
+    path = save_checkpoint(tmp_path / "n.ckpt", model, loader=loader, class_names=["w", "x", "y", "z"])
+    assert torch.load(path, weights_only=True)["class_names"] == ["w", "x", "y", "z"]
+
+
 def _program(model, batch=4):
     model.eval()
     return torch.export.export(model, (torch.randn(batch, len(WANT), P, P),),
