@@ -41,6 +41,9 @@ __all__ = [
     "predict",
 ]
 
+#: submodules whose functions the documentation calls as hsgds.<module>.<function>; loaded on first use
+_SUBMODULES = ("models", "io", "synthetic", "datasets", "writers")
+
 
 def __getattr__(name: str) -> Any:
     if name == "PatchLoader":  # imports torch
@@ -59,4 +62,8 @@ def __getattr__(name: str) -> Any:
         from hsgds.inference import predict
 
         return predict
+    if name in _SUBMODULES:  # hsgds.models.save_checkpoint(...) after a plain `import hsgds`
+        import importlib
+
+        return importlib.import_module(f"hsgds.{name}")
     raise AttributeError(f"module 'hsgds' has no attribute {name!r}")

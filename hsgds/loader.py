@@ -117,8 +117,8 @@ def describe_stats(stats: dict[str, Any]) -> str:
     """One line from :meth:`LoaderStats.as_dict` (as ``hsgds demo``'s report keeps it): what ran, how fast,
     what was read, and the waits."""
     host = stats.get("host_us_median")
-    per_batch = "" if host is None else (f"; {host:.0f} µs per batch on this thread "
-                                         f"(cut {stats.get('cut_us_median') or 0:.0f} µs), median")
+    per_batch = "" if host is None else (f"; median per batch: {host:.0f} µs on this thread, "
+                                         f"{stats.get('cut_us_median') or 0:.0f} µs of it cutting")
     first = stats["first_batch_s"]
     return (f"{stats['device']}, reader {stats['reader']}, engine {stats['engine']}, {stats['slots']} ring slots "
             f"({stats['ring_bytes'] / 2**20:.1f} MiB); {stats['patches']} patches in {stats['batches']} batches, "

@@ -65,6 +65,18 @@ def test_import_is_light():
     assert out.stdout.strip() == "[]"
 
 
+
+def test_documented_submodules_are_reachable_after_a_plain_import():
+    """The README calls hsgds.models.save_program(...) after `import hsgds`; loading them stays lazy."""
+    code = ("import sys, hsgds; light = 'hsgds.models' not in sys.modules and 'torch' not in sys.modules; "
+            "f = hsgds.models.save_program; r = hsgds.io.READERS\n"
+            "try:\n    hsgds.nonsense\nexcept AttributeError as e:\n    print(light, f.__name__, sorted(r), e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])})
+    assert out.stdout.strip() == ("True save_program ['kvikio', 'posix', 'posix-pinned'] "
+                                  "module 'hsgds' has no attribute 'nonsense'"), out.stderr
+
 @no_cuda_here
 def test_probe_never_raises_and_reports_no_cuda():
     report = probe()

@@ -361,7 +361,7 @@ def test_split_that_fits_is_read_once_across_epochs(border_scene):
         assert "\n" not in line and line.startswith(f"{st.device}, reader {st.reader}, engine {st.engine}, ")
         assert f"{st.patches} patches in {st.batches} batches, {st.patches_per_s:,.0f} patches/s" in line
         assert f"({st.tiles_loaded} tile reads, {st.tiles_reused} reused)" in line
-        assert f"{st.host_us_median:.0f} µs per batch on this thread" in line
+        assert f"median per batch: {st.host_us_median:.0f} µs on this thread" in line
 
 
 def test_posix_reader_o_direct_reads_the_same_bytes(border_scene):
