@@ -479,10 +479,9 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int, pr
                    device: str | None, tta: bool) -> None:
     from hsgds.inference import predict as run_predict
 
-    classmap = run_predict(scene, loaded.module, patch_size=patch_size, batch_size=batch_size, device=device,
-                           normalize=loaded.normalize, layout=loaded.layout, probabilities=probabilities or False,
-                           out=out, tta=tta, bands=loaded.band_indices, wavelengths=loaded.wavelengths,
-                           wavelength_tolerance=loaded.wavelength_tolerance, norm_stats=loaded.norm_stats)
+    # the model file's input (layout, normalization, bands, statistics); the patch size checked above
+    classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
+                           probabilities=probabilities or False, out=out, tta=tta)
     counts = np.bincount(classmap.reshape(-1), minlength=2)
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {int(counts[1:].sum())} pixels "
                f"predicted into {int(np.count_nonzero(counts[1:]))} classes"

@@ -21,7 +21,8 @@ from torch import nn
 
 from hsgds.augment import dihedral_batch
 from hsgds.errors import ConfigError, InputError
-from hsgds.scene import BandStats, Scene, open_scene
+from hsgds.models import LoadedModel, load_model
+from hsgds.scene import Scene, open_scene
 
 __all__ = ["predict", "ring_bytes_for"]
 
@@ -61,6 +62,37 @@ def _probability_path(probabilities: Any, out: Any) -> Path | None:
     raise ConfigError(f"probabilities must be True, False or a .npy path, got {probabilities!r}")
 
 
+_UNSET: Any = object()  # an input setting not given: the model file's, or the loader's default
+_INPUT_DEFAULTS: dict[str, Any] = {"layout": "NCHW", "normalize": "zscore", "bands": None, "wavelengths": None,
+                                   "wavelength_tolerance": 5.0, "norm_stats": None}
+
+
+def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+    """The module of a model file and the input it was saved with; a setting passed too is refused (the same
+    patch size excepted, or one the file leaves open), as is a scene whose band count the model cannot take."""
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    name = "the model" if isinstance(model, LoadedModel) else str(model)
+    patch_size = given.pop("patch_size")
+    clashing = [k for k, v in given.items() if v is not _UNSET]
+    if clashing:
+        raise ConfigError(f"{name} carries the input it was trained with; drop {', '.join(k + '=' for k in clashing)}"
+                          " (or pass its torch.nn.Module, hsgds.models.load_model(path).module, to feed another)")
+    if patch_size is _UNSET:
+        if loaded.patch_size is None:
+            raise ConfigError(f"{name} does not fix its patch size; pass patch_size=")
+        patch_size = loaded.patch_size
+    elif loaded.patch_size is not None and patch_size != loaded.patch_size:
+        raise ConfigError(f"{name} was made for {loaded.patch_size}x{loaded.patch_size} patches, not "
+                          f"patch_size={patch_size}; drop patch_size=")
+    selected = loaded.band_indices is not None or loaded.wavelengths is not None
+    if not selected and loaded.bands is not None and loaded.bands != scene.shape[2]:
+        raise ConfigError(f"{name} takes {loaded.bands} bands but {scene.path} has {scene.shape[2]}; use a model "
+                          "trained on this sensor")
+    return loaded.module, {"patch_size": patch_size, "layout": loaded.layout, "normalize": loaded.normalize,
+                           "bands": loaded.band_indices, "wavelengths": loaded.wavelengths,
+                           "wavelength_tolerance": loaded.wavelength_tolerance, "norm_stats": loaded.norm_stats}
+
+
 def _set_mode(model: nn.Module, training: bool) -> None:
     """model.train(training); a torch.export module refuses mode changes (its mode was fixed at export)."""
     try:
@@ -82,29 +114,34 @@ def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Te
     return mean / 8
 
 
-def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 1024, device: Any = None,
-            dtype: torch.dtype = torch.float32, layout: str = "NCHW", normalize: str | None = "zscore",
+def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int = 1024, device: Any = None,
+            dtype: torch.dtype = torch.float32, layout: Any = _UNSET, normalize: Any = _UNSET,
             mask: Any = None, probabilities: Any = False, out: str | os.PathLike | None = None,
             engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None, tta: bool = False,
-            bands: Any = None, wavelengths: Any = None, wavelength_tolerance: float = 5.0,
-            norm_stats: BandStats | None = None) -> np.ndarray:
+            bands: Any = _UNSET, wavelengths: Any = _UNSET, wavelength_tolerance: Any = _UNSET,
+            norm_stats: Any = _UNSET) -> np.ndarray:
     """Classify every pixel of a store with ``model``; return the (H, W) class map.
 
     Parameters
     ----------
     store : path or Scene
-    model : torch.nn.Module
-        Takes a patch batch as :class:`~hsgds.PatchLoader` yields it ((N, B, p, p) for NCHW) and returns
-        (N, K) logits. It is run in eval mode (its mode is restored afterwards) under
-        ``torch.inference_mode()``, on ``device``.
+    model : torch.nn.Module, or a model file (path or :class:`~hsgds.models.LoadedModel`)
+        A module takes a patch batch as :class:`~hsgds.PatchLoader` yields it ((N, B, p, p) for NCHW) and
+        returns (N, K) logits. It is run in eval mode (its mode is restored afterwards) under
+        ``torch.inference_mode()``, on ``device``. A model file (``.pt2`` program or checkpoint, as
+        ``hsgds predict --model`` takes) is fed the input it was saved with: its patch size, layout,
+        normalization, band selection and statistics (passing any of them too is refused, except the same
+        ``patch_size``).
     patch_size, batch_size, device, dtype, layout, normalize, engine, reader, ring_bytes
-        As for :class:`~hsgds.PatchLoader`; use the settings the model was trained with.
+        As for :class:`~hsgds.PatchLoader` (defaults: layout "NCHW", normalize "zscore"); use the settings
+        the model was trained with. ``patch_size`` is required with a module.
     bands, wavelengths, wavelength_tolerance, norm_stats
         As for :class:`~hsgds.PatchLoader`: the bands the model takes (indices, or each wavelength's nearest
         band of this scene) and the statistics to normalize with. By default the scene is normalized with
         its own train statistics, those of its current split; a model trained with ``norm_scope="collection"``,
         on another scene or before a ``resplit`` expects its training loader's: pass
-        ``norm_stats=loader.norm_stats`` (and save them with the model: ``save_checkpoint(..., loader=loader)``).
+        ``norm_stats=loader.norm_stats``, or save the model with them (``save_checkpoint(..., loader=loader)``)
+        and pass the file.
     mask : (H, W) bool array or None
         Predict only where True; other pixels are 0 in the map (and in the probabilities).
     probabilities : bool or path
@@ -128,8 +165,18 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
     from hsgds.loader import PatchLoader
 
     scene = store if isinstance(store, Scene) else open_scene(store)
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    given = {"patch_size": patch_size, "layout": layout, "normalize": normalize, "bands": bands,
+             "wavelengths": wavelengths, "wavelength_tolerance": wavelength_tolerance, "norm_stats": norm_stats}
+    if isinstance(model, (str, os.PathLike, LoadedModel)):
+        model, settings = _model_file_input(model, scene, given)
+    elif isinstance(model, nn.Module):
+        settings = {**_INPUT_DEFAULTS, **{k: v for k, v in given.items() if v is not _UNSET}}
+        if "patch_size" not in settings:
+            raise ConfigError("pass patch_size= (the patch side the model was trained on)")
+    else:
+        raise ConfigError(f"model must be a torch.nn.Module or a model file (.pt2 or checkpoint path), "
+                          f"got {type(model).__name__}")
+    patch_size, layout = settings["patch_size"], settings["layout"]
     if out is not None:
         writers.check_output(out)
     prob_path = _probability_path(probabilities, out)
@@ -148,10 +195,9 @@ def predict(store: Any, model: nn.Module, *, patch_size: int, batch_size: int = 
     _set_mode(model, False)
     probs = None
     try:
-        with PatchLoader(scene, patch_size=patch_size, batch_size=batch_size, split=None, pixels="all",
-                         shuffle=False, return_coords=True, mask=mask, device=device, dtype=dtype, layout=layout,
-                         normalize=normalize, engine=engine, reader=reader, bands=bands, wavelengths=wavelengths,
-                         wavelength_tolerance=wavelength_tolerance, norm_stats=norm_stats,
+        with PatchLoader(scene, batch_size=batch_size, split=None, pixels="all",
+                         shuffle=False, return_coords=True, mask=mask, device=device, dtype=dtype,
+                         engine=engine, reader=reader, **settings,
                          ring_bytes=ring_bytes_for(scene, batch_size, mask) if ring_bytes is None else ring_bytes) as loader:
             dev = loader.device
             classmap = torch.zeros((h, w), dtype=torch.int32, device=dev)

@@ -277,6 +277,35 @@ def test_a_model_saved_with_its_loader_is_fed_what_the_loader_fed_it(scenes, tmp
     assert code == 0 and "with the statistics saved with the model" in out, err
     want = hsgds.predict(store, model, patch_size=P, device="cpu", bands=[0, 2, 4], norm_stats=before)
     assert np.array_equal(np.load(tmp_path / "a.npy"), want)
+    # in Python, the file itself (a path or hsgds.models.load_model's result) is fed the same input
+    assert np.array_equal(hsgds.predict(store, ckpt, device="cpu"), want)
+    assert np.array_equal(hsgds.predict(store, load_model(ckpt), patch_size=P, device="cpu"), want)
+
+
+def test_predict_with_a_model_file_refuses_other_input_settings(scenes, tmp_path):
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    model = SpectralSpatialCNN(6, 4, P, reduce=4, width=8)
+    store = scenes["A"][1]
+    with hsgds.PatchLoader(store, patch_size=P, batch_size=8, device="cpu") as loader:
+        ckpt = save_checkpoint(tmp_path / "six.ckpt", model, loader=loader)
+    cases = [
+        (store, dict(normalize="zscore"), "six.ckpt carries the input it was trained with; drop normalize="),
+        (store, dict(bands=[0, 1, 2], norm_stats=None), "drop bands=, norm_stats="),
+        (store, dict(patch_size=5), "was made for 3x3 patches, not patch_size=5"),
+        (scenes["C"][1], {}, "six.ckpt takes 6 bands but .*C.zarr has 8"),
+    ]
+    for where, kwargs, message in cases:
+        with pytest.raises(ConfigError, match=message) as info:
+            hsgds.predict(where, ckpt, device="cpu", out=tmp_path / "m.npy", **kwargs)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="pass patch_size="):
+        hsgds.predict(store, model, device="cpu")
+    with pytest.raises(ConfigError, match="model must be a torch.nn.Module or a model file"):
+        hsgds.predict(store, {"weights": 1}, patch_size=P)
+    with pytest.raises(InputError, match="no model file .*missing.ckpt; pass a .pt2 program or a checkpoint"):
+        hsgds.predict(store, tmp_path / "missing.ckpt")
+    assert not (tmp_path / "m.npy").exists()
 
 
 def test_saving_with_a_loader_takes_its_settings_only(scenes, tmp_path):
