@@ -659,22 +659,30 @@ def patch_pixels(pix, q, p, side, stride, d):
 
 
 @jit
-def cut_blocked(src, q, d, side, stride, bands, p, offset, scale, out, o, stream, phase, pix, whole, rad, alpha,
-                window, std, drop, ahead, finite, blocks):  # ahead: (first element, side, stride) of the next patch
-    """One NCHW patch (identity band map, p*p and B >= 8) cut in 8 x 8 register blocks (:func:`gather_block`)
-    straight from the tile: the pixel addresses first (``pix``, in output order under dihedral code ``d``),
-    then 8 band planes at a time, which are contiguous in the output; streamed, the whole patch is
-    finished in ``whole`` (p*p*B values, in L2) and then written out with non-temporal stores in one
-    sequential pass (streaming each group of 8 planes as soon as it was finished, between the gathers of
-    the next, took about twice as long per patch on the 2-core VM). Blocks overlap at the last pixels and
-    bands (the same values written twice), as in :func:`store_nchw`; ``blocks``: (:func:`block_starts` of
-    the bands, of the p*p pixels)."""
+def cut_blocked(src, q, d, side, stride, bands, p, band, offset, scale, out, o, stream, phase, pix, whole, rad, alpha,
+                window, std, drop, ahead, finite, band_blocks, pixel_blocks):  # ahead: the next patch's (q, side, stride)
+    """One NCHW patch (p*p and B >= 8, a band map of runs of >= 8 bands: hsgds.engines.cpu_cut.band_blocks) cut in 8 x 8
+    register blocks (:func:`gather_block`) straight from the tile: the pixel addresses first (``pix``, in
+    output order under dihedral code ``d``), then 8 band planes at a time, which are contiguous in the
+    output; streamed, the whole patch is finished in ``whole`` (p*p*B values, in L2) and then written out
+    with non-temporal stores in one sequential pass (streaming each group of 8 planes as soon as it was
+    finished, between the gathers of the next, took about twice as long per patch on the 2-core VM).
+    ``band_blocks``: the first output band of each block, whose 8 stored bands are contiguous from
+    ``band[bb]``; a run's blocks overlap at its end, as the pixel blocks (``pixel_blocks``, the
+    :func:`block_starts` of p*p) do (the same values written twice, as in :func:`store_nchw`). For a run's
+    blocks the addresses are shifted by ``band[bb] - bb``, so the intrinsic reads the run's stored bands
+    and the output bands' statistics and noise."""
     pp = p * p
     patch_pixels(pix, q, p, side, stride, d)
     dst = whole if stream else out
-    band_blocks, pixel_blocks = blocks
+    shift = 0  # pix[k] = pixel k's first element + shift
     for g in range(band_blocks.size):
         bb = band_blocks[g]
+        delta = band[bb] - bb
+        if delta != shift:
+            for k in range(pp):
+                pix[k] += delta - shift
+            shift = delta
         if ahead[0] >= 0:
             prefetch_rows(src, ahead[0], ahead[1], ahead[2], p, g, band_blocks.size)
         d0 = bb * pp if stream else o + bb * pp
@@ -762,9 +770,10 @@ def scratch_stride(bands, nchw):
 
 # Arguments of cut_patches: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
 # ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
-# output (after the rounding, for 16-bit outputs). NCHW with p*p and B >= 8 and an identity band map
-# (bfloat16: on a little-endian machine; float16: with _VECTOR_HALF): 8 x 8 register blocks straight from
-# the tile (cut_blocked), the next patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in
+# output (after the rounding, for 16-bit outputs). NCHW with p*p and B >= 8 and a band map of runs of at
+# least 8 consecutive stored bands (``block_count`` > 0: all bands, or e.g. all but the water-vapour bands;
+# bfloat16: on a little-endian machine; float16: with _VECTOR_HALF): 8 x 8 register blocks straight from
+# the tile (cut_blocked; ``block_count``, ``block_start``: hsgds.engines.cpu_cut.band_blocks), the next patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in
 # memory, not in cache: prefetching them took a cache-resident Indian Pines float32 cut from 20 to 10-12
 # us per patch). Other NCHW cuts: into a patch-sized scratch (L2-sized, rows padded to 8 values), then
 # transposed into the B planes. ``stream`` (large batches): every patch is finished in cache and written out
@@ -777,8 +786,8 @@ def scratch_stride(bands, nchw):
 # in the compute dtype before the one rounding; dropped bands are zeroed last.
 
 @jit
-def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, out, p, nchw, phase,
-                stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
+def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, block_count, block_start,
+                out, p, nchw, phase, stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
     """Patches lo:hi of a batch into ``out``, whose dtype says what its values are (:func:`output_kind`).
     16-bit outputs: float32 arithmetic, rounded as each value is computed (after its noise, for a radiated
     patch)."""
@@ -791,11 +800,11 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
     # the bfloat16 blocks pack two values per 32-bit lane little-endian
     blocked = (nchw and (kind == 0 or (kind == 1 and _LITTLE) or (kind == 2 and _VECTOR_HALF)) and pp >= 8
                and bands >= 8)
-    staging = not blocked or not np.all(identity != 0)  # some patch takes the scratch path (a band map)
+    staging = not blocked or not np.all(block_count > 0)  # some patch takes the scratch path (a band map)
     scratch = np.empty(pp * ws if staging else 0, out.dtype)
     whole = np.empty(size if nchw and stream else 0, out.dtype)  # a streamed NCHW patch, finished in cache
     pix = np.empty(pp if blocked else 0, np.int64)
-    blocks = (block_starts(bands), block_starts(pp)) if blocked else (pix[:0], pix[:0])
+    pixel_blocks = block_starts(pp) if blocked else pix[:0]
     finite = blocked and nan_free(src, offset, scale)
     for n in range(lo, hi):
         q, d, t, sd, st, ident = patch_args(n, base, table, dihedral, side, stride, band, identity)
@@ -803,13 +812,13 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
         o = n * size
         window = bank[start[n]:start[n] + size] if rad else bank[:0]
         a = alpha[n] if rad else np.float32(1)
-        if blocked and ident:
+        if blocked and block_count[t] > 0:
             ahead = (-1, 0, 0)
             if n + 1 < hi:  # its tile may have another geometry (a collection's scenes)
                 q1, _, _, sd1, st1, _ = patch_args(n + 1, base, table, dihedral, side, stride, band, identity)
                 ahead = (q1, sd1, st1)
-            cut_blocked(src, q, d, sd, st, bands, p, offset[t], scale[t], out, o, stream, phase, pix, whole, rad, a,
-                        window, std, drop, ahead, finite, blocks)
+            cut_blocked(src, q, d, sd, st, bands, p, band[t], offset[t], scale[t], out, o, stream, phase, pix, whole,
+                        rad, a, window, std, drop, ahead, finite, block_start[t, :block_count[t]], pixel_blocks)
             continue
         w = scratch if staged else out[o:o + size]
         gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, a, window, std)

@@ -6,8 +6,9 @@ For each patch it gathers the p*p source pixels (B bands each, contiguous unless
 casting to float32 (float64 for a float64 output) and normalizing on the way, with vector instructions
 along the bands. NHWC: that is the output itself.
 NCHW: blocks of 8 pixels x 8 bands are loaded straight from the tile, cast, normalized (and rounded,
-for 16-bit outputs) and transposed in vector registers into the B output planes; a band selection, or
-fewer than 8 bands or pixels, goes through a patch-sized scratch in the core's L2 cache first. So the
+for 16-bit outputs) and transposed in vector registers into the B output planes, also for a band selection
+made of runs of at least 8 consecutive stored bands (:func:`band_blocks`); other selections, or fewer
+than 8 bands or pixels, go through a patch-sized scratch in the core's L2 cache first. So the
 output is written once. An NCHW batch larger than the caches is written with non-temporal stores (each
 patch finished in cache, then streamed out in one pass): a plain store reads each output line from
 memory before writing it (see :func:`should_stream`). The kernel releases the GIL: the torch engine runs
@@ -46,7 +47,7 @@ import numpy as np
 
 from hsgds._numba_cache import NoCacheFolder, import_kernels
 
-__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "cache_folder", "copy_range", "cut_range", "make_noise",
+__all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "band_blocks", "cache_folder", "copy_range", "cut_range", "make_noise",
            "make_tables", "normalize_tile", "normalizes_tiles", "patch_starts", "should_stream", "unavailable_reason",
            "warm_up"]
 
@@ -112,7 +113,8 @@ class Tables(NamedTuple):
     """Per-table constants of the kernel: T tables (one for a single scene; see
     :class:`hsgds.engines.base.SceneTables`). Table t: tiles ``side[t]`` pixels wide with ``stride[t]``
     values per pixel, output band b read from stored band ``band[t, b]`` (``identity[t]``: the bands are
-    0..B-1, read as one contiguous run), normalized by ``offset[t, b]`` / ``scale[t, b]`` (compute dtype)."""
+    0..B-1, read as one contiguous run), normalized by ``offset[t, b]`` / ``scale[t, b]`` (compute dtype);
+    its NCHW register blocks ``block_start[t, :block_count[t]]`` (:func:`band_blocks`)."""
 
     side: np.ndarray  # (T,) int64
     stride: np.ndarray  # (T,) int64
@@ -120,16 +122,41 @@ class Tables(NamedTuple):
     identity: np.ndarray  # (T,) uint8
     offset: np.ndarray  # (T, B) float32 or float64
     scale: np.ndarray  # (T, B) float32 or float64
+    block_count: np.ndarray  # (T,) int64
+    block_start: np.ndarray  # (T, B) int64
 
 
 def make_tables(side: Any, stride: Any, band: Any, offset: Any, scale: Any, compute: Any) -> Tables:
     """:class:`Tables` from per-table values (offset/scale rounded once to the ``compute`` dtype)."""
     band = np.ascontiguousarray(np.atleast_2d(band), dtype=np.int64)
     identity = np.all(band == np.arange(band.shape[1]), axis=1).astype(np.uint8)
+    # the block plan of each distinct band map (an archive's scenes share a few)
+    maps, which = np.unique(band, axis=0, return_inverse=True)
+    plans = [band_blocks(m) for m in maps]
+    which = np.asarray(which).reshape(-1)
+    block_count = np.array([plans[i][0] for i in which], dtype=np.int64)
+    block_start = np.stack([plans[i][1] for i in which]) if len(which) else np.zeros(band.shape, np.int64)
     return Tables(np.ascontiguousarray(np.atleast_1d(side), dtype=np.int64),
                   np.ascontiguousarray(np.atleast_1d(stride), dtype=np.int64), band, identity,
                   np.ascontiguousarray(np.atleast_2d(offset).astype(compute)),
-                  np.ascontiguousarray(np.atleast_2d(scale).astype(compute)))
+                  np.ascontiguousarray(np.atleast_2d(scale).astype(compute)), block_count, block_start)
+
+
+def band_blocks(band: np.ndarray) -> tuple[int, np.ndarray]:
+    """The 8-band blocks in which the kernel cuts NCHW patches in registers, for the band map ``band``
+    (output band b reads stored band band[b]): (count, starts), ``starts[:count]`` the first output band of
+    each block, whose 8 bands are consecutive both in the output and in the store. A run of L >= 8
+    consecutive stored bands gives blocks at its start + 0, 8, 16, ..., the last one ending at the run's end
+    (overlapping the one before). Count 0 when a run is shorter than 8 bands (e.g. every 4th band): such a
+    table's patches go through the scratch path. ``starts`` has B entries (-1 after the count)."""
+    bands = band.size
+    starts = np.full(bands, -1, np.int64)
+    runs = np.split(np.arange(bands), np.flatnonzero(np.diff(band) != 1) + 1) if bands else []
+    if bands < 8 or any(len(r) < 8 for r in runs):
+        return 0, starts
+    blocks = [min(int(r[0]) + 8 * g, int(r[-1]) - 7) for r in runs for g in range((len(r) + 7) // 8)]
+    starts[:len(blocks)] = blocks
+    return len(blocks), starts
 
 
 class Noise(NamedTuple):

@@ -446,3 +446,66 @@ def test_a_generic_target_cpu_keeps_the_scalar_float16_rounding(tmp_path):
     proc = subprocess.run([sys.executable, "-c", GENERIC_CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "vector half: False"
+
+
+def test_band_blocks_follow_the_runs_of_consecutive_stored_bands():
+    def plan(band):
+        count, starts = cpu_cut.band_blocks(np.asarray(band, np.int64))
+        assert np.all(starts[count:] == -1)
+        return starts[:count].tolist()
+
+    assert plan(range(20)) == [0, 8, 12]  # all bands: the last block overlaps the one before
+    assert plan(list(range(10)) + list(range(14, 24))) == [0, 2, 10, 12]  # two runs of 10
+    assert plan(list(range(30, 38)) + list(range(8))) == [0, 8]  # runs of exactly 8, the second one earlier
+    assert plan(list(range(0, 80, 4))) == []  # every 4th band: runs of 1
+    assert plan(list(range(9)) + [20] + list(range(30, 39))) == []  # one short run is enough to fall back
+    assert plan(range(7)) == []
+
+
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16", "float64"])
+@pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
+def test_band_selections_of_long_runs_match_numpy_with_noise_and_dropout(out_dtype, stream, monkeypatch):
+    """NCHW cuts with band maps of long runs (dropped water-vapour bands, a shifted window, runs out of
+    order) next to tables that fall back to the scratch path: per-patch tables, dihedral codes, radiation
+    noise and band dropout, against numpy slices of each table's stored bands and torch's rounding."""
+    if stream:
+        monkeypatch.setattr(cpu_cut, "STREAM_BYTES", 0)
+    rng = np.random.default_rng(21)
+    bands, side, stride, p, n = 20, 14, 26, 5, 120
+    band = np.array([list(range(10)) + list(range(16, 26)),  # runs of 10 and 10 (bands 10..15 dropped)
+                     list(range(3, 23)),  # one run, shifted by 3
+                     list(range(18, 26)) + list(range(12)),  # a run of 8, then an earlier run of 12
+                     list(range(0, 20)),  # all of the first 20
+                     list(range(9)) + [12] + list(range(14, 24))])  # a run of 1: the scratch path
+    t_count = len(band)
+    compute = np.float64 if out_dtype == "float64" else np.float32
+    offset, scale = rng.uniform(-300, 300, (t_count, bands)), rng.uniform(1e-4, 1e-3, (t_count, bands))
+    tables = cpu_cut.make_tables(np.full(t_count, side), np.full(t_count, stride), band, offset, scale, compute)
+    assert tables.block_count.tolist() == [4, 3, 3, 3, 0]
+    storage = _storage("uint16", 3, side, stride, seed=22)
+    slot, y, x = rng.integers(0, 3, n), rng.integers(2, side - 2, n), rng.integers(2, side - 2, n)
+    table, codes = rng.integers(0, t_count, n), rng.integers(0, 8, n).astype(np.int8)
+    window = bands * p * p
+    bank = rng.normal(size=8192).astype(np.float32)
+    radiated = np.sort(rng.choice(n, 40, replace=False))
+    alpha = rng.uniform(0.9, 1.1, 40).astype(np.float32)
+    start = rng.integers(0, (8192 - window) // 64, 40) * 64
+    dropped = np.argwhere(rng.random((n, bands)) < 0.15)
+    noise = cpu_cut.make_noise(n, radiated, alpha, start, bank, 0.04, dropped)
+
+    base = ((slot * side + (y - 2)) * side + (x - 2)).astype(np.int64) * stride
+    out = torch.empty((n, bands, p, p), dtype=getattr(torch, out_dtype))
+    mode = cpu_cut.MODES[out_dtype]
+    dst = out.view(-1).view(torch.int16).numpy().view(np.uint16) if mode else out.view(-1).numpy()
+    cpu_cut.cut_range(storage.reshape(-1), base, table.astype(np.int64), codes, tables, dst, p, True, mode, 0, n,
+                      stream, noise)
+
+    ref = np.stack([apply_dihedral_numpy(storage[s, a - 2:a + 3, b - 2:b + 3][..., band[t]], int(c))
+                    for s, a, b, t, c in zip(slot, y, x, table, codes)]).astype(compute)
+    ref = ((ref - offset[table, None, None].astype(compute)) * scale[table, None, None].astype(compute))
+    ref = ref.transpose(0, 3, 1, 2)
+    for k, i in enumerate(radiated):
+        window_noise = bank[start[k]:start[k] + window].astype(compute).reshape(p, p, bands).transpose(2, 0, 1)
+        ref[i] = ref[i] * compute(alpha[k]) + compute(np.float32(0.04)) * window_noise
+    ref[dropped[:, 0], dropped[:, 1]] = 0
+    _equal_bits(out, torch.from_numpy(np.ascontiguousarray(ref)).to(getattr(torch, out_dtype)))
