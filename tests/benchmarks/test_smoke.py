@@ -296,3 +296,13 @@ def test_bench_cpu_roofline_tiny(tmp_path):
     assert all(r["GBps_1_thread"] > 0 and r["GBps_2_thread"] > 0 for r in rows.values())
     assert doc["normalize_tile_s"] > 0
     assert all(0 < doc["floor_ratios"][k]["q25"] <= doc["floor_ratios"][k]["median"] for k in ("plain", "streamed", "copy16"))
+
+
+def test_bench_band_selection_tiny(tmp_path):
+    """benchmarks/bench_band_selection.py: both paths timed for every selection; register blocks where runs allow."""
+    pytest.importorskip("numba")
+    out = tmp_path / "bands.json"
+    _run([str(BENCH / "bench_band_selection.py"), "--reps", "1", "--json", str(out)], tmp_path)
+    rows = {r["selection"]: r for r in json.loads(out.read_text())["kernel"]}
+    assert [r["register_blocks"] for r in rows.values()] == [True, True, True, False]
+    assert all(r["blocks_us"] > 0 and r["scratch_us"] > 0 for r in rows.values())
