@@ -661,8 +661,8 @@ def patch_pixels(pix, q, p, side, stride, d):
 @jit
 def cut_blocked(src, q, d, side, stride, bands, p, band, offset, scale, out, o, stream, phase, pix, whole, rad, alpha,
                 window, std, drop, ahead, finite, band_blocks, pixel_blocks):  # ahead: the next patch's (q, side, stride)
-    """One NCHW patch (p*p and B >= 8, a band map of runs of >= 8 bands: hsgds.engines.cpu_cut.band_blocks) cut in 8 x 8
-    register blocks (:func:`gather_block`) straight from the tile: the pixel addresses first (``pix``, in
+    """One NCHW patch (p*p and B >= 8; a band map of runs of >= 8 bands, hsgds.engines.cpu_cut.band_blocks)
+    cut in 8 x 8 register blocks (:func:`gather_block`) straight from the tile: the pixel addresses first (``pix``, in
     output order under dihedral code ``d``), then 8 band planes at a time, which are contiguous in the
     output; streamed, the whole patch is finished in ``whole`` (p*p*B values, in L2) and then written out
     with non-temporal stores in one sequential pass (streaming each group of 8 planes as soon as it was
@@ -771,12 +771,12 @@ def scratch_stride(bands, nchw):
 # Arguments of cut_patches: see hsgds.engines.cpu_cut.cut_range (per-table arrays indexed by each patch's table; empty
 # ``table``/``dihedral``: table 0 / code 0 for every patch). NHWC: a patch is gathered straight into its
 # output (after the rounding, for 16-bit outputs). NCHW with p*p and B >= 8 and a band map of runs of at
-# least 8 consecutive stored bands (``block_count`` > 0: all bands, or e.g. all but the water-vapour bands;
-# bfloat16: on a little-endian machine; float16: with _VECTOR_HALF): 8 x 8 register blocks straight from
-# the tile (cut_blocked; ``block_count``, ``block_start``: hsgds.engines.cpu_cut.band_blocks), the next patch's rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in
-# memory, not in cache: prefetching them took a cache-resident Indian Pines float32 cut from 20 to 10-12
-# us per patch). Other NCHW cuts: into a patch-sized scratch (L2-sized, rows padded to 8 values), then
-# transposed into the B planes. ``stream`` (large batches): every patch is finished in cache and written out
+# least 8 consecutive stored bands (all bands, or e.g. all but the water-vapour bands: ``block_plan``,
+# ``block_count``, ``block_start``, see hsgds.engines.cpu_cut.Tables; bfloat16: on a little-endian machine;
+# float16: with _VECTOR_HALF): 8 x 8 register blocks straight from the tile (cut_blocked), the next patch's
+# rows prefetched meanwhile (a patch's 13 rows of 5 KB sit in memory, not in cache: prefetching them took a
+# cache-resident Indian Pines float32 cut from 20 to 10-12 us per patch). Other NCHW cuts: into a patch-sized
+# scratch (L2-sized, rows padded to 8 values), then transposed into the B planes. ``stream`` (large batches): every patch is finished in cache and written out
 # with non-temporal stores (stream_copy), then one fence.
 #
 # Noise arguments (hsgds.engines.cpu_cut.Noise; empty arrays: none): per patch ``alpha`` (float32) and
@@ -786,8 +786,8 @@ def scratch_stride(bands, nchw):
 # in the compute dtype before the one rounding; dropped bands are zeroed last.
 
 @jit
-def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, block_count, block_start,
-                out, p, nchw, phase, stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
+def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset, scale, block_plan, block_count,
+                block_start, out, p, nchw, phase, stream, alpha, start, bank, std, drop_ptr, drop_band, lo, hi):
     """Patches lo:hi of a batch into ``out``, whose dtype says what its values are (:func:`output_kind`).
     16-bit outputs: float32 arithmetic, rounded as each value is computed (after its noise, for a radiated
     patch)."""
@@ -812,13 +812,14 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
         o = n * size
         window = bank[start[n]:start[n] + size] if rad else bank[:0]
         a = alpha[n] if rad else np.float32(1)
-        if blocked and block_count[t] > 0:
+        u = block_plan[t]  # the block plan of the table's band map
+        if blocked and block_count[u] > 0:
             ahead = (-1, 0, 0)
             if n + 1 < hi:  # its tile may have another geometry (a collection's scenes)
                 q1, _, _, sd1, st1, _ = patch_args(n + 1, base, table, dihedral, side, stride, band, identity)
                 ahead = (q1, sd1, st1)
             cut_blocked(src, q, d, sd, st, bands, p, band[t], offset[t], scale[t], out, o, stream, phase, pix, whole,
-                        rad, a, window, std, drop, ahead, finite, block_start[t, :block_count[t]], pixel_blocks)
+                        rad, a, window, std, drop, ahead, finite, block_start[u, :block_count[u]], pixel_blocks)
             continue
         w = scratch if staged else out[o:o + size]
         gather_patch(src, q, d, sd, st, bands, ws, p, band[t], ident, offset[t], scale[t], w, a, window, std)

@@ -113,8 +113,9 @@ class Tables(NamedTuple):
     """Per-table constants of the kernel: T tables (one for a single scene; see
     :class:`hsgds.engines.base.SceneTables`). Table t: tiles ``side[t]`` pixels wide with ``stride[t]``
     values per pixel, output band b read from stored band ``band[t, b]`` (``identity[t]``: the bands are
-    0..B-1, read as one contiguous run), normalized by ``offset[t, b]`` / ``scale[t, b]`` (compute dtype);
-    its NCHW register blocks ``block_start[t, :block_count[t]]`` (:func:`band_blocks`)."""
+    0..B-1, read as one contiguous run), normalized by ``offset[t, b]`` / ``scale[t, b]`` (compute dtype).
+    Its NCHW register blocks: ``block_start[u, :block_count[u]]`` with u = ``block_plan[t]``, one plan per
+    distinct band map (:func:`band_blocks`; an archive's scenes share a few)."""
 
     side: np.ndarray  # (T,) int64
     stride: np.ndarray  # (T,) int64
@@ -122,41 +123,58 @@ class Tables(NamedTuple):
     identity: np.ndarray  # (T,) uint8
     offset: np.ndarray  # (T, B) float32 or float64
     scale: np.ndarray  # (T, B) float32 or float64
-    block_count: np.ndarray  # (T,) int64
-    block_start: np.ndarray  # (T, B) int64
+    block_plan: np.ndarray  # (T,) int64
+    block_count: np.ndarray  # (U,) int64
+    block_start: np.ndarray  # (U, B) int64
 
 
 def make_tables(side: Any, stride: Any, band: Any, offset: Any, scale: Any, compute: Any) -> Tables:
     """:class:`Tables` from per-table values (offset/scale rounded once to the ``compute`` dtype)."""
     band = np.ascontiguousarray(np.atleast_2d(band), dtype=np.int64)
     identity = np.all(band == np.arange(band.shape[1]), axis=1).astype(np.uint8)
-    # the block plan of each distinct band map (an archive's scenes share a few)
-    maps, which = np.unique(band, axis=0, return_inverse=True)
-    plans = [band_blocks(m) for m in maps]
-    which = np.asarray(which).reshape(-1)
-    block_count = np.array([plans[i][0] for i in which], dtype=np.int64)
-    block_start = np.stack([plans[i][1] for i in which]) if len(which) else np.zeros(band.shape, np.int64)
+    if np.array_equal(band, np.broadcast_to(band[:1], band.shape)):  # one band map for all: one plan
+        plan, maps = np.zeros(len(band), np.int64), band[:1]
+    else:
+        seen: dict[bytes, int] = {}
+        plan = np.array([seen.setdefault(row.tobytes(), len(seen)) for row in band], np.int64)
+        maps = band[np.unique(plan, return_index=True)[1]]
+    block_count, block_start = band_blocks(maps)
     return Tables(np.ascontiguousarray(np.atleast_1d(side), dtype=np.int64),
                   np.ascontiguousarray(np.atleast_1d(stride), dtype=np.int64), band, identity,
                   np.ascontiguousarray(np.atleast_2d(offset).astype(compute)),
-                  np.ascontiguousarray(np.atleast_2d(scale).astype(compute)), block_count, block_start)
+                  np.ascontiguousarray(np.atleast_2d(scale).astype(compute)), plan, block_count, block_start)
 
 
-def band_blocks(band: np.ndarray) -> tuple[int, np.ndarray]:
-    """The 8-band blocks in which the kernel cuts NCHW patches in registers, for the band map ``band``
-    (output band b reads stored band band[b]): (count, starts), ``starts[:count]`` the first output band of
-    each block, whose 8 bands are consecutive both in the output and in the store. A run of L >= 8
-    consecutive stored bands gives blocks at its start + 0, 8, 16, ..., the last one ending at the run's end
-    (overlapping the one before). Count 0 when a run is shorter than 8 bands (e.g. every 4th band): such a
-    table's patches go through the scratch path. ``starts`` has B entries (-1 after the count)."""
-    bands = band.size
-    starts = np.full(bands, -1, np.int64)
-    runs = np.split(np.arange(bands), np.flatnonzero(np.diff(band) != 1) + 1) if bands else []
-    if bands < 8 or any(len(r) < 8 for r in runs):
-        return 0, starts
-    blocks = [min(int(r[0]) + 8 * g, int(r[-1]) - 7) for r in runs for g in range((len(r) + 7) // 8)]
-    starts[:len(blocks)] = blocks
-    return len(blocks), starts
+def band_blocks(band: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8-band blocks in which the kernel cuts NCHW patches in registers, for each row of the (T, B) band
+    maps ``band`` (output band b reads stored band band[t, b]): (count (T,), starts (T, B)), ``starts[t,
+    :count[t]]`` the first output band of each block, whose 8 bands are consecutive both in the output and in
+    the store. A run of L >= 8 consecutive stored bands gives blocks at its start + 0, 8, 16, ..., the last
+    one ending at the run's end (overlapping the one before). Count 0 when a run is shorter than 8 bands
+    (e.g. every 4th band): such a table's patches go through the scratch path. -1 after each row's count."""
+    band = np.atleast_2d(np.asarray(band, dtype=np.int64))
+    tables, bands = band.shape
+    count, starts = np.zeros(tables, np.int64), np.full(band.shape, -1, np.int64)
+    if bands < 8:
+        return count, starts
+    first = np.ones(band.shape, bool)  # where a run of consecutive stored bands starts
+    first[:, 1:] = np.diff(band, axis=1) != 1
+    first[first.sum(axis=1) > bands // 8] = False  # more runs than B/8: one is short; no run kept below
+    row, col = np.nonzero(first)  # every run, row by row: its table and first output band
+    row_ends = np.append(row[1:] != row[:-1], True)
+    end = np.where(row_ends, bands, np.append(col[1:], bands))  # each run's end (exclusive)
+    short = np.zeros(tables, bool)
+    short[row[end - col < 8]] = True
+    keep = ~short[row]  # the runs of tables whose runs are all >= 8 bands
+    row, col, end = row[keep], col[keep], end[keep]
+    blocks = (end - col + 7) // 8
+    run = np.repeat(np.arange(row.size), blocks)
+    g = np.arange(run.size) - np.repeat(np.cumsum(blocks) - blocks, blocks)  # the block's index in its run
+    block_row = row[run]
+    count[:] = np.bincount(block_row, minlength=tables)
+    k = np.arange(run.size) - (np.cumsum(count) - count)[block_row]  # the block's index in its table
+    starts[block_row, k] = np.minimum(col[run] + 8 * g, end[run] - 8)
+    return count, starts
 
 
 class Noise(NamedTuple):

@@ -681,8 +681,7 @@ class TorchEngine(PatchEngine):
                 raise InputError(f"offset and scale must both be given, {self.spec.bands} values each")
             kt = kt._replace(offset=rows[0][None], scale=rows[1][None], side=kt.side[table:table + 1],
                              stride=kt.stride[table:table + 1], band=kt.band[table:table + 1],
-                             identity=kt.identity[table:table + 1], block_count=kt.block_count[table:table + 1],
-                             block_start=kt.block_start[table:table + 1])
+                             identity=kt.identity[table:table + 1], block_plan=kt.block_plan[table:table + 1])
             table = 0
         flat = storage.view(-1).numpy()
         first = slot * storage[0].numel()

@@ -450,9 +450,9 @@ def test_a_generic_target_cpu_keeps_the_scalar_float16_rounding(tmp_path):
 
 def test_band_blocks_follow_the_runs_of_consecutive_stored_bands():
     def plan(band):
-        count, starts = cpu_cut.band_blocks(np.asarray(band, np.int64))
-        assert np.all(starts[count:] == -1)
-        return starts[:count].tolist()
+        count, starts = cpu_cut.band_blocks(np.asarray([band], np.int64))
+        assert np.all(starts[0, count[0]:] == -1)
+        return starts[0, :count[0]].tolist()
 
     assert plan(range(20)) == [0, 8, 12]  # all bands: the last block overlaps the one before
     assert plan(list(range(10)) + list(range(14, 24))) == [0, 2, 10, 12]  # two runs of 10
@@ -460,6 +460,17 @@ def test_band_blocks_follow_the_runs_of_consecutive_stored_bands():
     assert plan(list(range(0, 80, 4))) == []  # every 4th band: runs of 1
     assert plan(list(range(9)) + [20] + list(range(30, 39))) == []  # one short run is enough to fall back
     assert plan(range(7)) == []
+    # many tables at once, as an archive's scenes have: each row as on its own
+    maps = [list(range(20)), list(range(10)) + list(range(14, 24)), list(range(0, 80, 4)), list(range(3, 23))]
+    count, starts = cpu_cut.band_blocks(np.array(maps))
+    assert [starts[t, :count[t]].tolist() for t in range(4)] == [plan(m) for m in maps]
+    tables = cpu_cut.make_tables(np.full(3, 30), np.full(3, 30), np.array([maps[1]] * 3), np.zeros((3, 20)),
+                                 np.ones((3, 20)), np.float32)  # one map shared by every table
+    assert tables.block_plan.tolist() == [0, 0, 0] and tables.block_count.tolist() == [4]
+    assert (tables.block_start == starts[1]).all()
+    tables = cpu_cut.make_tables(np.full(5, 30), np.full(5, 30), np.array([maps[k] for k in (1, 0, 1, 3, 0)]),
+                                 np.zeros((5, 20)), np.ones((5, 20)), np.float32)  # a plan per distinct map
+    assert tables.block_plan.tolist() == [0, 1, 0, 2, 1] and tables.block_count.tolist() == [4, 3, 3]
 
 
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16", "float64"])
@@ -481,7 +492,7 @@ def test_band_selections_of_long_runs_match_numpy_with_noise_and_dropout(out_dty
     compute = np.float64 if out_dtype == "float64" else np.float32
     offset, scale = rng.uniform(-300, 300, (t_count, bands)), rng.uniform(1e-4, 1e-3, (t_count, bands))
     tables = cpu_cut.make_tables(np.full(t_count, side), np.full(t_count, stride), band, offset, scale, compute)
-    assert tables.block_count.tolist() == [4, 3, 3, 3, 0]
+    assert tables.block_count[tables.block_plan].tolist() == [4, 3, 3, 3, 0]
     storage = _storage("uint16", 3, side, stride, seed=22)
     slot, y, x = rng.integers(0, 3, n), rng.integers(2, side - 2, n), rng.integers(2, side - 2, n)
     table, codes = rng.integers(0, t_count, n), rng.integers(0, 8, n).astype(np.int8)
