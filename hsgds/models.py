@@ -208,6 +208,8 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, loader: Any = 
     config: dict[str, Any] = model.config  # type: ignore[assignment]  # checked to be a dict above
     settings = _settings(loader, class_names, patch_size=patch_size, normalize=normalize, bands=bands,
                          wavelengths=wavelengths, wavelength_tolerance=wavelength_tolerance, norm_stats=norm_stats)
+    _check_loader_fits(settings, int(config["bands"]), int(config.get("patch_size", settings["patch_size"])),
+                       "the model")
     state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(config),
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "patch_size": settings["patch_size"], "normalize": settings["normalize"], "layout": "NCHW",
@@ -240,6 +242,7 @@ def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, p
     if shape is None:
         raise ConfigError("the program must take one (N, B, p, p) batch; export the model with one 4-D input")
     p = settings["patch_size"]
+    _check_loader_fits(settings, shape[1], next((d for d in shape[2:] if d is not None), p), "the program")
     if any(d is not None and d != p for d in shape[2:]):
         raise ConfigError(f"the program takes {shape[2]}x{shape[3]} patches, not patch_size={p}")
     recipe = {"format": PROGRAM_FORMAT, "version": 1, "patch_size": p, "normalize": settings["normalize"],
@@ -272,12 +275,29 @@ def _settings(loader: Any, class_names: Sequence[str] | None, **given: Any) -> d
         settings = {"patch_size": loader.patch_size, "normalize": loader.normalize, "bands": loader.bands,
                     "wavelengths": loader.wavelengths, "wavelength_tolerance": loader.wavelength_tolerance,
                     "norm_stats": loader.norm_stats}
+        selection = loader.bands if loader.bands is not None else loader.wavelengths
+        settings["loader_bands"] = len(selection) if selection is not None else loader.scene.shape[2]
         if class_names is None:
             class_names = next((s.class_names for s in loader.scenes.scenes if s.class_names), None)
     _check_settings(settings["patch_size"], settings["normalize"], settings["norm_stats"])
     settings["patch_size"] = int(settings["patch_size"])
     settings["class_names"] = None if class_names is None else [str(n) for n in class_names]
     return settings
+
+
+def _check_loader_fits(settings: dict[str, Any], in_bands: int | None, side: int, what: str) -> None:
+    """With ``loader=``: the model takes the loader's batches (its bands and patch size), else a one-line
+    error; the loader may not be the one it was trained with."""
+    yields = settings.get("loader_bands")
+    if yields is None:
+        return
+    if in_bands is not None and in_bands != yields:
+        raise ConfigError(f"{what} takes {in_bands} bands but the loader yields {yields}; pass the loader it was "
+                          "trained with")
+    if side != settings["patch_size"]:
+        p = settings["patch_size"]
+        raise ConfigError(f"{what} takes {side}x{side} patches but the loader yields {p}x{p}; pass the loader it "
+                          "was trained with")
 
 
 def _check_settings(patch_size: Any, normalize: Any, norm_stats: Any) -> None:

@@ -329,6 +329,16 @@ def test_saving_with_a_loader_takes_its_settings_only(scenes, tmp_path):
             save_checkpoint(tmp_path / "x.ckpt", model, **kwargs)
         assert "\n" not in str(info.value)
     assert not (tmp_path / "x.ckpt").exists()
+    # a model that does not take the loader's batches: named before anything is written
+    with pytest.raises(ConfigError, match="the model takes 3 bands but the loader yields 6; pass the loader"):
+        save_checkpoint(tmp_path / "x.ckpt", model, loader=hsgds.PatchLoader(store, patch_size=P, batch_size=8,
+                                                                                device="cpu"))
+    with pytest.raises(ConfigError, match="the model takes 5x5 patches but the loader yields 3x3"):
+        save_checkpoint(tmp_path / "x.ckpt", SpectralSpatialCNN(3, 4, 5, reduce=4, width=8), loader=loader)
+    with pytest.raises(ConfigError, match="the program takes 3 bands but the loader yields 6"):
+        hsgds.models.save_program(tmp_path / "x.pt2", _program(RandomConv()), loader=hsgds.PatchLoader(
+            store, patch_size=P, batch_size=8, device="cpu"))
+    assert not (tmp_path / "x.ckpt").exists() and not (tmp_path / "x.pt2").exists()
     # class names given explicitly win over the store's
     path = save_checkpoint(tmp_path / "n.ckpt", model, loader=loader, class_names=["w", "x", "y", "z"])
     assert torch.load(path, weights_only=True)["class_names"] == ["w", "x", "y", "z"]
