@@ -93,6 +93,30 @@ def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[
                            "wavelength_tolerance": loaded.wavelength_tolerance, "norm_stats": loaded.norm_stats}
 
 
+def _placement(model: nn.Module, device: Any, dtype: Any, follow_model: bool) -> tuple[Any, torch.dtype]:
+    """The loader's device and dtype: as given, else the module's: where its parameters and buffers all are
+    (``follow_model``; a model file's module is moved to the loader's device instead) and their floating
+    dtype when they share one (float32 otherwise). A given device the module is not on is refused."""
+    tensors = [*model.parameters(), *model.buffers()]
+    devices = {t.device for t in tensors}
+    floats = {t.dtype for t in tensors if t.is_floating_point()}
+    if dtype is None:
+        dtype = floats.pop() if len(floats) == 1 and next(iter(floats)) in _FLOAT_DTYPES else torch.float32
+    where = devices.pop() if len(devices) == 1 else None
+    if follow_model and where is not None and where.type in ("cpu", "cuda"):
+        if device is None:
+            device = str(where)
+        else:
+            wanted = torch.device(device)
+            if wanted.type != where.type or (wanted.index is not None and wanted.index != (where.index or 0)):
+                raise ConfigError(f"the model is on {where} but device={str(device)!r}; move it there "
+                                  f"(model.to({str(wanted)!r})) or leave device unset")
+    return device, dtype
+
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def _set_mode(model: nn.Module, training: bool) -> None:
     """model.train(training); a torch.export module refuses mode changes (its mode was fixed at export)."""
     try:
@@ -115,7 +139,7 @@ def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Te
 
 
 def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int = 1024, device: Any = None,
-            dtype: torch.dtype = torch.float32, layout: Any = _UNSET, normalize: Any = _UNSET,
+            dtype: Any = None, layout: Any = _UNSET, normalize: Any = _UNSET,
             mask: Any = None, probabilities: Any = False, out: str | os.PathLike | None = None,
             engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None, tta: bool = False,
             bands: Any = _UNSET, wavelengths: Any = _UNSET, wavelength_tolerance: Any = _UNSET,
@@ -128,11 +152,14 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     model : torch.nn.Module, or a model file (path or :class:`~hsgds.models.LoadedModel`)
         A module takes a patch batch as :class:`~hsgds.PatchLoader` yields it ((N, B, p, p) for NCHW) and
         returns (N, K) logits. It is run in eval mode (its mode is restored afterwards) under
-        ``torch.inference_mode()``, on ``device``. A model file (``.pt2`` program or checkpoint, as
-        ``hsgds predict --model`` takes) is fed the input it was saved with: its patch size, layout,
-        normalization, band selection and statistics (passing any of them too is refused, except the same
-        ``patch_size``).
-    patch_size, batch_size, device, dtype, layout, normalize, engine, reader, ring_bytes
+        ``torch.inference_mode()``, where its parameters are (``device`` must agree). A model file
+        (``.pt2`` program or checkpoint, as ``hsgds predict --model`` takes) is fed the input it was saved
+        with: its patch size, layout, normalization, band selection and statistics (passing any of them too
+        is refused, except the same ``patch_size``), and runs on ``device`` (default: CUDA when usable).
+    device, dtype
+        Where the patches are cut and in which floating dtype; by default where the module's parameters are
+        and in their dtype (float32 when they are not all of one).
+    patch_size, batch_size, layout, normalize, engine, reader, ring_bytes
         As for :class:`~hsgds.PatchLoader` (defaults: layout "NCHW", normalize "zscore"); use the settings
         the model was trained with. ``patch_size`` is required with a module.
     bands, wavelengths, wavelength_tolerance, norm_stats
@@ -167,7 +194,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     scene = store if isinstance(store, Scene) else open_scene(store)
     given = {"patch_size": patch_size, "layout": layout, "normalize": normalize, "bands": bands,
              "wavelengths": wavelengths, "wavelength_tolerance": wavelength_tolerance, "norm_stats": norm_stats}
-    if isinstance(model, (str, os.PathLike, LoadedModel)):
+    from_file = isinstance(model, (str, os.PathLike, LoadedModel))
+    if from_file:
         model, settings = _model_file_input(model, scene, given)
     elif isinstance(model, nn.Module):
         settings = {**_INPUT_DEFAULTS, **{k: v for k, v in given.items() if v is not _UNSET}}
@@ -177,6 +205,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         raise ConfigError(f"model must be a torch.nn.Module or a model file (.pt2 or checkpoint path), "
                           f"got {type(model).__name__}")
     patch_size, layout = settings["patch_size"], settings["layout"]
+    device, dtype = _placement(model, device, dtype, follow_model=not from_file)
     if out is not None:
         writers.check_output(out)
     prob_path = _probability_path(probabilities, out)
@@ -200,6 +229,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                          engine=engine, reader=reader, **settings,
                          ring_bytes=ring_bytes_for(scene, batch_size, mask) if ring_bytes is None else ring_bytes) as loader:
             dev = loader.device
+            if from_file:  # a module loaded here (on the CPU) runs where the loader cuts
+                model.to(dev)
             classmap = torch.zeros((h, w), dtype=torch.int32, device=dev)
             classes = None
             done = 0

@@ -127,3 +127,24 @@ def test_fused_kernel_with_strided_coordinates():
     strided = engine.cut(storage, idx[:, 0], idx[:, 1], idx[:, 2])
     plain = engine.cut(storage, idx[:, 0].contiguous(), idx[:, 1].contiguous(), idx[:, 2].contiguous())
     torch.testing.assert_close(strided, plain, rtol=0, atol=0)
+
+
+def test_predict_runs_a_model_file_where_the_loader_cuts(border_scene, tmp_path, run_cli):  # noqa: F811
+    """A model file (loaded on the CPU) runs on the GPU the loader picks, from Python and from `hsgds predict`;
+    a CPU module given without a device stays on the CPU."""
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    _, _, stores = border_scene
+    store = stores["reflect"]
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=64, device="cpu") as loader:
+        pass
+    torch.manual_seed(0)
+    model = SpectralSpatialCNN(hsgds.open_scene(store).shape[2], 4, 5, reduce=4, width=8)
+    ckpt = save_checkpoint(tmp_path / "m.ckpt", model, loader=loader)
+    on_gpu = hsgds.predict(store, ckpt)
+    on_cpu = hsgds.predict(store, ckpt, device="cpu")
+    assert (on_gpu == on_cpu).mean() > 0.99  # cuDNN's sums may flip a near-tie
+    assert np.array_equal(hsgds.predict(store, model, patch_size=5, norm_stats=loader.norm_stats), on_cpu)
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "m.npy")
+    assert code == 0, err
+    assert (np.load(tmp_path / "m.npy") == on_gpu).mean() > 0.99

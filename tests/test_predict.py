@@ -161,6 +161,18 @@ def test_model_mode_restored(store):
     assert model.training
 
 
+
+def test_patches_follow_the_model_dtype_and_device(store):
+    """A bfloat16 model is fed bfloat16 patches without being told; a device the model is not on is refused."""
+    torch.manual_seed(0)
+    model = RandomConv(3).to(torch.bfloat16)
+    got = predict(store, model, patch_size=3)
+    assert np.array_equal(got, predict(store, model, patch_size=3, dtype=torch.bfloat16, device="cpu"))
+    with pytest.raises(InputError, match="torch.float32 NCHW patch batch"):
+        predict(store, model, patch_size=3, dtype=torch.float32)
+    with pytest.raises(ConfigError, match=r"the model is on cpu but device='cuda:1'; move it there \(model.to"):
+        predict(store, RandomConv(3), patch_size=3, device="cuda:1")
+
 # -- georeference end to end: source written independently, output read back with rasterio -----------------
 
 def _gdal(path):
