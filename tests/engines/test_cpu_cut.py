@@ -87,6 +87,30 @@ def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> None:
                            f"{a[tuple(bad[0])]} vs {b[tuple(bad[0])]}")
 
 
+class _Draws:
+    """Random radiation noise (``radiated`` patches, a bank of ``bank_size`` values, std 0.04) and band
+    dropout (each band of each patch with probability ``drop``) for n patches, as the kernel takes them, and
+    their numpy application to an NCHW reference."""
+
+    def __init__(self, rng, n, bands, p, bank_size, radiated, drop):
+        self.window, self.p, self.bands = bands * p * p, p, bands
+        self.bank = rng.normal(size=bank_size).astype(np.float32)
+        self.radiated = np.sort(rng.choice(n, radiated, replace=False))
+        self.alpha = rng.uniform(0.9, 1.1, radiated).astype(np.float32)
+        self.start = rng.integers(0, (bank_size - self.window) // 64, radiated) * 64
+        self.dropped = np.argwhere(rng.random((n, bands)) < drop)
+        self.noise = cpu_cut.make_noise(n, self.radiated, self.alpha, self.start, self.bank, 0.04, self.dropped)
+
+    def apply(self, ref, compute):
+        """``ref`` (N, B, p, p), normalized: noise on the radiated patches (window pixel-major), drops zeroed."""
+        for k, i in enumerate(self.radiated):
+            window = self.bank[self.start[k]:self.start[k] + self.window].astype(compute)
+            ref[i] = ref[i] * compute(self.alpha[k]) + compute(np.float32(0.04)) * window.reshape(
+                self.p, self.p, self.bands).transpose(2, 0, 1)
+        ref[self.dropped[:, 0], self.dropped[:, 1]] = 0
+        return ref
+
+
 @pytest.mark.parametrize("store, out_dtype", CUT_PAIRS)
 @pytest.mark.parametrize("nchw", [True, False], ids=["NCHW", "NHWC"])
 @pytest.mark.parametrize("stream", [False, True], ids=["stores", "streamed"])
@@ -292,32 +316,22 @@ def test_noise_and_dropout_in_the_cut_match_numpy(out_dtype, layout, stream, mon
     offset, scale = rng.uniform(-100, 100, bands), rng.uniform(1e-4, 1e-3, bands)
     slot, y, x = rng.integers(0, 3, n), rng.integers(2, side - 2, n), rng.integers(2, side - 2, n)
     codes = rng.integers(0, 8, n).astype(np.int8)
-    window = bands * p * p
-    bank = rng.normal(size=4096).astype(np.float32)
-    radiated = np.sort(rng.choice(n, 15, replace=False))
-    alpha = rng.uniform(0.9, 1.1, 15).astype(np.float32)
-    start = rng.integers(0, (4096 - window) // 64, 15) * 64
-    dropped = np.argwhere(rng.random((n, bands)) < 0.2)
-    noise = cpu_cut.make_noise(n, radiated, alpha, start, bank, 0.04, dropped)
+    draws = _Draws(rng, n, bands, p, 4096, 15, 0.2)
     spec = PatchSpec(p, 2, bands, side, layout, getattr(torch, out_dtype), offset, scale)
     engine = TorchEngine(spec)
     assert engine.fuses_noise
     co = [torch.from_numpy(a) for a in (slot, y, x)]
-    got = engine.cut(torch.from_numpy(storage), *co, dihedral=torch.from_numpy(codes), noise=noise)
+    got = engine.cut(torch.from_numpy(storage), *co, dihedral=torch.from_numpy(codes), noise=draws.noise)
 
     compute = np.float64 if out_dtype == "float64" else np.float32
     ref = np.stack([apply_dihedral_numpy(storage[s, a - 2:a + 3, b - 2:b + 3], int(c))
                     for s, a, b, c in zip(slot, y, x, codes)]).astype(compute)
-    ref = ((ref - offset.astype(compute)) * scale.astype(compute)).transpose(0, 3, 1, 2)  # NCHW
-    for k, i in enumerate(radiated):
-        window_noise = bank[start[k]:start[k] + window].astype(compute).reshape(p, p, bands).transpose(2, 0, 1)
-        ref[i] = ref[i] * compute(alpha[k]) + compute(np.float32(0.04)) * window_noise
-    ref[dropped[:, 0], dropped[:, 1]] = 0
+    ref = draws.apply(((ref - offset.astype(compute)) * scale.astype(compute)).transpose(0, 3, 1, 2), compute)
     if layout == "NHWC":
         ref = ref.transpose(0, 2, 3, 1)
     _equal_bits(got, torch.from_numpy(np.ascontiguousarray(ref)).to(getattr(torch, out_dtype)))
     plain = engine.cut(torch.from_numpy(storage), *co, dihedral=torch.from_numpy(codes))
-    untouched = np.setdiff1d(np.setdiff1d(np.arange(n), radiated), dropped[:, 0])
+    untouched = np.setdiff1d(np.setdiff1d(np.arange(n), draws.radiated), draws.dropped[:, 0])
     _equal_bits(got[untouched], plain[untouched])
 
 
@@ -496,27 +510,17 @@ def test_band_selections_of_long_runs_match_numpy_with_noise_and_dropout(out_dty
     storage = _storage("uint16", 3, side, stride, seed=22)
     slot, y, x = rng.integers(0, 3, n), rng.integers(2, side - 2, n), rng.integers(2, side - 2, n)
     table, codes = rng.integers(0, t_count, n), rng.integers(0, 8, n).astype(np.int8)
-    window = bands * p * p
-    bank = rng.normal(size=8192).astype(np.float32)
-    radiated = np.sort(rng.choice(n, 40, replace=False))
-    alpha = rng.uniform(0.9, 1.1, 40).astype(np.float32)
-    start = rng.integers(0, (8192 - window) // 64, 40) * 64
-    dropped = np.argwhere(rng.random((n, bands)) < 0.15)
-    noise = cpu_cut.make_noise(n, radiated, alpha, start, bank, 0.04, dropped)
+    draws = _Draws(rng, n, bands, p, 8192, 40, 0.15)
 
     base = ((slot * side + (y - 2)) * side + (x - 2)).astype(np.int64) * stride
     out = torch.empty((n, bands, p, p), dtype=getattr(torch, out_dtype))
     mode = cpu_cut.MODES[out_dtype]
     dst = out.view(-1).view(torch.int16).numpy().view(np.uint16) if mode else out.view(-1).numpy()
     cpu_cut.cut_range(storage.reshape(-1), base, table.astype(np.int64), codes, tables, dst, p, True, mode, 0, n,
-                      stream, noise)
+                      stream, draws.noise)
 
     ref = np.stack([apply_dihedral_numpy(storage[s, a - 2:a + 3, b - 2:b + 3][..., band[t]], int(c))
                     for s, a, b, t, c in zip(slot, y, x, table, codes)]).astype(compute)
     ref = ((ref - offset[table, None, None].astype(compute)) * scale[table, None, None].astype(compute))
-    ref = ref.transpose(0, 3, 1, 2)
-    for k, i in enumerate(radiated):
-        window_noise = bank[start[k]:start[k] + window].astype(compute).reshape(p, p, bands).transpose(2, 0, 1)
-        ref[i] = ref[i] * compute(alpha[k]) + compute(np.float32(0.04)) * window_noise
-    ref[dropped[:, 0], dropped[:, 1]] = 0
+    ref = draws.apply(ref.transpose(0, 3, 1, 2), compute)
     _equal_bits(out, torch.from_numpy(np.ascontiguousarray(ref)).to(getattr(torch, out_dtype)))
