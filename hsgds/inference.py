@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hsgds.augment import dihedral_batch
+from hsgds.engines.base import OUT_DTYPES
 from hsgds.errors import ConfigError, InputError
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, open_scene
@@ -101,7 +102,7 @@ def _placement(model: nn.Module, device: Any, dtype: Any, follow_model: bool) ->
     devices = {t.device for t in tensors}
     floats = {t.dtype for t in tensors if t.is_floating_point()}
     if dtype is None:
-        dtype = floats.pop() if len(floats) == 1 and next(iter(floats)) in _FLOAT_DTYPES else torch.float32
+        dtype = floats.pop() if len(floats) == 1 and next(iter(floats)) in OUT_DTYPES else torch.float32
     where = devices.pop() if len(devices) == 1 else None
     if follow_model and where is not None and where.type in ("cpu", "cuda"):
         if device is None:
@@ -112,9 +113,6 @@ def _placement(model: nn.Module, device: Any, dtype: Any, follow_model: bool) ->
                 raise ConfigError(f"the model is on {where} but device={str(device)!r}; move it there "
                                   f"(model.to({str(wanted)!r})) or leave device unset")
     return device, dtype
-
-
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _set_mode(model: nn.Module, training: bool) -> None:

@@ -366,7 +366,7 @@ class PatchLoader:
         self._plan(self._epoch)  # a ring too small for a batch is reported now, before anything is allocated
         self._reader = make_reader(self.choice.reader, self.scenes.tile_source())
         self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
-        self._out_bands = out_bands
+        self.out_bands = out_bands  # bands of each patch (all of the scenes', or the selection's)
         # radiation noise and band dropout inside the cut where the engine can (the fused CPU kernel);
         # dropout only without mixture noise, which comes between them (hsgds.augment)
         fuse = augment is not None and self._engine.fuses_noise
@@ -525,7 +525,7 @@ class PatchLoader:
                 r += 1
             aug = noise = None
             if self.augment is not None:  # keyed on each sample's index in the sample set
-                aug = draw(self.augment, self.seed, epoch, idx, label, self._out_bands, self.patch_size)
+                aug = draw(self.augment, self.seed, epoch, idx, label, self.out_bands, self.patch_size)
                 if aug.dihedral is not None:
                     rows[r] = aug.dihedral
                     r += 1
@@ -566,7 +566,7 @@ class PatchLoader:
         if not (self._fused_radiation or self._fused_dropout):
             return None
         assert self.augment is not None and self._augmenter is not None
-        window = self._out_bands * self.patch_size**2
+        window = self.out_bands * self.patch_size**2
         bank = self._augmenter.host_bank(window) if self._fused_radiation else np.zeros(0, np.float32)
         radiated = aug.radiated if self._fused_radiation else aug.radiated[:0]
         return cpu_cut.make_noise(n, radiated, aug.alpha, aug.bank_start, bank, self.augment.noise_std,

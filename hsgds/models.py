@@ -275,8 +275,7 @@ def _settings(loader: Any, class_names: Sequence[str] | None, **given: Any) -> d
         settings = {"patch_size": loader.patch_size, "normalize": loader.normalize, "bands": loader.bands,
                     "wavelengths": loader.wavelengths, "wavelength_tolerance": loader.wavelength_tolerance,
                     "norm_stats": loader.norm_stats}
-        selection = loader.bands if loader.bands is not None else loader.wavelengths
-        settings["loader_bands"] = len(selection) if selection is not None else loader.scene.shape[2]
+        settings["loader_bands"] = loader.out_bands
         if class_names is None:
             class_names = next((s.class_names for s in loader.scenes.scenes if s.class_names), None)
     _check_settings(settings["patch_size"], settings["normalize"], settings["norm_stats"])
