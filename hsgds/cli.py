@@ -451,26 +451,14 @@ def _patch_size_for(loaded, model_path: str, patch_size: int | None, name: str, 
     """The patch size to predict scene ``name`` with (``--patch-size`` or the model's), once the model is known
     to take its bands (all of them, or the checkpoint's selection) and the store to serve that size; exit 2
     with what to do otherwise."""
-    from hsgds.scene_set import scene_bands
-
-    where = f"scene {name!r}"
-    if loaded.band_indices is not None or loaded.wavelengths is not None:
-        try:
-            scene_bands(name, bands, wavelengths, loaded.band_indices, loaded.wavelengths, loaded.wavelength_tolerance)
-        except HsgdsError as exc:
-            _fail(f"{model_path} was trained on a band selection that {where} cannot give: {exc}")
-    elif loaded.bands is not None and loaded.bands != bands:
-        _fail(f"{model_path} takes {loaded.bands} bands but {where} has {bands}; use a model trained on this sensor")
-    if patch_size is None:
-        if loaded.patch_size is None:
-            _fail(f"{model_path} does not fix its patch size; pass --patch-size")
-        patch_size = loaded.patch_size
-    elif loaded.patch_size is not None and patch_size != loaded.patch_size:
-        _fail(f"{model_path} was made for {loaded.patch_size}x{loaded.patch_size} patches, not {patch_size}x{patch_size}; "
-              f"drop --patch-size or pass {loaded.patch_size}")
+    try:
+        loaded.check_scene(model_path, name, bands, wavelengths)
+        patch_size = loaded.fitted_patch_size(model_path, patch_size, "--patch-size")
+    except HsgdsError as exc:
+        _fail(str(exc))
     max_p = 2 * halo + 1
     if patch_size > max_p:
-        _fail(f"the model needs {patch_size}x{patch_size} patches but {where} serves at most {max_p}x{max_p}; "
+        _fail(f"the model needs {patch_size}x{patch_size} patches but scene {name!r} serves at most {max_p}x{max_p}; "
               f"convert again with --max-patch {patch_size}")
     return patch_size
 

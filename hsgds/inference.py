@@ -70,7 +70,7 @@ _INPUT_DEFAULTS: dict[str, Any] = {"layout": "NCHW", "normalize": "zscore", "ban
 
 def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
     """The module of a model file and the input it was saved with; a setting passed too is refused (the same
-    patch size excepted, or one the file leaves open), as is a scene whose band count the model cannot take."""
+    patch size excepted, or one the file leaves open), as is a scene whose bands the model cannot be fed."""
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     name = "the model" if isinstance(model, LoadedModel) else str(model)
     patch_size = given.pop("patch_size")
@@ -78,17 +78,8 @@ def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[
     if clashing:
         raise ConfigError(f"{name} carries the input it was trained with; drop {', '.join(k + '=' for k in clashing)}"
                           " (or pass its torch.nn.Module, hsgds.models.load_model(path).module, to feed another)")
-    if patch_size is _UNSET:
-        if loaded.patch_size is None:
-            raise ConfigError(f"{name} does not fix its patch size; pass patch_size=")
-        patch_size = loaded.patch_size
-    elif loaded.patch_size is not None and patch_size != loaded.patch_size:
-        raise ConfigError(f"{name} was made for {loaded.patch_size}x{loaded.patch_size} patches, not "
-                          f"patch_size={patch_size}; drop patch_size=")
-    selected = loaded.band_indices is not None or loaded.wavelengths is not None
-    if not selected and loaded.bands is not None and loaded.bands != scene.shape[2]:
-        raise ConfigError(f"{name} takes {loaded.bands} bands but {scene.path} has {scene.shape[2]}; use a model "
-                          "trained on this sensor")
+    patch_size = loaded.fitted_patch_size(name, None if patch_size is _UNSET else patch_size, "patch_size=")
+    loaded.check_scene(name, str(scene.path), scene.shape[2], scene.wavelengths)
     return loaded.module, {"patch_size": patch_size, "layout": loaded.layout, "normalize": loaded.normalize,
                            "bands": loaded.band_indices, "wavelengths": loaded.wavelengths,
                            "wavelength_tolerance": loaded.wavelength_tolerance, "norm_stats": loaded.norm_stats}

@@ -330,6 +330,33 @@ class LoadedModel:
     wavelength_tolerance: float = 5.0
     norm_stats: BandStats | None = None
 
+    def fitted_patch_size(self, name: str, given: int | None, option: str) -> int:
+        """The patch size to feed the model ``name``: ``given`` or the one it fixes; a ConfigError that names
+        ``option`` (``patch_size=``, ``--patch-size``) when neither fixes one or the two differ."""
+        if given is None:
+            if self.patch_size is None:
+                raise ConfigError(f"{name} does not fix its patch size; pass {option}")
+            return self.patch_size
+        if self.patch_size is not None and given != self.patch_size:
+            p = self.patch_size
+            raise ConfigError(f"{name} was made for {p}x{p} patches, not {given}x{given}; drop {option} or pass {p}")
+        return given
+
+    def check_scene(self, name: str, scene: str, bands: int, wavelengths: Sequence[float] | None) -> None:
+        """Refuse (ConfigError) a scene of ``bands`` bands at ``wavelengths`` that model ``name`` cannot be fed:
+        its band selection is not in the scene, or it takes all bands of another band count."""
+        from hsgds.scene_set import scene_bands
+
+        if self.band_indices is not None or self.wavelengths is not None:
+            try:
+                scene_bands(scene, bands, wavelengths, self.band_indices, self.wavelengths, self.wavelength_tolerance)
+            except ConfigError as exc:
+                raise ConfigError(f"{name} was trained on a band selection that scene {scene!r} cannot give: "
+                                  f"{exc}") from None
+        elif self.bands is not None and self.bands != bands:
+            raise ConfigError(f"{name} takes {self.bands} bands but scene {scene!r} has {bands}; use a model "
+                              "trained on this sensor")
+
 
 def _bad(path: Path, why: str) -> InputError:
     return InputError(f"{path} is not a usable model: {why}; pass a torch.export program (.pt2, "

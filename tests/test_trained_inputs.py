@@ -292,8 +292,8 @@ def test_predict_with_a_model_file_refuses_other_input_settings(scenes, tmp_path
     cases = [
         (store, dict(normalize="zscore"), "six.ckpt carries the input it was trained with; drop normalize="),
         (store, dict(bands=[0, 1, 2], norm_stats=None), "drop bands=, norm_stats="),
-        (store, dict(patch_size=5), "was made for 3x3 patches, not patch_size=5"),
-        (scenes["C"][1], {}, "six.ckpt takes 6 bands but .*C.zarr has 8"),
+        (store, dict(patch_size=5), "was made for 3x3 patches, not 5x5; drop patch_size="),
+        (scenes["C"][1], {}, "six.ckpt takes 6 bands but scene .*C.zarr. has 8"),
     ]
     for where, kwargs, message in cases:
         with pytest.raises(ConfigError, match=message) as info:
