@@ -404,7 +404,8 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
               help="Class map to write: .tif (GeoTIFF), .png, .hdr (ENVI classification) or .npy. For a "
                    "collection, a path naming each scene's map with {name}, e.g. maps/{name}.tif.")
 @click.option("--patch-size", type=int, help="Patch side p (default: the model's).")
-@click.option("--batch-size", default=1024, show_default=True)
+@click.option("--batch-size", type=int, help="Patches per model call (default: 1024, or the fixed batch size a "
+                                                "program was exported with).")
 @click.option("--probabilities", type=click.Path(dir_okay=False),
               help="Also write per-class probabilities, float16 (H, W, K), to this .npy file (with {name} for a "
                    "collection).")
@@ -463,7 +464,7 @@ def _patch_size_for(loaded, model_path: str, patch_size: int | None, name: str, 
     return patch_size
 
 
-def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int, probabilities: str | None,
+def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | None, probabilities: str | None,
                    device: str | None, tta: bool) -> None:
     from hsgds.inference import predict as run_predict
 
@@ -476,7 +477,7 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int, pr
                + (f"; probabilities in {probabilities}" if probabilities else ""))
 
 
-def _predict_collection(path: str, model_path: str, out: str, patch_size: int | None, batch_size: int,
+def _predict_collection(path: str, model_path: str, out: str, patch_size: int | None, batch_size: int | None,
                         probabilities: str | None, device: str | None, tta: bool) -> None:
     """``hsgds predict`` over a collection: every scene checked against the model and every output path
     before any work (exit 2); then a map per scene, a scene that fails named while the others are

@@ -68,9 +68,9 @@ _INPUT_DEFAULTS: dict[str, Any] = {"layout": "NCHW", "normalize": "zscore", "ban
                                    "wavelength_tolerance": 5.0, "norm_stats": None}
 
 
-def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
-    """The module of a model file and the input it was saved with; a setting passed too is refused (the same
-    patch size excepted, or one the file leaves open), as is a scene whose bands the model cannot be fed."""
+def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[LoadedModel, dict[str, Any]]:
+    """A model file loaded, and the input it was saved with; a setting passed too is refused (the same patch
+    size excepted, or one the file leaves open), as is a scene whose bands the model cannot be fed."""
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     name = "the model" if isinstance(model, LoadedModel) else str(model)
     patch_size = given.pop("patch_size")
@@ -80,7 +80,7 @@ def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[
                           " (or pass its torch.nn.Module, hsgds.models.load_model(path).module, to feed another)")
     patch_size = loaded.fitted_patch_size(name, None if patch_size is _UNSET else patch_size, "patch_size=")
     loaded.check_scene(name, str(scene.path), scene.shape[2], scene.wavelengths)
-    return loaded.module, {"patch_size": patch_size, "layout": loaded.layout, "normalize": loaded.normalize,
+    return loaded, {"patch_size": patch_size, "layout": loaded.layout, "normalize": loaded.normalize,
                            "bands": loaded.band_indices, "wavelengths": loaded.wavelengths,
                            "wavelength_tolerance": loaded.wavelength_tolerance, "norm_stats": loaded.norm_stats}
 
@@ -127,7 +127,29 @@ def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Te
     return mean / 8
 
 
-def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int = 1024, device: Any = None,
+DEFAULT_BATCH = 1024
+
+
+def _fixed_batch(name: str, fixed: int | None, batch_size: int | None) -> int:
+    """The batch size to predict with: ``batch_size`` (default 1024), or the one a program was exported with
+    (it takes no other; a partial last batch is padded to it)."""
+    if fixed is None:
+        return DEFAULT_BATCH if batch_size is None else batch_size
+    if batch_size not in (None, fixed):
+        raise ConfigError(f"{name} takes batches of exactly {fixed} patches (exported without a dynamic batch "
+                          f"size); drop the batch size, or export with dynamic_shapes=({{0: torch.export.Dim('n')}},)")
+    return fixed
+
+
+def _padded(patches: torch.Tensor, size: int | None) -> torch.Tensor:
+    """``patches`` with its last patch repeated up to ``size`` rows, for a program of a fixed batch size."""
+    n = patches.shape[0]
+    if size is None or n == size:
+        return patches
+    return torch.cat([patches, patches[-1:].expand(size - n, *patches.shape[1:])])
+
+
+def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int | None = None, device: Any = None,
             dtype: Any = None, layout: Any = _UNSET, normalize: Any = _UNSET,
             mask: Any = None, probabilities: Any = False, out: str | os.PathLike | None = None,
             engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None, tta: bool = False,
@@ -149,8 +171,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         Where the patches are cut and in which floating dtype; by default where the module's parameters are
         and in their dtype (float32 when they are not all of one).
     patch_size, batch_size, layout, normalize, engine, reader, ring_bytes
-        As for :class:`~hsgds.PatchLoader` (defaults: layout "NCHW", normalize "zscore"); use the settings
-        the model was trained with. ``patch_size`` is required with a module.
+        As for :class:`~hsgds.PatchLoader` (defaults: batch_size 1024, layout "NCHW", normalize "zscore"); use
+        the settings the model was trained with. ``patch_size`` is required with a module. A program exported
+        with a fixed batch size takes batches of exactly that size (the last one padded, the padding dropped).
     bands, wavelengths, wavelength_tolerance, norm_stats
         As for :class:`~hsgds.PatchLoader`: the bands the model takes (indices, or each wavelength's nearest
         band of this scene) and the statistics to normalize with. By default the scene is normalized with
@@ -184,9 +207,14 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     given = {"patch_size": patch_size, "layout": layout, "normalize": normalize, "bands": bands,
              "wavelengths": wavelengths, "wavelength_tolerance": wavelength_tolerance, "norm_stats": norm_stats}
     from_file = isinstance(model, (str, os.PathLike, LoadedModel))
+    fixed = None  # the batch size of a program that takes no other
     if from_file:
-        model, settings = _model_file_input(model, scene, given)
+        loaded, settings = _model_file_input(model, scene, given)
+        name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
+        model, fixed = loaded.module, loaded.batch_size
+        batch_size = _fixed_batch(name, fixed, batch_size)
     elif isinstance(model, nn.Module):
+        batch_size = DEFAULT_BATCH if batch_size is None else batch_size
         settings = {**_INPUT_DEFAULTS, **{k: v for k, v in given.items() if v is not _UNSET}}
         if "patch_size" not in settings:
             raise ConfigError("pass patch_size= (the patch side the model was trained on)")
@@ -225,26 +253,28 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
             done = 0
             with torch.inference_mode():
                 for patches, _, coords in loader:
+                    n = patches.shape[0]
+                    patches = _padded(patches, fixed)
                     try:
                         logits = model(patches)
                     except Exception as exc:
-                        if classes is not None:
-                            raise
-                        raise InputError(f"the model failed on a {tuple(patches.shape)} {patches.dtype} "
-                                         f"{layout} patch batch ({_first_line(exc)}); check that it takes "
-                                         f"{patches.shape[1 if layout == 'NCHW' else 3]} bands and {patch_size}x{patch_size} "
-                                         "patches") from None
-                    n = patches.shape[0]
-                    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != n:
+                        bands_in = patches.shape[1 if layout == "NCHW" else 3]
+                        hint = (f"check that it takes {bands_in} bands and {patch_size}x{patch_size} patches"
+                                if classes is None else f"after {done} pixels were predicted")
+                        raise InputError(f"the model failed on a {tuple(patches.shape)} {patches.dtype} {layout} "
+                                         f"patch batch ({_first_line(exc)}); {hint}") from None
+                    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != patches.shape[0]:
                         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-                        raise InputError(f"the model returned {got} for {n} patches; it must return (N, K) logits")
+                        raise InputError(f"the model returned {got} for {patches.shape[0]} patches; it must "
+                                         "return (N, K) logits")
                     if classes is None:
                         classes = int(logits.shape[1])
                         if not 1 <= classes <= 65535:
                             raise InputError(f"the model returns {classes} logits per pixel; 1..65535 are supported")
                         if prob_path is not None:
                             probs = writers.ProbabilityFile(prob_path, (h, w, classes))
-                    scores = _tta_probabilities(model, patches, logits, layout) if tta else logits
+                    scores = (_tta_probabilities(model, patches, logits, layout) if tta else logits)[:n]
+                    logits = logits[:n]
                     y, x = coords[:, 0], coords[:, 1]
                     classmap[y, x] = scores.argmax(1).to(torch.int32) + 1
                     if probs is not None:

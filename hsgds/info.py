@@ -242,11 +242,13 @@ def describe_model(path: str | os.PathLike, loaded: Any) -> str:
         bands = "every band of the scene" + (f" ({loaded.bands})" if loaded.bands is not None else "")
     p = loaded.patch_size
     lines.append(f"input:      {bands}; " + (f"{p}x{p} patches" if p is not None else "patch size not fixed")
-                 + f", {loaded.layout}")
+                 + f", {loaded.layout}"
+                 + (f", batches of exactly {loaded.batch_size} (fixed at export)" if loaded.batch_size else ""))
     if loaded.normalize is None:
         norm = "none (values as stored)"
     else:
-        whose = "the statistics saved with the model" if loaded.norm_stats is not None else "each scene's own train statistics"
+        whose = ("the statistics saved with the model" if loaded.norm_stats is not None
+                 else "each scene's own train statistics (all its pixels' when it has no labels)")
         norm = f"{loaded.normalize}, with {whose}"
     lines.append(f"normalize:  {norm}")
     if loaded.classes is not None or loaded.class_names:

@@ -329,6 +329,7 @@ class LoadedModel:
     wavelengths: list[float] | None = None
     wavelength_tolerance: float = 5.0
     norm_stats: BandStats | None = None
+    batch_size: int | None = None  # a program exported without a dynamic batch dimension takes exactly this many
 
     def fitted_patch_size(self, name: str, given: int | None, option: str) -> int:
         """The patch size to feed the model ``name``: ``given`` or the one it fixes; a ConfigError that names
@@ -394,10 +395,11 @@ def _load_export(path: Path) -> LoadedModel:
     if shape is None:
         raise _bad(path, f"the program takes {len(program.graph_signature.user_inputs)} inputs, not one "
                          "(N, B, p, p) batch")
-    bands, p1, p2 = shape[1], shape[2], shape[3]
+    batch, bands, p1, p2 = shape
     patch_size = p1 if p1 == p2 else None
     if not extra[PROGRAM_RECIPE]:  # a plain torch.export.save: all bands, each scene's own z-score
-        return LoadedModel(module=module, kind="export", bands=bands, patch_size=patch_size, classes=None)
+        return LoadedModel(module=module, kind="export", bands=bands, patch_size=patch_size, classes=None,
+                           batch_size=batch)
     try:
         recipe = json.loads(extra[PROGRAM_RECIPE])
     except ValueError as exc:
@@ -416,7 +418,7 @@ def _load_export(path: Path) -> LoadedModel:
     if bands is None and isinstance(chosen, list):
         bands = len(chosen)
     return LoadedModel(module=module, kind="export", bands=bands, patch_size=p, classes=None, normalize=normalize,
-                       class_names=[str(n) for n in names] if isinstance(names, list) else None,
+                       class_names=[str(n) for n in names] if isinstance(names, list) else None, batch_size=batch,
                        **_recipe(path, recipe, bands))
 
 

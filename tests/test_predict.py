@@ -251,6 +251,38 @@ def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, 
                           predict(store, model, patch_size=5, device="cpu", tta=True))
 
 
+def test_a_program_of_a_fixed_batch_size_gets_its_last_batch_padded(store, tmp_path, run_cli):
+    """torch.export without dynamic_shapes fixes the batch size: every batch is that size, the last one (37 x 29
+    = 1073 pixels = 67 x 16 + 1) padded, and the padding's outputs dropped; another batch size is refused."""
+    ckpt, model = _checkpoint(tmp_path)
+    model.eval()
+    torch.export.save(torch.export.export(model, (torch.randn(16, B, 5, 5),)), tmp_path / "fixed.pt2")
+    reference = predict(store, model, patch_size=5, device="cpu", batch_size=50)
+    assert np.array_equal(predict(store, tmp_path / "fixed.pt2", device="cpu"), reference)
+    assert np.array_equal(predict(store, tmp_path / "fixed.pt2", device="cpu", tta=True),
+                          predict(store, model, patch_size=5, device="cpu", tta=True))
+    with pytest.raises(ConfigError, match="takes batches of exactly 16 patches .*dynamic_shapes"):
+        predict(store, tmp_path / "fixed.pt2", device="cpu", batch_size=32)
+    code, out, err = run_cli("predict", store, "--model", tmp_path / "fixed.pt2", "-o", tmp_path / "f.npy")
+    assert code == 0 and "batches of exactly 16 (fixed at export)" in out, err
+    assert np.array_equal(np.load(tmp_path / "f.npy", allow_pickle=False), reference)
+
+
+def test_a_model_failing_on_a_later_batch_is_one_line(store):
+    class FailsLater(RandomConv):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("out of\nmemory")
+            return super().forward(x)
+
+    with pytest.raises(InputError, match=r"the model failed on a \(64, 8, 5, 5\) .*RuntimeError: out of memory\); "
+                                         "after 128 pixels were predicted"):
+        predict(store, FailsLater(5), patch_size=5, batch_size=64, device="cpu")
+
+
 def test_cli_predict_refuses_bad_models_in_one_line(store, tmp_path, run_cli):
     ckpt, _ = _checkpoint(tmp_path)
     garbage = tmp_path / "garbage.ckpt"
