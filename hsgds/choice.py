@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hsgds import defaults
 from hsgds._optional import cuda_extra
 from hsgds.errors import ConfigError, DependencyError
 from hsgds.io import READERS as _READER_REGISTRY
@@ -39,9 +40,9 @@ class Choice:
 
 def _device_for(report: DeviceReport, reasons: list[str], requested: str | None = None) -> str:
     setting = report.device_setting if requested is None else requested
-    origin = "HSGDS_DEVICE" if requested is None else "device"
+    said = defaults.given_as("device", setting) if requested is None else f"device={setting!r}"
     if setting == "cpu":
-        reasons.append(f"device cpu: {origin}=cpu forces the CPU path")
+        reasons.append(f"device cpu: {said} forces the CPU path")
         return "cpu"
     if setting == "auto":
         if report.cuda:
@@ -52,14 +53,14 @@ def _device_for(report: DeviceReport, reasons: list[str], requested: str | None 
     if setting == "cuda" or (setting.startswith("cuda:") and setting[5:].isdigit()):
         index = int(setting[5:]) if ":" in setting else 0
         if not report.cuda:
-            raise ConfigError(f"{origin}={setting} but CUDA is not usable here ({report.cuda_reason}); "
-                              f"unset {origin} or set it to 'cpu'")
+            raise ConfigError(f"{said} but CUDA is not usable here ({report.cuda_reason}); "
+                              f"{'unset it' if requested is None else 'leave device unset'} or use 'cpu'")
         if index >= report.device_count:
-            raise ConfigError(f"{origin}={setting} but this machine has {report.device_count} CUDA "
+            raise ConfigError(f"{said} but this machine has {report.device_count} CUDA "
                               f"device(s); use cuda:0..cuda:{report.device_count - 1}")
-        reasons.append(f"device cuda:{index}: requested by {origin}={setting}")
+        reasons.append(f"device cuda:{index}: requested by {said}")
         return f"cuda:{index}"
-    raise ConfigError(f"{origin}={setting!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    raise ConfigError(f"{said} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
 
 def _compat_note(report: DeviceReport) -> str:

@@ -46,16 +46,20 @@ def _split_warnings(prefix: str = ""):
     ``prefix`` (a collection's scene name)."""
     from hsgds.preprocess.splits import UnsplittableClassWarning
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UnsplittableClassWarning)
-        try:
-            yield
-        finally:
-            for w in caught:
-                if issubclass(w.category, UnsplittableClassWarning):
-                    click.echo(f"hsgds: warning: {prefix}{w.message}", err=True)
-                else:
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    shown: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UnsplittableClassWarning)
+            try:
+                yield
+            finally:
+                shown = list(caught)
+    finally:  # after the recording ends: a warning re-raised inside it would be recorded again, for ever
+        for w in shown:
+            if issubclass(w.category, UnsplittableClassWarning):
+                click.echo(f"hsgds: warning: {prefix}{w.message}", err=True)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _echo_split(store) -> None:

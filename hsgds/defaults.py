@@ -76,6 +76,13 @@ def _text(value: Any) -> str:
     return os.fspath(value)
 
 
+def _device(value: Any) -> str:
+    text = _text(value).strip().lower()
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise ValueError
+
+
 def _default_cache_dir() -> str:
     return str(Path.home() / ".cache" / "hsgds")
 
@@ -99,7 +106,7 @@ class Setting:
 
 _SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("cache_dir", "HSGDS_CACHE_DIR", _default_cache_dir, _text, "a directory path"),
-    Setting("device", "HSGDS_DEVICE", "auto", _text, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    Setting("device", "HSGDS_DEVICE", "auto", _device, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
     # DALI engine: worker threads of its pipelines; 0 = the usable CPU cores, at most 16
     Setting("dali_threads", "HSGDS_DALI_THREADS", 0, _integer(0), "an integer >= 0 (0: automatic)"),
     # threads in kvikio's pool; 0 = KVIKIO_NTHREADS if set, else raised to min(8, CPUs) by KvikioReader
@@ -163,6 +170,14 @@ def env_var(name: str) -> str:
 def default(name: str) -> Any:
     """The default of a setting (what it is when neither set() nor its environment variable gives one)."""
     return _setting(name).default_value()
+
+
+def given_as(name: str, value: Any) -> str:
+    """How a setting's ``value`` was given, for messages: ``defaults.set(device='cpu')`` when set() gave
+    it, else as its environment variable (``HSGDS_DEVICE=cpu``)."""
+    if name in _overrides:
+        return f"defaults.set({name}={value!r})"
+    return f"{_setting(name).env}={value}"
 
 
 def get(name: str) -> Any:

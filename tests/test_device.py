@@ -242,7 +242,7 @@ def test_choose_device_setting_errors():
         choose(dataclasses.replace(CPU, device_setting="cuda"))
     with pytest.raises(ConfigError, match="1 CUDA device"):
         choose(dataclasses.replace(GPU, device_setting="cuda:3"))
-    with pytest.raises(ConfigError, match="'gpu' is not a device"):
+    with pytest.raises(ConfigError, match="HSGDS_DEVICE=gpu is not a device"):
         choose(dataclasses.replace(GPU, device_setting="gpu"))
     assert choose(dataclasses.replace(GPU, device_setting="cuda")).device == "cuda:0"
     two = dataclasses.replace(GPU, device_setting="cuda:1", device_count=2)

@@ -185,6 +185,25 @@ def test_bad_value_given_to_set_changes_nothing(env):
     assert (defaults.get("device"), defaults.get("read_inflight")) == ("auto", 4)
 
 
+@pytest.mark.parametrize("bad", ["tpu", "cuda:x", "gpu0", 3])
+def test_a_device_that_is_none_is_refused_where_it_is_given(env, bad):
+    with pytest.raises(ConfigError, match=f"setting device={re.escape(repr(bad))} is not 'auto', 'cpu', 'cuda'"):
+        defaults.set(device=bad)
+    env("HSGDS_DEVICE", str(bad))
+    with pytest.raises(ConfigError, match=f"HSGDS_DEVICE='{bad}' is not 'auto'"):
+        defaults.get("device")
+    env("HSGDS_DEVICE", " CUDA:1 ")
+    assert defaults.get("device") == "cuda:1"
+
+
+def test_a_device_given_to_set_is_named_so_in_errors(env):
+    from hsgds.choice import choose
+    from hsgds.probe import DeviceReport
+
+    with defaults.set(device="cuda"), pytest.raises(ConfigError, match=r"defaults.set\(device='cuda'\) but CUDA is not"):
+        choose(DeviceReport(device_setting="cuda"))
+
+
 def test_ring_cpu_bytes_caps_the_default_ring(indian_pines_store):
     from hsgds.loader import PatchLoader
     from hsgds.scene import open_scene
