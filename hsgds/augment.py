@@ -43,7 +43,7 @@ import torch
 
 from hsgds import defaults
 from hsgds._numba_cache import import_kernels
-from hsgds.errors import ConfigError
+from hsgds.errors import ConfigError, as_flag
 
 __all__ = ["Augment", "AugmentBatch", "apply_after_cut", "dihedral_batch", "dihedral_offsets", "draw", "philox4x32"]
 
@@ -143,24 +143,30 @@ class Augment:
 
     def __post_init__(self) -> None:
         for name in ("flip", "rot90"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"Augment.{name} must be True or False, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, as_flag(getattr(self, name), f"Augment.{name}"))
         for name in ("radiation_noise", "mixture_noise", "band_dropout"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            if not _real(value) or not 0.0 <= value <= 1.0:
                 raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r}")
+            object.__setattr__(self, name, float(value))
         scale = self.radiation_scale
         if (not isinstance(scale, (tuple, list)) or len(scale) != 2
-                or not all(isinstance(v, (int, float)) and np.isfinite(v) for v in scale) or scale[0] > scale[1]):
-            raise ConfigError(f"Augment.radiation_scale must be (low, high) with low <= high, got {scale!r}")
+                or not all(_real(v) and np.isfinite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
+            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {scale!r}")
         object.__setattr__(self, "radiation_scale", (float(scale[0]), float(scale[1])))
         std = self.noise_std
-        if isinstance(std, bool) or not isinstance(std, (int, float)) or not (np.isfinite(std) and std >= 0):
+        if not _real(std) or not (np.isfinite(std) and std >= 0):
             raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r}")
+        object.__setattr__(self, "noise_std", float(std))
 
     @property
     def geometric(self) -> bool:
         return self.flip or self.rot90
+
+
+def _real(value: object) -> bool:
+    """A real number (Python's or numpy's), not a bool."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from hsgds import format as fmt
 from hsgds._gc import gc_paused
 from hsgds._lru import LruCache
 from hsgds._version import __version__
-from hsgds.errors import StoreError
+from hsgds.errors import StoreError, as_path
 from hsgds.format import TileGrid
 from hsgds.scene import MAX_JSON_BYTES, Scene, open_scene, samples_at
 
@@ -390,7 +390,7 @@ def is_collection_path(path: str | os.PathLike) -> bool:
 
 
 def _collection_file(path: str | os.PathLike) -> Path:
-    p = Path(path)
+    p = as_path(path, "a collection")
     if p.is_dir():
         p = p / COLLECTION_FILE
         if not p.is_file():

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import numpy as np
+
 __all__ = [
     "ChecksumError",
     "ConfigError",
@@ -11,6 +16,9 @@ __all__ = [
     "InputError",
     "StoreError",
     "TileReadError",
+    "as_count",
+    "as_flag",
+    "as_path",
     "one_line",
 ]
 
@@ -52,3 +60,27 @@ def one_line(exc: BaseException) -> str:
     embedding in an hsgds message."""
     text = " ".join(str(exc).split())
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def as_path(value: object, what: str) -> Path:
+    """``value`` (a str or os.PathLike) as a Path; a one-line ConfigError naming ``what`` otherwise, rather
+    than pathlib's TypeError."""
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
+        return Path(value)
+    raise ConfigError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__} {value!r:.60}")
+
+
+def as_flag(value: object, what: str) -> bool:
+    """``value`` (a bool, or numpy's) as a bool; a ConfigError otherwise: a string such as "no" would be true."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ConfigError(f"{what} must be True or False, got {type(value).__name__} {value!r:.60}")
+
+
+def as_count(value: object, what: str, minimum: int = 1) -> int:
+    """``value`` (an int, or numpy's) as an int >= ``minimum``; a ConfigError otherwise (bools too)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        number = int(value)
+        if number >= minimum:
+            return number
+    raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r:.60}")

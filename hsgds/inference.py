@@ -21,7 +21,7 @@ from torch import nn
 
 from hsgds.augment import dihedral_batch
 from hsgds.engines.base import OUT_DTYPES
-from hsgds.errors import ConfigError, InputError
+from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, open_scene
 
@@ -50,17 +50,19 @@ def ring_bytes_for(scene: Scene, batch_size: int, mask: np.ndarray | None = None
     return max(4, 2 * span) * g.tile_nbytes
 
 
-def _probability_path(probabilities: Any, out: Any) -> Path | None:
+def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
     if probabilities is False or probabilities is None:
         return None
     if probabilities is True:
         if out is None:
             raise ConfigError("probabilities=True writes beside `out`; pass out=... or a path for the probabilities")
-        out = Path(out)
         return out.with_name(out.stem + ".probabilities.npy")
-    if isinstance(probabilities, (str, os.PathLike)):
-        return Path(probabilities)
-    raise ConfigError(f"probabilities must be True, False or a .npy path, got {probabilities!r}")
+    if not isinstance(probabilities, (str, os.PathLike)):
+        raise ConfigError(f"probabilities must be True, False or a .npy path, got {probabilities!r}")
+    path = Path(probabilities)
+    if out is not None and path.resolve() == out.resolve():
+        raise ConfigError(f"probabilities and the class map would both be written to {path}; name another file")
+    return path
 
 
 _UNSET: Any = object()  # an input setting not given: the model file's, or the loader's default
@@ -96,10 +98,13 @@ def _placement(model: nn.Module, device: Any, dtype: Any, follow_model: bool) ->
         dtype = floats.pop() if len(floats) == 1 and next(iter(floats)) in OUT_DTYPES else torch.float32
     where = devices.pop() if len(devices) == 1 else None
     if follow_model and where is not None and where.type in ("cpu", "cuda"):
-        if device is None:
+        if device is None or device == "auto":
             device = str(where)
         else:
-            wanted = torch.device(device)
+            try:
+                wanted = torch.device(device)
+            except (RuntimeError, TypeError):
+                raise ConfigError(f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
             if wanted.type != where.type or (wanted.index is not None and wanted.index != (where.index or 0)):
                 raise ConfigError(f"the model is on {where} but device={str(device)!r}; move it there "
                                   f"(model.to({str(wanted)!r})) or leave device unset")
@@ -222,8 +227,10 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         raise ConfigError(f"model must be a torch.nn.Module or a model file (.pt2 or checkpoint path), "
                           f"got {type(model).__name__}")
     patch_size, layout = settings["patch_size"], settings["layout"]
+    batch_size, tta = as_count(batch_size, "batch_size"), as_flag(tta, "tta")
     device, dtype = _placement(model, device, dtype, follow_model=not from_file)
     if out is not None:
+        out = as_path(out, "out")
         writers.check_output(out)
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
@@ -251,6 +258,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
             classmap = torch.zeros((h, w), dtype=torch.int32, device=dev)
             classes = None
             done = 0
+            nonfinite = torch.zeros((), dtype=torch.int64, device=dev)  # summed on the device: no sync per batch
             with torch.inference_mode():
                 for patches, _, coords in loader:
                     n = patches.shape[0]
@@ -275,6 +283,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                             probs = writers.ProbabilityFile(prob_path, (h, w, classes))
                     scores = (_tta_probabilities(model, patches, logits, layout) if tta else logits)[:n]
                     logits = logits[:n]
+                    nonfinite += (~torch.isfinite(logits)).any(dim=1).sum()
                     y, x = coords[:, 0], coords[:, 1]
                     classmap[y, x] = scores.argmax(1).to(torch.int32) + 1
                     if probs is not None:
@@ -287,6 +296,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
             expected = h * w if mask is None else int(mask.sum())
             if done != expected:  # the loader's contract; a mismatch would be a bug, never a silent hole
                 raise RuntimeError(f"predicted {done} pixels, expected {expected}")
+            if int(nonfinite):  # argmax of NaN logits is class 1: a map that looks valid
+                raise InputError(f"the model returned NaN or infinite logits for {int(nonfinite)} of {done} pixels; "
+                                 "nothing was written (check its weights, and that it was trained on this input)")
             result = classmap.cpu().numpy()  # the one device-to-host copy of the map
     except BaseException:
         if probs is not None:

@@ -23,7 +23,7 @@ from hsgds.augment import Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.engines import cpu_cut, make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec
-from hsgds.errors import ConfigError, HsgdsError
+from hsgds.errors import ConfigError, HsgdsError, as_count, as_flag
 from hsgds.io import make_reader
 from hsgds.pixels import (
     PIXELS,
@@ -264,8 +264,7 @@ class PatchLoader:
         self.augment = augment
         if pixels not in PIXELS:
             raise ConfigError(f"pixels must be 'labelled' or 'all', got {pixels!r}")
-        if not isinstance(stride, (int, np.integer)) or isinstance(stride, bool) or stride < 1:
-            raise ConfigError(f"stride must be a positive integer (pixels between patch centres), got {stride!r}")
+        stride = as_count(stride, "stride (pixels between patch centres)")
         if stride != 1 and pixels != "all":
             raise ConfigError("stride applies to pixels='all'; the labelled samples are taken as they are")
         if split is _UNSET:
@@ -274,14 +273,16 @@ class PatchLoader:
         self.scenes.check()
         self.scene = self.scenes.scenes[0]
         grid = self.scene.grid
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch_size = as_count(batch_size, "batch_size")
+        shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
+        return_coords = as_flag(return_coords, "return_coords")
         if normalize not in NORMALIZATIONS:
             raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
-        if shuffle_window is not None and (not isinstance(shuffle_window, int) or shuffle_window < 1):
-            raise ConfigError(f"shuffle_window must be an integer >= 1 (tiles), got {shuffle_window!r}")
-        if not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+        if shuffle_window is not None:
+            shuffle_window = as_count(shuffle_window, "shuffle_window (tiles)")
+        seed = as_count(seed, "seed", minimum=0)
+        if seed >= 1 << 64:
+            raise ConfigError(f"seed must be below 2**64, got {seed}")
         selection = band_selection(self.scenes, bands, wavelengths, wavelength_tolerance)
         if norm_scope not in NORM_SCOPES:
             raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {norm_scope!r}")

@@ -11,7 +11,7 @@ import crc32c
 import numpy as np
 
 from hsgds import format as fmt
-from hsgds.errors import InputError, StoreError, TileReadError
+from hsgds.errors import InputError, StoreError, TileReadError, as_path
 from hsgds.sampling import SampleSet
 
 __all__ = ["BandStats", "Scene", "open_scene", "samples_at"]
@@ -133,7 +133,7 @@ class Scene:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
+        self.path = as_path(path, "a store")
         if not self.path.is_dir():
             raise StoreError(f"{self.path} is not a store directory; create one with `hsgds convert`")
         where = str(self.path)
@@ -255,8 +255,9 @@ class Scene:
         """Which entries of a ``samples/split`` array belong to ``split`` (None: all of them)."""
         if split is None:
             return np.ones(len(codes), dtype=bool)
-        if split not in fmt.SPLIT_CODES:
-            raise InputError(f"unknown split {split!r}; choose one of {', '.join(fmt.SPLIT_CODES)}")
+        if not isinstance(split, str) or split not in fmt.SPLIT_CODES:  # a list is unhashable: checked first
+            raise InputError(f"unknown split {split!r}; choose one of {', '.join(fmt.SPLIT_CODES)} (one name), "
+                             "or None for every labelled pixel")
         return codes == fmt.SPLIT_CODES[split]
 
     @property

@@ -55,10 +55,18 @@ def test_compiled_philox_gives_the_numpy_words():
     ({"mixture_noise": True}, "mixture_noise is a probability"),
     ({"radiation_scale": (1.1, 0.9)}, "low <= high"),
     ({"noise_std": float("nan")}, "noise_std must be a finite number"),
+    ({"radiation_scale": (-5, 1.0)}, "0 < low <= high"),
+    ({"flip": "no"}, "flip must be True or False"),
 ])
 def test_bad_settings_are_one_line_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         Augment(**kwargs)
+
+
+def test_numpy_scalars_are_accepted_as_plain_values():
+    aug = Augment(flip=np.True_, radiation_noise=np.float32(0.5), band_dropout=np.float64(0.25))
+    assert aug == Augment(flip=True, radiation_noise=0.5, band_dropout=0.25)
+    assert type(aug.flip) is bool and type(aug.radiation_noise) is float
 
 
 def test_dihedral_offsets_match_numpy_flips_and_transposes():

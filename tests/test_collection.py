@@ -11,7 +11,7 @@ import zarr
 
 import hsgds
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
-from hsgds.errors import StoreError
+from hsgds.errors import ConfigError, StoreError
 from hsgds.preprocess.convert import ConvertOptions, convert
 from hsgds.scene import open_scene
 
@@ -236,3 +236,11 @@ def test_a_collection_given_where_one_store_is_needed_says_so(three_stores, run_
         open_scene(folder)
     code, out, err = run_cli("preview", folder, "-o", folder / "p.png")
     assert code == 2 and "is a collection" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", [None, 5, b"s.zarr", ["s.zarr"]])
+def test_a_path_that_is_no_path_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="a store must be a path .str or os.PathLike., got"):
+        hsgds.open_scene(value)
+    with pytest.raises(ConfigError, match="a collection must be a path"):
+        hsgds.open_collection(value)

@@ -12,7 +12,7 @@ import torch
 
 import hsgds
 from hsgds import defaults
-from hsgds.errors import ChecksumError, ConfigError, TileReadError
+from hsgds.errors import ChecksumError, ConfigError, InputError, TileReadError
 from hsgds.io import ChunkReader
 from hsgds.preprocess.convert import ConvertOptions, convert
 
@@ -402,10 +402,23 @@ def test_resume_needs_the_same_ring_and_set_epoch_keeps_the_position(border_scen
 def test_bad_loader_arguments_are_config_errors(border_scene):
     store = border_scene[2]["reflect"]
     nbytes = hsgds.open_scene(store).grid.tile_nbytes
-    with pytest.raises(ConfigError, match="seed must be a non-negative integer"):
-        hsgds.PatchLoader(store, patch_size=5, batch_size=8, seed=-1, device="cpu")
-    with pytest.raises(ConfigError, match="shuffle_window must be an integer"):
-        hsgds.PatchLoader(store, patch_size=5, batch_size=8, shuffle_window=2.5, device="cpu")
+    bad = [
+        (dict(seed=-1), "seed must be an integer >= 0"),
+        (dict(seed=1 << 70), "seed must be below 2..64"),
+        (dict(shuffle_window=2.5), "shuffle_window .tiles. must be an integer"),
+        (dict(drop_last="no"), "drop_last must be True or False, got str 'no'"),  # "no" would be true
+        (dict(shuffle="yes"), "shuffle must be True or False"),
+        (dict(return_coords=1), "return_coords must be True or False"),
+        (dict(batch_size=True), "batch_size must be an integer >= 1, got True"),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            hsgds.PatchLoader(store, patch_size=5, **{"batch_size": 8, "device": "cpu", **kwargs})
+    with pytest.raises(InputError, match=r"unknown split \['train', 'val'\]; choose one of .*\(one name\)"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, split=["train", "val"], device="cpu")
+    # numpy's integers and bools are what users compute settings with
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=np.int64(8), shuffle=np.True_, device="cpu") as loader:
+        assert loader.batch_size == 8 and type(loader.batch_size) is int and next(iter(loader))[0].shape[0] == 8
     # a ring that cannot hold one batch is reported when the loader is built, not at the first batch
     with pytest.raises(ConfigError, match="needs .* tiles resident but the ring has 1 slots"):
         hsgds.PatchLoader(store, patch_size=5, batch_size=900, split=None, ring_bytes=nbytes, device="cpu",

@@ -151,6 +151,29 @@ def test_bad_inputs_write_nothing(store, tmp_path):
         predict(store, Flat(), patch_size=3, out=tmp_path / "m.npy", probabilities=True, device="cpu")
     with pytest.raises(ConfigError, match="pass out="):
         predict(store, RandomConv(3), patch_size=3, probabilities=True, device="cpu")
+
+    class NaNOnTheFirstRows(RandomConv):  # argmax would make a valid-looking map of these NaN rows
+        def forward(self, x):
+            logits = super().forward(x)
+            logits[:10, 2] = torch.nan
+            return logits
+
+    with pytest.raises(InputError, match=f"NaN or infinite logits for 50 of {H * W} pixels; nothing was written"):
+        predict(store, NaNOnTheFirstRows(3), patch_size=3, batch_size=256, out=tmp_path / "m.npy",
+                probabilities=True, device="cpu")
+    with pytest.raises(ConfigError, match="both be written to"):
+        predict(store, RandomConv(3), patch_size=3, out=tmp_path / "m.npy", probabilities=tmp_path / "m.npy")
+    bad_arguments = [
+        (dict(out=5), "out must be a path"),
+        (dict(batch_size="64"), "batch_size must be an integer >= 1, got '64'"),
+        (dict(tta="no"), "tta must be True or False"),
+        (dict(device="banana"), "device='banana' is not a device"),
+    ]
+    for kwargs, message in bad_arguments:
+        with pytest.raises(ConfigError, match=message):
+            predict(store, RandomConv(3), patch_size=3, **kwargs)
+    with pytest.raises(ConfigError, match="a store must be a path"):
+        predict(None, RandomConv(3), patch_size=3)
     assert list(tmp_path.iterdir()) == []
 
 
