@@ -243,6 +243,12 @@ def _offset_scale(st: BandStats, normalize: str) -> tuple[np.ndarray, np.ndarray
         offset, spread = np.asarray(st.mean, np.float64), np.asarray(st.std, np.float64)
     else:
         offset, spread = np.asarray(st.min, np.float64), np.asarray(st.max, np.float64) - np.asarray(st.min, np.float64)
+    bad = ~(np.isfinite(offset) & np.isfinite(spread))
+    if bad.any():  # an infinite spread would give a scale of 0, and inf * 0 patches of NaN
+        b = int(np.flatnonzero(bad)[0])
+        raise ConfigError(f"the band statistics are not finite ({int(bad.sum())} bands, e.g. output band {b}: "
+                          f"offset {offset[b]:g}, spread {spread[b]:g}); the stored values are too large for them: "
+                          "convert a rescaled cube, or pass normalize=None")
     # a constant band carries no information: map it to 0 instead of dividing by zero
     scale = np.where(spread > 0, 1.0 / np.where(spread > 0, spread, 1.0), 1.0)
     return offset, scale

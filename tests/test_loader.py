@@ -435,6 +435,23 @@ def test_store_without_statistics_is_a_store_error(border_scene, tmp_path):
         hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu")
 
 
+def test_infinite_statistics_are_refused_not_turned_into_nan_patches(border_scene, tmp_path):
+    import shutil
+
+    import zarr
+
+    store = tmp_path / "inf.zarr"
+    shutil.copytree(border_scene[2]["reflect"], store)
+    std = zarr.open_array(store / "stats" / "train" / "std", mode="r+")
+    values = std[:]
+    values[1] = np.inf  # what a float64 cube of values near 1e300 gives
+    std[:] = values
+    with pytest.raises(ConfigError, match="band statistics are not finite .1 bands, e.g. output band 1: .*spread inf"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu")
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu", normalize="minmax") as loader:
+        assert torch.isfinite(next(iter(loader))[0]).all()  # min and max are finite: min-max still works
+
+
 def test_posix_reader_keeps_no_descriptor_open(border_scene):
     store = border_scene[2]["reflect"]
     nbytes = hsgds.open_scene(store).grid.tile_nbytes
