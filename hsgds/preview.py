@@ -17,7 +17,7 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds._optional import require
-from hsgds.errors import InputError
+from hsgds.errors import InputError, as_path
 
 __all__ = [
     "RGB_TARGETS_NM",
@@ -190,6 +190,9 @@ def preview_panels(scene, bands: tuple[int, ...] | list[int] | None = None,
                          class_legend=class_legend, split_legend=split_legend)
 
 
+MIN_DPI, MAX_DPI = 10, 600  # 600 dpi: a figure ~7,500 pixels wide (~200 MB to render); far beyond, memory runs out
+
+
 def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | list[int] | None = None,
                    percentiles: tuple[float, float] = (2.0, 98.0), max_size: int = 1024,
                    dpi: int = 120) -> Path:
@@ -205,9 +208,18 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | li
     patches = require("matplotlib.patches", "preview", "hsgds preview")
     agg = require("matplotlib.backends.backend_agg", "preview", "hsgds preview")
 
+    out = as_path(out, "out")
+    formats = agg.FigureCanvasAgg(figure_mod.Figure()).get_supported_filetypes()
+    if out.suffix.lower().lstrip(".") not in formats:
+        raise InputError(f"cannot write a preview as {out.name!r}: name it with one of the suffixes "
+                         f"{', '.join('.' + f for f in ('png', 'pdf', 'svg') if f in formats)}")
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"cannot write {out}: the folder {folder} does not exist; create it first")
+    if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not MIN_DPI <= dpi <= MAX_DPI:
+        raise InputError(f"dpi must be a number in {MIN_DPI}..{MAX_DPI}, got {dpi!r}")
     if not isinstance(scene, Scene):
         scene = open_scene(scene)
-    out = Path(out)
     panels = preview_panels(scene, bands=bands, percentiles=percentiles, max_size=max_size)
     ph, pw = panels.rgb.shape[:2]
     panel_w = 4.0
@@ -241,6 +253,5 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | li
                      handlelength=1.2, columnspacing=0.8)
     axes[1].legend(handles=class_handles, ncol=2 if len(class_handles) > 6 else 1, **legend_kw)
     axes[2].legend(handles=split_handles, ncol=1, **legend_kw)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, bbox_inches="tight")
     return out

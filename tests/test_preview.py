@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -117,7 +118,7 @@ def test_preview_png_via_cli(envi_store, tmp_path, run_cli):
     import matplotlib.image
 
     path, _, labels = envi_store
-    out = tmp_path / "sub" / "preview.png"
+    out = tmp_path / "preview.png"
     code, stdout, err = run_cli("preview", path, "-o", out)
     assert code == 0, err
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {out}" in stdout
@@ -142,6 +143,17 @@ def test_preview_cli_options_and_errors(envi_store, tmp_path, run_cli):
     assert code == 2 and "band 99 is out of range" in err
     code, _, err = run_cli("preview", tmp_path / "missing.zarr", "-o", tmp_path / "x.png")
     assert code == 2 and "hsgds convert" in err
+    bad = [
+        (("-o", tmp_path / "x.png", "--dpi", "0"), "dpi must be a number in 10..600, got 0"),
+        (("-o", tmp_path / "x.png", "--dpi", "100000"), "dpi must be a number in 10..600"),
+        (("-o", tmp_path / "x"), "name it with one of the suffixes .png, .pdf, .svg"),  # matplotlib would add .png
+        (("-o", tmp_path / "x.jpeg2"), "name it with one of the suffixes"),
+        (("-o", tmp_path / "sub" / "x.png"), "the folder .*sub does not exist; create it first"),
+    ]
+    for args, message in bad:
+        code, _, err = run_cli("preview", path, *args)
+        assert code == 2 and re.search(message, err) and len(err.strip().splitlines()) == 1, (args, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.pdf"]
 
 
 def test_indian_pines_preview(indian_pines_store, tmp_path):
