@@ -340,9 +340,12 @@ def _verify_collection(path: str) -> None:
 
 
 @cli.command()
-@click.option("--reader", default="auto", show_default=True, help="Reader to check: auto, posix, posix-pinned, kvikio.")
-@click.option("--engine", default="auto", show_default=True, help="Engine to check: auto, torch, dali.")
-@click.option("--store", type=click.Path(), help="Also say which filesystem this store is on (WSL2: not /mnt/c).")
+@click.option("--reader", default="auto", show_default=True,
+              type=click.Choice(["auto", "posix", "posix-pinned", "kvikio"]), help="Reader to check.")
+@click.option("--engine", default="auto", show_default=True, type=click.Choice(["auto", "torch", "dali"]),
+              help="Engine to check.")
+@click.option("--store", type=click.Path(exists=True),
+              help="Also say which filesystem this store is on (WSL2: not /mnt/c).")
 @click.option("--require-gpu", is_flag=True,
               help="Exit 1 unless hsgds would use a CUDA GPU (a container health check).")
 def doctor(reader, engine, store, require_gpu) -> None:

@@ -417,6 +417,21 @@ def test_doctor_cli_require_gpu_and_store(run_cli, tmp_path):
     assert code == 1 and "unhealthy: no usable CUDA GPU" in err
     code, out, err = run_cli("doctor", "--require-gpu", "--reader", "kvikio")
     assert code == 1 and "cannot choose" in out and "unhealthy" in err
+    for args, message in ((("--reader", "banana"), "'banana' is not one of 'auto', 'posix', 'posix-pinned', 'kvikio'"),
+                          (("--engine", "banana"), "'banana' is not one of 'auto', 'torch', 'dali'"),
+                          (("--store", tmp_path / "missing.zarr"), "does not exist")):
+        code, out, err = run_cli("doctor", *args)
+        assert code == 2 and message in err and out == "", (args, err)
+
+
+def test_doctor_offers_every_reader_and_engine():
+    from hsgds import cli
+    from hsgds.engines import ENGINES
+    from hsgds.io import READERS
+
+    options = {p.name: p.type.choices for p in cli.doctor.params if p.name in ("reader", "engine")}
+    assert sorted(options["reader"]) == sorted(["auto", *READERS])
+    assert sorted(options["engine"]) == sorted(["auto", *ENGINES])
 
 
 @pytest.mark.gpu
