@@ -88,17 +88,24 @@ def _read_tiles(loader: Any) -> tuple[int, float]:
     return len(tiles), time.perf_counter() - t0
 
 
-def bench_store(store: Any, *, patch_size: int = 13, batch_size: int = 256, split: str | None = "train",
+DEFAULT_PATCH = 13
+
+
+def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 256, split: str | None = "train",
                 steps: int = 10, warmup: int = 2, device: Any = None, dtype: torch.dtype = torch.float32,
                 engine: str = "auto", reader: str = "auto", seed: int = 0, log: Any = None) -> BenchReport:
-    """Measure t_io, t_compute and the end-to-end loop for the demo model on ``store``."""
+    """Measure t_io, t_compute and the end-to-end loop for the demo model on ``store``; ``patch_size`` None:
+    13, or the largest the store serves when that is smaller."""
     from hsgds.loader import PatchLoader
-    from hsgds.models import make_model
+    from hsgds.models import SpectralSpatialCNN
+    from hsgds.scene_set import open_scene_set
     from hsgds.train import compute_only, train_steps
 
     say = log or (lambda msg: None)
     if steps < 1 or warmup < 0:
         raise ConfigError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    if patch_size is None:
+        patch_size = min(DEFAULT_PATCH, *(2 * s.grid.halo + 1 for s in open_scene_set(store).scenes))
 
     def loader(**kw: Any) -> PatchLoader:
         return PatchLoader(store, patch_size=patch_size, batch_size=batch_size, split=split, device=device,
@@ -137,13 +144,13 @@ def bench_store(store: Any, *, patch_size: int = 13, batch_size: int = 256, spli
                 break
         names = (ld.stats.reader, ld.stats.engine)
     torch.manual_seed(seed)
-    model = make_model(scene.shape[2], classes, patch_size).to(dev)
+    model = SpectralSpatialCNN(scene.shape[2], classes, patch_size).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ceiling = compute_only(model, resident, opt, steps=steps, warmup=warmup)
     del resident
     say(f"t_compute: {1e3 * ceiling.step_s:.1f} ms per step on resident batches")
     torch.manual_seed(seed)
-    model = make_model(scene.shape[2], classes, patch_size).to(dev)
+    model = SpectralSpatialCNN(scene.shape[2], classes, patch_size).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def batches():
@@ -171,7 +178,7 @@ def format_report(r: BenchReport) -> str:
     lines = [
         f"store:        {r.store}",
         f"setup:        {r.device}, reader {r.reader}, engine {r.engine}, p={r.patch_size}, batch {r.batch_size}, "
-        f"{r.dtype}, model Hamida3D",
+        f"{r.dtype}, model SpectralSpatialCNN (the demo's)",
         f"t_io:         {r.t_io_s:.3f} s to read {r.tiles} tiles ({r.io_GBps:.2f} GB/s)",
         f"loader alone: {1e3 * r.loader_batch_s:.1f} ms/batch ({r.loader_patches_per_s:.0f} patches/s)",
         f"t_compute:    {1e3 * r.compute_step_s:.1f} ms/step (model on resident batches)",

@@ -605,9 +605,10 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
 
 @cli.command()
 @click.argument("store", type=click.Path())
-@click.option("--patch-size", default=13, show_default=True)
+@click.option("--patch-size", type=int, help="Patch side p (default: 13, or the largest the store serves).")
 @click.option("--batch-size", default=256, show_default=True)
-@click.option("--split", default="train", show_default=True, help="train, val, test, none or all.")
+@click.option("--split", default="train", show_default=True, type=click.Choice(["train", "val", "test", "none", "all"]),
+              help="The pixels to time: a split's, 'none' (labelled but in no split) or 'all' labelled pixels.")
 @click.option("--steps", default=10, show_default=True, help="Timed training steps (after 2 warm-up steps).")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(sorted(_DTYPES)))
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
@@ -615,7 +616,7 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
 @click.option("--reader", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
 def bench(store, patch_size, batch_size, split, steps, dtype, device, engine, reader, as_json) -> None:
-    """Measure t_io (reading STORE), t_compute (the demo model on resident batches) and the end-to-end loop;
+    """Measure t_io (reading STORE), t_compute (the demo's model on resident batches) and the end-to-end loop;
     say whether training is input-bound and the best possible speed-up."""
     import json
 

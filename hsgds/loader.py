@@ -354,7 +354,12 @@ class PatchLoader:
         self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask)
         if len(self.samples) == 0:
             where = self.scene.path if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes"
-            raise ConfigError(f"split {split!r} of {where} has no samples (pixels={pixels!r}); see `hsgds info`")
+            if split is None and pixels == "labelled":
+                raise ConfigError(f"{where} has no labelled pixels; convert it with --labels, or pass pixels='all' "
+                                  "for every pixel (label -1)")
+            what = "pixels left out of every split" if split == "none" else f"{split} pixels"
+            raise ConfigError(f"{where} has no {what} (split={split!r}, pixels={pixels!r}); see `hsgds info` "
+                              "for its splits")
 
         self._tile_nbytes = tile_nbytes
         needed = int(np.count_nonzero(self.samples.counts()))

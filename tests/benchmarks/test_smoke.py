@@ -105,7 +105,7 @@ def test_hsgds_bench_cli(tmp_path, run_cli):
     from hsgds.preprocess.convert import ConvertOptions, convert
     from hsgds.synthetic import make_scene
 
-    cube, gt = make_scene(36, 30, 40, classes=3, dtype="int16", seed=4)
+    cube, gt = make_scene(36, 30, 12, classes=3, dtype="int16", seed=4)  # few bands: any model must take them
     np.save(tmp_path / "c.npy", cube)
     np.save(tmp_path / "g.npy", gt)
     store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "g.npy", max_patch=5,
@@ -120,10 +120,12 @@ def test_hsgds_bench_cli(tmp_path, run_cli):
     assert f"s to read {train_tiles} tiles (" in out
     assert "t_compute:" in out and "end to end:" in out
     assert len([line for line in out.splitlines() if line.startswith("verdict:")]) == 1
-    code, out, err = run_cli("bench", store, "--patch-size", "5", "--batch-size", "32", "--steps", "1",
+    # without --patch-size: 13, or the largest the store serves (5 here)
+    code, out, err = run_cli("bench", store, "--batch-size", "32", "--steps", "1",
                              "--device", "cpu", "--dtype", "bfloat16", "--json")
     assert code == 0, err
     doc = json.loads(out)
+    assert doc["patch_size"] == 5
     assert doc["dtype"] == "bfloat16" and doc["compute_step_s"] > 0 and doc["steps"] == 1
     assert doc["tiles"] == train_tiles and doc["tile_bytes"] == scene.grid.tile_nbytes and doc["t_io_s"] > 0
     assert doc["io_GBps"] == pytest.approx(train_tiles * scene.grid.tile_nbytes / doc["t_io_s"] / 1e9)
