@@ -545,9 +545,10 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 @cli.command()
 @click.option("--refresh", is_flag=True, help="Convert the scene again even if the cache has it.")
-@click.option("--epochs", default=40, show_default=True, help="Training epochs (0: convert and describe only).")
+@click.option("--epochs", default=40, show_default=True, type=click.IntRange(min=0),
+              help="Training epochs (0: convert and describe only).")
 @click.option("--patch-size", default=9, show_default=True, help="Patch side p (odd, at most 15).")
-@click.option("--batch-size", default=64, show_default=True)
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("-o", "--output-dir", "out_dir", default="hsgds-demo", show_default=True, type=click.Path(file_okay=False),
@@ -561,10 +562,15 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
     truth | errors) and a JSON report into --output-dir."""
     import json
 
+    from hsgds import format as fmt
     from hsgds.info import describe
     from hsgds.scene import open_scene
     from hsgds.writers import atomic_path
 
+    largest = 2 * fmt.DEFAULT_HALO + 1  # what the demo's store serves
+    if patch_size < 1 or patch_size % 2 == 0 or patch_size > largest:
+        _fail(f"--patch-size {patch_size}: the demo's patches are odd and at most {largest}x{largest}; "
+              f"pass an odd size from 1 to {largest}")
     store = demo_store(refresh)
     click.echo(describe(store))
     problems = open_scene(store).verify()
@@ -580,8 +586,14 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
     from hsgds.augment import Augment
 
     aug = Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05) if augment else None
-    r = run_demo(store, epochs=epochs, patch_size=patch_size, batch_size=batch_size, device=device, seed=seed,
-                 out_dir=out_dir, log=click.echo, augment=aug)
+    made_folder = not Path(out_dir).exists()
+    try:
+        r = run_demo(store, epochs=epochs, patch_size=patch_size, batch_size=batch_size, device=device, seed=seed,
+                     out_dir=out_dir, log=click.echo, augment=aug)
+    except BaseException:
+        if made_folder and Path(out_dir).is_dir() and not any(Path(out_dir).iterdir()):
+            Path(out_dir).rmdir()  # a failed run leaves nothing behind
+        raise
     m, t = r["metrics"], r["train"]
     names = r["class_names"] or [f"class {i + 1}" for i in range(len(m.per_class))]
     click.echo(f"\ntest split ({r['test_pixels']} pixels):  OA {100 * m.oa:.2f}%   AA {100 * m.aa:.2f}%   "

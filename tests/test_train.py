@@ -185,3 +185,20 @@ def test_demo_with_an_unusable_cache_folder_is_one_line(tmp_path, hsgds_env, run
     code, out, err = run_cli("demo", "--epochs", "0", "-o", tmp_path / "out")
     assert code == 2 and "HSGDS_CACHE_DIR" in err and "cache" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_demo_options_are_checked_before_any_work(tmp_path, run_cli):
+    for args, message in ((("--patch-size", "17"), "--patch-size 17: the demo's patches are odd and at most 15x15"),
+                          (("--patch-size", "8"), "pass an odd size from 1 to 15"),
+                          (("--epochs", "-1"), "-1 is not in the range x>=0"),
+                          (("--batch-size", "0"), "0 is not in the range x>=1")):
+        code, out, err = run_cli("demo", *args, "-o", tmp_path / "out")
+        assert code == 2 and message in err and out == "", (args, err)  # nothing converted or described
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_demo_leaves_no_empty_folder(tmp_path, run_cli):
+    # the train loader refuses the device only after the scene was converted and described
+    code, out, err = run_cli("demo", "--epochs", "1", "--device", "cuda:9", "-o", tmp_path / "out")
+    assert code == 2 and "cuda:9" in err, err
+    assert not (tmp_path / "out").exists()
