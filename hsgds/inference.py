@@ -213,10 +213,12 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
              "wavelengths": wavelengths, "wavelength_tolerance": wavelength_tolerance, "norm_stats": norm_stats}
     from_file = isinstance(model, (str, os.PathLike, LoadedModel))
     fixed = None  # the batch size of a program that takes no other
+    class_names = scene.class_names  # the map's legend: the model's own names when its file carries them
     if from_file:
         loaded, settings = _model_file_input(model, scene, given)
         name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
         model, fixed = loaded.module, loaded.batch_size
+        class_names = loaded.class_names or class_names
         batch_size = _fixed_batch(name, fixed, batch_size)
     elif isinstance(model, nn.Module):
         batch_size = DEFAULT_BATCH if batch_size is None else batch_size
@@ -311,7 +313,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     if probs is not None:
         probs.commit()
     if out is not None:
-        writers.write_class_map(out, result, num_classes=k, class_names=scene.class_names,
+        writers.write_class_map(out, result, num_classes=k, class_names=class_names,
                                 georeference=scene.meta.georeference,
                                 ground_truth=scene.labels if scene.meta.num_samples else None,
                                 title=f"{scene.path.name}: predicted classes")

@@ -306,6 +306,15 @@ def test_a_model_failing_on_a_later_batch_is_one_line(store):
         predict(store, FailsLater(5), patch_size=5, batch_size=64, device="cpu")
 
 
+def test_the_map_is_labelled_with_the_class_names_the_model_file_carries(store, tmp_path, run_cli):
+    ckpt, _ = _checkpoint(tmp_path)  # names a, b, c, d; the store has none
+    assert hsgds.open_scene(store).class_names is None
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "m.hdr")
+    assert code == 0, err
+    header = (tmp_path / "m.hdr").read_text()
+    assert "class names = {Unclassified, a, b, c, d}" in header
+
+
 def test_cli_predict_refuses_bad_models_in_one_line(store, tmp_path, run_cli):
     ckpt, _ = _checkpoint(tmp_path)
     garbage = tmp_path / "garbage.ckpt"
