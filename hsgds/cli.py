@@ -521,7 +521,8 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
 
 
 def demo_store(refresh: bool = False) -> Path:
-    """Convert the embedded Indian Pines scene into the cache directory (once) and return the store."""
+    """Convert the real Indian Pines scene (shipped in the tensorly wheel) into the cache directory (once) and
+    return the store."""
     from hsgds import defaults
     from hsgds.datasets import INDIAN_PINES_CLASSES, indian_pines_files
     from hsgds.preprocess.convert import ConvertOptions
@@ -556,9 +557,9 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 @click.option("--augment", is_flag=True, help="Train with on-device augmentation: flips, quarter turns, "
                                               "radiation noise (p=0.1), band dropout (p=0.05).")
 def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment) -> None:
-    """Convert the embedded real Indian Pines scene (once, into the cache), describe it, train a small
-    spectral-spatial CNN with PatchLoader, print OA, AA and kappa on the test split with the loader
-    statistics, save the model, predict the whole scene and write the class map (prediction | ground
+    """Convert the real Indian Pines scene (from the tensorly wheel; once, into the cache), describe it,
+    train a small spectral-spatial CNN with PatchLoader, print OA, AA and kappa on the test split with the
+    loader statistics, save the model, predict the whole scene and write the class map (prediction | ground
     truth | errors) and a JSON report into --output-dir."""
     import json
 

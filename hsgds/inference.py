@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
 from hsgds.engines.base import OUT_DTYPES
 from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path
@@ -65,7 +66,7 @@ def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
     return path
 
 
-_UNSET: Any = object()  # an input setting not given: the model file's, or the loader's default
+_UNSET: Any = Unset("the model file's, else PatchLoader's default")  # an input setting not given
 _INPUT_DEFAULTS: dict[str, Any] = {"layout": "NCHW", "normalize": "zscore", "bands": None, "wavelengths": None,
                                    "wavelength_tolerance": 5.0, "norm_stats": None}
 

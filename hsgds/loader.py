@@ -19,6 +19,7 @@ import torch
 
 from hsgds import defaults
 from hsgds._gc import gc_paused
+from hsgds._unset import Unset
 from hsgds.augment import Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.engines import cpu_cut, make_engine
@@ -128,7 +129,7 @@ def describe_stats(stats: dict[str, Any]) -> str:
             f"{per_batch}")
 
 
-_UNSET: Any = object()  # split's default depends on ``pixels``
+_UNSET: Any = Unset("'train'; None with pixels='all'")  # split's default depends on ``pixels``
 
 
 def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask: Any) -> Samples:
@@ -193,6 +194,9 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
 class PatchLoader:
     """Iterate (patches, labels) batches of pixel-centred patches from an hsgds store.
 
+    ``labels`` are (N,) int64 class indices from 0: the store's class k (labels 1..K, 0 = unlabelled) is
+    yielded as k - 1, ready for ``cross_entropy``; -1 marks an unlabelled pixel (``pixels="all"``).
+
     Parameters
     ----------
     store : path or Scene
@@ -200,7 +204,8 @@ class PatchLoader:
     patch_size : int
         Odd patch side p, at most the store's ``2 * halo + 1``.
     batch_size : int
-    split : {"train", "val", "test", "none"} or None (every labelled pixel)
+    split : {"train", "val", "test", "none"} or None (every labelled pixel); default "train" (None with
+        ``pixels="all"``)
     device : torch device or None
         None picks CUDA when usable, else CPU (``HSGDS_DEVICE=cpu`` forces CPU).
     dtype : torch floating dtype of the patches.

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hsgds._unset import Unset
 from hsgds.errors import ConfigError, InputError
 from hsgds.scene import BandStats
 
@@ -179,7 +180,7 @@ def _recipe_state(in_bands: int | None, settings: dict[str, Any]) -> dict[str, A
             "norm_stats": None if stats is None else {f: getattr(stats, f).tolist() for f in _STATS_FIELDS}}
 
 
-_UNSET: Any = object()  # a setting not given: the loader's with loader=, else its default
+_UNSET: Any = Unset("the loader's with loader=, else the default")  # a setting not given
 _SETTING_DEFAULTS: dict[str, Any] = {"normalize": "zscore", "bands": None, "wavelengths": None,
                                      "wavelength_tolerance": 5.0, "norm_stats": None}
 
