@@ -14,6 +14,7 @@ import click
 import numpy as np
 
 from hsgds._version import __version__
+from hsgds._wording import counted
 from hsgds.errors import HsgdsError, InputError
 
 EXIT_BAD_INPUT = 2
@@ -479,8 +480,8 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
     classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
                            probabilities=probabilities or False, out=out, tta=tta)
     counts = np.bincount(classmap.reshape(-1), minlength=2)
-    click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {int(counts[1:].sum())} pixels "
-               f"predicted into {int(np.count_nonzero(counts[1:]))} classes"
+    click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {counted(int(counts[1:].sum()), 'pixel')} "
+               f"predicted into {counted(int(np.count_nonzero(counts[1:])), 'class', 'classes')}"
                + (f"; probabilities in {probabilities}" if probabilities else ""))
 
 

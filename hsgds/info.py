@@ -12,6 +12,7 @@ import numpy as np
 from scipy.ndimage import maximum_filter
 
 from hsgds import format as fmt
+from hsgds._wording import counted
 from hsgds.collection import Collection, is_collection_path, open_collection
 from hsgds.errors import InputError
 from hsgds.scene import open_scene
@@ -108,10 +109,11 @@ def split_line(params: dict) -> str:
         adaptive = " (adaptive)" if params.get("adaptive_block_size") else ""
         size = f"block_size={params.get('block_size')}"
         text = text.replace(size, f"{size}{adaptive}")
-        text += f"; guard {params.get('guard_distance')} px dropped {params['guard_lost']} labelled pixels"
+        text += (f"; keeping train {params.get('guard_distance')} px from the other splits dropped "
+                 f"{counted(params['guard_lost'], 'labelled pixel')}")
         unsplit = params.get("unsplit_classes") or {}
         if unsplit:
-            text += "; not split: class " + ", ".join(f"{c} ({n} blocks)" for c, n in unsplit.items())
+            text += "; not split: class " + ", ".join(f"{c} ({counted(n, 'block')})" for c, n in unsplit.items())
     return text
 
 
@@ -159,7 +161,8 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     counts = split_class_counts(scene)
     total: Any = sum(counts.values())  # per class, over the splits
     n_classes = int(np.count_nonzero(total[1:]))
-    lines.append(f"classes:    {n_classes} (labels 1..{scene.num_classes}), {m.num_samples} labelled pixels")
+    lines.append(f"classes:    {n_classes} (labels 1..{scene.num_classes}), {m.num_samples} labelled pixels"
+                 if scene.num_classes else "classes:    none (converted without --labels)")
     if m.num_samples:
         names = [s for s in ("train", "val", "test", "none") if counts[s].sum()]
         lines.append("")

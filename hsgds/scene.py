@@ -11,6 +11,7 @@ import crc32c
 import numpy as np
 
 from hsgds import format as fmt
+from hsgds._wording import counted
 from hsgds.errors import InputError, StoreError, TileReadError, as_path
 from hsgds.sampling import SampleSet
 
@@ -26,6 +27,13 @@ class BandStats:
     min: np.ndarray
     max: np.ndarray
 
+    def __repr__(self) -> str:  # a summary: four arrays of 200 bands would fill a screen
+        def span(a: np.ndarray) -> str:
+            return f"{np.min(a):.4g}..{np.max(a):.4g}" if np.size(a) else "-"
+
+        return (f"BandStats({np.size(self.mean)} bands; mean {span(self.mean)}, std {span(self.std)}, "
+                f"min {span(self.min)}, max {span(self.max)})")
+
 
 #: Largest zarr.json read: a root with a million tile checksums is ~12 MB; anything far larger is not ours.
 MAX_JSON_BYTES = 256 << 20
@@ -34,13 +42,14 @@ _SMALL_DTYPES = ("uint8", "uint16", "int32", "int64", "float64")
 
 
 def _read_json(path: Path, where: str) -> dict:
+    name = os.path.relpath(path, where) if path.is_relative_to(where) else path.name  # labels/zarr.json
     try:
         size = path.stat().st_size
         if size > MAX_JSON_BYTES:
             raise StoreError(f"{where}: {path.name} is {size} bytes, not Zarr metadata; convert the source again")
         out = json.loads(path.read_text())
     except FileNotFoundError:
-        raise StoreError(f"{where}: {path.name} is missing; this is not a complete hsgds store") from None
+        raise StoreError(f"{where}: {name} is missing; this is not a complete hsgds store") from None
     except (OSError, ValueError, RecursionError) as exc:
         raise StoreError(f"{where}: cannot read {path.name} ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(out, dict):
@@ -167,8 +176,9 @@ class Scene:
 
     def __repr__(self) -> str:
         h, w, b = self.shape
-        return (f"Scene({str(self.path)!r}, {h}x{w}x{b} {self.dtype}, {self.grid.num_tiles} tiles of "
-                f"{self.grid.side}x{self.grid.side}, {self.meta.num_samples} labelled pixels)")
+        g = self.grid
+        return (f"Scene({str(self.path)!r}, {h}x{w}x{b} {self.dtype}, {counted(g.num_tiles, 'tile')} (core "
+                f"{g.tile}x{g.tile}, halo {g.halo}), {self.meta.num_samples} labelled pixels)")
 
     # -- labels, samples, statistics ------------------------------------------------------------
     @property

@@ -24,8 +24,8 @@ PACKAGES = {"hsgds": ROOT / "hsgds", "hsgds.preprocess": ROOT / "preprocess"}
 #: Bottom first. ``name.*`` matches every module inside the package ``name`` (and ``name`` itself).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # no hsgds imports beyond this layer: errors, settings, optional-dependency and platform helpers
-    ("base", ("hsgds.errors", "hsgds._version", "hsgds.defaults", "hsgds._optional", "hsgds._platform", "hsgds._unset",
-              "hsgds._lru", "hsgds._gc", "hsgds._numba_cache")),
+    ("base", ("hsgds.errors", "hsgds._version", "hsgds.defaults", "hsgds._optional", "hsgds._platform",
+              "hsgds._unset", "hsgds._wording", "hsgds._lru", "hsgds._gc", "hsgds._numba_cache")),
     # the store format: names, metadata checks, tile offsets and checksums
     ("format", ("hsgds.format", "hsgds.checksum")),
     # the offline converter: may use the store format and the base, nothing of the runtime

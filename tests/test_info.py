@@ -71,7 +71,7 @@ def test_info_leakage_lines(indian_pines_store, tmp_path, run_cli, npy_scene):
     assert code == 0, err
     assert re.search(r"leakage:    0 of \d+ test pixels \(0\.0%\) have a 7x7 patch .* disjoint", out)
     meta = hsgds.open_scene(store).meta
-    assert f"guard 6 px dropped {meta.split['guard_lost']} labelled pixels" in out
+    assert f"keeping train 6 px from the other splits dropped {meta.split['guard_lost']} labelled pixels" in out
     assert f"block_size={meta.split['block_size']} (adaptive)" in out
     # a larger patch than the split was made for leaks again
     code, out, err = run_cli("info", store, "--patch-size", "15")
