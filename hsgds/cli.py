@@ -245,8 +245,9 @@ def resplit(store, split, train, val, block_size, seed) -> None:
 @cli.command()
 @click.argument("store", type=click.Path())
 def verify(store) -> None:
-    """Re-read every tile and check its size and checksum. For a collection (a folder holding
-    collection.json, or that file): every scene's store, each also checked against its entry."""
+    """Re-read every tile and check its size and checksum, and read the labels, samples and statistics. For a
+    collection (a folder holding collection.json, or that file): every scene's store, each also checked
+    against its entry."""
     from hsgds.collection import is_collection_path
     from hsgds.scene import open_scene
 
@@ -254,11 +255,15 @@ def verify(store) -> None:
         _verify_collection(store)
         return
     scene = open_scene(store)
-    problems = scene.verify()
-    if problems:
-        for p in problems:
-            click.echo(f"hsgds: bad tile: {p}", err=True)
-        _fail(f"{len(problems)} of {scene.grid.num_tiles} tiles are damaged; convert the source again")
+    arrays, tiles = scene.verify_arrays(), scene.verify_tiles()
+    for p in arrays:
+        click.echo(f"hsgds: bad array: {p}", err=True)
+    for p in tiles:
+        click.echo(f"hsgds: bad tile: {p}", err=True)
+    if arrays or tiles:
+        damaged = [f"{len(tiles)} of {scene.grid.num_tiles} tiles are damaged"] if tiles else []
+        damaged += [f"{counted(len(arrays), 'problem')} in its labels, samples or statistics"] if arrays else []
+        _fail(f"{', and '.join(damaged)}; convert the source again")
     sums = "crc32c and wsum64" if scene.meta.device_checksums is not None else \
         "crc32c; a format v1 store has no device checksums: convert again for on-device checks"
     click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes "

@@ -341,8 +341,13 @@ class Scene:
         return scene_to_xarray(self)
 
     def verify(self) -> list[str]:
-        """Re-read every tile and check its size, crc32c and (format v2) wsum64 device checksum; return one
-        line per bad tile (empty when the store is intact)."""
+        """Re-read every tile and check its size, crc32c and (format v2) wsum64 device checksum, and read the
+        arrays loaders use beside the tiles (labels, samples, statistics); return one line per problem (empty
+        when the store is intact)."""
+        return self.verify_arrays() + self.verify_tiles()
+
+    def verify_tiles(self) -> list[str]:
+        """Re-read every tile and check its size and checksums; one line per bad tile."""
         from hsgds import checksum
 
         problems = []
@@ -354,6 +359,33 @@ class Scene:
                     raise fmt.checksum_error(i, self.tile_paths[i], fmt.DEVICE_CHECKSUM_ALGORITHM)
             except TileReadError as exc:
                 problems.append(str(exc))
+        return problems
+
+
+    def verify_arrays(self) -> list[str]:
+        """What is wrong with the labels, samples and statistics (missing, truncated, inconsistent, not finite),
+        on which a loader or predict would stop; one line per problem."""
+        problems = []
+        try:
+            labels = self.labels
+            if labels.size and int(labels.max()) > self.meta.num_classes:
+                problems.append(f"{self.path}: labels hold class {int(labels.max())} but the store has "
+                                f"{self.meta.num_classes} classes; convert again")
+        except StoreError as exc:
+            problems.append(str(exc))
+        try:
+            self.sample_table()
+        except StoreError as exc:
+            problems.append(str(exc))
+        try:
+            self.norm_stats  # noqa: B018 - raises when the store has none
+            for group, st in self.stats.items():
+                bad = [f for f in fmt.STAT_FIELDS if st is not None and not np.all(np.isfinite(getattr(st, f)))]
+                if bad:
+                    problems.append(f"{self.path}: the {group} statistics ({', '.join(bad)}) are not finite; convert "
+                                    "a rescaled cube")
+        except StoreError as exc:
+            problems.append(str(exc))
         return problems
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -296,3 +297,36 @@ def test_random_metadata_is_valid_or_a_store_error(changes):
         return
     grid = meta.grid  # whatever passed is usable: a sane grid, one checksum per tile
     assert grid.tile_nbytes <= fmt.MAX_TILE_BYTES and len(meta.checksums) == grid.num_tiles
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("labels", "labels/zarr.json is missing"),
+    ("samples", "samples/"),
+    ("stats", "no band statistics"),
+    ("nan_mean", "the train statistics .mean. are not finite"),
+    ("split_codes", "unknown split codes"),
+])
+def test_verify_reads_the_arrays_beside_the_tiles(indian_pines_store, tmp_path, run_cli, damage, message):
+    """`hsgds verify` said "ok" for a store a loader then refused: labels, samples and statistics are read too."""
+    import shutil
+
+    import zarr
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(indian_pines_store, store)
+    scene = hsgds.open_scene(store)
+    if damage in ("labels", "samples", "stats"):
+        shutil.rmtree(store / damage)
+    elif damage == "nan_mean":
+        mean = zarr.open_array(store / "stats" / "train" / "mean", mode="r+")
+        values = mean[:]
+        values[3] = np.nan
+        mean[:] = values
+    else:
+        split = zarr.open_array(store / fmt.split_array(scene.meta.split_generation), mode="r+")
+        values = split[:]
+        values[0] = 9
+        split[:] = values
+    code, out, err = run_cli("verify", store)
+    assert code == 2 and re.search(message, err) and "in its labels, samples or statistics" in err, err
+    assert "Traceback" not in err and "tiles are damaged" not in err
