@@ -242,7 +242,7 @@ def describe_model(path: str | os.PathLike, loaded: Any) -> str:
     elif loaded.band_indices is not None:
         bands = f"{len(loaded.band_indices)} bands, indices {_listed(loaded.band_indices)}"
     else:
-        bands = "every band of the scene" + (f" ({loaded.bands})" if loaded.bands is not None else "")
+        bands = f"all bands of a {loaded.bands}-band scene" if loaded.bands is not None else "every band of the scene"
     p = loaded.patch_size
     lines.append(f"input:      {bands}; " + (f"{p}x{p} patches" if p is not None else "patch size not fixed")
                  + f", {loaded.layout}"

@@ -426,7 +426,7 @@ def test_hsgds_info_says_what_a_model_file_takes(scenes, tmp_path, run_cli):
     torch.export.save(_program(RandomConv()), tmp_path / "plain.pt2")
     code, out, err = run_cli("info", tmp_path / "plain.pt2")
     assert code == 0, err
-    assert "torch.export program" in out and "every band of the scene (3); 3x3 patches" in out
+    assert "torch.export program" in out and "all bands of a 3-band scene; 3x3 patches" in out
     assert "zscore, with each scene's own train statistics" in out
     (tmp_path / "junk.ckpt").write_bytes(b"junk")
     code, out, err = run_cli("info", tmp_path / "junk.ckpt")
