@@ -89,6 +89,27 @@ def scene_to_xarray(scene: Scene) -> Any:
     }
     if scene.class_names:
         attrs["class_names"] = list(scene.class_names)
+    if meta.georeference is not None:
+        coords.update(_map_coordinates(meta.georeference, h, w))
     data = indexing.LazilyIndexedArray(_backend_array_class()(scene))
     var = xr.Variable(("y", "x", "band"), data)
     return xr.DataArray(var, coords=coords, name="cube", attrs=attrs)
+
+
+def _map_coordinates(geo: dict[str, Any], h: int, w: int) -> dict[str, Any]:
+    """Map coordinates of the pixel centres (``x``, ``y``; for a north-up transform, as rasterio and
+    rioxarray give them) and the CRS as a ``spatial_ref`` coordinate in the CF / rioxarray convention
+    (``spatial_ref``: the WKT, else "EPSG:n"; ``crs_wkt`` when known; ``GeoTransform`` in GDAL order), so
+    ``da.rio.crs`` works when rioxarray is installed."""
+    x0, dx, rx, y0, ry, dy = geo["transform"]
+    ref: dict[str, Any] = {"GeoTransform": " ".join(repr(float(v)) for v in geo["transform"])}
+    if geo.get("epsg") is not None:
+        ref["epsg"] = geo["epsg"]
+        ref["spatial_ref"] = f"EPSG:{geo['epsg']}"  # what CRS.from_user_input (rioxarray) reads
+    if geo.get("crs_wkt"):
+        ref["crs_wkt"] = ref["spatial_ref"] = geo["crs_wkt"]
+    coords: dict[str, Any] = {"spatial_ref": ((), np.int64(0), ref)}
+    if rx == 0 and ry == 0:  # a rotated grid has no 1-D axes: its transform is in spatial_ref only
+        coords["x"] = ("x", x0 + (np.arange(w) + 0.5) * dx)
+        coords["y"] = ("y", y0 + (np.arange(h) + 0.5) * dy)
+    return coords

@@ -63,6 +63,27 @@ def test_geotiff_georeference_matches_gdal(tmp_path, cube, crs, transform):
     assert stored_crs(geo) == ref_crs
 
 
+@pytest.mark.parametrize("crs,transform", [(UTM16N, Affine(30.0, 0.0, 620000.5, 0.0, -20.0, 4000000.25)),
+                                           (ALBERS, Affine(30.0, 0.0, 100.0, 0.0, -30.0, 200.0)),  # WKT only
+                                           (UTM16N, Affine.translation(620000, 4000000) @ Affine.rotation(20))])
+def test_to_xarray_has_the_map_coordinates_rasterio_gives(tmp_path, cube, crs, transform):
+    pytest.importorskip("xarray")
+    src = write_geotiff(tmp_path / "c.tif", cube, crs, transform)
+    da = hsgds.open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions())).to_xarray()
+    ref = da.coords["spatial_ref"].attrs
+    assert CRS.from_user_input(ref["spatial_ref"]) == crs
+    assert np.allclose([float(v) for v in ref["GeoTransform"].split()], transform.to_gdal(), rtol=0, atol=1e-9)
+    if transform.is_rectilinear:
+        rows, cols = np.arange(cube.shape[1]), np.arange(cube.shape[2])
+        xs, _ = rasterio.transform.xy(transform, np.zeros_like(cols), cols)  # pixel centres (offset="center")
+        _, ys = rasterio.transform.xy(transform, rows, np.zeros_like(rows))
+        np.testing.assert_allclose(da.x.values, xs, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(da.y.values, ys, rtol=0, atol=1e-6)
+        assert da.sel(x=xs[3], y=ys[5]).values.tolist() == cube[:, 5, 3].tolist()
+    else:
+        assert "x" not in da.coords and "y" not in da.coords
+
+
 def test_geotiff_pixel_is_point_moves_origin_like_gdal(tmp_path, cube):
     src = write_geotiff(tmp_path / "p.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
     import tifffile
