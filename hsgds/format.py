@@ -43,6 +43,8 @@ DEVICE_CHECKSUM_ALGORITHM = "wsum64"
 MAX_TILE_BYTES = 1 << 31
 #: Largest halo (patch radius) a store may declare; patches beyond 1025x1025 are not patches.
 MAX_HALO = 512
+#: Largest class id a store holds: labels are uint16 (class maps and ``hsgds predict`` take up to 65535 classes).
+MAX_LABEL = 65535
 #: numpy names of the sample types a store may hold (docs/format.md).
 DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32", "float64")
 

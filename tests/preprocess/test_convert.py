@@ -319,3 +319,82 @@ def test_bad_seed_patch_and_block_size(npy_scene, tmp_path, run_cli):
     _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--max-patch", "1027", match="larger than a store can serve")
     _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "blocks", "--block-size", "0",
          match="--block-size must be a positive")
+
+
+# -- values a store cannot hold faithfully: refused in one line, before anything is renamed into place ----
+
+@pytest.mark.parametrize("dtype, fill, fits", [("float32", "1e39", False), ("float32", "-3.5e38", False),
+                                               ("float32", "3e38", True), ("float64", "-1e100", True)])
+def test_nan_fill_must_fit_the_cube_dtype(tmp_path, run_cli, dtype, fill, fits):
+    cube = np.random.default_rng(0).random((12, 12, 2)).astype(dtype)
+    cube[5, 5, 1] = np.nan
+    np.save(tmp_path / "nan.npy", cube)
+    if not fits:  # it used to overflow to inf silently: a store with inf values and NaN statistics
+        _bad(tmp_path, run_cli, tmp_path / "nan.npy", "-o", tmp_path / "o.zarr", "--nan-fill", fill,
+             match=f"does not fit the cube's {dtype} values (finite range -{float(np.finfo(dtype).max):.8g}")
+        return
+    code, _, err = run_cli("convert", tmp_path / "nan.npy", "-o", tmp_path / "o.zarr", "--nan-fill", fill)
+    assert code == 0, err
+    scene = hsgds.open_scene(tmp_path / "o.zarr")
+    assert scene.read(0, 12, 0, 12)[5, 5, 1] == np.asarray(float(fill)).astype(dtype)
+    assert np.isfinite(scene.stats["all"].std).all()
+
+
+def test_nan_fill_does_not_apply_to_integer_cubes(npy_scene, tmp_path, run_cli):
+    cp, _, cube, _ = npy_scene(b=3)  # int16: no NaN to fill, so any value leaves the tiles as they are
+    code, _, err = run_cli("convert", cp, "-o", tmp_path / "o.zarr", "--nan-fill", "1e39")
+    assert code == 0, err
+    assert np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, cube.shape[0], 0, cube.shape[1]), cube)
+
+
+@pytest.mark.parametrize("scale, bad", [(1e160, True), (1e140, False)])
+def test_statistics_that_overflow_float64_are_refused(npy_scene, tmp_path, run_cli, scale, bad):
+    cp, lp, cube, _ = npy_scene(b=3)
+    big = cube.astype(np.float64) * scale
+    np.save(tmp_path / "big.npy", big)
+    args = (tmp_path / "big.npy", "--labels", lp, "-o", tmp_path / "o.zarr")
+    if bad:  # the std overflowed to inf and the loader then yielded NaN patches
+        _bad(tmp_path, run_cli, *args, match="band 0: the std of the scene's pixels is inf")
+        assert "too large for float64 band statistics); rescale the cube" in run_cli("convert", *args)[2]
+        return
+    code, _, err = run_cli("convert", *args)
+    assert code == 0 and err == "", err  # no overflow warning either
+    stats = hsgds.open_scene(tmp_path / "o.zarr").stats["all"]
+    np.testing.assert_allclose(stats.std, big.reshape(-1, 3).std(axis=0), rtol=1e-12)
+
+
+def test_labels_above_the_uint16_range_are_refused(npy_scene, tmp_path, run_cli):
+    cp, lp, _, labels = npy_scene(b=3)
+    for top in (65536, 2**32 + 2, 2**40):  # used to wrap: 2**32 + 2 merged into class 2, 2**40 became 0
+        wide = labels.astype(np.int64)
+        wide[labels == 2] = top
+        np.save(tmp_path / "wide.npy", wide)
+        _bad(tmp_path, run_cli, cp, "--labels", tmp_path / "wide.npy", "-o", tmp_path / "o.zarr",
+             match=f"labels wide.npy hold class id {top}, above the largest a store holds (65535)")
+    wide = labels.astype(np.int64)
+    wide[labels == 2] = 65535
+    np.save(tmp_path / "wide.npy", wide)
+    store = convert(cp, tmp_path / "o.zarr", ConvertOptions(labels=tmp_path / "wide.npy", train=0.5))
+    scene = hsgds.open_scene(store)
+    assert scene.num_classes == 65535 and np.array_equal(scene.labels, wide)
+    # the loader's class index (label - 1) holds every class id a store can: 65534 for label 65535
+    with hsgds.PatchLoader(store, patch_size=3, batch_size=4096, split=None, device="cpu", shuffle=False) as loader:
+        got = np.concatenate([y.numpy() for _, y in loader])
+    want = wide[wide > 0] - 1
+    assert sorted(got.tolist()) == sorted(want.tolist())
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--split", "blocks", "--block-size", "100000"), "--split blocks gives no train pixel on these labels; use a "
+                                                       "smaller --block-size than 100000"),
+    (("--split", "masks", "--train-mask", "{empty}", "--test-mask", "{full}"), "--train-mask covers none of the "
+                                                                              "labelled pixels"),
+])
+def test_split_without_train_pixels_is_refused(npy_scene, tmp_path, run_cli, args, match):
+    cp, lp, _, labels = npy_scene(b=3)
+    np.save(tmp_path / "empty.npy", np.zeros(labels.shape, np.uint8))
+    np.save(tmp_path / "full.npy", np.ones(labels.shape, np.uint8))
+    args = [str(a).format(empty=tmp_path / "empty.npy", full=tmp_path / "full.npy") for a in args]
+    code, out, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "o.zarr", *args)
+    assert code == 2 and err.strip().splitlines()[-1].startswith(f"hsgds: error: {match}"), err
+    assert not (tmp_path / "o.zarr").exists() and not list(tmp_path.glob(".o.zarr*"))
