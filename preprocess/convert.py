@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import glob
 import hashlib
+import math
 import os
 import secrets
 import shutil
@@ -95,9 +96,14 @@ class ConvertOptions:
         if self.split != "masks" and any(m is not None for m in (self.train_mask, self.val_mask, self.test_mask)):
             raise ConfigError("--train-mask/--val-mask/--test-mask need --split masks")
         if self.workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.nan_fill is not None and not np.isfinite(self.nan_fill):
             raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
+        # refused whether or not a split is made: a value that means nothing is a mistake either way
+        splitting.check_amounts(self.train, self.val)
+        if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
+            raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
+                              "class, comma-separated, in label order")
 
 
 def _sha256(paths: list[Path]) -> tuple[str, int]:
@@ -120,9 +126,16 @@ def _tile_size(opts: ConvertOptions, shape: tuple[int, int, int], itemsize: int)
         return fmt.choose_tile(h, w, bpp, opts.halo)
     k = fmt.alignment_step(bpp)
     side = opts.tile + 2 * opts.halo
+    # the largest aligned side within the size limit: suggestions must pass both checks
+    largest = (math.isqrt(fmt.MAX_TILE_BYTES // bpp) // k) * k - 2 * opts.halo
+    if side * side * bpp > fmt.MAX_TILE_BYTES:
+        options = f"{largest} or smaller" if largest >= 1 else "a smaller --max-patch"
+        raise ConfigError(f"--tile {opts.tile} gives {side}x{side}-pixel tiles of {side * side * bpp} bytes, over the "
+                          f"{fmt.MAX_TILE_BYTES >> 30} GiB tile limit; use --tile {options} (a multiple of {k} "
+                          f"minus {2 * opts.halo}, for {fmt.ALIGNMENT}-byte alignment)")
     if side % k:
         lo, hi = (side // k) * k - 2 * opts.halo, (side // k + 1) * k - 2 * opts.halo
-        options = " or ".join(str(t) for t in (lo, hi) if t >= 1)
+        options = " or ".join(str(t) for t in (lo, hi) if 1 <= t <= largest)
         raise ConfigError(f"--tile {opts.tile} gives {side}x{side}-pixel tiles of {side * side * bpp} bytes, not a "
                           f"multiple of {fmt.ALIGNMENT}; use --tile {options}")
     return opts.tile
@@ -326,8 +339,15 @@ def _make_tmp(out: Path) -> tuple[Path, int | None]:
     token = secrets.token_hex(4)
     staging = out.parent / f".{out.name}.new-{token}"
     tmp = out.parent / f".{out.name}.tmp-{token}"
-    with _writing(out, "a temporary folder"):
+    try:
         staging.mkdir()
+    except OSError as exc:
+        if exc.errno in _FULL:
+            with _writing(out, "a temporary folder"):
+                raise
+        # any other reason (permissions, a read-only or virtual file system such as /proc) is the folder's
+        raise StoreError(f"cannot write into {out.parent} ({exc.strerror or exc}): the folder is not writable; "
+                         "choose another -o") from None
     try:
         fd = lock_folder(staging)
         os.rename(staging, tmp)  # only ever visible as tmp-* while locked
@@ -385,8 +405,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         raise InputError(f"a {H}x{W} scene cannot be reflect-padded; use --padding edge or zero")
     _check_nan_fill(opts.nan_fill, cube.dtype)
     labels = _load_labels(opts, src, cube.shape)
-    if opts.class_names is not None and len(opts.class_names) < int(labels.max(initial=0)):
-        raise InputError(f"--class-names lists {len(opts.class_names)} names but labels go up to {labels.max()}")
+    # an unlabelled scene of a collection keeps the collection's names (convert-many shares them)
+    if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):
+        raise InputError(f"--class-names lists {len(opts.class_names)} names but the labels' classes are "
+                         f"1..{labels.max()}; give one name per class")
     grid = fmt.TileGrid(H, W, B, cube.dtype.name, _tile_size(opts, cube.shape, cube.dtype.itemsize), opts.halo)
     grid.check()
     split_map, split_params = _split_map(opts, labels)

@@ -340,22 +340,24 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
         Per-scene results; ``collection.json`` lists exactly the scenes converted or up to date in this run.
     """
     t0 = time.perf_counter()
-    opts.check()
+    if opts.workers < 1:  # the tile-writing threads of each scene: --threads here, not convert's --workers
+        raise ConfigError(f"--threads must be >= 1, got {opts.workers}")
+    opts.check()  # once, before any scene: a bad shared option is not a per-scene failure
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     rows = read_manifest(manifest)
     out = Path(out_dir).resolve()
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a folder; choose another -o")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the output folder {out} ({exc.strerror}); choose another -o") from None
-    previous = _previous_stamps(out)
     distributed = require("distributed", "dask", "hsgds convert-many")
-    client, cluster = _client(scheduler, workers)
+    client, cluster = _client(scheduler, workers)  # before the folder: an unreachable cluster leaves nothing
     results: dict[str, SceneResult] = {}
     try:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot create the output folder {out} ({exc.strerror}); choose another -o") from None
+        previous = _previous_stamps(out)
         token = secrets.token_hex(4)
         futures = {client.submit(convert_scene, row, str(out), opts, previous.get(row.name), force,
                                  key=f"hsgds-convert-{token}-{i}", pure=False): row

@@ -398,3 +398,86 @@ def test_split_without_train_pixels_is_refused(npy_scene, tmp_path, run_cli, arg
     code, out, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "o.zarr", *args)
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"hsgds: error: {match}"), err
     assert not (tmp_path / "o.zarr").exists() and not list(tmp_path.glob(".o.zarr*"))
+
+
+# -- options: named when wrong, refused when they would be ignored --------------------------------------
+
+@pytest.mark.parametrize("args, match", [
+    (("--train", "1.5"), "--train fraction must be in (0, 1), got 1.5"),  # refused with or without --labels
+    (("--val", "0.95"), "train + val fractions must be below 1"),
+    (("--split", "blocks"), "--split blocks needs --labels"),
+    (("--block-size", "8", "--seed", "3"), "--block-size needs --labels (splits and class names are about "
+                                           "labelled pixels); pass the ground truth with --labels, or drop "
+                                           "--block-size --seed"),
+    (("--train", "0.2"), "--train needs --labels"),
+    (("--class-names", "a,b"), "--class-names needs --labels"),
+    (("--split", "masks", "--train-mask", "m.npy", "--test-mask", "m.npy"), "--split masks needs --labels"),
+    (("--class-names", ",,"), "--class-names has an empty name (',,')"),
+    (("--workers", "0"), "--workers must be >= 1, got 0"),
+])
+def test_label_options_without_labels_or_bad_values(npy_scene, tmp_path, run_cli, args, match):
+    cp, _, _, _ = npy_scene(b=3)
+    np.save(tmp_path / "m.npy", np.ones((37, 29), np.uint8))
+    args = [str(tmp_path / a) if a == "m.npy" else a for a in args]
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", *args, match=match)
+
+
+def test_defaults_equal_to_given_values_are_not_label_options(npy_scene, tmp_path, run_cli):
+    cp, _, _, _ = npy_scene(b=3)  # only what the user typed counts: no split option given, none refused
+    code, _, err = run_cli("convert", cp, "-o", tmp_path / "o.zarr", "--max-patch", "5")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("names, match", [
+    ("a,b,c,d,e,f", "--class-names lists 6 names but the labels' classes are 1..5; give one name per class"),
+    ("a,b,c,d", "--class-names lists 4 names but the labels' classes are 1..5"),
+    ("a,,c,d,e", "--class-names has an empty name ('a,,c,d,e')"),
+])
+def test_class_names_must_name_every_class_once(npy_scene, tmp_path, run_cli, names, match):
+    cp, lp, _, labels = npy_scene(b=3)
+    assert labels.max() == 5
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--class-names", names, match=match)
+
+
+def test_option_values_are_named_in_their_errors(npy_scene, tmp_path, run_cli):
+    cp, lp, _, _ = npy_scene(b=3)
+    code, _, err = run_cli("convert", cp, "-o", tmp_path / "o.zarr", "--train", "abc")
+    assert code == 2 and "Invalid value for '--train': 'abc' is not a number" in err, err
+    # a tile over the 2 GiB limit: the suggestion must itself be accepted
+    from hsgds.preprocess.convert import _tile_size
+
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--tile", "100000",
+         match="over the 2 GiB tile limit; use --tile 18866 or smaller")
+    side = 18866 + 14  # int16, 3 bands: the largest side that is a multiple of 64 (4 KiB-aligned) within 2 GiB
+    assert side % 64 == 0 and side * side * 6 <= 2**31 < (side + 64) ** 2 * 6
+    assert _tile_size(ConvertOptions(tile=18866), (37, 29, 3), 2) == 18866  # the suggestion is accepted
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "--labels-key", "gt", "-o", tmp_path / "o.zarr",
+         match="--labels-key selects a variable in .mat or HDF5 files; gt0.npy is NumPy .npy, drop --labels-key")
+    (tmp_path / "gt_empty.npy").write_bytes(b"")
+    _bad(tmp_path, run_cli, cp, "--labels", tmp_path / "gt_empty.npy", "-o", tmp_path / "o.zarr",
+         match="gt_empty.npy is empty; re-export the label map")
+
+
+def test_unwritable_output_folder_is_named(npy_scene, tmp_path, run_cli):
+    cp, _, _, _ = npy_scene(b=3)
+    code, _, err = run_cli("convert", cp, "-o", "/proc/a.zarr")  # a virtual file system: ENOENT, as root too
+    assert code == 2 and err.strip() == ("hsgds: error: cannot write into /proc (No such file or directory): the "
+                                         "folder is not writable; choose another -o"), err
+
+
+def test_band_first_hdf5_suggests_the_band_axis(tmp_path, run_cli):
+    import h5py
+
+    from hsgds.synthetic import make_scene
+
+    cube, labels = make_scene(100, 100, 48, classes=3, dtype="int16", seed=0)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f["cube"] = np.moveaxis(cube, 2, 0)  # (B, H, W)
+    np.save(tmp_path / "gt.npy", labels)
+    _bad(tmp_path, run_cli, tmp_path / "c.h5", "--labels", tmp_path / "gt.npy", "-o", tmp_path / "o.zarr",
+         match="labels gt.npy have shape (100, 100), but the cube is 48x100; if the cube's bands are its first "
+               "axis, pass --band-axis first")
+    code, _, err = run_cli("convert", tmp_path / "c.h5", "--labels", tmp_path / "gt.npy", "-o", tmp_path / "o.zarr",
+                           "--band-axis", "first")
+    assert code == 0, err
+    assert np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 100, 0, 100), cube)

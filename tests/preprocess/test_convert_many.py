@@ -257,3 +257,31 @@ def test_without_distributed_the_error_names_the_extra(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == ("hsgds: error: hsgds convert-many needs distributed, which is not installed; "
                                    "install it with pip install 'hsgds[dask]'")
+
+
+def test_bad_shared_option_is_refused_once_and_nothing_is_written(tmp_path, run_cli):
+    make_sources(tmp_path, n=2)  # a labelled and an unlabelled scene: --train 1.5 used to fail only the first
+    for args, message in ((("--train", "1.5"), "--train fraction must be in (0, 1), got 1.5"),
+                          (("--threads", "0"), "--threads must be >= 1, got 0"),
+                          (("--class-names", "a,,b"), "--class-names has an empty name")):
+        code, stdout, stderr = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "out", *args)
+        assert code == 2 and stderr.count("\n") == 1 and message in stderr, stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_label_options_need_a_labelled_scene(tmp_path, run_cli):
+    np.save(tmp_path / "a.npy", np.zeros((8, 8, 2), np.int16))
+    (tmp_path / "m.csv").write_text("source\na.npy\n")
+    code, _, stderr = run_cli("convert-many", tmp_path / "m.csv", "-o", tmp_path / "out", "--split", "blocks")
+    assert code == 2 and stderr.strip() == (
+        f"hsgds: error: --split blocks needs labelled scenes, and {tmp_path / 'm.csv'} lists none (no labels column "
+        "values); add the ground truth in its labels column, or drop --split blocks"), stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_scheduler_leaves_no_folder(tmp_path, run_cli):
+    make_sources(tmp_path, n=1)
+    code, _, stderr = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "out", "--scheduler",
+                              "tcp://127.0.0.1:1")
+    assert code == 2 and stderr.startswith("hsgds: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1")
+    assert not (tmp_path / "out").exists()
