@@ -481,3 +481,21 @@ def test_band_first_hdf5_suggests_the_band_axis(tmp_path, run_cli):
                            "--band-axis", "first")
     assert code == 0, err
     assert np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 100, 0, 100), cube)
+
+
+def test_a_warning_other_than_a_split_is_shown_once_and_conversion_completes(tmp_path):
+    """A GeoTIFF with a user-defined CRS converted without rasterio: the reader's warning is not a split's,
+    and re-raising it inside the recording used to loop for ever (hsgds.cli._split_warnings)."""
+    from rasterio.transform import Affine
+
+    from tests.preprocess.test_georeference import ALBERS, write_geotiff
+
+    cube = np.arange(12 * 10 * 3, dtype=np.int16).reshape(12, 10, 3)
+    write_geotiff(tmp_path / "c.tif", cube.transpose(2, 0, 1), ALBERS, Affine(30.0, 0.0, 100.0, 0.0, -30.0, 200.0))
+    script = ("import sys; sys.modules['rasterio'] = None\n"  # as if hsgds[geo] were not installed
+              "from hsgds.cli import main\n"
+              f"main(['convert', {str(tmp_path / 'c.tif')!r}, '-o', {str(tmp_path / 'o.zarr')!r}])")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("has a user-defined coordinate reference system") == 1, done.stderr
+    assert "wrote" in done.stdout and np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 12, 0, 10), cube)
