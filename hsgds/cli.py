@@ -218,6 +218,9 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if result.status == "failed":
             click.echo(f"\nhsgds: failed: {result.name}: {result.reason}" if bar else
                        f"hsgds: failed: {result.name}: {result.reason}", err=True)
+        elif result.status == "converted" and result.reason not in ("missing", "--overwrite"):
+            # an existing store replaced (e.g. a re-split undone by other split options): say why
+            click.echo(f"{chr(10) if bar else ''}{result.name}: re-converted: {result.reason}")
         if bar is not None:
             bar.length = total
             bar.current_item = tiles

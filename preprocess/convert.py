@@ -506,7 +506,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         source={"name": src.name, "files": [p.name for p in cube.files], "size": hashed["size"],
                 "sha256": hashed["sha256"]},
         georeference=getattr(cube, "georeference", None),
-        labels_source=labels_source, split=split_params,
+        labels_source=labels_source, split=split_params, converted_split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
     _check_unchanged(stamps)  # what was tiled and hashed is what the metadata will describe
     with _writing(out, "the store metadata"):
