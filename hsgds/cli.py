@@ -41,6 +41,23 @@ def _number(value: str) -> float:
     return int(f) if f >= 1 and f.is_integer() else f
 
 
+class _Amount(click.ParamType):
+    """--train / --val: :func:`_number` as the option's type, so that click's error names the option."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        try:
+            return _number(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+_AMOUNT = _Amount()
+
+
 @contextmanager
 def _split_warnings(prefix: str = ""):
     """Show a split's warnings (classes that could not be split) as one line each on stderr, after
@@ -83,8 +100,10 @@ _SCENE_OPTIONS = [
     click.option("--tile", type=int, help="Tile core size in pixels (default: chosen for ~1-8 MiB aligned tiles)."),
     click.option("--padding", default="reflect", show_default=True, type=click.Choice(["reflect", "edge", "zero"])),
     click.option("--split", default="random", show_default=True, type=click.Choice(["random", "blocks", "masks"])),
-    click.option("--train", default="0.1", show_default=True, help="Train fraction, or pixels per class if >= 1."),
-    click.option("--val", default="0", show_default=True, help="Validation fraction, or pixels per class if >= 1."),
+    click.option("--train", default="0.1", show_default=True, type=_AMOUNT,
+                 help="Train fraction, or pixels per class if >= 1."),
+    click.option("--val", default="0", show_default=True, type=_AMOUNT,
+                 help="Validation fraction, or pixels per class if >= 1."),
     click.option("--block-size", type=int, help="Block side for --split blocks."),
     click.option("--train-mask", type=click.Path(dir_okay=False), help="Train mask for --split masks."),
     click.option("--val-mask", type=click.Path(dir_okay=False), help="Validation mask for --split masks."),
@@ -107,9 +126,21 @@ def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split
 
     return ConvertOptions(
         key=key, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
-        padding=padding, split=split, train=_number(train), val=_number(val), block_size=block_size,
+        padding=padding, split=split, train=train, val=val, block_size=block_size,
         train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, seed=seed, nan_fill=nan_fill,
-        class_names=tuple(c.strip() for c in class_names.split(",")) if class_names else None, **extra)
+        class_names=None if class_names is None else tuple(c.strip() for c in class_names.split(",")), **extra)
+
+
+# Options that only mean something for labelled pixels (a split of them, names of their classes)
+_LABEL_OPTIONS = ("split", "train", "val", "block_size", "train_mask", "val_mask", "test_mask", "seed", "class_names")
+
+
+def _given_label_options() -> list[str]:
+    """The label options the user gave on the command line (not their defaults), as options (--train)."""
+    ctx = click.get_current_context()
+    return ["--split " + ctx.params[name] if name == "split" else "--" + name.replace("_", "-")
+            for name in _LABEL_OPTIONS
+            if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
 
 
 @cli.command()
@@ -124,6 +155,11 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
     from hsgds.preprocess.convert import convert as run_convert
 
     opts = _convert_options(**options, labels=labels, overwrite=overwrite, workers=workers)
+    opts.check()  # a bad value is named as such, with or without --labels
+    given = _given_label_options()
+    if labels is None and given:  # they would be ignored: an unlabelled store has no split and no classes
+        _fail(f"{given[0]} needs --labels (splits and class names are about labelled pixels); pass the ground "
+              f"truth with --labels, or drop {' '.join(given)}")
     bar = None
     if sys.stderr.isatty():
         bar = click.progressbar(length=1, label="tiles", file=sys.stderr)
@@ -164,6 +200,13 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     from hsgds.preprocess.convert_many import convert_many as run_many
 
     opts = _convert_options(**options, workers=threads)
+    given = _given_label_options()
+    if given:
+        from hsgds.preprocess.convert_many import read_manifest
+
+        if not any(row.labels is not None for row in read_manifest(manifest)):
+            _fail(f"{given[0]} needs labelled scenes, and {manifest} lists none (no labels column values); add "
+                  f"the ground truth in its labels column, or drop {' '.join(given)}")
     logging.getLogger("distributed").setLevel(logging.ERROR)  # worker restarts are reported per scene below
     bar: Any = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
                             item_show_func=lambda tiles: None if tiles is None else f"{tiles} tiles"
@@ -176,6 +219,9 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if result.status == "failed":
             click.echo(f"\nhsgds: failed: {result.name}: {result.reason}" if bar else
                        f"hsgds: failed: {result.name}: {result.reason}", err=True)
+        elif result.status == "converted" and result.reason not in ("missing", "--overwrite"):
+            # an existing store replaced (e.g. a re-split undone by other split options): say why
+            click.echo(f"{chr(10) if bar else ''}{result.name}: re-converted: {result.reason}")
         if bar is not None:
             bar.length = total
             bar.current_item = tiles
@@ -220,8 +266,9 @@ _NEW_STATISTICS = ("statistics: now those of the new train pixels; a model file 
 @click.argument("store", type=click.Path())
 @click.option("--split", required=True, type=click.Choice(["random", "blocks"]),
               help="random: stratified per pixel; blocks: spatially disjoint and stratified (docs/splits.md).")
-@click.option("--train", default="0.1", show_default=True, help="Train fraction, or pixels per class if >= 1.")
-@click.option("--val", default="0", show_default=True, help="Validation fraction, or pixels per class if >= 1.")
+@click.option("--train", default="0.1", show_default=True, type=_AMOUNT, help="Train fraction, or pixels per class if >= 1.")
+@click.option("--val", default="0", show_default=True, type=_AMOUNT,
+              help="Validation fraction, or pixels per class if >= 1.")
 @click.option("--block-size", type=int, help="Block side for --split blocks (default: adaptive).")
 @click.option("--seed", default=0, show_default=True)
 def resplit(store, split, train, val, block_size, seed) -> None:
@@ -233,10 +280,10 @@ def resplit(store, split, train, val, block_size, seed) -> None:
     from hsgds.preprocess.resplit import resplit as run_resplit
 
     if is_collection_path(store):
-        _resplit_collection(store, split, _number(train), _number(val), block_size, seed)
+        _resplit_collection(store, split, train, val, block_size, seed)
         return
     with _split_warnings():
-        run_resplit(store, split, train=_number(train), val=_number(val), block_size=block_size, seed=seed)
+        run_resplit(store, split, train=train, val=val, block_size=block_size, seed=seed)
     click.echo(f"re-split {store}")
     _echo_split(store)
     click.echo(_NEW_STATISTICS)

@@ -43,6 +43,8 @@ DEVICE_CHECKSUM_ALGORITHM = "wsum64"
 MAX_TILE_BYTES = 1 << 31
 #: Largest halo (patch radius) a store may declare; patches beyond 1025x1025 are not patches.
 MAX_HALO = 512
+#: Largest class id a store holds: labels are uint16 (class maps and ``hsgds predict`` take up to 65535 classes).
+MAX_LABEL = 65535
 #: numpy names of the sample types a store may hold (docs/format.md).
 DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32", "float64")
 
@@ -214,6 +216,8 @@ class StoreMeta:
     georeference: dict[str, Any] | None = None
     labels_source: dict[str, Any] | None = None
     split: dict[str, Any] = field(default_factory=dict)
+    #: the ``split`` record as converted, kept through re-splits (None: a store written before it existed)
+    converted_split: dict[str, Any] | None = None
     stats_split: str = "train"
     split_generation: int = 0
     checksum_algorithm: str = CHECKSUM_ALGORITHM
@@ -304,8 +308,9 @@ class StoreMeta:
         for name in ("source", "split"):
             if not isinstance(getattr(self, name), dict):
                 raise bad(name, "must be an object")
-        if self.labels_source is not None and not isinstance(self.labels_source, dict):
-            raise bad("labels_source", "must be an object or null")
+        for name in ("labels_source", "converted_split"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
+                raise bad(name, "must be an object or null")
         if not isinstance(self.created_by, str):
             raise bad("created_by", "must be a string")
         if self.georeference is not None:

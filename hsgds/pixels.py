@@ -176,13 +176,13 @@ class GridSamples(_PerTileSamples):
             k = k + np.searchsorted(self._skip, tile * self._span + k, side="right") - self._ex_start[tile]
         row, col = np.divmod(k, self._nx[tile])
         sy, sx = self._y0[tile] + self._stride * row, self._x0[tile] + self._stride * col
-        label = np.full(len(idx), -1, dtype=np.int16)
+        label = np.full(len(idx), -1, dtype=np.int32)
         if any(lab is not None for lab in self._label_of):
             scene = self._scene[tile]
             for s in np.unique(scene):
                 if self._label_of[s] is not None:
                     at = scene == s
-                    label[at] = self._labels(s)[sy[at] // self._stride, sx[at] // self._stride].astype(np.int16) - 1
+                    label[at] = self._labels(s)[sy[at] // self._stride, sx[at] // self._stride].astype(np.int32) - 1
         return (tile if self._wide else tile.astype(np.int32), (sy - self._oy[tile]).astype(np.int32),
                 (sx - self._ox[tile]).astype(np.int32), label, sy.astype(np.int32), sx.astype(np.int32))
 
@@ -249,7 +249,7 @@ class ListedSamples(_PerTileSamples):
         tile = self.tile_of(idx)
         scene = self._scene_of_tile[tile]
         y, x, sy, sx = (np.empty(len(idx), np.int32) for _ in range(4))
-        label = np.empty(len(idx), np.int16)
+        label = np.empty(len(idx), np.int32)
         for s in np.unique(scene).tolist():
             at = scene == s
             local = idx[at] - self._first[s]

@@ -393,11 +393,11 @@ class Scene:
 def samples_at(grid: fmt.TileGrid, tile: np.ndarray, sy: np.ndarray, sx: np.ndarray, label: np.ndarray) -> SampleSet:
     """A :class:`~hsgds.sampling.SampleSet` of the scene pixels (``sy``, ``sx``) of a store with tiles
     ``grid``, already sorted by ``tile``, with class indices ``label``. Small dtypes: a 4096x1024 scene at
-    stride 1 is 4M samples, so int32/int16 instead of int64 keeps the set at ~80 MB."""
+    stride 1 is 4M samples, so int32 instead of int64 keeps the set near 100 MB."""
     t, h = grid.tile, grid.halo
     ty, tx = np.divmod(tile, grid.ntx)
     return SampleSet(tile=tile.astype(np.int32), y=(sy - ty * t + h).astype(np.int32),
-                     x=(sx - tx * t + h).astype(np.int32), label=label.astype(np.int16),
+                     x=(sx - tx * t + h).astype(np.int32), label=label.astype(np.int32),
                      scene_y=sy.astype(np.int32), scene_x=sx.astype(np.int32),
                      offsets=fmt.tile_offsets(tile.astype(np.int64), grid.num_tiles))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import glob
 import hashlib
+import math
 import os
 import secrets
 import shutil
@@ -31,9 +32,9 @@ from hsgds import format as fmt
 from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
-from hsgds.preprocess.readers import open_cube, read_labels
+from hsgds.preprocess.readers import detect_format, open_cube, read_labels
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, source_stamps
-from hsgds.preprocess.stats import BandAccumulator
+from hsgds.preprocess.stats import BandAccumulator, check_finite
 
 try:
     import fcntl
@@ -95,9 +96,14 @@ class ConvertOptions:
         if self.split != "masks" and any(m is not None for m in (self.train_mask, self.val_mask, self.test_mask)):
             raise ConfigError("--train-mask/--val-mask/--test-mask need --split masks")
         if self.workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.nan_fill is not None and not np.isfinite(self.nan_fill):
             raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
+        # refused whether or not a split is made: a value that means nothing is a mistake either way
+        splitting.check_amounts(self.train, self.val)
+        if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
+            raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
+                              "class, comma-separated, in label order")
 
 
 def _sha256(paths: list[Path]) -> tuple[str, int]:
@@ -120,22 +126,40 @@ def _tile_size(opts: ConvertOptions, shape: tuple[int, int, int], itemsize: int)
         return fmt.choose_tile(h, w, bpp, opts.halo)
     k = fmt.alignment_step(bpp)
     side = opts.tile + 2 * opts.halo
+    # the largest aligned side within the size limit: suggestions must pass both checks
+    largest = (math.isqrt(fmt.MAX_TILE_BYTES // bpp) // k) * k - 2 * opts.halo
+    if side * side * bpp > fmt.MAX_TILE_BYTES:
+        options = f"{largest} or smaller" if largest >= 1 else "a smaller --max-patch"
+        raise ConfigError(f"--tile {opts.tile} gives {side}x{side}-pixel tiles of {side * side * bpp} bytes, over the "
+                          f"{fmt.MAX_TILE_BYTES >> 30} GiB tile limit; use --tile {options} (a multiple of {k} "
+                          f"minus {2 * opts.halo}, for {fmt.ALIGNMENT}-byte alignment)")
     if side % k:
         lo, hi = (side // k) * k - 2 * opts.halo, (side // k + 1) * k - 2 * opts.halo
-        options = " or ".join(str(t) for t in (lo, hi) if t >= 1)
+        options = " or ".join(str(t) for t in (lo, hi) if 1 <= t <= largest)
         raise ConfigError(f"--tile {opts.tile} gives {side}x{side}-pixel tiles of {side * side * bpp} bytes, not a "
                           f"multiple of {fmt.ALIGNMENT}; use --tile {options}")
     return opts.tile
 
 
-def _load_labels(opts: ConvertOptions, hw: tuple[int, int]) -> np.ndarray:
+def _load_labels(opts: ConvertOptions, src: Path, shape: tuple[int, int, int]) -> np.ndarray:
+    hw = shape[:2]
     if opts.labels is None:
         return np.zeros(hw, dtype=np.uint16)
-    labels = read_labels(opts.labels, key=opts.labels_key)
+    name = Path(opts.labels).name
+    labels = read_labels(opts.labels, key=opts.labels_key, key_option="--labels-key")
     if labels.shape != hw:
-        raise InputError(f"labels {Path(opts.labels).name} have shape {labels.shape}, but the cube is "
-                         f"{hw[0]}x{hw[1]}; pass the ground truth of this scene")
-    return labels.astype(np.uint16 if labels.max(initial=0) < 65536 else np.int32)
+        # an array whose band axis was taken for a spatial one matches the labels with the other band axis
+        other = "first" if opts.band_axis in (None, "last") else "last"
+        swapped = shape[1:] if other == "first" else (shape[2], shape[0])
+        fix = "pass the ground truth of this scene"
+        if labels.shape == swapped and detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
+            fix = f"if the cube's bands are its {other} axis, pass --band-axis {other}"
+        raise InputError(f"labels {name} have shape {labels.shape}, but the cube is {hw[0]}x{hw[1]}; {fix}")
+    top = int(labels.max(initial=0))
+    if top > fmt.MAX_LABEL:
+        raise InputError(f"labels {name} hold class id {top}, above the largest a store holds ({fmt.MAX_LABEL}); "
+                         "number the classes 1..K (0 = unlabelled)")
+    return labels.astype(np.uint16)
 
 
 def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
@@ -145,7 +169,7 @@ def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, di
     if opts.split in ("random", "blocks"):
         return splitting.make_split(labels, opts.split, train=opts.train, val=opts.val, block_size=opts.block_size,
                                     guard=opts.halo, seed=opts.seed)
-    masks = {name: None if p is None else read_labels(p) != 0
+    masks = {name: None if p is None else read_labels(p, what=name.replace("_", " ")) != 0
              for name, p in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
                              ("test_mask", opts.test_mask))}
     params.update({k: Path(v).name for k, v in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
@@ -185,6 +209,19 @@ def build_tile(cube: SourceCube, grid: fmt.TileGrid, padding: str, tile_id: int)
     tile[~rv] = 0
     tile[:, ~cv] = 0
     return tile
+
+
+def _check_nan_fill(value: float | None, dtype: np.dtype) -> None:
+    """A --nan-fill that overflows the cube's float type would be stored as inf; integer cubes hold no NaN,
+    so the value does not apply to them (convert-many shares it between scenes of several dtypes)."""
+    if value is None or dtype.kind != "f":
+        return
+    with np.errstate(over="ignore"):
+        fits = bool(np.isfinite(np.asarray(value).astype(dtype)))
+    if not fits:
+        limit = float(np.finfo(dtype).max)
+        raise ConfigError(f"--nan-fill {value:g} does not fit the cube's {dtype.name} values (finite range "
+                          f"-{limit:.8g} to {limit:.8g}); pass a value inside it")
 
 
 def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: float | None) -> None:
@@ -302,8 +339,15 @@ def _make_tmp(out: Path) -> tuple[Path, int | None]:
     token = secrets.token_hex(4)
     staging = out.parent / f".{out.name}.new-{token}"
     tmp = out.parent / f".{out.name}.tmp-{token}"
-    with _writing(out, "a temporary folder"):
+    try:
         staging.mkdir()
+    except OSError as exc:
+        if exc.errno in _FULL:
+            with _writing(out, "a temporary folder"):
+                raise
+        # any other reason (permissions, a read-only or virtual file system such as /proc) is the folder's
+        raise StoreError(f"cannot write into {out.parent} ({exc.strerror or exc}): the folder is not writable; "
+                         "choose another -o") from None
     try:
         fd = lock_folder(staging)
         os.rename(staging, tmp)  # only ever visible as tmp-* while locked
@@ -359,12 +403,17 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
                          "the scene is too large for this machine (or its header is damaged)")
     if opts.halo > 0 and opts.padding == "reflect" and min(H, W) < 2:
         raise InputError(f"a {H}x{W} scene cannot be reflect-padded; use --padding edge or zero")
-    labels = _load_labels(opts, (H, W))
-    if opts.class_names is not None and len(opts.class_names) < int(labels.max(initial=0)):
-        raise InputError(f"--class-names lists {len(opts.class_names)} names but labels go up to {labels.max()}")
+    _check_nan_fill(opts.nan_fill, cube.dtype)
+    labels = _load_labels(opts, src, cube.shape)
+    # an unlabelled scene of a collection keeps the collection's names (convert-many shares them)
+    if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):
+        raise InputError(f"--class-names lists {len(opts.class_names)} names but the labels' classes are "
+                         f"1..{labels.max()}; give one name per class")
     grid = fmt.TileGrid(H, W, B, cube.dtype.name, _tile_size(opts, cube.shape, cube.dtype.itemsize), opts.halo)
     grid.check()
     split_map, split_params = _split_map(opts, labels)
+    if split_params["method"] != "none":
+        splitting.check_has_train(split_map, opts.split, opts.block_size)
     table = _sample_table(labels, split_map, grid)
 
     hashed: dict[str, Any] = {}
@@ -429,6 +478,8 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     for group, acc in (("all", all_stats), ("train", train_stats)):
         result = acc.result()
         if result is not None:
+            check_finite(result, "scene's" if group == "all" else "train",
+                         "rescale the cube (e.g. to reflectance, or divide it by a power of 10) and convert again")
             for name, values in result.items():
                 with _writing(out, "the band statistics"):
                     root.create_array(f"{fmt.STATS}/{group}/{name}", data=values, chunks=(B,), compressors=None,
@@ -455,7 +506,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         source={"name": src.name, "files": [p.name for p in cube.files], "size": hashed["size"],
                 "sha256": hashed["sha256"]},
         georeference=getattr(cube, "georeference", None),
-        labels_source=labels_source, split=split_params,
+        labels_source=labels_source, split=split_params, converted_split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
     _check_unchanged(stamps)  # what was tiled and hashed is what the metadata will describe
     with _writing(out, "the store metadata"):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hsgds._optional import require
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
@@ -159,28 +160,48 @@ def _sha256(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def _differs(option: str, want: Any, had: Any) -> str:
+    def show(v: Any) -> Any:
+        return "not given" if v is None else v
+
+    return f"{option} {show(want)} differs from the store's ({show(had)})"
+
+
 def _options_differ(meta, opts: ConvertOptions) -> str | None:
-    """Which requested option the existing store was not made with (None: it matches)."""
+    """Which requested option the existing store was not converted with, said as the option and both values
+    (None: it matches). A split is compared with the one the store was converted with, so a store re-split
+    since (``hsgds resplit``) stays as it is; a store without that record (written before it existed) is
+    compared with its current split, as before."""
     if meta.halo != opts.halo:
-        return f"max patch {2 * meta.halo + 1} -> {opts.max_patch}"
+        return _differs("--max-patch", opts.max_patch, 2 * meta.halo + 1)
     if meta.padding != opts.padding:
-        return f"padding {meta.padding} -> {opts.padding}"
+        return _differs("--padding", opts.padding, meta.padding)
     if opts.tile is not None and meta.tile != opts.tile:
-        return f"tile {meta.tile} -> {opts.tile}"
+        return _differs("--tile", opts.tile, meta.tile)
     if (meta.labels_source is None) != (opts.labels is None):
         return "labels added" if opts.labels is not None else "labels removed"
     want_names = list(opts.class_names) if opts.class_names else None
     if meta.class_names != want_names:
-        return "class names changed"
-    split = meta.split or {}
+        shown = [",".join(n)[:60] if n else None for n in (want_names, meta.class_names)]
+        return _differs("--class-names", *shown)
+    split = meta.converted_split if meta.converted_split is not None else meta.split or {}
     if split.get("method", "none") != "none":
-        want = {"method": opts.split, "seed": opts.seed}
+        if split.get("method") != opts.split:
+            return _differs("--split", opts.split, split.get("method"))
+        want: dict[str, Any] = {"seed": opts.seed}
         if opts.split in ("random", "blocks"):
             want.update(train=opts.train, val=opts.val)
-        if opts.split == "blocks" and opts.block_size is not None:
-            want["block_size"] = opts.block_size
-        if any(split.get(k) != v for k, v in want.items()):
-            return "split options changed"
+        if opts.split == "blocks":
+            if "adaptive_block_size" in split:
+                want["adaptive_block_size"] = opts.block_size is None
+            if opts.block_size is not None:
+                want["block_size"] = opts.block_size
+        for key, value in want.items():
+            if split.get(key) != value:
+                if key == "adaptive_block_size":
+                    return _differs("--block-size", opts.block_size, None if split.get(key) else
+                                    split.get("block_size"))
+                return _differs("--" + key.replace("_", "-"), value, split.get(key))
     return None
 
 
@@ -340,22 +361,24 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
         Per-scene results; ``collection.json`` lists exactly the scenes converted or up to date in this run.
     """
     t0 = time.perf_counter()
-    opts.check()
+    if opts.workers < 1:  # the tile-writing threads of each scene: --threads here, not convert's --workers
+        raise ConfigError(f"--threads must be >= 1, got {opts.workers}")
+    opts.check()  # once, before any scene: a bad shared option is not a per-scene failure
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     rows = read_manifest(manifest)
     out = Path(out_dir).resolve()
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a folder; choose another -o")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the output folder {out} ({exc.strerror}); choose another -o") from None
-    previous = _previous_stamps(out)
     distributed = require("distributed", "dask", "hsgds convert-many")
-    client, cluster = _client(scheduler, workers)
+    client, cluster = _client(scheduler, workers)  # before the folder: an unreachable cluster leaves nothing
     results: dict[str, SceneResult] = {}
     try:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot create the output folder {out} ({exc.strerror}); choose another -o") from None
+        previous = _previous_stamps(out)
         token = secrets.token_hex(4)
         futures = {client.submit(convert_scene, row, str(out), opts, previous.get(row.name), force,
                                  key=f"hsgds-convert-{token}-{i}", pure=False): row

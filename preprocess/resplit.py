@@ -32,7 +32,7 @@ from hsgds import format as fmt
 from hsgds.errors import InputError, StoreError
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.convert import lock_folder
-from hsgds.preprocess.stats import BandAccumulator
+from hsgds.preprocess.stats import BandAccumulator, check_finite
 
 __all__ = ["resplit"]
 
@@ -229,9 +229,12 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
                                                  guard=meta.halo, seed=seed)
         ys, xs = src.scene_yx()
         codes = split_map[ys, xs].astype(np.uint8)
+        splitting.check_has_train(codes, split, block_size)
         if progress is not None:
             progress("computing train statistics from the tiles")
         stats = train_stats(src, codes)
+        if stats is not None:
+            check_finite(stats, "new train", "rescale the cube and convert it again")
         generation = meta.split_generation + 1
         current = meta.split_generation
         _remove_generations(path, lambda g: g > current)  # leftovers of killed re-splits

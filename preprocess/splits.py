@@ -47,6 +47,8 @@ __all__ = [
     "block_split",
     "block_split_details",
     "candidate_block_sizes",
+    "check_amounts",
+    "check_has_train",
     "default_block_size",
     "make_split",
     "mask_split",
@@ -114,6 +116,29 @@ def _check_fraction_sum(train: Any, val: Any) -> None:
             f"train + val fractions must be below 1 so that pixels are left for test, "
             f"got {train} + {val} = {train + val:g}"
         )
+
+
+def check_amounts(train: Any, val: Any, names: tuple[str, str] = ("--train", "--val")) -> None:
+    """Validate ``train`` and ``val`` as the split functions do, the messages naming the options: for the
+    commands, which check them before any file is read (also when no split is made)."""
+    _check_amount(names[0], train, allow_zero=False, allow_count=True)
+    _check_amount(names[1], val, allow_zero=True, allow_count=True)
+    _check_fraction_sum(train, val)
+
+
+def check_has_train(codes: np.ndarray, method: str, block_size: int | None = None) -> None:
+    """Refuse a split of labelled pixels that has no train pixel: a store without train statistics would
+    silently normalize with every pixel's, and there is nothing to train on."""
+    if np.any(np.asarray(codes) == SPLIT_TRAIN):
+        return
+    if method == "masks":
+        raise InputError("--train-mask covers none of the labelled pixels, so the split has no train pixel; "
+                         "check the mask (nonzero = train)")
+    if method == "blocks" and block_size is not None:
+        fix = f"use a smaller --block-size than {block_size} (or leave it out: adaptive)"
+    else:
+        fix = "use a larger --train"
+    raise InputError(f"--split {method} gives no train pixel on these labels; {fix}")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hsgds.errors import InputError
+
 
 @dataclass
 class BandAccumulator:
@@ -26,12 +28,13 @@ class BandAccumulator:
     def of(cls, pixels: np.ndarray, block: int = 2048) -> BandAccumulator:
         """Statistics of an (N, B) array of pixels, in blocks so float64 temporaries stay small."""
         acc = cls(bands=pixels.shape[-1])
-        for i in range(0, len(pixels), block):
-            x = pixels[i:i + block].astype(np.float64)
-            part = cls(bands=acc.bands, count=len(x), mean=x.mean(axis=0))
-            part.m2 = ((x - part.mean) ** 2).sum(axis=0)
-            part.min, part.max = x.min(axis=0), x.max(axis=0)
-            acc.merge(part)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow shows as inf/NaN: check_finite names it
+            for i in range(0, len(pixels), block):
+                x = pixels[i:i + block].astype(np.float64)
+                part = cls(bands=acc.bands, count=len(x), mean=x.mean(axis=0))
+                part.m2 = ((x - part.mean) ** 2).sum(axis=0)
+                part.min, part.max = x.min(axis=0), x.max(axis=0)
+                acc.merge(part)
         return acc
 
     def merge(self, other: BandAccumulator) -> None:
@@ -42,9 +45,10 @@ class BandAccumulator:
                 other.count, other.mean, other.m2, other.min, other.max)
             return
         n = self.count + other.count
-        delta = other.mean - self.mean
-        self.mean = self.mean + delta * (other.count / n)
-        self.m2 = self.m2 + other.m2 + delta ** 2 * (self.count * other.count / n)
+        with np.errstate(over="ignore", invalid="ignore"):  # see of()
+            delta = other.mean - self.mean
+            self.mean = self.mean + delta * (other.count / n)
+            self.m2 = self.m2 + other.m2 + delta ** 2 * (self.count * other.count / n)
         self.min = np.minimum(self.min, other.min)
         self.max = np.maximum(self.max, other.max)
         self.count = n
@@ -53,4 +57,17 @@ class BandAccumulator:
         """mean, population std, min, max (float64), or None when no pixel was seen."""
         if self.count == 0:
             return None
-        return {"mean": self.mean, "std": np.sqrt(self.m2 / self.count), "min": self.min, "max": self.max}
+        with np.errstate(over="ignore", invalid="ignore"):
+            return {"mean": self.mean, "std": np.sqrt(self.m2 / self.count), "min": self.min, "max": self.max}
+
+
+def check_finite(stats: dict[str, np.ndarray], pixels: str, fix: str) -> None:
+    """Refuse statistics that overflowed float64 (values near 1e154 and above): a loader would normalize
+    with them into NaN patches. ``pixels`` says whose statistics they are, ``fix`` what to do."""
+    for name in ("mean", "std", "min", "max"):
+        bad = np.flatnonzero(~np.isfinite(stats[name]))
+        if bad.size:
+            b = int(bad[0])
+            largest = float(np.maximum(np.abs(stats["min"][b]), np.abs(stats["max"][b])))
+            raise InputError(f"band {b}: the {name} of the {pixels} pixels is {stats[name][b]} (values up to "
+                             f"{largest:.3g} are too large for float64 band statistics); {fix}")

@@ -46,12 +46,12 @@ _EXTENSIONS = {
 }
 
 
-def _head(path: Path, size: int = 4096) -> bytes:
+def _head(path: Path, size: int = 4096, what: str = "cube") -> bytes:
     """The first bytes of ``path``, after checking that it is an existing regular file."""
     if not path.exists():
         raise InputError(f"no such file: {path}; check the path")
     if not path.is_file():
-        raise InputError(f"{path} is not a regular file; pass the cube file itself")
+        raise InputError(f"{path} is not a regular file; pass the {what} file itself")
     try:
         with path.open("rb") as f:
             return f.read(size)
@@ -67,9 +67,9 @@ def _is_hdf5(path: Path, head: bytes) -> bool:
     return len(head) >= 4096 and h5py.is_hdf5(os.fspath(path))
 
 
-def _detect(path: Path) -> tuple[str, tuple[Path, Path] | None]:
-    """Return the format name and, for ENVI, the (binary, header) pair."""
-    head = _head(path)
+def _detect(path: Path, what: str = "cube") -> tuple[str, tuple[Path, Path] | None]:
+    """Return the format name and, for ENVI, the (binary, header) pair; ``what`` the file is, for messages."""
+    head = _head(path, what=what)
     suffix = path.suffix.lower()
     if head.startswith(_NPY_MAGIC):
         return "npy", None
@@ -91,7 +91,7 @@ def _detect(path: Path) -> tuple[str, tuple[Path, Path] | None]:
     if suffix == ".hdr":
         raise InputError(f"{path} has a .hdr extension but does not start with 'ENVI'; pass a valid ENVI header")
     if not head:
-        raise InputError(f"{path} is empty; re-export the cube")
+        raise InputError(f"{path} is empty; re-export the {what}")
     if suffix in _EXTENSIONS:
         raise InputError(
             f"{path} is named like {FORMATS[_EXTENSIONS[suffix]]} but does not start with that format's signature "
@@ -111,10 +111,11 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     return _detect(Path(path))[0]
 
 
-def _only_for_arrays(fmt: str, path: Path, key: str | None, band_axis: str | None) -> None:
+def _only_for_arrays(fmt: str, path: Path, key: str | None, band_axis: str | None, key_option: str = "--key") -> None:
     """Refuse options that a self-describing format cannot honour, rather than silently ignoring them."""
     if key is not None and fmt in ("envi", "tiff", "npy"):
-        raise InputError(f"--key selects a variable in .mat or HDF5 files; {path.name} is {FORMATS[fmt]}, drop --key")
+        raise InputError(f"{key_option} selects a variable in .mat or HDF5 files; {path.name} is {FORMATS[fmt]}, "
+                         f"drop {key_option}")
     if band_axis is not None and fmt in ("envi", "tiff"):
         raise InputError(f"--band-axis applies to .npy, HDF5 and .mat arrays; {path.name} is {FORMATS[fmt]}, "
                          "whose band layout is recorded in the file, drop --band-axis")
@@ -164,7 +165,8 @@ def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: s
     return open_mat(path, key, band_axis)
 
 
-def read_labels(path: str | os.PathLike[str], key: str | None = None) -> np.ndarray:
+def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option: str = "--key",
+                what: str = "label map") -> np.ndarray:
     """Read a 2-D label map (ground truth or a train/test mask) from any supported format.
 
     Parameters
@@ -173,6 +175,8 @@ def read_labels(path: str | os.PathLike[str], key: str | None = None) -> np.ndar
         The label file (for ENVI, the header or the single-band binary).
     key
         Variable (.mat) or dataset (HDF5); needed only when the file holds several 2-D arrays.
+    key_option, what
+        How messages name the option that gave ``key``, and the file (e.g. "train mask").
 
     Returns
     -------
@@ -186,8 +190,8 @@ def read_labels(path: str | os.PathLike[str], key: str | None = None) -> np.ndar
         The file is unreadable, not 2-D, or holds negative, fractional, NaN or non-numeric values.
     """
     path = Path(path)
-    fmt, pair = _detect(path)
-    _only_for_arrays(fmt, path, key, None)
+    fmt, pair = _detect(path, what)
+    _only_for_arrays(fmt, path, key, None, key_option)
     if fmt == "envi":
         raw = read_envi_labels(*pair)
     elif fmt == "tiff":

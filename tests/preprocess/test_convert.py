@@ -319,3 +319,183 @@ def test_bad_seed_patch_and_block_size(npy_scene, tmp_path, run_cli):
     _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--max-patch", "1027", match="larger than a store can serve")
     _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "blocks", "--block-size", "0",
          match="--block-size must be a positive")
+
+
+# -- values a store cannot hold faithfully: refused in one line, before anything is renamed into place ----
+
+@pytest.mark.parametrize("dtype, fill, fits", [("float32", "1e39", False), ("float32", "-3.5e38", False),
+                                               ("float32", "3e38", True), ("float64", "-1e100", True)])
+def test_nan_fill_must_fit_the_cube_dtype(tmp_path, run_cli, dtype, fill, fits):
+    cube = np.random.default_rng(0).random((12, 12, 2)).astype(dtype)
+    cube[5, 5, 1] = np.nan
+    np.save(tmp_path / "nan.npy", cube)
+    if not fits:  # it used to overflow to inf silently: a store with inf values and NaN statistics
+        _bad(tmp_path, run_cli, tmp_path / "nan.npy", "-o", tmp_path / "o.zarr", "--nan-fill", fill,
+             match=f"does not fit the cube's {dtype} values (finite range -{float(np.finfo(dtype).max):.8g}")
+        return
+    code, _, err = run_cli("convert", tmp_path / "nan.npy", "-o", tmp_path / "o.zarr", "--nan-fill", fill)
+    assert code == 0, err
+    scene = hsgds.open_scene(tmp_path / "o.zarr")
+    assert scene.read(0, 12, 0, 12)[5, 5, 1] == np.asarray(float(fill)).astype(dtype)
+    assert np.isfinite(scene.stats["all"].std).all()
+
+
+def test_nan_fill_does_not_apply_to_integer_cubes(npy_scene, tmp_path, run_cli):
+    cp, _, cube, _ = npy_scene(b=3)  # int16: no NaN to fill, so any value leaves the tiles as they are
+    code, _, err = run_cli("convert", cp, "-o", tmp_path / "o.zarr", "--nan-fill", "1e39")
+    assert code == 0, err
+    assert np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, cube.shape[0], 0, cube.shape[1]), cube)
+
+
+@pytest.mark.parametrize("scale, bad", [(1e160, True), (1e140, False)])
+def test_statistics_that_overflow_float64_are_refused(npy_scene, tmp_path, run_cli, scale, bad):
+    cp, lp, cube, _ = npy_scene(b=3)
+    big = cube.astype(np.float64) * scale
+    np.save(tmp_path / "big.npy", big)
+    args = (tmp_path / "big.npy", "--labels", lp, "-o", tmp_path / "o.zarr")
+    if bad:  # the std overflowed to inf and the loader then yielded NaN patches
+        _bad(tmp_path, run_cli, *args, match="band 0: the std of the scene's pixels is inf")
+        assert "too large for float64 band statistics); rescale the cube" in run_cli("convert", *args)[2]
+        return
+    code, _, err = run_cli("convert", *args)
+    assert code == 0 and err == "", err  # no overflow warning either
+    stats = hsgds.open_scene(tmp_path / "o.zarr").stats["all"]
+    np.testing.assert_allclose(stats.std, big.reshape(-1, 3).std(axis=0), rtol=1e-12)
+
+
+def test_labels_above_the_uint16_range_are_refused(npy_scene, tmp_path, run_cli):
+    cp, lp, _, labels = npy_scene(b=3)
+    for top in (65536, 2**32 + 2, 2**40):  # used to wrap: 2**32 + 2 merged into class 2, 2**40 became 0
+        wide = labels.astype(np.int64)
+        wide[labels == 2] = top
+        np.save(tmp_path / "wide.npy", wide)
+        _bad(tmp_path, run_cli, cp, "--labels", tmp_path / "wide.npy", "-o", tmp_path / "o.zarr",
+             match=f"labels wide.npy hold class id {top}, above the largest a store holds (65535)")
+    wide = labels.astype(np.int64)
+    wide[labels == 2] = 65535
+    np.save(tmp_path / "wide.npy", wide)
+    store = convert(cp, tmp_path / "o.zarr", ConvertOptions(labels=tmp_path / "wide.npy", train=0.5))
+    scene = hsgds.open_scene(store)
+    assert scene.num_classes == 65535 and np.array_equal(scene.labels, wide)
+    # the loader's class index (label - 1) holds every class id a store can: 65534 for label 65535
+    with hsgds.PatchLoader(store, patch_size=3, batch_size=4096, split=None, device="cpu", shuffle=False) as loader:
+        got = np.concatenate([y.numpy() for _, y in loader])
+    want = wide[wide > 0] - 1
+    assert sorted(got.tolist()) == sorted(want.tolist())
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--split", "blocks", "--block-size", "100000"), "--split blocks gives no train pixel on these labels; use a "
+                                                       "smaller --block-size than 100000"),
+    (("--split", "masks", "--train-mask", "{empty}", "--test-mask", "{full}"), "--train-mask covers none of the "
+                                                                              "labelled pixels"),
+])
+def test_split_without_train_pixels_is_refused(npy_scene, tmp_path, run_cli, args, match):
+    cp, lp, _, labels = npy_scene(b=3)
+    np.save(tmp_path / "empty.npy", np.zeros(labels.shape, np.uint8))
+    np.save(tmp_path / "full.npy", np.ones(labels.shape, np.uint8))
+    args = [str(a).format(empty=tmp_path / "empty.npy", full=tmp_path / "full.npy") for a in args]
+    code, out, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "o.zarr", *args)
+    assert code == 2 and err.strip().splitlines()[-1].startswith(f"hsgds: error: {match}"), err
+    assert not (tmp_path / "o.zarr").exists() and not list(tmp_path.glob(".o.zarr*"))
+
+
+# -- options: named when wrong, refused when they would be ignored --------------------------------------
+
+@pytest.mark.parametrize("args, match", [
+    (("--train", "1.5"), "--train fraction must be in (0, 1), got 1.5"),  # refused with or without --labels
+    (("--val", "0.95"), "train + val fractions must be below 1"),
+    (("--split", "blocks"), "--split blocks needs --labels"),
+    (("--block-size", "8", "--seed", "3"), "--block-size needs --labels (splits and class names are about "
+                                           "labelled pixels); pass the ground truth with --labels, or drop "
+                                           "--block-size --seed"),
+    (("--train", "0.2"), "--train needs --labels"),
+    (("--class-names", "a,b"), "--class-names needs --labels"),
+    (("--split", "masks", "--train-mask", "m.npy", "--test-mask", "m.npy"), "--split masks needs --labels"),
+    (("--class-names", ",,"), "--class-names has an empty name (',,')"),
+    (("--workers", "0"), "--workers must be >= 1, got 0"),
+])
+def test_label_options_without_labels_or_bad_values(npy_scene, tmp_path, run_cli, args, match):
+    cp, _, _, _ = npy_scene(b=3)
+    np.save(tmp_path / "m.npy", np.ones((37, 29), np.uint8))
+    args = [str(tmp_path / a) if a == "m.npy" else a for a in args]
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", *args, match=match)
+
+
+def test_defaults_equal_to_given_values_are_not_label_options(npy_scene, tmp_path, run_cli):
+    cp, _, _, _ = npy_scene(b=3)  # only what the user typed counts: no split option given, none refused
+    code, _, err = run_cli("convert", cp, "-o", tmp_path / "o.zarr", "--max-patch", "5")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("names, match", [
+    ("a,b,c,d,e,f", "--class-names lists 6 names but the labels' classes are 1..5; give one name per class"),
+    ("a,b,c,d", "--class-names lists 4 names but the labels' classes are 1..5"),
+    ("a,,c,d,e", "--class-names has an empty name ('a,,c,d,e')"),
+])
+def test_class_names_must_name_every_class_once(npy_scene, tmp_path, run_cli, names, match):
+    cp, lp, _, labels = npy_scene(b=3)
+    assert labels.max() == 5
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--class-names", names, match=match)
+
+
+def test_option_values_are_named_in_their_errors(npy_scene, tmp_path, run_cli):
+    cp, lp, _, _ = npy_scene(b=3)
+    code, _, err = run_cli("convert", cp, "-o", tmp_path / "o.zarr", "--train", "abc")
+    assert code == 2 and "Invalid value for '--train': 'abc' is not a number" in err, err
+    # a tile over the 2 GiB limit: the suggestion must itself be accepted
+    from hsgds.preprocess.convert import _tile_size
+
+    _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--tile", "100000",
+         match="over the 2 GiB tile limit; use --tile 18866 or smaller")
+    side = 18866 + 14  # int16, 3 bands: the largest side that is a multiple of 64 (4 KiB-aligned) within 2 GiB
+    assert side % 64 == 0 and side * side * 6 <= 2**31 < (side + 64) ** 2 * 6
+    assert _tile_size(ConvertOptions(tile=18866), (37, 29, 3), 2) == 18866  # the suggestion is accepted
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "--labels-key", "gt", "-o", tmp_path / "o.zarr",
+         match="--labels-key selects a variable in .mat or HDF5 files; gt0.npy is NumPy .npy, drop --labels-key")
+    (tmp_path / "gt_empty.npy").write_bytes(b"")
+    _bad(tmp_path, run_cli, cp, "--labels", tmp_path / "gt_empty.npy", "-o", tmp_path / "o.zarr",
+         match="gt_empty.npy is empty; re-export the label map")
+
+
+def test_unwritable_output_folder_is_named(npy_scene, tmp_path, run_cli):
+    cp, _, _, _ = npy_scene(b=3)
+    code, _, err = run_cli("convert", cp, "-o", "/proc/a.zarr")  # a virtual file system: ENOENT, as root too
+    assert code == 2 and err.strip() == ("hsgds: error: cannot write into /proc (No such file or directory): the "
+                                         "folder is not writable; choose another -o"), err
+
+
+def test_band_first_hdf5_suggests_the_band_axis(tmp_path, run_cli):
+    import h5py
+
+    from hsgds.synthetic import make_scene
+
+    cube, labels = make_scene(100, 100, 48, classes=3, dtype="int16", seed=0)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f["cube"] = np.moveaxis(cube, 2, 0)  # (B, H, W)
+    np.save(tmp_path / "gt.npy", labels)
+    _bad(tmp_path, run_cli, tmp_path / "c.h5", "--labels", tmp_path / "gt.npy", "-o", tmp_path / "o.zarr",
+         match="labels gt.npy have shape (100, 100), but the cube is 48x100; if the cube's bands are its first "
+               "axis, pass --band-axis first")
+    code, _, err = run_cli("convert", tmp_path / "c.h5", "--labels", tmp_path / "gt.npy", "-o", tmp_path / "o.zarr",
+                           "--band-axis", "first")
+    assert code == 0, err
+    assert np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 100, 0, 100), cube)
+
+
+def test_a_warning_other_than_a_split_is_shown_once_and_conversion_completes(tmp_path):
+    """A GeoTIFF with a user-defined CRS converted without rasterio: the reader's warning is not a split's,
+    and re-raising it inside the recording used to loop for ever (hsgds.cli._split_warnings)."""
+    from rasterio.transform import Affine
+
+    from tests.preprocess.test_georeference import ALBERS, write_geotiff
+
+    cube = np.arange(12 * 10 * 3, dtype=np.int16).reshape(12, 10, 3)
+    write_geotiff(tmp_path / "c.tif", cube.transpose(2, 0, 1), ALBERS, Affine(30.0, 0.0, 100.0, 0.0, -30.0, 200.0))
+    script = ("import sys; sys.modules['rasterio'] = None\n"  # as if hsgds[geo] were not installed
+              "from hsgds.cli import main\n"
+              f"main(['convert', {str(tmp_path / 'c.tif')!r}, '-o', {str(tmp_path / 'o.zarr')!r}])")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("has a user-defined coordinate reference system") == 1, done.stderr
+    assert "wrote" in done.stdout and np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 12, 0, 10), cube)

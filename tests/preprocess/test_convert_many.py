@@ -184,7 +184,7 @@ def test_rerun_converts_only_missing_changed_or_damaged(cluster, tmp_path):
 
     fourth = convert_many(tmp_path / "scenes.csv", out, ConvertOptions(max_patch=7, class_names=CLASSES),
                           scheduler=cluster.scheduler_address)
-    assert {r.reason for r in fourth.scenes} == {"max patch 5 -> 7"}  # options changed: every scene again
+    assert {r.reason for r in fourth.scenes} == {"--max-patch 7 differs from the store's (5)"}  # every scene again
     assert {open_scene(out / f"{n}.zarr").meta.halo for n in arrays} == {3}
 
 
@@ -257,3 +257,81 @@ def test_without_distributed_the_error_names_the_extra(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == ("hsgds: error: hsgds convert-many needs distributed, which is not installed; "
                                    "install it with pip install 'hsgds[dask]'")
+
+
+def test_bad_shared_option_is_refused_once_and_nothing_is_written(tmp_path, run_cli):
+    make_sources(tmp_path, n=2)  # a labelled and an unlabelled scene: --train 1.5 used to fail only the first
+    for args, message in ((("--train", "1.5"), "--train fraction must be in (0, 1), got 1.5"),
+                          (("--threads", "0"), "--threads must be >= 1, got 0"),
+                          (("--class-names", "a,,b"), "--class-names has an empty name")):
+        code, stdout, stderr = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "out", *args)
+        assert code == 2 and stderr.count("\n") == 1 and message in stderr, stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_label_options_need_a_labelled_scene(tmp_path, run_cli):
+    np.save(tmp_path / "a.npy", np.zeros((8, 8, 2), np.int16))
+    (tmp_path / "m.csv").write_text("source\na.npy\n")
+    code, _, stderr = run_cli("convert-many", tmp_path / "m.csv", "-o", tmp_path / "out", "--split", "blocks")
+    assert code == 2 and stderr.strip() == (
+        f"hsgds: error: --split blocks needs labelled scenes, and {tmp_path / 'm.csv'} lists none (no labels column "
+        "values); add the ground truth in its labels column, or drop --split blocks"), stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_scheduler_leaves_no_folder(tmp_path, run_cli):
+    make_sources(tmp_path, n=1)
+    code, _, stderr = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "out", "--scheduler",
+                              "tcp://127.0.0.1:1")
+    assert code == 2 and stderr.startswith("hsgds: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_rerun_keeps_a_resplit_and_says_why_it_converts_again(cluster, tmp_path, run_cli):
+    """convert-many, then a collection-wide resplit, then the same convert-many again: the re-split stores
+    are up to date (converted with the command's options); other split options convert them again, saying
+    which option differs."""
+    make_sources(tmp_path, n=4)  # cube0, cube2 labelled
+    out = tmp_path / "out"
+    args = ("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "5", "--class-names",
+            ",".join(CLASSES), "--scheduler", cluster.scheduler_address)
+    code, _, stderr = run_cli(*args)
+    assert code == 0, stderr
+    code, _, stderr = run_cli("resplit", out, "--split", "blocks", "--train", "0.2")
+    assert code == 0, stderr
+    resplit_codes = {n: open_scene(out / f"{n}.zarr").sample_table()["split"].copy() for n in ("cube0", "cube2")}
+    (tmp_path / "data/broken.npy").write_bytes(np.lib.format.MAGIC_PREFIX + b"\x01\x00garbage")
+    with open(tmp_path / "scenes.csv", "a") as f:  # one more row, failing: it used to undo the re-split
+        f.write("data/broken.npy,,\n")
+    code, stdout, stderr = run_cli(*args)
+    assert code == 1 and "4 up to date, 1 failed" in stdout and "re-converted" not in stdout, (stdout, stderr)
+    for name, codes in resplit_codes.items():
+        scene = open_scene(out / f"{name}.zarr")
+        assert scene.meta.split["method"] == "blocks" and scene.meta.converted_split["method"] == "random"
+        assert np.array_equal(scene.sample_table()["split"], codes)
+    listed = {e.name: e for e in open_collection(out).entries}["cube0"].tile_samples  # the current split's counts
+    assert sum(listed["train"]) == np.count_nonzero(resplit_codes["cube0"] == 1)
+
+    code, stdout, stderr = run_cli(*args, "--train", "0.2")
+    assert code == 1 and "2 converted" in stdout, stderr  # the two labelled scenes; broken still fails
+    lines = sorted(line for line in stdout.splitlines() if "re-converted" in line)
+    assert lines == [f"{n}: re-converted: --train 0.2 differs from the store's (0.1)" for n in ("cube0", "cube2")]
+    assert open_scene(out / "cube0.zarr").meta.split == open_scene(out / "cube0.zarr").meta.converted_split
+
+
+def test_store_without_converted_split_is_compared_as_before(cluster, tmp_path):
+    """A store written before converted_split existed: its current split is what the options are compared
+    with, so after a re-split it is converted again (and the reason names the option)."""
+    from hsgds.preprocess.resplit import resplit
+
+    make_sources(tmp_path, n=1)
+    out = tmp_path / "out"
+    convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    store = out / "cube0.zarr"
+    doc = json.loads((store / "zarr.json").read_text())
+    del doc["attributes"]["hsgds"]["converted_split"]
+    (store / "zarr.json").write_text(json.dumps(doc))
+    assert open_scene(store).meta.converted_split is None
+    resplit(store, "random", train=0.3)
+    again = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    assert [(r.status, r.reason) for r in again.scenes] == [("converted", "--train 0.1 differs from the store's (0.3)")]

@@ -277,3 +277,29 @@ def test_split_generation_metadata_is_validated(ip_copy):
         (ip_copy / "zarr.json").write_text(json.dumps(doc))
         with pytest.raises(hsgds.errors.StoreError, match="split_generation"):
             hsgds.open_scene(ip_copy)
+
+
+def test_resplit_without_train_pixels_is_refused(ip_copy, run_cli):
+    before = tree_digest(ip_copy)
+    code, out, err = run_cli("resplit", ip_copy, "--split", "blocks", "--block-size", "100000")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "hsgds: error: --split blocks gives no train pixel on these labels; use a smaller --block-size than 100000 "
+        "(or leave it out: adaptive)"), err
+    assert "statistics: now those" not in out  # it used to say so while the statistics fell back to all pixels
+    assert tree_digest(ip_copy) == before
+
+
+def test_resplit_refuses_train_statistics_that_overflow(npy_scene, tmp_path, monkeypatch):
+    """A store an older hsgds wrote from values too large for float64 statistics (its check did not exist):
+    a re-split's new train statistics overflow too, and are refused with the store left as it was."""
+    import hsgds.preprocess.convert as conv
+
+    cp, lp, cube, _ = npy_scene(b=3)
+    np.save(tmp_path / "big.npy", cube.astype(np.float64) * 1e160)
+    monkeypatch.setattr(conv, "check_finite", lambda *a: None)
+    store = convert(tmp_path / "big.npy", tmp_path / "big.zarr", ConvertOptions(labels=lp, max_patch=3))
+    monkeypatch.undo()
+    before = tree_digest(store)
+    with pytest.raises(InputError, match=r"band 0: the std of the new train pixels is inf .*; rescale the cube"):
+        resplit(store, "random", train=0.5)
+    assert tree_digest(store) == before
