@@ -190,5 +190,6 @@ def format_report(r: BenchReport) -> str:
                      f"it up by at most {r.best_speedup_from_input:.2f}x")
     else:
         lines.append(f"verdict:      compute-bound: the model limits training; a faster input pipeline can gain at "
-                     f"most {r.best_speedup_from_input:.2f}x, a faster model up to {r.best_speedup_from_compute:.1f}x")
+                     f"most {r.best_speedup_from_input:.2f}x; a faster model could run up to "
+                     f"{r.best_speedup_from_compute:.1f}x faster before this loader limits it")
     return "\n".join(lines)
