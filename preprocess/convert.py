@@ -346,7 +346,7 @@ def _make_tmp(out: Path) -> tuple[Path, int | None]:
             with _writing(out, "a temporary folder"):
                 raise
         # any other reason (permissions, a read-only or virtual file system such as /proc) is the folder's
-        raise StoreError(f"cannot write into {out.parent} ({exc.strerror or exc}): the folder is not writable; "
+        raise StoreError(f"cannot write {out}: its folder {out.parent} is not writable ({exc.strerror or exc}); "
                          "choose another -o") from None
     try:
         fd = lock_folder(staging)

@@ -461,8 +461,8 @@ def test_option_values_are_named_in_their_errors(npy_scene, tmp_path, run_cli):
 def test_unwritable_output_folder_is_named(npy_scene, tmp_path, run_cli):
     cp, _, _, _ = npy_scene(b=3)
     code, _, err = run_cli("convert", cp, "-o", "/proc/a.zarr")  # a virtual file system: ENOENT, as root too
-    assert code == 2 and err.strip() == ("hsgds: error: cannot write into /proc (No such file or directory): the "
-                                         "folder is not writable; choose another -o"), err
+    assert code == 2 and err.strip() == ("hsgds: error: cannot write /proc/a.zarr: its folder /proc is not writable "
+                                         "(No such file or directory); choose another -o"), err
 
 
 def test_band_first_hdf5_suggests_the_band_axis(tmp_path, run_cli):
