@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import numpy as np
 
 from hsgds.errors import ChecksumError, StoreError, TileReadError
@@ -476,6 +477,21 @@ def checksum_error(tile_id: int, path: Any, algorithm: str = CHECKSUM_ALGORITHM)
     """The error for a tile whose bytes differ from those checksummed at conversion."""
     return ChecksumError(f"tile {tile_id} ({path}) fails its {algorithm} checksum: the store is damaged; "
                          "run `hsgds verify` and convert the source again")
+
+
+def read_tile_file(tile_id: int, path: Path, nbytes: int, crc: int | None) -> bytes:
+    """A tile file's bytes, its size and (``crc`` not None) its crc32c checked; a TileReadError naming the
+    tile, and what to do, when it cannot be read or is damaged."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TileReadError(f"tile {tile_id} ({path}) cannot be read ({exc.strerror or exc}): the store is damaged "
+                            "or was moved; run `hsgds verify` and convert the source again") from None
+    if len(raw) != nbytes:
+        raise tile_size_error(tile_id, path, len(raw), nbytes)
+    if crc is not None:
+        check_tile_crc(tile_id, path, crc32c.crc32c(raw), crc)
+    return raw
 
 
 def check_tile_crc(tile_id: int, path: Any, crc: int, expected: int) -> None:

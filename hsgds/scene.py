@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c
 import numpy as np
 
 from hsgds import format as fmt
@@ -300,15 +299,8 @@ class Scene:
         """One halo-padded tile, (S, S, B) in the store's dtype; checks size and (by default) checksum."""
         if not 0 <= tile_id < self.grid.num_tiles:
             raise InputError(f"tile id {tile_id} out of range 0..{self.grid.num_tiles - 1}")
-        path = self.tile_paths[tile_id]
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise TileReadError(f"tile {tile_id} ({path}): cannot read ({exc.strerror or exc})") from None
-        if len(raw) != self.grid.tile_nbytes:
-            raise fmt.tile_size_error(tile_id, path, len(raw), self.grid.tile_nbytes)
-        if verify:
-            fmt.check_tile_crc(tile_id, path, crc32c.crc32c(raw), self.meta.checksums[tile_id])
+        raw = fmt.read_tile_file(tile_id, self.tile_paths[tile_id], self.grid.tile_nbytes,
+                                 self.meta.checksums[tile_id] if verify else None)
         return np.frombuffer(raw, dtype=self.dtype.newbyteorder("<")).reshape(self.grid.tile_shape)
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import crc32c
 import numpy as np
 import zarr
 
@@ -91,11 +90,7 @@ class _Store:
 
     def read_tile(self, tile_id: int) -> np.ndarray:
         """One halo-padded tile, its size and checksum checked against the metadata."""
-        path = self.tile_paths[tile_id]
-        raw = path.read_bytes()
-        if len(raw) != self.grid.tile_nbytes:
-            raise fmt.tile_size_error(tile_id, path, len(raw), self.grid.tile_nbytes)
-        fmt.check_tile_crc(tile_id, path, crc32c.crc32c(raw), self.meta.checksums[tile_id])
+        raw = fmt.read_tile_file(tile_id, self.tile_paths[tile_id], self.grid.tile_nbytes, self.meta.checksums[tile_id])
         return np.frombuffer(raw, dtype=np.dtype(self.meta.dtype).newbyteorder("<")).reshape(self.grid.tile_shape)
 
 

@@ -126,6 +126,15 @@ def test_resplit_failure_leaves_the_store_as_it_was(ip_copy):
         {k: v for k, v in before.items() if k != victim.relative_to(ip_copy).as_posix()}
 
 
+def test_resplit_of_a_store_with_a_missing_tile_is_one_line(ip_copy, run_cli):
+    before = tree_digest(ip_copy)
+    hsgds.open_scene(ip_copy).tile_paths[2].unlink()
+    code, _, err = run_cli("resplit", ip_copy, "--split", "random", "--train", "0.5")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert re.search(r"tile 2 \(.*\) cannot be read \(No such file or directory\): the store is damaged.*hsgds verify", err)
+    assert set(tree_digest(ip_copy).items()) <= set(before.items())  # nothing else changed
+
+
 def _resplit_cmd(store: Path, seed: int) -> list[str]:
     return [sys.executable, "-c", "from hsgds.cli import main; main()", "resplit", str(store), "--split", "blocks",
             "--train", "0.3", "--seed", str(seed)]
