@@ -111,6 +111,9 @@ _SCENE_OPTIONS = [
     click.option("--seed", default=0, show_default=True),
     click.option("--nan-fill", type=float, help="Replace NaN/Inf in the cube by this value (refused otherwise)."),
     click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...)."),
+    click.option("--wavelengths", help="Band centres in nm, comma-separated, or a text file of them (commas, spaces "
+                                       "or one per line), for sources that do not record them (.npy, .mat, HDF5, "
+                                       "GeoTIFF): loaders then select bands with wavelengths=[...]."),
 ]
 
 
@@ -121,14 +124,42 @@ def _scene_options(command):
 
 
 def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split, train, val, block_size,
-                     train_mask, val_mask, test_mask, seed, nan_fill, class_names, **extra):
+                     train_mask, val_mask, test_mask, seed, nan_fill, class_names, wavelengths, **extra):
     from hsgds.preprocess.convert import ConvertOptions
 
     return ConvertOptions(
         key=key, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
         padding=padding, split=split, train=train, val=val, block_size=block_size,
         train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, seed=seed, nan_fill=nan_fill,
-        class_names=None if class_names is None else tuple(c.strip() for c in class_names.split(",")), **extra)
+        class_names=None if class_names is None else tuple(c.strip() for c in class_names.split(",")),
+        wavelengths=None if wavelengths is None else _wavelength_list(wavelengths), **extra)
+
+
+def _wavelength_list(value: str) -> tuple[float, ...]:
+    """--wavelengths: numbers given inline, or the path of a text file holding them ('#' starts a comment)."""
+    text, where = value, "--wavelengths"
+    if Path(value).is_file():
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = "\n".join(line.split("#", 1)[0] for line in f.read(1 << 20).splitlines())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {value} ({exc})", param_hint="--wavelengths") from None
+        where = value
+    words = text.replace(",", " ").split()
+    try:
+        return tuple(float(w) for w in words)
+    except ValueError:
+        bad = next(w for w in words if not _is_number(w))
+        raise click.BadParameter(f"{where}: {bad!r} is not a number; give band centres in nm, comma-separated, or "
+                                 "a text file of them", param_hint="--wavelengths") from None
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 # Options that only mean something for labelled pixels (a split of them, names of their classes)

@@ -185,9 +185,8 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
     if not (isinstance(tolerance, (int, float)) and tolerance >= 0):
         raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
     if have is None:
-        raise ConfigError(f"scene {name!r} has no band wavelengths; convert it with its wavelengths "
-                          "(from a source that records them, e.g. an ENVI header's wavelength field) or select bands by "
-                          "index")
+        raise ConfigError(f"scene {name!r} has no band wavelengths; convert it again with them (`hsgds convert "
+                          "--wavelengths nm.txt`, or from an ENVI header that lists them) or select bands by index")
     nm = np.asarray(have, dtype=np.float64)
     nearest = np.abs(nm[None, :] - want[:, None]).argmin(axis=1)
     miss = np.abs(nm[nearest] - want) > tolerance

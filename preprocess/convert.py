@@ -67,6 +67,7 @@ class ConvertOptions:
     seed: int = 0
     nan_fill: float | None = None
     class_names: tuple[str, ...] | None = None
+    wavelengths: tuple[float, ...] | None = None  # band centres (nm) for sources that do not record them
     overwrite: bool = False
     workers: int = 4
 
@@ -101,6 +102,10 @@ class ConvertOptions:
             raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
         # refused whether or not a split is made: a value that means nothing is a mistake either way
         splitting.check_amounts(self.train, self.val)
+        if self.wavelengths is not None and (not self.wavelengths or not all(
+                math.isfinite(w) and w > 0 for w in self.wavelengths)):
+            raise ConfigError("--wavelengths must be positive finite numbers (band centres in nm), got "
+                              f"{','.join(f'{w:g}' for w in self.wavelengths[:8]) or 'none'}")
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
@@ -209,6 +214,20 @@ def build_tile(cube: SourceCube, grid: fmt.TileGrid, padding: str, tile_id: int)
     tile[~rv] = 0
     tile[:, ~cv] = 0
     return tile
+
+
+def _wavelengths(given: tuple[float, ...] | None, recorded: Any, bands: int, src: Path) -> list[float] | None:
+    """The store's band centres: the source's, or --wavelengths for a source that records none. Given for a
+    source that records others, or a count other than the bands', they are refused."""
+    if given is None:
+        return None if recorded is None else [float(w) for w in recorded]
+    if len(given) != bands:
+        raise InputError(f"--wavelengths lists {len(given)} values but {src.name} has {bands} bands; give one "
+                         "centre (nm) per band, in band order")
+    if recorded is not None and not np.allclose(np.asarray(recorded, np.float64), given, rtol=0, atol=1e-6):
+        raise InputError(f"{src.name} records its own wavelengths ({float(recorded[0]):g}-{float(recorded[-1]):g} nm), "
+                         "which --wavelengths contradicts; drop --wavelengths")
+    return [float(w) for w in given]
 
 
 def _check_nan_fill(value: float | None, dtype: np.dtype) -> None:
@@ -404,6 +423,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if opts.halo > 0 and opts.padding == "reflect" and min(H, W) < 2:
         raise InputError(f"a {H}x{W} scene cannot be reflect-padded; use --padding edge or zero")
     _check_nan_fill(opts.nan_fill, cube.dtype)
+    wavelengths = _wavelengths(opts.wavelengths, cube.wavelengths, B, src)
     labels = _load_labels(opts, src, cube.shape)
     # an unlabelled scene of a collection keeps the collection's names (convert-many shares them)
     if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):
@@ -501,7 +521,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         num_classes=int(labels.max(initial=0)), checksums=checksums, num_samples=int(len(table["tile"])),
         device_checksums=device_checksums, device_checksum_algorithm=fmt.DEVICE_CHECKSUM_ALGORITHM,
         class_names=list(opts.class_names) if opts.class_names else None,
-        wavelengths=None if cube.wavelengths is None else [float(w) for w in cube.wavelengths],
+        wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
         source={"name": src.name, "files": [p.name for p in cube.files], "size": hashed["size"],
                 "sha256": hashed["sha256"]},

@@ -184,6 +184,10 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
     if meta.class_names != want_names:
         shown = [",".join(n)[:60] if n else None for n in (want_names, meta.class_names)]
         return _differs("--class-names", *shown)
+    if opts.wavelengths is not None and meta.wavelengths != list(opts.wavelengths):
+        shown = [",".join(f"{w:g}" for w in ws[:4]) + (",..." if len(ws) > 4 else "") if ws else None
+                 for ws in (opts.wavelengths, meta.wavelengths)]
+        return _differs("--wavelengths", *shown)
     split = meta.converted_split if meta.converted_split is not None else meta.split or {}
     if split.get("method", "none") != "none":
         if split.get("method") != opts.split:

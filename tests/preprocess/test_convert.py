@@ -499,3 +499,34 @@ def test_a_warning_other_than_a_split_is_shown_once_and_conversion_completes(tmp
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("has a user-defined coordinate reference system") == 1, done.stderr
     assert "wrote" in done.stdout and np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 12, 0, 10), cube)
+
+
+def test_wavelengths_for_a_source_that_records_none(npy_scene, tmp_path, run_cli):
+    from tests.envi import write_envi
+
+    cp, lp, cube, _ = npy_scene(b=4)
+    nm = tmp_path / "nm.txt"
+    nm.write_text("# band centres, nm\n400.5\n410  # the second\n420, 430.25\n")
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "f.zarr", "--wavelengths", nm)
+    assert code == 0, err
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "i.zarr", "--wavelengths", "400.5,410,420,430.25")
+    assert code == 0, err
+    for store in ("f.zarr", "i.zarr"):
+        assert hsgds.open_scene(tmp_path / store).wavelengths == [400.5, 410.0, 420.0, 430.25]
+    # a loader now selects bands by wavelength: the bands nearest 411 and 429 nm are 1 and 3
+    with hsgds.PatchLoader(tmp_path / "f.zarr", patch_size=3, batch_size=16, wavelengths=[411, 429], shuffle=False,
+                           device="cpu", normalize=None) as by_nm, \
+            hsgds.PatchLoader(tmp_path / "f.zarr", patch_size=3, batch_size=16, bands=[1, 3], shuffle=False,
+                              device="cpu", normalize=None) as by_index:
+        assert all(np.array_equal(a[0], b[0]) for a, b in zip(by_nm, by_index))
+    envi_src = write_envi(tmp_path / "e.hdr", cube, wavelengths=[500.0, 510.0, 520.0, 530.0])
+    for args, message in [
+        ((cp, "--wavelengths", "400,410,420"), "--wavelengths lists 3 values but cube0.npy has 4 bands"),
+        ((cp, "--wavelengths", "400,abc,420,430"), "'abc' is not a number"),
+        ((cp, "--wavelengths", "400,-410,420,430"), "--wavelengths must be positive finite numbers"),
+        ((envi_src, "--wavelengths", "400,410,420,430"), "records its own wavelengths (500-530 nm), which "
+                                                          "--wavelengths contradicts"),
+    ]:
+        code, _, err = run_cli("convert", *args, "-o", tmp_path / "bad.zarr")
+        assert code == 2 and message in err, (args, err)
+        assert not (tmp_path / "bad.zarr").exists()

@@ -335,3 +335,21 @@ def test_store_without_converted_split_is_compared_as_before(cluster, tmp_path):
     resplit(store, "random", train=0.3)
     again = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
     assert [(r.status, r.reason) for r in again.scenes] == [("converted", "--train 0.1 differs from the store's (0.3)")]
+
+
+def test_given_wavelengths_are_compared_with_the_store(tmp_path):
+    """--wavelengths given to a rerun: a store converted with others is converted again, and the reason says so;
+    not given, the store's (e.g. a source's own) are kept."""
+    from dataclasses import replace
+
+    from hsgds.preprocess.convert import convert
+    from hsgds.preprocess.convert_many import _options_differ
+
+    cube, _ = make_scene(20, 20, 3, classes=2, dtype="int16", seed=0)
+    np.save(tmp_path / "c.npy", cube)
+    opts = ConvertOptions(max_patch=5, wavelengths=(450.0, 550.0, 650.0))
+    meta = open_scene(convert(tmp_path / "c.npy", tmp_path / "s.zarr", opts)).meta
+    assert _options_differ(meta, opts) is None
+    assert _options_differ(meta, replace(opts, wavelengths=None)) is None
+    assert _options_differ(meta, replace(opts, wavelengths=(450.0, 560.0, 650.0))) == \
+        "--wavelengths 450,560,650 differs from the store's (450,550,650)"
