@@ -71,11 +71,9 @@ _INPUT_DEFAULTS: dict[str, Any] = {"layout": "NCHW", "normalize": "zscore", "ban
                                    "wavelength_tolerance": 5.0, "norm_stats": None}
 
 
-def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[LoadedModel, dict[str, Any]]:
-    """A model file loaded, and the input it was saved with; a setting passed too is refused (the same patch
-    size excepted, or one the file leaves open), as is a scene whose bands the model cannot be fed."""
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
-    name = "the model" if isinstance(model, LoadedModel) else str(model)
+def _model_file_input(loaded: LoadedModel, name: str, scene: Scene, given: dict[str, Any]) -> dict[str, Any]:
+    """The input model file ``name`` was saved with; a setting passed too is refused (the same patch size
+    excepted, or one the file leaves open), as is a scene whose bands the model cannot be fed."""
     patch_size = given.pop("patch_size")
     clashing = [k for k, v in given.items() if v is not _UNSET]
     if clashing:
@@ -83,9 +81,9 @@ def _model_file_input(model: Any, scene: Scene, given: dict[str, Any]) -> tuple[
                           " (or pass its torch.nn.Module, hsgds.models.load_model(path).module, to feed another)")
     patch_size = loaded.fitted_patch_size(name, None if patch_size is _UNSET else patch_size, "patch_size=")
     loaded.check_scene(name, str(scene.path), scene.shape[2], scene.wavelengths)
-    return loaded, {"patch_size": patch_size, "layout": loaded.layout, "normalize": loaded.normalize,
-                           "bands": loaded.band_indices, "wavelengths": loaded.wavelengths,
-                           "wavelength_tolerance": loaded.wavelength_tolerance, "norm_stats": loaded.norm_stats}
+    return {"patch_size": patch_size, "layout": loaded.layout, "normalize": loaded.normalize,
+            "bands": loaded.band_indices, "wavelengths": loaded.wavelengths,
+            "wavelength_tolerance": loaded.wavelength_tolerance, "norm_stats": loaded.norm_stats}
 
 
 def _placement(model: nn.Module, device: Any, dtype: Any, follow_model: bool) -> tuple[Any, torch.dtype]:
@@ -216,8 +214,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     fixed = None  # the batch size of a program that takes no other
     class_names = scene.class_names  # the map's legend: the model's own names when its file carries them
     if from_file:
-        loaded, settings = _model_file_input(model, scene, given)
-        name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
+        loaded = model if isinstance(model, LoadedModel) else load_model(model)
+        name = "the model" if isinstance(model, LoadedModel) else str(model)
+        settings = _model_file_input(loaded, name, scene, given)
         model, fixed = loaded.module, loaded.batch_size
         class_names = loaded.class_names or class_names
         batch_size = _fixed_batch(name, fixed, batch_size)
