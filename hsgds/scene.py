@@ -325,8 +325,9 @@ class Scene:
 
         Coordinates: ``band`` (0..B-1), ``wavelength`` (nm, when the store knows them) and ``band_name``
         (when known); for a georeferenced store, ``x`` / ``y`` map coordinates of the pixel centres (north-up
-        transforms) and ``spatial_ref`` holding the CRS and transform (the rioxarray convention). Nothing is read until values are needed, and then only the tiles under the
-        selected window (``da.isel(y=slice(0, 64)).values`` reads one tile row). No dask needed.
+        transforms) and ``spatial_ref`` holding the CRS and transform (the rioxarray convention). Nothing is
+        read until values are needed, and then only the tiles under the selected window
+        (``da.isel(y=slice(0, 64)).values`` reads one tile row). No dask needed.
         Needs ``pip install 'hsgds[xarray]'``; raises :class:`~hsgds.errors.DependencyError` otherwise.
         """
         from hsgds._xarray import scene_to_xarray
