@@ -323,12 +323,16 @@ def _previous_stamps(out_dir: Path) -> dict[str, dict[str, tuple[int, int]] | No
         return {}
 
 
+#: how long to try reaching a --scheduler (a busy head node may answer slowly)
+CONNECT_TIMEOUT = "20s"
+
+
 def _client(scheduler: str | None, workers: int):
     """A ``distributed.Client`` on ``scheduler``, or on a new LocalCluster of ``workers`` processes."""
     distributed = require("distributed", "dask", "hsgds convert-many")
     if scheduler is not None:
         try:
-            return distributed.Client(scheduler, timeout="20s"), None
+            return distributed.Client(scheduler, timeout=CONNECT_TIMEOUT), None
         except (OSError, TimeoutError, ValueError) as exc:
             raise InputError(f"cannot reach the Dask scheduler at {scheduler} ({_one_line(exc)}); start one with "
                              "`dask scheduler` or leave out --scheduler to convert on this machine") from None

@@ -279,7 +279,10 @@ def test_label_options_need_a_labelled_scene(tmp_path, run_cli):
     assert not (tmp_path / "out").exists()
 
 
-def test_unreachable_scheduler_leaves_no_folder(tmp_path, run_cli):
+def test_unreachable_scheduler_leaves_no_folder(tmp_path, run_cli, monkeypatch):
+    import hsgds.preprocess.convert_many as many
+
+    monkeypatch.setattr(many, "CONNECT_TIMEOUT", "2s")  # nothing listens on port 1: no need to wait 20 s
     make_sources(tmp_path, n=1)
     code, _, stderr = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "out", "--scheduler",
                               "tcp://127.0.0.1:1")
