@@ -168,6 +168,8 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", dev
         raise ConfigError(f"unknown engine {engine!r}; use one of: auto, {', '.join(ENGINES)}")
     reasons: list[str] = []
     requested = None if device is None else str(device)
+    if requested is None:
+        defaults.get("device")  # an invalid HSGDS_DEVICE is an error here: the probe, which never raises, read "auto"
     if requested == "cuda" and report.cuda:
         requested = "cuda:0"
     device = _device_for(report, reasons, requested)

@@ -135,13 +135,23 @@ def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split
         wavelengths=None if wavelengths is None else _wavelength_list(wavelengths), **extra)
 
 
+MAX_WAVELENGTH_FILE = 1 << 20  # a few thousand band centres take ~40 KB
+
+
 def _wavelength_list(value: str) -> tuple[float, ...]:
     """--wavelengths: numbers given inline, or the path of a text file holding them ('#' starts a comment)."""
     text, where = value, "--wavelengths"
-    if Path(value).is_file():
+    try:
+        is_file = Path(value).is_file()
+    except OSError:  # a long inline list is no file name (ENAMETOOLONG)
+        is_file = False
+    if is_file:
         try:
+            if Path(value).stat().st_size > MAX_WAVELENGTH_FILE:
+                raise click.BadParameter(f"{value} is over {MAX_WAVELENGTH_FILE >> 20} MiB: not a list of band "
+                                         "centres", param_hint="--wavelengths")
             with open(value, encoding="utf-8") as f:
-                text = "\n".join(line.split("#", 1)[0] for line in f.read(1 << 20).splitlines())
+                text = "\n".join(line.split("#", 1)[0] for line in f.read().splitlines())
         except (OSError, UnicodeDecodeError) as exc:
             raise click.BadParameter(f"cannot read {value} ({exc})", param_hint="--wavelengths") from None
         where = value

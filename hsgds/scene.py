@@ -374,10 +374,15 @@ class Scene:
         try:
             self.norm_stats  # noqa: B018 - raises when the store has none
             for group, st in self.stats.items():
-                bad = [f for f in fmt.STAT_FIELDS if st is not None and not np.all(np.isfinite(getattr(st, f)))]
+                if st is None:
+                    continue
+                bad = [f for f in fmt.STAT_FIELDS if not np.all(np.isfinite(getattr(st, f)))]
                 if bad:
                     problems.append(f"{self.path}: the {group} statistics ({', '.join(bad)}) are not finite; convert "
                                     "a rescaled cube")
+                elif np.any(st.std < 0) or np.any(st.max < st.min):  # (a mean may round past min or max)
+                    problems.append(f"{self.path}: the {group} statistics are inconsistent (a negative std, or a max "
+                                    "below the min); convert the source again")
         except StoreError as exc:
             problems.append(str(exc))
         return problems

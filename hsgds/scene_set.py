@@ -249,6 +249,10 @@ def _offset_scale(st: BandStats, normalize: str) -> tuple[np.ndarray, np.ndarray
         raise ConfigError(f"the band statistics are not finite ({int(bad.sum())} bands, e.g. output band {b}: "
                           f"offset {offset[b]:g}, spread {spread[b]:g}); the stored values are too large for them: "
                           "convert a rescaled cube, or pass normalize=None")
+    if np.any(spread < 0):  # a negative std, or a max below the min: no data gives these, a damaged store does
+        b = int(np.flatnonzero(spread < 0)[0])
+        raise ConfigError(f"the band statistics are damaged (output band {b}: {'std' if normalize == 'zscore' else 'max - min'} "
+                          f"{spread[b]:g} < 0); run `hsgds verify` and convert the source again")
     # a constant band carries no information: map it to 0 instead of dividing by zero
     scale = np.where(spread > 0, 1.0 / np.where(spread > 0, spread, 1.0), 1.0)
     return offset, scale

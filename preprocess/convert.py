@@ -44,6 +44,8 @@ except ImportError:  # Windows: no advisory locks; stale temporary folders are t
 __all__ = ["ConvertOptions", "convert"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
+#: band centres --wavelengths accepts (nm): ultraviolet to thermal infrared
+MIN_NM, MAX_NM = 100.0, 20000.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,10 @@ class ConvertOptions:
                 math.isfinite(w) and w > 0 for w in self.wavelengths)):
             raise ConfigError("--wavelengths must be positive finite numbers (band centres in nm), got "
                               f"{','.join(f'{w:g}' for w in self.wavelengths[:8]) or 'none'}")
+        if self.wavelengths is not None and not all(MIN_NM <= w <= MAX_NM for w in self.wavelengths):
+            # 0.4-2.5 would be micrometres: stored as nm they would match no other scene's wavelengths
+            raise ConfigError(f"--wavelengths must be band centres in nm ({MIN_NM:g}-{MAX_NM:g}), got "
+                              f"{min(self.wavelengths):g}-{max(self.wavelengths):g}; give micrometres times 1000")
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")

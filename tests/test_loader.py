@@ -450,6 +450,10 @@ def test_infinite_statistics_are_refused_not_turned_into_nan_patches(border_scen
         hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu")
     with hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu", normalize="minmax") as loader:
         assert torch.isfinite(next(iter(loader))[0]).all()  # min and max are finite: min-max still works
+    values[1] = -5.0  # a damaged store: no data has a negative std
+    std[:] = values
+    with pytest.raises(ConfigError, match=r"band statistics are damaged \(output band 1: std -5 < 0\)"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu")
 
 
 def test_posix_reader_keeps_no_descriptor_open(border_scene):

@@ -196,6 +196,14 @@ def test_a_device_that_is_none_is_refused_where_it_is_given(env, bad):
     assert defaults.get("device") == "cuda:1"
 
 
+def test_an_invalid_device_variable_stops_the_loader_instead_of_meaning_auto(env, tile_store):
+    env("HSGDS_DEVICE", "gpu")
+    with pytest.raises(ConfigError, match="HSGDS_DEVICE='gpu' is not 'auto', 'cpu', 'cuda' or 'cuda:N'"):
+        import hsgds
+
+        hsgds.PatchLoader(tile_store, patch_size=3, batch_size=4)
+
+
 def test_a_device_given_to_set_is_named_so_in_errors(env):
     from hsgds.choice import choose
     from hsgds.probe import DeviceReport

@@ -304,6 +304,7 @@ def test_random_metadata_is_valid_or_a_store_error(changes):
     ("samples", "samples/"),
     ("stats", "no band statistics"),
     ("nan_mean", "the train statistics .mean. are not finite"),
+    ("negative_std", "the train statistics are inconsistent"),
     ("split_codes", "unknown split codes"),
 ])
 def test_verify_reads_the_arrays_beside_the_tiles(indian_pines_store, tmp_path, run_cli, damage, message):
@@ -317,11 +318,12 @@ def test_verify_reads_the_arrays_beside_the_tiles(indian_pines_store, tmp_path, 
     scene = hsgds.open_scene(store)
     if damage in ("labels", "samples", "stats"):
         shutil.rmtree(store / damage)
-    elif damage == "nan_mean":
-        mean = zarr.open_array(store / "stats" / "train" / "mean", mode="r+")
-        values = mean[:]
-        values[3] = np.nan
-        mean[:] = values
+    elif damage in ("nan_mean", "negative_std"):
+        field, value = ("mean", np.nan) if damage == "nan_mean" else ("std", -5.0)
+        array = zarr.open_array(store / "stats" / "train" / field, mode="r+")
+        values = array[:]
+        values[3] = value
+        array[:] = values
     else:
         split = zarr.open_array(store / fmt.split_array(scene.meta.split_generation), mode="r+")
         values = split[:]
