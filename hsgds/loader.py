@@ -7,6 +7,7 @@ casts, normalizes and lays out every patch of the batch.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import deque
@@ -57,6 +58,8 @@ NORMALIZATIONS = ("zscore", "minmax", None)
 # 2: shuffle windows that ramp up, each with a generator of its own (hsgds.sampling); a version-1 state
 # named a position in an order this version no longer makes
 STATE_VERSION = 2
+#: epochs are keyed on 32 bits (augmentation draws): a larger one would repeat an earlier epoch
+MAX_EPOCH = 1 << 32
 
 
 _HOST_WINDOW = 1024  # batches kept for the host-time medians
@@ -179,14 +182,28 @@ def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.nda
     return offset[0], scale[0]
 
 
+def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
+    """What a saved position is a position in: the scenes (in order) and their samples per tile, and which
+    pixels those are for a sample table. A re-split or replaced store changes it."""
+    h = hashlib.sha256("\0".join(names).encode())
+    h.update(np.ascontiguousarray(samples.counts(), dtype=np.int64).tobytes())
+    if isinstance(samples, SampleSet):  # labelled samples: which pixels, not only how many in each tile
+        h.update(np.ascontiguousarray(samples.scene_y, dtype=np.int64).tobytes())
+        h.update(np.ascontiguousarray(samples.scene_x, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None and world_size is None:
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
-    rank, world_size = (0 if rank is None else rank), (1 if world_size is None else world_size)
-    if world_size < 1 or not 0 <= rank < world_size:
+    if rank is None or world_size is None:  # every process that forgot one would read the same shard
+        raise ConfigError(f"pass both rank and world_size (or neither, to take torch.distributed's), got rank={rank}, "
+                          f"world_size={world_size}")
+    rank, world_size = as_count(rank, "rank", minimum=0), as_count(world_size, "world_size")
+    if not rank < world_size:
         raise ConfigError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
     return rank, world_size
 
@@ -365,6 +382,7 @@ class PatchLoader:
             what = "pixels left out of every split" if split == "none" else f"{split} pixels"
             raise ConfigError(f"{where} has no {what} (split={split!r}, pixels={pixels!r}); see `hsgds info` "
                               "for its splits")
+        self._samples_digest = _samples_digest(self.scenes.names, self.samples)
 
         self._tile_nbytes = tile_nbytes
         needed = int(np.count_nonzero(self.samples.counts()))
@@ -459,9 +477,9 @@ class PatchLoader:
         After :meth:`load_state_dict`, setting the restored epoch keeps the restored position, so the
         usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes where the state says.
         """
-        epoch = int(epoch)
-        if epoch < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        epoch = as_count(epoch, "epoch", minimum=0)
+        if epoch >= MAX_EPOCH:
+            raise ConfigError(f"epoch must be below 2**32 (augmentation is keyed on 32 bits of it), got {epoch}")
         if self._resume and epoch == self._epoch:
             return
         self._epoch, self._batch, self._resume = epoch, 0, False
@@ -477,9 +495,12 @@ class PatchLoader:
                 "world_size": self.world_size, "num_samples": len(self.samples), "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots,
                 "pixels": self.pixels, "stride": self.stride, "scenes": len(self.scenes),
-                "augment": None if self.augment is None else repr(self.augment)}
+                "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_digest}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise ConfigError(f"loader state must be the dict PatchLoader.state_dict() returned, got "
+                              f"{type(state).__name__}")
         if state.get("version") == 1:
             raise ConfigError("loader state was saved by an older hsgds whose shuffled order differs from this one's "
                               f"(state version 1, now {STATE_VERSION}): the rest of its epoch cannot be resumed exactly; "
@@ -494,13 +515,18 @@ class PatchLoader:
             if state.get(key, older.get(key)) != mine[key]:
                 raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
                                   f"{key}={mine[key]!r}; resume with the same settings")
+        if state.get("samples", self._samples_digest) != self._samples_digest:  # (absent in older states)
+            raise ConfigError("loader state was saved over other samples (another store or scene order, or the "
+                              "store was re-split or replaced since): its rest of the epoch is not this loader's; "
+                              "resume on the same stores, or start the next epoch (loader.set_epoch(epoch + 1))")
         if state.get("slots") != self.slots:  # the shuffle window, hence the order, depends on the ring
             raise ConfigError(f"loader state was saved with a ring of {state.get('slots')} tiles but this loader "
                               f"has {self.slots}; pass ring_bytes={state.get('slots')} * "
                               f"{self._tile_nbytes} to resume the same order")
         epoch, batch = state.get("epoch"), state.get("batch")
-        if not (isinstance(epoch, int) and isinstance(batch, int) and epoch >= 0 and batch >= 0):
-            raise ConfigError(f"loader state has an invalid position epoch={epoch!r}, batch={batch!r}")
+        if not (type(epoch) is int and type(batch) is int and 0 <= epoch < MAX_EPOCH and 0 <= batch <= len(self)):
+            raise ConfigError(f"loader state has an invalid position epoch={epoch!r}, batch={batch!r} (this loader "
+                              f"yields {len(self)} batches an epoch)")
         self._epoch, self._batch = epoch, batch
         self._resume = True
 

@@ -163,6 +163,44 @@ def test_resume_refuses_other_settings(border_scene):
             b.load_state_dict(a.state_dict())
 
 
+def test_resume_refuses_a_state_of_other_samples(border_scene, tmp_path, run_cli):
+    """A state saved before a `hsgds resplit` (same settings, other train pixels), or over other stores, is a
+    position in another sequence: refused, not resumed silently."""
+    import shutil
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(border_scene[2]["reflect"], store)
+    with _loader(store) as a:
+        state = a.state_dict()
+    code, _, err = run_cli("resplit", store, "--split", "random", "--train", "0.5", "--val", "0.2", "--seed", "7")
+    assert code == 0, err
+    with _loader(store) as b:
+        assert len(b.samples) == state["num_samples"]  # the same stratified shares: the count cannot tell them apart
+        with pytest.raises(ConfigError, match="saved over other samples .*re-split or replaced"):
+            b.load_state_dict(state)
+    with _loader(store) as c, _loader(store) as d:
+        d.load_state_dict(c.state_dict())  # the same store: resumed
+        for bad, message in ((None, "must be the dict PatchLoader.state_dict"),
+                             ({**c.state_dict(), "batch": 10**9}, "invalid position"),
+                             ({**c.state_dict(), "epoch": True}, "invalid position")):
+            with pytest.raises(ConfigError, match=message):
+                d.load_state_dict(bad)
+        for epoch, message in ((1.7, "epoch must be an integer >= 0"), ("3", "epoch must be an integer"),
+                               (1 << 32, "below 2..32")):
+            with pytest.raises(ConfigError, match=message):
+                d.set_epoch(epoch)
+
+
+def test_rank_and_world_size_are_given_together_and_checked(border_scene):
+    store = border_scene[2]["reflect"]
+    for kwargs, message in ((dict(world_size=2), "pass both rank and world_size"),
+                            (dict(rank=0.5, world_size=2), "rank must be an integer >= 0"),
+                            (dict(rank=0, world_size="2"), "world_size must be an integer >= 1"),
+                            (dict(rank=2, world_size=2), "rank must be in 0..world_size-1")):
+        with pytest.raises(ConfigError, match=message):
+            _loader(store, **kwargs)
+
+
 def test_resume_refuses_a_state_of_an_older_order(border_scene):
     """A state saved before the shuffle windows ramped up names a position in an order this version no
     longer makes: refused, with what to do instead, rather than resumed to other samples."""
