@@ -22,27 +22,14 @@ from hsgds import defaults
 from hsgds import format as fmt
 from hsgds._lru import LruCache
 from hsgds.collection import DeferredScene
-from hsgds.errors import ConfigError, StoreError
+from hsgds.errors import StoreError
 from hsgds.sampling import SampleSet
-from hsgds.scene import Scene
+from hsgds.scene import Scene, check_mask
 
 __all__ = ["PIXELS", "GridSamples", "ListedSamples", "all_pixels", "check_mask", "excluded_pixels",
            "labelled_pixels", "listed_samples_apply"]
 
 PIXELS = ("labelled", "all")
-
-
-def check_mask(mask: object, scene: Scene | DeferredScene, where: str) -> np.ndarray | None:
-    """``mask`` as a boolean (H, W) array, or None; a wrong shape or type is a ConfigError."""
-    if mask is None:
-        return None
-    arr = np.asarray(mask)
-    h, w = scene.shape[:2]
-    if arr.dtype != bool:
-        raise ConfigError(f"mask for {where} must be a boolean array, got dtype {arr.dtype}; pass e.g. labels > 0")
-    if arr.shape != (h, w):
-        raise ConfigError(f"mask for {where} has shape {arr.shape}, but the scene is {h}x{w}; pass an (H, W) array")
-    return arr
 
 
 def labelled_pixels(scene: Scene | DeferredScene, split: str | None, mask: np.ndarray | None = None) -> SampleSet:

@@ -6,15 +6,16 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hsgds import format as fmt
 from hsgds._wording import counted
-from hsgds.errors import InputError, StoreError, TileReadError, as_path
+from hsgds.errors import ConfigError, InputError, StoreError, TileReadError, as_path
 from hsgds.sampling import SampleSet
 
-__all__ = ["BandStats", "Scene", "open_scene", "samples_at"]
+__all__ = ["BandStats", "Scene", "check_mask", "open_scene", "samples_at"]
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ class Scene:
     def sample_set(self, split: str | None = "train", mask: np.ndarray | None = None) -> SampleSet:
         """The labelled pixels of ``split`` ("train", "val", "test", "none" or None for all), sorted by
         tile, optionally only where the boolean (H, W) ``mask`` is True: what the loader iterates."""
+        mask = check_mask(mask, self, str(self.path))
         t = self.sample_table()
         keep = self.split_mask(t["split"], split)
         tile = t["tile"][keep].astype(np.int64)
@@ -386,6 +388,20 @@ class Scene:
         except StoreError as exc:
             problems.append(str(exc))
         return problems
+
+
+def check_mask(mask: object, scene: Any, where: str) -> np.ndarray | None:
+    """``mask`` as a boolean (H, W) array of ``scene`` (a Scene or a collection's DeferredScene), or None; a
+    wrong shape or type is a ConfigError (an integer mask would index pixels, not select them)."""
+    if mask is None:
+        return None
+    arr = np.asarray(mask)
+    h, w = scene.shape[:2]
+    if arr.dtype != bool:
+        raise ConfigError(f"mask for {where} must be a boolean array, got dtype {arr.dtype}; pass e.g. labels > 0")
+    if arr.shape != (h, w):
+        raise ConfigError(f"mask for {where} has shape {arr.shape}, but the scene is {h}x{w}; pass an (H, W) array")
+    return arr
 
 
 def samples_at(grid: fmt.TileGrid, tile: np.ndarray, sy: np.ndarray, sx: np.ndarray, label: np.ndarray) -> SampleSet:

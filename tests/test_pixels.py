@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import hsgds
+from hsgds.errors import ConfigError
 from hsgds.format import TileGrid
 from hsgds.pixels import GridSamples
 
@@ -100,3 +102,17 @@ def test_grid_samples_leave_out_excluded_pixels(stride):
     for picked in (idx, rng.permutation(idx)[:40]):
         got = np.stack([np.asarray(c, dtype=np.int64) for c in samples.take(picked)], axis=1)
         np.testing.assert_array_equal(got, want[picked])
+
+
+def test_sample_set_checks_its_mask_like_the_loader(tile_store):
+    """An integer mask would index pixels instead of selecting them (silently wrong samples)."""
+    scene = hsgds.open_scene(tile_store)
+    h, w = scene.shape[:2]
+    half = np.zeros((h, w), bool)
+    half[: h // 2] = True
+    kept = scene.sample_set(None, half)
+    assert np.all(kept.scene_y < h // 2) and 0 < len(kept.label) < len(scene.sample_set(None).label)
+    for bad, message in ((half.astype(np.int64), "must be a boolean array"), (np.ones((h + 1, w), bool), "has shape"),
+                         (np.True_, "has shape")):
+        with pytest.raises(ConfigError, match=message):
+            scene.sample_set(None, bad)
