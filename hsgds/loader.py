@@ -375,13 +375,16 @@ class PatchLoader:
             cpu_cut.warm_up(grid.dtype, out_name, self._normalize_tiles)
         self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask)
         if len(self.samples) == 0:
-            where = self.scene.path if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes"
+            where = f"{self.scene.path} has" if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes have"
+            if mask is not None:
+                raise ConfigError(f"{where} no pixel to yield inside the mask (split={split!r}, pixels={pixels!r}); "
+                                  "widen the mask")
             if split is None and pixels == "labelled":
-                raise ConfigError(f"{where} has no labelled pixels; convert it with --labels, or pass pixels='all' "
-                                  "for every pixel (label -1)")
-            what = "pixels left out of every split" if split == "none" else f"{split} pixels"
-            raise ConfigError(f"{where} has no {what} (split={split!r}, pixels={pixels!r}); see `hsgds info` "
-                              "for its splits")
+                raise ConfigError(f"{where} no labelled pixels; convert with --labels, or pass pixels='all' for every "
+                                  "pixel (label -1)")
+            what = {"none": "pixels left out of every split", None: "pixels"}.get(split, f"{split} pixels")
+            raise ConfigError(f"{where} no {what} (split={split!r}, pixels={pixels!r}); see `hsgds info` for its "
+                              "splits")
         self._samples_digest = _samples_digest(self.scenes.names, self.samples)
 
         self._tile_nbytes = tile_nbytes

@@ -69,7 +69,7 @@ class SceneSet:
         with the band selection; tile geometries may differ.)"""
         if len(self.scenes) == 1:
             return
-        _same(self, "dtype", lambda s: str(s.dtype), "convert them to one dtype (e.g. --dtype int16)")
+        _same(self, "dtype", lambda s: str(s.dtype), "cast the cubes to one dtype before converting them")
         labelled = [(n, s) for n, s in zip(self.names, self.scenes) if s.class_names or s.num_classes]
         if labelled:
             key = (lambda s: tuple(s.class_names)) if labelled[0][1].class_names else (lambda s: s.num_classes)

@@ -452,6 +452,9 @@ def test_bad_loader_arguments_are_config_errors(border_scene):
     for kwargs, message in bad:
         with pytest.raises(ConfigError, match=message):
             hsgds.PatchLoader(store, patch_size=5, **{"batch_size": 8, "device": "cpu", **kwargs})
+    with pytest.raises(ConfigError, match="has no pixel to yield inside the mask .*; widen the mask"):
+        h, w = hsgds.open_scene(store).shape[:2]
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, mask=np.zeros((h, w), bool), device="cpu")
     with pytest.raises(InputError, match=r"unknown split \['train', 'val'\]; choose one of .*\(one name\)"):
         hsgds.PatchLoader(store, patch_size=5, batch_size=8, split=["train", "val"], device="cpu")
     # numpy's integers and bools are what users compute settings with
