@@ -412,6 +412,8 @@ def _verify_collection(path: str) -> None:
             try:
                 scene = coll.scene(i)
                 problems = scene.verify()
+                listed = None if problems else coll.listing_problem(i, scene)
+                problems += [listed] if listed else []
             except HsgdsError as exc:  # missing, unreadable, or not the store collection.json lists
                 problems = [str(exc)]
             else:

@@ -276,6 +276,21 @@ class Collection:
         i %= len(self)
         return self._open.get(i, lambda: self._open_scene(self.entries[i]))
 
+    def listing_problem(self, i: int, scene: Scene) -> str | None:
+        """How scene ``i``'s opened store differs from its entry beyond what opening checks (its labelled
+        samples, classes or wavelengths: the store was re-split or replaced after collection.json was
+        written), or None."""
+        e = self.entries[i]
+        now = SceneEntry.of_scene(e.name, scene)
+        fields = ("num_samples", "tile_samples", "num_classes", "class_names", "wavelengths")
+        for f in fields:
+            if (f != "tile_samples" or e.tile_samples is not None) and getattr(now, f) != getattr(e, f):
+                what = "labelled samples" if f in ("num_samples", "tile_samples") else f.replace("_", " ")
+                return (f"{self.path}: scene {e.name!r}: its {what} differ from collection.json (the store was "
+                        "re-split or replaced after the collection was written); re-split through the collection "
+                        "(`hsgds resplit COLLECTION ...`) or run `hsgds convert-many` again")
+        return None
+
     def is_open(self, i: int) -> bool:
         """Whether scene ``i``'s store is open now (nothing is read to answer): opened, and not yet dropped
         for more recently used ones (the ``max_open_scenes`` setting)."""

@@ -174,6 +174,23 @@ def test_verify_checks_every_scene_and_names_the_damaged_ones(three_stores, tmp_
                         "changed or damaged")
 
 
+def test_verify_names_a_scene_re_split_after_the_listing(three_stores, tmp_path, run_cli):
+    """A store re-split on its own after collection.json was written: a loader over labelled pixels would
+    stop on it, so verify names it too."""
+    from hsgds.preprocess.resplit import resplit
+
+    root, stores = three_stores
+    copies = [tmp_path / p.name for p in stores]
+    for p, c in zip(stores, copies):
+        shutil.copytree(p, c)
+    _write(tmp_path, copies)
+    resplit(copies[1], "random", train=0.3, seed=5)
+    code, out, err = run_cli("verify", tmp_path)
+    assert code == 2 and out == "", err
+    assert "bad scene scene1: " in err and "labelled samples differ from collection.json" in err
+    assert "scene0" not in err.splitlines()[0] and "1 of 3 scenes are damaged (scene1)" in err
+
+
 def _train_rows(stores) -> set:
     """(scene, y, x) of every train pixel, read from each store on its own."""
     rows = set()
