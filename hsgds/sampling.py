@@ -19,6 +19,10 @@ import numpy as np
 
 from hsgds.errors import ConfigError
 
+#: what to change when a batch's tiles do not fit the ring
+RING_ADVICE = ("raise ring_bytes (its default is capped by the ring_cpu_bytes and ring_gpu_fraction settings) "
+               "or lower batch_size")
+
 
 class Samples(Protocol):
     """What an epoch plan reads of a set of samples sorted by tile: :class:`SampleSet`, one computed per
@@ -368,7 +372,7 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
         live = _max_live(spans[1], spans[2], num_batches)
         if live > slots:
             raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
-                              "raise ring_bytes or lower batch_size")
+                              + RING_ADVICE)
         return EpochPlan(range(limit), batch_size, num_batches, _as_intervals(spans), window)
     num_tiles = len(samples.offsets) - 1
     if drop_last:
@@ -393,5 +397,5 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
         window = max(1, window // 2)
     if live > slots:
         raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
-                          "raise ring_bytes or lower batch_size")
+                          + RING_ADVICE)
     return EpochPlan(order, batch_size, num_batches, _as_intervals(spans), window)

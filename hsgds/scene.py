@@ -12,7 +12,7 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds._wording import counted
-from hsgds.errors import ConfigError, InputError, StoreError, TileReadError, as_path
+from hsgds.errors import ConfigError, InputError, StoreError, TileReadError, as_count, as_path
 from hsgds.sampling import SampleSet
 
 __all__ = ["BandStats", "Scene", "check_mask", "open_scene", "samples_at"]
@@ -299,7 +299,7 @@ class Scene:
     # -- tiles and windows -----------------------------------------------------------------------
     def read_tile(self, tile_id: int, verify: bool = True) -> np.ndarray:
         """One halo-padded tile, (S, S, B) in the store's dtype; checks size and (by default) checksum."""
-        if not 0 <= tile_id < self.grid.num_tiles:
+        if not 0 <= as_count(tile_id, "tile_id", minimum=0) < self.grid.num_tiles:
             raise InputError(f"tile id {tile_id} out of range 0..{self.grid.num_tiles - 1}")
         raw = fmt.read_tile_file(tile_id, self.tile_paths[tile_id], self.grid.tile_nbytes,
                                  self.meta.checksums[tile_id] if verify else None)
@@ -309,6 +309,7 @@ class Scene:
         """Scene window rows y0:y1, columns x0:x1, all bands, reassembled from the tiles (bit-identical
         to the source)."""
         h, w, b = self.shape
+        y0, y1, x0, x1 = (as_count(v, "a window bound", minimum=0) for v in (y0, y1, x0, x1))
         if not (0 <= y0 < y1 <= h and 0 <= x0 < x1 <= w):
             raise InputError(f"window [{y0}:{y1}, {x0}:{x1}] is empty or outside the scene {h}x{w}")
         out = np.empty((y1 - y0, x1 - x0, b), dtype=self.dtype)

@@ -116,3 +116,20 @@ def test_sample_set_checks_its_mask_like_the_loader(tile_store):
                          (np.True_, "has shape")):
         with pytest.raises(ConfigError, match=message):
             scene.sample_set(None, bad)
+
+
+def test_window_and_tile_reads_check_their_arguments(tile_store):
+    from hsgds.errors import InputError
+
+    scene = hsgds.open_scene(tile_store)
+    h, w = scene.shape[:2]
+    assert np.array_equal(scene.read(np.int64(1), 3, 0, 2), scene.read(1, 3, 0, 2))  # numpy ints are ints
+    for args, error, message in (((1.5, 3, 0, 2), ConfigError, "a window bound must be an integer >= 0, got 1.5"),
+                                 ((0, h + 1, 0, 2), InputError, "outside the scene"),
+                                 ((-1, 3, 0, 2), ConfigError, "integer >= 0")):
+        with pytest.raises(error, match=message):
+            scene.read(*args)
+    with pytest.raises(ConfigError, match="tile_id must be an integer"):
+        scene.read_tile(1.0)
+    with pytest.raises(InputError, match="out of range"):
+        scene.read_tile(scene.grid.num_tiles)
