@@ -593,6 +593,8 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
         if value is not None and "{name}" not in value:
             _fail(f"{option} {value} would be written once per scene of the collection; name each scene's file "
                   "with {name}, e.g. maps/{name}.tif")
+    if probabilities is not None and Path(probabilities).resolve() == Path(out).resolve():
+        _fail(f"--probabilities and -o would both write {out}; name another file")
     coll = open_collection(path)
     loaded = load_model(model_path)
     _echo_recipe(model_path, loaded)

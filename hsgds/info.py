@@ -131,13 +131,17 @@ def split_summary(scene) -> str | None:
     return text + f" of {n} labelled pixels"
 
 
+#: names that mean a model file, not a store
+MODEL_SUFFIXES = (".pt2", ".ckpt", ".pt", ".pth")
+
+
 def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     """A store's summary; for a collection path, the collection's (from ``collection.json`` alone); for a
     model file (a file that is not a collection listing), what the model takes."""
     if is_collection_path(path):
         return describe_collection(open_collection(path))
-    if Path(path).is_file():
-        from hsgds.models import load_model
+    if Path(path).is_file() or (not Path(path).exists() and Path(path).suffix.lower() in MODEL_SUFFIXES):
+        from hsgds.models import load_model  # (a missing model file is named as such)
 
         return describe_model(path, load_model(path))
     scene = open_scene(path)

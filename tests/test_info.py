@@ -161,3 +161,8 @@ def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
     assert "bands:      3 (2 scenes), 2 (1 scene)" in text
     assert "spectrum:   400.0-900.0 nm (1 scene without wavelengths)" in text
     assert text.endswith("classes:    none (no scene has labels)")
+
+
+def test_info_of_a_missing_model_file_names_it(tmp_path, run_cli):
+    code, _, err = run_cli("info", tmp_path / "model.pt2")
+    assert code == 2 and "no model file" in err and "store" not in err, err

@@ -452,6 +452,9 @@ def test_cli_predict_a_collection_writes_a_map_per_scene(store, tmp_path, run_cl
     code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", tmp_path / "nowhere" / "{name}.npy")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     other_bands, _ = _checkpoint(tmp_path / "..", bands=B + 1)
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--probabilities",
+                             maps / "{name}.npy")
+    assert code == 2 and "would both write" in err and len(err.strip().splitlines()) == 1, err
     code, out, err = run_cli("predict", coll, "--model", other_bands, "-o", maps / "{name}.npy")
     assert code == 2 and "scene 'north'" in err and "takes 9 bands" in err, err
     assert not any(maps.iterdir())
