@@ -125,51 +125,14 @@ def _scene_options(command):
 
 def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split, train, val, block_size,
                      train_mask, val_mask, test_mask, seed, nan_fill, class_names, wavelengths, **extra):
-    from hsgds.preprocess.convert import ConvertOptions
+    from hsgds.preprocess.convert import ConvertOptions, wavelength_list
 
     return ConvertOptions(
         key=key, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
         padding=padding, split=split, train=train, val=val, block_size=block_size,
         train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, seed=seed, nan_fill=nan_fill,
         class_names=None if class_names is None else tuple(c.strip() for c in class_names.split(",")),
-        wavelengths=None if wavelengths is None else _wavelength_list(wavelengths), **extra)
-
-
-MAX_WAVELENGTH_FILE = 1 << 20  # a few thousand band centres take ~40 KB
-
-
-def _wavelength_list(value: str) -> tuple[float, ...]:
-    """--wavelengths: numbers given inline, or the path of a text file holding them ('#' starts a comment)."""
-    text, where = value, "--wavelengths"
-    try:
-        is_file = Path(value).is_file()
-    except OSError:  # a long inline list is no file name (ENAMETOOLONG)
-        is_file = False
-    if is_file:
-        try:
-            if Path(value).stat().st_size > MAX_WAVELENGTH_FILE:
-                raise click.BadParameter(f"{value} is over {MAX_WAVELENGTH_FILE >> 20} MiB: not a list of band "
-                                         "centres", param_hint="--wavelengths")
-            with open(value, encoding="utf-8") as f:
-                text = "\n".join(line.split("#", 1)[0] for line in f.read().splitlines())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise click.BadParameter(f"cannot read {value} ({exc})", param_hint="--wavelengths") from None
-        where = value
-    words = text.replace(",", " ").split()
-    try:
-        return tuple(float(w) for w in words)
-    except ValueError:
-        bad = next(w for w in words if not _is_number(w))
-        raise click.BadParameter(f"{where}: {bad!r} is not a number; give band centres in nm, comma-separated, or "
-                                 "a text file of them", param_hint="--wavelengths") from None
-
-
-def _is_number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
+        wavelengths=None if wavelengths is None else wavelength_list(wavelengths, "--wavelengths"), **extra)
 
 
 # Options that only mean something for labelled pixels (a split of them, names of their classes)
@@ -232,9 +195,10 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
 @click.option("--threads", default=2, show_default=True, help="Threads writing tiles within each scene.")
 @click.option("--overwrite", is_flag=True, help="Convert every scene again, even those already up to date.")
 def convert_many(manifest, out, scheduler, workers, threads, overwrite, **options) -> None:
-    """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key]) on Dask, one task
-    per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are relative to the manifest's
-    folder; name defaults to the source's file stem. Rerunning converts only scenes that are missing,
+    """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key,wavelengths]) on Dask,
+    one task per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are relative to the
+    manifest's folder; name defaults to the source's file stem; wavelengths names a text file of the scene's
+    band centres (nm). Rerunning converts only scenes that are missing,
     changed or damaged. Exit 1 when some scenes failed (each is named with its reason)."""
     import logging
 

@@ -41,7 +41,7 @@ try:
 except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
     fcntl = None
 
-__all__ = ["ConvertOptions", "convert"]
+__all__ = ["ConvertOptions", "convert", "wavelength_list"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
 #: band centres --wavelengths accepts (nm): ultraviolet to thermal infrared
@@ -115,6 +115,37 @@ class ConvertOptions:
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
+
+
+#: a few thousand band centres take ~40 KB; a larger file is not a list of them
+MAX_WAVELENGTH_FILE = 1 << 20
+
+
+def wavelength_list(value: str | os.PathLike, where: str) -> tuple[float, ...]:
+    """Band centres (nm) given inline ("400.5,410,...") or as the path of a text file of them (commas, spaces
+    or one per line; '#' starts a comment); a one-line ConfigError naming ``where`` otherwise."""
+    text, path = str(value), Path(value)
+    try:
+        is_file = path.is_file()
+    except OSError:  # a long inline list is no file name (ENAMETOOLONG)
+        is_file = False
+    if is_file:
+        try:
+            if path.stat().st_size > MAX_WAVELENGTH_FILE:
+                raise ConfigError(f"{where}: {path} is over {MAX_WAVELENGTH_FILE >> 20} MiB, not a list of band "
+                                  "centres")
+            text = "\n".join(line.split("#", 1)[0] for line in path.read_text(encoding="utf-8").splitlines())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: cannot read {path} ({exc})") from None
+        where = f"{where} {path}"
+    values = []
+    for word in text.replace(",", " ").split():
+        try:
+            values.append(float(word))
+        except ValueError:
+            raise ConfigError(f"{where}: {word!r} is not a number; give band centres in nm, comma-separated, or "
+                              "a text file of them") from None
+    return tuple(values)
 
 
 def _sha256(paths: list[Path]) -> tuple[str, int]:

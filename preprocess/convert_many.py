@@ -24,13 +24,13 @@ from typing import Any
 from hsgds._optional import require
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
-from hsgds.preprocess.convert import ConvertOptions, _remove_stale, convert
+from hsgds.preprocess.convert import ConvertOptions, _remove_stale, convert, wavelength_list
 from hsgds.preprocess.readers.base import source_stamps
 from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
 
-COLUMNS = ("source", "labels", "name", "key", "labels_key")
+COLUMNS = ("source", "labels", "name", "key", "labels_key", "wavelengths")
 #: Largest manifest read (a million rows of long paths is ~500 MB; anything larger is not a manifest).
 MAX_MANIFEST_BYTES = 1 << 30
 
@@ -44,6 +44,7 @@ class ManifestRow:
     labels: Path | None = None
     key: str | None = None
     labels_key: str | None = None
+    wavelengths: tuple[float, ...] | None = None  # band centres (nm) from the row's wavelengths file
     line: int = 0
 
 
@@ -57,7 +58,8 @@ def _check_name(name: str, where: str) -> None:
 
 
 def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
-    """Read a CSV manifest with a header: ``source`` (required), ``labels``, ``name``, ``key``, ``labels_key``.
+    """Read a CSV manifest with a header: ``source`` (required), ``labels``, ``name``, ``key``, ``labels_key``,
+    ``wavelengths`` (a text file of the scene's band centres in nm, for sources that do not record them).
 
     Relative paths are relative to the manifest's folder; ``name`` defaults to the source's stem and must
     be unique (ignoring case, as some filesystems do). Every source and labels file must exist. Any
@@ -109,7 +111,8 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
                 raise InputError(f"{where}: source is empty; every row needs a source file")
             source = base / v["source"]
             labels = None if v.get("labels") is None else base / v["labels"]
-            for what, p in (("source", source), ("labels", labels)):
+            nm_file = None if v.get("wavelengths") is None else base / v["wavelengths"]
+            for what, p in (("source", source), ("labels", labels), ("wavelengths", nm_file)):
                 if p is not None and not p.is_file():
                     reason = "is a folder" if p.is_dir() else "does not exist"
                     raise InputError(f"{where}: {what} {p} {reason}; fix the path (relative paths are "
@@ -121,8 +124,12 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
                 raise InputError(f"{where}: scene name {name!r} is already used on line {seen[folded]}; names must "
                                  "be unique (set the name column)")
             seen[folded] = line
+            try:
+                nm = None if nm_file is None else wavelength_list(nm_file, "wavelengths")
+            except ConfigError as exc:
+                raise InputError(f"{where}: {exc}") from None
             rows.append(ManifestRow(name=name, source=source, labels=labels, key=v.get("key"),
-                                    labels_key=v.get("labels_key"), line=line))
+                                    labels_key=v.get("labels_key"), wavelengths=nm, line=line))
     except csv.Error as exc:
         raise InputError(f"manifest {path} line {reader.line_num}: not valid CSV ({exc})") from None
     if not rows:
@@ -266,7 +273,8 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
     t0 = time.perf_counter()
     store = Path(out_dir) / f"{row.name}.zarr"
     opts = dataclasses.replace(opts, key=row.key or opts.key, labels=row.labels,
-                               labels_key=row.labels_key or opts.labels_key, overwrite=True)
+                               labels_key=row.labels_key or opts.labels_key, overwrite=True,
+                               wavelengths=row.wavelengths or opts.wavelengths)
     try:
         _remove_stale(store)  # temporary folders a killed worker left behind
         reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps)
@@ -375,6 +383,14 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     rows = read_manifest(manifest)
+    if opts.wavelengths is not None and any(r.wavelengths is not None for r in rows):
+        raise InputError(f"wavelengths given both by --wavelengths and by the wavelengths column of {manifest}; "
+                         "give them per scene (the column) or for every scene (--wavelengths)")
+    for r in rows:  # a row's own list is checked like --wavelengths, before any work
+        try:
+            dataclasses.replace(opts, wavelengths=r.wavelengths).check()
+        except ConfigError as exc:
+            raise InputError(f"manifest {manifest} line {r.line}: {exc}") from None
     out = Path(out_dir).resolve()
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a folder; choose another -o")

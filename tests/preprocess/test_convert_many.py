@@ -19,6 +19,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
+import hsgds  # noqa: E402
 from hsgds.collection import open_collection  # noqa: E402
 from hsgds.preprocess.convert import ConvertOptions  # noqa: E402
 from hsgds.preprocess.convert_many import convert_many, read_manifest  # noqa: E402
@@ -356,3 +357,32 @@ def test_given_wavelengths_are_compared_with_the_store(tmp_path):
     assert _options_differ(meta, replace(opts, wavelengths=None)) is None
     assert _options_differ(meta, replace(opts, wavelengths=(450.0, 560.0, 650.0))) == \
         "--wavelengths 450,560,650 differs from the store's (450,550,650)"
+
+
+def test_a_wavelengths_column_gives_each_scene_its_band_centres(cluster, tmp_path, run_cli):
+    """Two sensors' .npy scenes (5 and 7 bands), each with its wavelengths file: converted with them, and one
+    loader then takes both by wavelength."""
+    nm = {"five": [450.0, 500.0, 550.0, 600.0, 650.0], "seven": [440.0, 470.0, 500.0, 530.0, 560.0, 590.0, 650.0]}
+    rows = ["source,wavelengths"]
+    for name, centres in nm.items():
+        cube, _ = make_scene(24, 20, len(centres), classes=2, seed=len(centres))
+        np.save(tmp_path / f"{name}.npy", cube)
+        (tmp_path / f"{name}.txt").write_text("\n".join(f"{c:g}" for c in centres) + "\n")
+        rows.append(f"{name}.npy,{name}.txt")
+    (tmp_path / "scenes.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    code, _, err = run_cli("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "3", "--scheduler",
+                           cluster.scheduler_address)
+    assert code == 0, err
+    for name, centres in nm.items():
+        assert open_scene(out / f"{name}.zarr").wavelengths == centres
+    with hsgds.PatchLoader(out, patch_size=3, batch_size=32, pixels="all", wavelengths=[500, 650], device="cpu",
+                           shuffle=False) as loader:
+        assert next(iter(loader))[0].shape[1] == 2
+    # refused before any work: both forms at once, a bad file
+    code, _, err = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "o2", "--wavelengths", "400,500,600")
+    assert code == 2 and "both by --wavelengths and by the wavelengths column" in err, err
+    (tmp_path / "five.txt").write_text("450, 500, x\n")
+    code, _, err = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "o2")
+    assert code == 2 and "line 2: wavelengths " in err and "'x' is not a number" in err, err
+    assert not (tmp_path / "o2").exists()
