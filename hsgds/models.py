@@ -303,7 +303,7 @@ def _check_loader_fits(settings: dict[str, Any], in_bands: int | None, side: int
 def _check_settings(patch_size: Any, normalize: Any, norm_stats: Any) -> None:
     if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size < 1 or patch_size % 2 == 0:
         raise ConfigError(f"patch_size must be a positive odd integer, got {patch_size!r}")
-    if normalize not in _NORMALIZATIONS:
+    if not _normalization_ok(normalize):
         raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
     if normalize is None and norm_stats is not None:
         raise ConfigError("norm_stats applies with normalize='zscore' or 'minmax', not normalize=None")
@@ -413,13 +413,13 @@ def _load_export(path: Path) -> LoadedModel:
     p, normalize, names = recipe["patch_size"], recipe["normalize"], recipe["class_names"]
     if not isinstance(p, int) or isinstance(p, bool) or p < 1 or p % 2 == 0 or patch_size not in (None, p):
         raise _bad(path, f"its recipe's patch size {p!r} is not the program's ({patch_size})")
-    if normalize not in _NORMALIZATIONS or recipe["layout"] != "NCHW":
-        raise _bad(path, f"its recipe's normalize {normalize!r} / layout {recipe['layout']!r} is not supported")
+    if not _normalization_ok(normalize) or not _layout_ok(recipe["layout"]):
+        raise _bad(path, f"its recipe's normalize {normalize!r:.40} / layout {recipe['layout']!r:.40} is not supported")
     chosen = recipe["band_indices"] if recipe["band_indices"] is not None else recipe["wavelengths"]
     if bands is None and isinstance(chosen, list):
         bands = len(chosen)
     return LoadedModel(module=module, kind="export", bands=bands, patch_size=p, classes=None, normalize=normalize,
-                       class_names=[str(n) for n in names] if isinstance(names, list) else None, batch_size=batch,
+                       class_names=_class_names(path, names, None), batch_size=batch,
                        **_recipe(path, recipe, bands))
 
 
@@ -451,17 +451,52 @@ def _load_checkpoint(path: Path) -> LoadedModel:
         raise _bad(path, "its model arguments are not a dict of names")
     if not isinstance(p, int) or isinstance(p, bool) or p < 1 or p % 2 == 0:
         raise _bad(path, f"patch size {p!r} is not a positive odd integer")
+    bands, classes = _positive(state["bands"]), _positive(state["classes"])
+    if bands is None or classes is None:
+        raise _bad(path, f"its bands ({state['bands']!r:.40}) and classes ({state['classes']!r:.40}) are not both "
+                         "positive integers")
+    if not _normalization_ok(state["normalize"]) or not _layout_ok(state["layout"]):
+        raise _bad(path, f"its normalize {state['normalize']!r:.40} / layout {state['layout']!r:.40} is not supported")
     try:
         module = cls(**kwargs)
         module.load_state_dict(state["state_dict"])
     except Exception as exc:
         raise _bad(path, f"its weights do not fit {state['model']}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) "
                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from None
-    names = state["class_names"]
-    return LoadedModel(module=module, kind="checkpoint", bands=int(state["bands"]), patch_size=p,
-                       classes=int(state["classes"]), normalize=state["normalize"], layout=state["layout"],
-                       class_names=list(names) if isinstance(names, list) else None,
-                       **_recipe(path, state, int(state["bands"])))
+    # what predict and info report comes from these fields, what the model does from its arguments: they must agree
+    config = getattr(module, "config", {})
+    if (config.get("bands"), config.get("classes")) != (bands, classes):
+        raise _bad(path, f"it says {bands} bands and {classes} classes, but its {state['model']} takes "
+                         f"{config.get('bands')!r:.20} bands and returns {config.get('classes')!r:.20} classes")
+    return LoadedModel(module=module, kind="checkpoint", bands=bands, patch_size=p, classes=classes,
+                       normalize=state["normalize"], layout=state["layout"],
+                       class_names=_class_names(path, state["class_names"], classes), **_recipe(path, state, bands))
+
+
+def _positive(value: Any) -> int | None:
+    """``value`` if it is an integer >= 1 (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def _normalization_ok(value: Any) -> bool:
+    """Whether ``value`` is a normalization hsgds applies (the rule for settings, checkpoints and programs)."""
+    return value is None or (isinstance(value, str) and value in _NORMALIZATIONS)
+
+
+def _layout_ok(value: Any) -> bool:
+    """Whether ``value`` is a layout a model file may record: hsgds predict feeds NCHW batches only."""
+    return isinstance(value, str) and value == "NCHW"
+
+
+def _class_names(path: Path, names: Any, classes: int | None) -> list[str] | None:
+    """A model file's class names: None, or one non-empty name per class (``classes``: None when unknown)."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise _bad(path, f"its class names are not a list of non-empty strings ({names!r:.60})")
+    if classes is not None and len(names) != classes:
+        raise _bad(path, f"it has {len(names)} class names for the model's {classes} classes")
+    return list(names)
 
 
 def _recipe(path: Path, state: dict, bands: int | None) -> dict[str, Any]:

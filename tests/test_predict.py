@@ -367,6 +367,20 @@ def test_package_attribute_is_the_function():
     ({"kwargs": {"bands": 8, "classes": 4, "patch_size": 5, "reduce": 4, "width": 9}}, "weights do not fit"),
     ({"kwargs": {"bands": 8, "nonsense": 1}}, "weights do not fit"),
     ({"state_dict": None}, "do not fit"),
+    ({"bands": "x"}, r"its bands \('x'\) and classes \(4\) are not both positive integers"),
+    ({"bands": None}, "its bands"),
+    ({"classes": "four"}, "classes \\('four'\\)"),
+    ({"classes": 0}, "classes \\(0\\)"),
+    ({"bands": True}, "its bands"),
+    ({"classes": 7}, "it says 8 bands and 7 classes, but its SpectralSpatialCNN takes 8 bands and returns 4"),
+    ({"bands": 9}, "it says 9 bands"),
+    ({"normalize": "l2"}, "normalize 'l2'"),
+    ({"layout": "NHWC"}, "layout 'NHWC' is not supported"),
+    ({"class_names": "abcd"}, "class names are not a list of non-empty strings"),
+    ({"class_names": [1, 2, 3, 4]}, "class names are not a list"),
+    ({"class_names": ["a", "", "c", "d"]}, "class names are not a list"),
+    ({"class_names": ["a", "b"]}, "2 class names for the model's 4 classes"),
+    ({"class_names": list("abcdefghi")}, "9 class names for the model's 4 classes"),
 ])
 def test_forged_checkpoints_are_refused(tmp_path, change, message):
     from hsgds.models import load_model
@@ -377,6 +391,19 @@ def test_forged_checkpoints_are_refused(tmp_path, change, message):
     torch.save(state, tmp_path / "forged.ckpt")
     with pytest.raises(InputError, match=message):
         load_model(tmp_path / "forged.ckpt")
+
+
+def test_forged_checkpoint_fields_are_one_line_in_the_commands(store, tmp_path, run_cli):
+    ckpt, _ = _checkpoint(tmp_path)
+    for change in ({"bands": "x"}, {"classes": None}, {"class_names": list("abcdefghi")}):
+        state = torch.load(ckpt, weights_only=True)
+        state.update(change)
+        torch.save(state, tmp_path / "forged.ckpt")
+        for args in (("info", tmp_path / "forged.ckpt"),
+                     ("predict", store, "--model", tmp_path / "forged.ckpt", "-o", tmp_path / "m.hdr")):
+            code, _, err = run_cli(*args)
+            assert code == 2 and "is not a usable model" in err and len(err.strip().splitlines()) == 1, (change, err)
+    assert not (tmp_path / "m.hdr").exists()
 
 
 def test_ring_is_small_whatever_the_scene(store):
