@@ -211,6 +211,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, loader: Any = 
                          wavelengths=wavelengths, wavelength_tolerance=wavelength_tolerance, norm_stats=norm_stats)
     _check_loader_fits(settings, int(config["bands"]), int(config.get("patch_size", settings["patch_size"])),
                        "the model")
+    _check_names_fit(settings["class_names"], int(config["classes"]), "the model")
     state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(config),
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "patch_size": settings["patch_size"], "normalize": settings["normalize"], "layout": "NCHW",
@@ -246,6 +247,7 @@ def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, p
     _check_loader_fits(settings, shape[1], next((d for d in shape[2:] if d is not None), p), "the program")
     if any(d is not None and d != p for d in shape[2:]):
         raise ConfigError(f"the program takes {shape[2]}x{shape[3]} patches, not patch_size={p}")
+    _check_names_fit(settings["class_names"], _program_classes(program), "the program")
     recipe = {"format": PROGRAM_FORMAT, "version": 1, "patch_size": p, "normalize": settings["normalize"],
               "layout": "NCHW", "class_names": settings["class_names"], **_recipe_state(shape[1], settings)}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: torch wants .pt2 names otherwise
@@ -281,8 +283,27 @@ def _settings(loader: Any, class_names: Sequence[str] | None, **given: Any) -> d
             class_names = next((s.class_names for s in loader.scenes.scenes if s.class_names), None)
     _check_settings(settings["patch_size"], settings["normalize"], settings["norm_stats"])
     settings["patch_size"] = int(settings["patch_size"])
-    settings["class_names"] = None if class_names is None else [str(n) for n in class_names]
+    settings["class_names"] = _given_names(class_names)
     return settings
+
+
+def _given_names(names: Any) -> list[str] | None:
+    """``class_names=`` as saved: None, or a sequence of non-empty strings (a str would be split into letters)."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, np.ndarray)):
+        raise ConfigError(f"class_names must be a sequence of names (one per class), got {type(names).__name__} "
+                          f"{names!r:.60}")
+    if not all(isinstance(n, str) and n.strip() for n in names):
+        raise ConfigError(f"class_names must be non-empty strings, got {list(names)!r:.80}")
+    return [str(n) for n in names]
+
+
+def _check_names_fit(names: list[str] | None, classes: int | None, what: str) -> None:
+    """One name per class the model returns (``classes``: None when not fixed), else a ConfigError."""
+    if names is not None and classes is not None and len(names) != classes:
+        raise ConfigError(f"{what} returns {classes} classes but {len(names)} class names were given (class_names=, "
+                          "else the loader's scene's); pass one name per class")
 
 
 def _check_loader_fits(settings: dict[str, Any], in_bands: int | None, side: int, what: str) -> None:
@@ -384,6 +405,18 @@ def _program_input(program: Any) -> list[int | None] | None:
     return shape if len(names) == 1 and len(shape) == 4 else None
 
 
+def _program_classes(program: Any) -> int | None:
+    """K of the program's one (N, K) output when fixed at export; None otherwise."""
+    names = list(program.graph_signature.user_outputs)
+    for node in program.graph.nodes:
+        if node.op == "output" and len(names) == 1:
+            for arg in node.args[0]:
+                shape: Sequence[Any] = getattr(getattr(arg, "meta", {}).get("val"), "shape", ())
+                if getattr(arg, "name", None) == names[0] and len(shape) == 2 and isinstance(shape[1], int):
+                    return int(shape[1])
+    return None
+
+
 def _load_export(path: Path) -> LoadedModel:
     extra = {PROGRAM_RECIPE: ""}
     try:
@@ -419,7 +452,7 @@ def _load_export(path: Path) -> LoadedModel:
     if bands is None and isinstance(chosen, list):
         bands = len(chosen)
     return LoadedModel(module=module, kind="export", bands=bands, patch_size=p, classes=None, normalize=normalize,
-                       class_names=_class_names(path, names, None), batch_size=batch,
+                       class_names=_class_names(path, names, _program_classes(program)), batch_size=batch,
                        **_recipe(path, recipe, bands))
 
 

@@ -5,6 +5,7 @@ and corners), masks, streamed probabilities, writers end to end, and the `hsgds 
 from __future__ import annotations
 
 import importlib.util
+import json
 import warnings
 import zipfile
 
@@ -391,6 +392,33 @@ def test_forged_checkpoints_are_refused(tmp_path, change, message):
     torch.save(state, tmp_path / "forged.ckpt")
     with pytest.raises(InputError, match=message):
         load_model(tmp_path / "forged.ckpt")
+
+
+def test_class_names_are_one_per_class_when_saved_and_loaded(tmp_path):
+    from hsgds.models import SpectralSpatialCNN, load_model, save_checkpoint, save_program
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8).eval()
+    program = torch.export.export(model, (torch.randn(8, B, 5, 5),))
+    cases = [("corn", "class_names must be a sequence of names .* got str 'corn'"),
+             (["a", "b"], "returns 4 classes but 2 class names were given"),
+             (list("abcdef"), "returns 4 classes but 6 class names were given"),
+             (["a", "", "c", "d"], "class_names must be non-empty strings"),
+             (["a", 2, "c", "d"], "class_names must be non-empty strings")]
+    for names, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            save_checkpoint(tmp_path / "m.ckpt", model, patch_size=5, class_names=names)
+        with pytest.raises(ConfigError, match=message):
+            save_program(tmp_path / "m.pt2", program, patch_size=5, class_names=names)
+    assert not list(tmp_path.iterdir())
+    assert load_model(save_checkpoint(tmp_path / "m.ckpt", model, patch_size=5, class_names=tuple("abcd"))).class_names \
+        == list("abcd")
+    # a program's recipe naming other than its 4 outputs is refused when loaded
+    torch.export.save(program, tmp_path / "f.pt2", extra_files={"hsgds.json": json.dumps({
+        "format": "hsgds-program", "version": 1, "patch_size": 5, "normalize": "zscore", "layout": "NCHW",
+        "class_names": list("abcdef"), "band_indices": None, "wavelengths": None, "wavelength_tolerance": 5.0,
+        "norm_stats": None})})
+    with pytest.raises(InputError, match="6 class names for the model's 4 classes"):
+        load_model(tmp_path / "f.pt2")
 
 
 def test_forged_checkpoint_fields_are_one_line_in_the_commands(store, tmp_path, run_cli):
