@@ -12,10 +12,12 @@ minute; on a GPU it is small enough that a slow loader shows up in the step time
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -417,14 +419,40 @@ def _program_classes(program: Any) -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def _torch_export_log() -> Iterator[list[BaseException]]:
+    """Keep torch.export's log (the "torch.export" logger and those below it) off stderr, and yield the
+    exceptions it logged. On a damaged archive torch.export.load logs the real error as a warning with its
+    traceback, then raises one that says "check the warnings above": the caller names the logged one instead.
+    The logger's handlers, level and propagation are restored afterwards."""
+    logged: list[BaseException] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and record.exc_info[1] is not None:
+                logged.append(record.exc_info[1])
+
+    logger = logging.getLogger("torch.export")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers, logger.propagate = [Keep()], False
+    logger.setLevel(logging.WARNING)  # none of its info or debug lines either
+    try:
+        yield logged
+    finally:
+        logger.handlers, logger.propagate = saved[0], saved[2]
+        logger.setLevel(saved[1])
+
+
 def _load_export(path: Path) -> LoadedModel:
     extra = {PROGRAM_RECIPE: ""}
-    try:
-        with open(path, "rb") as f:  # a file object: torch wants .pt2 names otherwise
-            program = torch.export.load(f, extra_files=extra)
-        module = program.module()
-    except Exception as exc:  # a damaged or foreign archive: its exception types are not a contract
-        raise _bad(path, f"torch.export.load failed ({type(exc).__name__}: {_words(str(exc), 200)})") from None
+    with _torch_export_log() as logged:
+        try:
+            with open(path, "rb") as f:  # a file object: torch wants .pt2 names otherwise
+                program = torch.export.load(f, extra_files=extra)
+            module = program.module()
+        except Exception as exc:  # a damaged or foreign archive: its exception types are not a contract
+            cause = logged[0] if logged else exc  # what failed first, not "check the warnings above"
+            raise _bad(path, f"torch.export.load failed ({type(cause).__name__}: {_words(str(cause), 200)})") from None
     shape = _program_input(program)
     if shape is None:
         raise _bad(path, f"the program takes {len(program.graph_signature.user_inputs)} inputs, not one "

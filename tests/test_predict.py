@@ -354,6 +354,34 @@ def test_cli_predict_refuses_bad_models_in_one_line(store, tmp_path, run_cli):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_a_damaged_program_is_one_line_without_torch_log(tmp_path, capfd, caplog):
+    """torch.export.load logs the real error (a multi-line warning with a traceback) and raises "check the
+    warnings above": only our line is left, naming the logged error, and torch's logger is as it was."""
+    import logging
+
+    from hsgds.models import load_model
+
+    torch.export.save(torch.export.export(nn.Linear(3, 2), (torch.randn(4, 3),)), tmp_path / "good.pt2")
+    whole = (tmp_path / "good.pt2").read_bytes()
+    (tmp_path / "empty.pt2").write_bytes(b"")
+    (tmp_path / "truncated.pt2").write_bytes(whole[:len(whole) // 2])
+    with zipfile.ZipFile(tmp_path / "format_only.pt2", "w") as z:
+        z.writestr("archive_format", "pt2")
+    logger = logging.getLogger("torch.export")
+    before = logger.handlers[:], logger.level, logger.propagate
+    caplog.set_level(logging.DEBUG)
+    caplog.clear()
+    for name, cause in [("empty", "not a ZIP archive"), ("truncated", "failed finding central directory"),
+                        ("format_only", "file in archive is not in a subdirectory: archive_format")]:
+        with pytest.raises(InputError, match="torch.export.load failed") as info:
+            load_model(tmp_path / f"{name}.pt2")
+        assert cause in str(info.value) and "warnings above" not in str(info.value)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert not [r for r in caplog.records if r.name.startswith("torch.export")]
+    assert (logger.handlers, logger.level, logger.propagate) == before
+
+
 def test_package_attribute_is_the_function():
     import hsgds.inference
 
