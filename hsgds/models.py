@@ -13,9 +13,11 @@ minute; on a GPU it is small enough that a slow loader shows up in the step time
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
+import stat
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ import torch
 from torch import nn
 
 from hsgds._unset import Unset
-from hsgds.errors import ConfigError, InputError
+from hsgds.errors import ConfigError, InputError, as_path, one_line
 from hsgds.scene import BandStats
 
 __all__ = ["CHECKPOINT_FORMAT", "MIN_BANDS", "MODELS", "Hamida3D", "LoadedModel", "SpectralSpatialCNN",
@@ -204,11 +206,14 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, loader: Any = 
     Other models: :func:`save_program`. Written atomically."""
     from hsgds.writers import atomic_path
 
+    path = _target(path)
     name = type(model).__name__
     if MODELS.get(name) is not type(model) or not isinstance(getattr(model, "config", None), dict):
         raise ConfigError(f"only the models in hsgds.models.MODELS can be saved as checkpoints, not {name}; "
                           "save other models with torch.export and hsgds.models.save_program")
     config: dict[str, Any] = model.config  # type: ignore[assignment]  # checked to be a dict above
+    for key, value in config.items():
+        _check_plain(key, value)
     settings = _settings(loader, class_names, patch_size=patch_size, normalize=normalize, bands=bands,
                          wavelengths=wavelengths, wavelength_tolerance=wavelength_tolerance, norm_stats=norm_stats)
     _check_loader_fits(settings, int(config["bands"]), int(config.get("patch_size", settings["patch_size"])),
@@ -235,6 +240,7 @@ def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, p
     atomically."""
     from hsgds.writers import atomic_path
 
+    path = _target(path)
     if not isinstance(program, torch.export.ExportedProgram):
         raise ConfigError(f"program must be a torch.export.ExportedProgram (torch.export.export(model, (batch,))), "
                           f"got {type(program).__name__}")
@@ -255,6 +261,47 @@ def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, p
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: torch wants .pt2 names otherwise
         torch.export.save(program, f, extra_files={PROGRAM_RECIPE: json.dumps(recipe)})
     return Path(path)
+
+
+def _target(path: Any) -> Path:
+    """``path`` to save a model file at, checked before any work: its folder exists, and it is new or a regular
+    file (the atomic rename would replace a folder's entry, a device or a FIFO with the file)."""
+    target = as_path(path, "the file to save")
+    folder = target.parent
+    if not folder.is_dir():
+        raise ConfigError(f"cannot save {target}: {folder} {'is not a folder' if folder.exists() else 'does not exist'}; "
+                          "name a file in an existing folder")
+    try:
+        mode = os.stat(target).st_mode  # of what a symlink points at
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise ConfigError(f"cannot save {target}: {one_line(exc)}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"cannot save {target}: it is a folder; name a file in it")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"cannot save {target}: it exists and is not a regular file (a device, FIFO or socket), "
+                          "which saving would replace; name another file")
+    return target
+
+
+def _check_plain(key: str, value: Any) -> None:
+    """Refuse (ConfigError) a model argument that a checkpoint cannot hold: load_model reads checkpoints with
+    torch.load(weights_only=True), which takes plain Python data only (not a function, a numpy scalar...)."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+    except Exception:  # pickle's errors for a lambda, a local class, a lock... are of several types
+        why = "cannot be pickled"
+    else:
+        buffer.seek(0)
+        try:
+            torch.load(buffer, weights_only=True)
+            return
+        except Exception:
+            why = "would not load with torch.load(weights_only=True)"
+    raise ConfigError(f"the model's config[{key!r}] ({type(value).__name__} {value!r:.40}) {why}; build the model "
+                      "with plain Python numbers, strings, lists and dicts")
 
 
 def _settings(loader: Any, class_names: Sequence[str] | None, **given: Any) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import stat
 import warnings
 import zipfile
 
@@ -447,6 +449,50 @@ def test_class_names_are_one_per_class_when_saved_and_loaded(tmp_path):
         "norm_stats": None})})
     with pytest.raises(InputError, match="6 class names for the model's 4 classes"):
         load_model(tmp_path / "f.pt2")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_model_files_are_saved_only_as_new_or_regular_files(tmp_path):
+    """The path is checked before any work: the atomic rename must not replace a folder, a FIFO (or a device)
+    or what a symlink points at, and a missing folder is named, not the temporary file."""
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint, save_program
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8).eval()
+    program = torch.export.export(model, (torch.randn(8, B, 5, 5),))
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo.pt2")
+    (tmp_path / "link.pt2").symlink_to(tmp_path / "fifo.pt2")
+    (tmp_path / "dir.pt2").mkdir()
+    cases = [(tmp_path / "missing" / "m.pt2", "missing does not exist; name a file in an existing folder"),
+             (tmp_path / "file" / "m.pt2", "file is not a folder"),
+             (tmp_path / "dir.pt2", "it is a folder"),
+             (tmp_path / "fifo.pt2", "not a regular file"),
+             (tmp_path / "link.pt2", "not a regular file"),
+             (None, "must be a path .*got NoneType"),
+             (3, "must be a path .*got int 3")]
+    for path, message in cases:
+        for save, what in ((save_checkpoint, model), (save_program, program)):
+            with pytest.raises(ConfigError, match=message) as info:
+                save(path, what, patch_size=5)
+            assert "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.pt2", "fifo.pt2", "file", "link.pt2"]
+    assert (tmp_path / "link.pt2").is_symlink() and stat.S_ISFIFO(os.stat(tmp_path / "fifo.pt2").st_mode)
+    # an existing regular file is replaced
+    (tmp_path / "old.pt2").write_text("old")
+    save_program(tmp_path / "old.pt2", program, patch_size=5)
+    assert zipfile.is_zipfile(tmp_path / "old.pt2")
+
+
+def test_a_checkpoint_holds_plain_model_arguments_only(tmp_path):
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8)
+    for value, message in ((lambda x: x, "config\\['extra'\\] \\(function .*cannot be pickled"),
+                           (np.int64(3), "config\\['extra'\\] \\(int64 .*would not load with torch.load")):
+        model.config["extra"] = value
+        with pytest.raises(ConfigError, match=message):
+            save_checkpoint(tmp_path / "m.ckpt", model, patch_size=5)
+    assert not list(tmp_path.iterdir())
 
 
 def test_forged_checkpoint_fields_are_one_line_in_the_commands(store, tmp_path, run_cli):
