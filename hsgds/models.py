@@ -255,6 +255,10 @@ def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, p
     _check_loader_fits(settings, shape[1], next((d for d in shape[2:] if d is not None), p), "the program")
     if any(d is not None and d != p for d in shape[2:]):
         raise ConfigError(f"the program takes {shape[2]}x{shape[3]} patches, not patch_size={p}")
+    sides = _patch_range(program)
+    if not _fits_range(p, sides):
+        raise ConfigError(f"the program takes patches of {_sides(sides)} (its dynamic range at export), not "
+                          f"patch_size={p}; pass the patch size it was trained on, or export it with a range that holds it")
     _check_names_fit(settings["class_names"], _program_classes(program), "the program")
     recipe = {"format": PROGRAM_FORMAT, "version": 1, "patch_size": p, "normalize": settings["normalize"],
               "layout": "NCHW", "class_names": settings["class_names"], **_recipe_state(shape[1], settings)}
@@ -443,15 +447,42 @@ def _words(text: str, limit: int) -> str:
     return line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def _program_input(program: Any) -> list[int | None] | None:
-    """The (N, B, p, p) shape of the program's one input (None where dynamic); None when it is not that."""
+def _input_shape(program: Any) -> tuple[Any, ...]:
+    """The shape of the program's first input as traced: ints, and torch.SymInts where dynamic."""
     names = list(program.graph_signature.user_inputs)
-    shape: list[int | None] = []
     for node in program.graph.nodes:
         if node.op == "placeholder" and names and node.name == names[0]:
-            val = node.meta.get("val")
-            shape = [int(s) if isinstance(s, int) else None for s in getattr(val, "shape", ())]
-    return shape if len(names) == 1 and len(shape) == 4 else None
+            return tuple(getattr(node.meta.get("val"), "shape", ()))
+    return ()
+
+
+def _program_input(program: Any) -> list[int | None] | None:
+    """The (N, B, p, p) shape of the program's one input (None where dynamic); None when it is not that."""
+    shape = [int(s) if isinstance(s, int) else None for s in _input_shape(program)]
+    return shape if len(program.graph_signature.user_inputs) == 1 and len(shape) == 4 else None
+
+
+def _patch_range(program: Any) -> tuple[int, int | None] | None:
+    """The patch sides (lowest, highest or None for unbounded) a program with dynamic patch dimensions takes:
+    the range torch.export recorded for their expressions (``program.range_constraints``, kept by
+    torch.export.save); None when a dimension is static or its range is not recorded."""
+    low, high = 1, None
+    for side in _input_shape(program)[2:4]:
+        expr = getattr(getattr(side, "node", None), "expr", None)
+        bounds = program.range_constraints.get(expr) if expr is not None else None
+        if bounds is None:
+            return None
+        # not torch's -int_oo / int_oo; and a lower bound of 2 is torch's own for every dynamic dimension (it
+        # assumes sizes 0 and 1 away) and not always guarded: a program of Dim.AUTO sides runs 1x1 patches
+        if getattr(bounds.lower, "is_Integer", False) and int(bounds.lower) > 2:
+            low = max(low, int(bounds.lower))
+        if getattr(bounds.upper, "is_Integer", False):
+            high = int(bounds.upper) if high is None else min(high, int(bounds.upper))
+    return low, high
+
+
+def _fits_range(p: int, sides: tuple[int, int | None] | None) -> bool:
+    return sides is None or (sides[0] <= p and (sides[1] is None or p <= sides[1]))
 
 
 def _program_classes(program: Any) -> int | None:
@@ -490,6 +521,11 @@ def _torch_export_log() -> Iterator[list[BaseException]]:
         logger.setLevel(saved[1])
 
 
+def _sides(sides: tuple[int, int | None] | None) -> str:
+    low, high = sides or (1, None)
+    return f"{low}x{low} to {high}x{high}" if high is not None else f"{low}x{low} or more"
+
+
 def _load_export(path: Path) -> LoadedModel:
     extra = {PROGRAM_RECIPE: ""}
     with _torch_export_log() as logged:
@@ -521,6 +557,9 @@ def _load_export(path: Path) -> LoadedModel:
     p, normalize, names = recipe["patch_size"], recipe["normalize"], recipe["class_names"]
     if not isinstance(p, int) or isinstance(p, bool) or p < 1 or p % 2 == 0 or patch_size not in (None, p):
         raise _bad(path, f"its recipe's patch size {p!r} is not the program's ({patch_size})")
+    sides = _patch_range(program)
+    if not _fits_range(p, sides):
+        raise _bad(path, f"its recipe's patch size {p} is outside the program's {_sides(sides)}")
     if not _normalization_ok(normalize) or not _layout_ok(recipe["layout"]):
         raise _bad(path, f"its recipe's normalize {normalize!r:.40} / layout {recipe['layout']!r:.40} is not supported")
     chosen = recipe["band_indices"] if recipe["band_indices"] is not None else recipe["wavelengths"]

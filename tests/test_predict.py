@@ -451,6 +451,34 @@ def test_class_names_are_one_per_class_when_saved_and_loaded(tmp_path):
         load_model(tmp_path / "f.pt2")
 
 
+def test_a_program_of_dynamic_patch_size_is_saved_with_one_in_its_range(tmp_path):
+    from hsgds.models import SpectralSpatialCNN, load_model, save_program
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8).eval()
+    n, side, half = torch.export.Dim("n", max=1 << 20), torch.export.Dim("p", min=3, max=15), torch.export.Dim("h", min=1, max=7)
+    bounded = [torch.export.export(model, (torch.randn(8, B, 5, 5),), dynamic_shapes=({0: n, 2: side, 3: side},)),
+               torch.export.export(model, (torch.randn(8, B, 5, 5),),
+                                   dynamic_shapes=({0: n, 2: 2 * half + 1, 3: 2 * half + 1},))]
+    for program in bounded:
+        for p in (1, 17, 21):
+            with pytest.raises(ConfigError, match=f"takes patches of 3x3 to 15x15 .*not patch_size={p}"):
+                save_program(tmp_path / "m.pt2", program, patch_size=p)
+        assert load_model(save_program(tmp_path / "m.pt2", program, patch_size=15)).patch_size == 15
+        program.module()(torch.randn(2, B, 15, 15))  # what the range says the program takes, it does
+        # a recipe outside the range is refused when loaded
+        torch.export.save(program, tmp_path / "f.pt2", extra_files={"hsgds.json": json.dumps({
+            "format": "hsgds-program", "version": 1, "patch_size": 21, "normalize": "zscore", "layout": "NCHW",
+            "class_names": None, "band_indices": None, "wavelengths": None, "wavelength_tolerance": 5.0,
+            "norm_stats": None})})
+        with pytest.raises(InputError, match="patch size 21 is outside the program's 3x3 to 15x15"):
+            load_model(tmp_path / "f.pt2")
+    # without a bound (Dim.AUTO: torch records >= 2 but runs 1x1 too) any odd size is taken
+    auto = torch.export.Dim.AUTO
+    program = torch.export.export(model, (torch.randn(8, B, 5, 5),), dynamic_shapes=({0: auto, 2: auto, 3: auto},))
+    for p in (1, 21):
+        assert load_model(save_program(tmp_path / "m.pt2", program, patch_size=p)).patch_size == p
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
 def test_model_files_are_saved_only_as_new_or_regular_files(tmp_path):
     """The path is checked before any work: the atomic rename must not replace a folder, a FIFO (or a device)
