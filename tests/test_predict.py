@@ -292,6 +292,12 @@ def test_a_program_of_a_fixed_batch_size_gets_its_last_batch_padded(store, tmp_p
     code, out, err = run_cli("predict", store, "--model", tmp_path / "fixed.pt2", "-o", tmp_path / "f.npy")
     assert code == 0 and "batches of exactly 16 (fixed at export)" in out, err
     assert np.array_equal(np.load(tmp_path / "f.npy", allow_pickle=False), reference)
+    # the program's module passed itself: not padded, so said how to feed it (not "check the bands")
+    module = torch.export.load(tmp_path / "fixed.pt2").module()
+    for batch_size in (None, 16):  # 16: the last batch (1073 = 67 x 16 + 1) fails
+        with pytest.raises(InputError, match=r"x.size\(\)\[0\] == 16.*it takes batches of exactly 16 patches "
+                                             r"\(fixed at export\): pass its .pt2 file"):
+            predict(store, module, patch_size=5, device="cpu", batch_size=batch_size)
 
 
 def test_a_model_failing_on_a_later_batch_is_one_line(store):
