@@ -12,6 +12,7 @@ in memory. Outputs are written atomically by :mod:`hsgds.writers`.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,13 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                         bands_in = patches.shape[1 if layout == "NCHW" else 3]
                         hint = (f"check that it takes {bands_in} bands and {patch_size}x{patch_size} patches"
                                 if classes is None else f"after {done} pixels were predicted")
+                        # a torch.export program's module() exported without a dynamic batch dimension: batch_size=
+                        # alone would fail on the last, partial batch, which only a program file gets padded
+                        fixed_at = re.search(r"size\(\)\[0\] == (\d+)", str(exc))
+                        if fixed_at:
+                            hint = (f"it takes batches of exactly {fixed_at[1]} patches (fixed at export): pass "
+                                    "its .pt2 file (torch.export.save) as the model, which pads the last batch, "
+                                    "or export with dynamic_shapes")
                         raise InputError(f"the model failed on a {tuple(patches.shape)} {patches.dtype} {layout} "
                                          f"patch batch ({_first_line(exc)}); {hint}") from None
                     if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != patches.shape[0]:

@@ -12,10 +12,14 @@ minute; on a GPU it is small enough that a slow loader shows up in the step time
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
+import stat
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,7 @@ import torch
 from torch import nn
 
 from hsgds._unset import Unset
-from hsgds.errors import ConfigError, InputError
+from hsgds.errors import ConfigError, InputError, as_path, one_line
 from hsgds.scene import BandStats
 
 __all__ = ["CHECKPOINT_FORMAT", "MIN_BANDS", "MODELS", "Hamida3D", "LoadedModel", "SpectralSpatialCNN",
@@ -202,15 +206,19 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, loader: Any = 
     Other models: :func:`save_program`. Written atomically."""
     from hsgds.writers import atomic_path
 
+    path = _target(path)
     name = type(model).__name__
     if MODELS.get(name) is not type(model) or not isinstance(getattr(model, "config", None), dict):
         raise ConfigError(f"only the models in hsgds.models.MODELS can be saved as checkpoints, not {name}; "
                           "save other models with torch.export and hsgds.models.save_program")
     config: dict[str, Any] = model.config  # type: ignore[assignment]  # checked to be a dict above
+    for key, value in config.items():
+        _check_plain(key, value)
     settings = _settings(loader, class_names, patch_size=patch_size, normalize=normalize, bands=bands,
                          wavelengths=wavelengths, wavelength_tolerance=wavelength_tolerance, norm_stats=norm_stats)
     _check_loader_fits(settings, int(config["bands"]), int(config.get("patch_size", settings["patch_size"])),
                        "the model")
+    _check_names_fit(settings["class_names"], int(config["classes"]), "the model")
     state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": name, "kwargs": dict(config),
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "patch_size": settings["patch_size"], "normalize": settings["normalize"], "layout": "NCHW",
@@ -232,6 +240,7 @@ def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, p
     atomically."""
     from hsgds.writers import atomic_path
 
+    path = _target(path)
     if not isinstance(program, torch.export.ExportedProgram):
         raise ConfigError(f"program must be a torch.export.ExportedProgram (torch.export.export(model, (batch,))), "
                           f"got {type(program).__name__}")
@@ -246,11 +255,57 @@ def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, p
     _check_loader_fits(settings, shape[1], next((d for d in shape[2:] if d is not None), p), "the program")
     if any(d is not None and d != p for d in shape[2:]):
         raise ConfigError(f"the program takes {shape[2]}x{shape[3]} patches, not patch_size={p}")
+    sides = _patch_range(program)
+    if not _fits_range(p, sides):
+        raise ConfigError(f"the program takes patches of {_sides(sides)} (its dynamic range at export), not "
+                          f"patch_size={p}; pass the patch size it was trained on, or export it with a range that holds it")
+    _check_names_fit(settings["class_names"], _program_classes(program), "the program")
     recipe = {"format": PROGRAM_FORMAT, "version": 1, "patch_size": p, "normalize": settings["normalize"],
               "layout": "NCHW", "class_names": settings["class_names"], **_recipe_state(shape[1], settings)}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: torch wants .pt2 names otherwise
         torch.export.save(program, f, extra_files={PROGRAM_RECIPE: json.dumps(recipe)})
     return Path(path)
+
+
+def _target(path: Any) -> Path:
+    """``path`` to save a model file at, checked before any work: its folder exists, and it is new or a regular
+    file (the atomic rename would replace a folder's entry, a device or a FIFO with the file)."""
+    target = as_path(path, "the file to save")
+    folder = target.parent
+    if not folder.is_dir():
+        raise ConfigError(f"cannot save {target}: {folder} {'is not a folder' if folder.exists() else 'does not exist'}; "
+                          "name a file in an existing folder")
+    try:
+        mode = os.stat(target).st_mode  # of what a symlink points at
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise ConfigError(f"cannot save {target}: {one_line(exc)}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"cannot save {target}: it is a folder; name a file in it")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"cannot save {target}: it exists and is not a regular file (a device, FIFO or socket), "
+                          "which saving would replace; name another file")
+    return target
+
+
+def _check_plain(key: str, value: Any) -> None:
+    """Refuse (ConfigError) a model argument that a checkpoint cannot hold: load_model reads checkpoints with
+    torch.load(weights_only=True), which takes plain Python data only (not a function, a numpy scalar...)."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+    except Exception:  # pickle's errors for a lambda, a local class, a lock... are of several types
+        why = "cannot be pickled"
+    else:
+        buffer.seek(0)
+        try:
+            torch.load(buffer, weights_only=True)
+            return
+        except Exception:
+            why = "would not load with torch.load(weights_only=True)"
+    raise ConfigError(f"the model's config[{key!r}] ({type(value).__name__} {value!r:.40}) {why}; build the model "
+                      "with plain Python numbers, strings, lists and dicts")
 
 
 def _settings(loader: Any, class_names: Sequence[str] | None, **given: Any) -> dict[str, Any]:
@@ -281,8 +336,27 @@ def _settings(loader: Any, class_names: Sequence[str] | None, **given: Any) -> d
             class_names = next((s.class_names for s in loader.scenes.scenes if s.class_names), None)
     _check_settings(settings["patch_size"], settings["normalize"], settings["norm_stats"])
     settings["patch_size"] = int(settings["patch_size"])
-    settings["class_names"] = None if class_names is None else [str(n) for n in class_names]
+    settings["class_names"] = _given_names(class_names)
     return settings
+
+
+def _given_names(names: Any) -> list[str] | None:
+    """``class_names=`` as saved: None, or a sequence of non-empty strings (a str would be split into letters)."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, np.ndarray)):
+        raise ConfigError(f"class_names must be a sequence of names (one per class), got {type(names).__name__} "
+                          f"{names!r:.60}")
+    if not all(isinstance(n, str) and n.strip() for n in names):
+        raise ConfigError(f"class_names must be non-empty strings, got {list(names)!r:.80}")
+    return [str(n) for n in names]
+
+
+def _check_names_fit(names: list[str] | None, classes: int | None, what: str) -> None:
+    """One name per class the model returns (``classes``: None when not fixed), else a ConfigError."""
+    if names is not None and classes is not None and len(names) != classes:
+        raise ConfigError(f"{what} returns {classes} classes but {len(names)} class names were given (class_names=, "
+                          "else the loader's scene's); pass one name per class")
 
 
 def _check_loader_fits(settings: dict[str, Any], in_bands: int | None, side: int, what: str) -> None:
@@ -303,7 +377,7 @@ def _check_loader_fits(settings: dict[str, Any], in_bands: int | None, side: int
 def _check_settings(patch_size: Any, normalize: Any, norm_stats: Any) -> None:
     if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size < 1 or patch_size % 2 == 0:
         raise ConfigError(f"patch_size must be a positive odd integer, got {patch_size!r}")
-    if normalize not in _NORMALIZATIONS:
+    if not _normalization_ok(normalize):
         raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
     if normalize is None and norm_stats is not None:
         raise ConfigError("norm_stats applies with normalize='zscore' or 'minmax', not normalize=None")
@@ -373,25 +447,95 @@ def _words(text: str, limit: int) -> str:
     return line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def _program_input(program: Any) -> list[int | None] | None:
-    """The (N, B, p, p) shape of the program's one input (None where dynamic); None when it is not that."""
+def _input_shape(program: Any) -> tuple[Any, ...]:
+    """The shape of the program's first input as traced: ints, and torch.SymInts where dynamic."""
     names = list(program.graph_signature.user_inputs)
-    shape: list[int | None] = []
     for node in program.graph.nodes:
         if node.op == "placeholder" and names and node.name == names[0]:
-            val = node.meta.get("val")
-            shape = [int(s) if isinstance(s, int) else None for s in getattr(val, "shape", ())]
-    return shape if len(names) == 1 and len(shape) == 4 else None
+            return tuple(getattr(node.meta.get("val"), "shape", ()))
+    return ()
+
+
+def _program_input(program: Any) -> list[int | None] | None:
+    """The (N, B, p, p) shape of the program's one input (None where dynamic); None when it is not that."""
+    shape = [int(s) if isinstance(s, int) else None for s in _input_shape(program)]
+    return shape if len(program.graph_signature.user_inputs) == 1 and len(shape) == 4 else None
+
+
+def _patch_range(program: Any) -> tuple[int, int | None] | None:
+    """The patch sides (lowest, highest or None for unbounded) a program with dynamic patch dimensions takes:
+    the range torch.export recorded for their expressions (``program.range_constraints``, kept by
+    torch.export.save); None when a dimension is static or its range is not recorded."""
+    low, high = 1, None
+    for side in _input_shape(program)[2:4]:
+        expr = getattr(getattr(side, "node", None), "expr", None)
+        bounds = program.range_constraints.get(expr) if expr is not None else None
+        if bounds is None:
+            return None
+        # not torch's -int_oo / int_oo; and a lower bound of 2 is torch's own for every dynamic dimension (it
+        # assumes sizes 0 and 1 away) and not always guarded: a program of Dim.AUTO sides runs 1x1 patches
+        if getattr(bounds.lower, "is_Integer", False) and int(bounds.lower) > 2:
+            low = max(low, int(bounds.lower))
+        if getattr(bounds.upper, "is_Integer", False):
+            high = int(bounds.upper) if high is None else min(high, int(bounds.upper))
+    return low, high
+
+
+def _fits_range(p: int, sides: tuple[int, int | None] | None) -> bool:
+    return sides is None or (sides[0] <= p and (sides[1] is None or p <= sides[1]))
+
+
+def _program_classes(program: Any) -> int | None:
+    """K of the program's one (N, K) output when fixed at export; None otherwise."""
+    names = list(program.graph_signature.user_outputs)
+    for node in program.graph.nodes:
+        if node.op == "output" and len(names) == 1:
+            for arg in node.args[0]:
+                shape: Sequence[Any] = getattr(getattr(arg, "meta", {}).get("val"), "shape", ())
+                if getattr(arg, "name", None) == names[0] and len(shape) == 2 and isinstance(shape[1], int):
+                    return int(shape[1])
+    return None
+
+
+@contextlib.contextmanager
+def _torch_export_log() -> Iterator[list[BaseException]]:
+    """Keep torch.export's log (the "torch.export" logger and those below it) off stderr, and yield the
+    exceptions it logged. On a damaged archive torch.export.load logs the real error as a warning with its
+    traceback, then raises one that says "check the warnings above": the caller names the logged one instead.
+    The logger's handlers, level and propagation are restored afterwards."""
+    logged: list[BaseException] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and record.exc_info[1] is not None:
+                logged.append(record.exc_info[1])
+
+    logger = logging.getLogger("torch.export")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers, logger.propagate = [Keep()], False
+    logger.setLevel(logging.WARNING)  # none of its info or debug lines either
+    try:
+        yield logged
+    finally:
+        logger.handlers, logger.propagate = saved[0], saved[2]
+        logger.setLevel(saved[1])
+
+
+def _sides(sides: tuple[int, int | None] | None) -> str:
+    low, high = sides or (1, None)
+    return f"{low}x{low} to {high}x{high}" if high is not None else f"{low}x{low} or more"
 
 
 def _load_export(path: Path) -> LoadedModel:
     extra = {PROGRAM_RECIPE: ""}
-    try:
-        with open(path, "rb") as f:  # a file object: torch wants .pt2 names otherwise
-            program = torch.export.load(f, extra_files=extra)
-        module = program.module()
-    except Exception as exc:  # a damaged or foreign archive: its exception types are not a contract
-        raise _bad(path, f"torch.export.load failed ({type(exc).__name__}: {_words(str(exc), 200)})") from None
+    with _torch_export_log() as logged:
+        try:
+            with open(path, "rb") as f:  # a file object: torch wants .pt2 names otherwise
+                program = torch.export.load(f, extra_files=extra)
+            module = program.module()
+        except Exception as exc:  # a damaged or foreign archive: its exception types are not a contract
+            cause = logged[0] if logged else exc  # what failed first, not "check the warnings above"
+            raise _bad(path, f"torch.export.load failed ({type(cause).__name__}: {_words(str(cause), 200)})") from None
     shape = _program_input(program)
     if shape is None:
         raise _bad(path, f"the program takes {len(program.graph_signature.user_inputs)} inputs, not one "
@@ -413,13 +557,16 @@ def _load_export(path: Path) -> LoadedModel:
     p, normalize, names = recipe["patch_size"], recipe["normalize"], recipe["class_names"]
     if not isinstance(p, int) or isinstance(p, bool) or p < 1 or p % 2 == 0 or patch_size not in (None, p):
         raise _bad(path, f"its recipe's patch size {p!r} is not the program's ({patch_size})")
-    if normalize not in _NORMALIZATIONS or recipe["layout"] != "NCHW":
-        raise _bad(path, f"its recipe's normalize {normalize!r} / layout {recipe['layout']!r} is not supported")
+    sides = _patch_range(program)
+    if not _fits_range(p, sides):
+        raise _bad(path, f"its recipe's patch size {p} is outside the program's {_sides(sides)}")
+    if not _normalization_ok(normalize) or not _layout_ok(recipe["layout"]):
+        raise _bad(path, f"its recipe's normalize {normalize!r:.40} / layout {recipe['layout']!r:.40} is not supported")
     chosen = recipe["band_indices"] if recipe["band_indices"] is not None else recipe["wavelengths"]
     if bands is None and isinstance(chosen, list):
         bands = len(chosen)
     return LoadedModel(module=module, kind="export", bands=bands, patch_size=p, classes=None, normalize=normalize,
-                       class_names=[str(n) for n in names] if isinstance(names, list) else None, batch_size=batch,
+                       class_names=_class_names(path, names, _program_classes(program)), batch_size=batch,
                        **_recipe(path, recipe, bands))
 
 
@@ -451,17 +598,52 @@ def _load_checkpoint(path: Path) -> LoadedModel:
         raise _bad(path, "its model arguments are not a dict of names")
     if not isinstance(p, int) or isinstance(p, bool) or p < 1 or p % 2 == 0:
         raise _bad(path, f"patch size {p!r} is not a positive odd integer")
+    bands, classes = _positive(state["bands"]), _positive(state["classes"])
+    if bands is None or classes is None:
+        raise _bad(path, f"its bands ({state['bands']!r:.40}) and classes ({state['classes']!r:.40}) are not both "
+                         "positive integers")
+    if not _normalization_ok(state["normalize"]) or not _layout_ok(state["layout"]):
+        raise _bad(path, f"its normalize {state['normalize']!r:.40} / layout {state['layout']!r:.40} is not supported")
     try:
         module = cls(**kwargs)
         module.load_state_dict(state["state_dict"])
     except Exception as exc:
         raise _bad(path, f"its weights do not fit {state['model']}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) "
                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from None
-    names = state["class_names"]
-    return LoadedModel(module=module, kind="checkpoint", bands=int(state["bands"]), patch_size=p,
-                       classes=int(state["classes"]), normalize=state["normalize"], layout=state["layout"],
-                       class_names=list(names) if isinstance(names, list) else None,
-                       **_recipe(path, state, int(state["bands"])))
+    # what predict and info report comes from these fields, what the model does from its arguments: they must agree
+    config = getattr(module, "config", {})
+    if (config.get("bands"), config.get("classes")) != (bands, classes):
+        raise _bad(path, f"it says {bands} bands and {classes} classes, but its {state['model']} takes "
+                         f"{config.get('bands')!r:.20} bands and returns {config.get('classes')!r:.20} classes")
+    return LoadedModel(module=module, kind="checkpoint", bands=bands, patch_size=p, classes=classes,
+                       normalize=state["normalize"], layout=state["layout"],
+                       class_names=_class_names(path, state["class_names"], classes), **_recipe(path, state, bands))
+
+
+def _positive(value: Any) -> int | None:
+    """``value`` if it is an integer >= 1 (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def _normalization_ok(value: Any) -> bool:
+    """Whether ``value`` is a normalization hsgds applies (the rule for settings, checkpoints and programs)."""
+    return value is None or (isinstance(value, str) and value in _NORMALIZATIONS)
+
+
+def _layout_ok(value: Any) -> bool:
+    """Whether ``value`` is a layout a model file may record: hsgds predict feeds NCHW batches only."""
+    return isinstance(value, str) and value == "NCHW"
+
+
+def _class_names(path: Path, names: Any, classes: int | None) -> list[str] | None:
+    """A model file's class names: None, or one non-empty name per class (``classes``: None when unknown)."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise _bad(path, f"its class names are not a list of non-empty strings ({names!r:.60})")
+    if classes is not None and len(names) != classes:
+        raise _bad(path, f"it has {len(names)} class names for the model's {classes} classes")
+    return list(names)
 
 
 def _recipe(path: Path, state: dict, bands: int | None) -> dict[str, Any]:

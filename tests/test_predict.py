@@ -5,6 +5,9 @@ and corners), masks, streamed probabilities, writers end to end, and the `hsgds 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import stat
 import warnings
 import zipfile
 
@@ -289,6 +292,12 @@ def test_a_program_of_a_fixed_batch_size_gets_its_last_batch_padded(store, tmp_p
     code, out, err = run_cli("predict", store, "--model", tmp_path / "fixed.pt2", "-o", tmp_path / "f.npy")
     assert code == 0 and "batches of exactly 16 (fixed at export)" in out, err
     assert np.array_equal(np.load(tmp_path / "f.npy", allow_pickle=False), reference)
+    # the program's module passed itself: not padded, so said how to feed it (not "check the bands")
+    module = torch.export.load(tmp_path / "fixed.pt2").module()
+    for batch_size in (None, 16):  # 16: the last batch (1073 = 67 x 16 + 1) fails
+        with pytest.raises(InputError, match=r"x.size\(\)\[0\] == 16.*it takes batches of exactly 16 patches "
+                                             r"\(fixed at export\): pass its .pt2 file"):
+            predict(store, module, patch_size=5, device="cpu", batch_size=batch_size)
 
 
 def test_a_model_failing_on_a_later_batch_is_one_line(store):
@@ -353,6 +362,34 @@ def test_cli_predict_refuses_bad_models_in_one_line(store, tmp_path, run_cli):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_a_damaged_program_is_one_line_without_torch_log(tmp_path, capfd, caplog):
+    """torch.export.load logs the real error (a multi-line warning with a traceback) and raises "check the
+    warnings above": only our line is left, naming the logged error, and torch's logger is as it was."""
+    import logging
+
+    from hsgds.models import load_model
+
+    torch.export.save(torch.export.export(nn.Linear(3, 2), (torch.randn(4, 3),)), tmp_path / "good.pt2")
+    whole = (tmp_path / "good.pt2").read_bytes()
+    (tmp_path / "empty.pt2").write_bytes(b"")
+    (tmp_path / "truncated.pt2").write_bytes(whole[:len(whole) // 2])
+    with zipfile.ZipFile(tmp_path / "format_only.pt2", "w") as z:
+        z.writestr("archive_format", "pt2")
+    logger = logging.getLogger("torch.export")
+    before = logger.handlers[:], logger.level, logger.propagate
+    caplog.set_level(logging.DEBUG)
+    caplog.clear()
+    for name, cause in [("empty", "not a ZIP archive"), ("truncated", "failed finding central directory"),
+                        ("format_only", "file in archive is not in a subdirectory: archive_format")]:
+        with pytest.raises(InputError, match="torch.export.load failed") as info:
+            load_model(tmp_path / f"{name}.pt2")
+        assert cause in str(info.value) and "warnings above" not in str(info.value)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert not [r for r in caplog.records if r.name.startswith("torch.export")]
+    assert (logger.handlers, logger.level, logger.propagate) == before
+
+
 def test_package_attribute_is_the_function():
     import hsgds.inference
 
@@ -367,6 +404,20 @@ def test_package_attribute_is_the_function():
     ({"kwargs": {"bands": 8, "classes": 4, "patch_size": 5, "reduce": 4, "width": 9}}, "weights do not fit"),
     ({"kwargs": {"bands": 8, "nonsense": 1}}, "weights do not fit"),
     ({"state_dict": None}, "do not fit"),
+    ({"bands": "x"}, r"its bands \('x'\) and classes \(4\) are not both positive integers"),
+    ({"bands": None}, "its bands"),
+    ({"classes": "four"}, "classes \\('four'\\)"),
+    ({"classes": 0}, "classes \\(0\\)"),
+    ({"bands": True}, "its bands"),
+    ({"classes": 7}, "it says 8 bands and 7 classes, but its SpectralSpatialCNN takes 8 bands and returns 4"),
+    ({"bands": 9}, "it says 9 bands"),
+    ({"normalize": "l2"}, "normalize 'l2'"),
+    ({"layout": "NHWC"}, "layout 'NHWC' is not supported"),
+    ({"class_names": "abcd"}, "class names are not a list of non-empty strings"),
+    ({"class_names": [1, 2, 3, 4]}, "class names are not a list"),
+    ({"class_names": ["a", "", "c", "d"]}, "class names are not a list"),
+    ({"class_names": ["a", "b"]}, "2 class names for the model's 4 classes"),
+    ({"class_names": list("abcdefghi")}, "9 class names for the model's 4 classes"),
 ])
 def test_forged_checkpoints_are_refused(tmp_path, change, message):
     from hsgds.models import load_model
@@ -377,6 +428,118 @@ def test_forged_checkpoints_are_refused(tmp_path, change, message):
     torch.save(state, tmp_path / "forged.ckpt")
     with pytest.raises(InputError, match=message):
         load_model(tmp_path / "forged.ckpt")
+
+
+def test_class_names_are_one_per_class_when_saved_and_loaded(tmp_path):
+    from hsgds.models import SpectralSpatialCNN, load_model, save_checkpoint, save_program
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8).eval()
+    program = torch.export.export(model, (torch.randn(8, B, 5, 5),))
+    cases = [("corn", "class_names must be a sequence of names .* got str 'corn'"),
+             (["a", "b"], "returns 4 classes but 2 class names were given"),
+             (list("abcdef"), "returns 4 classes but 6 class names were given"),
+             (["a", "", "c", "d"], "class_names must be non-empty strings"),
+             (["a", 2, "c", "d"], "class_names must be non-empty strings")]
+    for names, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            save_checkpoint(tmp_path / "m.ckpt", model, patch_size=5, class_names=names)
+        with pytest.raises(ConfigError, match=message):
+            save_program(tmp_path / "m.pt2", program, patch_size=5, class_names=names)
+    assert not list(tmp_path.iterdir())
+    assert load_model(save_checkpoint(tmp_path / "m.ckpt", model, patch_size=5, class_names=tuple("abcd"))).class_names \
+        == list("abcd")
+    # a program's recipe naming other than its 4 outputs is refused when loaded
+    torch.export.save(program, tmp_path / "f.pt2", extra_files={"hsgds.json": json.dumps({
+        "format": "hsgds-program", "version": 1, "patch_size": 5, "normalize": "zscore", "layout": "NCHW",
+        "class_names": list("abcdef"), "band_indices": None, "wavelengths": None, "wavelength_tolerance": 5.0,
+        "norm_stats": None})})
+    with pytest.raises(InputError, match="6 class names for the model's 4 classes"):
+        load_model(tmp_path / "f.pt2")
+
+
+def test_a_program_of_dynamic_patch_size_is_saved_with_one_in_its_range(tmp_path):
+    from hsgds.models import SpectralSpatialCNN, load_model, save_program
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8).eval()
+    n, side, half = torch.export.Dim("n", max=1 << 20), torch.export.Dim("p", min=3, max=15), torch.export.Dim("h", min=1, max=7)
+    bounded = [torch.export.export(model, (torch.randn(8, B, 5, 5),), dynamic_shapes=({0: n, 2: side, 3: side},)),
+               torch.export.export(model, (torch.randn(8, B, 5, 5),),
+                                   dynamic_shapes=({0: n, 2: 2 * half + 1, 3: 2 * half + 1},))]
+    for program in bounded:
+        for p in (1, 17, 21):
+            with pytest.raises(ConfigError, match=f"takes patches of 3x3 to 15x15 .*not patch_size={p}"):
+                save_program(tmp_path / "m.pt2", program, patch_size=p)
+        assert load_model(save_program(tmp_path / "m.pt2", program, patch_size=15)).patch_size == 15
+        program.module()(torch.randn(2, B, 15, 15))  # what the range says the program takes, it does
+        # a recipe outside the range is refused when loaded
+        torch.export.save(program, tmp_path / "f.pt2", extra_files={"hsgds.json": json.dumps({
+            "format": "hsgds-program", "version": 1, "patch_size": 21, "normalize": "zscore", "layout": "NCHW",
+            "class_names": None, "band_indices": None, "wavelengths": None, "wavelength_tolerance": 5.0,
+            "norm_stats": None})})
+        with pytest.raises(InputError, match="patch size 21 is outside the program's 3x3 to 15x15"):
+            load_model(tmp_path / "f.pt2")
+    # without a bound (Dim.AUTO: torch records >= 2 but runs 1x1 too) any odd size is taken
+    auto = torch.export.Dim.AUTO
+    program = torch.export.export(model, (torch.randn(8, B, 5, 5),), dynamic_shapes=({0: auto, 2: auto, 3: auto},))
+    for p in (1, 21):
+        assert load_model(save_program(tmp_path / "m.pt2", program, patch_size=p)).patch_size == p
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+def test_model_files_are_saved_only_as_new_or_regular_files(tmp_path):
+    """The path is checked before any work: the atomic rename must not replace a folder, a FIFO (or a device)
+    or what a symlink points at, and a missing folder is named, not the temporary file."""
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint, save_program
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8).eval()
+    program = torch.export.export(model, (torch.randn(8, B, 5, 5),))
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo.pt2")
+    (tmp_path / "link.pt2").symlink_to(tmp_path / "fifo.pt2")
+    (tmp_path / "dir.pt2").mkdir()
+    cases = [(tmp_path / "missing" / "m.pt2", "missing does not exist; name a file in an existing folder"),
+             (tmp_path / "file" / "m.pt2", "file is not a folder"),
+             (tmp_path / "dir.pt2", "it is a folder"),
+             (tmp_path / "fifo.pt2", "not a regular file"),
+             (tmp_path / "link.pt2", "not a regular file"),
+             (None, "must be a path .*got NoneType"),
+             (3, "must be a path .*got int 3")]
+    for path, message in cases:
+        for save, what in ((save_checkpoint, model), (save_program, program)):
+            with pytest.raises(ConfigError, match=message) as info:
+                save(path, what, patch_size=5)
+            assert "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.pt2", "fifo.pt2", "file", "link.pt2"]
+    assert (tmp_path / "link.pt2").is_symlink() and stat.S_ISFIFO(os.stat(tmp_path / "fifo.pt2").st_mode)
+    # an existing regular file is replaced
+    (tmp_path / "old.pt2").write_text("old")
+    save_program(tmp_path / "old.pt2", program, patch_size=5)
+    assert zipfile.is_zipfile(tmp_path / "old.pt2")
+
+
+def test_a_checkpoint_holds_plain_model_arguments_only(tmp_path):
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8)
+    for value, message in ((lambda x: x, "config\\['extra'\\] \\(function .*cannot be pickled"),
+                           (np.int64(3), "config\\['extra'\\] \\(int64 .*would not load with torch.load")):
+        model.config["extra"] = value
+        with pytest.raises(ConfigError, match=message):
+            save_checkpoint(tmp_path / "m.ckpt", model, patch_size=5)
+    assert not list(tmp_path.iterdir())
+
+
+def test_forged_checkpoint_fields_are_one_line_in_the_commands(store, tmp_path, run_cli):
+    ckpt, _ = _checkpoint(tmp_path)
+    for change in ({"bands": "x"}, {"classes": None}, {"class_names": list("abcdefghi")}):
+        state = torch.load(ckpt, weights_only=True)
+        state.update(change)
+        torch.save(state, tmp_path / "forged.ckpt")
+        for args in (("info", tmp_path / "forged.ckpt"),
+                     ("predict", store, "--model", tmp_path / "forged.ckpt", "-o", tmp_path / "m.hdr")):
+            code, _, err = run_cli(*args)
+            assert code == 2 and "is not a usable model" in err and len(err.strip().splitlines()) == 1, (change, err)
+    assert not (tmp_path / "m.hdr").exists()
 
 
 def test_ring_is_small_whatever_the_scene(store):

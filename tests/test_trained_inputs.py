@@ -399,6 +399,9 @@ def test_programs_and_their_recipes_are_checked(scenes, tmp_path):
     good = json.loads(_saved_recipe(save_program(tmp_path / "g.pt2", program, patch_size=P, wavelengths=WANT)))
     forged += [(json.dumps({**good, "patch_size": 5}), "patch size 5 is not the program's"),
                (json.dumps({**good, "normalize": "l2"}), "normalize 'l2'"),
+               (json.dumps({**good, "layout": "NHWC"}), "layout 'NHWC' is not supported"),
+               (json.dumps({**good, "class_names": "abcde"}), "class names are not a list of non-empty strings"),
+               (json.dumps({**good, "class_names": ["a", None]}), "class names are not a list"),
                (json.dumps({**good, "wavelengths": [500.0]}), "wavelengths are not a list of 3 numbers"),
                (json.dumps({**good, "normalize": None, "norm_stats": {f: [1.0] * 3 for f in ("mean", "std", "min", "max")}}),
                 "statistics but normalize None")]
