@@ -366,6 +366,8 @@ def _verify_collection(path: str) -> None:
     from hsgds.collection import open_collection
 
     coll = open_collection(path)
+    if not len(coll):  # "ok: 0 scenes" would read as a verified archive
+        _fail(f"{coll.path} lists no scenes; run the `hsgds convert-many` that made it again")
     bad: list[str] = []
     tiles = nbytes = 0
     bar: Any = click.progressbar(length=len(coll), label="scenes", file=sys.stderr, show_pos=True

@@ -195,6 +195,8 @@ def describe_collection(coll: Collection) -> str:
     """A collection's scenes, bands, classes and labelled pixels per split, from ``collection.json`` alone
     (no store is opened: an archive's listing is summarized in the time it takes to read it)."""
     entries = coll.entries
+    if not entries:
+        return f"collection: {coll.path} lists no scenes (each failed to convert, or none was listed)"
     pixels = sum(e.shape[0] * e.shape[1] for e in entries)
     raw = sum(e.shape[0] * e.shape[1] * e.shape[2] * np.dtype(e.dtype).itemsize for e in entries)
     lines = [f"collection: {coll.path} ({len(entries)} scenes, {pixels:,} pixels, {raw / 2**30:.2f} GiB of cube data)",

@@ -261,3 +261,11 @@ def test_a_path_that_is_no_path_is_a_config_error(value):
         hsgds.open_scene(value)
     with pytest.raises(ConfigError, match="a collection must be a path"):
         hsgds.open_collection(value)
+
+
+def test_an_empty_collection_is_not_reported_as_verified(tmp_path, run_cli):
+    write_collection(tmp_path, [])
+    code, out, err = run_cli("verify", tmp_path)
+    assert code == 2 and "lists no scenes" in err and out == "", (out, err)
+    code, out, err = run_cli("info", tmp_path)
+    assert code == 0 and "lists no scenes" in out and "dtype:" not in out, err
