@@ -188,8 +188,8 @@ def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
     h = hashlib.sha256("\0".join(names).encode())
     h.update(np.ascontiguousarray(samples.counts(), dtype=np.int64).tobytes())
     if isinstance(samples, SampleSet):  # labelled samples: which pixels, not only how many in each tile
-        h.update(np.ascontiguousarray(samples.scene_y, dtype=np.int64).tobytes())
-        h.update(np.ascontiguousarray(samples.scene_x, dtype=np.int64).tobytes())
+        h.update(np.ascontiguousarray(samples.scene_y).data)  # the int32 arrays as they are: no copy
+        h.update(np.ascontiguousarray(samples.scene_x).data)
     return h.hexdigest()[:16]
 
 
@@ -385,7 +385,7 @@ class PatchLoader:
             what = {"none": "pixels left out of every split", None: "pixels"}.get(split, f"{split} pixels")
             raise ConfigError(f"{where} no {what} (split={split!r}, pixels={pixels!r}); see `hsgds info` for its "
                               "splits")
-        self._samples_digest = _samples_digest(self.scenes.names, self.samples)
+        self._digest: str | None = None  # of the samples, made when a state is first saved or loaded
 
         self._tile_nbytes = tile_nbytes
         needed = int(np.count_nonzero(self.samples.counts()))
@@ -498,7 +498,13 @@ class PatchLoader:
                 "world_size": self.world_size, "num_samples": len(self.samples), "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots,
                 "pixels": self.pixels, "stride": self.stride, "scenes": len(self.scenes),
-                "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_digest}
+                "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_key()}
+
+    def _samples_key(self) -> str:
+        """What a saved position is a position in (:func:`_samples_digest`); hashed once, not at start-up."""
+        if self._digest is None:
+            self._digest = _samples_digest(self.scenes.names, self.samples)
+        return self._digest
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict):
@@ -518,7 +524,7 @@ class PatchLoader:
             if state.get(key, older.get(key)) != mine[key]:
                 raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
                                   f"{key}={mine[key]!r}; resume with the same settings")
-        if state.get("samples", self._samples_digest) != self._samples_digest:  # (absent in older states)
+        if state.get("samples", self._samples_key()) != self._samples_key():  # (absent in older states)
             raise ConfigError("loader state was saved over other samples (another store or scene order, or the "
                               "store was re-split or replaced since): its rest of the epoch is not this loader's; "
                               "resume on the same stores, or start the next epoch (loader.set_epoch(epoch + 1))")
