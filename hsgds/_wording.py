@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` with its noun: "1 tile", "4 tiles", "2 classes" (``plural`` when adding "s" is wrong)."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def listed(items: Iterable[object], limit: int = 5) -> str:
+    """The first ``limit`` items, comma separated, and how many more: "'a', 'b' and 3 more" (items as
+    given: pass reprs or formatted strings for quoting)."""
+    shown = [str(i) for i in items]
+    more = f" and {len(shown) - limit} more" if len(shown) > limit else ""
+    return ", ".join(shown[:limit]) + more

@@ -82,7 +82,16 @@ class BatchPrep:
 
     def get(self, b: int) -> Prepared:
         """The prepared batch ``b`` (batches must be asked for in order)."""
-        got, item = self._queue.get()
+        while True:
+            try:
+                got, item = self._queue.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._closed.is_set():  # by another thread
+                    raise RuntimeError(f"batch {b} will never be prepared: the loader was closed") from None
+                # the thread puts every batch before it ends, so once it has ended an empty queue stays empty
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError(f"batch {b} will never be prepared: the preparing thread ended") from None
         if got != b:  # a programming error in the caller, never a data condition
             raise RuntimeError(f"batch {b} asked for, but batch {got} was prepared next")
         if isinstance(item, BaseException):

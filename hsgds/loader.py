@@ -439,7 +439,7 @@ class PatchLoader:
             return max(2, min(needed, cap // nbytes))
         if ring_bytes < nbytes:
             raise ConfigError(f"ring_bytes={ring_bytes} is smaller than one tile ({nbytes} bytes); "
-                              f"use at least {2 * nbytes}")
+                              f"use at least {nbytes}, or {2 * nbytes} so that reading overlaps cutting")
         return max(1, min(needed, ring_bytes // nbytes))
 
     def _plan(self, epoch: int) -> EpochPlan:
@@ -468,7 +468,8 @@ class PatchLoader:
 
     def read_order(self, epoch: int | None = None) -> list[int]:
         """The tile ids (global ids for several scenes) in the order the ring reads them in ``epoch``
-        (default: the current one), each as often as it is read into a slot; their files are
+        (default: the current one), once per residency interval: each is a read into a slot, or a reuse of
+        the tile where a slot still holds it (``stats.tiles_loaded + stats.tiles_reused``); their files are
         ``loader.ring.reader.source.paths[i]``. For staging a store on faster storage in reading order,
         or timing raw reads of the same files."""
         plan = self._plan(self._epoch if epoch is None else int(epoch))
@@ -528,10 +529,12 @@ class PatchLoader:
             raise ConfigError("loader state was saved over other samples (another store or scene order, or the "
                               "store was re-split or replaced since): its rest of the epoch is not this loader's; "
                               "resume on the same stores, or start the next epoch (loader.set_epoch(epoch + 1))")
-        if state.get("slots") != self.slots:  # the shuffle window, hence the order, depends on the ring
-            raise ConfigError(f"loader state was saved with a ring of {state.get('slots')} tiles but this loader "
-                              f"has {self.slots}; pass ring_bytes={state.get('slots')} * "
-                              f"{self._tile_nbytes} to resume the same order")
+        saved = state.get("slots")
+        if saved != self.slots:  # the shuffle window, hence the order, depends on the ring
+            fix = (f"pass ring_bytes={saved * self._tile_nbytes} ({saved} tiles of {self._tile_nbytes} bytes) to "
+                   "resume the same order" if type(saved) is int and saved > 0 else "the state is damaged")
+            raise ConfigError(f"loader state was saved with a ring of {saved} tiles but this loader has "
+                              f"{self.slots}; {fix}")
         epoch, batch = state.get("epoch"), state.get("batch")
         if not (type(epoch) is int and type(batch) is int and 0 <= epoch < MAX_EPOCH and 0 <= batch <= len(self)):
             raise ConfigError(f"loader state has an invalid position epoch={epoch!r}, batch={batch!r} (this loader "

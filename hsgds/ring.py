@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hsgds import defaults
+from hsgds._wording import listed
 from hsgds.errors import ConfigError, HsgdsError, TileReadError
 from hsgds.io.base import ChunkReader
 from hsgds.sampling import Interval
@@ -153,7 +154,8 @@ class TileRing:
     def _claim(self, slot: int, tile: int, cached: bool) -> None:
         """Make ``slot`` hold ``tile`` for one more residency interval. Call with ``_cond`` held."""
         self.refs[slot] += 1
-        if self.refs[slot] > 1:  # already resident (or loading) for an overlapping interval
+        if self.refs[slot] > 1:  # resident (or loading) already, for an earlier interval still open: no read
+            self.stats.tiles_reused += 1
             return
         if self.tile_in[slot] >= 0 and self.slot_of.get(self.tile_in[slot]) == slot:
             del self.slot_of[self.tile_in[slot]]
@@ -265,12 +267,13 @@ class TileRing:
                 if all(s >= 0 and self.state[s] == READY for s in slots):
                     break
                 if self._closed:
-                    raise HsgdsError("the loader was closed")
+                    raise HsgdsError("the loader was closed while waiting for tiles; create a new loader")
                 if self._thread is None or not self._thread.is_alive():
                     if not any(s >= 0 and self.state[s] == LOADING for s in slots):
-                        raise HsgdsError(f"tiles {tiles} were never scheduled for loading")
+                        raise HsgdsError(f"tiles {listed(tiles)} were never scheduled for loading in this pass; ask for the "
+                                         "tiles of the intervals given to start()")
                 if deadline is not None and time.perf_counter() > deadline:
-                    raise TimeoutError(f"tiles {tiles} not loaded after {timeout} s")
+                    raise TimeoutError(f"tiles {listed(tiles)} not loaded after {timeout} s")
                 self._cond.wait(self._poll)
             self.stats.occupancy_sum += self._busy / self.slots
             self.stats.occupancy_samples += 1

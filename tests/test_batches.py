@@ -75,6 +75,30 @@ def test_batches_out_of_order_are_a_programming_error():
         prep.close()
 
 
+def test_a_wait_for_a_batch_that_never_comes_ends():
+    """Waiting has a stop: a batch past the last, or a wait that another thread's close() cuts short,
+    raises instead of blocking for ever."""
+    prep = BatchPrep(_make([]), 0, 2)
+    try:
+        assert [prep.get(b).batch for b in (0, 1)] == [0, 1]
+        with pytest.raises(RuntimeError, match="batch 2 will never be prepared: the preparing thread ended"):
+            prep.get(2)
+    finally:
+        prep.close()
+
+    gate = threading.Event()
+    slow = BatchPrep(lambda b: gate.wait(30), 0, 1)  # its one batch waits for the gate
+    try:
+        threading.Timer(0.2, slow.close).start()
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="batch 0 will never be prepared: the loader was closed"):
+            slow.get(0)
+        assert time.monotonic() - t0 < 5
+    finally:
+        gate.set()
+        slow.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_pinned_staging_reuses_buffers_without_overwriting_copies_in_flight():

@@ -132,6 +132,18 @@ def test_reads_in_flight_are_bounded_and_batched(tile_store, zarr_tile, cls):
         assert all(len(b) == 1 for b in reader.batches) and reader.max_active == 3
 
 
+def test_an_interval_overlapping_its_tiles_earlier_one_counts_as_reused(tile_store, zarr_tile):
+    # (a rank's padding repeats its first samples: a tile's second interval can open before its first ends)
+    ring, reader = _ring(tile_store, slots=2)
+    try:
+        ring.start([Interval(0, 0, 2), Interval(0, 1, 1)])
+        _consume(ring, [0, 0, 0], tile_store, zarr_tile)
+        assert reader.reads == [0]
+        assert ring.stats.tiles_loaded == 1 and ring.stats.tiles_reused == 1  # one per interval
+    finally:
+        ring.close()
+
+
 def test_freed_slots_are_reused_without_reading(tile_store, zarr_tile):
     ring, reader = _ring(tile_store, slots=6)
     try:

@@ -23,7 +23,7 @@ except ImportError as exc:  # torch is an extra: users install the build matchin
     ) from exc
 
 __all__ = ["LAYOUTS", "OUT_DTYPES", "TORCH_DTYPES", "PatchEngine", "PatchSpec", "SceneTables", "check_coords",
-           "check_dihedral", "check_storage", "is_store_dtype", "resolve_out_dtype"]
+           "check_dihedral", "check_storage", "check_store_dtype", "is_store_dtype", "resolve_out_dtype"]
 
 LAYOUTS = ("NCHW", "NHWC")
 #: store dtype (numpy name, :data:`hsgds.format.DTYPES`) -> the torch dtype of the ring holding its tiles
@@ -97,8 +97,8 @@ class SceneTables:
 class PatchSpec:
     """What every batch looks like, validated on construction.
 
-    ``offset``/``scale`` are per band: out = (x - offset) * scale, computed in float32 then cast to
-    ``out_dtype``. With ``tables`` (several scenes, or a band selection) the per-scene
+    ``offset``/``scale`` are per band: out = (x - offset) * scale, computed in float32 (float64 for a
+    float64 output) then cast to ``out_dtype``. With ``tables`` (several scenes, or a band selection) the per-scene
     :class:`SceneTables` give the geometry, bands and normalization of each sample's table instead,
     ``bands`` is the output band count and ``offset``/``scale`` are unused (zeros and ones). After
     construction ``out_dtype`` is a torch dtype (a name such as "bfloat16" is accepted) and
@@ -161,6 +161,13 @@ def is_store_dtype(dtype: Any) -> bool:
     return dtype in _STORE_TORCH_DTYPES
 
 
+def check_store_dtype(dtype: Any) -> None:
+    """Raise InputError unless ``dtype`` is one a store's tiles, hence a ring, can have."""
+    if not is_store_dtype(dtype):
+        raise InputError(f"storage dtype {dtype} is not a store dtype (one of {', '.join(TORCH_DTYPES)}); "
+                         "cut from a ring that holds a store's tiles")
+
+
 def check_storage(storage: Any, spec: PatchSpec) -> None:
     """Raise InputError unless ``storage`` is a contiguous (slots, S, S, B) tensor of a store dtype."""
     if not isinstance(storage, torch.Tensor):
@@ -171,8 +178,7 @@ def check_storage(storage: Any, spec: PatchSpec) -> None:
         )
     if storage.shape[1] < spec.patch_size:
         raise InputError(f"storage tiles ({storage.shape[1]} px) are smaller than the patch ({spec.patch_size})")
-    if not is_store_dtype(storage.dtype):
-        raise InputError(f"storage dtype {storage.dtype} is not supported")
+    check_store_dtype(storage.dtype)
     if not storage.is_contiguous():
         raise InputError("storage must be contiguous (the ring allocates it so); got a strided view")
 
@@ -253,9 +259,10 @@ class PatchEngine(abc.ABC):
         (:meth:`normalize_tile`), and then cut them with ``cut(..., normalized=True)``."""
         return False
 
-    def normalize_tile(self, storage: Any, slot: int, table: int = 0) -> None:
+    def normalize_tile(self, storage: Any, slot: int, table: int = 0, offset: Any = None, scale: Any = None) -> None:
         """Rewrite slot ``slot``'s tile (of table ``table``) in place as the output's values; only where
-        :meth:`normalizes_tiles`."""
+        :meth:`normalizes_tiles`. ``offset`` / ``scale`` (B,): the table's normalization when
+        :meth:`set_table_rows` has not given it yet."""
         raise ConfigError(f"the {self.name} engine does not normalize tiles in the ring")
 
     def set_table_rows(self, tables: Any, offset: Any, scale: Any) -> None:

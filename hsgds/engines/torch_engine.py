@@ -27,6 +27,7 @@ from hsgds.engines.base import (
     check_coords,
     check_dihedral,
     check_storage,
+    check_store_dtype,
     is_store_dtype,
 )
 from hsgds.errors import ConfigError, InputError
@@ -488,8 +489,7 @@ class TorchEngine(PatchEngine):
         spec, tb = self.spec, self._scene_tables()
         if not isinstance(storage, torch.Tensor) or storage.ndim < 2 or not storage.is_contiguous():
             raise InputError("storage must be a contiguous (slots, ...) torch.Tensor")
-        if not is_store_dtype(storage.dtype):
-            raise InputError(f"storage dtype {storage.dtype} is not supported")
+        check_store_dtype(storage.dtype)
         if table is None:
             raise InputError("this engine cuts from several scenes: pass table= (each sample's scene table)")
         for name, t in (("slot", slot), ("y", y), ("x", x), ("table", table)):

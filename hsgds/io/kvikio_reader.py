@@ -108,7 +108,7 @@ class KvikioReader(ChunkReader):
         """The open handle of ``tile_id`` (opened when not cached), held until :meth:`_release`."""
         with self._cond:
             if self._closed:
-                raise TileReadError("reader is closed")
+                raise TileReadError("reader is closed (its loader was closed); create a new loader")
             handle = self._files.get(tile_id)
             if handle is not None:
                 self._files.move_to_end(tile_id)
@@ -158,7 +158,7 @@ class KvikioReader(ChunkReader):
             return
         with self._cond:
             if self._closed:
-                raise TileReadError("reader is closed")
+                raise TileReadError("reader is closed (its loader was closed); create a new loader")
             self._kvikio.memory_register(buffer)
             self._registered.append(buffer)
 
@@ -201,7 +201,7 @@ class KvikioReader(ChunkReader):
         error: TileReadError | None = None
         with self._cond:
             if self._closed:
-                raise TileReadError("reader is closed")
+                raise TileReadError("reader is closed (its loader was closed); create a new loader")
             self._inflight += 1  # close() waits for this batch before closing the handles
         try:
             for tile_id, buf in work:
@@ -341,7 +341,7 @@ def _configure_threads(kvikio: Any, threads: int | None) -> None:
     """Size kvikio's thread pool (process-wide): several tiles in flight need several threads."""
     n = int(defaults.get("kvikio_threads")) if threads is None else int(threads)
     if n < 0:
-        raise ConfigError(f"kvikio threads must be >= 0 (0 = automatic), got {n}")
+        raise ConfigError(f"kvikio threads must be >= 0 (0 = automatic), got {n}; see docs/settings.md")
     d = kvikio.defaults
     current = int(d.get("num_threads")) if hasattr(d, "get") else int(d.get_num_threads())
     if n == 0:

@@ -18,15 +18,15 @@ from hsgds.io.base import ChunkReader, TileSource
 _O_BINARY = getattr(os, "O_BINARY", 0)
 
 
-def _read_at(fd: int, view: memoryview, offset: int, lock: threading.Lock) -> int:
+def _read_at(fd: int, view: memoryview, offset: int) -> int:
     """One positional read into ``view``: ``os.preadv`` where it exists (Linux, macOS, BSD); on Windows,
-    which has no positional read in ``os``, a seek and a read under ``lock``."""
+    which has no positional read in ``os``, a seek and a read (no lock: each read has its own descriptor,
+    so reads in flight on several threads stay parallel)."""
     preadv = getattr(os, "preadv", None)
     if preadv is not None:
         return preadv(fd, [view], offset)
-    with lock:
-        os.lseek(fd, offset, os.SEEK_SET)
-        data = os.read(fd, len(view))
+    os.lseek(fd, offset, os.SEEK_SET)
+    data = os.read(fd, len(view))
     view[:len(data)] = data
     return len(data)
 
@@ -44,7 +44,6 @@ class PosixReader(ChunkReader):
         self.verify = bool(defaults.get("verify_reads")) if verify is None else verify
         self.direct = direct and hasattr(os, "O_DIRECT")
         self._lock = threading.Lock()
-        self._seek_lock = threading.Lock()  # only where os.preadv is missing (Windows)
         self._local = threading.local()
         self._closed = False
 
@@ -56,7 +55,7 @@ class PosixReader(ChunkReader):
         """Open a tile file for one read. Opening costs microseconds next to a MiB-sized read, and no
         descriptor stays open: a store of thousands of tiles never meets the open-files limit."""
         if self._closed:
-            raise TileReadError("reader is closed")
+            raise TileReadError("reader is closed (its loader was closed); create a new loader")
         flags = os.O_RDONLY | _O_BINARY | (os.O_DIRECT if self.direct else 0)
         path = self.source.paths[tile_id]
         try:
@@ -78,7 +77,7 @@ class PosixReader(ChunkReader):
         try:
             try:
                 while done < n:
-                    got = _read_at(fd, view[done:], done, self._seek_lock)
+                    got = _read_at(fd, view[done:], done)
                     if got == 0:
                         break
                     done += got
@@ -122,11 +121,14 @@ class PosixReader(ChunkReader):
         import torch
 
         host = getattr(self._local, "pinned", None)
-        if host is None or host.numel() != dest.numel() or host.dtype != dest.dtype:
+        # grown to the largest tile, never shrunk: pinning is slow, and tiles of several sizes (a collection)
+        # would otherwise pin a new buffer at every change of size
+        if host is None or host.numel() < dest.numel() or host.dtype != dest.dtype:
             host = torch.empty(dest.numel(), dtype=dest.dtype, pin_memory=True)
             self._local.pinned = host
+        if getattr(self._local, "stream", None) is None:
             self._local.stream = torch.cuda.Stream(device=dest.device)
-        return host
+        return host[:dest.numel()]
 
     def close(self) -> None:
         self._closed = True

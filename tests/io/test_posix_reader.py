@@ -28,3 +28,38 @@ def test_posix_reader_without_preadv_as_on_windows(monkeypatch, tiles):
             reader.read_into(2, dest)
 
 
+
+
+def test_reads_without_preadv_stay_parallel_across_threads(monkeypatch, tiles):
+    """The ring reads on several threads; the seek + read fallback must not serialize them (each read has
+    its own descriptor, so nothing is shared to lock)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from hsgds.io.posix import PosixReader
+
+    source, data = tiles(count=3, k=2)
+    monkeypatch.delattr(os, "preadv")
+    real_read, lock = os.read, threading.Lock()
+    active, most = [0], [0]
+
+    def slow_read(fd, n):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.2)  # long enough for the other threads' reads to start meanwhile
+        try:
+            return real_read(fd, n)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(os, "read", slow_read)
+    dests = [torch.empty(source.nbytes, dtype=torch.uint8) for _ in range(3)]
+    with PosixReader(source) as reader, ThreadPoolExecutor(3) as pool:
+        list(pool.map(reader.read_into, range(3), dests))
+    assert [d.numpy().tobytes() for d in dests] == data[:3]
+    assert most[0] == 3
