@@ -18,6 +18,7 @@ __all__ = [
     "TileReadError",
     "as_count",
     "as_flag",
+    "as_fraction",
     "as_path",
     "one_line",
 ]
@@ -84,3 +85,13 @@ def as_count(value: object, what: str, minimum: int = 1) -> int:
         if number >= minimum:
             return number
     raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r:.60}")
+
+
+def as_fraction(value: object, what: str) -> float:
+    """``value`` (a real number, or numpy's) as a float in [0, 1); a ConfigError otherwise (bools, strings and
+    NaN too)."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        number = float(value)
+        if 0.0 <= number < 1.0:
+            return number
+    raise ConfigError(f"{what} must be a number in [0, 1), got {value!r:.60}")

@@ -23,8 +23,9 @@ from hsgds._gc import gc_paused
 from hsgds._unset import Unset
 from hsgds.augment import Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
+from hsgds.collection import DeferredScene
 from hsgds.engines import cpu_cut, make_engine
-from hsgds.engines.base import TORCH_DTYPES, PatchSpec
+from hsgds.engines.base import TORCH_DTYPES, PatchSpec, resolve_out_dtype
 from hsgds.errors import ConfigError, HsgdsError, as_count, as_flag
 from hsgds.io import make_reader
 from hsgds.pixels import (
@@ -45,6 +46,7 @@ from hsgds.scene_set import (
     NORM_SCOPES,
     SceneSet,
     band_selection,
+    check_output_range,
     normalization,
     normalization_rows,
     open_scene_set,
@@ -225,7 +227,8 @@ class PatchLoader:
         ``pixels="all"``)
     device : torch device or None
         None picks CUDA when usable, else CPU (``HSGDS_DEVICE=cpu`` forces CPU).
-    dtype : torch floating dtype of the patches.
+    dtype : torch floating dtype of the patches. One the normalized (and radiation-noised) values could
+        overflow to inf, judged from each scene's band min / max, is refused (e.g. float16 beyond 65504).
     layout : "NCHW" (N, B, p, p) or "NHWC" (N, p, p, B).
     normalize : "zscore" (train mean / population std), "minmax", or None (cast only).
     shuffle, seed, drop_last : as in torch's DataLoader; the order is a pure function of
@@ -333,6 +336,18 @@ class PatchLoader:
         self._norm_rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # their rows, once read (_later_rows)
         self._norm_lock = threading.Lock()
         self._normalize, self._selection = normalize, selection
+        # patches that would overflow the output dtype to inf are refused up front, from each scene's band
+        # statistics: now for the scenes already open (a single one is opened), and for a collection's
+        # scenes not opened yet when a batch first reaches them (_prepare), to keep a start that opens none
+        self._out_dtype = resolve_out_dtype(dtype)
+        self._offset, self._scale, self._later_all = offset, scale, frozenset(later)
+        self._range_later: set[int] = set()
+        if len(self.scenes) > 1:
+            self._range_later = {i for i, s in enumerate(self.scenes.scenes)
+                                 if isinstance(s, DeferredScene) and not s.is_open}
+        for i in range(len(self.scenes)):
+            if i not in self._range_later:
+                self._check_range(i)
         # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself
         out_bands = grid.bands if selection is None else len(selection[0])
         spec = PatchSpec(patch_size=patch_size, halo=min(s.grid.halo for s in self.scenes.scenes), bands=out_bands,
@@ -421,6 +436,24 @@ class PatchLoader:
         self._closed = False
 
     # -- construction helpers -------------------------------------------------------------------------
+    def _check_range(self, i: int) -> None:
+        """Refuse scene ``i`` if its patches would overflow the output dtype (see check_output_range)."""
+        if i in self._later_all:  # normalized on first use: its rows are read (once) now
+            offset, scale = self._later_rows([i])[0]
+        else:
+            offset, scale = self._offset[i], self._scale[i]
+        check_output_range(self.scenes, i, self._selection, offset, scale, self._out_dtype, self._normalize,
+                           self.augment)
+
+    def _check_ranges_of(self, scene_of_sample: np.ndarray) -> None:
+        """:meth:`_check_range` of the batch's scenes not checked yet (prep thread; a set test once all are)."""
+        with self._norm_lock:
+            need = [int(i) for i in np.unique(scene_of_sample) if int(i) in self._range_later]
+        for i in need:
+            self._check_range(i)
+            with self._norm_lock:
+                self._range_later.discard(i)
+
     def _normalize_tile(self, slot: int, tile: int) -> None:
         """The ring's ``on_load``: the tile just read rewritten as the output's values (reader thread). A
         scene normalized on first use may have no rows in the engine yet: its own are read here then."""
@@ -584,6 +617,8 @@ class PatchLoader:
                     rows[r] = self._tile_scene[tile]
                     r += 1
                 rows[r], rows[r + 1] = scene_y, scene_x
+            if self._range_later:  # a collection's scenes reached for the first time
+                self._check_ranges_of(rows[4])
             norm = self._norm_for(rows[4]) if self._norm_later else None
             return Prepared(b, idx, tiles, inverse, rows, (aug, noise, norm))
 

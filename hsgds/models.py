@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from hsgds._unset import Unset
-from hsgds.errors import ConfigError, InputError, as_path, one_line
+from hsgds.errors import ConfigError, InputError, as_count, as_fraction, as_path, one_line
 from hsgds.scene import BandStats
 
 __all__ = ["CHECKPOINT_FORMAT", "MIN_BANDS", "MODELS", "Hamida3D", "LoadedModel", "SpectralSpatialCNN",
@@ -56,8 +56,9 @@ class Hamida3D(nn.Module):
 
     def __init__(self, bands: int, classes: int, patch_size: int, width: int = 8) -> None:
         super().__init__()
-        if patch_size < 3:
-            raise ConfigError(f"patch_size must be >= 3 for the Hamida3D model, got {patch_size}")
+        # plain ints (numpy's too, which a checkpoint could not hold): torch's TypeError says nothing of which
+        bands, classes = as_count(bands, "Hamida3D bands"), as_count(classes, "Hamida3D classes")
+        patch_size, width = as_count(patch_size, "Hamida3D patch_size", minimum=3), as_count(width, "Hamida3D width")
         if bands < MIN_BANDS:
             raise ConfigError(f"the Hamida3D model needs at least {MIN_BANDS} bands (its spectral strides), "
                               f"but the store has {bands}")
@@ -106,8 +107,12 @@ class SpectralSpatialCNN(nn.Module):
     def __init__(self, bands: int, classes: int, patch_size: int, reduce: int = 32, width: int = 64,
                  dropout: float = 0.2) -> None:
         super().__init__()
-        if bands < 1 or classes < 1 or patch_size < 1:
-            raise ConfigError(f"bands, classes and patch_size must be >= 1, got {bands}, {classes}, {patch_size}")
+        # plain ints and a float (numpy's too, which a checkpoint could not hold): torch's TypeError for "30"
+        # or 4.0 says nothing of which argument
+        bands, classes = as_count(bands, "SpectralSpatialCNN bands"), as_count(classes, "SpectralSpatialCNN classes")
+        patch_size = as_count(patch_size, "SpectralSpatialCNN patch_size")
+        reduce, width = as_count(reduce, "SpectralSpatialCNN reduce"), as_count(width, "SpectralSpatialCNN width")
+        dropout = as_fraction(dropout, "SpectralSpatialCNN dropout")
         self.bands, self.classes, self.patch_size = bands, classes, patch_size
         self.config = {"bands": bands, "classes": classes, "patch_size": patch_size, "reduce": reduce,
                        "width": width, "dropout": dropout}

@@ -15,19 +15,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from hsgds import format as fmt
+from hsgds.augment import Augment
 from hsgds.collection import DeferredScene, is_collection_path, open_collection
 from hsgds.engines.base import SceneTables
 from hsgds.errors import ConfigError
 from hsgds.io.base import TileSource
 from hsgds.scene import BandStats, Scene, open_scene
 
-__all__ = ["NORM_SCOPES", "SceneSet", "band_selection", "checked_stats", "normalization", "normalization_rows",
-           "open_scene_set", "pooled_stats", "scene_bands", "shared_stats"]
+__all__ = ["NORM_SCOPES", "SceneSet", "band_selection", "check_output_range", "checked_stats", "normalization",
+           "normalization_rows", "open_scene_set", "pooled_stats", "scene_bands", "shared_stats"]
 
 NORM_SCOPES = ("scene", "collection")
 _LISTED = 12  # scenes named in a mismatch message before "... and N more"
+# radiation noise adds noise_std * n, n from the augmentation's bank of normals: Box-Muller on 24-bit
+# uniforms never gives |n| above sqrt(2 * 24 * ln 2) = 5.77, so 8 standard deviations bound it with room
+NOISE_BOUND = 8.0
 
 
 @dataclass(frozen=True)
@@ -341,3 +346,47 @@ def scene_tables(ss: SceneSet, selection: list[np.ndarray] | None, offset: np.nd
     else:
         band = np.stack(selection).astype(np.int64)
     return SceneTables(side=side, stride=stride, band=band, offset=offset, scale=scale)
+
+
+def check_output_range(ss: SceneSet, i: int, selection: list[np.ndarray] | None, offset: np.ndarray,
+                       scale: np.ndarray, dtype: torch.dtype, normalize: str | None, augment: Augment | None) -> None:
+    """Refuse an output ``dtype`` that scene ``i``'s patches would overflow to inf: its (x - ``offset``) *
+    ``scale`` (the rows it is normalized with) over the values its tiles hold, times the largest
+    radiation scale plus :data:`NOISE_BOUND` noise standard deviations when radiation noise is on. From the
+    per-band statistics alone: no pixel is read. A one-line ConfigError names the band and the fix."""
+    scene = _opened(ss.scenes[i])
+    # every pixel's statistics, not only the train ones: a patch holds its neighbours whatever their split,
+    # and a tile normalized as it is read holds all its pixels
+    st = scene.stats["all"]
+    st = _select(scene.norm_stats if st is None else st, None if selection is None else selection[i])
+    lo, hi = np.asarray(st.min, np.float64), np.asarray(st.max, np.float64)
+    if scene.grid.halo > 0 and scene.meta.padding == "zero":  # the border's padding holds 0s too
+        lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+    normalized = np.maximum(np.abs((lo - offset) * scale), np.abs((hi - offset) * scale))
+    radiated = augment is not None and augment.radiation_noise > 0
+    gain, noise = 1.0, 0.0
+    if augment is not None and radiated:  # alpha * x + noise_std * n, alpha at most radiation_scale's high
+        gain, noise = augment.radiation_scale[1], NOISE_BOUND * augment.noise_std
+    reach = normalized * gain + noise
+    limit = float(torch.finfo(dtype).max)
+    if not np.any(reach > limit):
+        return
+    b = int(np.argmax(reach))
+    name = str(dtype).removeprefix("torch.")
+    how = "not normalized" if normalize is None else f"normalized as (x - {offset[b]:.6g}) * {scale[b]:.6g}"
+    if radiated:
+        how += (f", then radiation noise (alpha up to {gain:g}, plus up to {NOISE_BOUND:g} x noise_std "
+                f"{noise / NOISE_BOUND:g})")
+    # the narrowest wider dtypes that hold the values: float32 or bfloat16, else float64
+    wider = [d for d in ((torch.float32, torch.bfloat16), (torch.float64,))
+             if dtype not in d and limit < float(torch.finfo(d[0]).max) and reach[b] <= float(torch.finfo(d[-1]).max)]
+    fixes = [f"dtype={' or '.join(map(str, wider[0]))}"] if wider else []
+    if normalize is None:
+        fixes.append("normalize='zscore'")
+    elif normalized[b] > limit:
+        fixes.append("statistics of values like these (norm_stats=)")
+    if radiated:
+        fixes.append("a smaller Augment radiation_scale / noise_std")
+    raise ConfigError(f"{name} patches would overflow to inf: output band {b} of scene {ss.names[i]!r} holds "
+                      f"{lo[b]:g}..{hi[b]:g}, {how}, reaching {reach[b]:.4g} > {name}'s largest value {limit:.6g}; "
+                      f"use {', or '.join(fixes)}")

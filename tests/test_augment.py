@@ -56,6 +56,9 @@ def test_compiled_philox_gives_the_numpy_words():
     ({"radiation_scale": (1.1, 0.9)}, "low <= high"),
     ({"noise_std": float("nan")}, "noise_std must be a finite number"),
     ({"radiation_scale": (-5, 1.0)}, "0 < low <= high"),
+    ({"radiation_scale": (1.0, float("inf"))}, "0 < low <= high"),
+    ({"noise_std": -1.0}, "noise_std must be a finite number >= 0"),
+    ({"noise_std": float("inf")}, "noise_std must be a finite number >= 0"),
     ({"flip": "no"}, "flip must be True or False"),
 ])
 def test_bad_settings_are_one_line_config_errors(kwargs, message):

@@ -463,6 +463,32 @@ def test_a_deferred_collection_normalizes_its_tiles_in_the_ring(scenes, tmp_path
         assert not normalized._norm_later and normalized.stats.tiles_loaded > 16
 
 
+def test_a_deferred_scene_that_would_overflow_float16_is_refused_when_first_reached(scenes, tmp_path):
+    """A collection's scenes are checked against the output dtype as they are opened, not at start: B's
+    train std of band 1 made 1e-3 (its values normalize far past 65504) starts a float16 loader without
+    opening a store, and the first batch reaching B is refused naming it; float32 patches of B do pass
+    65504 there."""
+    import zarr
+
+    folder = _collection_of(scenes, tmp_path / "coll", ["A", "B", "C"])
+    std = zarr.open_array(folder / "B.zarr" / "stats" / "train" / "std", mode="r+")
+    values = std[:]
+    values[1] = 1e-3
+    std[:] = values
+    opts = dict(patch_size=3, batch_size=64, shuffle=False, return_coords=True, device="cpu")
+    with hsgds.PatchLoader(folder, dtype=torch.float16, **opts) as loader:
+        assert not any(s.is_open for s in loader.scenes.scenes)
+        seen = set()
+        with pytest.raises(ConfigError, match=r"^float16 patches would overflow to inf: output band 1 of scene 'B' "
+                                              r"holds .*\* 1000, reaching"):
+            for p, _, c in loader:
+                assert torch.isfinite(p).all()
+                seen.update(c[:, 0].tolist())
+        assert seen == {0}  # A's batches came first
+    with hsgds.PatchLoader(folder, dtype=torch.float32, **opts) as loader:
+        assert max(float(p[c[:, 0] == 1, 1].abs().max()) for p, _, c in loader if (c[:, 0] == 1).any()) > 65504
+
+
 def _collection_of(scenes, folder, names):
     """``folder`` holding copies of the named stores and their collection.json."""
     from hsgds.collection import SceneEntry, write_collection

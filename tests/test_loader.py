@@ -497,6 +497,68 @@ def test_infinite_statistics_are_refused_not_turned_into_nan_patches(border_scen
         hsgds.PatchLoader(store, patch_size=5, batch_size=8, device="cpu")
 
 
+def _spread_stats(cube, band, reach):
+    """Statistics (from the cube, in numpy) under which ``band``'s values farthest from its mean normalize to
+    +-``reach``; the other bands get their own mean and std."""
+    x = cube.reshape(-1, cube.shape[2]).astype(np.float64)
+    mean, std = x.mean(0), x.std(0)
+    std[band] = np.abs(x[:, band] - mean[band]).max() / reach
+    return hsgds.BandStats(mean=mean, std=std, min=x.min(0), max=x.max(0))
+
+
+def test_float16_patches_that_would_overflow_are_refused_from_the_statistics(border_scene):
+    """Statistics normalizing a band beyond float16's largest value (65504) are refused up front, naming the
+    band; below it the float16 patches are finite and reach what numpy says. The refused ones do give inf:
+    the same patches in float32, cast to float16."""
+    cube, _, stores = border_scene
+    opts = dict(patch_size=3, batch_size=512, split=None, device="cpu", shuffle=False)
+    with hsgds.PatchLoader(stores["reflect"], dtype=torch.float16, norm_stats=_spread_stats(cube, 2, 60000),
+                           **opts) as loader:
+        got = np.concatenate([p.float().numpy() for p, _ in loader])
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(np.abs(got[:, 2]).max(), 60000, rtol=1e-3)
+    bad = _spread_stats(cube, 2, 70000)
+    with pytest.raises(ConfigError, match=r"^float16 patches would overflow to inf: output band 2 of scene 'reflect' "
+                                          r"holds .*reaching 7e\+04 > float16's largest value 65504; use "
+                                          r"dtype=torch.float32 or torch.bfloat16, or statistics"):
+        hsgds.PatchLoader(stores["reflect"], dtype=torch.float16, norm_stats=bad, **opts)
+    with hsgds.PatchLoader(stores["reflect"], dtype=torch.float32, norm_stats=bad, **opts) as loader:
+        assert any(torch.isinf(p.half()).any() for p, _ in loader)
+
+
+def test_float16_without_normalization_is_checked_against_the_stored_maximum(border_scene, tmp_path):
+    """normalize=None: uint16 values up to 65000 fit float16, 65535 does not (it is refused); zero padding
+    counts as a value too: values near 60000 with a std of 0.5 fit (reflect padding) until the 0s of
+    zero padding normalize to -120000."""
+    cube, labels, stores = border_scene
+    opts = dict(patch_size=3, batch_size=512, split=None, device="cpu", dtype=torch.float16)
+    with hsgds.PatchLoader(stores["reflect"], normalize=None, **opts) as loader:
+        assert all(torch.isfinite(p).all() for p, _ in loader)
+    high = cube.copy()
+    high[5, 6, 3] = 65535
+    np.save(tmp_path / "high.npy", high)
+    np.save(tmp_path / "gt.npy", labels)
+    store = convert(tmp_path / "high.npy", tmp_path / "high.zarr", ConvertOptions(labels=tmp_path / "gt.npy"))
+    with pytest.raises(ConfigError, match=r"output band 3 of scene 'high' holds \d+..65535, not normalized, reaching "
+                                          r"6.554e\+04 > float16's .*or normalize='zscore'$"):
+        hsgds.PatchLoader(store, normalize=None, **opts)
+    h, w, b = cube.shape
+    checker = (np.arange(h)[:, None] + np.arange(w)[None, :]) % 2  # values 60000, 60001: mean ~60000.5, std ~0.5
+    flat = np.repeat((60000 + checker)[..., None], b, axis=2).astype(np.uint16)
+    np.save(tmp_path / "flat.npy", flat)
+    for padding in ("reflect", "zero"):
+        convert(tmp_path / "flat.npy", tmp_path / f"{padding}.zarr",
+                ConvertOptions(labels=tmp_path / "gt.npy", padding=padding, tile=18, max_patch=15))
+    with hsgds.PatchLoader(tmp_path / "reflect.zarr", **opts) as loader:
+        assert all(torch.isfinite(p).all() for p, _ in loader)
+    with pytest.raises(ConfigError, match=r"output band 0 of scene 'zero' holds 0..60001, .*reaching 1.2e\+05"):
+        hsgds.PatchLoader(tmp_path / "zero.zarr", **opts)
+    with hsgds.PatchLoader(tmp_path / "zero.zarr", **{**opts, "dtype": torch.float32}) as loader:
+        lowest = min(float(p.min()) for p, _ in loader)
+    train = _train_pixels(flat, tmp_path / "zero.zarr")[:, 0]
+    assert lowest == pytest.approx(-train.mean() / train.std(), rel=1e-5)  # the 0s of the padding, normalized
+
+
 def test_posix_reader_keeps_no_descriptor_open(border_scene):
     store = border_scene[2]["reflect"]
     nbytes = hsgds.open_scene(store).grid.tile_nbytes

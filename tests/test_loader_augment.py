@@ -3,8 +3,11 @@ independence from batch size and world size, noise statistics, band dropout rate
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 import hsgds
@@ -149,3 +152,22 @@ def test_fused_and_after_cut_paths_agree(scene):
 def test_bad_augment_is_a_config_error(scene):
     with pytest.raises(hsgds.ConfigError, match="augment must be an hsgds.Augment"):
         hsgds.PatchLoader(scene, patch_size=P, batch_size=8, device="cpu", augment={"flip": True})
+
+
+def test_radiation_noise_that_would_overflow_float16_is_refused(scene):
+    """Radiation noise is bounded from the statistics (alpha up to radiation_scale's high, noise up to 8
+    standard deviations): noise_std 1e6 or alpha 1e30 cannot be float16 (the float32 patches of the same
+    settings hold values float16 turns into inf); the same Augment without radiation noise, or a noise that
+    fits, is fine."""
+    opts = dict(patch_size=P, batch_size=64, device="cpu", dtype=torch.float16)
+    for aug, why in ((hsgds.Augment(radiation_noise=0.5, noise_std=1e6), r"plus up to 8 x noise_std 1e\+06\)"),
+                     (hsgds.Augment(radiation_noise=0.5, radiation_scale=(1e30, 1e30)), r"alpha up to 1e\+30,")):
+        with pytest.raises(hsgds.ConfigError, match=rf"^float16 patches would overflow to inf: output band \d+ of scene "
+                                                    rf"'s' holds .*{why}.*, reaching .*or a smaller Augment"):
+            hsgds.PatchLoader(scene, augment=aug, **opts)
+        with hsgds.PatchLoader(scene, augment=aug, **{**opts, "dtype": torch.float32}) as loader:
+            assert any(torch.isinf(p.half()).any() for p, _ in loader)
+        with hsgds.PatchLoader(scene, augment=replace(aug, radiation_noise=0.0), **opts) as loader:
+            assert all(torch.isfinite(p).all() for p, _ in loader)
+    with hsgds.PatchLoader(scene, augment=hsgds.Augment(radiation_noise=1.0, noise_std=1000.0), **opts) as loader:
+        assert all(torch.isfinite(p).all() for p, _ in loader)

@@ -199,6 +199,22 @@ def test_patches_follow_the_model_dtype_and_device(store):
     with pytest.raises(ConfigError, match=r"the model is on cpu but device='cuda:1'; move it there \(model.to"):
         predict(store, RandomConv(3), patch_size=3, device="cuda:1")
 
+def test_float16_patches_that_would_overflow_are_refused_before_predicting(store, tmp_path):
+    """A float16 model given statistics that normalize band 2 (values 0..999) past float16's 65504 is
+    refused before anything is written; its own statistics are fine."""
+    cube, _ = coordinate_cube()
+    x = cube.reshape(-1, B).astype(np.float64)
+    std = x.std(0)
+    std[2] = 1e-3
+    stats = hsgds.BandStats(mean=x.mean(0), std=std, min=x.min(0), max=x.max(0))
+    assert np.abs(x[:, 2] - x[:, 2].mean()).max() / 1e-3 > 65504  # what band 2 would reach
+    model = RandomConv(3).half()
+    with pytest.raises(ConfigError, match=r"^float16 patches would overflow to inf: output band 2 of scene 's'"):
+        predict(store, model, patch_size=3, device="cpu", norm_stats=stats, out=tmp_path / "map.npy")
+    assert not (tmp_path / "map.npy").exists()
+    assert predict(store, model, patch_size=3, device="cpu").shape == (H, W)
+
+
 # -- georeference end to end: source written independently, output read back with rasterio -----------------
 
 def _gdal(path):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsgds.models import Hamida3D, SpectralSpatialCNN, make_model
+from hsgds.errors import ConfigError
+from hsgds.models import Hamida3D, SpectralSpatialCNN, load_model, make_model, save_checkpoint
 from hsgds.train import classification_metrics, compute_only, confusion_matrix, evaluate, run_demo, train_steps
 
 
@@ -80,6 +81,43 @@ def test_model_shapes_and_errors():
     assert s(torch.randn(3, 40, 7, 7)).shape == (3, 5) and s(torch.randn(2, 40, 1, 1)).shape == (2, 5)
     with pytest.raises(ValueError, match="NCHW"):
         s(torch.randn(3, 7, 7, 40))
+
+
+@pytest.mark.parametrize("cls, args, kwargs, message", [
+    (SpectralSpatialCNN, ("30", 4, 5), {}, r"^SpectralSpatialCNN bands must be an integer >= 1, got '30'$"),
+    (SpectralSpatialCNN, (30, 4.0, 5), {}, r"^SpectralSpatialCNN classes must be an integer >= 1, got 4.0$"),
+    (SpectralSpatialCNN, (30, 4, True), {}, r"^SpectralSpatialCNN patch_size must be an integer >= 1, got True$"),
+    (SpectralSpatialCNN, (30, 4, 0), {}, r"^SpectralSpatialCNN patch_size must be an integer >= 1, got 0$"),
+    (SpectralSpatialCNN, (30, 4, 5), {"reduce": "8"}, r"^SpectralSpatialCNN reduce must be an integer >= 1"),
+    (SpectralSpatialCNN, (30, 4, 5), {"width": 0}, r"^SpectralSpatialCNN width must be an integer >= 1, got 0$"),
+    (SpectralSpatialCNN, (30, 4, 5), {"dropout": 1.0}, r"^SpectralSpatialCNN dropout must be a number in \[0, 1\), got 1.0$"),
+    (SpectralSpatialCNN, (30, 4, 5), {"dropout": "0.2"}, r"^SpectralSpatialCNN dropout must be a number in \[0, 1\)"),
+    (SpectralSpatialCNN, (30, 4, 5), {"dropout": -0.1}, r"^SpectralSpatialCNN dropout must be a number in \[0, 1\)"),
+    (SpectralSpatialCNN, (30, 4, 5), {"dropout": float("nan")}, r"^SpectralSpatialCNN dropout must be a number"),
+    (SpectralSpatialCNN, (30, 4, 5), {"dropout": False}, r"^SpectralSpatialCNN dropout must be a number"),
+    (Hamida3D, ("40", 5, 7), {}, r"^Hamida3D bands must be an integer >= 1, got '40'$"),
+    (Hamida3D, (40, 5.5, 7), {}, r"^Hamida3D classes must be an integer >= 1, got 5.5$"),
+    (Hamida3D, (40, 5, 7.0), {}, r"^Hamida3D patch_size must be an integer >= 3, got 7.0$"),
+    (Hamida3D, (40, 5, 7), {"width": None}, r"^Hamida3D width must be an integer >= 1, got None$"),
+])
+def test_model_arguments_are_checked_in_one_line(cls, args, kwargs, message):
+    """Not torch's TypeError from deep inside a layer: which argument is wrong, and what it must be."""
+    with pytest.raises(ConfigError, match=message):
+        cls(*args, **kwargs)
+
+
+def test_numpy_integers_make_the_same_model_and_a_checkpoint_that_loads(tmp_path):
+    """numpy integers and floats are taken as the plain numbers they hold: the config a checkpoint keeps
+    (read back with torch.load(weights_only=True), which refuses numpy scalars) is the plain one."""
+    for cls, plain, numpy in ((SpectralSpatialCNN, (30, 4, 5), dict(reduce=np.int64(4), width=np.int32(8),
+                                                                      dropout=np.float32(0.25))),
+                              (Hamida3D, (40, 5, 7), dict(width=np.int16(4)))):
+        model = cls(*(np.int64(v) for v in plain), **numpy)
+        expected = {**dict(zip(("bands", "classes", "patch_size"), plain)),
+                    **{k: v.item() for k, v in numpy.items()}}
+        assert model.config == expected and all(type(v) is type(expected[k]) for k, v in model.config.items())
+        path = save_checkpoint(tmp_path / f"{cls.__name__}.ckpt", model, patch_size=plain[2])
+        assert load_model(path).module.config == expected
 
 
 def test_loops_learn_and_time():

@@ -256,6 +256,15 @@ def test_bench_plan_tiny(tmp_path):
                for r in doc["rows"])
 
 
+def test_bench_plan_held_tiny(tmp_path):
+    out = tmp_path / "held.json"
+    _run([str(BENCH / "bench_plan.py"), "--held", "64x48", "--bands", "3", "--labelled", "0.2", "--json", str(out)],
+         tmp_path)
+    doc = json.loads(out.read_text())
+    assert 0 < doc["samples"] < 64 * 48 and doc["listed_bytes_per_sample"] == 24  # six int32 fields
+    assert 0 < doc["samples_held_MB"] < doc["listed_MB"]
+
+
 def test_bench_large_scene_tiny(tmp_path):
     """benchmarks/bench_large_scene.py end to end on a small scene: the time to first batch per mode, and
     the streaming section through a ring smaller than the store."""
