@@ -44,7 +44,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
 def fsync_tree(root: str | os.PathLike, skip: frozenset[str] | set[str] = frozenset()) -> None:
     """fsync every file under ``root`` whose path is not in ``skip`` (files already synced as written), then
     every folder, ``root`` included."""
-    for folder, _, files in os.walk(root, topdown=False):
+    for folder, _, files in os.walk(os.fspath(root), topdown=False):
         for name in files:
             path = os.path.join(folder, name)
             if path not in skip:
@@ -52,15 +52,16 @@ def fsync_tree(root: str | os.PathLike, skip: frozenset[str] | set[str] = frozen
         fsync_dir(folder)
 
 
-def rename_error(exc: OSError, what: object, retry: str) -> StoreError:
-    """The one-line error for a rename or replace of ``what`` that failed. On Windows a file or folder that
-    another process holds open cannot be renamed or replaced (PermissionError); ``retry`` says how to retry."""
+def rename_error(exc: OSError, action: str, retry: str) -> StoreError:
+    """The one-line error for a rename or replace that failed (``action``: "move the new store into X").
+    On Windows a file or folder that another process holds open cannot be renamed or replaced
+    (PermissionError); ``retry`` says what to run again."""
     if isinstance(exc, PermissionError):
         hint = ("close the programs that have it open (on Windows an open file cannot be replaced) and check "
                 f"that its folder is writable, then {retry}")
     else:
         hint = f"check the disk, then {retry}"
-    return StoreError(f"cannot move {what} into place ({exc.strerror or exc}); {hint}")
+    return StoreError(f"cannot {action} ({exc.strerror or exc}); {hint}")
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import os
 import secrets
 import time
@@ -25,7 +24,7 @@ from hsgds._optional import require
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess.convert import ConvertOptions, _remove_stale, convert, wavelength_list
-from hsgds.preprocess.readers.base import source_stamps
+from hsgds.preprocess.readers.base import sha256_of, source_stamps
 from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
@@ -158,15 +157,6 @@ def _stamps(paths: list[Path]) -> dict[str, tuple[int, int]]:
     return {str(p): stamp for p, stamp in source_stamps(paths).items()}
 
 
-def _sha256(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def _differs(option: str, want: Any, had: Any) -> str:
     def show(v: Any) -> Any:
         return "not given" if v is None else v
@@ -245,9 +235,9 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions,
     if row.labels is not None and (meta.labels_source or {}).get("name") != row.labels.name:
         return f"labels {(meta.labels_source or {}).get('name')} -> {row.labels.name}", now
     if stamps != now:  # not provably unchanged: compare contents
-        if _sha256(data) != meta.source.get("sha256"):
+        if sha256_of(data)[0] != meta.source.get("sha256"):
             return "source changed (sha256)", now
-        if row.labels is not None and _sha256([row.labels]) != meta.labels_source.get("sha256"):
+        if row.labels is not None and sha256_of([row.labels])[0] != meta.labels_source.get("sha256"):
             return "labels changed (sha256)", now
     problems = scene.verify()
     if problems:
