@@ -21,6 +21,7 @@ import numpy as np
 
 from hsgds import defaults
 from hsgds import format as fmt
+from hsgds._durable import atomic_path
 from hsgds._gc import gc_paused
 from hsgds._lru import LruCache
 from hsgds._version import __version__
@@ -467,15 +468,13 @@ def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry], n
     doc = {"format": COLLECTION_FORMAT, "format_version": COLLECTION_VERSION, "created_by": f"hsgds {__version__}",
            "scenes": [e.to_json(root) for e in entries]}
     out = folder / name
-    tmp = folder / f".{name}.tmp-{secrets.token_hex(4)}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_path(out, f".{name}.tmp-{secrets.token_hex(4)}") as tmp, open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise StoreError(f"cannot write {out} ({exc.strerror or exc}); check the output folder") from None
+        # on Windows a collection.json another program holds open cannot be replaced
+        hint = ("check that the folder is writable and close programs that have the file open"
+                if isinstance(exc, PermissionError) else "check the output folder")
+        raise StoreError(f"cannot write {out} ({exc.strerror or exc}); {hint}, then run the command again") from None
     return out
