@@ -15,6 +15,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from hsgds import checksum
 from hsgds.errors import ChecksumError, StoreError, TileReadError
 
 FORMAT_NAME = "hsgds"
@@ -37,7 +38,7 @@ PADDING_MODES = ("reflect", "edge", "zero")
 DEFAULT_HALO = 7  # patches up to 15x15
 CHECKSUM_ALGORITHM = "crc32c"
 #: The per-tile checksum a GPU computes cheaply (hsgds.checksum), written beside crc32c since format v2.
-DEVICE_CHECKSUM_ALGORITHM = "wsum64"
+DEVICE_CHECKSUM_ALGORITHM = checksum.ALGORITHM
 
 #: Largest tile the runtime accepts: a ring slot is allocated per tile, so metadata must not be able to
 #: ask for more (the converter's automatic choice is 1-8 MiB).
