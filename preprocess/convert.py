@@ -1,4 +1,4 @@
-"""Source cube -> hsgds store (format v1): halo-padded aligned tiles, labels, samples, stats, splits.
+"""Source cube -> hsgds store (format v2): halo-padded aligned tiles, labels, samples, stats, splits.
 
 The conversion streams tile by tile (memory stays at a few tiles for memory-mappable sources), writes
 into a temporary directory beside the target and renames it into place only when everything, the
@@ -41,7 +41,7 @@ try:
 except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
     fcntl = None
 
-__all__ = ["ConvertOptions", "convert", "wavelength_list"]
+__all__ = ["ConvertOptions", "convert", "lock_folder", "remove_stale", "wavelength_list", "write_error"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
 #: band centres --wavelengths accepts (nm): ultraviolet to thermal infrared
@@ -369,7 +369,7 @@ def lock_folder(folder: Path) -> int | None:
     return fd
 
 
-def _remove_stale(out: Path) -> None:
+def remove_stale(out: Path) -> None:
     """Delete temporary folders that killed conversions into ``out`` left behind (their lock is free);
     folders of conversions still running hold their lock and are left alone."""
     if fcntl is None:
@@ -431,7 +431,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions
         stamps = source_stamps(side)
     except OSError as exc:
         raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
-    _remove_stale(out)
+    remove_stale(out)
     tmp, lock = _make_tmp(out)
     cube = hashing = None
     try:

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from hsgds._optional import require
+from hsgds._wording import counted
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
-from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
-from hsgds.preprocess.convert import ConvertOptions, _remove_stale, convert, wavelength_list
+from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
+from hsgds.preprocess.convert import ConvertOptions, convert, remove_stale, wavelength_list
 from hsgds.preprocess.readers.base import sha256_of, source_stamps
 from hsgds.scene import open_scene
 
@@ -241,7 +242,8 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions,
             return "labels changed (sha256)", now
     problems = scene.verify()
     if problems:
-        return f"{len(problems)} damaged tiles ({problems[0][:120]})", now
+        # tiles, labels, samples or statistics: verify() lists them all
+        return f"damaged: {counted(len(problems), 'problem')} ({problems[0][:120]})", now
     return None, now
 
 
@@ -250,7 +252,7 @@ def _one_line(exc: BaseException) -> str:
         return str(exc)
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    return one_line(exc, with_type=True)
 
 
 def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOptions,
@@ -266,7 +268,7 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
                                labels_key=row.labels_key or opts.labels_key, overwrite=True,
                                wavelengths=row.wavelengths or opts.wavelengths)
     try:
-        _remove_stale(store)  # temporary folders a killed worker left behind
+        remove_stale(store)  # temporary folders a killed worker left behind
         reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps)
         started_ns = time.time_ns()
         if reason is not None:

@@ -333,7 +333,7 @@ def test_running_conversion_keeps_the_lock_on_its_live_folder(scene):
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             finally:
                 os.close(fd)
-            conv._remove_stale(out)  # what a second conversion into the same target does first
+            conv.remove_stale(out)  # what a second conversion into the same target does first
             seen.append(any((tmp / "tiles").rglob("*")))
 
     convert(cp, out, ConvertOptions(labels=lp, tile=18, workers=1), progress)
