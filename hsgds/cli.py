@@ -1,5 +1,7 @@
 """The ``hsgds`` command: convert, convert-many, info, resplit, verify (and the runtime verbs). Exit 0 on success,
-2 on bad input or usage, with a one-line error on stderr."""
+2 on bad input or usage, with a one-line error on stderr; 1 when part of the work failed and the rest was done
+(convert-many and a collection's resplit or predict: some scenes failed) or, for doctor --require-gpu, when
+no CUDA GPU would be used."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from hsgds._wording import counted
 from hsgds.errors import HsgdsError, InputError
 
 EXIT_BAD_INPUT = 2
-EXIT_SOME_FAILED = 1  # convert-many: the other scenes were converted
+EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor --require-gpu: no GPU)
 
 
 def _fail(message: str) -> NoReturn:

@@ -25,7 +25,7 @@ from hsgds._durable import atomic_path
 from hsgds._gc import gc_paused
 from hsgds._lru import LruCache
 from hsgds._version import __version__
-from hsgds.errors import StoreError, as_path
+from hsgds.errors import StoreError, as_path, one_line
 from hsgds.format import TileGrid
 from hsgds.scene import MAX_JSON_BYTES, Scene, open_scene, samples_at
 
@@ -433,8 +433,14 @@ def open_collection(path: str | os.PathLike) -> Collection:
     except (OSError, ValueError, RecursionError) as exc:
         if isinstance(exc, StoreError):
             raise
-        raise StoreError(f"{where}: cannot read it ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+        raise StoreError(f"{where}: cannot read it ({one_line(exc, 200, with_type=True)}); "
                          "write it again with `hsgds convert-many`") from None
+    if isinstance(doc, dict) and "zarr_format" in doc:  # any .json is taken for a collection: a store's too
+        store = file.parent
+        while (store.parent / "zarr.json").is_file():  # tiles/zarr.json: the store is the folder above
+            store = store.parent
+        raise StoreError(f"{where} is a store's Zarr metadata, not a collection: give the store folder {store} "
+                         "instead")
     if not isinstance(doc, dict) or doc.get("format") != COLLECTION_FORMAT:
         raise StoreError(f"{where} is not an hsgds collection (no \"format\": \"{COLLECTION_FORMAT}\"); "
                          "write it with `hsgds convert-many`")

@@ -345,3 +345,15 @@ def test_collection_json_held_open_on_windows_is_one_line(three_stores, tmp_path
     assert "close programs that have the file open" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == [COLLECTION_FILE]
     assert (tmp_path / COLLECTION_FILE).read_bytes() == old
+
+
+@pytest.mark.parametrize("command", ["verify", "info"])
+def test_a_stores_zarr_json_given_as_a_collection_says_to_give_the_store(three_stores, run_cli, command):
+    """Any .json file is taken for a collection; a store's zarr.json (or one of its arrays') is not one,
+    and the fix is to give the store folder, not to run convert-many."""
+    root, stores = three_stores
+    for given in (stores[0] / "zarr.json", stores[0] / "tiles" / "zarr.json"):
+        code, out, err = run_cli(command, given)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.strip() == (f"hsgds: error: {given.resolve()} is a store's Zarr metadata, not a collection: give "
+                               f"the store folder {stores[0].resolve()} instead")
