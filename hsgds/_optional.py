@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from hsgds.errors import DependencyError
+from hsgds.errors import DependencyError, one_line
 
 __all__ = ["cuda_extra", "require"]
 
@@ -27,7 +27,7 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
     except ImportError as exc:
         top = module.split(".")[0]
         missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == top
-        what = "is not installed" if missing else f"cannot be imported ({' '.join(str(exc).split())})"
+        what = "is not installed" if missing else f"cannot be imported ({one_line(exc)})"
         raise DependencyError(f"{feature} needs {top}, which {what}; install it with "
                               f"pip install 'hsgds[{extra}]'") from None
 

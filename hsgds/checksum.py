@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+#: its name in store metadata (hsgds.format.DEVICE_CHECKSUM_ALGORITHM is this constant)
 ALGORITHM = "wsum64"
 #: words per tile reduced in one step: bounds the int64 temporaries to a few times 8 * k * this bytes
 CHUNK_WORDS = 1 << 20

@@ -1,5 +1,7 @@
 """The ``hsgds`` command: convert, convert-many, info, resplit, verify (and the runtime verbs). Exit 0 on success,
-2 on bad input or usage, with a one-line error on stderr."""
+2 on bad input or usage, with a one-line error on stderr; 1 when part of the work failed and the rest was done
+(convert-many and a collection's resplit or predict: some scenes failed) or, for doctor --require-gpu, when
+no CUDA GPU would be used."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from hsgds._wording import counted
 from hsgds.errors import HsgdsError, InputError
 
 EXIT_BAD_INPUT = 2
-EXIT_SOME_FAILED = 1  # convert-many: the other scenes were converted
+EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor --require-gpu: no GPU)
 
 
 def _fail(message: str) -> NoReturn:
@@ -332,27 +334,32 @@ def _resplit_collection(path: str, split: str, train: float, val: float, block_s
     from hsgds.scene import open_scene
 
     coll = open_collection(path)
-    entries, failed = list(coll.entries), []
+    entries, failed, done = list(coll.entries), [], 0
     labelled = [i for i, e in enumerate(coll.entries) if e.num_samples]
-    for i in labelled:
-        e = coll.entries[i]
-        try:
-            coll.scene(i)  # the store collection.json lists, not another one put in its place
-            with _split_warnings(f"{e.name}: "):
-                run_resplit(e.path, split, train=train, val=val, block_size=block_size, seed=seed)
-            scene = open_scene(e.path)
-            entries[i] = SceneEntry.of_scene(e.name, scene, stamps=e.stamps)
-            line = split_summary(scene)
-            if line:
-                click.echo(f"{e.name}: {line}")
-        except HsgdsError as exc:
-            failed.append(e.name)
-            click.echo(f"hsgds: failed: {e.name}: {exc}", err=True)
-    if len(failed) < len(labelled):
-        write_collection(coll.root, entries, coll.path.name)
-    click.echo(f"re-split {len(labelled) - len(failed)} of {len(coll)} scenes "
+    try:
+        for i in labelled:
+            e = coll.entries[i]
+            try:
+                coll.scene(i)  # the store collection.json lists, not another one put in its place
+                with _split_warnings(f"{e.name}: "):
+                    run_resplit(e.path, split, train=train, val=val, block_size=block_size, seed=seed)
+                scene = open_scene(e.path)
+                entries[i] = SceneEntry.of_scene(e.name, scene, stamps=e.stamps)
+                done += 1
+                line = split_summary(scene)
+                if line:
+                    click.echo(f"{e.name}: {line}")
+            except HsgdsError as exc:
+                failed.append(e.name)
+                click.echo(f"hsgds: failed: {e.name}: {exc}", err=True)
+    finally:
+        # also when the loop is cut short (Ctrl-C, an unexpected error): the stores re-split so far keep their
+        # new split, so collection.json must list it
+        if done:
+            write_collection(coll.root, entries, coll.path.name)
+    click.echo(f"re-split {done} of {len(coll)} scenes "
                f"({len(coll) - len(labelled)} unlabelled, {len(failed)} failed); wrote {coll.path}")
-    if len(failed) < len(labelled):
+    if done:
         click.echo(_NEW_STATISTICS)
     if failed:
         click.echo(f"hsgds: error: {len(failed)} of {len(labelled)} labelled scenes could not be re-split ("

@@ -21,10 +21,11 @@ import numpy as np
 
 from hsgds import defaults
 from hsgds import format as fmt
+from hsgds._durable import atomic_path
 from hsgds._gc import gc_paused
 from hsgds._lru import LruCache
 from hsgds._version import __version__
-from hsgds.errors import StoreError, as_path
+from hsgds.errors import StoreError, as_path, one_line
 from hsgds.format import TileGrid
 from hsgds.scene import MAX_JSON_BYTES, Scene, open_scene, samples_at
 
@@ -432,8 +433,14 @@ def open_collection(path: str | os.PathLike) -> Collection:
     except (OSError, ValueError, RecursionError) as exc:
         if isinstance(exc, StoreError):
             raise
-        raise StoreError(f"{where}: cannot read it ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+        raise StoreError(f"{where}: cannot read it ({one_line(exc, 200, with_type=True)}); "
                          "write it again with `hsgds convert-many`") from None
+    if isinstance(doc, dict) and "zarr_format" in doc:  # any .json is taken for a collection: a store's too
+        store = file.parent
+        while (store.parent / "zarr.json").is_file():  # tiles/zarr.json: the store is the folder above
+            store = store.parent
+        raise StoreError(f"{where} is a store's Zarr metadata, not a collection: give the store folder {store} "
+                         "instead")
     if not isinstance(doc, dict) or doc.get("format") != COLLECTION_FORMAT:
         raise StoreError(f"{where} is not an hsgds collection (no \"format\": \"{COLLECTION_FORMAT}\"); "
                          "write it with `hsgds convert-many`")
@@ -467,15 +474,13 @@ def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry], n
     doc = {"format": COLLECTION_FORMAT, "format_version": COLLECTION_VERSION, "created_by": f"hsgds {__version__}",
            "scenes": [e.to_json(root) for e in entries]}
     out = folder / name
-    tmp = folder / f".{name}.tmp-{secrets.token_hex(4)}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_path(out, f".{name}.tmp-{secrets.token_hex(4)}") as tmp, open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise StoreError(f"cannot write {out} ({exc.strerror or exc}); check the output folder") from None
+        # on Windows a collection.json another program holds open cannot be replaced
+        hint = ("check that the folder is writable and close programs that have the file open"
+                if isinstance(exc, PermissionError) else "check the output folder")
+        raise StoreError(f"cannot write {out} ({exc.strerror or exc}); {hint}, then run the command again") from None
     return out

@@ -56,11 +56,16 @@ class HsgdsWarning(UserWarning):
     """Something works, but slower or weaker than it should (e.g. a format v1 store on the kvikio path)."""
 
 
-def one_line(exc: BaseException) -> str:
-    """Another library's error message on one line (whitespace collapsed, at most 300 characters), for
-    embedding in an hsgds message."""
+def one_line(exc: BaseException, limit: int = 300, *, with_type: bool = False) -> str:
+    """Another library's error message on one line (whitespace collapsed, at most ``limit`` characters), for
+    embedding in an hsgds message; ``with_type``: after the exception's type name ("KeyError: 'x'"), for
+    errors whose text alone says little."""
     text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    if with_type:
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text
 
 
 def as_path(value: object, what: str) -> Path:

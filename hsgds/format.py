@@ -15,6 +15,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from hsgds import checksum
 from hsgds.errors import ChecksumError, StoreError, TileReadError
 
 FORMAT_NAME = "hsgds"
@@ -37,7 +38,7 @@ PADDING_MODES = ("reflect", "edge", "zero")
 DEFAULT_HALO = 7  # patches up to 15x15
 CHECKSUM_ALGORITHM = "crc32c"
 #: The per-tile checksum a GPU computes cheaply (hsgds.checksum), written beside crc32c since format v2.
-DEVICE_CHECKSUM_ALGORITHM = "wsum64"
+DEVICE_CHECKSUM_ALGORITHM = checksum.ALGORITHM
 
 #: Largest tile the runtime accepts: a ring slot is allocated per tile, so metadata must not be able to
 #: ask for more (the converter's automatic choice is 1-8 MiB).
@@ -293,7 +294,8 @@ class StoreMeta:
         if not is_int(self.halo) or not 0 <= self.halo <= MAX_HALO:
             raise bad("halo", f"must be an integer in 0..{MAX_HALO}")
         if self.padding not in PADDING_MODES:
-            raise StoreError(f"{where} has unknown padding mode {str(self.padding)[:40]!r}")
+            raise StoreError(f"{where} has unknown padding mode {str(self.padding)[:40]!r} (this hsgds knows "
+                             f"{', '.join(PADDING_MODES)}); convert the source again")
         for name in ("num_classes", "num_samples"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative integer")
@@ -333,7 +335,8 @@ class StoreMeta:
         if not isinstance(self.checksums, list):
             raise bad("checksums", "must be a list")
         if len(self.checksums) != self.grid.num_tiles:
-            raise StoreError(f"{where} lists {len(self.checksums)} tile checksums for {self.grid.num_tiles} tiles")
+            raise StoreError(f"{where} lists {len(self.checksums)} tile checksums for {self.grid.num_tiles} tiles; "
+                             "convert the source again")
         if not all(is_int(c) and 0 <= c <= 0xFFFFFFFF for c in self.checksums):
             raise bad("checksums", "must be unsigned 32-bit integers")
         if self.format_version == 1:
@@ -346,7 +349,7 @@ class StoreMeta:
             raise bad("device_checksums", "must be a list")
         if len(self.device_checksums) != self.grid.num_tiles:
             raise StoreError(f"{where} lists {len(self.device_checksums)} device checksums for "
-                             f"{self.grid.num_tiles} tiles")
+                             f"{self.grid.num_tiles} tiles; convert the source again")
         if not all(isinstance(c, str) and len(c) == 32 and all(ch in "0123456789abcdef" for ch in c)
                    for c in self.device_checksums):
             raise bad("device_checksums", "must be 32 lowercase hex digits each")
@@ -440,7 +443,13 @@ def inside(store: Path, path: Path, where: str, _checked: dict[str, str] | None 
     if root is None:
         root = checked[""] = os.path.realpath(base)
     full = os.fspath(path)
-    rel = full[len(base) + 1:] if full.startswith(base + os.sep) else os.path.relpath(full, base)
+    if full.startswith(base + os.sep):
+        rel = full[len(base) + 1:]
+    else:
+        try:
+            rel = os.path.relpath(full, base)
+        except ValueError:  # on another drive (Windows): outside the store
+            rel = os.pardir
     parts = rel.split(os.sep)
     if rel in ("", os.curdir) or os.path.isabs(rel) or os.pardir in parts:
         raise StoreError(f"{where}: {path} is outside the store; the store was tampered with: convert the source again")
@@ -451,11 +460,19 @@ def inside(store: Path, path: Path, where: str, _checked: dict[str, str] | None 
             continue
         if os.path.islink(cur):
             real = os.path.realpath(cur)
-            if os.path.commonpath([root, real]) != root:
+            if not _within(root, real):
                 raise StoreError(f"{where}: {path} leads through a link to {real}, outside the store {root}; "
                                  "the store was tampered with: convert the source again")
         checked[cur] = cur
     return path
+
+
+def _within(root: str, real: str) -> bool:
+    """Whether the resolved path ``real`` lies inside the folder ``root``."""
+    try:
+        return os.path.commonpath([root, real]) == root
+    except ValueError:  # on another drive (Windows)
+        return False
 
 
 def tile_paths(store: Path, grid: TileGrid, array_meta: dict[str, Any]) -> list[Path]:

@@ -23,7 +23,7 @@ from torch import nn
 from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
 from hsgds.engines.base import OUT_DTYPES
-from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path
+from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, open_scene
 
@@ -117,11 +117,6 @@ def _set_mode(model: nn.Module, training: bool) -> None:
         model.train(training)
     except NotImplementedError:
         pass
-
-
-def _first_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Tensor, layout: str) -> torch.Tensor:
@@ -280,7 +275,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                                     "its .pt2 file (torch.export.save) as the model, which pads the last batch, "
                                     "or export with dynamic_shapes")
                         raise InputError(f"the model failed on a {tuple(patches.shape)} {patches.dtype} {layout} "
-                                         f"patch batch ({_first_line(exc)}); {hint}") from None
+                                         f"patch batch ({one_line(exc, with_type=True)}); {hint}") from None
                     if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != patches.shape[0]:
                         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
                         raise InputError(f"the model returned {got} for {patches.shape[0]} patches; it must "

@@ -85,12 +85,13 @@ def _raw_array_file(root: Path, name: str, shape: tuple[int, ...], checked: dict
     if declared != shape:
         raise StoreError(f"{where} has shape {list(declared)[:8]}, expected {list(shape)}; convert again")
     if dtype_name not in _SMALL_DTYPES:
-        raise StoreError(f"{where} has data type {str(dtype_name)[:20]!r}, not one of {', '.join(_SMALL_DTYPES)}")
+        raise StoreError(f"{where} has data type {str(dtype_name)[:20]!r}, not one of {', '.join(_SMALL_DTYPES)}; "
+                         "convert again")
     dtype = np.dtype(dtype_name).newbyteorder("<")
     if 0 in shape:
         return None, dtype
     if chunk_shape != shape or not _is_raw(meta):
-        raise StoreError(f"{where} is not stored as a single raw little-endian chunk")
+        raise StoreError(f"{where} is not stored as a single raw little-endian chunk; convert again")
     path = fmt.inside(root, root / name / fmt.chunk_key(meta, (0,) * len(shape)), str(root), checked)
     expected = int(np.prod(shape)) * dtype.itemsize
     try:
@@ -129,12 +130,12 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict
     except OSError as exc:
         raise StoreError(f"{root}: array {name}: cannot read {path.name} ({exc.strerror or exc})") from None
     if data.size != int(np.prod(shape)):
-        raise StoreError(f"{root}: array {name} has {data.size} values, expected {int(np.prod(shape))}")
+        raise StoreError(f"{root}: array {name} has {data.size} values, expected {int(np.prod(shape))}; convert again")
     return data.reshape(shape).astype(native, copy=False)
 
 
 class Scene:
-    """A converted hyperspectral scene (hsgds store format v1).
+    """A converted hyperspectral scene (an hsgds store, format v1 or v2).
 
     Use :func:`open_scene`. Attributes: ``shape`` (H, W, B), ``dtype``, ``wavelengths`` (nm or None),
     ``band_names``, ``labels`` (H, W), ``stats`` ({"train": BandStats | None, "all": BandStats}),
@@ -164,7 +165,8 @@ class Scene:
         tiles_meta = _read_json(self.path / fmt.TILES / "zarr.json", where)
         expected = [self.grid.nty, self.grid.ntx, *self.grid.tile_shape]
         if not isinstance(tiles_meta.get("shape"), list) or tiles_meta["shape"] != expected:
-            raise StoreError(f"{where}: tiles array has shape {tiles_meta.get('shape')}, expected {expected}")
+            raise StoreError(f"{where}: tiles array has shape {str(tiles_meta.get('shape'))[:60]}, expected {expected}; "
+                             "convert the source again")
         if tiles_meta.get("data_type") != self.meta.dtype or not _is_raw(tiles_meta):
             raise StoreError(f"{where}: tiles are not raw little-endian {self.meta.dtype} chunks "
                              f"(data type {str(tiles_meta.get('data_type'))[:20]}); convert the source again")

@@ -20,12 +20,12 @@ import contextlib
 import os
 import secrets
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hsgds._durable import atomic_path, fsync_dir, fsync_file
 from hsgds._optional import require
 from hsgds.errors import InputError
 from hsgds.preview import UNLABELLED, class_colours
@@ -75,42 +75,6 @@ def check_output(path: str | os.PathLike) -> str:
     if p.is_dir():
         raise InputError(f"cannot write {p}: it is a directory; name a file")
     return suffix
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some platforms (Windows) cannot open folders: the rename is what matters
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; when the block succeeds, fsync it and rename it onto ``path``.
-
-    On any exception (or KeyboardInterrupt) the temporary file is removed and ``path`` is untouched.
-    """
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
-    try:
-        yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(target.parent)
 
 
 def _check_map(classmap: Any) -> np.ndarray:
@@ -322,14 +286,21 @@ class ProbabilityFile:
         self._flush_bytes, self._pending = flush_bytes, 0
         header = {"descr": "<f2", "fortran_order": False, "shape": self.shape}
         nbytes = int(np.prod(self.shape)) * 2
-        with open(self._tmp, "wb") as f:
-            np.lib.format.write_array_header_2_0(f, header)
-            self._offset = f.tell()
-            f.truncate(self._offset + nbytes)
-        self._file: Any = open(self._tmp, "r+b")  # noqa: SIM115 - open with the mmap until close()
-        self._mmap = mmap.mmap(self._file.fileno(), self._offset + nbytes)
-        self.array: Any = np.frombuffer(self._mmap, dtype="<f2", count=int(np.prod(self.shape)),
-                                   offset=self._offset).reshape(self.shape)
+        self._file: Any = None
+        self._mmap: Any = None
+        self.array: Any = None
+        try:
+            with open(self._tmp, "wb") as f:
+                np.lib.format.write_array_header_2_0(f, header)
+                self._offset = f.tell()
+                f.truncate(self._offset + nbytes)
+            self._file = open(self._tmp, "r+b")  # noqa: SIM115 - open with the mmap until close()
+            self._mmap = mmap.mmap(self._file.fileno(), self._offset + nbytes)
+            self.array = np.frombuffer(self._mmap, dtype="<f2", count=int(np.prod(self.shape)),
+                                       offset=self._offset).reshape(self.shape)
+        except BaseException:
+            self.abort()  # e.g. the mapping failed: no handle and no .partial file left behind
+            raise
 
     def write(self, y: np.ndarray, x: np.ndarray, values: np.ndarray) -> None:
         """Store ``values`` (N, K) at pixels (y[i], x[i])."""
@@ -347,23 +318,22 @@ class ProbabilityFile:
         self._pending = 0
 
     def _close(self) -> None:
-        if self._file is None:
+        file, self._file = self._file, None
+        if file is None:
             return
         self.array = None  # release the buffer export before closing the mapping
-        self._mmap.flush()
-        self._mmap.close()
-        self._file.close()
-        self._file = None
+        try:
+            if self._mmap is not None:
+                self._mmap.flush()
+                self._mmap.close()
+        finally:
+            file.close()
 
     def commit(self) -> Path:
         self._close()
-        fd = os.open(self._tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(self._tmp)
         os.replace(self._tmp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         return self.path
 
     def abort(self) -> None:

@@ -1,4 +1,4 @@
-"""Source cube -> hsgds store (format v1): halo-padded aligned tiles, labels, samples, stats, splits.
+"""Source cube -> hsgds store (format v2): halo-padded aligned tiles, labels, samples, stats, splits.
 
 The conversion streams tile by tile (memory stays at a few tiles for memory-mappable sources), writes
 into a temporary directory beside the target and renames it into place only when everything, the
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import glob
-import hashlib
 import math
 import os
 import secrets
@@ -29,11 +28,12 @@ import zarr
 
 from hsgds import checksum
 from hsgds import format as fmt
+from hsgds._durable import fsync_dir, fsync_tree, rename_error
 from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import detect_format, open_cube, read_labels
-from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, source_stamps
+from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, sha256_of, source_stamps
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
 try:
@@ -41,7 +41,7 @@ try:
 except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
     fcntl = None
 
-__all__ = ["ConvertOptions", "convert", "wavelength_list"]
+__all__ = ["ConvertOptions", "convert", "lock_folder", "remove_stale", "wavelength_list", "write_error"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
 #: band centres --wavelengths accepts (nm): ultraviolet to thermal infrared
@@ -146,19 +146,6 @@ def wavelength_list(value: str | os.PathLike, where: str) -> tuple[float, ...]:
             raise ConfigError(f"{where}: {word!r} is not a number; give band centres in nm, comma-separated, or "
                               "a text file of them") from None
     return tuple(values)
-
-
-def _sha256(paths: list[Path]) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
-    for p in paths:
-        with open(p, "rb") as f:
-            while n := f.readinto(buf):
-                h.update(view[:n])
-                size += n
-    return h.hexdigest(), size
 
 
 def _tile_size(opts: ConvertOptions, shape: tuple[int, int, int], itemsize: int) -> int:
@@ -314,23 +301,31 @@ _FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
 _READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
+def write_error(exc: OSError, what: str, retry: str = "convert again",
+                not_writable: str = "the output folder is not writable: choose another -o") -> StoreError:
+    """The one-line StoreError for an OSError while writing ``what``, saying what to do (disk full, file size
+    limit, read-only folder): ``retry`` is the command to run again, ``not_writable`` the advice for a
+    folder that cannot be written."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in _FULL:
+        hint = f"the disk is full, over quota or past the file size limit: free space and {retry}"
+    elif exc.errno in _READ_ONLY:
+        hint = not_writable
+    else:
+        hint = f"check the output disk and {retry}"
+    return StoreError(f"cannot write {what} ({reason}); {hint}")
+
+
 @contextmanager
 def _writing(out: Path, what: str) -> Iterator[None]:
     """Turn an OSError while writing the store into a one-line StoreError that names the store and says
-    what to do (disk full, file size limit, read-only folder)."""
+    what to do (:func:`write_error`)."""
     try:
         yield
     except HsgdsError:
         raise
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        if exc.errno in _FULL:
-            hint = "the disk is full, over quota or past the file size limit: free space and convert again"
-        elif exc.errno in _READ_ONLY:
-            hint = "the output folder is not writable: choose another -o"
-        else:
-            hint = "check the output disk and convert again"
-        raise StoreError(f"cannot write {what} of {out} ({reason}); {hint}") from None
+        raise write_error(exc, f"{what} of {out}") from None
 
 
 def _check_unchanged(stamps: dict[Path, tuple[int, int]]) -> None:
@@ -374,7 +369,7 @@ def lock_folder(folder: Path) -> int | None:
     return fd
 
 
-def _remove_stale(out: Path) -> None:
+def remove_stale(out: Path) -> None:
     """Delete temporary folders that killed conversions into ``out`` left behind (their lock is free);
     folders of conversions still running hold their lock and are left alone."""
     if fcntl is None:
@@ -436,14 +431,17 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions
         stamps = source_stamps(side)
     except OSError as exc:
         raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
-    _remove_stale(out)
+    remove_stale(out)
     tmp, lock = _make_tmp(out)
-    cube = None
+    cube = hashing = None
     try:
         cube = open_cube(src, key=opts.key, band_axis=opts.band_axis)
         stamps.update(source_stamps(cube.files))
-        return _convert(cube, src, out, tmp, opts, progress, stamps)
+        hashing = _SourceHash(cube.files)
+        return _convert(cube, src, out, tmp, opts, progress, stamps, hashing)
     finally:
+        if hashing is not None:
+            hashing.stop()  # a failed conversion leaves no thread reading the source
         if cube is not None:
             cube.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -451,8 +449,42 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions
             os.close(lock)
 
 
+class _SourceHash:
+    """The sha256 and size of the source files, computed on a background thread while the tiles are written.
+    :meth:`stop` ends the thread within a 1 MiB chunk and waits for it."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self._files = files
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hsgds-sha256", daemon=True)
+        self._value: tuple[str, int] | None = None
+        self._error: OSError | None = None
+
+    def _run(self) -> None:
+        try:
+            self._value = sha256_of(self._files, self._stop)
+        except OSError as exc:
+            self._error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def result(self, src: Path) -> tuple[str, int]:
+        """(sha256, size), once the thread is done; a one-line InputError if the source could not be read."""
+        self._thread.join()
+        if self._value is None:
+            raise InputError(f"cannot read {src} to hash it ({self._error})")
+        return self._value
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOptions,
-             progress: Callable[[int, int], None] | None, stamps: dict[Path, tuple[int, int]]) -> Path:
+             progress: Callable[[int, int], None] | None, stamps: dict[Path, tuple[int, int]],
+             hashing: _SourceHash) -> Path:
     H, W, B = cube.shape
     # labels, split map and sample table are per-pixel arrays in memory (about 16 bytes a pixel at peak)
     check_fits_in_memory(H * W * 16, f"the per-pixel label and split maps of a {H}x{W} scene",
@@ -473,16 +505,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         splitting.check_has_train(split_map, opts.split, opts.block_size)
     table = _sample_table(labels, split_map, grid)
 
-    hashed: dict[str, Any] = {}
-
-    def hash_source() -> None:
-        try:
-            hashed["sha256"], hashed["size"] = _sha256(cube.files)
-        except OSError as exc:
-            hashed["error"] = exc
-
-    hasher = threading.Thread(target=hash_source, name="hsgds-sha256", daemon=True)
-    hasher.start()
+    hashing.start()  # the source is hashed while its tiles are written
 
     with _writing(out, "the store layout"):
         # "w-" writes into the locked folder; "w" would delete and recreate it, leaving the lock on a
@@ -542,17 +565,15 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
                     root.create_array(f"{fmt.STATS}/{group}/{name}", data=values, chunks=(B,), compressors=None,
                                       config={"write_empty_chunks": True}, dimension_names=["band"])
 
-    hasher.join()
-    if "error" in hashed:
-        raise InputError(f"cannot read {src} to hash it ({hashed['error']})")
+    sha256, size = hashing.result(src)
     hashed_size = sum(stamps[Path(p)][0] for p in cube.files)
-    if hashed["size"] != hashed_size:
-        raise InputError(f"source changed during conversion: {src} (hashed {hashed['size']} bytes, "
+    if size != hashed_size:
+        raise InputError(f"source changed during conversion: {src} (hashed {size} bytes, "
                          f"{hashed_size} when opened); convert again once it is complete")
     labels_source = None
     if opts.labels is not None:
         lp = Path(opts.labels)
-        labels_source = {"name": lp.name, "size": lp.stat().st_size, "sha256": _sha256([lp])[0]}
+        labels_source = {"name": lp.name, "size": lp.stat().st_size, "sha256": sha256_of([lp])[0]}
     meta = fmt.StoreMeta(
         shape=(H, W, B), dtype=grid.dtype, tile=grid.tile, halo=grid.halo, padding=opts.padding,
         num_classes=int(labels.max(initial=0)), checksums=checksums, num_samples=int(len(table["tile"])),
@@ -560,8 +581,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         class_names=list(opts.class_names) if opts.class_names else None,
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
-        source={"name": src.name, "files": [p.name for p in cube.files], "size": hashed["size"],
-                "sha256": hashed["sha256"]},
+        source={"name": src.name, "files": [p.name for p in cube.files], "size": size, "sha256": sha256},
         georeference=getattr(cube, "georeference", None),
         labels_source=labels_source, split=split_params, converted_split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
@@ -570,30 +590,11 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         root.attrs.update({fmt.FORMAT_NAME: meta.to_json()})  # written last: marks the store complete
     _check_unchanged(stamps)
     with _writing(out, "the store (syncing it to disk)"):
-        _sync_tree(tmp, skip=set(map(str, paths)))
+        # every file and folder on the disk before the rename: after a power loss the renamed store holds
+        # what its metadata describes (the tiles were synced as written)
+        fsync_tree(tmp, skip=set(map(str, paths)))
     _replace(tmp, out, opts.overwrite)
     return out
-
-
-def _fsync(path: str, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_tree(root: Path, skip: set[str]) -> None:
-    """fsync every file under ``root`` not in ``skip`` (the tiles, synced as written) and every folder, so
-    that after a power loss the renamed store holds what its metadata describes. Windows cannot fsync a
-    folder; its files are synced."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(folder, name)
-            if path not in skip:
-                _fsync(path)
-        if os.name != "nt":
-            _fsync(folder, directory=True)
 
 
 def _replace(tmp: Path, out: Path, overwrite: bool = True) -> None:
@@ -602,19 +603,22 @@ def _replace(tmp: Path, out: Path, overwrite: bool = True) -> None:
     if out.exists() and not (overwrite and _is_store(out)):
         raise InputError(f"{out} appeared during the conversion and is not ours to replace; "
                          "remove it or choose another -o, then convert again")
+    retry = "convert again"
     if out.exists():
         old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
-        os.rename(out, old)
+        try:
+            os.rename(out, old)
+        except OSError as exc:  # e.g. Windows: a program is reading the store
+            raise rename_error(exc, f"move the existing store {out} aside", retry) from None
     try:
         os.rename(tmp, out)
     except OSError as exc:
         if old is not None:
-            os.rename(old, out)
-        raise StoreError(f"cannot move the new store into {out} ({exc.strerror or exc})") from None
-    if os.name != "nt":
-        try:
-            _fsync(str(out.parent), directory=True)  # the rename itself reaches the disk
-        except OSError:
-            pass  # some file systems cannot sync a folder; the store is complete either way
+            try:
+                os.rename(old, out)
+            except OSError:
+                retry = f"rename {old} back to {out} (the previous store) and {retry}"
+        raise rename_error(exc, f"move the new store into {out}", retry) from None
+    fsync_dir(out.parent)  # the rename itself reaches the disk
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

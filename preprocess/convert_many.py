@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import os
 import secrets
 import time
@@ -22,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from hsgds._optional import require
+from hsgds._wording import counted
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
-from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
-from hsgds.preprocess.convert import ConvertOptions, _remove_stale, convert, wavelength_list
-from hsgds.preprocess.readers.base import source_stamps
+from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
+from hsgds.preprocess.convert import ConvertOptions, convert, remove_stale, wavelength_list
+from hsgds.preprocess.readers.base import sha256_of, source_stamps
 from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
@@ -158,15 +158,6 @@ def _stamps(paths: list[Path]) -> dict[str, tuple[int, int]]:
     return {str(p): stamp for p, stamp in source_stamps(paths).items()}
 
 
-def _sha256(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def _differs(option: str, want: Any, had: Any) -> str:
     def show(v: Any) -> Any:
         return "not given" if v is None else v
@@ -245,13 +236,14 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions,
     if row.labels is not None and (meta.labels_source or {}).get("name") != row.labels.name:
         return f"labels {(meta.labels_source or {}).get('name')} -> {row.labels.name}", now
     if stamps != now:  # not provably unchanged: compare contents
-        if _sha256(data) != meta.source.get("sha256"):
+        if sha256_of(data)[0] != meta.source.get("sha256"):
             return "source changed (sha256)", now
-        if row.labels is not None and _sha256([row.labels]) != meta.labels_source.get("sha256"):
+        if row.labels is not None and sha256_of([row.labels])[0] != meta.labels_source.get("sha256"):
             return "labels changed (sha256)", now
     problems = scene.verify()
     if problems:
-        return f"{len(problems)} damaged tiles ({problems[0][:120]})", now
+        # tiles, labels, samples or statistics: verify() lists them all
+        return f"damaged: {counted(len(problems), 'problem')} ({problems[0][:120]})", now
     return None, now
 
 
@@ -260,7 +252,7 @@ def _one_line(exc: BaseException) -> str:
         return str(exc)
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    return one_line(exc, with_type=True)
 
 
 def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOptions,
@@ -276,7 +268,7 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
                                labels_key=row.labels_key or opts.labels_key, overwrite=True,
                                wavelengths=row.wavelengths or opts.wavelengths)
     try:
-        _remove_stale(store)  # temporary folders a killed worker left behind
+        remove_stale(store)  # temporary folders a killed worker left behind
         reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps)
         started_ns = time.time_ns()
         if reason is not None:

@@ -10,17 +10,19 @@ refers to yet; they are flushed to disk, and only then is the root metadata repl
 rename, by metadata naming generation ``g``. A reader that read the old metadata keeps reading the
 previous generation, which is kept until the next re-split; one killed at any point leaves the store as
 it was before (or, past the rename, as it is after). Leftovers of a killed re-split are removed by the
-next one. Two re-splits of one store exclude each other with an advisory lock.
+next one. Two re-splits of one store exclude each other with an advisory lock (``flock``), except on
+Windows, which has none: there nothing stops two re-splits of one store at once (docs/windows.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,10 @@ import numpy as np
 import zarr
 
 from hsgds import format as fmt
-from hsgds.errors import InputError, StoreError
+from hsgds._durable import atomic_path, fsync_dir, fsync_tree, rename_error
+from hsgds.errors import HsgdsError, InputError, StoreError, one_line
 from hsgds.preprocess import splits as splitting
-from hsgds.preprocess.convert import lock_folder
+from hsgds.preprocess.convert import lock_folder, write_error
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
 __all__ = ["resplit"]
@@ -62,10 +65,10 @@ class _Store:
         self.path = path
         self.meta = fmt.StoreMeta.from_json(doc.get("attributes", {}) if isinstance(doc, dict) else {}, where)
         self.grid = self.meta.grid
-        root = zarr.open_group(path, mode="r", zarr_format=3)
         h, w, _ = self.meta.shape
         n = self.meta.num_samples
         try:
+            root = zarr.open_group(path, mode="r", zarr_format=3)
             self.labels = np.asarray(root[fmt.LABELS][...])
             table = {f: np.asarray(root[f"{fmt.SAMPLES}/{f}"][...]) for f in ("tile", "y", "x", "offsets")}
         except (KeyError, OSError, ValueError) as exc:
@@ -80,7 +83,11 @@ class _Store:
         if not ok:
             raise StoreError(f"{where}: labels or sample arrays are inconsistent; convert the source again")
         self.table = table
-        tiles_meta = json.loads((path / fmt.TILES / "zarr.json").read_text())
+        try:
+            tiles_meta = json.loads((path / fmt.TILES / "zarr.json").read_text())
+        except (OSError, ValueError, RecursionError) as exc:
+            raise StoreError(f"{where}: cannot read {fmt.TILES}/zarr.json ({one_line(exc)}); convert the source "
+                             "again") from None
         self.tile_paths = fmt.tile_paths(path, g, tiles_meta)
 
     def scene_yx(self) -> tuple[np.ndarray, np.ndarray]:
@@ -111,65 +118,63 @@ def train_stats(store: _Store, codes: np.ndarray) -> dict[str, np.ndarray] | Non
     return acc.result()
 
 
-def _fsync_tree(path: Path) -> None:
-    """Flush every file and folder under ``path`` (and ``path`` itself) to disk."""
-    for root, _, files in os.walk(path, topdown=False):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(root))
+RETRY = "run the same `hsgds resplit` again"
 
 
-def _fsync_dir(path: Path) -> None:
+@contextlib.contextmanager
+def _rewriting(store: Path, what: str) -> Iterator[None]:
+    """A failure while a re-split writes ``what`` into ``store`` as a one-line StoreError: zarr's errors
+    (ValueError: the store's group metadata is damaged) and OSError (disk full, read-only folder). The
+    store keeps its current split: nothing refers to what was being written."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems cannot sync a folder
-    finally:
-        os.close(fd)
+        yield
+    except HsgdsError:
+        raise
+    except ValueError as exc:  # before OSError: zarr's "group not found" is both
+        raise StoreError(f"{store}: cannot write {what}: its metadata is damaged ({one_line(exc)}); convert the "
+                         "source again") from None
+    except OSError as exc:
+        raise write_error(exc, f"{what} of {store}", RETRY,
+                          f"the store is not writable: check its permissions, then {RETRY}") from None
 
 
 def _write_generation(store: Path, generation: int, codes: np.ndarray, stats: dict[str, np.ndarray] | None) -> None:
     cfg = {"write_empty_chunks": True}
-    samples = zarr.open_group(store / fmt.SAMPLES, mode="r+", zarr_format=3)
-    name = fmt.split_array(generation).split("/", 1)[1]
-    samples.create_array(name, data=codes, chunks=(max(1, codes.size),), compressors=None, config=cfg,
-                         dimension_names=["sample"])
-    _fsync_tree(store / fmt.split_array(generation))
+    with _rewriting(store, "the new split codes"):
+        samples = zarr.open_group(store / fmt.SAMPLES, mode="r+", zarr_format=3)
+        name = fmt.split_array(generation).split("/", 1)[1]
+        samples.create_array(name, data=codes, chunks=(max(1, codes.size),), compressors=None, config=cfg,
+                             dimension_names=["sample"])
+        fsync_tree(store / fmt.split_array(generation))
     if stats is not None:
-        group = zarr.open_group(store / fmt.STATS, mode="r+", zarr_format=3)
-        sub = fmt.train_stats_group(generation).split("/", 1)[1]
-        for field, values in stats.items():
-            group.create_array(f"{sub}/{field}", data=values, chunks=(values.size,), compressors=None, config=cfg,
-                               dimension_names=["band"])
-        _fsync_tree(store / fmt.train_stats_group(generation))
-    _fsync_dir(store / fmt.SAMPLES)
-    _fsync_dir(store / fmt.STATS)
+        with _rewriting(store, "the new train statistics"):
+            group = zarr.open_group(store / fmt.STATS, mode="r+", zarr_format=3)
+            sub = fmt.train_stats_group(generation).split("/", 1)[1]
+            for field, values in stats.items():
+                group.create_array(f"{sub}/{field}", data=values, chunks=(values.size,), compressors=None,
+                                   config=cfg, dimension_names=["band"])
+            fsync_tree(store / fmt.train_stats_group(generation))
+    fsync_dir(store / fmt.SAMPLES)
+    fsync_dir(store / fmt.STATS)
 
 
 def _commit(store: Path, meta: fmt.StoreMeta) -> None:
     """Replace the root metadata in one atomic rename (the commit point of a re-split)."""
     root_json = store / "zarr.json"
-    doc = json.loads(root_json.read_text())
-    doc.setdefault("attributes", {})[fmt.FORMAT_NAME] = meta.to_json()
-    tmp = store / f".zarr.json.resplit-{secrets.token_hex(4)}"
     try:
-        with open(tmp, "w") as f:
+        doc = json.loads(root_json.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise StoreError(f"{store}: cannot read zarr.json ({one_line(exc)}); convert the source again") from None
+    doc.setdefault("attributes", {})[fmt.FORMAT_NAME] = meta.to_json()
+    try:
+        # the temporary's name is one _remove_generations removes, should this process be killed
+        with atomic_path(root_json, f".zarr.json.resplit-{secrets.token_hex(4)}") as tmp, open(tmp, "w") as f:
             json.dump(doc, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, root_json)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(store)
+    except PermissionError as exc:  # on Windows: a program reading the store holds zarr.json open
+        raise rename_error(exc, f"replace {root_json}", RETRY) from None
+    except OSError as exc:
+        raise write_error(exc, f"the new metadata of {store}", RETRY,
+                          f"the store is not writable: check its permissions, then {RETRY}") from None
 
 
 _GENERATED = {fmt.SAMPLES: re.compile(r"split-(\d+)"), fmt.STATS: re.compile(r"train-(\d+)")}
@@ -190,7 +195,8 @@ def _remove_generations(store: Path, drop: Callable[[int], bool]) -> None:
             if (store / name).is_dir():
                 shutil.rmtree(store / name, ignore_errors=True)
     for tmp in store.glob(".zarr.json.resplit-*"):
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a leftover is harmless; the next re-split tries again
+            tmp.unlink()
 
 
 def resplit(store: str | os.PathLike, split: str = "random", *, train: float | int = 0.1, val: float | int = 0.0,

@@ -246,6 +246,58 @@ def test_resplit_a_collection_rewrites_its_sample_counts(three_stores, tmp_path,
         assert listed[i].tile_samples == SceneEntry.of_scene("x", open_scene(copies[i])).tile_samples
 
 
+def test_resplit_a_collection_with_a_damaged_scene_keeps_collection_json_in_step(three_stores, tmp_path, run_cli):
+    """The second scene's samples/zarr.json is damaged (the group its new split codes go into: opening the
+    store does not read it, the re-split's write does). It is named and left as it was, the third scene is
+    still re-split (exit 1), and collection.json lists the new splits of the first and third: a loader,
+    which checks the listing against the stores, serves exactly their new train pixels."""
+    root, stores = three_stores
+    copies = [tmp_path / f"{name}.zarr" for name in "abc"]
+    for p, c in zip([stores[0], stores[2], stores[0]], copies):
+        shutil.copytree(p, c)
+    _write(tmp_path, copies)
+    (copies[1] / "samples" / "zarr.json").write_text('{"zarr_format": 3, "node_type": ')
+    before = [open_scene(c).meta.split_generation for c in copies]
+
+    code, out, err = run_cli("resplit", tmp_path, "--split", "blocks", "--train", "0.4", "--seed", "3")
+    assert code == 1 and "Traceback" not in err, err
+    assert "hsgds: failed: scene1: " in err and "convert the source again" in err
+    assert err.strip().splitlines()[-1].startswith("hsgds: error: 1 of 3 labelled scenes could not be re-split (scene1)")
+    assert "re-split 2 of 3 scenes (0 unlabelled, 1 failed)" in out
+    assert [open_scene(c).meta.split_generation for c in copies] == [before[0] + 1, before[1], before[2] + 1]
+    listed = open_collection(tmp_path)
+    assert all(listed.listing_problem(i, open_scene(c)) is None for i, c in enumerate(copies))
+    assert _loader_rows(tmp_path) == _train_rows(copies)
+
+
+def test_resplit_a_collection_interrupted_after_a_scene_still_writes_collection_json(three_stores, tmp_path,
+                                                                                       run_cli, monkeypatch):
+    """Ctrl-C after the first scene was re-split (injected where the command reports that scene: a real
+    SIGINT cannot be timed between two scenes of a few milliseconds): that scene keeps its new split, so
+    collection.json must list it even though the command stops there."""
+    import hsgds.info
+
+    root, stores = three_stores
+    copies = [tmp_path / f"{name}.zarr" for name in "ab"]
+    for p, c in zip([stores[0], stores[2]], copies):
+        shutil.copytree(p, c)
+    _write(tmp_path, copies)
+    before = [open_scene(c).meta.split_generation for c in copies]
+    real = hsgds.info.split_summary
+
+    def interrupted(scene):
+        real(scene)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hsgds.info, "split_summary", interrupted)
+    code, _, err = run_cli("resplit", tmp_path, "--split", "blocks", "--train", "0.4", "--seed", "3")
+    assert code == 1 and "Aborted" in err  # click's answer to Ctrl-C
+    assert [open_scene(c).meta.split_generation for c in copies] == [before[0] + 1, before[1]]
+    listed = open_collection(tmp_path)
+    assert all(listed.listing_problem(i, open_scene(c)) is None for i, c in enumerate(copies))
+    assert _loader_rows(tmp_path) == _train_rows(copies)
+
+
 def test_a_collection_given_where_one_store_is_needed_says_so(three_stores, run_cli):
     root, stores = three_stores
     folder = _write(root, stores).parent
@@ -269,3 +321,39 @@ def test_an_empty_collection_is_not_reported_as_verified(tmp_path, run_cli):
     assert code == 2 and "lists no scenes" in err and out == "", (out, err)
     code, out, err = run_cli("info", tmp_path)
     assert code == 0 and "lists no scenes" in out and "dtype:" not in out, err
+
+
+def test_collection_json_held_open_on_windows_is_one_line(three_stores, tmp_path, monkeypatch):
+    """Windows cannot replace a collection.json another program holds open (PermissionError; Linux always
+    can, so the replace is made to fail as Windows fails it): a one-line StoreError saying to close those
+    programs; the previous file stays and no temporary is left."""
+    import os
+
+    root, stores = three_stores
+    entries = [SceneEntry.of_scene(f"scene{i}", open_scene(p)) for i, p in enumerate(stores)]
+    old = write_collection(tmp_path, entries[:1]).read_bytes()
+
+    def held_open(src, dst):
+        raise PermissionError(13, "Access is denied", str(dst))
+
+    monkeypatch.setattr(os, "replace", held_open)
+    with pytest.raises(StoreError) as caught:
+        write_collection(tmp_path, entries)
+    monkeypatch.undo()
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"cannot write {tmp_path / COLLECTION_FILE} (Access is denied)")
+    assert "close programs that have the file open" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == [COLLECTION_FILE]
+    assert (tmp_path / COLLECTION_FILE).read_bytes() == old
+
+
+@pytest.mark.parametrize("command", ["verify", "info"])
+def test_a_stores_zarr_json_given_as_a_collection_says_to_give_the_store(three_stores, run_cli, command):
+    """Any .json file is taken for a collection; a store's zarr.json (or one of its arrays') is not one,
+    and the fix is to give the store folder, not to run convert-many."""
+    root, stores = three_stores
+    for given in (stores[0] / "zarr.json", stores[0] / "tiles" / "zarr.json"):
+        code, out, err = run_cli(command, given)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.strip() == (f"hsgds: error: {given.resolve()} is a store's Zarr metadata, not a collection: give "
+                               f"the store folder {stores[0].resolve()} instead")

@@ -106,8 +106,9 @@ _NAN = float("nan")
 ])
 def test_invalid_root_metadata_is_a_store_error(store, key, value, message):
     _set_attr(store, key, value)
-    with pytest.raises(StoreError, match=message):
+    with pytest.raises(StoreError, match=message) as caught:
         hsgds.open_scene(store)
+    assert re.search(r"; .*(convert|upgrade|install)", str(caught.value)), caught.value  # and says what to do
 
 
 def test_huge_tiles_are_refused_before_allocating(store):
@@ -199,6 +200,31 @@ def test_inside_rejects_lexical_escapes(store):
             fmt.inside(store, bad, "test")
 
 
+def test_paths_on_another_drive_are_outside_the_store(store, tmp_path, monkeypatch):
+    """On Windows os.path.relpath and os.path.commonpath raise ValueError for paths on two drives; Linux has
+    no drives, so they are made to fail as Windows' do. Such a path is outside the store: a StoreError, not
+    a ValueError from deep inside."""
+    import ntpath
+
+    def other_drive(*args, **kwargs):
+        raise ValueError("path is on mount 'D:', start on mount 'C:'")
+
+    with monkeypatch.context() as m:
+        m.setattr(os.path, "relpath", other_drive)
+        with pytest.raises(StoreError, match="is outside the store"):
+            fmt.inside(store, Path("/elsewhere/tile"), "test")
+    # a tile that is a link to another drive
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"\0" * 4096)
+    tile = hsgds.open_scene(store).tile_paths[1]
+    tile.unlink()
+    tile.symlink_to(secret)
+    with monkeypatch.context() as m:
+        m.setattr(os.path, "commonpath", lambda paths: ntpath.commonpath(["C:\\store", "D:\\secret.bin"]))
+        with pytest.raises(StoreError, match=r"leads through a link to .*secret.bin, outside the store"):
+            hsgds.open_scene(store)
+
+
 # -- the small arrays: labels, samples, statistics --------------------------------------------------------
 
 @pytest.mark.parametrize("array,change,message", [
@@ -206,8 +232,8 @@ def test_inside_rejects_lexical_escapes(store):
     ("labels", {"data_type": "|O"}, "data type"),
     ("labels", {"shape": [10**6, 10**6], "chunk_grid": {"name": "regular", "configuration": {
         "chunk_shape": [10**6, 10**6]}}}, r"has shape \[1000000, 1000000\], expected \[30, 30\]"),
-    ("labels", {"codecs": [{"name": "bytes", "configuration": {"endian": "big"}}]}, "raw little-endian"),
-    ("labels", {"codecs": [{"name": "bytes"}, {"name": "gzip"}]}, "raw little-endian"),
+    ("labels", {"codecs": [{"name": "bytes", "configuration": {"endian": "big"}}]}, "raw little-endian chunk; convert"),
+    ("labels", {"codecs": [{"name": "bytes"}, {"name": "gzip"}]}, "raw little-endian chunk; convert"),
     ("labels", {"chunk_key_encoding": {"name": "default", "configuration": {"separator": "/../"}}},
      "invalid chunk key separator"),
     ("labels", {"shape": "30"}, "has shape"),
@@ -274,7 +300,7 @@ def test_tiles_array_must_match_the_metadata(store):
     with pytest.raises(StoreError, match="not raw little-endian int16"):
         hsgds.open_scene(store)
     _edit(store / "tiles" / "zarr.json", lambda m: m.update(data_type="int16", shape=7))
-    with pytest.raises(StoreError, match="tiles array has shape 7"):
+    with pytest.raises(StoreError, match="tiles array has shape 7, expected .*; convert the source again"):
         hsgds.open_scene(store)
 
 

@@ -147,3 +147,21 @@ def test_atomic_path_leaves_nothing_on_interrupt(tmp_path):
             tmp.write_bytes(b"partial")
             raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def test_probability_file_whose_mapping_fails_leaves_nothing(tmp_path, monkeypatch):
+    """mmap failing (no address space, a file system without mmap) cannot be provoked portably: it is
+    injected; the temporary file and its handle must not outlive the error."""
+    import gc
+    import mmap
+
+    def no_mapping(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", no_mapping)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)  # a leaked handle is reported when collected
+        with pytest.raises(OSError, match="Cannot allocate memory"):
+            writers.ProbabilityFile(tmp_path / "p.npy", (4, 5, 3))
+        gc.collect()
+    assert list(tmp_path.iterdir()) == []

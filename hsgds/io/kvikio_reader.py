@@ -14,7 +14,7 @@ import numpy as np
 
 from hsgds import defaults
 from hsgds.checksum import as_signed, tile_checksums
-from hsgds.errors import ConfigError, HsgdsWarning, TileReadError
+from hsgds.errors import ConfigError, HsgdsWarning, TileReadError, one_line
 from hsgds.io.base import ChunkReader, TileSource
 from hsgds.io.kvikio_support import import_kvikio, kvikio_mode
 
@@ -316,7 +316,7 @@ class KvikioReader(ChunkReader):
 
 
 def _read_failed(path: Any, tile_id: int, exc: BaseException) -> TileReadError:
-    return TileReadError(f"tile {tile_id} ({path}): read failed ({' '.join(str(exc).split())})")
+    return TileReadError(f"tile {tile_id} ({path}): read failed ({one_line(exc)})")
 
 
 def _open_reason(path: Any, exc: BaseException) -> str:
@@ -326,7 +326,7 @@ def _open_reason(path: Any, exc: BaseException) -> str:
             pass
     except OSError as os_exc:
         return os_exc.strerror or str(os_exc)
-    return " ".join(str(exc).split())
+    return one_line(exc)
 
 
 def _torch_cuda_version() -> str | None:

@@ -60,7 +60,7 @@ def _gds_available(kvikio: Any) -> bool:
         return bool(kvikio.DriverProperties().is_gds_available)  # kvikio < 24.12
 
 
-def kvikio_mode(kvikio: Any, *, wsl: bool | None = None) -> tuple[bool, str | None, str]:
+def kvikio_mode(kvikio: Any, *, wsl: bool | None = None) -> tuple[bool, str, str]:
     """How kvikio will read: ``(gds, requested compat mode, reason)``.
 
     ``gds`` is True only when kvikio hands reads to cuFile (compat mode not preferred) *and* cuFile

@@ -333,7 +333,7 @@ def test_running_conversion_keeps_the_lock_on_its_live_folder(scene):
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             finally:
                 os.close(fd)
-            conv._remove_stale(out)  # what a second conversion into the same target does first
+            conv.remove_stale(out)  # what a second conversion into the same target does first
             seen.append(any((tmp / "tiles").rglob("*")))
 
     convert(cp, out, ConvertOptions(labels=lp, tile=18, workers=1), progress)
@@ -360,3 +360,49 @@ def test_damaged_tiff_is_one_line_on_the_command_line(tmp_path, run_cli):
     code, _, err = run_cli("convert", tmp_path / "bad.tif", "-o", tmp_path / "o.zarr")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "bad.tif" in err, err
     _only(tmp_path, "bad.tif")
+
+
+# -- the source hashing thread ---------------------------------------------------------------------------
+
+def test_failed_conversion_leaves_no_hashing_thread(tmp_path):
+    """The source is hashed on a thread while its tiles are written. A 1 GiB float32 cube (sparse on disk:
+    only a NaN at each tile's first pixel is written) fails on its first tile long before its hash is
+    done; the failed conversion must stop that thread, not leave it reading the source."""
+    import threading
+    import time
+
+    src = tmp_path / "big.npy"
+    cube = np.lib.format.open_memmap(src, mode="w+", dtype="<f4", shape=(256, 256, 4096))
+    cube[::32, ::32, 0] = np.nan  # every 32x32 tile fails at once: none is written
+    del cube
+    t0 = time.perf_counter()
+    with pytest.raises(InputError, match="NaN/Inf values"):
+        convert(src, tmp_path / "o.zarr", ConvertOptions(max_patch=3, tile=32, workers=1))
+    assert [t.name for t in threading.enumerate() if t.name == "hsgds-sha256"] == []
+    assert time.perf_counter() - t0 < 30  # and it did not wait for the whole source to be hashed
+    _only(tmp_path, "big.npy")
+
+
+def test_store_held_open_on_windows_is_one_line(scene, run_cli, monkeypatch):
+    """On Windows a store another program is reading cannot be renamed (PermissionError). That cannot happen
+    on Linux, so the rename is made to fail as Windows fails it; the existing store stays, nothing is left."""
+    cp, lp, _ = scene
+    out = cp.parent / "o.zarr"
+    convert(cp, out, ConvertOptions(labels=lp, tile=18))
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    real = os.rename
+
+    def held_open(src, dst):
+        if Path(src) == out:
+            raise PermissionError(13, "The process cannot access the file because it is being used by another "
+                                      "process", str(src))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", held_open)
+    code, _, err = run_cli("convert", cp, "--labels", lp, "--tile", "18", "-o", out, "--overwrite")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"cannot move the existing store {out} aside (The process cannot access the file" in err
+    assert "close the programs that have it open" in err and "then convert again" in err
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    hsgds.open_scene(out).verify()
+    _only(cp.parent, cp.name, lp.name, "o.zarr")

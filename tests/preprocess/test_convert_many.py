@@ -179,7 +179,7 @@ def test_rerun_converts_only_missing_changed_or_damaged(cluster, tmp_path):
     status = {r.name: (r.status, r.reason) for r in third.scenes}
     assert status["cube0"] == ("converted", "missing")
     assert status["cube2"] == ("converted", "source changed (sha256)")
-    assert status["flight_1"][0] == "converted" and "1 damaged tiles" in status["flight_1"][1]
+    assert status["flight_1"][0] == "converted" and "damaged: 1 problem (tile 0 " in status["flight_1"][1]
     assert {n for n, (s, _) in status.items() if s == "up to date"} == {"flight_3", "cube4", "flight_5"}
     check_collection(out, arrays, tmp_path)
 
@@ -386,3 +386,25 @@ def test_a_wavelengths_column_gives_each_scene_its_band_centres(cluster, tmp_pat
     code, _, err = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "o2")
     assert code == 2 and "line 2: wavelengths " in err and "'x' is not a number" in err, err
     assert not (tmp_path / "o2").exists()
+
+
+def test_a_store_with_damaged_statistics_is_converted_again_and_not_called_damaged_tiles(tmp_path):
+    """verify() finds damage in the labels, samples and statistics too; the reason says how many problems,
+    not "damaged tiles" (no tile is damaged here)."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, labels = make_scene(24, 20, 4, classes=3, seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    row = ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=5, seed=1)
+    assert convert_scene(row, out, opts).status == "converted"
+    mean = next((out / "c.zarr" / "stats" / "all" / "mean").rglob("c/*"))  # its one chunk
+    mean.write_bytes(mean.read_bytes()[:-8])  # one band short
+    assert len(open_scene(out / "c.zarr").verify()) == 1
+    again = convert_scene(row, out, opts)
+    assert again.status == "converted" and again.reason.startswith("damaged: 1 problem (")
+    assert "tiles" not in again.reason.split("(")[0]
+    assert open_scene(out / "c.zarr").verify() == []

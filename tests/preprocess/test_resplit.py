@@ -312,3 +312,37 @@ def test_resplit_refuses_train_statistics_that_overflow(npy_scene, tmp_path, mon
     with pytest.raises(InputError, match=r"band 0: the std of the new train pixels is inf .*; rescale the cube"):
         resplit(store, "random", train=0.5)
     assert tree_digest(store) == before
+
+
+@pytest.mark.parametrize("damaged", [f"{fmt.TILES}/zarr.json", f"{fmt.SAMPLES}/zarr.json"])
+def test_resplit_of_a_store_with_damaged_metadata_is_one_line(ip_copy, run_cli, damaged):
+    """tiles/zarr.json is read by the re-split's store check, samples/zarr.json (the group the new split codes
+    go into) only when it writes them: either, damaged, is a one-line error and the store stays as it was."""
+    (ip_copy / damaged).write_text('{"zarr_format": 3, "node_type": ')
+    before = tree_digest(ip_copy)
+    code, _, err = run_cli("resplit", ip_copy, "--split", "random", "--train", "0.5")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert str(ip_copy) in err and "convert the source again" in err
+    assert tree_digest(ip_copy) == before
+
+
+def test_resplit_that_cannot_replace_zarr_json_is_one_line(ip_copy, run_cli, monkeypatch):
+    """On Windows zarr.json cannot be replaced while a program reading the store holds it open
+    (PermissionError), which Linux never refuses: the replace is made to fail as Windows fails it."""
+    before = split_state(ip_copy)
+
+    real = os.replace
+
+    def held_open(src, dst):
+        if Path(dst) == ip_copy / "zarr.json":
+            raise PermissionError(13, "Access is denied", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", held_open)
+    code, _, err = run_cli("resplit", ip_copy, "--split", "random", "--train", "0.5")
+    monkeypatch.undo()
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"cannot replace {ip_copy / 'zarr.json'} (Access is denied); close the programs that have it open" in err
+    assert split_state(ip_copy) == before and not list(ip_copy.glob(".zarr.json*"))
+    code, _, err = run_cli("resplit", ip_copy, "--split", "random", "--train", "0.5")  # and it can be retried
+    assert code == 0, err
