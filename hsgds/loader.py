@@ -58,8 +58,9 @@ __all__ = ["LoaderStats", "PatchLoader", "normalization_constants"]
 
 NORMALIZATIONS = ("zscore", "minmax", None)
 # 2: shuffle windows that ramp up, each with a generator of its own (hsgds.sampling); a version-1 state
-# named a position in an order this version no longer makes
-STATE_VERSION = 2
+# named a position in an order this version no longer makes; 3: ranks share the samples equally, a tile
+# on a cut read by two ranks (a version-2 state of one rank is the same position)
+STATE_VERSION = 3
 #: epochs are keyed on 32 bits (augmentation draws): a larger one would repeat an earlier epoch
 MAX_EPOCH = 1 << 32
 
@@ -185,11 +186,13 @@ def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.nda
 
 
 def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
-    """What a saved position is a position in: the scenes (in order) and their samples per tile, and which
-    pixels those are for a sample table. A re-split or replaced store changes it."""
+    """What a saved position is a position in: the scenes (in order) and their samples per tile, and for one
+    scene's sample table which pixels those are. A re-split or replaced store changes it. (Several scenes'
+    pixels are left out: a collection's loader may list them from collection.json, never reading them,
+    and its state must resume in a loader that opened the same stores.)"""
     h = hashlib.sha256("\0".join(names).encode())
     h.update(np.ascontiguousarray(samples.counts(), dtype=np.int64).tobytes())
-    if isinstance(samples, SampleSet):  # labelled samples: which pixels, not only how many in each tile
+    if isinstance(samples, SampleSet) and len(names) == 1:  # which pixels, not only how many in each tile
         h.update(np.ascontiguousarray(samples.scene_y).data)  # the int32 arrays as they are: no copy
         h.update(np.ascontiguousarray(samples.scene_x).data)
     return h.hexdigest()[:16]
@@ -548,7 +551,11 @@ class PatchLoader:
             raise ConfigError("loader state was saved by an older hsgds whose shuffled order differs from this one's "
                               f"(state version 1, now {STATE_VERSION}): the rest of its epoch cannot be resumed exactly; "
                               "start the next epoch instead (loader.set_epoch(epoch + 1))")
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") == 2 and state.get("world_size") != 1:
+            raise ConfigError("loader state was saved by an older hsgds that dealt whole tiles to the ranks (state "
+                              f"version 2, now {STATE_VERSION}): the rest of its epoch cannot be resumed exactly; "
+                              "start the next epoch instead (loader.set_epoch(epoch + 1))")
+        if state.get("version") not in (2, STATE_VERSION):  # one rank plans as in version 2
             raise ConfigError(f"loader state has version {state.get('version')!r}, expected {STATE_VERSION}; "
                               "pass a state made by PatchLoader.state_dict()")
         mine = self.state_dict()

@@ -10,7 +10,6 @@ planning time follow the tiles, not the pixels.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -88,6 +87,10 @@ class Interval(NamedTuple):
     last: int
 
 
+#: A rank's share of the samples: (tiles, first sample, end sample) int64 arrays, one entry per tile it
+#: reads; its samples are ``first[i]:end[i]`` of tile ``tiles[i]``, one piece after another.
+Pieces = tuple[np.ndarray, np.ndarray, np.ndarray]
+
 #: Residency while planning: (tile, first batch, last batch) int64 arrays, one entry per span; whole-array
 #: operations until the plan's Intervals are made, once.
 Spans = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -123,18 +126,32 @@ class EpochPlan:
         return [Interval(iv.tile, max(iv.first, start), iv.last) for iv in self.intervals if iv.last >= start]
 
 
-def shard_tiles(counts: np.ndarray, tile_order: np.ndarray, world_size: int) -> list[np.ndarray]:
-    """Deal tiles (in ``tile_order``) to ranks, each to the rank with the fewest samples so far (the lowest
-    such rank on a tie). A heap of (load, rank): an archive's tens of thousands of tiles in ~30 ms, where an
-    argmin over the loads per tile took ~200 ms."""
-    heap = [(0, r) for r in range(world_size)]
-    shards: list[list[int]] = [[] for _ in range(world_size)]
+def shard_samples(offsets: np.ndarray, tile_order: np.ndarray, rank: int, world_size: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rank ``rank``'s share of the samples of ``tile_order``'s tiles taken tile after tile: the positions
+    ``rank * N // world_size`` up to ``(rank + 1) * N // world_size`` of that sequence (N samples), as pieces
+    (tiles, first sample, end sample): whole tiles, except that a tile where one share ends and the next
+    begins is split between the two ranks (both read it). The shares differ by at most one sample, as
+    torch's DistributedSampler's; dealing whole tiles left ranks up to a fifth of an epoch apart, which
+    padding then filled with repeated samples."""
     order = np.asarray(tile_order, dtype=np.int64)
-    for t, c in zip(order.tolist(), np.asarray(counts)[order].tolist()):
-        load, r = heap[0]
-        shards[r].append(t)
-        heapq.heapreplace(heap, (load + c, r))
-    return [np.asarray(s, dtype=np.int64) for s in shards]
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lo, hi = offsets[order], offsets[order + 1]
+    ends = np.cumsum(hi - lo)
+    starts = ends - (hi - lo)
+    total = int(ends[-1]) if len(ends) else 0
+    a, b = rank * total // world_size, (rank + 1) * total // world_size
+    i, j = int(np.searchsorted(ends, a, side="right")), int(np.searchsorted(starts, b, side="left"))
+    tiles, lo, hi = order[i:j], lo[i:j].copy(), hi[i:j].copy()
+    if len(tiles):  # the first and last tile may be shared with the ranks before and after
+        lo[0] += a - starts[i]
+        hi[-1] -= ends[j - 1] - b
+    return tiles, lo, hi
+
+
+def share_sizes(total: int, world_size: int) -> list[int]:
+    """Every rank's number of samples under :func:`shard_samples`."""
+    return [(r + 1) * total // world_size - r * total // world_size for r in range(world_size)]
 
 
 class WindowedOrder:
@@ -145,10 +162,10 @@ class WindowedOrder:
     Positions past one pass over the tiles (padding up to the largest rank's share) repeat the order from
     its start."""
 
-    def __init__(self, offsets: np.ndarray, tiles: np.ndarray, bounds: np.ndarray, key: tuple[int, ...] | None,
-                 starts: np.ndarray, length: int) -> None:
-        self._offsets, self._tiles = offsets, tiles
-        self._bounds = bounds  # (windows + 1,): window w holds tiles[bounds[w]:bounds[w + 1]]
+    def __init__(self, pieces: Pieces, bounds: np.ndarray, key: tuple[int, ...] | None, starts: np.ndarray,
+                 length: int) -> None:
+        self._pieces = pieces  # (tiles, first sample, end sample) of the rank's share
+        self._bounds = bounds  # (windows + 1,): window w holds pieces[bounds[w]:bounds[w + 1]]
         self._key = key  # (seed, epoch, rank) of the shuffle; None: unshuffled
         self._starts = starts  # (windows + 1,): each window's first position
         self._main = int(starts[-1])
@@ -160,7 +177,7 @@ class WindowedOrder:
 
     def resized(self, length: int) -> WindowedOrder:
         """The same order cut to (or padded up to) ``length`` positions."""
-        order = WindowedOrder(self._offsets, self._tiles, self._bounds, self._key, self._starts, length)
+        order = WindowedOrder(self._pieces, self._bounds, self._key, self._starts, length)
         order.keep(*self._cached)
         return order
 
@@ -169,16 +186,17 @@ class WindowedOrder:
         if samples is not None:
             self._cached = (w, samples)
 
-    def window_tiles(self, w: int) -> np.ndarray:
-        """Window w's tiles, in the order their samples are listed before the shuffle."""
-        return self._tiles[self._bounds[w]:self._bounds[w + 1]]
+    def window_pieces(self, w: int) -> Pieces:
+        """Window w's pieces, in the order their samples are listed before the shuffle."""
+        at = slice(self._bounds[w], self._bounds[w + 1])
+        return self._pieces[0][at], self._pieces[1][at], self._pieces[2][at]
 
     def window_samples(self, w: int) -> np.ndarray:
         """Window w's samples in order."""
         cached_w, cached = self._cached
         if cached_w == w and cached is not None:
             return cached
-        idx, _ = _window(self._offsets, self.window_tiles(w), self._key, w)
+        idx, _ = _window(self.window_pieces(w), self._key, w)
         self._cached = (w, idx)
         return idx
 
@@ -216,13 +234,13 @@ def window_bounds(num_tiles: int, window: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
 
 
-def _window(offsets: np.ndarray, tiles: np.ndarray, key: tuple[int, ...] | None, w: int, with_tiles: bool = False
+def _window(pieces: Pieces, key: tuple[int, ...] | None, w: int, with_tiles: bool = False
             ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(samples, the tile of each if ``with_tiles``) of window w holding ``tiles``: their sample ranges tile
-    after tile, permuted by the window's own generator when ``key`` (seed, epoch, rank) is given."""
-    idx = _sample_ranges(offsets, tiles)
-    # each sample's tile, without a search
-    of = np.repeat(tiles, offsets[tiles + 1] - offsets[tiles]) if with_tiles else None
+    """(samples, the tile of each if ``with_tiles``) of window w holding ``pieces``: their sample ranges
+    one after another, permuted by the window's own generator when ``key`` (seed, epoch, rank) is given."""
+    tiles, lo, hi = pieces
+    idx = _ranges(lo, hi)
+    of = np.repeat(tiles, hi - lo) if with_tiles else None  # each sample's tile, without a search
     if key is not None:
         rng = np.random.default_rng([*key, 1, w])
         if of is None:
@@ -233,40 +251,39 @@ def _window(offsets: np.ndarray, tiles: np.ndarray, key: tuple[int, ...] | None,
     return idx, of
 
 
-def _windowed_order(samples: Samples, tiles: np.ndarray, window: int, key: tuple[int, ...] | None,
-                    batch_size: int, limit: int) -> tuple[WindowedOrder, list[Spans]]:
-    """The order of ``tiles``' samples in windows (:func:`window_bounds`), each shuffled on its own
-    (``key``: (seed, epoch, rank); None: tile after tile), and the residency of its positions below
-    ``limit``. Only the first window is made here (its batches come next, and its tiles' exact first and
-    last batches let the first batch start before the window's other tiles are read); a later window's
-    tiles are resident from its first batch to its last, from the offset table alone, so planning costs
-    O(tiles) beyond the first window, however many samples there are."""
-    tiles = np.asarray(tiles, dtype=np.int64)
-    offsets = np.asarray(samples.offsets, dtype=np.int64)
+def _windowed_order(num_tiles: int, pieces: Pieces, window: int, key: tuple[int, ...] | None, batch_size: int,
+                    limit: int) -> tuple[WindowedOrder, list[Spans]]:
+    """The order of the samples of ``pieces`` (a rank's share: tiles and their sample ranges) in windows
+    (:func:`window_bounds`) of pieces, each shuffled on its own (``key``: (seed, epoch, rank); None: piece
+    after piece), and the residency of its positions below ``limit``. Only the first window is made here
+    (its batches come next, and its tiles' exact first and last batches let the first batch start before
+    the window's other tiles are read); a later window's tiles are resident from its first batch to its
+    last, from the pieces' ranges alone, so planning costs O(tiles) beyond the first window, however many
+    samples there are."""
+    tiles, lo, hi = pieces
     bounds = window_bounds(len(tiles), window)
-    counts = offsets[tiles + 1] - offsets[tiles]
-    starts = np.concatenate([[0], np.cumsum(counts)[bounds[1:] - 1]]).astype(np.int64)
-    first, of = _window(offsets, tiles[bounds[0]:bounds[1]], key, 0, with_tiles=True)
+    starts = np.concatenate([[0], np.cumsum(hi - lo)[bounds[1:] - 1]]).astype(np.int64)
+    first, of = _window((tiles[:bounds[1]], lo[:bounds[1]], hi[:bounds[1]]), key, 0, with_tiles=True)
     assert of is not None
-    residency = _Residency(len(offsets) - 1, batch_size)
+    residency = _Residency(num_tiles, batch_size)
     residency.add(0, of[:limit])
     # every later window below the limit: its tiles resident from its first position's batch to its last's
     w = np.arange(1, len(bounds) - 1)
-    lo, hi = starts[w], np.minimum(starts[w + 1], limit)
-    w, lo, hi = w[lo < hi], lo[lo < hi], hi[lo < hi]
-    n = bounds[w + 1] - bounds[w]  # tiles per window
-    at = _sample_ranges(bounds, w)  # those windows' positions in ``tiles`` (bounds read as an offset table)
-    spans = [residency.spans(), (tiles[at], np.repeat(lo // batch_size, n), np.repeat((hi - 1) // batch_size, n))]
-    order = WindowedOrder(offsets, tiles, bounds, key, starts, int(starts[-1]))
+    wlo, whi = starts[w], np.minimum(starts[w + 1], limit)
+    w, wlo, whi = w[wlo < whi], wlo[wlo < whi], whi[wlo < whi]
+    n = bounds[w + 1] - bounds[w]  # pieces per window
+    at = _ranges(bounds[w], bounds[w + 1])  # those windows' positions in the pieces
+    spans = [residency.spans(), (tiles[at], np.repeat(wlo // batch_size, n), np.repeat((whi - 1) // batch_size, n))]
+    order = WindowedOrder(pieces, bounds, key, starts, int(starts[-1]))
     order.keep(0, first)  # the epoch's first batches need it next: not made a second time
     return order, spans
 
 
-def _sample_ranges(offsets: np.ndarray, tiles: np.ndarray) -> np.ndarray:
-    """The sample indices of ``tiles``, tile after tile (each tile's ``offsets[t]:offsets[t + 1]``), in one
-    pass: the concatenated ranges, without a range per tile."""
-    lo = offsets[tiles].astype(np.int64)
-    n = offsets[tiles + 1].astype(np.int64) - lo
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The integers of the ranges ``lo[i]:hi[i]``, one range after another, in one pass: the concatenated
+    ranges, without a range per piece."""
+    lo = np.asarray(lo, dtype=np.int64)
+    n = np.asarray(hi, dtype=np.int64) - lo
     return np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
 
 
@@ -337,11 +354,12 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
                window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False) -> EpochPlan:
     """Plan one epoch for one rank.
 
-    Tiles are ordered by a generator seeded with (seed, epoch) (the same on every rank), dealt to
-    ranks to balance their sample counts, and grouped into windows of ``window`` resident tiles whose
-    samples are shuffled together (``window`` >= the rank's tile count gives a true global shuffle).
-    Every rank yields the same number of batches: with ``drop_last`` each stops at the smallest share;
-    otherwise each pads its order by repeating its own first samples up to the largest share.
+    Tiles are ordered by a generator seeded with (seed, epoch) (the same on every rank), their samples
+    cut into equal consecutive shares, one per rank (:func:`shard_samples`: a tile on a cut is read by
+    both ranks), and a rank's tiles grouped into windows of ``window`` resident tiles whose samples are
+    shuffled together (``window`` >= the rank's tile count gives a true global shuffle). Every rank
+    yields the same number of batches: with ``drop_last`` each stops at the smallest share; otherwise
+    each pads its order by repeating its own first sample (the shares differ by one sample at most).
     If a window needs more tiles resident than ``slots``, the window shrinks; if even one tile per
     window does not fit, ConfigError says how many slots are needed.
     """
@@ -349,18 +367,15 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} is outside world_size {world_size}")
-    counts = samples.counts()
-    tiles = np.flatnonzero(counts)
-    if len(tiles) < world_size:
-        raise ConfigError(f"the split has samples in only {len(tiles)} tiles, fewer than the {world_size} ranks; "
-                          "convert with a smaller --tile or use fewer ranks")
+    if len(samples) < world_size:
+        raise ConfigError(f"the split has {len(samples)} samples, fewer than the {world_size} ranks; use fewer ranks")
+    tiles = np.flatnonzero(samples.counts())
     rng = np.random.default_rng([seed, epoch])
     tile_order = rng.permutation(tiles) if shuffle else tiles
-    shards = shard_tiles(counts, tile_order, world_size) if world_size > 1 else [tile_order]
-    sizes = [int(counts[s].sum()) for s in shards]
-    mine = shards[rank]
-    window = len(mine) if window is None else max(1, window)
-    if window > slots // 2 and len(mine) > slots:
+    mine = shard_samples(samples.offsets, tile_order, rank, world_size)
+    sizes = share_sizes(len(samples), world_size)
+    window = len(mine[0]) if window is None else max(1, window)
+    if window > slots // 2 and len(mine[0]) > slots:
         window = max(1, slots // 2)  # double-buffer: the next window loads while this one is consumed
     if not shuffle and world_size == 1:
         # the samples in their own order (tile by tile): a range, and each tile's residency from the offset
@@ -382,8 +397,8 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
         num_batches = -(-max(sizes) // batch_size)
         length, limit = max(sizes), sizes[rank]  # past this rank's own share: its first samples again
     while True:
-        order, parts = _windowed_order(samples, mine, window, (seed, epoch, rank) if shuffle else None, batch_size,
-                                       limit)
+        order, parts = _windowed_order(num_tiles, mine, window, (seed, epoch, rank) if shuffle else None,
+                                       batch_size, limit)
         order = order.resized(length)
         if length > limit:  # padding: this rank's first samples again, at positions limit..length-1
             pad = _Residency(num_tiles, batch_size)

@@ -525,6 +525,9 @@ def test_listed_samples_equal_the_stores_opened_first(scenes, tmp_path, split, r
         for a, b in zip(listed.samples.take(idx), opened.samples.take(idx), strict=True):
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
+        # the same samples, however the loader came to them: a state of one resumes in the other
+        opened.load_state_dict(listed.state_dict())
+        listed.load_state_dict(opened.state_dict())
 
 
 def test_a_labelled_collection_starts_without_opening_a_store(scenes, tmp_path):

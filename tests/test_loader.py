@@ -211,6 +211,15 @@ def test_resume_refuses_a_state_of_an_older_order(border_scene):
             b.load_state_dict(state)
         with pytest.raises(ConfigError, match="version 'x', expected"):
             b.load_state_dict({**state, "version": "x"})
+    # version 2 dealt whole tiles to ranks: a rank's position then is another order now; one rank's is the same
+    with _loader(store, rank=1, world_size=2) as ranked:
+        with pytest.raises(ConfigError, match=r"dealt whole tiles to the ranks.*set_epoch\(epoch \+ 1\)"):
+            ranked.load_state_dict({**ranked.state_dict(), "version": 2})
+    with _loader(store) as a, _loader(store) as b:
+        it = iter(a)
+        next(it)
+        b.load_state_dict({**a.state_dict(), "version": 2})
+        assert b.state_dict()["batch"] == 1 and b.state_dict()["version"] == 3
 
 
 class SlowReader:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hsgds.errors import ConfigError
-from hsgds.sampling import SampleSet, plan_epoch, shard_tiles, window_bounds
+from hsgds.sampling import SampleSet, plan_epoch, shard_samples, window_bounds
 
 
 def sample_set(counts, seed=0) -> SampleSet:
@@ -78,22 +78,30 @@ def test_shards_disjoint_complete_equal(world, drop_last):
     plans = [plan_epoch(s, batch_size=8, seed=2, epoch=1, shuffle=True, slots=4, rank=r, world_size=world,
                         drop_last=drop_last) for r in range(world)]
     assert len({p.num_batches for p in plans}) == 1
-    tiles = [set(s.tile[p.positions()].tolist()) for p in plans]
+    n = len(s)
+    own = [set(p.positions()[:n // world].tolist()) for p in plans]  # every rank's share has >= n // world
     for i in range(world):
         for j in range(i + 1, world):
-            assert not tiles[i] & tiles[j]
+            assert not own[i] & own[j]
     if not drop_last:
         union = set(np.concatenate([p.positions() for p in plans]).tolist())
         assert union == set(range(len(s)))
+        # the shares differ by one sample at most: padding repeats at most one per rank
+        assert all(len(p.order) == -(-n // world) for p in plans)
+        assert sum(len(p.order) for p in plans) - n < world
     else:
         for p in plans:
-            assert len(p.order) == p.num_batches * 8
+            assert len(p.order) == p.num_batches * 8 == n // world // 8 * 8
 
 
-def test_more_ranks_than_tiles():
-    with pytest.raises(ConfigError, match="fewer than the 5 ranks"):
-        plan_epoch(sample_set([3, 4, 0, 2]), batch_size=2, seed=0, epoch=0, shuffle=True, slots=4, rank=0,
+def test_more_ranks_than_samples():
+    with pytest.raises(ConfigError, match="the split has 4 samples, fewer than the 5 ranks"):
+        plan_epoch(sample_set([3, 0, 1]), batch_size=2, seed=0, epoch=0, shuffle=True, slots=4, rank=0,
                    world_size=5)
+    # fewer tiles than ranks is fine: ranks share tiles
+    plans = [plan_epoch(sample_set([3, 0, 2]), batch_size=2, seed=0, epoch=0, shuffle=True, slots=4, rank=r,
+                        world_size=5) for r in range(5)]
+    assert sorted(np.concatenate([p.positions() for p in plans]).tolist()) == list(range(5))
 
 
 def test_resume_intervals_start_at_batch():
@@ -126,29 +134,34 @@ def test_unshuffled_plan_is_the_samples_in_order_with_each_tiles_residency(batch
 
 def _reference_order(s: SampleSet, seed: int, epoch: int, rank: int, world: int, window: int, batch: int,
                      drop_last: bool) -> np.ndarray:
-    """The order written out whole: tiles permuted by (seed, epoch), dealt to the rank with the fewest
-    samples, grouped into windows of ``window`` tiles (when there are several, the first ones ramp up: 2,
-    4, 8, ... tiles), window w's samples permuted by a generator seeded with (seed, epoch, rank, 1, w), cut to
-    the smallest share or padded from the start to the largest."""
+    """The order written out whole: tiles permuted by (seed, epoch), their samples listed tile after tile and
+    cut into ``world`` consecutive shares of n // world or n // world + 1 samples, the rank's share grouped
+    into windows of ``window`` tiles (when there are several, the first ones ramp up: 2, 4, 8, ... tiles;
+    a tile cut between two ranks counts in both), window w's samples permuted by a generator seeded with
+    (seed, epoch, rank, 1, w), cut to the smallest share or padded from the start to the largest."""
     counts = np.diff(s.offsets)
     tiles = np.random.default_rng([seed, epoch]).permutation(np.flatnonzero(counts))
-    load, shards = np.zeros(world, np.int64), [[] for _ in range(world)]
-    for t in tiles:
-        r = int(np.argmin(load))
-        shards[r].append(int(t))
-        load[r] += counts[t]
-    mine = shards[rank]
+    listed = [(int(t), int(i)) for t in tiles for i in range(s.offsets[t], s.offsets[t + 1])]
+    n = len(listed)
+    cuts = [r * n // world for r in range(world + 1)]
+    share = listed[cuts[rank]:cuts[rank + 1]]
+    mine: list[list[int]] = []  # the rank's tiles, each with its samples in the share
+    for k, (t, i) in enumerate(share):
+        if k == 0 or share[k - 1][0] != t:
+            mine.append([])
+        mine[-1].append(i)
     groups, size = [], min(2, window) if len(mine) > window else window
     while sum(map(len, groups)) < len(mine):
         done = sum(map(len, groups))
         groups.append(mine[done:done + size])
         size = min(2 * size, window)
-    parts = [np.random.default_rng([seed, epoch, rank, 1, w]).permutation(
-        np.concatenate([np.arange(s.offsets[t], s.offsets[t + 1]) for t in g])) for w, g in enumerate(groups)]
+    parts = [np.random.default_rng([seed, epoch, rank, 1, w]).permutation(np.concatenate(g))
+             for w, g in enumerate(groups)]
     order = np.concatenate(parts)
+    sizes = np.diff(cuts)
     if drop_last:
-        return order[:min(load) // batch * batch]
-    return np.resize(order, max(load))
+        return order[:min(sizes) // batch * batch]
+    return np.resize(order, max(sizes))
 
 
 @pytest.mark.parametrize("world,drop_last", [(1, False), (1, True), (2, False), (3, False), (3, True)])
@@ -237,16 +250,18 @@ def test_merged_spans_equal_a_plain_python_merge(seed):
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
-def test_tiles_dealt_to_the_least_loaded_rank_lowest_first_on_ties(world):
-    """shard_tiles deals each tile, in order, to the rank with the fewest samples so far and the lowest such
-    rank on a tie (many ties: counts from a few values), as the loop over argmin of the loads does."""
+def test_each_rank_gets_a_consecutive_equal_share_of_the_samples(world):
+    """shard_samples: rank r's pieces are positions r * n // world to (r + 1) * n // world of the samples
+    listed tile after tile in the given order, as a plain list-and-slice gives."""
     rng = np.random.default_rng(world)
-    counts = rng.choice([1, 2, 5, 100], size=500)
-    order = rng.permutation(500)
-    load, want = np.zeros(world, np.int64), [[] for _ in range(world)]
-    for t in order:
-        r = int(np.argmin(load))
-        want[r].append(int(t))
-        load[r] += counts[t]
-    got = shard_tiles(counts, order, world)
-    assert [g.tolist() for g in got] == want and all(g.dtype == np.int64 for g in got)
+    counts = rng.choice([1, 2, 5, 100], size=50)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    order = rng.permutation(50)
+    listed = [(int(t), i) for t in order for i in range(offsets[t], offsets[t + 1])]
+    n = len(listed)
+    for rank in range(world):
+        tiles, lo, hi = shard_samples(offsets, order, rank, world)
+        assert all(a.dtype == np.int64 for a in (tiles, lo, hi))
+        got = [(int(t), i) for t, a, b in zip(tiles, lo, hi) for i in range(a, b)]
+        assert got == listed[rank * n // world:(rank + 1) * n // world]
+        assert np.all(hi > lo) and len(set(tiles.tolist())) == len(tiles)
