@@ -16,3 +16,12 @@ def listed(items: Iterable[object], limit: int = 5) -> str:
     shown = [str(i) for i in items]
     more = f" and {len(shown) - limit} more" if len(shown) > limit else ""
     return ", ".join(shown[:limit]) + more
+
+
+def clipped(text: str, limit: int) -> str:
+    """``text`` on one line, cut at a word boundary to at most ``limit`` characters (marked " ..."), so that a
+    quoted message never ends mid-word."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0] + " ..."

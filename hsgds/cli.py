@@ -1,7 +1,7 @@
 """The ``hsgds`` command: convert, convert-many, info, resplit, verify (and the runtime verbs). Exit 0 on success,
 2 on bad input or usage, with a one-line error on stderr; 1 when part of the work failed and the rest was done
 (convert-many and a collection's resplit or predict: some scenes failed) or, for doctor --require-gpu, when
-no CUDA GPU would be used."""
+no CUDA GPU would be used; 130 when interrupted (Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,27 @@ from hsgds.errors import HsgdsError, InputError
 
 EXIT_BAD_INPUT = 2
 EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor --require-gpu: no GPU)
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT, so that a script tells Ctrl-C from failed scenes
+
+# what an interrupted command leaves, for those whose rerun picks up where it stopped
+_RESUMED = {
+    "convert": "; run the same command again to convert (a store is written whole or not at all)",
+    "convert-many": "; run the same command again to finish (the scenes converted so far are kept)",
+    "resplit": "; run the same command again to finish (each store keeps its old split or the new one)",
+}
+
+
+class _Commands(click.Group):
+    """The hsgds group: Ctrl-C in a command exits 130 with a line saying what to do, instead of click's
+    "Aborted!" and exit 1 (which is also "some scenes failed")."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            lead = "\n" if sys.stderr.isatty() else ""  # below the terminal's ^C (or a progress bar)
+            click.echo(f"{lead}hsgds: interrupted{_RESUMED.get(ctx.invoked_subcommand or '', '')}", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
 
 def _fail(message: str) -> NoReturn:
@@ -28,7 +49,7 @@ def _fail(message: str) -> NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hsgds")
 def cli() -> None:
     """Stream hyperspectral patches from aligned Zarr tiles into PyTorch training."""
@@ -204,6 +225,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     changed or damaged. Exit 1 when some scenes failed (each is named with its reason)."""
     import logging
 
+    from hsgds.preprocess.convert_many import NEW
     from hsgds.preprocess.convert_many import convert_many as run_many
 
     opts = _convert_options(**options, workers=threads)
@@ -226,8 +248,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if result.status == "failed":
             click.echo(f"\nhsgds: failed: {result.name}: {result.reason}" if bar else
                        f"hsgds: failed: {result.name}: {result.reason}", err=True)
-        elif result.status == "converted" and result.reason not in ("missing", "--overwrite"):
-            # an existing store replaced (e.g. a re-split undone by other split options): say why
+        elif result.status == "converted" and result.reason not in (NEW, "--overwrite"):
+            # a store replaced (e.g. a re-split undone by other split options) or deleted since: say why
             click.echo(f"{chr(10) if bar else ''}{result.name}: re-converted: {result.reason}")
         if bar is not None:
             bar.length = total

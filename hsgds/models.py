@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hsgds._unset import Unset
+from hsgds._wording import clipped
 from hsgds.errors import ConfigError, InputError, as_count, as_fraction, as_path, one_line
 from hsgds.scene import BandStats
 
@@ -430,7 +431,9 @@ class LoadedModel:
 
         if self.band_indices is not None or self.wavelengths is not None:
             try:
-                scene_bands(scene, bands, wavelengths, self.band_indices, self.wavelengths, self.wavelength_tolerance)
+                scene_bands(scene, bands, wavelengths, self.band_indices, self.wavelengths, self.wavelength_tolerance,
+                            far="the model was trained on that wavelength, so this scene cannot be predicted with it; "
+                                "use a model trained on bands this scene has")
             except ConfigError as exc:
                 raise ConfigError(f"{name} was trained on a band selection that scene {scene!r} cannot give: "
                                   f"{exc}") from None
@@ -442,14 +445,6 @@ class LoadedModel:
 def _bad(path: Path, why: str) -> InputError:
     return InputError(f"{path} is not a usable model: {why}; pass a torch.export program (.pt2, "
                       "hsgds.models.save_program) or a checkpoint saved by `hsgds demo` / hsgds.models.save_checkpoint")
-
-
-def _words(text: str, limit: int) -> str:
-    """``text`` on one line, cut at a word boundary to at most ``limit`` characters (marked "...")."""
-    line = " ".join(text.split())
-    if len(line) <= limit:
-        return line
-    return line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _input_shape(program: Any) -> tuple[Any, ...]:
@@ -540,7 +535,7 @@ def _load_export(path: Path) -> LoadedModel:
             module = program.module()
         except Exception as exc:  # a damaged or foreign archive: its exception types are not a contract
             cause = logged[0] if logged else exc  # what failed first, not "check the warnings above"
-            raise _bad(path, f"torch.export.load failed ({type(cause).__name__}: {_words(str(cause), 200)})") from None
+            raise _bad(path, f"torch.export.load failed ({type(cause).__name__}: {clipped(str(cause), 200)})") from None
     shape = _program_input(program)
     if shape is None:
         raise _bad(path, f"the program takes {len(program.graph_signature.user_inputs)} inputs, not one "
@@ -586,7 +581,7 @@ def _load_checkpoint(path: Path) -> LoadedModel:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise _bad(path, f"not a torch.export program and torch.load(weights_only=True) failed "
-                         f"({type(exc).__name__}: {_words(str(exc), 160)})") from None
+                         f"({type(exc).__name__}: {clipped(str(exc), 160)})") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise _bad(path, "not an hsgds checkpoint (no 'format': 'hsgds-model')")
     version = state.get("version")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from hsgds import format as fmt
-from hsgds._wording import counted
+from hsgds._wording import counted, listed
 from hsgds.errors import ConfigError, InputError, StoreError, TileReadError, as_count, as_path
 from hsgds.sampling import SampleSet
 
@@ -153,6 +153,11 @@ class Scene:
             if (self.path / "collection.json").is_file():  # checked only when the store fails to open
                 raise StoreError(f"{where} is a collection (collection.json), not a store: give one of its "
                                  f"scenes' stores, e.g. {where}/<name>.zarr (`hsgds info {where}` lists them)") from None
+            stores = sorted(p.name for p in self.path.glob("*.zarr") if p.is_dir())
+            if stores and not (self.path / "zarr.json").exists():  # a convert-many stopped before its listing
+                raise StoreError(f"{where} holds {counted(len(stores), 'store')} ({listed(stores, 3)}) but no "
+                                 "collection.json (a `hsgds convert-many` into it did not finish): run that command "
+                                 f"again to finish it, or give the stores themselves, e.g. {where}/{stores[0]}") from None
             raise
         self.meta = fmt.StoreMeta.from_json(root.get("attributes", {}), where)
         self.grid = self.meta.grid

@@ -172,11 +172,16 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
             for name, s in zip(ss.names, ss.scenes)]
 
 
+#: what a loader's user can do about a wavelength a scene has no band near
+_FAR_WAVELENGTH = "raise wavelength_tolerance or drop that wavelength"
+
+
 def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequence[int] | None,
-                wavelengths: Sequence[float] | None, tolerance: float) -> np.ndarray:
+                wavelengths: Sequence[float] | None, tolerance: float, far: str = _FAR_WAVELENGTH) -> np.ndarray:
     """The stored band of scene ``name`` (``count`` bands at wavelengths ``have``) for each output band:
     ``bands`` (indices) or, for ``wavelengths`` (nm), its band nearest each within ``tolerance`` nm.
-    A one-line ConfigError says what does not fit and what to change."""
+    A one-line ConfigError says what does not fit and what to change (``far``: what, when a wavelength has
+    no band near it; a saved model's selection cannot be changed as a loader's can)."""
     if bands is not None:
         idx = np.asarray(bands)
         if idx.ndim != 1 or len(idx) == 0 or idx.dtype.kind not in "iu":
@@ -198,7 +203,7 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
     if miss.any():
         i = int(np.flatnonzero(miss)[0])
         raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
-                          f"{nm[nearest[i]]:g} nm); raise wavelength_tolerance or drop that wavelength")
+                          f"{nm[nearest[i]]:g} nm); {far}")
     return nearest.astype(np.int64)
 
 

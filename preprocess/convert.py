@@ -70,6 +70,8 @@ class ConvertOptions:
     nan_fill: float | None = None
     class_names: tuple[str, ...] | None = None
     wavelengths: tuple[float, ...] | None = None  # band centres (nm) for sources that do not record them
+    #: what gave ``wavelengths``, as messages name it: convert-many's come from a manifest column, not the option
+    wavelengths_from: str = "--wavelengths"
     overwrite: bool = False
     workers: int = 4
 
@@ -106,11 +108,11 @@ class ConvertOptions:
         splitting.check_amounts(self.train, self.val)
         if self.wavelengths is not None and (not self.wavelengths or not all(
                 math.isfinite(w) and w > 0 for w in self.wavelengths)):
-            raise ConfigError("--wavelengths must be positive finite numbers (band centres in nm), got "
+            raise ConfigError(f"{self.wavelengths_from} must be positive finite numbers (band centres in nm), got "
                               f"{','.join(f'{w:g}' for w in self.wavelengths[:8]) or 'none'}")
         if self.wavelengths is not None and not all(MIN_NM <= w <= MAX_NM for w in self.wavelengths):
             # 0.4-2.5 would be micrometres: stored as nm they would match no other scene's wavelengths
-            raise ConfigError(f"--wavelengths must be band centres in nm ({MIN_NM:g}-{MAX_NM:g}), got "
+            raise ConfigError(f"{self.wavelengths_from} must be band centres in nm ({MIN_NM:g}-{MAX_NM:g}), got "
                               f"{min(self.wavelengths):g}-{max(self.wavelengths):g}; give micrometres times 1000")
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
@@ -240,17 +242,20 @@ def build_tile(cube: SourceCube, grid: fmt.TileGrid, padding: str, tile_id: int)
     return tile
 
 
-def _wavelengths(given: tuple[float, ...] | None, recorded: Any, bands: int, src: Path) -> list[float] | None:
-    """The store's band centres: the source's, or --wavelengths for a source that records none. Given for a
-    source that records others, or a count other than the bands', they are refused."""
+def _wavelengths(given: tuple[float, ...] | None, recorded: Any, bands: int, src: Path,
+                 named: str = "--wavelengths") -> list[float] | None:
+    """The store's band centres: the source's, or those given (``named``: the option or manifest column that
+    gave them) for a source that records none. Given for a source that records others, or a count other than
+    the bands', they are refused."""
     if given is None:
         return None if recorded is None else [float(w) for w in recorded]
     if len(given) != bands:
-        raise InputError(f"--wavelengths lists {len(given)} values but {src.name} has {bands} bands; give one "
+        raise InputError(f"{named} lists {len(given)} values but {src.name} has {bands} bands; give one "
                          "centre (nm) per band, in band order")
     if recorded is not None and not np.allclose(np.asarray(recorded, np.float64), given, rtol=0, atol=1e-6):
+        fix = f"drop {named}" if named.startswith("--") else "leave this scene's cell empty"  # an option, or a column
         raise InputError(f"{src.name} records its own wavelengths ({float(recorded[0]):g}-{float(recorded[-1]):g} nm), "
-                         "which --wavelengths contradicts; drop --wavelengths")
+                         f"which {named} contradicts; {fix}")
     return [float(w) for w in given]
 
 
@@ -492,7 +497,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if opts.halo > 0 and opts.padding == "reflect" and min(H, W) < 2:
         raise InputError(f"a {H}x{W} scene cannot be reflect-padded; use --padding edge or zero")
     _check_nan_fill(opts.nan_fill, cube.dtype)
-    wavelengths = _wavelengths(opts.wavelengths, cube.wavelengths, B, src)
+    wavelengths = _wavelengths(opts.wavelengths, cube.wavelengths, B, src, opts.wavelengths_from)
     labels = _load_labels(opts, src, cube.shape)
     # an unlabelled scene of a collection keeps the collection's names (convert-many shares them)
     if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hsgds._optional import require
-from hsgds._wording import counted
+from hsgds._wording import clipped, counted
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
 from hsgds.preprocess.convert import ConvertOptions, convert, remove_stale, wavelength_list
@@ -46,6 +46,17 @@ class ManifestRow:
     labels_key: str | None = None
     wavelengths: tuple[float, ...] | None = None  # band centres (nm) from the row's wavelengths file
     line: int = 0
+    wavelengths_file: Path | None = None  # that file, named by messages about them
+
+    def options(self, opts: ConvertOptions) -> ConvertOptions:
+        """``opts`` for this scene: its labels, its keys where given, its wavelengths where given (named as the
+        manifest's, not as --wavelengths, which the user may not have passed)."""
+        opts = dataclasses.replace(opts, key=self.key or opts.key, labels=self.labels,
+                                   labels_key=self.labels_key or opts.labels_key)
+        if self.wavelengths is None:
+            return opts
+        named = "the manifest's wavelengths column" + (f" ({self.wavelengths_file.name})" if self.wavelengths_file else "")
+        return dataclasses.replace(opts, wavelengths=self.wavelengths, wavelengths_from=named)
 
 
 def _check_name(name: str, where: str) -> None:
@@ -129,7 +140,8 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
             except ConfigError as exc:
                 raise InputError(f"{where}: {exc}") from None
             rows.append(ManifestRow(name=name, source=source, labels=labels, key=v.get("key"),
-                                    labels_key=v.get("labels_key"), wavelengths=nm, line=line))
+                                    labels_key=v.get("labels_key"), wavelengths=nm, line=line,
+                                    wavelengths_file=nm_file))
     except csv.Error as exc:
         raise InputError(f"manifest {path} line {reader.line_num}: not valid CSV ({exc})") from None
     if not rows:
@@ -185,7 +197,7 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
     if opts.wavelengths is not None and meta.wavelengths != list(opts.wavelengths):
         shown = [",".join(f"{w:g}" for w in ws[:4]) + (",..." if len(ws) > 4 else "") if ws else None
                  for ws in (opts.wavelengths, meta.wavelengths)]
-        return _differs("--wavelengths", *shown)
+        return _differs(opts.wavelengths_from, *shown)
     split = meta.converted_split if meta.converted_split is not None else meta.split or {}
     if split.get("method", "none") != "none":
         if split.get("method") != opts.split:
@@ -207,19 +219,26 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
     return None
 
 
-def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions,
-                 stamps: dict[str, tuple[int, int]] | None) -> tuple[str | None, dict[str, tuple[int, int]]]:
+#: the reason of a scene converted for the first time (no store, and not listed by the last run)
+NEW = "missing"
+#: the reason of a scene the last run's collection.json listed whose store has since gone
+GONE = "its store was missing"
+
+
+def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: dict[str, tuple[int, int]] | None,
+                 listed: bool = False) -> tuple[str | None, dict[str, tuple[int, int]]]:
     """Why ``store`` must be (re)converted, or None when it is complete, verified and made from this very
     source with these options; also the current (size, mtime) stamps of its source and label files.
+    ``listed``: the previous ``collection.json`` lists the scene (a missing store was deleted, not new).
 
     Sources are compared by their recorded size and, unless their stamps equal those recorded in the
     previous ``collection.json``, by their sha256."""
     if not store.exists():
-        return "missing", {}
+        return GONE if listed else NEW, {}
     try:
         scene = open_scene(store)
     except StoreError as exc:
-        return f"incomplete or damaged ({str(exc)[:200]})", {}
+        return f"incomplete or damaged ({clipped(str(exc), 200)})", {}
     meta = scene.meta
     if meta.source.get("name") != row.source.name:
         return f"source {meta.source.get('name')} -> {row.source.name}", {}
@@ -243,7 +262,7 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions,
     problems = scene.verify()
     if problems:
         # tiles, labels, samples or statistics: verify() lists them all
-        return f"damaged: {counted(len(problems), 'problem')} ({problems[0][:120]})", now
+        return f"damaged: {counted(len(problems), 'problem')} ({clipped(problems[0], 120)})", now
     return None, now
 
 
@@ -256,20 +275,20 @@ def _one_line(exc: BaseException) -> str:
 
 
 def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOptions,
-                  stamps: dict[str, tuple[int, int]] | None = None, force: bool = False) -> SceneResult:
-    """Bring ``OUT_DIR/<name>.zarr`` up to date with ``row`` (the task each Dask worker runs).
+                  stamps: dict[str, tuple[int, int]] | None = None, force: bool = False,
+                  listed: bool = False) -> SceneResult:
+    """Bring ``OUT_DIR/<name>.zarr`` up to date with ``row`` (the task each Dask worker runs); ``listed``: the
+    previous ``collection.json`` lists it.
 
     Never raises for a scene's own problems: they come back as a ``failed`` result with a one-line
     reason, so one bad scene does not stop the others and is not retried in vain.
     """
     t0 = time.perf_counter()
     store = Path(out_dir) / f"{row.name}.zarr"
-    opts = dataclasses.replace(opts, key=row.key or opts.key, labels=row.labels,
-                               labels_key=row.labels_key or opts.labels_key, overwrite=True,
-                               wavelengths=row.wavelengths or opts.wavelengths)
+    opts = dataclasses.replace(row.options(opts), overwrite=True)
     try:
         remove_stale(store)  # temporary folders a killed worker left behind
-        reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps)
+        reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps, listed)
         started_ns = time.time_ns()
         if reason is not None:
             convert(row.source, store, opts)
@@ -380,7 +399,7 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
                          "give them per scene (the column) or for every scene (--wavelengths)")
     for r in rows:  # a row's own list is checked like --wavelengths, before any work
         try:
-            dataclasses.replace(opts, wavelengths=r.wavelengths).check()
+            r.options(opts).check()
         except ConfigError as exc:
             raise InputError(f"manifest {manifest} line {r.line}: {exc}") from None
     out = Path(out_dir).resolve()
@@ -397,7 +416,7 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
         previous = _previous_stamps(out)
         token = secrets.token_hex(4)
         futures = {client.submit(convert_scene, row, str(out), opts, previous.get(row.name), force,
-                                 key=f"hsgds-convert-{token}-{i}", pure=False): row
+                                 row.name in previous, key=f"hsgds-convert-{token}-{i}", pure=False): row
                    for i, row in enumerate(rows)}
         for future in distributed.as_completed(futures):
             row = futures[future]

@@ -291,11 +291,46 @@ def test_resplit_a_collection_interrupted_after_a_scene_still_writes_collection_
 
     monkeypatch.setattr(hsgds.info, "split_summary", interrupted)
     code, _, err = run_cli("resplit", tmp_path, "--split", "blocks", "--train", "0.4", "--seed", "3")
-    assert code == 1 and "Aborted" in err  # click's answer to Ctrl-C
+    # 130, the shell's code for Ctrl-C: 1 would say that some scenes failed
+    assert code == 130 and err.strip().splitlines()[-1] == ("hsgds: interrupted; run the same command again to "
+                                                            "finish (each store keeps its old split or the new one)")
     assert [open_scene(c).meta.split_generation for c in copies] == [before[0] + 1, before[1]]
     listed = open_collection(tmp_path)
     assert all(listed.listing_problem(i, open_scene(c)) is None for i, c in enumerate(copies))
     assert _loader_rows(tmp_path) == _train_rows(copies)
+
+
+def test_ctrl_c_in_any_command_exits_130_with_one_line(three_stores, run_cli, monkeypatch):
+    """Ctrl-C in a command whose rerun resumes nothing: exit 130 and a plain line, not click's "Aborted!"
+    and exit 1 (injected: a real SIGINT is sent to convert-many in tests/preprocess/test_convert_many.py)."""
+    import hsgds.info
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hsgds.info, "describe", interrupted)
+    code, out, err = run_cli("info", three_stores[1][0])
+    assert (code, out, err) == (130, "", "hsgds: interrupted\n")
+
+
+def test_stores_without_collection_json_say_to_finish_the_convert_many(three_stores, tmp_path, run_cli):
+    """A first convert-many stopped before it wrote collection.json leaves stores but no listing: verify, info
+    and a loader say so and how to finish, not that the folder has no zarr.json."""
+    root, stores = three_stores
+    for p in stores:
+        shutil.copytree(p, tmp_path / p.name)
+    want = (f"{tmp_path} holds 3 stores (s0.zarr, s1.zarr, s2.zarr) but no collection.json (a `hsgds convert-many` "
+            f"into it did not finish): run that command again to finish it, or give the stores themselves, e.g. "
+            f"{tmp_path}/s0.zarr")
+    for command in ("verify", "info"):
+        code, out, err = run_cli(command, tmp_path)
+        assert (code, err) == (2, f"hsgds: error: {want}\n"), err
+    with pytest.raises(StoreError) as caught:
+        hsgds.PatchLoader(tmp_path, patch_size=3, batch_size=8, device="cpu")
+    assert str(caught.value) == want
+    with hsgds.PatchLoader([tmp_path / p.name for p in stores if p.name != "s1.zarr"], patch_size=3, batch_size=8,
+                           device="cpu") as loader:  # the stores themselves, as the message says (same bands)
+        assert len(loader.scenes) == 2
 
 
 def test_a_collection_given_where_one_store_is_needed_says_so(three_stores, run_cli):

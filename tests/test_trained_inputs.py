@@ -434,3 +434,22 @@ def test_hsgds_info_says_what_a_model_file_takes(scenes, tmp_path, run_cli):
     (tmp_path / "junk.ckpt").write_bytes(b"junk")
     code, out, err = run_cli("info", tmp_path / "junk.ckpt")
     assert code == 2 and "is not a usable model" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_saved_models_far_wavelength_is_not_fixed_with_a_tolerance(scenes, tmp_path, run_cli):
+    """A model file carries its tolerance (hsgds predict has no option for it, hsgds.predict refuses
+    wavelength_tolerance= with a file): a scene without a band near one of its wavelengths cannot be predicted
+    with it, and the message says so; a loader's message still says to raise its tolerance."""
+    far, _ = _trained_checkpoint(tmp_path / "far.ckpt", None, wavelengths=[500.0, 700.0, 1000.0])
+    store = scenes["A"][1]
+    why = (f"was trained on a band selection that scene '{store}' cannot give: scene '{store}' has no band within "
+           "5 nm of 1000 nm (nearest: 900 nm); the model was trained on that wavelength, so this scene cannot be "
+           "predicted with it; use a model trained on bands this scene has")
+    code, _, err = run_cli("predict", store, "--model", far, "-o", tmp_path / "a.npy")
+    assert (code, err) == (2, f"hsgds: error: {far} {why}\n")
+    with pytest.raises(ConfigError) as caught:
+        hsgds.predict(store, far, device="cpu")
+    assert str(caught.value) == f"{far} {why}"
+    with pytest.raises(ConfigError, match=r"has no band within 5 nm of 1000 nm \(nearest: 900 nm\); raise "
+                                          r"wavelength_tolerance or drop that wavelength$"):
+        hsgds.PatchLoader(store, patch_size=P, batch_size=8, wavelengths=[500.0, 1000.0], device="cpu")

@@ -177,7 +177,7 @@ def test_rerun_converts_only_missing_changed_or_damaged(cluster, tmp_path):
     os.utime(img, ns=(img.stat().st_atime_ns, img.stat().st_mtime_ns + 10**9))
     third = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
     status = {r.name: (r.status, r.reason) for r in third.scenes}
-    assert status["cube0"] == ("converted", "missing")
+    assert status["cube0"] == ("converted", "its store was missing")  # listed by the last run, deleted since
     assert status["cube2"] == ("converted", "source changed (sha256)")
     assert status["flight_1"][0] == "converted" and "damaged: 1 problem (tile 0 " in status["flight_1"][1]
     assert {n for n, (s, _) in status.items() if s == "up to date"} == {"flight_3", "cube4", "flight_5"}
@@ -408,3 +408,94 @@ def test_a_store_with_damaged_statistics_is_converted_again_and_not_called_damag
     assert again.status == "converted" and again.reason.startswith("damaged: 1 problem (")
     assert "tiles" not in again.reason.split("(")[0]
     assert open_scene(out / "c.zarr").verify() == []
+
+
+def test_a_deleted_or_damaged_store_is_named_when_converted_again(cluster, tmp_path, run_cli):
+    """Every store a rerun replaces gets a line saying why: one deleted since the last run too (a new scene
+    gets none), and a damaged one's problem is quoted cut at a word, never mid-word."""
+    import shutil
+
+    make_sources(tmp_path, n=3)
+    out = tmp_path / "out"
+    args = ("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "5", "--class-names",
+            ",".join(CLASSES), "--scheduler", cluster.scheduler_address)
+    code, stdout, stderr = run_cli(*args)
+    assert code == 0 and "re-converted" not in stdout, (stdout, stderr)  # new scenes: nothing to explain
+    shutil.rmtree(out / "flight_1.zarr")
+    tile = open_scene(out / "cube2.zarr").tile_paths[0]
+    raw = bytearray(tile.read_bytes())
+    raw[100] ^= 0xFF
+    tile.write_bytes(bytes(raw))
+    problem = open_scene(out / "cube2.zarr").verify()[0]
+    assert len(problem) > 120  # quoting it whole would make the line too long: it is cut
+    code, stdout, stderr = run_cli(*args)
+    assert code == 0 and "2 converted" in stdout, (stdout, stderr)
+    lines = sorted(line for line in stdout.splitlines() if "re-converted" in line)
+    assert lines[1] == "flight_1: re-converted: its store was missing", lines
+    head = "cube2: re-converted: damaged: 1 problem ("
+    assert lines[0].startswith(head) and lines[0].endswith(" ...)"), lines
+    quoted = lines[0][len(head):-len(" ...)")]
+    assert problem.startswith(quoted) and problem[len(quoted)] == " ", (quoted, problem)  # cut at a word
+
+
+def test_wavelengths_from_the_manifest_are_named_as_its_column(cluster, tmp_path, run_cli):
+    """Wavelengths given by the manifest's wavelengths column, not --wavelengths: every message about them
+    names the column and the file, not an option the user never passed."""
+    cube, _ = make_scene(20, 18, 4, classes=2, seed=1)
+    np.save(tmp_path / "s0.npy", cube)
+    envi = write_envi(tmp_path / "e60", cube, wavelengths=[600.0, 610.0, 620.0, 630.0])
+    (tmp_path / "wl.txt").write_text("400\n410\n420\n430\n")
+    (tmp_path / "scenes.csv").write_text("source,wavelengths\ns0.npy,wl.txt\n")
+    out = tmp_path / "out"
+    args = ("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "3", "--scheduler",
+            cluster.scheduler_address)
+    code, _, stderr = run_cli(*args)
+    assert code == 0, stderr
+    (tmp_path / "wl.txt").write_text("500\n510\n520\n530\n")
+    code, stdout, stderr = run_cli(*args)
+    assert code == 0, stderr
+    assert [line for line in stdout.splitlines() if "re-converted" in line] == [
+        "s0: re-converted: the manifest's wavelengths column (wl.txt) 500,510,520,530 differs from the store's "
+        "(400,410,420,430)"]
+    (tmp_path / "scenes.csv").write_text(f"source,wavelengths\ns0.npy,wl.txt\n{envi.name},wl.txt\n")
+    code, _, stderr = run_cli(*args)
+    assert code == 1
+    assert [line for line in stderr.splitlines() if line.startswith("hsgds: failed: ")] == [
+        "hsgds: failed: e60: e60.hdr records its own wavelengths (600-630 nm), which the manifest's wavelengths "
+        "column (wl.txt) contradicts; leave this scene's cell empty"]
+    (tmp_path / "um.txt").write_text("0.4 0.41 0.42 0.43\n")  # micrometres: refused before any work
+    (tmp_path / "scenes.csv").write_text("source,wavelengths\ns0.npy,um.txt\n")
+    code, _, stderr = run_cli(*args)
+    assert code == 2 and stderr.startswith(f"hsgds: error: manifest {tmp_path / 'scenes.csv'} line 2: the manifest's "
+                                           "wavelengths column (um.txt) must be band centres in nm"), stderr
+    assert "--wavelengths" not in stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to a process group")
+@pytest.mark.timeout(300)
+def test_ctrl_c_exits_130_and_the_same_command_finishes(tmp_path):
+    """A real SIGINT to the command's process group (what Ctrl-C in a terminal sends) while the big scene is
+    being written: exit 130, not 1 ("some scenes failed"), with one line saying to run it again; which
+    then finishes."""
+    arrays = make_sources(tmp_path, n=2, big=True)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "hsgds.cli", "convert-many", str(tmp_path / "scenes.csv"), "-o", str(out),
+               "--workers", "1", "--max-patch", "5", "--class-names", ",".join(CLASSES)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    caught, deadline = False, time.monotonic() + 120
+    while not caught and time.monotonic() < deadline and proc.poll() is None:
+        tmps = list(out.glob(".big.zarr.tmp-*")) if out.is_dir() else []
+        caught = any(any((t / "tiles").rglob("*")) for t in tmps if (t / "tiles").is_dir())
+        time.sleep(0.01)
+    if caught:
+        os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert caught, "the big scene was never seen in the middle of its conversion"
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == ("hsgds: interrupted; run the same command again to finish (the "
+                                               "scenes converted so far are kept)"), stderr
+    assert "Aborted" not in stderr and "Traceback" not in stderr, stderr
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    check_collection(out, arrays, tmp_path)
