@@ -16,7 +16,7 @@ import click
 import numpy as np
 
 from hsgds._version import __version__
-from hsgds._wording import counted
+from hsgds._wording import counted, listed
 from hsgds.errors import HsgdsError, InputError
 
 EXIT_BAD_INPUT = 2
@@ -267,7 +267,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
                f"{r.seconds:.1f} s; wrote {r.collection}")
     if r.failed:
         click.echo(f"hsgds: error: {len(r.failed)} of {len(r.scenes)} scenes failed ("
-                   f"{', '.join(s.name for s in r.failed[:5])}{', ...' if len(r.failed) > 5 else ''}); "
+                   f"{listed(s.name for s in r.failed)}); "
                    "fix them and run the same command again", err=True)
         sys.exit(EXIT_SOME_FAILED)
 
@@ -385,7 +385,7 @@ def _resplit_collection(path: str, split: str, train: float, val: float, block_s
         click.echo(_NEW_STATISTICS)
     if failed:
         click.echo(f"hsgds: error: {len(failed)} of {len(labelled)} labelled scenes could not be re-split ("
-                   f"{', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}); fix them and run the same "
+                   f"{listed(failed)}); fix them and run the same "
                    "command again", err=True)
         sys.exit(EXIT_SOME_FAILED)
 
@@ -407,8 +407,8 @@ def _verify_collection(path: str) -> None:
             try:
                 scene = coll.scene(i)
                 problems = scene.verify()
-                listed = None if problems else coll.listing_problem(i, scene)
-                problems += [listed] if listed else []
+                unlike = None if problems else coll.listing_problem(i, scene)
+                problems += [unlike] if unlike else []
             except HsgdsError as exc:  # missing, unreadable, or not the store collection.json lists
                 problems = [str(exc)]
             else:
@@ -424,7 +424,7 @@ def _verify_collection(path: str) -> None:
         if bar is not None:
             bar.render_finish()
     if bad:
-        _fail(f"{len(bad)} of {len(coll)} scenes are damaged ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); "
+        _fail(f"{len(bad)} of {len(coll)} scenes are damaged ({listed(bad)}); "
               "run the `hsgds convert-many` that made the collection again: it converts only what is missing, "
               "changed or damaged")
     click.echo(f"ok: {len(coll)} scenes, {tiles} tiles, {nbytes} bytes verified")
@@ -608,7 +608,7 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
             click.echo(f"hsgds: failed: {e.name}: {exc}", err=True)
     if failed:
         click.echo(f"hsgds: error: {len(failed)} of {len(coll)} scenes could not be predicted ("
-                   f"{', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}); fix them and run the same "
+                   f"{listed(failed)}); fix them and run the same "
                    "command again", err=True)
         sys.exit(EXIT_SOME_FAILED)
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from hsgds import format as fmt
+from hsgds._wording import listed
 from hsgds.augment import Augment
 from hsgds.collection import DeferredScene, is_collection_path, open_collection
 from hsgds.engines.base import SceneTables
@@ -90,8 +91,7 @@ def _opened(scene: Scene | DeferredScene) -> Scene:
 
 
 def _names(names: Sequence[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_LISTED])
-    return shown + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
+    return listed((repr(n) for n in names), _LISTED)
 
 
 def _short(value: Any) -> str:
@@ -102,9 +102,8 @@ def _short(value: Any) -> str:
 def _same(ss: SceneSet, what: str, key, fix: str) -> None:
     values = [key(s) for s in ss.scenes]
     if len(set(values)) > 1:
-        listed = ", ".join(f"{n}: {v}" for n, v in list(zip(ss.names, values))[:_LISTED])
-        more = f" and {len(values) - _LISTED} more" if len(values) > _LISTED else ""
-        raise ConfigError(f"scenes have different {what} ({listed}{more}); {fix}")
+        raise ConfigError(f"scenes have different {what} ({listed((f'{n}: {v}' for n, v in zip(ss.names, values)), _LISTED)}); "
+                          f"{fix}")
 
 
 def _scene_name(path: Path) -> str:
@@ -160,9 +159,8 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
         raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
     counts = [s.shape[2] for s in ss.scenes]
     if wavelengths is None and len(set(counts)) > 1:
-        listed = ", ".join(f"{n}: {c}" for n, c in list(zip(ss.names, counts))[:_LISTED])
-        more = f" and {len(counts) - _LISTED} more" if len(counts) > _LISTED else ""
-        raise ConfigError(f"scenes have different band counts ({listed}{more}); pass wavelengths=[...] (nm) to "
+        each = listed((f"{n}: {c}" for n, c in zip(ss.names, counts)), _LISTED)
+        raise ConfigError(f"scenes have different band counts ({each}); pass wavelengths=[...] (nm) to "
                           "take each scene's band nearest each wavelength")
     if bands is None and wavelengths is None:
         return None

@@ -10,12 +10,15 @@ of the same command converts only what is missing, changed or damaged.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import os
 import secrets
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,9 +359,26 @@ def _client(scheduler: str | None, workers: int):
             raise InputError(f"cannot reach the Dask scheduler at {scheduler} ({_one_line(exc)}); start one with "
                              "`dask scheduler` or leave out --scheduler to convert on this machine") from None
     # one task per process at a time: each scene already writes its tiles with opts.workers threads
-    cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0", scheduler_port=0, silence_logs=40)
+    with _ctrl_c_ignored():
+        cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                           dashboard_address=":0", scheduler_port=0, silence_logs=40)
     return distributed.Client(cluster), cluster
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """Ignore SIGINT while the local worker processes start: they inherit the setting (Python keeps an
+    ignored SIGINT), so Ctrl-C, which a terminal sends to the whole process group, stops this process
+    alone, which then shuts the workers down, instead of every worker printing a traceback. (Only the
+    main thread may set signal handlers; elsewhere nothing changes.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: ConvertOptions = ConvertOptions(),
