@@ -481,8 +481,9 @@ def test_ctrl_c_exits_130_and_the_same_command_finishes(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, "-m", "hsgds.cli", "convert-many", str(tmp_path / "scenes.csv"), "-o", str(out),
                "--workers", "1", "--max-patch", "5", "--class-names", ",".join(CLASSES)]
+    # SIGINT as a terminal's command has it: a test run in the background (CI) inherits it ignored
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     caught, deadline = False, time.monotonic() + 120
     while not caught and time.monotonic() < deadline and proc.poll() is None:
         tmps = list(out.glob(".big.zarr.tmp-*")) if out.is_dir() else []
