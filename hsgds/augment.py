@@ -2,8 +2,8 @@
 
 Every random number comes from Philox4x32-10 (Salmon et al., SC'11), a counter-based generator: the
 counter is (sample index, epoch, purpose) and the key is the loader's seed, so a sample draws the same
-parameters whatever the batch size, world size, ring size or resume point, and nothing carries state
-from one batch to the next. Parameters are computed on the host per batch with exact uint64 numpy
+parameters whatever the batch size, world size, ring size or resume point (all but mixture noise's
+partner, taken from the sample's batch: see below), and nothing carries state from one batch to the next. Parameters are computed on the host per batch with exact uint64 numpy
 arithmetic (a few hundred microseconds for a batch of 256) and applied on the device:
 
 - flips and quarter turns are one of the 8 dihedral codes ``c = 4*t + 2*v + h`` (t: transpose,

@@ -157,7 +157,7 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
     if pixels == "all" and unmasked:
         # every s-th pixel of every scene (less the other splits' labelled ones), computed per batch from
         # the tile geometry: memory per tile and per left-out pixel, not per pixel (a whole scene for
-        # inference, an archive for self-supervised training that never sees a test pixel)
+        # inference, an archive for self-supervised training never centred on a test pixel)
         return GridSamples([scene.grid for scene in ss.scenes], stride,
                            [sampled_labels(scene, stride) for scene in ss.scenes],
                            [excluded_pixels(scene, stride, split) for scene in ss.scenes])
@@ -268,7 +268,8 @@ class PatchLoader:
     augment : hsgds.Augment or None
         On-device augmentation (flips / quarter turns inside the cut, radiation and mixture noise, band
         dropout), seeded per (seed, epoch, sample): the same whatever the batch size, world size, ring size
-        or resume point; see :mod:`hsgds.augment`. None (the default) leaves the batches untouched.
+        or resume point, except mixture noise's partner (a same-class sample of the same batch); see
+        :mod:`hsgds.augment`. None (the default) leaves the batches untouched.
 
     Several scenes (a list of stores / Scenes, or a collection path) are read as one: every tile gets a
     global id, tiles of all scenes are shuffled, sharded and resumed together, and each batch is still cut,
