@@ -2,6 +2,7 @@
 over one seeded scene of S x S pixels (default 2048 x 2048 x 32 uint16: 4.2M samples, 268 MB), a 64 MiB ring.
 
     python benchmarks/bench_plan.py [--side 2048] [--bands 32] [--epochs 2] [--json out.json]
+    python benchmarks/bench_plan.py --shares [STORE] [--json out.json]
     python benchmarks/bench_plan.py --held 4096x1024 [--bands 4] [--labelled 0.1] [--train 0.3] [--split train]
 
 For each epoch: the time from asking for the epoch's first batch to getting it (the plan is made there),
@@ -10,6 +11,11 @@ the RSS just before: what the epoch's plan and its first batches hold beyond the
 An int64 order of every sample would be 8 bytes per sample (34 MB here); the plan keeps one generator
 state per shuffle window and makes one window's order (8 bytes per pixel of at most half the ring's
 tiles) at a time. Linux only (/proc/self/status, /proc/self/clear_refs).
+
+``--shares [STORE]`` measures how evenly ranks share an epoch (its train split; without STORE a seeded labelled
+scene of 610 x 340 x 16 in 60-pixel tiles): for 2, 4 and 8 ranks over 20 epochs, the samples repeated to give every rank the
+same number of batches, and each rank's batch count, for the plan (equal shares of samples, a tile on a
+cut read by two ranks) and, side by side, for dealing whole tiles to the least-loaded rank (hsgds before).
 
 ``--held HxW`` measures instead what the samples of ``PatchLoader(pixels="all", split=...)`` hold over a
 seeded H x W scene with ``--labelled`` of its pixels labelled (``--train`` of those in the train split, the
@@ -22,6 +28,7 @@ per-pixel sample table), and the store's own sample table, read for the exclusio
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import tempfile
 import time
@@ -57,7 +64,12 @@ def main() -> None:
     ap.add_argument("--labelled", type=float, default=0.1, help="--held: fraction of the pixels labelled")
     ap.add_argument("--train", type=float, default=0.3, help="--held: fraction of the labelled pixels in train")
     ap.add_argument("--split", default="train", help="--held: the loader's split")
+    ap.add_argument("--shares", nargs="?", const="", default=None, metavar="STORE",
+                    help="measure how evenly ranks share an epoch (of STORE's train split, or a seeded scene's)")
     args = ap.parse_args()
+    if args.shares is not None:
+        shares(args)
+        return
     if args.held:
         held(args)
         return
@@ -92,6 +104,62 @@ def main() -> None:
     result = {"side": args.side, "bands": args.bands, "samples": samples, "ring_MiB": 64, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
+
+
+def _whole_tiles(counts: np.ndarray, order: np.ndarray, world: int) -> list[int]:
+    """Each rank's samples when tiles are dealt whole, in ``order``, each to the rank with the fewest samples
+    so far (the lowest on a tie): the sharding hsgds used before equal shares."""
+    heap = [(0, r) for r in range(world)]
+    loads = [0] * world
+    for t in order.tolist():
+        load, r = heap[0]
+        loads[r] += int(counts[t])
+        heapq.heapreplace(heap, (load + int(counts[t]), r))
+    return loads
+
+
+def shares(args: argparse.Namespace) -> None:
+    """Samples repeated per epoch to even out the ranks: the plan's equal shares against whole tiles."""
+    from hsgds.sampling import plan_epoch
+    from hsgds.synthetic import make_scene
+
+    with tempfile.TemporaryDirectory(prefix="hsgds-bench-shares-") as tmp:
+        store = args.shares
+        if not store:
+            cube, labels = make_scene(610, 340, 16, classes=9, dtype="int16", seed=0, labelled_fraction=0.3)
+            np.save(Path(tmp) / "cube.npy", cube)
+            np.save(Path(tmp) / "gt.npy", labels)
+            store = convert(Path(tmp) / "cube.npy", Path(tmp) / "scene.zarr",
+                            ConvertOptions(labels=Path(tmp) / "gt.npy", max_patch=5, tile=60))
+        with hsgds.PatchLoader(store, patch_size=3, batch_size=256, split="train", device="cpu") as loader:
+            samples, n = loader.samples, len(loader.samples)
+    counts = samples.counts()
+    tiles = np.flatnonzero(counts)
+    rows = []
+    for world in (2, 4, 8):
+        equal, whole, batches = [], [], []
+        for epoch in range(20):
+            plans = [plan_epoch(samples, batch_size=256, seed=0, epoch=epoch, shuffle=True, slots=len(counts),
+                                rank=r, world_size=world) for r in range(world)]
+            equal.append(sum(len(p.order) for p in plans) - n)
+            batches.append(plans[0].num_batches)
+            if len(tiles) >= world:  # (fewer tiles than ranks were refused)
+                loads = _whole_tiles(counts, np.random.default_rng([0, epoch]).permutation(tiles), world)
+                whole.append(world * max(loads) - n)
+        row = {"world_size": world, "samples": n, "tiles": len(tiles),
+               "equal_shares_repeated_mean": float(np.mean(equal)), "equal_shares_repeated_max": max(equal),
+               "whole_tiles_repeated_mean": float(np.mean(whole)) if whole else None,
+               "whole_tiles_repeated_max": max(whole) if whole else None,
+               "batches_per_rank": [min(batches), max(batches)]}
+        rows.append(row)
+        print(f"{world} ranks, {n} train samples in {len(tiles)} tiles: repeated per epoch (mean / max of 20): "
+              f"equal shares {row['equal_shares_repeated_mean']:.0f} / {row['equal_shares_repeated_max']} "
+              f"({100 * row['equal_shares_repeated_max'] / n:.2f}%), whole tiles "
+              + (f"{np.mean(whole):.0f} / {max(whole)} ({100 * max(whole) / n:.1f}%)" if whole else
+                 "refused (fewer tiles than ranks)")
+              + f"; batches per rank {min(batches)}-{max(batches)}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"store": str(args.shares or "seeded 610x340x16"), "rows": rows}, indent=2))
 
 
 def held(args: argparse.Namespace) -> None:

@@ -265,6 +265,17 @@ def test_bench_plan_held_tiny(tmp_path):
     assert 0 < doc["samples_held_MB"] < doc["listed_MB"]
 
 
+def test_bench_plan_shares(tmp_path):
+    """The shares section on its seeded scene: equal shares repeat fewer samples than ranks per epoch."""
+    out = tmp_path / "shares.json"
+    _run([str(BENCH / "bench_plan.py"), "--shares", "--json", str(out)], tmp_path)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["world_size"] for r in rows] == [2, 4, 8]
+    assert all(r["equal_shares_repeated_max"] < r["world_size"] for r in rows)
+    assert all(r["batches_per_rank"][0] == r["batches_per_rank"][1] for r in rows)  # the same every epoch
+    assert all(r["whole_tiles_repeated_max"] >= r["equal_shares_repeated_max"] for r in rows)
+
+
 def test_bench_large_scene_tiny(tmp_path):
     """benchmarks/bench_large_scene.py end to end on a small scene: the time to first batch per mode, and
     the streaming section through a ring smaller than the store."""
