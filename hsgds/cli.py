@@ -83,21 +83,21 @@ _AMOUNT = _Amount()
 
 @contextmanager
 def _split_warnings(prefix: str = ""):
-    """Show a split's warnings (classes that could not be split) as one line each on stderr, after
-    ``prefix`` (a collection's scene name)."""
-    from hsgds.preprocess.splits import UnsplittableClassWarning
+    """Show a split's warnings (classes that could not be split, a train share far from --train) as one line
+    each on stderr, after ``prefix`` (a collection's scene name)."""
+    from hsgds.preprocess.splits import SplitWarning
 
     shown: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", UnsplittableClassWarning)
+            warnings.simplefilter("always", SplitWarning)
             try:
                 yield
             finally:
                 shown = list(caught)
     finally:  # after the recording ends: a warning re-raised inside it would be recorded again, for ever
         for w in shown:
-            if issubclass(w.category, UnsplittableClassWarning):
+            if issubclass(w.category, SplitWarning):
                 click.echo(f"hsgds: warning: {prefix}{w.message}", err=True)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
