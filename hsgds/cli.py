@@ -83,21 +83,21 @@ _AMOUNT = _Amount()
 
 @contextmanager
 def _split_warnings(prefix: str = ""):
-    """Show a split's warnings (classes that could not be split) as one line each on stderr, after
-    ``prefix`` (a collection's scene name)."""
-    from hsgds.preprocess.splits import UnsplittableClassWarning
+    """Show a split's warnings (classes that could not be split, a train share far from --train) as one line
+    each on stderr, after ``prefix`` (a collection's scene name)."""
+    from hsgds.preprocess.splits import SplitWarning
 
     shown: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", UnsplittableClassWarning)
+            warnings.simplefilter("always", SplitWarning)
             try:
                 yield
             finally:
                 shown = list(caught)
     finally:  # after the recording ends: a warning re-raised inside it would be recorded again, for ever
         for w in shown:
-            if issubclass(w.category, UnsplittableClassWarning):
+            if issubclass(w.category, SplitWarning):
                 click.echo(f"hsgds: warning: {prefix}{w.message}", err=True)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -657,7 +657,7 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
     import json
 
     from hsgds import format as fmt
-    from hsgds.info import describe
+    from hsgds.info import describe, leakage
     from hsgds.scene import open_scene
     from hsgds.writers import atomic_path
 
@@ -690,16 +690,24 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
         raise
     m, t = r["metrics"], r["train"]
     names = r["class_names"] or [f"class {i + 1}" for i in range(len(m.per_class))]
-    click.echo(f"\ntest split ({r['test_pixels']} pixels):  OA {100 * m.oa:.2f}%   AA {100 * m.aa:.2f}%   "
+    untested = sum(v != v for v in m.per_class)  # NaN recall: the class has no test pixel
+    averaged = (f" ({len(m.per_class) - untested} of {len(m.per_class)} classes; {untested} "
+                f"{'has' if untested == 1 else 'have'} no test pixels)") if untested else ""
+    click.echo(f"\ntest split ({r['test_pixels']} pixels):  OA {100 * m.oa:.2f}%   AA {100 * m.aa:.2f}%{averaged}   "
                f"kappa {m.kappa:.4f}")
-    click.echo("per class:  " + ", ".join(f"{n} {100 * v:.0f}%" for n, v in zip(names, m.per_class) if v == v))
+    click.echo("per class:  " + ", ".join(f"{n} {100 * v:.0f}%" if v == v else f"{n} (no test pixels)"
+                                          for n, v in zip(names, m.per_class)))
     click.echo(f"training:   {t.steps} steps in {t.elapsed_s:.1f} s ({t.steps_per_s:.1f} steps/s, "
                f"{t.samples / max(t.elapsed_s, 1e-9):.0f} patches/s), {100 * t.stall_fraction:.1f}% of it waiting "
                f"for data; evaluation {r['eval_s']:.1f} s; whole-scene prediction {r['predict_s']:.1f} s")
     ls = r["train_loader"]
     click.echo(f"loader:     {describe_stats(ls)}")
+    scene = open_scene(store)
+    leak = leakage(scene, patch_size)  # one max filter over the scene's split map: cheap
+    split = {**scene.meta.split, "leakage": {"patch_size": leak.patch_size, "test_pixels": leak.test,
+                                             "test_pixels_overlapping_train": leak.leaky}}
     report = {"store": str(store), "model": r["model"], "settings": r["settings"], "device": r["device"],
-              "test_pixels": r["test_pixels"], "metrics": m.as_dict(), "class_names": r["class_names"],
+              "split": split, "test_pixels": r["test_pixels"], "metrics": m.as_dict(), "class_names": r["class_names"],
               "train": t.as_dict(), "eval_s": r["eval_s"], "predict_s": r["predict_s"],
               "train_loader": ls, "checkpoint": r["checkpoint"], "classmap": r["classmap"]}
     report_path = Path(out_dir) / "report.json"

@@ -42,7 +42,10 @@ from hsgds.format import SPLIT_CODES, SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT
 
 __all__ = [
     "TRAIN_SHARE_TOLERANCE",
+    "TRAIN_SHARE_WARN",
     "BlockSplit",
+    "SplitWarning",
+    "TrainShareWarning",
     "UnsplittableClassWarning",
     "block_split",
     "block_split_details",
@@ -283,8 +286,21 @@ _ORIGINS = 3  # grid origins tried for each refined block size
 _REFINE_DRIFT = 0.25
 
 
-class UnsplittableClassWarning(UserWarning):
+#: A block split whose train share of the labelled pixels is further than this from a fractional ``train``
+#: (absolute, 0.05 = 5 percentage points) issues a :class:`TrainShareWarning`.
+TRAIN_SHARE_WARN = 0.05
+
+
+class SplitWarning(UserWarning):
+    """A split was made but is not what was asked for; the commands show these as one line each."""
+
+
+class UnsplittableClassWarning(SplitWarning):
     """Some classes did not get pixels in every split (too few blocks, or all within the guard)."""
+
+
+class TrainShareWarning(SplitWarning):
+    """A block split's train share misses a fractional ``train`` by more than :data:`TRAIN_SHARE_WARN`."""
 
 
 @dataclass(frozen=True)
@@ -877,7 +893,8 @@ def make_split(labels: Any, method: str, *, train: float | int = 0.1, val: float
     """A ``random`` or ``blocks`` split map and the parameters a store records for it (``split`` metadata).
 
     Used by ``hsgds convert`` and ``hsgds resplit``. A block split that leaves classes unsplit issues an
-    :class:`UnsplittableClassWarning`; its record holds the chosen block size and origin, the guard, the
+    :class:`UnsplittableClassWarning`, one whose train share misses a fractional ``train`` by more than
+    :data:`TRAIN_SHARE_WARN` a :class:`TrainShareWarning`; its record holds the chosen block size and origin, the guard, the
     labelled pixels the guard dropped (``guard_lost``) and the unsplit classes with their block counts.
     """
     params: dict[str, Any] = {"method": method, "seed": seed}
@@ -896,7 +913,27 @@ def make_split(labels: Any, method: str, *, train: float | int = 0.1, val: float
     message = result.warning()
     if message is not None:
         warnings.warn(message, UnsplittableClassWarning, stacklevel=2)
+    message = _share_warning(result, lab, train, adaptive=block_size is None)
+    if message is not None:
+        warnings.warn(message, TrainShareWarning, stacklevel=2)
     return result.split, params
+
+
+def _share_warning(result: BlockSplit, labels: np.ndarray, train: float | int, adaptive: bool) -> str | None:
+    """One line when the train share of the labelled pixels misses a fractional ``train`` by more than
+    :data:`TRAIN_SHARE_WARN`; None otherwise (also without train pixels: the commands refuse such a split)."""
+    n_train = int(np.count_nonzero(result.split == SPLIT_TRAIN))
+    if not _is_float(train) or n_train == 0:
+        return None
+    share = n_train / int(np.count_nonzero(labels))
+    if abs(share - float(train)) <= TRAIN_SHARE_WARN:
+        return None
+    if adaptive:
+        fix = "no adaptive block size came closer on these labels; a smaller --block-size or another --seed may"
+    else:
+        fix = "use a smaller --block-size, or leave it out to let the converter choose"
+    return (f"block split: train is {100 * share:.1f}% of the labelled pixels, not the {100 * float(train):.1f}% "
+            f"asked for (--train {train:g}), with blocks of {result.block_size} px: {fix}")
 
 
 # --------------------------------------------------------------------------------------------------

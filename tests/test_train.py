@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -214,6 +216,35 @@ def test_demo_command_writes_report_model_and_map(tmp_path, hsgds_env, indian_pi
     assert code == 0, err
     assert "normalize:  zscore, with the statistics saved with the model" in out
     assert np.array_equal(np.load(tmp_path / "out" / "after_resplit.npy"), np.load(tmp_path / "out" / "map.npy"))
+
+
+def test_demo_names_classes_without_test_pixels_and_records_the_split(tmp_path, hsgds_env, indian_pines_store,
+                                                                     run_cli):
+    import json
+    import shutil
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = cache / "indian_pines.zarr"
+    shutil.copytree(indian_pines_store, store)
+    hsgds_env("HSGDS_CACHE_DIR", str(cache))
+    # a 10% block split of Indian Pines leaves Grass-pasture-mowed (7) and Stone-Steel-Towers (16) without test
+    code, _, err = run_cli("resplit", store, "--split", "blocks", "--train", "0.1")
+    assert code == 0, err
+    code, out, err = run_cli("demo", "--epochs", "1", "--patch-size", "3", "--batch-size", "256", "--device", "cpu",
+                             "-o", tmp_path / "out")
+    assert code == 0, err
+    assert re.search(r"AA \d+\.\d\d% \(14 of 16 classes; 2 have no test pixels\)", out), out
+    per_class = next(line for line in out.splitlines() if line.startswith("per class:"))
+    assert per_class.count("%") == 14 and "Grass-pasture-mowed (no test pixels)" in per_class
+    assert "Stone-Steel-Towers (no test pixels)" in per_class
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    split = report["split"]
+    assert (split["method"], split["train"], split["seed"]) == ("blocks", 0.1, 0)
+    assert split["block_size"] > 0 and split["unsplit_classes"]
+    # the block split keeps 15x15 footprints apart, so none of the 3x3 test patches overlaps a train patch
+    assert split["leakage"] == {"patch_size": 3, "test_pixels": report["test_pixels"],
+                                "test_pixels_overlapping_train": 0}
 
 
 def test_demo_with_an_unusable_cache_folder_is_one_line(tmp_path, hsgds_env, run_cli):

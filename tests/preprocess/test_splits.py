@@ -14,11 +14,13 @@ from scipy.ndimage import distance_transform_cdt
 from hsgds.errors import InputError
 from hsgds.format import SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL
 from hsgds.preprocess.splits import (
+    TrainShareWarning,
     UnsplittableClassWarning,
     block_split,
     block_split_details,
     candidate_block_sizes,
     default_block_size,
+    make_split,
     mask_split,
     min_block_size,
     random_split,
@@ -312,6 +314,27 @@ def test_block_split_indian_pines_names_unsplittable_classes():
     r = block_split_details(labels, train=0.1, guard=H, seed=0)
     np.testing.assert_array_equal(split, r.split)
     assert sorted(r.unsplit) == [1, 7, 9, 16]
+
+
+def test_make_split_warns_when_the_train_share_misses_the_target():
+    # a 610x340 Pavia-like scene cut into 300 px blocks: train is whole blocks, far above the 10% asked for
+    labels = pavia_like_labels(610, 340, seed=0)
+    with pytest.warns(TrainShareWarning) as caught:
+        split, _ = make_split(labels, "blocks", train=0.1, block_size=300, guard=7, seed=0)
+    share = np.count_nonzero(split == SPLIT_TRAIN) / np.count_nonzero(labels)
+    assert abs(share - 0.1) > 0.05
+    assert str(caught[0].message) == (
+        f"block split: train is {100 * share:.1f}% of the labelled pixels, not the 10.0% asked for (--train 0.1), "
+        "with blocks of 300 px: use a smaller --block-size, or leave it out to let the converter choose")
+
+
+def test_make_split_adaptive_block_size_keeps_the_train_share_on_indian_pines():
+    # the defaults (adaptive block size, 15x15 patches) give 10.6% for 10% (docs/splits.md): no share warning,
+    # only the classes that cannot be split are named
+    with pytest.warns(UnsplittableClassWarning) as caught:
+        _, params = make_split(_ip_labels(), "blocks", train=0.1, guard=H, seed=0)
+    assert params["adaptive_block_size"]
+    assert [w.category for w in caught] == [UnsplittableClassWarning]
 
 
 def test_block_split_deterministic_and_seeded():
