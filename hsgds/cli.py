@@ -17,7 +17,7 @@ import numpy as np
 
 from hsgds._version import __version__
 from hsgds._wording import counted, listed
-from hsgds.errors import HsgdsError, InputError
+from hsgds.errors import HsgdsError, InputError, one_line
 
 EXIT_BAD_INPUT = 2
 EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor --require-gpu: no GPU)
@@ -603,9 +603,9 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
         try:
             _predict_scene(coll.scene(i), loaded, out.replace("{name}", e.name), sizes[i], batch_size,
                            probabilities.replace("{name}", e.name) if probabilities else None, device, tta)
-        except HsgdsError as exc:
+        except (HsgdsError, OSError) as exc:  # (an output file system's error too: the other scenes go on)
             failed.append(e.name)
-            click.echo(f"hsgds: failed: {e.name}: {exc}", err=True)
+            click.echo(f"hsgds: failed: {e.name}: {one_line(exc)}", err=True)
     if failed:
         click.echo(f"hsgds: error: {len(failed)} of {len(coll)} scenes could not be predicted ("
                    f"{listed(failed)}); fix them and run the same "

@@ -288,7 +288,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                             probs = writers.ProbabilityFile(prob_path, (h, w, classes))
                     scores = (_tta_probabilities(model, patches, logits, layout) if tta else logits)[:n]
                     logits = logits[:n]
-                    nonfinite += (~torch.isfinite(logits)).any(dim=1).sum()
+                    # (with tta, a variant's NaN or inf reaches the mean of the probabilities)
+                    nonfinite += (~(torch.isfinite(logits).all(1) & torch.isfinite(scores).all(1))).sum()
                     y, x = coords[:, 0], coords[:, 1]
                     classmap[y, x] = scores.argmax(1).to(torch.int32) + 1
                     if probs is not None:

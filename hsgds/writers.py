@@ -17,8 +17,10 @@ Class maps follow the store's label convention: 0 = not predicted / unlabelled (
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -74,7 +76,21 @@ def check_output(path: str | os.PathLike) -> str:
         raise InputError(f"cannot write {p}: the folder {folder} does not exist; create it first")
     if p.is_dir():
         raise InputError(f"cannot write {p}: it is a directory; name a file")
+    _check_writable(folder, p)
     return suffix
+
+
+def _check_writable(folder: Path, path: Path) -> None:
+    """Create and remove a file in ``folder`` now: a folder the map cannot be written to is named before the
+    inference, not after it (os.access says yes to root, and knows nothing of read-only mounts)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: the folder {folder} is not writable ({exc.strerror}); choose "
+                         "another output path") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def _check_map(classmap: Any) -> np.ndarray:
@@ -117,7 +133,8 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     """Write a single-band GeoTIFF class map with a colour table, nodata 0 and the store's georeference.
 
     ``georeference`` is the store's ``{"transform", "crs_wkt", "epsg"}`` (None: a plain TIFF whose pixel
-    grid is the scene's). Class names go into the band's category names (GDAL's RAT-less class names).
+    grid is the scene's). Class names go into the band's metadata as ``CLASS_1`` ... ``CLASS_K`` items (not
+    GDAL category names: a GIS legend shows the colours, an ENVI .hdr output carries the names for tools).
     """
     rasterio = require("rasterio", "geo", "writing a GeoTIFF class map")
     a = _check_map(classmap)
@@ -146,6 +163,21 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     return Path(path)
 
 
+def _map_info(transform: list[float]) -> str | None:
+    """ENVI's ``map info`` for a GDAL-order transform: pixel (1, 1)'s corner, the pixel size and, for a
+    rotated grid, ``rotation=`` in degrees, as GDAL's ENVI driver reads it; None for a sheared grid, which
+    map info cannot express."""
+    x0, a, b, y0, c, d = transform
+    if b == 0 and c == 0:  # north-up (or south-up: a negative size)
+        return f"map info = {{Arbitrary, 1, 1, {x0!r}, {y0!r}, {a!r}, {-d!r}}}"
+    dx, dy = math.hypot(a, b), math.hypot(c, d)
+    r = math.atan2(-b, a)  # the pixel axes turned by -r: (a, b, c, d) = (cos r dx, -sin r dx, -sin r dy, -cos r dy)
+    if not (math.isclose(c, -math.sin(r) * dy, rel_tol=1e-9, abs_tol=1e-12 * dy)
+            and math.isclose(d, -math.cos(r) * dy, rel_tol=1e-9, abs_tol=1e-12 * dy)):
+        return None
+    return f"map info = {{Arbitrary, 1, 1, {x0!r}, {y0!r}, {dx!r}, {dy!r}, rotation={-math.degrees(r)!r}}}"
+
+
 def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
                class_names: list[str] | None = None, georeference: dict[str, Any] | None = None) -> Path:
     """Write an ENVI Classification file: ``path`` (the ``.hdr``) and its binary beside it (``.img``).
@@ -153,7 +185,8 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
     Class 0 is "Unclassified"; ``class names`` and ``class lookup`` (RGB triplets) list classes 0..K.
     The binary is renamed into place first and the header last, so a partial run never leaves a
     header (what ENVI tools open) without its complete binary. With a georeference the header gets a
-    ``map info`` (reference pixel 1, 1) and the CRS as ``coordinate system string`` when it is WKT.
+    ``map info`` (reference pixel 1, 1; ``rotation=`` for a rotated grid; none for a sheared one, which it
+    cannot express: write a GeoTIFF for those) and the CRS as ``coordinate system string`` when it is WKT.
     """
     a = _check_map(classmap)
     k = _num_classes(a, num_classes, class_names)
@@ -170,9 +203,9 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
              "class lookup = {" + ", ".join(str(int(v)) for v in lut.reshape(-1)) + "}",
              "band names = {class}"]
     if georeference is not None:
-        x0, dx, rx, y0, ry, dy = georeference["transform"]
-        if rx == 0 and ry == 0:  # ENVI's map info has no general affine form; rotated grids keep none
-            lines.append(f"map info = {{Arbitrary, 1, 1, {x0!r}, {y0!r}, {dx!r}, {-dy!r}}}")
+        info = _map_info(georeference["transform"])
+        if info is not None:
+            lines.append(info)
         wkt = georeference.get("crs_wkt")
         if not wkt and georeference.get("epsg"):
             try:  # an EPSG code becomes WKT through rasterio when it is installed; otherwise no CRS line

@@ -164,6 +164,20 @@ def test_bad_inputs_write_nothing(store, tmp_path):
     with pytest.raises(InputError, match=f"NaN or infinite logits for 50 of {H * W} pixels; nothing was written"):
         predict(store, NaNOnTheFirstRows(3), patch_size=3, batch_size=256, out=tmp_path / "m.npy",
                 probabilities=True, device="cpu")
+
+    class NaNOnTheLastVariant(RandomConv):  # with tta: the 8th model call of each batch (a dihedral variant)
+        calls = 0
+
+        def forward(self, x):
+            logits = super().forward(x)
+            self.calls += 1
+            if self.calls % 8 == 0:
+                logits[:10, 2] = torch.nan
+            return logits
+
+    with pytest.raises(InputError, match=f"NaN or infinite logits for 50 of {H * W} pixels; nothing was written"):
+        predict(store, NaNOnTheLastVariant(3), patch_size=3, batch_size=256, out=tmp_path / "m.npy",
+                probabilities=True, device="cpu", tta=True)
     with pytest.raises(ConfigError, match="both be written to"):
         predict(store, RandomConv(3), patch_size=3, out=tmp_path / "m.npy", probabilities=tmp_path / "m.npy")
     bad_arguments = [
@@ -264,6 +278,32 @@ def _checkpoint(tmp_path, bands=B, classes=4, p=5):
     torch.manual_seed(0)
     model = SpectralSpatialCNN(bands, classes, p, reduce=4, width=8)
     return save_checkpoint(tmp_path / "model.ckpt", model, patch_size=p, class_names=["a", "b", "c", "d"]), model
+
+
+def test_cli_predict_names_a_read_only_output_folder_before_predicting(store, tmp_path):
+    """A folder the map cannot be written to is named up front, in one line (it was found only when the
+    finished map was written: after the whole inference)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: permissions cannot be enforced")
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    ckpt, _ = _checkpoint(tmp_path)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        proc = subprocess.run([*prefix, sys.executable, "-m", "hsgds.cli", "predict", str(store), "--model", str(ckpt),
+                               "-o", str(ro / "map.npy"), "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    finally:
+        ro.chmod(0o755)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"hsgds: error: cannot write {ro / 'map.npy'}: the folder {ro} is not "
+                                                "writable (Permission denied); choose another output path"]
+    assert os.listdir(ro) == []
 
 
 def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, run_cli):

@@ -165,3 +165,26 @@ def test_probability_file_whose_mapping_fails_leaves_nothing(tmp_path, monkeypat
             writers.ProbabilityFile(tmp_path / "p.npy", (4, 5, 3))
         gc.collect()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("degrees", [0.0, 15.0, -30.0, 90.0])
+def test_envi_map_info_of_a_rotated_grid_reads_back_in_gdal(tmp_path, classmap, degrees):
+    """A rotated grid's transform is written as map info with rotation= and GDAL (rasterio) reads the same
+    transform back; a sheared one, which map info cannot express, gets no map info."""
+    import math
+
+    rasterio = pytest.importorskip("rasterio")
+    r = -math.radians(degrees)
+    dx, dy = 30.0, 20.0
+    # the transform GDAL's ENVI driver makes of map info with rotation=degrees (GDAL order: x0, a, b, y0, c, d)
+    transform = [620000.5, math.cos(r) * dx, -math.sin(r) * dx, 4000000.25, -math.sin(r) * dy, -math.cos(r) * dy]
+    path = writers.write_envi(tmp_path / f"m{degrees}.hdr", classmap, georeference={**GEO, "transform": transform})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with rasterio.open(path.with_suffix(".img")) as src:
+            got = src.transform.to_gdal()
+    np.testing.assert_allclose(got, transform, rtol=0, atol=1e-6)
+
+    sheared = [620000.5, 30.0, 5.0, 4000000.25, 0.0, -20.0]
+    header = writers.write_envi(tmp_path / "s.hdr", classmap, georeference={**GEO, "transform": sheared})
+    assert "map info" not in header.read_text()
