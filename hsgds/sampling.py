@@ -126,14 +126,13 @@ class EpochPlan:
         return [Interval(iv.tile, max(iv.first, start), iv.last) for iv in self.intervals if iv.last >= start]
 
 
-def shard_samples(offsets: np.ndarray, tile_order: np.ndarray, rank: int, world_size: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def shard_samples(offsets: np.ndarray, tile_order: np.ndarray, rank: int, world_size: int) -> Pieces:
     """Rank ``rank``'s share of the samples of ``tile_order``'s tiles taken tile after tile: the positions
     ``rank * N // world_size`` up to ``(rank + 1) * N // world_size`` of that sequence (N samples), as pieces
     (tiles, first sample, end sample): whole tiles, except that a tile where one share ends and the next
     begins is split between the two ranks (both read it). The shares differ by at most one sample, as
-    torch's DistributedSampler's; dealing whole tiles left ranks up to a fifth of an epoch apart, which
-    padding then filled with repeated samples."""
+    torch's DistributedSampler's; dealing whole tiles left ranks up to a third of an epoch apart (more with
+    few tiles per rank), which padding then filled with repeated samples."""
     order = np.asarray(tile_order, dtype=np.int64)
     offsets = np.asarray(offsets, dtype=np.int64)
     lo, hi = offsets[order], offsets[order + 1]
