@@ -667,7 +667,8 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
               f"pass an odd size from 1 to {largest}")
     store = demo_store(refresh)
     click.echo(describe(store))
-    problems = open_scene(store).verify()
+    scene = open_scene(store)
+    problems = scene.verify()
     if problems:
         _fail(f"{problems[0]} (run `hsgds demo --refresh`)")
     click.echo("verify:     all tiles intact")
@@ -702,7 +703,6 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
                f"for data; evaluation {r['eval_s']:.1f} s; whole-scene prediction {r['predict_s']:.1f} s")
     ls = r["train_loader"]
     click.echo(f"loader:     {describe_stats(ls)}")
-    scene = open_scene(store)
     leak = leakage(scene, patch_size)  # one max filter over the scene's split map: cheap
     split = {**scene.meta.split, "leakage": {"patch_size": leak.patch_size, "test_pixels": leak.test,
                                              "test_pixels_overlapping_train": leak.leaky}}
