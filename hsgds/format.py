@@ -1,4 +1,4 @@
-"""Store format v2: the contract between the converter (preprocess/) and the runtime (hsgds/).
+"""Store format v3: the contract between the converter (preprocess/) and the runtime (hsgds/).
 
 See docs/format.md for the specification. This module holds every name, constant and layout rule of
 the format so that the writer and the readers cannot disagree.
@@ -19,10 +19,11 @@ from hsgds import checksum
 from hsgds.errors import ChecksumError, StoreError, TileReadError
 
 FORMAT_NAME = "hsgds"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: Versions this runtime reads. v1 stores have no device checksums: the kvikio reader checks their tiles on
-#: the host (with a warning); converting again writes v2.
-READABLE_VERSIONS = (1, 2)
+#: the host (with a warning); v1 and v2 stores record no source nodata (every pixel is data). Converting
+#: again writes v3.
+READABLE_VERSIONS = (1, 2, 3)
 
 #: Split codes stored per labelled pixel in ``samples/split``. 0 = labelled but in no split (e.g. a
 #: pixel in the guard band of a block split).
@@ -52,6 +53,8 @@ DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int6
 
 TILES = "tiles"
 LABELS = "labels"
+#: (H, W) uint8, 1 where the source had no data (format v3; written only when it had some)
+NODATA = "nodata"
 SAMPLES = "samples"
 STATS = "stats"
 #: per-sample arrays in ``samples/``, all of one length, sorted by tile then (y, x)
@@ -200,8 +203,8 @@ def padded_index(positions: np.ndarray, n: int, halo: int, mode: str) -> tuple[n
 
 @dataclass
 class StoreMeta:
-    """The ``hsgds`` attributes of a store's root group (format v2; v1 lacks the device checksums). Written
-    last: a store whose attributes do not parse as this is incomplete."""
+    """The ``hsgds`` attributes of a store's root group (format v3; v1 lacks the device checksums, v1 and v2
+    the nodata record). Written last: a store whose attributes do not parse as this is incomplete."""
 
     shape: tuple[int, int, int]
     dtype: str
@@ -226,6 +229,9 @@ class StoreMeta:
     #: per tile, the wsum64 pair as 32 hex digits (hsgds.checksum.encode); None in a v1 store
     device_checksums: list[str] | None = None
     device_checksum_algorithm: str | None = None
+    #: the source's nodata value and what became of its pixels (v3; None: the source recorded none and
+    #: none was given): ``{"value", "pixels", "labelled_dropped", "fill"}``, see docs/format.md
+    nodata: dict[str, Any] | None = None
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
     created_by: str = ""
@@ -254,7 +260,7 @@ class StoreMeta:
         version = meta.get("format_version")
         if version not in READABLE_VERSIONS or isinstance(version, bool):
             raise StoreError(f"{where} has store format version {version!r}; this hsgds reads versions "
-                             f"{' and '.join(map(str, READABLE_VERSIONS))}: convert the source again with this version")
+                             f"{READABLE_VERSIONS[0]} to {READABLE_VERSIONS[-1]}: convert the source again with this version")
         known = {f for f in cls.__dataclass_fields__}
         try:
             out = cls(**{k: v for k, v in meta.items() if k in known})
@@ -339,6 +345,12 @@ class StoreMeta:
                              "convert the source again")
         if not all(is_int(c) and 0 <= c <= 0xFFFFFFFF for c in self.checksums):
             raise bad("checksums", "must be unsigned 32-bit integers")
+        if self.format_version < 3 and self.nodata is not None:
+            raise bad("nodata", f"a format v{self.format_version} store has none")
+        if self.nodata is not None:
+            why = nodata_problem(self.nodata, h * w)
+            if why:
+                raise bad("nodata", why)
         if self.format_version == 1:
             if self.device_checksums is not None or self.device_checksum_algorithm is not None:
                 raise bad("device_checksums", "a format v1 store has none")
@@ -353,6 +365,32 @@ class StoreMeta:
         if not all(isinstance(c, str) and len(c) == 32 and all(ch in "0123456789abcdef" for ch in c)
                    for c in self.device_checksums):
             raise bad("device_checksums", "must be 32 lowercase hex digits each")
+
+
+#: how the converter fills a nodata pixel's bands in the tiles: with the mean of the statistics the loader
+#: normalizes with (so a z-scored patch reads 0 there), rounded to the store's dtype
+NODATA_FILLS = ("train mean", "scene mean")
+
+
+def nodata_value(value: float) -> float | str:
+    """A nodata value as JSON holds it: a number, or "nan" (JSON has no NaN)."""
+    return "nan" if math.isnan(value) else float(value)
+
+
+def nodata_problem(record: Any, pixels: int) -> str | None:
+    """Why ``record`` is not a valid ``nodata`` record for a scene of ``pixels`` pixels (None: it is)."""
+    if not isinstance(record, dict):
+        return "must be an object or null"
+    value = record.get("value")
+    if not (value == "nan" or isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        return "value must be a finite number or \"nan\""
+    for key in ("pixels", "labelled_dropped"):
+        n = record.get(key)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= pixels:
+            return f"{key} must be an integer in 0..{pixels}"
+    if record.get("fill") not in NODATA_FILLS + (None,):
+        return f"fill must be one of {', '.join(map(repr, NODATA_FILLS))} or null"
+    return None
 
 
 #: Largest coordinate reference system text accepted (a WKT is a few KB).

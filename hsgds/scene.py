@@ -135,7 +135,7 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict
 
 
 class Scene:
-    """A converted hyperspectral scene (an hsgds store, format v1 or v2).
+    """A converted hyperspectral scene (an hsgds store, format v1, v2 or v3).
 
     Use :func:`open_scene`. Attributes: ``shape`` (H, W, B), ``dtype``, ``wavelengths`` (nm or None),
     ``band_names``, ``labels`` (H, W), ``stats`` ({"train": BandStats | None, "all": BandStats}),
@@ -201,6 +201,18 @@ class Scene:
         if stride == 1 or self._labels is not None:
             return self.labels[::stride, ::stride]
         return _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked, every=stride)
+
+    @property
+    def has_nodata(self) -> bool:
+        """Whether the source had pixels without data (format v3 records them; they are never samples)."""
+        return bool(self.meta.nodata and self.meta.nodata["pixels"])
+
+    def nodata_every(self, stride: int = 1) -> np.ndarray | None:
+        """``nodata[::stride, ::stride]`` as a bool map, True where the source had no data (its tiles hold the
+        fill value there); None when the scene has no such pixel."""
+        if not self.has_nodata:
+            return None
+        return _read_raw_array(self.path, fmt.NODATA, self.shape[:2], self._checked, every=stride) != 0
 
     def sample_table(self) -> dict[str, np.ndarray]:
         """The raw per-sample arrays (tile, y, x local to the tile core, label, split) and ``offsets``."""

@@ -82,7 +82,7 @@ _NAN = float("nan")
     ("band_names", ["a"], "band_names .* 4 entries"),
     ("class_names", "abc", "class_names .* list of strings"),
     ("format", "other", "format = 'other' .must be 'hsgds'"),
-    ("format_version", 3, "format version 3; this hsgds reads versions 1 and 2"),
+    ("format_version", 4, "format version 4; this hsgds reads versions 1 to 3"),
     ("format_version", 1, r"device_checksums = .*\(a format v1 store has none\)"),
     ("device_checksums", ["0" * 32] * 3, "lists 3 device checksums for 4 tiles"),
     ("device_checksums", ["0" * 31] * 4, "device_checksums .* 32 lowercase hex digits"),
