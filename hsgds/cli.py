@@ -83,24 +83,49 @@ _AMOUNT = _Amount()
 
 @contextmanager
 def _split_warnings(prefix: str = ""):
-    """Show a split's warnings (classes that could not be split, a train share far from --train) as one line
-    each on stderr, after ``prefix`` (a collection's scene name)."""
+    """Show a split's warnings (classes that could not be split, a train share far from --train) and the
+    converter's (labelled pixels without data) as one line each on stderr, after ``prefix`` (a collection's
+    scene name)."""
+    from hsgds.preprocess.convert import NodataWarning
     from hsgds.preprocess.splits import SplitWarning
 
+    ours = (SplitWarning, NodataWarning)
     shown: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", SplitWarning)
+            for category in ours:
+                warnings.simplefilter("always", category)
             try:
                 yield
             finally:
                 shown = list(caught)
     finally:  # after the recording ends: a warning re-raised inside it would be recorded again, for ever
         for w in shown:
-            if issubclass(w.category, SplitWarning):
+            if issubclass(w.category, ours):
                 click.echo(f"hsgds: warning: {prefix}{w.message}", err=True)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _echo_nodata(store) -> None:
+    """One line saying how many pixels had no data, and what the tiles hold there, when the source had some."""
+    from hsgds.scene import open_scene
+
+    record = open_scene(store).meta.nodata
+    if record and record["pixels"]:
+        value = record["value"] if isinstance(record["value"], str) else f"{record['value']:g}"
+        click.echo(f"nodata: {record['pixels']} pixels (every band {value}), left out of samples and "
+                   f"predictions; the tiles hold the {record['fill']} there")
+
+
+def _nodata_option(value: str | None) -> float | str | None:
+    """--nodata: a number (nan too), or none."""
+    if value is None or value.strip().lower() == "none":
+        return None if value is None else "none"
+    try:
+        return float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a number, nan or none", param_hint="--nodata") from None
 
 
 def _echo_split(store) -> None:
@@ -133,6 +158,9 @@ _SCENE_OPTIONS = [
     click.option("--test-mask", type=click.Path(dir_okay=False), help="Test mask for --split masks."),
     click.option("--seed", default=0, show_default=True),
     click.option("--nan-fill", type=float, help="Replace NaN/Inf in the cube by this value (refused otherwise)."),
+    click.option("--nodata", help="Value marking pixels without data (every band equal to it), e.g. -9999 or nan; "
+                                  "they are never samples and are not predicted. Default: the source's own "
+                                  "(GeoTIFF GDAL_NODATA, ENVI 'data ignore value'); none: ignore it."),
     click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...)."),
     click.option("--wavelengths", help="Band centres in nm, comma-separated, or a text file of them (commas, spaces "
                                        "or one per line), for sources that do not record them (.npy, .mat, HDF5, "
@@ -147,13 +175,14 @@ def _scene_options(command):
 
 
 def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split, train, val, block_size,
-                     train_mask, val_mask, test_mask, seed, nan_fill, class_names, wavelengths, **extra):
+                     train_mask, val_mask, test_mask, seed, nan_fill, nodata, class_names, wavelengths, **extra):
     from hsgds.preprocess.convert import ConvertOptions, wavelength_list
 
     return ConvertOptions(
         key=key, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
         padding=padding, split=split, train=train, val=val, block_size=block_size,
         train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, seed=seed, nan_fill=nan_fill,
+        nodata=_nodata_option(nodata),
         class_names=None if class_names is None else tuple(c.strip() for c in class_names.split(",")),
         wavelengths=None if wavelengths is None else wavelength_list(wavelengths, "--wavelengths"), **extra)
 
@@ -203,6 +232,7 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
         if bar is not None:
             bar.render_finish()
     click.echo(f"wrote {path}")
+    _echo_nodata(path)
     _echo_split(path)
 
 

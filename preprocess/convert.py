@@ -1,4 +1,4 @@
-"""Source cube -> hsgds store (format v2): halo-padded aligned tiles, labels, samples, stats, splits.
+"""Source cube -> hsgds store (format v3): halo-padded aligned tiles, labels, samples, stats, splits.
 
 The conversion streams tile by tile (memory stays at a few tiles for memory-mappable sources), writes
 into a temporary directory beside the target and renames it into place only when everything, the
@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,7 @@ try:
 except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
     fcntl = None
 
-__all__ = ["ConvertOptions", "convert", "lock_folder", "remove_stale", "wavelength_list", "write_error"]
+__all__ = ["ConvertOptions", "NodataWarning", "convert", "lock_folder", "remove_stale", "wavelength_list", "write_error"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
 #: band centres --wavelengths accepts (nm): ultraviolet to thermal infrared
@@ -68,6 +69,9 @@ class ConvertOptions:
     test_mask: str | os.PathLike | None = None
     seed: int = 0
     nan_fill: float | None = None
+    #: the value marking pixels without data: None takes the source's own (GeoTIFF GDAL_NODATA, ENVI data
+    #: ignore value), "none" ignores it, a number (NaN allowed) overrides it
+    nodata: float | str | None = None
     class_names: tuple[str, ...] | None = None
     wavelengths: tuple[float, ...] | None = None  # band centres (nm) for sources that do not record them
     #: what gave ``wavelengths``, as messages name it: convert-many's come from a manifest column, not the option
@@ -102,6 +106,9 @@ class ConvertOptions:
             raise ConfigError("--train-mask/--val-mask/--test-mask need --split masks")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if isinstance(self.nodata, str) and self.nodata != "none" or isinstance(self.nodata, float) and \
+                math.isinf(self.nodata):
+            raise ConfigError(f"--nodata must be a number, nan or none, got {self.nodata!r}")
         if self.nan_fill is not None and not np.isfinite(self.nan_fill):
             raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
         # refused whether or not a split is made: a value that means nothing is a mistake either way
@@ -224,12 +231,19 @@ def _sample_table(labels: np.ndarray, split_map: np.ndarray, grid: fmt.TileGrid)
     }
 
 
-def build_tile(cube: SourceCube, grid: fmt.TileGrid, padding: str, tile_id: int) -> np.ndarray:
-    """One halo-padded (S, S, B) tile: the scene window around the tile's core, padded at the borders."""
+def _tile_index(grid: fmt.TileGrid, padding: str, tile_id: int) -> tuple[np.ndarray, ...]:
+    """Per row and per column of a padded tile: the scene row (column) it shows, and whether it shows one
+    (False: zero padding, or the filler past the halo) -- :func:`hsgds.format.padded_index` on both axes."""
     ty, tx = grid.tile_yx(tile_id)
     h, s = grid.halo, grid.side
     ri, rv = fmt.padded_index(np.arange(ty * grid.tile - h, ty * grid.tile - h + s), grid.height, h, padding)
     ci, cv = fmt.padded_index(np.arange(tx * grid.tile - h, tx * grid.tile - h + s), grid.width, h, padding)
+    return ri, rv, ci, cv
+
+
+def build_tile(cube: SourceCube, grid: fmt.TileGrid, padding: str, tile_id: int) -> np.ndarray:
+    """One halo-padded (S, S, B) tile: the scene window around the tile's core, padded at the borders."""
+    ri, rv, ci, cv = _tile_index(grid, padding, tile_id)
     r0, r1 = int(ri[rv].min()), int(ri[rv].max()) + 1
     c0, c1 = int(ci[cv].min()), int(ci[cv].max()) + 1
     window = cube.read(r0, r1, c0, c1)
@@ -272,10 +286,14 @@ def _check_nan_fill(value: float | None, dtype: np.dtype) -> None:
                           f"-{limit:.8g} to {limit:.8g}); pass a value inside it")
 
 
-def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: float | None) -> None:
+def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: float | None,
+                  gaps: np.ndarray | None = None) -> None:
+    """Refuse (or with ``nan_fill`` replace) NaN/Inf values, except at ``gaps``: nodata pixels, filled later."""
     if tile.dtype.kind != "f":
         return
     bad = ~np.isfinite(tile)
+    if gaps is not None:
+        bad[gaps] = False
     if not bad.any():
         return
     if nan_fill is None:
@@ -285,21 +303,65 @@ def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: 
     tile[bad] = nan_fill
 
 
-def _create_arrays(root: zarr.Group, grid: fmt.TileGrid, labels: np.ndarray, table: dict[str, np.ndarray]) -> dict:
-    cfg = {"write_empty_chunks": True}
+_WRITE_ALL = {"write_empty_chunks": True}
 
-    def small(name: str, data: np.ndarray, dims: list[str]) -> None:
-        root.create_array(name, data=data, chunks=tuple(max(1, n) for n in data.shape),
-                          compressors=None, config=cfg, dimension_names=dims)
 
+def _create_tiles(root: zarr.Group, grid: fmt.TileGrid) -> dict:
+    """The ``tiles`` array's metadata (its chunk files are written by the converter itself)."""
     tiles = root.create_array(fmt.TILES, shape=(grid.nty, grid.ntx, *grid.tile_shape),
                               chunks=(1, 1, *grid.tile_shape), dtype=np.dtype(grid.dtype).newbyteorder("<"),
-                              compressors=None, fill_value=0, config=cfg,
+                              compressors=None, fill_value=0, config=_WRITE_ALL,
                               dimension_names=["tile_y", "tile_x", "y", "x", "band"])
+    return tiles.metadata.to_dict()
+
+
+def _write_pixel_arrays(root: zarr.Group, labels: np.ndarray, table: dict[str, np.ndarray],
+                        nodata: np.ndarray | None) -> None:
+    """labels, samples/* and (when the source had nodata pixels) nodata, each one raw chunk."""
+    def small(name: str, data: np.ndarray, dims: list[str]) -> None:
+        root.create_array(name, data=data, chunks=tuple(max(1, n) for n in data.shape),
+                          compressors=None, config=_WRITE_ALL, dimension_names=dims)
+
     small(fmt.LABELS, labels, ["y", "x"])
     for name, data in table.items():
         small(f"{fmt.SAMPLES}/{name}", data, ["tile"] if name == "offsets" else ["sample"])
-    return tiles.metadata.to_dict()
+    if nodata is not None:
+        small(fmt.NODATA, nodata.astype(np.uint8), ["y", "x"])
+
+
+class NodataWarning(UserWarning):
+    """Labelled pixels that the source marks as nodata: they were left out of the labels and samples."""
+
+
+def _nodata_of(opts: ConvertOptions, cube: SourceCube) -> float | None:
+    """The nodata value this conversion applies: ``--nodata``'s, or the source's own unless it is "none"."""
+    if opts.nodata == "none":
+        return None
+    if opts.nodata is not None:
+        return float(opts.nodata)
+    return getattr(cube, "nodata", None)
+
+
+def _nodata_pixels(tile: np.ndarray, value: float, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """(S, S) bool: the tile positions that show a scene pixel (``rows`` x ``cols``, not zero padding) whose
+    every band is ``value`` (NaN: every band NaN). GDAL's rule: the value is taken in the cube's dtype, so
+    one that the dtype cannot hold marks no pixel."""
+    dtype = tile.dtype
+    if math.isnan(value):
+        hit = np.isnan(tile).all(axis=-1) if dtype.kind == "f" else np.zeros(tile.shape[:2], bool)
+    elif dtype.kind != "f" and not (value.is_integer() and np.iinfo(dtype).min <= value <= np.iinfo(dtype).max):
+        hit = np.zeros(tile.shape[:2], bool)
+    else:
+        hit = (tile == dtype.type(value)).all(axis=-1)
+    return hit & rows[:, None] & cols[None, :]
+
+
+def _fill_values(mean: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The per-band mean as the store's dtype: rounded and clipped for integers."""
+    if dtype.kind == "f":
+        return mean.astype(dtype)
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(mean), info.min, info.max).astype(dtype)
 
 
 _FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
@@ -491,8 +553,8 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
              progress: Callable[[int, int], None] | None, stamps: dict[Path, tuple[int, int]],
              hashing: _SourceHash) -> Path:
     H, W, B = cube.shape
-    # labels, split map and sample table are per-pixel arrays in memory (about 16 bytes a pixel at peak)
-    check_fits_in_memory(H * W * 16, f"the per-pixel label and split maps of a {H}x{W} scene",
+    # labels, split map, nodata map and sample table are per-pixel arrays in memory (about 17 bytes a pixel at peak)
+    check_fits_in_memory(H * W * 17, f"the per-pixel label, split and nodata maps of a {H}x{W} scene",
                          "the scene is too large for this machine (or its header is damaged)")
     if opts.halo > 0 and opts.padding == "reflect" and min(H, W) < 2:
         raise InputError(f"a {H}x{W} scene cannot be reflect-padded; use --padding edge or zero")
@@ -509,6 +571,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if split_params["method"] != "none":
         splitting.check_has_train(split_map, opts.split, opts.block_size)
     table = _sample_table(labels, split_map, grid)
+    num_classes = int(labels.max(initial=0))
+    nodata = _nodata_of(opts, cube)
+    # True where the source has no data, filled in tile by tile (each tile writes its own core)
+    gaps_map = None if nodata is None else np.zeros((H, W), bool)
 
     hashing.start()  # the source is hashed while its tiles are written
 
@@ -516,34 +582,52 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         # "w-" writes into the locked folder; "w" would delete and recreate it, leaving the lock on a
         # deleted folder (and the new one free for another conversion's stale-folder cleanup to remove)
         root = zarr.open_group(tmp, mode="w-", zarr_format=3)
-        paths = fmt.tile_paths(tmp, grid, _create_arrays(root, grid, labels, table))
+        paths = fmt.tile_paths(tmp, grid, _create_tiles(root, grid))
         for p in paths:
             p.parent.mkdir(parents=True, exist_ok=True)
+    little = np.dtype(grid.dtype).newbyteorder("<")
 
-    def one_tile(tile_id: int) -> tuple[int, str, BandAccumulator, BandAccumulator]:
-        tile = build_tile(cube, grid, opts.padding, tile_id)
-        _check_finite(tile, tile_id, grid, opts.nan_fill)
-        raw = memoryview(np.ascontiguousarray(tile, dtype=np.dtype(grid.dtype).newbyteorder("<"))).cast("B")
+    def write_tile(tile_id: int, tile: np.ndarray) -> tuple[int, str]:
+        raw = memoryview(np.ascontiguousarray(tile, dtype=little)).cast("B")
         with _writing(out, f"tile {tile_id}"), open(paths[tile_id], "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())  # on the disk before the store is renamed into place (power loss)
+        return crc32c.crc32c(raw), checksum.encode(checksum.checksum_of(raw))
+
+    def one_tile(tile_id: int) -> tuple[int, str, BandAccumulator, BandAccumulator, bool]:
+        tile = build_tile(cube, grid, opts.padding, tile_id)
+        gaps = None
+        if nodata is not None:
+            _, rows, _, cols = _tile_index(grid, opts.padding, tile_id)
+            gaps = _nodata_pixels(tile, nodata, rows, cols)
+        _check_finite(tile, tile_id, grid, opts.nan_fill, gaps)
+        crc, wsum = write_tile(tile_id, tile)  # nodata pixels are filled once the statistics are known
         y0, y1, x0, x1 = grid.core_window(tile_id)
         h = grid.halo
         core = tile[h:h + y1 - y0, h:h + x1 - x0].reshape(-1, B)
         lo, hi = table["offsets"][tile_id], table["offsets"][tile_id + 1]
         train = table["split"][lo:hi] == fmt.SPLIT_TRAIN
-        train_px = tile[h + table["y"][lo:hi][train], h + table["x"][lo:hi][train]]
-        return (crc32c.crc32c(raw), checksum.encode(checksum.checksum_of(raw)), BandAccumulator.of(core),
-                BandAccumulator.of(train_px))
+        ty, tx = h + table["y"][lo:hi], h + table["x"][lo:hi]
+        if gaps is not None:
+            core_gaps = gaps[h:h + y1 - y0, h:h + x1 - x0]
+            assert gaps_map is not None
+            gaps_map[y0:y1, x0:x1] = core_gaps  # tiles own disjoint cores: no lock needed
+            core = core[~core_gaps.reshape(-1)]
+            train &= ~gaps[ty, tx]
+        return (crc, wsum, BandAccumulator.of(core), BandAccumulator.of(tile[ty[train], tx[train]]),
+                gaps is not None and bool(gaps.any()))
 
     checksums: list[int] = []
     device_checksums: list[str] = []
+    with_gaps: list[int] = []  # tiles showing a nodata pixel (in their core or halo)
     all_stats, train_stats = BandAccumulator(B), BandAccumulator(B)
     window = 2 * opts.workers  # tiles in flight: bounds memory to a few tiles
 
     def collect(future) -> None:  # in tile order, so checksums and merged stats are deterministic
-        crc, wsum, part_all, part_train = future.result()
+        crc, wsum, part_all, part_train, has_gaps = future.result()
+        if has_gaps:
+            with_gaps.append(len(checksums))
         checksums.append(crc)
         device_checksums.append(wsum)
         all_stats.merge(part_all)
@@ -560,15 +644,53 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         while pending:
             collect(pending.popleft())
 
-    for group, acc in (("all", all_stats), ("train", train_stats)):
-        result = acc.result()
+    nodata_record = None
+    if nodata is not None:
+        assert gaps_map is not None
+        missing = int(np.count_nonzero(gaps_map))
+        if missing == H * W:
+            raise InputError(f"every pixel of {src.name} is nodata (all bands {nodata:g}); check the nodata value "
+                             "(pass --nodata VALUE, or --nodata none to convert every pixel)")
+        dropped = int(np.count_nonzero(labels[gaps_map]))
+        if dropped:  # a labelled pixel without data: its spectrum is the fill, not the class's
+            labels = np.where(gaps_map, 0, labels).astype(labels.dtype)
+            table = _sample_table(labels, split_map, grid)
+            warnings.warn(NodataWarning(
+                f"{dropped} labelled pixels of {Path(str(opts.labels)).name} are nodata in {src.name} (all bands "
+                f"{nodata:g}): they are left out of the store's labels and samples"), stacklevel=2)
+        nodata_record = {"value": fmt.nodata_value(nodata), "pixels": missing, "labelled_dropped": dropped,
+                         "fill": None if not missing else "train mean" if train_stats.count else "scene mean"}
+        if not missing:
+            gaps_map = None
+
+    with _writing(out, "the labels and samples"):
+        _write_pixel_arrays(root, labels, table, gaps_map)
+
+    results = {"all": all_stats.result(), "train": train_stats.result()}
+    for group, result in results.items():
         if result is not None:
             check_finite(result, "scene's" if group == "all" else "train",
                          "rescale the cube (e.g. to reflectance, or divide it by a power of 10) and convert again")
             for name, values in result.items():
                 with _writing(out, "the band statistics"):
                     root.create_array(f"{fmt.STATS}/{group}/{name}", data=values, chunks=(B,), compressors=None,
-                                      config={"write_empty_chunks": True}, dimension_names=["band"])
+                                      config=_WRITE_ALL, dimension_names=["band"])
+
+    if with_gaps:
+        assert nodata is not None
+        # nodata pixels read as the mean the loader normalizes with (0 after z-scoring), not as -9999
+        fill = _fill_values((results["train"] or results["all"])["mean"], np.dtype(grid.dtype))
+
+        def fill_tile(tile_id: int) -> tuple[int, str]:
+            with _writing(out, f"tile {tile_id}"):
+                tile = np.fromfile(paths[tile_id], dtype=little).reshape(grid.tile_shape)
+            _, rows, _, cols = _tile_index(grid, opts.padding, tile_id)
+            tile[_nodata_pixels(tile, nodata, rows, cols)] = fill
+            return write_tile(tile_id, tile)
+
+        with ThreadPoolExecutor(opts.workers, thread_name_prefix="hsgds-convert") as pool:
+            for tile_id, (crc, wsum) in zip(with_gaps, pool.map(fill_tile, with_gaps)):
+                checksums[tile_id], device_checksums[tile_id] = crc, wsum
 
     sha256, size = hashing.result(src)
     hashed_size = sum(stamps[Path(p)][0] for p in cube.files)
@@ -581,13 +703,13 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         labels_source = {"name": lp.name, "size": lp.stat().st_size, "sha256": sha256_of([lp])[0]}
     meta = fmt.StoreMeta(
         shape=(H, W, B), dtype=grid.dtype, tile=grid.tile, halo=grid.halo, padding=opts.padding,
-        num_classes=int(labels.max(initial=0)), checksums=checksums, num_samples=int(len(table["tile"])),
+        num_classes=num_classes, checksums=checksums, num_samples=int(len(table["tile"])),
         device_checksums=device_checksums, device_checksum_algorithm=fmt.DEVICE_CHECKSUM_ALGORITHM,
         class_names=list(opts.class_names) if opts.class_names else None,
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
         source={"name": src.name, "files": [p.name for p in cube.files], "size": size, "sha256": sha256},
-        georeference=getattr(cube, "georeference", None),
+        georeference=getattr(cube, "georeference", None), nodata=nodata_record,
         labels_source=labels_source, split=split_params, converted_split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
     _check_unchanged(stamps)  # what was tiled and hashed is what the metadata will describe

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsgds import format as fmt
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
 from hsgds.preprocess.convert import ConvertOptions, convert, remove_stale, wavelength_list
+from hsgds.preprocess.readers import detect_format, open_cube
 from hsgds.preprocess.readers.base import sha256_of, source_stamps
 from hsgds.scene import open_scene
 
@@ -201,6 +203,11 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
         shown = [",".join(f"{w:g}" for w in ws[:4]) + (",..." if len(ws) > 4 else "") if ws else None
                  for ws in (opts.wavelengths, meta.wavelengths)]
         return _differs(opts.wavelengths_from, *shown)
+    if opts.nodata is not None:  # given: the store must have applied this very value (or none)
+        had = None if meta.nodata is None else meta.nodata["value"]
+        want = None if opts.nodata == "none" else fmt.nodata_value(float(opts.nodata))
+        if had != want and not (want == "nan" and had == "nan"):
+            return _differs("--nodata", want if want is not None else "none", had)
     split = meta.converted_split if meta.converted_split is not None else meta.split or {}
     if split.get("method", "none") != "none":
         if split.get("method") != opts.split:
@@ -220,6 +227,27 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
                                     split.get("block_size"))
                 return _differs("--" + key.replace("_", "-"), value, split.get(key))
     return None
+
+
+def _nodata_unrecorded(meta, opts: ConvertOptions, source: Path) -> str | None:
+    """Why a store written before format v3 (which ignored a source's nodata value) must be converted again:
+    its source records one that this conversion would apply (None: it records none, or --nodata is given,
+    which :func:`_options_differ` compares). Only GeoTIFF and ENVI record one; their headers are cheap."""
+    if meta.format_version >= 3 or opts.nodata is not None:
+        return None
+    try:
+        if detect_format(source) not in ("tiff", "envi"):
+            return None
+        cube = open_cube(source)
+        try:
+            value = cube.nodata
+        finally:
+            cube.close()
+    except (HsgdsError, OSError):
+        return None  # the conversion itself names what is wrong with the source
+    if value is None:
+        return None
+    return f"the source records nodata value {value:g}, which this format v{meta.format_version} store ignored"
 
 
 #: the reason of a scene converted for the first time (no store, and not listed by the last run)
@@ -245,7 +273,7 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
     meta = scene.meta
     if meta.source.get("name") != row.source.name:
         return f"source {meta.source.get('name')} -> {row.source.name}", {}
-    differ = _options_differ(meta, opts)
+    differ = _options_differ(meta, opts) or _nodata_unrecorded(meta, opts, row.source)
     if differ:
         return differ, {}
     data = [row.source.parent / f for f in meta.source.get("files", [])]

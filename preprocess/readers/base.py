@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -167,6 +168,18 @@ def sha256_of(paths: list[Path], stop: threading.Event | None = None) -> tuple[s
     return h.hexdigest(), size
 
 
+def parse_nodata(text: str, where: str, fix: str) -> float:
+    """A nodata value written as text in a file's metadata ("-9999", "nan", "0"): a float, NaN allowed; an
+    InputError naming ``where`` and saying ``fix`` otherwise (an infinity marks no pixel a format writes)."""
+    try:
+        value = float(str(text).strip().strip("\x00").strip())
+    except ValueError:
+        raise InputError(f"{where}: nodata value {str(text)[:40]!r} is not a number; {fix}") from None
+    if math.isinf(value):
+        raise InputError(f"{where}: nodata value {text!r} is infinite; {fix}")
+    return value
+
+
 class SourceCube(Protocol):
     """A hyperspectral cube as the converter sees it: (H, W, B), read in windows."""
 
@@ -177,6 +190,8 @@ class SourceCube(Protocol):
     files: list[Path]
     #: ``{"transform", "crs_wkt", "epsg"}`` (see :func:`hsgds.format.georeference_problem`) or None
     georeference: dict[str, Any] | None
+    #: the value the file says marks pixels without data (GeoTIFF GDAL_NODATA, ENVI data ignore value), or None
+    nodata: float | None
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Return rows y0:y1, columns x0:x1, all bands, as a C-contiguous native-endian (h, w, B) array."""
@@ -201,6 +216,7 @@ class ArrayCube:
     files: list[Path] = field(default_factory=list)
     closer: Any = None
     georeference: dict[str, Any] | None = None
+    nodata: float | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

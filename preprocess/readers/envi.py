@@ -9,7 +9,7 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds.errors import InputError
-from hsgds.preprocess.readers.base import ArrayCube
+from hsgds.preprocess.readers.base import ArrayCube, parse_nodata
 
 __all__ = ["DATA_SUFFIXES", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
 
@@ -356,6 +356,8 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         band_names=_band_names(header, bands, header_path),
         files=[binary, header_path],
         georeference=_georeference(header, header_path),
+        nodata=None if "data ignore value" not in header else parse_nodata(
+            header["data ignore value"], f"ENVI header {header_path}", "fix or remove 'data ignore value'"),
     )
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)

@@ -24,6 +24,7 @@ from hsgds.preprocess.readers.base import (
     check_dtype,
     check_fits_in_memory,
     parse_failure,
+    parse_nodata,
 )
 
 __all__ = ["open_tiff", "read_tiff_labels"]
@@ -157,7 +158,8 @@ def _load(path: Path, geo: dict[str, Any] | None = None) -> tuple[np.ndarray, st
     """Return the first image series (memory-mapped when possible) and tifffile's axis letters.
 
     tifffile names the axes: Y rows, X columns, S samples per pixel, and Q/I/Z/C/... for pages.
-    Pass a dict as ``geo`` to receive the file's georeference under the key ``"georeference"``.
+    Pass a dict as ``geo`` to receive the file's georeference under the key ``"georeference"`` and its
+    GDAL nodata value under ``"nodata"``.
     """
     try:
         _check_ifd_chain(path)
@@ -166,6 +168,9 @@ def _load(path: Path, geo: dict[str, Any] | None = None) -> tuple[np.ndarray, st
                 raise InputError(f"{path} holds no image; check the file")
             if geo is not None:
                 geo["georeference"] = _georeference(tif, path)
+                tag = tif.pages[0].tags.get("GDAL_NODATA")  # GDAL's nodata, as text: "-9999", "nan"
+                geo["nodata"] = None if tag is None else parse_nodata(
+                    tag.value, path.name, "fix the GDAL_NODATA tag (gdal_edit.py -a_nodata VALUE, or -unsetnodata)")
             series = tif.series[0]
             axes, shape = series.axes, tuple(series.shape)
             dtype = np.dtype(series.dtype)
@@ -208,7 +213,7 @@ def open_tiff(path: Path) -> ArrayCube:
             "save the cube as (H, W, B) with planarconfig contig or as (B, H, W) pages"
         )
     check_dtype(array.dtype, path.name)
-    cube = ArrayCube(array, axes=order, files=[path], georeference=geo.get("georeference"))
+    cube = ArrayCube(array, axes=order, files=[path], georeference=geo.get("georeference"), nodata=geo.get("nodata"))
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
     return cube

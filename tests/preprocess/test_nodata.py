@@ -1,0 +1,239 @@
+"""Source nodata (format v3): a pixel whose every band equals the source's nodata value is left out of the band
+statistics, the labels and the samples, and its bands are filled with the normalization mean in the tiles.
+Sources are written independently (rasterio for GeoTIFF, SPy for ENVI, numpy); expected tiles, statistics and
+counts are computed with numpy alone."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import zarr
+
+import hsgds
+from hsgds.preprocess.convert import ConvertOptions, NodataWarning, convert
+
+from .test_convert import reference_tiles
+
+rasterio = pytest.importorskip("rasterio")
+envi = pytest.importorskip("spectral.io.envi")
+
+
+def swath(h, w, b, dtype, nodata, seed=0):
+    """A cube of random data inside a slanted swath and ``nodata`` in every band outside it (as a rotated
+    flight line looks), and the (H, W) nodata mask."""
+    rng = np.random.default_rng(seed)
+    cube = rng.integers(50, 900, (h, w, b)).astype(dtype)
+    y, x = np.mgrid[:h, :w]
+    gaps = (x < y // 3 + 2) | (x > y // 3 + w // 2)
+    cube[gaps] = nodata
+    return cube, gaps
+
+
+def write_tif(path, cube, nodata):
+    """A georeferenced GeoTIFF with a nodata value, written by rasterio (GDAL)."""
+    from rasterio.transform import Affine
+
+    h, w, b = cube.shape
+    with rasterio.open(path, "w", driver="GTiff", height=h, width=w, count=b, dtype=cube.dtype, nodata=nodata,
+                       crs="EPSG:32616", transform=Affine(30.0, 0.0, 600000.0, 0.0, -30.0, 4000000.0)) as dst:
+        dst.write(cube.transpose(2, 0, 1))
+    return path
+
+
+def expected_fill(cube, gaps, train_mask):
+    """The fill as numpy computes it: the mean of the train pixels with data (every data pixel when there are
+    no train pixels), rounded to the cube's dtype."""
+    pixels = cube[train_mask & ~gaps] if train_mask is not None and (train_mask & ~gaps).any() else cube[~gaps]
+    mean = pixels.astype(np.float64).mean(axis=0)
+    if cube.dtype.kind == "f":
+        return mean.astype(cube.dtype)
+    return np.rint(mean).astype(cube.dtype)
+
+
+def train_mask_of(scene):
+    t = scene.sample_table()
+    g = scene.grid
+    ty, tx = np.divmod(t["tile"].astype(np.int64), g.ntx)
+    mask = np.zeros(scene.shape[:2], bool)
+    train = t["split"] == 1
+    mask[(ty * g.tile + t["y"])[train], (tx * g.tile + t["x"])[train]] = True
+    return mask
+
+
+def check_store(store, cube, gaps, padding, halo, labels=None):
+    """Everything the store says about nodata, against numpy."""
+    scene = hsgds.open_scene(store)
+    assert scene.meta.format_version == 3
+    record = scene.meta.nodata
+    assert record["pixels"] == int(gaps.sum())
+    np.testing.assert_array_equal(scene.nodata_every(1), gaps)
+    np.testing.assert_array_equal(scene.nodata_every(3), gaps[::3, ::3])
+    train = train_mask_of(scene) if labels is not None else None
+    if labels is not None:
+        assert record["labelled_dropped"] == int(np.count_nonzero(labels[gaps]))
+        np.testing.assert_array_equal(scene.labels, np.where(gaps, 0, labels))
+        assert not (train & gaps).any()
+    assert record["fill"] == ("train mean" if train is not None and train.any() else "scene mean")
+    # statistics of the data pixels only
+    data = cube[~gaps].astype(np.float64)
+    np.testing.assert_allclose(scene.stats["all"].mean, data.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(scene.stats["all"].std, data.std(axis=0), rtol=1e-10)
+    np.testing.assert_array_equal(scene.stats["all"].min, data.min(axis=0))
+    np.testing.assert_array_equal(scene.stats["all"].max, data.max(axis=0))
+    # tiles (zarr-python reads them) = numpy's padding of the cube with its nodata pixels filled
+    filled = cube.copy()
+    filled[gaps] = expected_fill(cube, gaps, train)
+    g = zarr.open_group(store, mode="r")
+    np.testing.assert_array_equal(g["tiles"][...], reference_tiles(filled, scene.grid.tile, halo, padding))
+    assert scene.verify() == []  # checksums of the filled tiles
+    return scene
+
+
+@pytest.mark.parametrize("dtype,padding", [("int16", "reflect"), ("float32", "edge"), ("uint16", "zero")])
+def test_geotiff_nodata_from_rasterio(tmp_path, dtype, padding):
+    nodata = 0 if dtype == "uint16" else -9999
+    cube, gaps = swath(41, 37, 4, dtype, nodata, seed=1)
+    store = convert(write_tif(tmp_path / "c.tif", cube, nodata), tmp_path / "s.zarr", ConvertOptions(padding=padding, max_patch=7))
+    scene = check_store(store, cube, gaps, padding, 3)
+    assert scene.meta.nodata["value"] == nodata and scene.meta.nodata["labelled_dropped"] == 0
+
+
+def test_zero_padding_is_not_nodata_zero(tmp_path):
+    """With nodata 0 and zero padding, the padding's zeros are padding, not pixels to fill."""
+    cube, gaps = swath(20, 24, 3, "uint16", 0, seed=2)
+    np.save(tmp_path / "c.npy", cube)
+    store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(padding="zero", max_patch=5, nodata=0))
+    tiles = zarr.open_group(store, mode="r")["tiles"][...]
+    assert (tiles[0, 0, :2] == 0).all() and (tiles[0, 0, :, :2] == 0).all()  # the top and left halo stay zero
+    check_store(store, cube, gaps, "zero", 2)
+
+
+def test_envi_data_ignore_value_from_spy_with_labels(tmp_path):
+    cube, gaps = swath(45, 33, 5, "int16", -9999, seed=3)
+    envi.save_image(str(tmp_path / "e.hdr"), cube, metadata={"data ignore value": -9999}, interleave="bil",
+                    ext=".img")
+    labels = np.random.default_rng(4).integers(0, 4, cube.shape[:2]).astype(np.uint8)
+    np.save(tmp_path / "gt.npy", labels)
+    with pytest.warns(NodataWarning, match=rf"{np.count_nonzero(labels[gaps])} labelled pixels of gt.npy are nodata"):
+        store = convert(tmp_path / "e.hdr", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.npy",
+                                                                                train=0.3, max_patch=5))
+    scene = check_store(store, cube, gaps, "reflect", 2, labels)
+    assert scene.meta.num_samples == int(np.count_nonzero(labels[~gaps]))
+    assert scene.meta.num_classes == int(labels.max())
+
+
+def test_nan_nodata_and_nan_fill(tmp_path):
+    cube, gaps = swath(30, 30, 4, "float32", np.nan, seed=5)
+    np.save(tmp_path / "c.npy", cube)
+    store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(nodata=float("nan"), max_patch=5))
+    assert hsgds.open_scene(store).meta.nodata["value"] == "nan"
+    check_store(store, cube, gaps, "reflect", 2)
+    # a pixel with some bands NaN has data: it is refused, or filled by --nan-fill, as before
+    cube[20, 15, 1] = np.nan
+    np.save(tmp_path / "c.npy", cube)
+    with pytest.raises(hsgds.InputError, match="NaN/Inf values .*--nan-fill"):
+        convert(tmp_path / "c.npy", tmp_path / "t.zarr", ConvertOptions(nodata=float("nan"), max_patch=5))
+    convert(tmp_path / "c.npy", tmp_path / "t.zarr", ConvertOptions(nodata=float("nan"), nan_fill=0.0, max_patch=5))
+    assert hsgds.open_scene(tmp_path / "t.zarr").read(20, 21, 15, 16)[0, 0, 1] == 0
+
+
+def test_nodata_none_ignores_the_source_value_and_a_value_overrides_it(tmp_path):
+    cube, gaps = swath(20, 20, 3, "int16", -9999, seed=6)
+    write_tif(tmp_path / "c.tif", cube, -9999)
+    store = convert(tmp_path / "c.tif", tmp_path / "a.zarr", ConvertOptions(nodata="none", max_patch=3))
+    scene = hsgds.open_scene(store)
+    assert scene.meta.nodata is None and scene.nodata_every(1) is None
+    np.testing.assert_array_equal(scene.read(0, 20, 0, 20), cube)  # every pixel as it was
+    assert scene.stats["all"].min.min() == -9999
+    # another value: no pixel has every band equal to it, so nothing is filled
+    store = convert(tmp_path / "c.tif", tmp_path / "b.zarr", ConvertOptions(nodata=123, max_patch=3))
+    record = hsgds.open_scene(store).meta.nodata
+    assert record == {"value": 123.0, "pixels": 0, "labelled_dropped": 0, "fill": None}
+    assert not (store / "nodata").exists()
+
+
+def test_a_value_the_dtype_cannot_hold_marks_no_pixel(tmp_path):
+    cube = np.random.default_rng(7).integers(0, 100, (12, 12, 3)).astype(np.uint16)
+    np.save(tmp_path / "c.npy", cube)
+    for value in (-9999, 2.5, float("nan")):
+        store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(nodata=value, max_patch=3,
+                                                                                overwrite=True))
+        assert hsgds.open_scene(store).meta.nodata["pixels"] == 0
+
+
+def test_every_pixel_nodata_is_refused(tmp_path):
+    np.save(tmp_path / "c.npy", np.full((10, 10, 2), -1, np.int16))
+    with pytest.raises(hsgds.InputError, match=r"every pixel of c.npy is nodata \(all bands -1\)"):
+        convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(nodata=-1, max_patch=3))
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_pixel_with_some_bands_at_the_value_has_data(tmp_path):
+    cube = np.random.default_rng(8).integers(1, 100, (10, 10, 3)).astype(np.int16)
+    cube[2, 3, 0] = -9999  # one band only: data (a dark band, a saturated detector), not a gap
+    cube[5, 5] = -9999
+    np.save(tmp_path / "c.npy", cube)
+    scene = hsgds.open_scene(convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(nodata=-9999,
+                                                                                             max_patch=3)))
+    expected = np.zeros((10, 10), bool)
+    expected[5, 5] = True
+    np.testing.assert_array_equal(scene.nodata_every(1), expected)
+    assert scene.read(2, 3, 3, 4)[0, 0, 0] == -9999
+
+
+@pytest.mark.parametrize("text", ["abc", "1e999"])
+def test_bad_recorded_nodata_is_one_line(tmp_path, text):
+    envi.save_image(str(tmp_path / "e.hdr"), np.zeros((4, 5, 2), np.int16), metadata={"data ignore value": text},
+                    ext=".img")
+    with pytest.raises(hsgds.InputError, match="nodata value .* fix or remove 'data ignore value'"):
+        convert(tmp_path / "e.hdr", tmp_path / "s.zarr", ConvertOptions())
+
+
+def test_bad_nodata_option():
+    with pytest.raises(hsgds.ConfigError, match="--nodata must be a number, nan or none"):
+        ConvertOptions(nodata=float("inf")).check()
+    with pytest.raises(hsgds.ConfigError, match="--nodata must be a number, nan or none"):
+        ConvertOptions(nodata="missing").check()
+
+
+def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path):
+    from click.testing import CliRunner
+
+    from hsgds.cli import cli
+
+    cube, gaps = swath(20, 20, 3, "int16", -9999, seed=9)
+    np.save(tmp_path / "c.npy", cube)
+    runner = CliRunner()
+    r = runner.invoke(cli, ["convert", str(tmp_path / "c.npy"), "-o", str(tmp_path / "s.zarr"), "--nodata", "-9999",
+                            "--max-patch", "3"])
+    assert r.exit_code == 0, r.output
+    assert f"nodata: {int(gaps.sum())} pixels (every band -9999), left out of samples" in r.output
+    r = runner.invoke(cli, ["convert", str(tmp_path / "c.npy"), "-o", str(tmp_path / "t.zarr"), "--nodata", "x"])
+    assert r.exit_code == 2 and "'x' is not a number, nan or none" in r.output
+    assert not (tmp_path / "t.zarr").exists()
+
+
+def test_convert_many_converts_again_when_nodata_changes(tmp_path):
+    from hsgds.preprocess.convert_many import _nodata_unrecorded, _options_differ
+
+    cube, _ = swath(20, 20, 3, "int16", -9999, seed=10)
+    write_tif(tmp_path / "c.tif", cube, -9999)
+    store = convert(tmp_path / "c.tif", tmp_path / "s.zarr", ConvertOptions(max_patch=3))
+    meta = hsgds.open_scene(store).meta
+    assert _options_differ(meta, ConvertOptions(max_patch=3)) is None  # the source's own value, as converted
+    assert _options_differ(meta, ConvertOptions(max_patch=3, nodata=-9999.0)) is None
+    assert _options_differ(meta, ConvertOptions(max_patch=3, nodata="none")) == \
+        "--nodata none differs from the store's (-9999.0)"
+    assert _options_differ(meta, ConvertOptions(max_patch=3, nodata=0.0)) == \
+        "--nodata 0.0 differs from the store's (-9999.0)"
+    assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") is None
+    # a store of format v2 ignored the value its GeoTIFF records: converted again
+    meta.format_version, meta.nodata = 2, None
+    assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") == \
+        "the source records nodata value -9999, which this format v2 store ignored"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.save(tmp_path / "c.npy", cube)  # a source that records none: nothing to say
+        assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.npy") is None
