@@ -5,14 +5,17 @@ old file or the complete new one."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import secrets
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 from hsgds.errors import StoreError
 
-__all__ = ["atomic_path", "fsync_dir", "fsync_file", "fsync_tree", "rename_error"]
+__all__ = ["atomic_path", "fsync_dir", "fsync_file", "fsync_tree", "partial_path", "remove_stale_partials",
+           "rename_error"]
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -64,13 +67,52 @@ def rename_error(exc: OSError, action: str, retry: str) -> StoreError:
     return StoreError(f"cannot {action} ({exc.strerror or exc}); {hint}")
 
 
+def _host() -> str:
+    """This machine's name as a file name may hold it (no separators of ours)."""
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+
+
+def partial_path(target: Path) -> Path:
+    """The hidden temporary a write of ``target`` goes to: ``.<name>.<host>-<pid>-<random>.partial``. Host and
+    process id let a later write tell one whose writer was killed (:func:`remove_stale_partials`)."""
+    return target.with_name(f".{target.name}.{_host()}-{os.getpid()}-{secrets.token_hex(4)}.partial")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: it exists
+        return True
+    return True
+
+
+def remove_stale_partials(target: Path) -> None:
+    """Delete the temporaries of earlier writes of ``target`` whose process is gone (killed by SIGKILL, the
+    out-of-memory killer or a power loss: no ``finally`` ran), so that repeated kills do not fill the disk
+    with hidden files (per-class probabilities take gigabytes). Only this machine's are judged: on a shared
+    folder another host's process ids mean nothing here. Not on Windows, where signal 0 is no probe."""
+    if os.name == "nt":
+        return
+    prefix = f".{target.name}.{_host()}-"
+    for found in target.parent.glob(f"{glob.escape(prefix)}*.partial"):
+        pid, _, _ = found.name[len(prefix):-len(".partial")].partition("-")
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                found.unlink()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, tmp_name: str | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds, fsync it, rename it onto ``path`` and
     fsync the folder. On any exception (or KeyboardInterrupt) the temporary file is removed and ``path`` is
-    untouched. ``tmp_name`` names the temporary (default ``.<name>.<pid>-<random>.partial``)."""
+    untouched. ``tmp_name`` names the temporary (default :func:`partial_path`, whose stale copies left by
+    killed writers are removed first)."""
     target = Path(path)
-    tmp = target.with_name(tmp_name or f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    if tmp_name is None:
+        remove_stale_partials(target)
+    tmp = target.with_name(tmp_name) if tmp_name else partial_path(target)
     try:
         yield tmp
         fsync_file(tmp)

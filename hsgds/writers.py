@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import secrets
 import tempfile
 import warnings
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hsgds._durable import atomic_path, fsync_dir, fsync_file
+from hsgds._durable import atomic_path, fsync_dir, fsync_file, partial_path, remove_stale_partials
 from hsgds._optional import require
 from hsgds.errors import InputError
 from hsgds.preview import UNLABELLED, class_colours
@@ -315,7 +314,8 @@ class ProbabilityFile:
             raise InputError(f"per-class probabilities are written as .npy; name the file {self.path.stem}.npy")
         check_output(self.path)
         self.shape = tuple(int(v) for v in shape)
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+        remove_stale_partials(self.path)
+        self._tmp = partial_path(self.path)
         self._flush_bytes, self._pending = flush_bytes, 0
         header = {"descr": "<f2", "fortran_order": False, "shape": self.shape}
         nbytes = int(np.prod(self.shape)) * 2

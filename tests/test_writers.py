@@ -188,3 +188,38 @@ def test_envi_map_info_of_a_rotated_grid_reads_back_in_gdal(tmp_path, classmap, 
     sheared = [620000.5, 30.0, 5.0, 4000000.25, 0.0, -20.0]
     header = writers.write_envi(tmp_path / "s.hdr", classmap, georeference={**GEO, "transform": sheared})
     assert "map info" not in header.read_text()
+
+
+@pytest.mark.skipif(os.name == "nt", reason="stale temporaries are judged by process id on POSIX only")
+def test_temporaries_of_killed_writers_are_removed_by_the_next_write(tmp_path, classmap):
+    """SIGKILL (the out-of-memory killer) runs no cleanup: the next write of the same target deletes what such a
+    process left, and leaves the temporaries of processes still running and of other hosts."""
+    import signal
+    import subprocess
+    import sys
+
+    from hsgds._durable import _host
+
+    code = ("import os, signal, sys\nfrom hsgds import writers\n"
+            "f = writers.ProbabilityFile(sys.argv[1], (40, 50, 3))\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    for target in ("p.npy", "m.tif.npy"):
+        run = subprocess.run([sys.executable, "-c", code, str(tmp_path / target)])
+        assert run.returncode == -signal.SIGKILL
+    killed = leftovers(tmp_path)
+    assert len(killed) == 2 and all(f".{_host()}-" in name for name in killed)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        running = [tmp_path / f".{t}.{_host()}-{sleeper.pid}-ab.partial" for t in ("p.npy", "m.tif")]
+        elsewhere = [tmp_path / f".{t}.otherhost-1-cd.partial" for t in ("p.npy", "m.tif")]
+        for p in running + elsewhere:
+            p.write_bytes(b"someone else's")
+        f = writers.ProbabilityFile(tmp_path / "p.npy", (4, 5, 3))
+        f.commit()
+        os.rename(tmp_path / killed[0], tmp_path / killed[0].replace(".m.tif.npy.", ".m.tif."))
+        assert len(leftovers(tmp_path)) == 5  # the killed writer's of m.tif and the four others
+        writers.write_class_map(tmp_path / "m.tif", classmap)  # through atomic_path
+        assert leftovers(tmp_path) == sorted(p.name for p in running + elsewhere)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
