@@ -587,12 +587,16 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
             p.parent.mkdir(parents=True, exist_ok=True)
     little = np.dtype(grid.dtype).newbyteorder("<")
 
-    def write_tile(tile_id: int, tile: np.ndarray) -> tuple[int, str]:
+    def write_tile(tile_id: int, tile: np.ndarray, final: bool = True) -> tuple[int, str]:
+        """Write a tile; ``final``: synced and checksummed (a tile to be filled later is neither, yet)."""
         raw = memoryview(np.ascontiguousarray(tile, dtype=little)).cast("B")
         with _writing(out, f"tile {tile_id}"), open(paths[tile_id], "wb") as f:
             f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())  # on the disk before the store is renamed into place (power loss)
+            if final:
+                f.flush()
+                os.fsync(f.fileno())  # on the disk before the store is renamed into place (power loss)
+        if not final:
+            return 0, ""
         return crc32c.crc32c(raw), checksum.encode(checksum.checksum_of(raw))
 
     def one_tile(tile_id: int) -> tuple[int, str, BandAccumulator, BandAccumulator, bool]:
@@ -602,7 +606,9 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
             _, rows, _, cols = _tile_index(grid, opts.padding, tile_id)
             gaps = _nodata_pixels(tile, nodata, rows, cols)
         _check_finite(tile, tile_id, grid, opts.nan_fill, gaps)
-        crc, wsum = write_tile(tile_id, tile)  # nodata pixels are filled once the statistics are known
+        has_gaps = gaps is not None and bool(gaps.any())
+        # nodata pixels are filled once the statistics are known: such a tile is synced and checksummed then
+        crc, wsum = write_tile(tile_id, tile, final=not has_gaps)
         y0, y1, x0, x1 = grid.core_window(tile_id)
         h = grid.halo
         core = tile[h:h + y1 - y0, h:h + x1 - x0].reshape(-1, B)
@@ -615,8 +621,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
             gaps_map[y0:y1, x0:x1] = core_gaps  # tiles own disjoint cores: no lock needed
             core = core[~core_gaps.reshape(-1)]
             train &= ~gaps[ty, tx]
-        return (crc, wsum, BandAccumulator.of(core), BandAccumulator.of(tile[ty[train], tx[train]]),
-                gaps is not None and bool(gaps.any()))
+        return crc, wsum, BandAccumulator.of(core), BandAccumulator.of(tile[ty[train], tx[train]]), has_gaps
 
     checksums: list[int] = []
     device_checksums: list[str] = []
@@ -677,15 +682,15 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
                                       config=_WRITE_ALL, dimension_names=["band"])
 
     if with_gaps:
-        assert nodata is not None
+        assert gaps_map is not None
         # nodata pixels read as the mean the loader normalizes with (0 after z-scoring), not as -9999
         fill = _fill_values((results["train"] or results["all"])["mean"], np.dtype(grid.dtype))
 
         def fill_tile(tile_id: int) -> tuple[int, str]:
             with _writing(out, f"tile {tile_id}"):
                 tile = np.fromfile(paths[tile_id], dtype=little).reshape(grid.tile_shape)
-            _, rows, _, cols = _tile_index(grid, opts.padding, tile_id)
-            tile[_nodata_pixels(tile, nodata, rows, cols)] = fill
+            rows, row_shown, cols, col_shown = _tile_index(grid, opts.padding, tile_id)
+            tile[gaps_map[rows][:, cols] & row_shown[:, None] & col_shown[None, :]] = fill
             return write_tile(tile_id, tile)
 
         with ThreadPoolExecutor(opts.workers, thread_name_prefix="hsgds-convert") as pool:
