@@ -118,16 +118,6 @@ def _echo_nodata(store) -> None:
                    f"predictions; the tiles hold the {record['fill']} there")
 
 
-def _nodata_option(value: str | None) -> float | str | None:
-    """--nodata: a number (nan too), or none."""
-    if value is None or value.strip().lower() == "none":
-        return None if value is None else "none"
-    try:
-        return float(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a number, nan or none", param_hint="--nodata") from None
-
-
 def _echo_split(store) -> None:
     """One line saying what a split gave: train share, and for a block split the guard loss."""
     from hsgds.info import split_summary
@@ -176,13 +166,13 @@ def _scene_options(command):
 
 def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split, train, val, block_size,
                      train_mask, val_mask, test_mask, seed, nan_fill, nodata, class_names, wavelengths, **extra):
-    from hsgds.preprocess.convert import ConvertOptions, wavelength_list
+    from hsgds.preprocess.convert import ConvertOptions, nodata_option, wavelength_list
 
     return ConvertOptions(
         key=key, labels_key=labels_key, band_axis=band_axis, max_patch=max_patch, tile=tile,
         padding=padding, split=split, train=train, val=val, block_size=block_size,
         train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, seed=seed, nan_fill=nan_fill,
-        nodata=_nodata_option(nodata),
+        nodata=None if nodata is None else nodata_option(nodata),
         class_names=None if class_names is None else tuple(c.strip() for c in class_names.split(",")),
         wavelengths=None if wavelengths is None else wavelength_list(wavelengths, "--wavelengths"), **extra)
 
@@ -248,10 +238,10 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
 @click.option("--threads", default=2, show_default=True, help="Threads writing tiles within each scene.")
 @click.option("--overwrite", is_flag=True, help="Convert every scene again, even those already up to date.")
 def convert_many(manifest, out, scheduler, workers, threads, overwrite, **options) -> None:
-    """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key,wavelengths]) on Dask,
-    one task per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are relative to the
+    """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key,wavelengths,nodata]) on
+    Dask, one task per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are relative to the
     manifest's folder; name defaults to the source's file stem; wavelengths names a text file of the scene's
-    band centres (nm). Rerunning converts only scenes that are missing,
+    band centres (nm); nodata is the scene's nodata value (a number, nan or none), over --nodata. Rerunning converts only scenes that are missing,
     changed or damaged. Exit 1 when some scenes failed (each is named with its reason)."""
     import logging
 

@@ -42,7 +42,7 @@ try:
 except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
     fcntl = None
 
-__all__ = ["ConvertOptions", "NodataWarning", "convert", "lock_folder", "remove_stale", "wavelength_list", "write_error"]
+__all__ = ["ConvertOptions", "NodataWarning", "convert", "lock_folder", "nodata_option", "remove_stale", "wavelength_list", "write_error"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
 #: band centres --wavelengths accepts (nm): ultraviolet to thermal infrared
@@ -124,6 +124,21 @@ class ConvertOptions:
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
+
+
+def nodata_option(text: str, where: str = "--nodata") -> float | str:
+    """A nodata value as a user writes it (``-9999``, ``nan``, ``none``: ignore the source's own) for
+    :attr:`ConvertOptions.nodata`; a one-line ConfigError naming ``where`` otherwise."""
+    word = text.strip()
+    if word.lower() == "none":
+        return "none"
+    try:
+        value = float(word)
+    except ValueError:
+        raise ConfigError(f"{where}: {word!r} is not a number, nan or none") from None
+    if math.isinf(value):
+        raise ConfigError(f"{where}: {word!r} is infinite; give the value that marks pixels without data")
+    return value
 
 
 #: a few thousand band centres take ~40 KB; a larger file is not a list of them

@@ -28,14 +28,14 @@ from hsgds._optional import require
 from hsgds._wording import clipped, counted
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
-from hsgds.preprocess.convert import ConvertOptions, convert, remove_stale, wavelength_list
+from hsgds.preprocess.convert import ConvertOptions, convert, nodata_option, remove_stale, wavelength_list
 from hsgds.preprocess.readers import detect_format, open_cube
 from hsgds.preprocess.readers.base import sha256_of, source_stamps
 from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
 
-COLUMNS = ("source", "labels", "name", "key", "labels_key", "wavelengths")
+COLUMNS = ("source", "labels", "name", "key", "labels_key", "wavelengths", "nodata")
 #: Largest manifest read (a million rows of long paths is ~500 MB; anything larger is not a manifest).
 MAX_MANIFEST_BYTES = 1 << 30
 
@@ -52,12 +52,14 @@ class ManifestRow:
     wavelengths: tuple[float, ...] | None = None  # band centres (nm) from the row's wavelengths file
     line: int = 0
     wavelengths_file: Path | None = None  # that file, named by messages about them
+    nodata: float | str | None = None  # the row's nodata value ("none": ignore the source's), over --nodata
 
     def options(self, opts: ConvertOptions) -> ConvertOptions:
-        """``opts`` for this scene: its labels, its keys where given, its wavelengths where given (named as the
-        manifest's, not as --wavelengths, which the user may not have passed)."""
+        """``opts`` for this scene: its labels, its keys where given, its wavelengths and nodata value where given
+        (wavelengths named as the manifest's, not as --wavelengths, which the user may not have passed)."""
         opts = dataclasses.replace(opts, key=self.key or opts.key, labels=self.labels,
-                                   labels_key=self.labels_key or opts.labels_key)
+                                   labels_key=self.labels_key or opts.labels_key,
+                                   nodata=opts.nodata if self.nodata is None else self.nodata)
         if self.wavelengths is None:
             return opts
         named = "the manifest's wavelengths column" + (f" ({self.wavelengths_file.name})" if self.wavelengths_file else "")
@@ -75,7 +77,8 @@ def _check_name(name: str, where: str) -> None:
 
 def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
     """Read a CSV manifest with a header: ``source`` (required), ``labels``, ``name``, ``key``, ``labels_key``,
-    ``wavelengths`` (a text file of the scene's band centres in nm, for sources that do not record them).
+    ``wavelengths`` (a text file of the scene's band centres in nm, for sources that do not record them),
+    ``nodata`` (the scene's nodata value, ``nan`` or ``none``, over ``--nodata``).
 
     Relative paths are relative to the manifest's folder; ``name`` defaults to the source's stem and must
     be unique (ignoring case, as some filesystems do). Every source and labels file must exist. Any
@@ -142,11 +145,12 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
             seen[folded] = line
             try:
                 nm = None if nm_file is None else wavelength_list(nm_file, "wavelengths")
+                nodata = None if v.get("nodata") is None else nodata_option(v["nodata"], "nodata")
             except ConfigError as exc:
                 raise InputError(f"{where}: {exc}") from None
             rows.append(ManifestRow(name=name, source=source, labels=labels, key=v.get("key"),
                                     labels_key=v.get("labels_key"), wavelengths=nm, line=line,
-                                    wavelengths_file=nm_file))
+                                    wavelengths_file=nm_file, nodata=nodata))
     except csv.Error as exc:
         raise InputError(f"manifest {path} line {reader.line_num}: not valid CSV ({exc})") from None
     if not rows:

@@ -191,6 +191,22 @@ def test_bad_recorded_nodata_is_one_line(tmp_path, text):
         convert(tmp_path / "e.hdr", tmp_path / "s.zarr", ConvertOptions())
 
 
+def test_manifest_nodata_column(tmp_path):
+    """A manifest row's nodata value is that scene's; an empty cell takes --nodata; a bad one names its line."""
+    from hsgds.preprocess.convert_many import read_manifest
+
+    for name in ("a", "b", "c"):
+        np.save(tmp_path / f"{name}.npy", np.zeros((4, 4, 2), np.int16))
+    (tmp_path / "m.csv").write_text("source,nodata\na.npy,-9999\nb.npy,\nc.npy,none\n")
+    rows = read_manifest(tmp_path / "m.csv")
+    assert [r.nodata for r in rows] == [-9999.0, None, "none"]
+    given = ConvertOptions(nodata=0.0)
+    assert [r.options(given).nodata for r in rows] == [-9999.0, 0.0, "none"]
+    (tmp_path / "m.csv").write_text("source,nodata\na.npy,-9999\nb.npy,minus one\n")
+    with pytest.raises(hsgds.InputError, match=r"line 3: nodata: 'minus one' is not a number, nan or none"):
+        read_manifest(tmp_path / "m.csv")
+
+
 def test_bad_nodata_option():
     with pytest.raises(hsgds.ConfigError, match="--nodata must be a number, nan or none"):
         ConvertOptions(nodata=float("inf")).check()
@@ -198,20 +214,15 @@ def test_bad_nodata_option():
         ConvertOptions(nodata="missing").check()
 
 
-def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path):
-    from click.testing import CliRunner
-
-    from hsgds.cli import cli
-
+def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
     cube, gaps = swath(20, 20, 3, "int16", -9999, seed=9)
     np.save(tmp_path / "c.npy", cube)
-    runner = CliRunner()
-    r = runner.invoke(cli, ["convert", str(tmp_path / "c.npy"), "-o", str(tmp_path / "s.zarr"), "--nodata", "-9999",
-                            "--max-patch", "3"])
-    assert r.exit_code == 0, r.output
-    assert f"nodata: {int(gaps.sum())} pixels (every band -9999), left out of samples" in r.output
-    r = runner.invoke(cli, ["convert", str(tmp_path / "c.npy"), "-o", str(tmp_path / "t.zarr"), "--nodata", "x"])
-    assert r.exit_code == 2 and "'x' is not a number, nan or none" in r.output
+    code, out, _ = run_cli("convert", tmp_path / "c.npy", "-o", tmp_path / "s.zarr", "--nodata", "-9999",
+                           "--max-patch", "3")
+    assert code == 0
+    assert f"nodata: {int(gaps.sum())} pixels (every band -9999), left out of samples" in out
+    code, _, err = run_cli("convert", tmp_path / "c.npy", "-o", tmp_path / "t.zarr", "--nodata", "x")
+    assert code == 2 and err.strip() == "hsgds: error: --nodata: 'x' is not a number, nan or none"
     assert not (tmp_path / "t.zarr").exists()
 
 
