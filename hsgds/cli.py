@@ -572,6 +572,7 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
     counts = np.bincount(classmap.reshape(-1), minlength=2)
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {counted(int(counts[1:].sum()), 'pixel')} "
                f"predicted into {counted(int(np.count_nonzero(counts[1:])), 'class', 'classes')}"
+               + (f", {counted(int(scene.meta.nodata['pixels']), 'pixel')} without data left 0" if scene.has_nodata else "")
                + (f"; probabilities in {probabilities}" if probabilities else ""))
 
 

@@ -155,7 +155,7 @@ def swath_nodata(h: int, w: int, seed: int = 0, tile: int | None = None) -> np.n
 
 def add_nodata(store, nodata: np.ndarray, value: float = -9999.0, fill: str = "train mean") -> None:
     """Make a converted store one whose source had no data at ``nodata`` (format v3): the ``nodata`` array
-    (one raw uint8 chunk) and the root record. Its labels must already be 0 there (so no sample is)."""
+    (one raw uint8 chunk; none when no pixel is nodata) and the root record. Its labels must already be 0 there (so no sample is)."""
     import json
 
     import zarr
@@ -165,8 +165,9 @@ def add_nodata(store, nodata: np.ndarray, value: float = -9999.0, fill: str = "t
     labels = zarr.open_array(str(store / fmt.LABELS), mode="r")[...]
     assert not labels[nodata].any(), "labelled nodata pixels: clear the labels there before converting"
     group = zarr.open_group(str(store), mode="r+")
-    group.create_array(fmt.NODATA, data=nodata.astype(np.uint8), chunks=nodata.shape, compressors=None,
-                       dimension_names=("y", "x"), config={"write_empty_chunks": True})
+    if nodata.any():  # (the array is written only when the source had a nodata pixel)
+        group.create_array(fmt.NODATA, data=nodata.astype(np.uint8), chunks=nodata.shape, compressors=None,
+                           dimension_names=("y", "x"), config={"write_empty_chunks": True})
     root = json.loads((store / "zarr.json").read_text())
     meta = root["attributes"]["hsgds"]
     meta["format_version"] = 3
@@ -177,9 +178,10 @@ def add_nodata(store, nodata: np.ndarray, value: float = -9999.0, fill: str = "t
 
 @pytest.fixture(scope="session")
 def nodata_store(tmp_path_factory):
-    """``nodata_store(h, w, bands, *, seed=, tile=, max_patch=, train=, nodata=)``: a store whose source had
-    no data at some pixels; returns (store path, cube, labels, nodata (H, W) bool). ``nodata`` defaults to
-    :func:`swath_nodata` (with the whole first tile).
+    """``nodata_store(h, w, bands, *, seed=, tile=, max_patch=, train=, nodata=, scene=)``: a store whose
+    source had no data at some pixels; returns (store path, cube, labels, nodata (H, W) bool). ``nodata``
+    defaults to :func:`swath_nodata` (with the whole first tile); ``scene``: (cube, labels) to convert
+    instead of a synthetic scene.
 
     It stands in for a store converted from a source with a nodata value (format v3) until the converter
     writes them: the synthetic scene is converted with its labels cleared at the nodata pixels, then
@@ -189,9 +191,9 @@ def nodata_store(tmp_path_factory):
     from hsgds.synthetic import make_scene
 
     def make(h: int, w: int, bands: int, *, seed: int = 0, tile: int = 28, max_patch: int = 5,
-             train: float = 0.5, nodata: np.ndarray | None = None, **options):
+             train: float = 0.5, nodata: np.ndarray | None = None, scene: tuple | None = None, **options):
         d = tmp_path_factory.mktemp("nodata")
-        cube, labels = make_scene(h, w, bands, classes=3, seed=seed)
+        cube, labels = make_scene(h, w, bands, classes=3, seed=seed) if scene is None else (scene[0], scene[1].copy())
         mask = swath_nodata(h, w, seed, tile) if nodata is None else nodata
         labels[mask] = 0
         np.save(d / "cube.npy", cube)
