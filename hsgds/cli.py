@@ -338,7 +338,7 @@ def verify(store) -> None:
         click.echo(f"hsgds: bad tile: {p}", err=True)
     if arrays or tiles:
         damaged = [f"{len(tiles)} of {scene.grid.num_tiles} tiles are damaged"] if tiles else []
-        damaged += [f"{counted(len(arrays), 'problem')} in its labels, samples or statistics"] if arrays else []
+        damaged += [f"{counted(len(arrays), 'problem')} in its labels, samples, statistics or nodata map"] if arrays else []
         _fail(f"{', and '.join(damaged)}; convert the source again")
     sums = "crc32c and wsum64" if scene.meta.device_checksums is not None else \
         "crc32c; a format v1 store has no device checksums: convert again for on-device checks"
