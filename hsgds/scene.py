@@ -380,7 +380,8 @@ class Scene:
     def _nodata_problems(self) -> list[str]:
         """What is wrong with the nodata map a v3 store's record promises (pixels > 0): unreadable, of the
         wrong shape or type, marking another count of pixels, or labelled (or sampled) somewhere."""
-        if not self.has_nodata:
+        record = self.meta.nodata
+        if not self.has_nodata or record is None:
             return []
         try:
             raw = _read_raw_array(self.path, fmt.NODATA, self.shape[:2], self._checked)
@@ -392,7 +393,7 @@ class Scene:
                     "again"]
         nodata = raw != 0
         problems = []
-        marked, recorded = int(nodata.sum()), int(self.meta.nodata["pixels"])
+        marked, recorded = int(nodata.sum()), int(record["pixels"])
         if marked != recorded:
             problems.append(f"{where} marks {marked} pixels, the metadata records {recorded}; convert the source again")
         try:
