@@ -253,6 +253,7 @@ class PatchLoader:
         ``stride``-th pixel (rows and columns, in scene coordinates) of every scene, labelled or not (label
         -1 where unlabelled), tile by tile and in raster order inside a tile when ``shuffle=False``. With
         "all", ``split`` (default None) drops the labelled pixels of other splits; unlabelled pixels stay.
+        Pixels where the source had no data (a format v3 store's nodata map) are never yielded.
     stride : int, the step between centres with ``pixels="all"``.
     mask : a boolean (H, W) array (for several scenes, a list with one array or None per scene): only
         pixels where it is True are yielded.

@@ -238,3 +238,26 @@ def test_pixels_all_over_nodata_shards_across_two_ranks_and_resumes(swath):
     assert len(got) == len(expected)
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
+
+
+def test_excluded_runs_merge_neighbours_and_repeats():
+    """Pairs in any order, some repeated (a pixel both of another split and nodata), become sorted runs;
+    GridSamples leaves out the same pixels from either form."""
+    from hsgds.pixels import excluded_runs
+
+    tile = np.array([1, 0, 0, 0, 1, 0, 2, 0])
+    index = np.array([3, 5, 4, 9, 4, 5, 0, 6])
+    runs = excluded_runs(tile, index)
+    assert [r.tolist() for r in runs] == [[0, 0, 1, 2], [4, 9, 3, 0], [3, 1, 2, 1]]
+    g = TileGrid(height=12, width=8, bands=3, dtype="int16", tile=4, halo=1)
+    pairs, merged = GridSamples([g], 1, [None], [(tile, index)]), GridSamples([g], 1, [None], [runs])
+    assert len(pairs) == len(merged) == 96 - 7
+    np.testing.assert_array_equal(pairs.offsets, merged.offsets)
+    for a, b in zip(pairs.take(np.arange(len(pairs))), merged.take(np.arange(len(merged)))):
+        np.testing.assert_array_equal(a, b)
+    want = enumerate_pixels([g], 1, [None])
+    drop = np.zeros(len(want), bool)
+    for t, i in set(zip(tile.tolist(), index.tolist())):
+        drop[np.flatnonzero(want[:, 0] == t)[i]] = True
+    got = np.stack([np.asarray(c, np.int64) for c in merged.take(np.arange(len(merged)))], axis=1)
+    np.testing.assert_array_equal(got, want[~drop])
