@@ -255,11 +255,10 @@ class ListedSamples(_PerTileSamples):
     """A collection's samples counted per tile from ``collection.json`` (each entry's ``tile_samples``) and
     read from a scene's store only when a sample of that scene is first taken, so a loader over an archive
     starts without opening a store: with ``pixels="labelled"`` the labelled samples of ``split``; with
-    ``pixels="all"`` every pixel but the labelled ones of other splits (stride 1: the listing counts
-    labelled pixels, not those of a stride's lattice; scenes listed without nodata pixels, which it does
-    not count per tile). The samples and their order are those of the
-    scenes' own sample sets joined scene after scene (what the loader builds from opened stores); same
-    interface as :class:`GridSamples`.
+    ``pixels="all"`` every pixel but the labelled ones of other splits (stride 1, scenes listed with no
+    nodata pixel: the listing counts labelled pixels per tile, not a stride's lattice nor nodata pixels).
+    The samples and their order are those of the scenes' own sample sets joined scene after scene (what the
+    loader builds from opened stores); same interface as :class:`GridSamples`.
     """
 
     def __init__(self, scenes: list[DeferredScene], names: list[str], split: str | None,
