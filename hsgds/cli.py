@@ -358,7 +358,7 @@ def verify(store) -> None:
         click.echo(f"hsgds: bad tile: {p}", err=True)
     if arrays or tiles:
         damaged = [f"{len(tiles)} of {scene.grid.num_tiles} tiles are damaged"] if tiles else []
-        damaged += [f"{counted(len(arrays), 'problem')} in its labels, samples or statistics"] if arrays else []
+        damaged += [f"{counted(len(arrays), 'problem')} in its labels, samples, statistics or nodata map"] if arrays else []
         _fail(f"{', and '.join(damaged)}; convert the source again")
     sums = "crc32c and wsum64" if scene.meta.device_checksums is not None else \
         "crc32c; a format v1 store has no device checksums: convert again for on-device checks"
@@ -592,6 +592,7 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
     counts = np.bincount(classmap.reshape(-1), minlength=2)
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {counted(int(counts[1:].sum()), 'pixel')} "
                f"predicted into {counted(int(np.count_nonzero(counts[1:])), 'class', 'classes')}"
+               + (f", {counted(int(scene.meta.nodata['pixels']), 'pixel')} without data left 0" if scene.has_nodata else "")
                + (f"; probabilities in {probabilities}" if probabilities else ""))
 
 

@@ -66,6 +66,9 @@ class SceneEntry:
     #: per split name ("none", "train", "val", "test"), each tile's number of labelled samples: with them a
     #: loader over labelled pixels starts without opening a store (None: unlabelled, or not listed)
     tile_samples: dict[str, tuple[int, ...]] | None = None
+    #: pixels the source had no data at (format v3; 0 for v1 and v2 stores): with it a loader over every
+    #: pixel knows without opening the store whether it must read its nodata map (None: not listed)
+    nodata_pixels: int | None = None
 
     @property
     def bands(self) -> int:
@@ -97,7 +100,7 @@ class SceneEntry:
                    num_samples=int(m.num_samples), source_sha256=str(m.source.get("sha256", "")),
                    labels_sha256=None if not m.labels_source else m.labels_source.get("sha256"),
                    stamps=stamps, tile=m.grid.tile, halo=m.grid.halo, format_version=m.format_version,
-                   tile_samples=tile_samples)
+                   tile_samples=tile_samples, nodata_pixels=int(m.nodata["pixels"]) if m.nodata else 0)
 
     def to_json(self, root: Path) -> dict[str, Any]:
         try:
@@ -114,7 +117,8 @@ class SceneEntry:
                 "stamps": None if self.stamps is None else {k: list(v) for k, v in sorted(self.stamps.items())},
                 "tile": self.tile, "halo": self.halo, "format_version": self.format_version,
                 "tile_samples": (None if self.tile_samples is None
-                                 else {k: list(v) for k, v in self.tile_samples.items()})}
+                                 else {k: list(v) for k, v in self.tile_samples.items()}),
+                "nodata_pixels": self.nodata_pixels}
 
 
 def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
@@ -185,13 +189,18 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
             raise bad(f"{key} must be null or an integer >= {least}, got {str(v)[:20]}")
         layout[key] = v
     tile_samples = _tile_samples(d.get("tile_samples"), shape, layout["tile"], samples, bad)
+    nodata = d.get("nodata_pixels")
+    if nodata is not None and (type(nodata) is not int or not 0 <= nodata <= shape[0] * shape[1]):
+        raise bad(f"nodata_pixels must be null or an integer in 0..{shape[0] * shape[1]}, got {str(nodata)[:20]}")
+    if nodata and layout["format_version"] is not None and layout["format_version"] < 3:
+        raise bad(f"nodata_pixels = {nodata}, but a format v{layout['format_version']} store has no nodata pixels")
     full = Path(path) if os.path.isabs(path) else root / path
     return SceneEntry(**layout, name=name, path=full, shape=tuple(shape), dtype=dtype_name,
                       wavelengths=None if wl is None else tuple(float(w) for w in wl),
                       band_names=names_or_none("band_names", bands), num_classes=k,
                       class_names=names_or_none("class_names", None), num_samples=samples,
                       source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps,
-                      tile_samples=tile_samples)
+                      tile_samples=tile_samples, nodata_pixels=nodata)
 
 
 @functools.lru_cache(maxsize=64)
@@ -318,12 +327,14 @@ class Collection:
         except StoreError as exc:
             raise StoreError(f"{where}: {exc}") from None
         g = scene.grid
+        nodata = int(scene.meta.nodata["pixels"]) if scene.meta.nodata else 0
         found = (tuple(scene.shape), scene.meta.dtype, str(scene.meta.source.get("sha256", "")),
                  g.tile if e.tile is not None else None, g.halo if e.halo is not None else None,
-                 scene.meta.format_version if e.format_version is not None else None)
-        listed = (e.shape, e.dtype, e.source_sha256, e.tile, e.halo, e.format_version)
+                 scene.meta.format_version if e.format_version is not None else None,
+                 nodata if e.nodata_pixels is not None else None)
+        listed = (e.shape, e.dtype, e.source_sha256, e.tile, e.halo, e.format_version, e.nodata_pixels)
         if found != listed:
-            names = ("shape", "dtype", "source sha256", "tile size", "halo", "format version")
+            names = ("shape", "dtype", "source sha256", "tile size", "halo", "format version", "nodata pixel count")
             what = next(n for n, a, b in zip(names, found, listed) if a != b)
             raise StoreError(f"{where}: the store's {what} differs from collection.json (the store was replaced "
                              "after the collection was written); run `hsgds convert-many` again")
@@ -363,7 +374,8 @@ class Collection:
 class DeferredScene:
     """A scene of a collection known from its ``collection.json`` entry alone: ``path``, ``shape``,
     ``dtype``, ``wavelengths``, ``band_names``, ``class_names``, ``num_classes``, ``num_samples``,
-    ``tile_samples`` (None when not listed) and ``grid`` are answered without reading the store. Anything
+    ``tile_samples`` (None when not listed), ``nodata_pixels`` (None when not known from the entry) and
+    ``grid`` are answered without reading the store (``has_nodata`` too when the entry tells). Anything
     else (``meta``, ``tile_paths``, ``stats``, ``labels``, ...) opens the store first, checked against its
     entry (:meth:`Collection.scene`; again if it was dropped since), and is then the opened
     :class:`~hsgds.scene.Scene`'s. A loader over a collection thus starts without opening any store, and
@@ -377,6 +389,9 @@ class DeferredScene:
         self.wavelengths, self.band_names = e.wavelengths, e.band_names
         self.class_names, self.num_classes, self.num_samples = e.class_names, e.num_classes, e.num_samples
         self.format_version, self.tile_samples = e.format_version, e.tile_samples
+        # v1 and v2 stores have no nodata pixels: an entry that names its format version tells that much
+        old = e.format_version is not None and e.format_version < 3
+        self.nodata_pixels: int | None = 0 if e.nodata_pixels is None and old else e.nodata_pixels
 
     def __repr__(self) -> str:
         return f"DeferredScene({str(self.path)!r}, {'open' if self.is_open else 'not opened yet'})"
@@ -384,6 +399,14 @@ class DeferredScene:
     @property
     def is_open(self) -> bool:
         return self._collection.is_open(self._index)
+
+    @property
+    def has_nodata(self) -> bool:
+        """:attr:`hsgds.scene.Scene.has_nodata`, from the entry when it lists the count (else the store is
+        opened to read its metadata)."""
+        if self.nodata_pixels is not None:
+            return self.nodata_pixels > 0
+        return self.open().has_nodata
 
     def open(self) -> Scene:
         """The opened scene (the store is opened and checked the first time)."""

@@ -35,21 +35,31 @@ def ring_bytes_for(scene: Scene, batch_size: int, mask: np.ndarray | None = None
     the next tiles while the model runs), at least 4. Pixels come tile by tile, so a bigger ring would
     only hold tiles already done: the scene never has to fit in memory.
 
-    The span counts each tile's pixels (fewer in the last tile row and column, or under ``mask``): a
-    batch that starts at the last pixel of tile i covers the tiles holding the next batch_size - 1 pixels.
+    The span counts each tile's pixels (fewer in the last tile row and column, under ``mask``, or where
+    the source had no data): a batch that starts at the last pixel of tile i covers the tiles holding the
+    next batch_size - 1 pixels.
     """
     g = scene.grid
+    keep = _predicted(scene, mask)
     counts: np.ndarray = np.zeros((g.nty, g.ntx), np.int64)
     for ty in range(g.nty):
         for tx in range(g.ntx):
             y0, y1, x0, x1 = g.core_window(ty * g.ntx + tx)
-            counts[ty, tx] = (y1 - y0) * (x1 - x0) if mask is None else int(mask[y0:y1, x0:x1].sum())
+            counts[ty, tx] = (y1 - y0) * (x1 - x0) if keep is None else int(keep[y0:y1, x0:x1].sum())
     counts = counts.reshape(-1)
     counts = counts[counts > 0]
     ends = np.cumsum(counts)
     last = np.minimum(np.searchsorted(ends, ends + batch_size - 1, side="left"), len(ends) - 1)
     span = int((last - np.arange(len(ends))).max(initial=0)) + 1
     return max(4, 2 * span) * g.tile_nbytes
+
+
+def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
+    """The pixels predict gives a class: inside ``mask`` where the source had data (None: every pixel)."""
+    nodata = scene.nodata_every()
+    if nodata is None:
+        return mask
+    return ~nodata if mask is None else mask & ~nodata
 
 
 def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
@@ -182,7 +192,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         ``norm_stats=loader.norm_stats``, or save the model with them (``save_checkpoint(..., loader=loader)``)
         and pass the file.
     mask : (H, W) bool array or None
-        Predict only where True; other pixels are 0 in the map (and in the probabilities).
+        Predict only where True; other pixels are 0 in the map (and in the probabilities). Pixels where the
+        source had no data (a format v3 store's nodata map) are never predicted either: 0 there too.
     probabilities : bool or path
         Also write the softmax of the logits as float16 (H, W, K) ``.npy``: True puts it beside ``out``
         (``<out stem>.probabilities.npy``), a path puts it there.
@@ -198,7 +209,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     -------
     numpy.ndarray
         (H, W) uint8 (uint16 beyond 255 classes) in the stored-label convention: logit index k is
-        written as class k + 1; 0 marks pixels not predicted (outside ``mask``).
+        written as class k + 1; 0 marks pixels not predicted (outside ``mask``, or without data).
     """
     from hsgds import writers
     from hsgds.loader import PatchLoader
@@ -242,6 +253,11 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
             raise ConfigError(f"mask must be a boolean ({h}, {w}) array, got {mask.dtype} {mask.shape}")
         if not mask.any():
             raise ConfigError("mask selects no pixel; nothing to predict")
+    keep = _predicted(scene, mask)
+    if keep is not None and not keep.any():
+        where = "inside the mask" if mask is not None else "in the scene"
+        raise ConfigError(f"{scene.path}: every pixel {where} has no data (the source's nodata value); nothing "
+                          "to predict")
     was_training = model.training
     _set_mode(model, False)
     probs = None
@@ -299,7 +315,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                     # drop this batch before the loader cuts the next: the engine then reuses its buffer
                     # (peak memory holds one batch, not two)
                     del patches, logits, scores
-            expected = h * w if mask is None else int(mask.sum())
+            expected = h * w if keep is None else int(keep.sum())
             if done != expected:  # the loader's contract; a mismatch would be a bug, never a silent hole
                 raise RuntimeError(f"predicted {done} pixels, expected {expected}")
             if int(nonfinite):  # argmax of NaN logits is class 1: a map that looks valid

@@ -131,6 +131,17 @@ def split_summary(scene) -> str | None:
     return text + f" of {n} labelled pixels"
 
 
+def nodata_line(record: dict, pixels: int) -> str:
+    """The ``nodata:`` line of ``hsgds info`` for a store's nodata record, of a scene of ``pixels`` pixels."""
+    value = "NaN" if record["value"] == "nan" else f"{record['value']:g}"
+    n = int(record["pixels"])
+    if n == 0:
+        return f"nodata:     value {value}; no pixel without data"
+    fill = f", filled with the {record['fill']}" if record.get("fill") else ""
+    return (f"nodata:     value {value} in every band: {counted(n, 'pixel')} ({100 * n / pixels:.1f}%){fill}, "
+            f"never sampled; {counted(int(record['labelled_dropped']), 'labelled pixel')} dropped")
+
+
 #: names that mean a model file, not a store
 MODEL_SUFFIXES = (".pt2", ".ckpt", ".pt", ".pth")
 
@@ -155,6 +166,8 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
         f"source:     {m.source.get('name')} ({m.source.get('size')} bytes, "
         f"sha256 {str(m.source.get('sha256'))[:16]}...)",
     ]
+    if m.nodata is not None:
+        lines.append(nodata_line(m.nodata, h * w))
     if m.georeference is not None:
         lines.append(f"georef:     {describe_georeference(m.georeference)}")
     if scene.wavelengths:
@@ -207,6 +220,11 @@ def describe_collection(coll: Collection) -> str:
         lo, hi = min(w[0] for w in listed), max(w[-1] for w in listed)
         missing = len(entries) - len(listed)
         lines.append(f"spectrum:   {lo:.1f}-{hi:.1f} nm" + (f" ({missing} scene{'s' * (missing > 1)} without wavelengths)" if missing else ""))
+    with_nodata = [e for e in entries if e.nodata_pixels]
+    if with_nodata:
+        unknown = sum(e.nodata_pixels is None for e in entries)
+        lines.append(f"nodata:     {sum(e.nodata_pixels or 0 for e in with_nodata):,} pixels without data in "
+                     f"{counted(len(with_nodata), 'scene')}" + (f" ({unknown} not listed)" if unknown else ""))
     labelled = [e for e in entries if e.num_samples]
     names = next((e.class_names for e in labelled if e.class_names), None)
     classes = max((e.num_classes for e in labelled), default=0)

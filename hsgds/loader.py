@@ -150,14 +150,15 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
     checked = [check_mask(m, scene, f"scene {name!r}") for m, scene, name in zip(masks, ss.scenes, ss.names)]
     unmasked = all(m is None for m in checked)
     split_all = pixels == "all" and split is not None and any(scene.num_samples for scene in ss.scenes)
-    if (pixels == "labelled" or (split_all and stride == 1)) and unmasked and listed_samples_apply(ss.scenes):
+    if (pixels == "labelled" or (split_all and stride == 1)) and unmasked and listed_samples_apply(ss.scenes, pixels):
         # a collection's samples, counted per tile in collection.json: each store's sample table is read
         # when the loader first takes one of its samples, so starting does not open the stores
         return ListedSamples(list(ss.scenes), list(ss.names), split, pixels)  # type: ignore[arg-type]
     if pixels == "all" and unmasked:
-        # every s-th pixel of every scene (less the other splits' labelled ones), computed per batch from
-        # the tile geometry: memory per tile and per left-out pixel, not per pixel (a whole scene for
-        # inference, an archive for self-supervised training never centred on a test pixel)
+        # every s-th pixel of every scene (less the other splits' labelled ones and the nodata pixels),
+        # computed per batch from the tile geometry: memory per tile and per run of left-out pixels, not
+        # per pixel (a whole scene for inference, an archive for self-supervised training never centred on
+        # a test pixel); a collection's scene with nodata pixels is opened now to read its nodata map
         return GridSamples([scene.grid for scene in ss.scenes], stride,
                            [sampled_labels(scene, stride) for scene in ss.scenes],
                            [excluded_pixels(scene, stride, split) for scene in ss.scenes])
@@ -252,6 +253,7 @@ class PatchLoader:
         ``stride``-th pixel (rows and columns, in scene coordinates) of every scene, labelled or not (label
         -1 where unlabelled), tile by tile and in raster order inside a tile when ``shuffle=False``. With
         "all", ``split`` (default None) drops the labelled pixels of other splits; unlabelled pixels stay.
+        Pixels where the source had no data (a format v3 store's nodata map) are never yielded.
     stride : int, the step between centres with ``pixels="all"``.
     mask : a boolean (H, W) array (for several scenes, a list with one array or None per scene): only
         pixels where it is True are yielded.

@@ -4,6 +4,8 @@ Both give a :class:`~hsgds.sampling.SampleSet` sorted by tile (a tile's samples 
 with whole-array numpy operations (no Python per pixel). ``pixels="all"`` is what self-supervised
 training and full-scene inference read: every ``stride``-th row and column of the scene, labelled or not
 (label -1 where unlabelled), in raster order inside each tile; borders come from the store's padding.
+Pixels where the source had no data (format v3's ``nodata`` map) are never yielded: they are left out
+like the labelled pixels of other splits.
 
 Over many scenes, two sets stand in for the joined SampleSet without holding or reading every scene's
 samples up front: :class:`GridSamples` (every s-th pixel, computed from the tile geometry) and
@@ -26,7 +28,7 @@ from hsgds.errors import StoreError
 from hsgds.sampling import SampleSet
 from hsgds.scene import Scene, check_mask
 
-__all__ = ["PIXELS", "GridSamples", "ListedSamples", "all_pixels", "check_mask", "excluded_pixels",
+__all__ = ["PIXELS", "GridSamples", "ListedSamples", "all_pixels", "check_mask", "excluded_pixels", "excluded_runs",
            "labelled_pixels", "listed_samples_apply"]
 
 PIXELS = ("labelled", "all")
@@ -39,7 +41,8 @@ def labelled_pixels(scene: Scene | DeferredScene, split: str | None, mask: np.nd
 
 def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None = None,
                mask: np.ndarray | None = None) -> SampleSet:
-    """Every ``stride``-th pixel (rows and columns, from 0, in scene coordinates), labelled or not.
+    """Every ``stride``-th pixel (rows and columns, from 0, in scene coordinates), labelled or not, where
+    the source had data (nodata pixels are left out).
 
     ``split`` drops the labelled pixels of other splits (unlabelled pixels stay: they belong to no
     split), so e.g. ``split="train"`` never shows a validation or test pixel. ``mask`` (H, W) keeps only
@@ -55,25 +58,60 @@ def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None 
 
 
 def excluded_pixels(scene: Scene | DeferredScene, stride: int, split: str | None
-                    ) -> tuple[np.ndarray, np.ndarray] | None:
-    """The labelled pixels of splits other than ``split`` that fall on the ``stride`` lattice, as (tile,
-    lattice index within the tile) for :class:`GridSamples`; None when nothing is left out (no split, or
-    a scene without labels). Reads the scene's sample table: memory per labelled pixel."""
-    if split is None or not scene.num_samples:
-        return None
-    code = fmt.SPLIT_CODES.get(split)
-    if code is None:
-        scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error
-    table = scene.sample_table()
-    other = table["split"] != code
-    tile = table["tile"][other].astype(np.int64)
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The pixels of the ``stride`` lattice that :class:`GridSamples` leaves out of a scene: the labelled
+    pixels of splits other than ``split``, and the pixels where the source had no data. Returned as runs
+    (tile, first lattice index within the tile, length), see :func:`excluded_runs`; None when nothing is
+    left out (no split or no labels, and no nodata pixel).
+
+    Reads the scene's sample table (with a split) and its nodata map at the lattice (when it has nodata
+    pixels: a collection's scene is opened for it unless its entry lists none); while it runs, memory per
+    left-out pixel of this one scene.
+    """
     g = scene.grid
-    ty, tx = np.divmod(tile, g.ntx)
-    sy, sx = ty * g.tile + table["y"][other], tx * g.tile + table["x"][other]
-    on = (sy % stride == 0) & (sx % stride == 0)
-    tile, sy, sx = tile[on], sy[on], sx[on]
+    tiles, ys, xs = [], [], []
+    if split is not None and scene.num_samples:
+        code = fmt.SPLIT_CODES.get(split)
+        if code is None:
+            scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error
+        table = scene.sample_table()
+        other = table["split"] != code
+        tile = table["tile"][other].astype(np.int64)
+        ty, tx = np.divmod(tile, g.ntx)
+        sy, sx = ty * g.tile + table["y"][other], tx * g.tile + table["x"][other]
+        on = (sy % stride == 0) & (sx % stride == 0)
+        tiles.append(tile[on])
+        ys.append(sy[on])
+        xs.append(sx[on])
+    nodata = scene.nodata_every(stride) if scene.has_nodata else None
+    if nodata is not None:  # the map at the lattice: its (i, j) is scene pixel (i * stride, j * stride)
+        ly, lx = np.nonzero(nodata)
+        sy, sx = ly.astype(np.int64) * stride, lx.astype(np.int64) * stride
+        tiles.append(sy // g.tile * g.ntx + sx // g.tile)
+        ys.append(sy)
+        xs.append(sx)
+    if not tiles:
+        return None
+    tile, sy, sx = (np.concatenate(a) for a in (tiles, ys, xs))
     y0, x0, _, nx, _, _ = _lattice(g, stride)
-    return tile, (sy - y0[tile]) // stride * nx[tile] + (sx - x0[tile]) // stride
+    return excluded_runs(tile, (sy - y0[tile]) // stride * nx[tile] + (sx - x0[tile]) // stride)
+
+
+def excluded_runs(tile: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Left-out pixels given as (tile, lattice index within the tile), in any order and possibly repeated,
+    as runs of consecutive indices: (tile, first index, length), sorted by tile then index. A nodata
+    region crossing a tile is a few runs per lattice row, not one entry per pixel."""
+    tile, index = np.asarray(tile, np.int64), np.asarray(index, np.int64)
+    order = np.lexsort((index, tile))
+    tile, index = tile[order], index[order]
+    if len(tile):  # a pixel both of another split and nodata (a damaged store) is left out once
+        fresh = np.ones(len(tile), bool)
+        fresh[1:] = (tile[1:] != tile[:-1]) | (index[1:] != index[:-1])
+        tile, index = tile[fresh], index[fresh]
+    new = np.ones(len(tile), bool)
+    new[1:] = (tile[1:] != tile[:-1]) | (index[1:] != index[:-1] + 1)
+    starts = np.flatnonzero(new)
+    return tile[starts], index[starts], np.diff(np.append(starts, len(tile)))
 
 
 def sampled_labels(scene: Scene | DeferredScene, stride: int) -> Callable[[], np.ndarray] | None:
@@ -125,29 +163,38 @@ class GridSamples(_PerTileSamples):
     ``counts``, ``take``, ``tile_of``); ``labels`` give each scene's label map at the sampled pixels,
     ``labels[::stride, ::stride]`` (None: unlabelled), read when a sample of that scene is first taken.
 
-    ``excluded`` (per scene, from :func:`excluded_pixels`, or None): sampled pixels left out, e.g. the
-    labelled pixels of other splits. They cost memory each (the rest still per tile): the k-th pixel kept
-    in a tile is its lattice index k + #{i : e_i - i <= k} over the tile's sorted excluded indices e_i.
+    ``excluded`` (per scene, or None): sampled pixels left out, the labelled pixels of other splits and
+    the source's nodata pixels (:func:`excluded_pixels`), as runs (tile, first lattice index, length) or
+    as (tile, lattice index) pairs, one per pixel (made into runs scene by scene). They cost memory per
+    run of consecutive left-out pixels in a tile's raster order (12 bytes each; the rest still per tile):
+    a nodata region (the border of a rotated swath) costs about one run per lattice row it crosses in each
+    tile, a whole nodata tile one run, an isolated left-out pixel one run. With ``s_r`` each run's first
+    index and ``b_r`` the pixels of the tile's runs before it, the k-th pixel kept in a tile is its lattice
+    index k plus the lengths of the tile's runs with ``s_r - b_r <= k``.
     """
 
     def __init__(self, grids: list[fmt.TileGrid], stride: int, labels: list[Callable[[], np.ndarray] | None],
-                 excluded: list[tuple[np.ndarray, np.ndarray] | None] | None = None) -> None:
+                 excluded: list[tuple[np.ndarray, ...] | None] | None = None) -> None:
         self._y0, self._x0, self._ny, self._nx, self._oy, self._ox = (
             np.concatenate(col) for col in zip(*(_lattice(g, stride) for g in grids)))
         self._scene = np.repeat(np.arange(len(grids), dtype=np.int32), [g.num_tiles for g in grids])
         per_tile = self._ny * self._nx
-        self._skip: np.ndarray | None = None  # per excluded pixel: tile * span + (e_i - i), sorted
-        if excluded is not None and any(e is not None and len(e[0]) for e in excluded):
+        self._skip: np.ndarray | None = None  # per excluded run: tile * span + (s_r - b_r), sorted
+        runs = [excluded_runs(*e) if len(e) == 2 else e for e in (excluded or []) if e is not None]
+        if any(len(r[0]) for r in runs):
             first = np.concatenate([[0], np.cumsum([g.num_tiles for g in grids])])
-            tile = np.concatenate([e[0] + first[s] for s, e in enumerate(excluded) if e is not None])
-            index = np.concatenate([e[1] for e in excluded if e is not None])
+            at = [s for s, e in enumerate(excluded or []) if e is not None]
+            # scene after scene, each sorted by (tile, index): the joined runs stay sorted
+            tile = np.concatenate([r[0] + first[s] for s, r in zip(at, runs)])
+            start, length = (np.concatenate([np.asarray(r[i], np.int64) for r in runs]) for i in (1, 2))
             self._span = int(per_tile.max()) + 1
-            order = np.lexsort((index, tile))
-            tile, index = tile[order], index[order]
-            self._ex_start = fmt.tile_offsets(tile, len(per_tile))
-            rank = np.arange(len(tile), dtype=np.int64) - self._ex_start[tile]
-            self._skip = tile * self._span + (index - rank)
-            per_tile = per_tile - np.diff(self._ex_start)
+            self._run_start = fmt.tile_offsets(tile, len(per_tile))  # each tile's first run
+            done = np.concatenate([[0], np.cumsum(length)])  # excluded pixels before each run, all tiles
+            base = done[self._run_start[tile]]  # ... before its tile's first run
+            self._skip = tile * self._span + (start - (done[:-1] - base))
+            through = done[1:] - base  # its tile's excluded pixels up to the end of the run
+            self._through = through.astype(np.int32 if self._span < 2**31 else np.int64)
+            per_tile = per_tile - np.diff(done[self._run_start])
         self.offsets = np.concatenate([[0], np.cumsum(per_tile)]).astype(np.int64)
         self._stride, self._label_of = int(stride), labels
         self._per_scene = _per_scene_cache()  # label maps
@@ -159,8 +206,9 @@ class GridSamples(_PerTileSamples):
         idx = np.asarray(idx, dtype=np.int64)
         tile = self.tile_of(idx)
         k = idx - self.offsets[tile]
-        if self._skip is not None:  # past the excluded pixels before it in its tile
-            k = k + np.searchsorted(self._skip, tile * self._span + k, side="right") - self._ex_start[tile]
+        if self._skip is not None:  # past the excluded runs before it in its tile
+            r = np.searchsorted(self._skip, tile * self._span + k, side="right") - 1
+            k = k + np.where(r >= self._run_start[tile], self._through[np.maximum(r, 0)], 0)
         row, col = np.divmod(k, self._nx[tile])
         sy, sx = self._y0[tile] + self._stride * row, self._x0[tile] + self._stride * col
         label = np.full(len(idx), -1, dtype=np.int32)
@@ -207,10 +255,10 @@ class ListedSamples(_PerTileSamples):
     """A collection's samples counted per tile from ``collection.json`` (each entry's ``tile_samples``) and
     read from a scene's store only when a sample of that scene is first taken, so a loader over an archive
     starts without opening a store: with ``pixels="labelled"`` the labelled samples of ``split``; with
-    ``pixels="all"`` every pixel but the labelled ones of other splits (stride 1: the listing counts
-    labelled pixels, not those of a stride's lattice). The samples and their order are those of the
-    scenes' own sample sets joined scene after scene (what the loader builds from opened stores); same
-    interface as :class:`GridSamples`.
+    ``pixels="all"`` every pixel but the labelled ones of other splits (stride 1, scenes listed with no
+    nodata pixel: the listing counts labelled pixels per tile, not a stride's lattice nor nodata pixels).
+    The samples and their order are those of the scenes' own sample sets joined scene after scene (what the
+    loader builds from opened stores); same interface as :class:`GridSamples`.
     """
 
     def __init__(self, scenes: list[DeferredScene], names: list[str], split: str | None,
@@ -262,11 +310,12 @@ class ListedSamples(_PerTileSamples):
         return got
 
 
-def listed_samples_apply(scenes: tuple[Scene | DeferredScene, ...]) -> bool:
+def listed_samples_apply(scenes: tuple[Scene | DeferredScene, ...], pixels: str = "labelled") -> bool:
     """Whether :class:`ListedSamples` can give these scenes' samples without opening a store: every scene is
-    a collection's, not opened yet, and its entry lists its samples per tile (or it has none)."""
+    a collection's, not opened yet, and its entry lists its samples per tile (or it has none); with
+    ``pixels="all"`` also that it has no nodata pixel (the listing does not count them per tile)."""
     return all(isinstance(s, DeferredScene) and not s.is_open and (s.tile_samples is not None or not s.num_samples)
-               for s in scenes)
+               and (pixels == "labelled" or s.nodata_pixels == 0) for s in scenes)
 
 
 def _listed_counts(scene: DeferredScene, split: str | None, others: bool = False) -> np.ndarray:

@@ -358,7 +358,7 @@ class Scene:
 
     def verify(self) -> list[str]:
         """Re-read every tile and check its size, crc32c and (format v2) wsum64 device checksum, and read the
-        arrays loaders use beside the tiles (labels, samples, statistics); return one line per problem (empty
+        arrays loaders use beside the tiles (labels, samples, statistics, the nodata map); return one line per problem (empty
         when the store is intact)."""
         return self.verify_arrays() + self.verify_tiles()
 
@@ -377,11 +377,40 @@ class Scene:
                 problems.append(str(exc))
         return problems
 
+    def _nodata_problems(self) -> list[str]:
+        """What is wrong with the nodata map a v3 store's record promises (pixels > 0): unreadable, of the
+        wrong shape or type, marking another count of pixels, or labelled (or sampled) somewhere."""
+        record = self.meta.nodata
+        if not self.has_nodata or record is None:
+            return []
+        try:
+            raw = _read_raw_array(self.path, fmt.NODATA, self.shape[:2], self._checked)
+        except StoreError as exc:
+            return [str(exc)]
+        where = f"{self.path}: array {fmt.NODATA}"
+        if raw.dtype != np.uint8 or raw.max(initial=0) > 1:
+            return [f"{where} must hold uint8 0 or 1, got {raw.dtype} up to {raw.max(initial=0)}; convert the source "
+                    "again"]
+        nodata = raw != 0
+        problems = []
+        marked, recorded = int(nodata.sum()), int(record["pixels"])
+        if marked != recorded:
+            problems.append(f"{where} marks {marked} pixels, the metadata records {recorded}; convert the source again")
+        try:
+            labelled = int(np.count_nonzero(self.labels[nodata]))
+            y, x, _ = self.samples(None)
+            sampled = int(np.count_nonzero(nodata[y, x]))
+        except StoreError:
+            return problems  # (the labels' or samples' own problem is reported with them)
+        if labelled or sampled:
+            problems.append(f"{where}: {labelled} nodata pixels are labelled and {sampled} are samples (the converter "
+                            "drops both); convert the source again")
+        return problems
 
     def verify_arrays(self) -> list[str]:
-        """What is wrong with the labels, samples and statistics (missing, truncated, inconsistent, not finite),
-        on which a loader or predict would stop; one line per problem."""
-        problems = []
+        """What is wrong with the labels, samples, statistics and nodata map (missing, truncated, inconsistent,
+        not finite), on which a loader or predict would stop or go wrong; one line per problem."""
+        problems = self._nodata_problems()
         try:
             labels = self.labels
             if labels.size and int(labels.max()) > self.meta.num_classes:

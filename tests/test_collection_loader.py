@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hsgds
-from hsgds.errors import ConfigError, TileReadError
+from hsgds.errors import ConfigError, StoreError, TileReadError
 from hsgds.preprocess.convert import ConvertOptions, convert
 from tests.envi import write_envi
 
@@ -632,3 +632,88 @@ def test_every_pixel_but_other_splits_starts_without_opening_a_store(scenes, tmp
             torch.testing.assert_close(p, q, rtol=0, atol=0)
     with hsgds.PatchLoader(folder, **opts, stride=2) as strided:  # a stride's lattice is not counted: opened
         assert not isinstance(strided.samples, ListedSamples)
+
+
+# -- source nodata (format v3) ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def nodata_pair(nodata_store, tmp_path_factory):
+    """A collection of two 70 x 50 stores (tiles of 28): "swath" with nodata outside a slanted swath and
+    "clear" with none; returns (folder, {name: nodata (H, W) bool})."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    folder = tmp_path_factory.mktemp("nodata-coll")
+    masks = {}
+    for name, seed, none in (("swath", 3, False), ("clear", 4, True)):
+        mask = np.zeros((70, 50), bool) if none else None
+        store, _, _, masks[name] = nodata_store(70, 50, 8, seed=seed, nodata=mask)
+        shutil.copytree(store, folder / f"{name}.zarr")
+    write_collection(folder, [SceneEntry.of_scene(n, hsgds.open_scene(folder / f"{n}.zarr")) for n in masks])
+    return folder, masks
+
+
+def _pixel_rows(loader):
+    return np.concatenate([c.numpy() for _, _, c in loader]).astype(np.int64)
+
+
+@pytest.mark.parametrize("stride, split, unlisted", [(1, None, False), (2, None, False), (1, "train", False),
+                                                     (1, None, True)])
+def test_a_collection_over_every_pixel_leaves_out_nodata(nodata_pair, tmp_path, stride, split, unlisted):
+    """From collection.json (the scene without nodata stays unopened when its entry says so) and from the
+    stores opened first: the same batches, exactly the pixels with data (less other splits' labelled ones),
+    and two ranks cover them; a listing written before nodata_pixels existed gives the same (its stores
+    are opened to tell)."""
+    import json
+
+    folder, masks = nodata_pair
+    if unlisted:
+        folder = shutil.copytree(folder, tmp_path / "old")
+        doc = json.loads((folder / "collection.json").read_text())
+        for entry in doc["scenes"]:
+            del entry["nodata_pixels"]
+        (folder / "collection.json").write_text(json.dumps(doc))
+    stores = [folder / f"{n}.zarr" for n in masks]
+    opts = dict(patch_size=5, batch_size=64, pixels="all", stride=stride, split=split, return_coords=True,
+                device="cpu", seed=9)
+    with hsgds.PatchLoader(folder, **opts) as listed, hsgds.PatchLoader(stores, **opts) as opened:
+        states = [s.is_open for s in listed.scenes.scenes]
+        assert states == [True, unlisted or split is not None]  # "clear" is opened only to read its samples
+        assert len(listed) == len(opened)
+        np.testing.assert_array_equal(listed.samples.offsets, opened.samples.offsets)
+        for (p, lb, c), (q, lb2, c2) in zip(listed, opened, strict=True):
+            assert torch.equal(c, c2) and torch.equal(lb, lb2)
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+        got = _pixel_rows(listed)
+    want = set()
+    for s, (name, mask) in enumerate(masks.items()):
+        keep = np.zeros(mask.shape, bool)
+        keep[::stride, ::stride] = True
+        keep &= ~mask
+        if split is not None:
+            y, x, _ = hsgds.open_scene(folder / f"{name}.zarr").samples(None)
+            ty, tx, _ = hsgds.open_scene(folder / f"{name}.zarr").samples(split)
+            keep[y, x] = False
+            keep[ty, tx] = True
+        want |= {(s, int(y), int(x)) for y, x in zip(*np.nonzero(keep))}
+    assert len(got) == len(want) and {tuple(r) for r in got.tolist()} == want
+    shards = []
+    for rank in (0, 1):
+        with hsgds.PatchLoader(folder, rank=rank, world_size=2, **opts) as ld:
+            shards.append(_pixel_rows(ld))
+    assert len(shards[0]) == len(shards[1]) and len(want) <= len(shards[0]) * 2 <= len(want) + 2
+    assert {tuple(r) for shard in shards for r in shard.tolist()} == want
+
+
+def test_a_collection_listing_the_wrong_nodata_count_is_refused(nodata_pair, tmp_path):
+    import json
+
+    folder = shutil.copytree(nodata_pair[0], tmp_path / "coll")
+    doc = json.loads((folder / "collection.json").read_text())
+    assert [e["nodata_pixels"] for e in doc["scenes"]] == [int(nodata_pair[1]["swath"].sum()), 0]
+    doc["scenes"][0]["nodata_pixels"] = 3
+    (folder / "collection.json").write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match=r"scene 'swath': the store's nodata pixel count differs from collection"):
+        hsgds.PatchLoader(folder, patch_size=5, batch_size=8, pixels="all", device="cpu")
+    doc["scenes"][0]["nodata_pixels"] = -1
+    (folder / "collection.json").write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match=r"scene 0 \('swath'\): nodata_pixels must be null or an integer in 0..3500"):
+        hsgds.open_collection(folder)

@@ -166,3 +166,69 @@ def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
 def test_info_of_a_missing_model_file_names_it(tmp_path, run_cli):
     code, _, err = run_cli("info", tmp_path / "model.pt2")
     assert code == 2 and "no model file" in err and "store" not in err, err
+
+
+# -- source nodata (format v3) -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def nodata_scene(nodata_store):
+    store, _, _, nodata = nodata_store(70, 50, 8, seed=2)
+    return store, nodata
+
+
+def test_info_shows_the_nodata_record(nodata_scene, tmp_path, run_cli):
+    from hsgds.collection import SceneEntry, write_collection
+
+    store, nodata = nodata_scene
+    n = int(nodata.sum())
+    code, out, err = run_cli("info", store)
+    assert code == 0, err
+    assert (f"nodata:     value -9999 in every band: {n} pixels ({100 * n / 3500:.1f}%), filled with the train "
+            "mean, never sampled; 0 labelled pixels dropped") in out
+    write_collection(tmp_path, [SceneEntry.of_scene("swath", hsgds.open_scene(store))])
+    code, out, err = run_cli("info", tmp_path)
+    assert code == 0, err
+    assert f"nodata:     {n:,} pixels without data in 1 scene" in out
+
+
+def _damaged_copy(store, tmp_path, damage):
+    import json
+    import shutil
+
+    import zarr
+
+    copy = shutil.copytree(store, tmp_path / "s.zarr")
+    if damage == "missing":
+        shutil.rmtree(copy / fmt.NODATA)
+    elif damage == "count":
+        root = json.loads((copy / "zarr.json").read_text())
+        root["attributes"]["hsgds"]["nodata"]["pixels"] -= 1
+        (copy / "zarr.json").write_text(json.dumps(root))
+    else:
+        array = zarr.open_array(copy / (fmt.NODATA if damage in ("value", "flipped") else fmt.LABELS), mode="r+")
+        values = array[:]
+        y, x = np.argwhere(np.asarray(zarr.open_array(copy / fmt.NODATA, mode="r")[:]))[0]
+        if damage == "value":
+            values[y, x] = 7
+        elif damage == "flipped":  # one nodata pixel lost
+            values[y, x] = 0
+        else:
+            values[y, x] = 1
+        array[:] = values
+    return copy
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing", r"nodata/zarr.json is missing"),
+    ("value", r"array nodata must hold uint8 0 or 1, got uint8 up to 7"),
+    ("flipped", r"array nodata marks (\d+) pixels, the metadata records (\d+)"),
+    ("count", r"array nodata marks (\d+) pixels, the metadata records (\d+)"),
+    ("labelled", r"array nodata: 1 nodata pixels are labelled and 0 are samples"),
+])
+def test_verify_checks_the_nodata_map(nodata_scene, tmp_path, run_cli, damage, message):
+    store, _ = nodata_scene
+    assert hsgds.open_scene(store).verify_arrays() == []
+    copy = _damaged_copy(store, tmp_path, damage)
+    problems = hsgds.open_scene(copy).verify_arrays()
+    assert len(problems) == 1 and re.search(message, problems[0]), problems
+    code, _, err = run_cli("verify", copy)
+    assert code == 2 and "in its labels, samples, statistics or nodata map" in err and "Traceback" not in err, err

@@ -133,3 +133,131 @@ def test_window_and_tile_reads_check_their_arguments(tile_store):
         scene.read_tile(1.0)
     with pytest.raises(InputError, match="out of range"):
         scene.read_tile(scene.grid.num_tiles)
+
+
+# -- source nodata (format v3): never a sample ------------------------------------------------------------------
+H_ND, W_ND, TILE_ND = 70, 50, 28
+
+
+@pytest.fixture(scope="module")
+def swath(nodata_store):
+    """A 70 x 50 store (tiles of 28, the first wholly nodata) with nodata outside a slanted swath, and
+    its split map (split code of each labelled pixel, -1 where unlabelled)."""
+    store, _, labels, nodata = nodata_store(H_ND, W_ND, 8, seed=3, tile=TILE_ND)
+    scene = hsgds.open_scene(store)
+    table = scene.sample_table()
+    split_map = np.full((H_ND, W_ND), -1)
+    ty, tx = np.divmod(table["tile"].astype(np.int64), scene.grid.ntx)
+    split_map[ty * TILE_ND + table["y"], tx * TILE_ND + table["x"]] = table["split"]
+    return store, labels, nodata, split_map
+
+
+def _raster(keep, tile, ntx):
+    """(y, x) of the True pixels of ``keep`` tile by tile, raster order inside each tile (the loader's order
+    without shuffling)."""
+    ys, xs = np.nonzero(keep)
+    order = np.lexsort((xs, ys, (ys // tile) * ntx + xs // tile))
+    return np.column_stack([ys[order], xs[order]])
+
+
+def _coords(loader):
+    return np.concatenate([c.numpy() for _, _, c in loader]).astype(np.int64)
+
+
+@pytest.mark.parametrize("stride, split, masked", [(1, None, False), (2, None, False), (1, None, True),
+                                                   (1, "train", False), (3, "test", True)])
+def test_pixels_all_never_yields_a_nodata_pixel(swath, stride, split, masked):
+    """Every stride-th pixel where the source had data (less the other splits' labelled ones, inside the
+    mask), in tile raster order, with len(loader) and the per-tile counts of exactly those pixels."""
+    from hsgds.pixels import all_pixels
+
+    store, labels, nodata, split_map = swath
+    mask = None
+    keep = np.zeros((H_ND, W_ND), bool)
+    keep[::stride, ::stride] = True
+    keep &= ~nodata
+    if masked:
+        mask = np.zeros((H_ND, W_ND), bool)
+        mask[10:60, 5:45] = True
+        keep &= mask
+    if split is not None:
+        keep &= (split_map == hsgds.format.SPLIT_CODES[split]) | (split_map == -1)
+    want = _raster(keep, TILE_ND, 2)
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=32, pixels="all", stride=stride, split=split, mask=mask,
+                           shuffle=False, return_coords=True, normalize=None, device="cpu") as loader:
+        assert isinstance(loader.samples, GridSamples) != masked
+        assert len(loader) == -(-len(want) // 32)
+        counts = np.bincount((want[:, 0] // TILE_ND) * 2 + want[:, 1] // TILE_ND, minlength=6)
+        np.testing.assert_array_equal(loader.samples.counts(), counts)
+        assert counts[0] == 0  # the wholly nodata tile has no sample
+        np.testing.assert_array_equal(_coords(loader), want)
+        lab = np.concatenate([lb.numpy() for _, lb, _ in loader])
+        np.testing.assert_array_equal(lab, labels[want[:, 0], want[:, 1]].astype(np.int64) - 1)
+    got = all_pixels(hsgds.open_scene(store), stride, split, mask)
+    np.testing.assert_array_equal(np.column_stack([got.scene_y, got.scene_x]), want)
+
+
+def test_nodata_pixels_cost_memory_per_run(swath):
+    """The left-out nodata pixels are held as runs (a few per lattice row of a tile), not one per pixel."""
+    from hsgds.pixels import excluded_pixels
+
+    store, _, nodata, _ = swath
+    scene = hsgds.open_scene(store)
+    tile, first, length = excluded_pixels(scene, 1, None)
+    assert length.sum() == nodata.sum()
+    assert len(tile) < nodata.sum() / 5
+    samples = GridSamples([scene.grid], 1, [None], [(tile, first, length)])
+    assert len(samples) == (~nodata).sum()
+
+
+def test_pixels_all_over_nodata_shards_across_two_ranks_and_resumes(swath):
+    """Two ranks together yield every pixel with data, each at most once more (a rank's last batch is
+    padded); a saved position resumes exactly."""
+    store, _, nodata, _ = swath
+    opts = dict(patch_size=5, batch_size=40, pixels="all", return_coords=True, device="cpu", seed=7,
+                shuffle_window=2)
+    shards = []
+    for rank in (0, 1):
+        with hsgds.PatchLoader(store, rank=rank, world_size=2, **opts) as loader:
+            shards.append(_coords(loader))
+            assert len(loader) == -(-len(shards[-1]) // 40)
+    assert len(shards[0]) == len(shards[1])
+    seen = np.concatenate(shards)
+    want = np.column_stack(np.nonzero(~nodata))
+    assert {tuple(c) for c in seen.tolist()} == {tuple(c) for c in want.tolist()}
+    assert len(want) <= len(seen) <= len(want) + 2
+    with hsgds.PatchLoader(store, **opts) as full:
+        expected = [c.numpy() for _, _, c in full]
+    with hsgds.PatchLoader(store, **opts) as first:
+        it = iter(first)
+        got = [next(it)[2].numpy() for _ in range(5)]
+        state = first.state_dict()
+    with hsgds.PatchLoader(store, **opts) as second:
+        second.load_state_dict(state)
+        got += [c.numpy() for _, _, c in second]
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_excluded_runs_merge_neighbours_and_repeats():
+    """Pairs in any order, some repeated (a pixel both of another split and nodata), become sorted runs;
+    GridSamples leaves out the same pixels from either form."""
+    from hsgds.pixels import excluded_runs
+
+    tile = np.array([1, 0, 0, 0, 1, 0, 2, 0])
+    index = np.array([3, 5, 4, 9, 4, 5, 0, 6])
+    runs = excluded_runs(tile, index)
+    assert [r.tolist() for r in runs] == [[0, 0, 1, 2], [4, 9, 3, 0], [3, 1, 2, 1]]
+    g = TileGrid(height=12, width=8, bands=3, dtype="int16", tile=4, halo=1)
+    pairs, merged = GridSamples([g], 1, [None], [(tile, index)]), GridSamples([g], 1, [None], [runs])
+    assert len(pairs) == len(merged) == 96 - 7
+    np.testing.assert_array_equal(pairs.offsets, merged.offsets)
+    for a, b in zip(pairs.take(np.arange(len(pairs))), merged.take(np.arange(len(merged)))):
+        np.testing.assert_array_equal(a, b)
+    want = enumerate_pixels([g], 1, [None])
+    drop = np.zeros(len(want), bool)
+    for t, i in set(zip(tile.tolist(), index.tolist())):
+        drop[np.flatnonzero(want[:, 0] == t)[i]] = True
+    got = np.stack([np.asarray(c, np.int64) for c in merged.take(np.arange(len(merged)))], axis=1)
+    np.testing.assert_array_equal(got, want[~drop])

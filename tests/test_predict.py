@@ -229,6 +229,52 @@ def test_float16_patches_that_would_overflow_are_refused_before_predicting(store
     assert predict(store, model, patch_size=3, device="cpu").shape == (H, W)
 
 
+# -- source nodata (format v3): 0 in every output, like a pixel outside the mask -----------------------------------
+
+@pytest.fixture(scope="module")
+def nodata_scene(nodata_store):
+    """The coordinate scene in tiles of 18 (halo 7), with no data outside a slanted swath and in its first tile."""
+    store, _, labels, nodata = nodata_store(H, W, B, tile=18, max_patch=15, scene=coordinate_cube())
+    return store, labels, nodata
+
+
+def test_nodata_pixels_are_never_predicted(nodata_scene):
+    store, _, nodata = nodata_scene
+    model = CentreCoordinates()
+    out = predict(store, model, patch_size=3, batch_size=64, device="cpu", normalize=None)
+    assert np.array_equal(out, np.where(nodata, 0, np.arange(H * W).reshape(H, W) + 1))
+    assert np.array_equal(model.seen.numpy().reshape(H, W), (~nodata).astype(np.int64))
+    mask = np.random.default_rng(6).random((H, W)) < 0.4
+    out = predict(store, model, patch_size=3, batch_size=64, device="cpu", normalize=None, mask=mask)
+    assert np.array_equal(out, np.where(mask & ~nodata, np.arange(H * W).reshape(H, W) + 1, 0))
+    with pytest.raises(ConfigError, match="every pixel inside the mask has no data"):
+        predict(store, model, patch_size=3, device="cpu", mask=nodata)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".hdr", ".tif", ".png"])
+def test_every_output_holds_0_at_nodata_pixels(nodata_scene, tmp_path, suffix):
+    """The map written (and the probabilities) read back 0 where the source had no data, as where no pixel
+    was predicted; the PNG's error panel counts only labelled pixels, which nodata ones never are."""
+    store, labels, nodata = nodata_scene
+    assert not labels[nodata].any()
+    out = predict(store, RandomConv(3, k=4), patch_size=3, batch_size=50, device="cpu", out=tmp_path / f"m{suffix}",
+                  probabilities=tmp_path / "p.npy")
+    assert (out[nodata] == 0).all() and (out[~nodata] > 0).all()
+    probs = np.load(tmp_path / "p.npy", allow_pickle=False)
+    assert (probs[nodata] == 0).all()
+    assert np.allclose(probs[~nodata].astype(np.float32).sum(-1), 1, atol=4e-3)
+    if suffix == ".npy":
+        written = np.load(tmp_path / "m.npy", allow_pickle=False)
+    elif suffix == ".hdr":
+        written = np.fromfile(tmp_path / "m.img", dtype=out.dtype).reshape(H, W)
+    elif suffix == ".tif":
+        written = _gdal(tmp_path / "m.tif")[2]
+    else:
+        assert (tmp_path / "m.png").stat().st_size > 0
+        return
+    assert np.array_equal(written, out)
+
+
 # -- georeference end to end: source written independently, output read back with rasterio -----------------
 
 def _gdal(path):

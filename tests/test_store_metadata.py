@@ -356,5 +356,5 @@ def test_verify_reads_the_arrays_beside_the_tiles(indian_pines_store, tmp_path, 
         values[0] = 9
         split[:] = values
     code, out, err = run_cli("verify", store)
-    assert code == 2 and re.search(message, err) and "in its labels, samples or statistics" in err, err
+    assert code == 2 and re.search(message, err) and "in its labels, samples, statistics or nodata map" in err, err
     assert "Traceback" not in err and "tiles are damaged" not in err
