@@ -88,14 +88,17 @@ def pick_bands(num_bands: int, wavelengths: list[float] | None = None,
                     .format(*picked))
 
 
-def _stretch(values: np.ndarray, percentiles: tuple[float, float]) -> np.ndarray:
-    """Per-channel linear stretch of (h, w, 3) values between two percentiles, to uint8."""
+def _stretch(values: np.ndarray, percentiles: tuple[float, float], gaps: np.ndarray | None = None) -> np.ndarray:
+    """Per-channel linear stretch of (h, w, 3) values between two percentiles, to uint8; pixels at ``gaps``
+    (no data) are black and take no part in the percentiles."""
     out = np.zeros(values.shape, dtype=np.uint8)
     for c in range(values.shape[-1]):
         v = values[..., c].astype(np.float64)
-        lo, hi = np.percentile(v, percentiles)
+        lo, hi = np.percentile(v if gaps is None else v[~gaps], percentiles)
         if hi > lo:
             out[..., c] = np.round(np.clip((v - lo) / (hi - lo), 0.0, 1.0) * 255.0).astype(np.uint8)
+    if gaps is not None:
+        out[gaps] = 0
     return out
 
 
@@ -159,7 +162,7 @@ def preview_panels(scene, bands: tuple[int, ...] | list[int] | None = None,
         ty = rows[ry] - y0 + g.halo
         tx = cols[rx] - x0 + g.halo
         values[ry[0]:ry[-1] + 1, rx[0]:rx[-1] + 1] = tile[np.ix_(ty, tx, band_idx)]
-    rgb = _stretch(values, (lo, hi))
+    rgb = _stretch(values, (lo, hi), scene.nodata_every(step))  # the tiles hold a fill where there was no data
 
     # class map
     labels = scene.labels.astype(np.int64)

@@ -177,6 +177,7 @@ class Scene:
                              f"(data type {str(tiles_meta.get('data_type'))[:20]}); convert the source again")
         self.tile_paths = fmt.tile_paths(self.path, self.grid, tiles_meta)
         self._labels: np.ndarray | None = None
+        self._nodata: np.ndarray | None = None  # the nodata map, once read() needs it
         self._samples: dict[str, np.ndarray] | None = None
         self._stats: dict[str, BandStats | None] = {}  # per group, read on first use
         self._checked: dict[str, str] = {}  # store folders already checked to stay inside the store
@@ -326,7 +327,7 @@ class Scene:
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Scene window rows y0:y1, columns x0:x1, all bands, reassembled from the tiles (bit-identical
-        to the source)."""
+        to the source: a nodata pixel, filled in the tiles, reads the source's nodata value)."""
         h, w, b = self.shape
         y0, y1, x0, x1 = (as_count(v, "a window bound", minimum=0) for v in (y0, y1, x0, x1))
         if not (0 <= y0 < y1 <= h and 0 <= x0 < x1 <= w):
@@ -340,6 +341,11 @@ class Scene:
                 xa, xb = max(x0, tx * t), min(x1, (tx + 1) * t)
                 out[ya - y0:yb - y0, xa - x0:xb - x0] = tile[ya - ty * t + halo:yb - ty * t + halo,
                                                              xa - tx * t + halo:xb - tx * t + halo]
+        if self.has_nodata:
+            if self._nodata is None:  # one byte a pixel, held once read: windows are read many times
+                self._nodata = self.nodata_every(1)
+            assert self._nodata is not None and self.meta.nodata is not None
+            out[self._nodata[y0:y1, x0:x1]] = float(self.meta.nodata["value"])  # ("nan" -> NaN)
         return out
 
     def to_xarray(self):

@@ -153,41 +153,16 @@ def swath_nodata(h: int, w: int, seed: int = 0, tile: int | None = None) -> np.n
     return mask
 
 
-def add_nodata(store, nodata: np.ndarray, value: float = -9999.0, fill: str = "train mean") -> None:
-    """Make a converted store one whose source had no data at ``nodata`` (format v3): the ``nodata`` array
-    (one raw uint8 chunk; none when no pixel is nodata) and the root record. Its labels must already be 0 there (so no sample is)."""
-    import json
-
-    import zarr
-
-    from hsgds import format as fmt
-
-    labels = zarr.open_array(str(store / fmt.LABELS), mode="r")[...]
-    assert not labels[nodata].any(), "labelled nodata pixels: clear the labels there before converting"
-    group = zarr.open_group(str(store), mode="r+")
-    if nodata.any():  # (the array is written only when the source had a nodata pixel)
-        group.create_array(fmt.NODATA, data=nodata.astype(np.uint8), chunks=nodata.shape, compressors=None,
-                           dimension_names=("y", "x"), config={"write_empty_chunks": True})
-    root = json.loads((store / "zarr.json").read_text())
-    meta = root["attributes"]["hsgds"]
-    meta["format_version"] = 3
-    meta["nodata"] = {"value": fmt.nodata_value(value), "pixels": int(nodata.sum()), "labelled_dropped": 0,
-                      "fill": fill}
-    (store / "zarr.json").write_text(json.dumps(root))
-
-
 @pytest.fixture(scope="session")
 def nodata_store(tmp_path_factory):
-    """``nodata_store(h, w, bands, *, seed=, tile=, max_patch=, train=, nodata=, scene=)``: a store whose
-    source had no data at some pixels; returns (store path, cube, labels, nodata (H, W) bool). ``nodata``
-    defaults to :func:`swath_nodata` (with the whole first tile); ``scene``: (cube, labels) to convert
-    instead of a synthetic scene.
-
-    It stands in for a store converted from a source with a nodata value (format v3) until the converter
-    writes them: the synthetic scene is converted with its labels cleared at the nodata pixels, then
-    :func:`add_nodata` adds the array and the record. Its tiles and statistics are the plain conversion's
-    (no fill): what is checked here never reads the values at nodata pixels."""
+    """``nodata_store(h, w, bands, *, seed=, tile=, max_patch=, train=, nodata=, scene=)``: a store converted
+    from a source with no data at some pixels (every band -9999, or the dtype's largest value if unsigned;
+    ``--nodata`` that value); returns (store path, cube as the tiles hold it (nodata pixels filled), labels,
+    nodata (H, W) bool). ``nodata`` defaults to :func:`swath_nodata` (with the whole first tile); ``scene``:
+    (cube, labels) to convert instead of a synthetic scene. Labels are cleared at nodata pixels first (the
+    converter would drop them with a warning; tests/preprocess/test_nodata.py checks that)."""
     from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.scene import open_scene
     from hsgds.synthetic import make_scene
 
     def make(h: int, w: int, bands: int, *, seed: int = 0, tile: int = 28, max_patch: int = 5,
@@ -195,14 +170,21 @@ def nodata_store(tmp_path_factory):
         d = tmp_path_factory.mktemp("nodata")
         cube, labels = make_scene(h, w, bands, classes=3, seed=seed) if scene is None else (scene[0], scene[1].copy())
         mask = swath_nodata(h, w, seed, tile) if nodata is None else nodata
+        value = np.iinfo(cube.dtype).max if cube.dtype.kind == "u" else -9999
+        source = cube.copy()
+        source[mask] = value
+        assert np.array_equal((source == value).all(axis=-1), mask), "a data pixel holds the nodata value"
         labels[mask] = 0
-        np.save(d / "cube.npy", cube)
+        np.save(d / "cube.npy", source)
         np.save(d / "gt.npy", labels)
         store = convert(d / "cube.npy", d / "s.zarr", ConvertOptions(labels=d / "gt.npy", tile=tile,
                                                                      max_patch=max_patch, train=train, seed=seed,
-                                                                     **options))
-        add_nodata(store, mask)
-        return store, cube, labels, mask
+                                                                     nodata=float(value), **options))
+        held = source.copy()
+        if mask.any():
+            mean = open_scene(store).norm_stats.mean
+            held[mask] = mean.astype(cube.dtype) if cube.dtype.kind == "f" else np.rint(mean).astype(cube.dtype)
+        return store, held, labels, mask
 
     return make
 

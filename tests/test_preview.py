@@ -184,3 +184,20 @@ def test_unlabelled_single_band_scene(tmp_path):
     assert p.class_legend == [] and p.split_legend == []
     assert not p.classes.any() and not p.splits.any()  # all unlabelled: black
     assert render_preview(store, tmp_path / "u.png").stat().st_size > 0
+
+
+def test_nodata_pixels_are_black_and_left_out_of_the_stretch(nodata_store):
+    """The tiles hold a fill where the source had no data: the false colour shows those pixels black, and the
+    percentiles are those of the data pixels alone."""
+    store, cube, _, nodata = nodata_store(60, 44, 6, seed=4, tile=28)
+    for step, size in ((1, 1024), (3, 20)):
+        p = preview_panels(store, bands=(5, 3, 1), max_size=size)
+        assert p.step == step
+        gaps = nodata[::step, ::step]
+        values = cube[::step, ::step][..., [5, 3, 1]].astype(np.float64)
+        expected = np.zeros(values.shape, np.uint8)
+        for c in range(3):
+            lo, hi = np.percentile(values[..., c][~gaps], (2, 98))
+            expected[..., c] = np.round(np.clip((values[..., c] - lo) / (hi - lo), 0, 1) * 255)
+        expected[gaps] = 0
+        np.testing.assert_array_equal(p.rgb, expected)

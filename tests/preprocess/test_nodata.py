@@ -88,6 +88,10 @@ def check_store(store, cube, gaps, padding, halo, labels=None):
     g = zarr.open_group(store, mode="r")
     np.testing.assert_array_equal(g["tiles"][...], reference_tiles(filled, scene.grid.tile, halo, padding))
     assert scene.verify() == []  # checksums of the filled tiles
+    # a window read gives the source back, its nodata value included (the fill is the tiles' own business)
+    h, w, _ = cube.shape
+    np.testing.assert_array_equal(scene.read(0, h, 0, w), cube)
+    np.testing.assert_array_equal(scene.read(h // 3, h // 2 + 1, 1, w - 2), cube[h // 3:h // 2 + 1, 1:w - 2])
     return scene
 
 
@@ -98,6 +102,16 @@ def test_geotiff_nodata_from_rasterio(tmp_path, dtype, padding):
     store = convert(write_tif(tmp_path / "c.tif", cube, nodata), tmp_path / "s.zarr", ConvertOptions(padding=padding, max_patch=7))
     scene = check_store(store, cube, gaps, padding, 3)
     assert scene.meta.nodata["value"] == nodata and scene.meta.nodata["labelled_dropped"] == 0
+
+
+def test_xarray_view_names_the_nodata_value(tmp_path):
+    pytest.importorskip("xarray")
+    cube, gaps = swath(21, 19, 3, "float32", -9999, seed=13)
+    store = convert(write_tif(tmp_path / "c.tif", cube, -9999), tmp_path / "s.zarr", ConvertOptions(max_patch=3))
+    da = hsgds.open_scene(store).to_xarray()
+    assert da.attrs["_FillValue"] == np.float32(-9999) and da.attrs["_FillValue"].dtype == np.float32
+    np.testing.assert_array_equal(da.values, cube)
+    assert int((da == da.attrs["_FillValue"]).all("band").sum()) == int(gaps.sum())
 
 
 def test_zero_padding_is_not_nodata_zero(tmp_path):
@@ -248,3 +262,33 @@ def test_convert_many_converts_again_when_nodata_changes(tmp_path):
         warnings.simplefilter("error")
         np.save(tmp_path / "c.npy", cube)  # a source that records none: nothing to say
         assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.npy") is None
+
+
+def test_a_z_scored_patch_reads_0_at_nodata_pixels(tmp_path):
+    """End to end: where a patch centred on a data pixel reaches over the swath's edge it reads the fill, the train
+    mean, which z-scores to 0 (within the rounding of an integer cube); its data pixels read their own values."""
+    torch = pytest.importorskip("torch")
+    cube, gaps = swath(40, 36, 4, "int16", -9999, seed=11)
+    labels = np.where(gaps, 0, np.random.default_rng(12).integers(1, 4, gaps.shape)).astype(np.uint8)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.npy", nodata=-9999,
+                                                                            train=0.5, max_patch=5))
+    stats = hsgds.open_scene(store).norm_stats
+    p, r = 5, 2
+    seen = 0
+    with hsgds.PatchLoader(store, patch_size=p, batch_size=64, split=None, device="cpu", return_coords=True,
+                           layout="NHWC", dtype=torch.float32) as loader:
+        for patches, _, coords in loader:
+            for patch, (y, x) in zip(patches.numpy(), coords.numpy()):
+                ys, xs = np.arange(y - r, y + r + 1), np.arange(x - r, x + r + 1)
+                inside = (ys[:, None] >= 0) & (ys[:, None] < 40) & (xs[None, :] >= 0) & (xs[None, :] < 36)
+                at = gaps[np.clip(ys, 0, 39)][:, np.clip(xs, 0, 35)] & inside
+                assert not gaps[y, x]
+                if at.any():
+                    seen += 1
+                    assert np.all(np.abs(patch[at]) <= 0.5 / stats.std + 1e-6)
+                data = inside & ~at
+                expected = (cube[np.clip(ys, 0, 39)][:, np.clip(xs, 0, 35)] - stats.mean) / stats.std
+                np.testing.assert_allclose(patch[data], expected[data], rtol=1e-5, atol=1e-5)
+    assert seen > 50
