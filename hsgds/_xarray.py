@@ -89,7 +89,8 @@ def scene_to_xarray(scene: Scene) -> Any:
     }
     if scene.class_names:
         attrs["class_names"] = list(scene.class_names)
-    if scene.has_nodata:  # read() gives the source's value at nodata pixels; rioxarray reads this as nodata
+    if scene.has_nodata and meta.nodata is not None:  # read() gives the source's value at nodata pixels;
+        # rioxarray reads this attribute as the nodata value
         attrs["_FillValue"] = np.asarray(float(meta.nodata["value"])).astype(scene.dtype)[()]
     if meta.georeference is not None:
         coords.update(_map_coordinates(meta.georeference, h, w))
