@@ -586,9 +586,22 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
                    device: str | None, tta: bool) -> None:
     from hsgds.inference import predict as run_predict
 
-    # the model file's input (layout, normalization, bands, statistics); the patch size checked above
-    classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
-                           probabilities=probabilities or False, out=out, tta=tta)
+    bar: Any = None
+    if sys.stderr.isatty():  # a large scene takes minutes: say how far it is
+        bar = click.progressbar(length=1, label=f"{Path(scene.path).name} pixels", file=sys.stderr)
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+    try:
+        # the model file's input (layout, normalization, bands, statistics); the patch size checked above
+        classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
+                               probabilities=probabilities or False, out=out, tta=tta, progress=progress)
+    finally:
+        if bar is not None:
+            bar.render_finish()
     counts = np.bincount(classmap.reshape(-1), minlength=2)
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {counted(int(counts[1:].sum()), 'pixel')} "
                f"predicted into {counted(int(np.count_nonzero(counts[1:])), 'class', 'classes')}"

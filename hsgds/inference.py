@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
             mask: Any = None, probabilities: Any = False, out: str | os.PathLike | None = None,
             engine: str = "auto", reader: str = "auto", ring_bytes: int | None = None, tta: bool = False,
             bands: Any = _UNSET, wavelengths: Any = _UNSET, wavelength_tolerance: Any = _UNSET,
-            norm_stats: Any = _UNSET) -> np.ndarray:
+            norm_stats: Any = _UNSET, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """Classify every pixel of a store with ``model``; return the (H, W) class map.
 
     Parameters
@@ -197,6 +198,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     probabilities : bool or path
         Also write the softmax of the logits as float16 (H, W, K) ``.npy``: True puts it beside ``out``
         (``<out stem>.probabilities.npy``), a path puts it there.
+    progress : callable or None
+        Called after every batch with (pixels predicted so far, pixels to predict); ``hsgds predict`` draws
+        its progress bar with it.
     out : path or None
         Write the map too, in the format of its suffix (``.tif``, ``.png``, ``.hdr``, ``.npy``; see
         :mod:`hsgds.writers`). Checked before any work; written atomically.
@@ -258,6 +262,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         where = "inside the mask" if mask is not None else "in the scene"
         raise ConfigError(f"{scene.path}: every pixel {where} has no data (the source's nodata value); nothing "
                           "to predict")
+    expected = h * w if keep is None else int(keep.sum())
     was_training = model.training
     _set_mode(model, False)
     probs = None
@@ -312,10 +317,11 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                         p = (scores if tta else torch.softmax(logits.float(), dim=1)).to(torch.float16).cpu().numpy()
                         probs.write(y.cpu().numpy(), x.cpu().numpy(), p)
                     done += n
+                    if progress is not None:
+                        progress(done, expected)
                     # drop this batch before the loader cuts the next: the engine then reuses its buffer
                     # (peak memory holds one batch, not two)
                     del patches, logits, scores
-            expected = h * w if keep is None else int(keep.sum())
             if done != expected:  # the loader's contract; a mismatch would be a bug, never a silent hole
                 raise RuntimeError(f"predicted {done} pixels, expected {expected}")
             if int(nonfinite):  # argmax of NaN logits is class 1: a map that looks valid

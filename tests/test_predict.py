@@ -124,6 +124,17 @@ def test_mask_leaves_zero_outside(store):
         predict(store, model, patch_size=3, mask=np.zeros((H, W), bool), device="cpu")
 
 
+def test_progress_counts_the_pixels_predicted(store):
+    """``progress`` hears of every batch: the pixels done so far, out of those to predict (under the mask)."""
+    mask = np.random.default_rng(9).random((H, W)) < 0.6
+    calls = []
+    predict(store, CentreCoordinates(), patch_size=3, batch_size=50, device="cpu", normalize=None, mask=mask,
+            progress=lambda done, total: calls.append((done, total)))
+    n = int(mask.sum())
+    assert [done for done, _ in calls] == [min(n, 50 * (i + 1)) for i in range(-(-n // 50))]
+    assert {total for _, total in calls} == {n}
+
+
 def test_probabilities_streamed_to_npy(store, tmp_path):
     model = RandomConv(3, k=4, seed=1)
     mask = np.ones((H, W), bool)
