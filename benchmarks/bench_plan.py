@@ -3,7 +3,7 @@ over one seeded scene of S x S pixels (default 2048 x 2048 x 32 uint16: 4.2M sam
 
     python benchmarks/bench_plan.py [--side 2048] [--bands 32] [--epochs 2] [--json out.json]
     python benchmarks/bench_plan.py --shares [STORE] [--json out.json]
-    python benchmarks/bench_plan.py --held 4096x1024 [--bands 4] [--labelled 0.1] [--train 0.3] [--split train]
+    python benchmarks/bench_plan.py --held 4096x1024 [--bands 4] [--labelled 0.1] [--train 0.3] [--split train] [--swath]
 
 For each epoch: the time from asking for the epoch's first batch to getting it (the plan is made there),
 then the time of the next 200 batches, and the peak RSS (VmHWM, reset at the start of each epoch) above
@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--labelled", type=float, default=0.1, help="--held: fraction of the pixels labelled")
     ap.add_argument("--train", type=float, default=0.3, help="--held: fraction of the labelled pixels in train")
     ap.add_argument("--split", default="train", help="--held: the loader's split")
+    ap.add_argument("--swath", action="store_true",
+                    help="--held: no data (-9999, converted with --nodata) outside a swath rotated ~7 degrees")
     ap.add_argument("--shares", nargs="?", const="", default=None, metavar="STORE",
                     help="measure how evenly ranks share an epoch (of STORE's train split, or a seeded scene's)")
     args = ap.parse_args()
@@ -170,11 +172,17 @@ def held(args: argparse.Namespace) -> None:
     h, w = (int(v) for v in args.held.split("x"))
     with tempfile.TemporaryDirectory(prefix="hsgds-bench-held-") as tmp:
         cube, labels = make_scene(h, w, args.bands, classes=8, dtype="int16", seed=0, labelled_fraction=args.labelled)
+        gaps = None
+        if args.swath:  # a flight line's raster: data in a slanted band, the fill value around it
+            y, x = np.mgrid[:h, :w]
+            gaps = (x < y // 8 + w // 8) | (x > y // 8 + w // 2)
+            cube[gaps], labels[gaps] = -9999, 0
         np.save(Path(tmp) / "cube.npy", cube)
         np.save(Path(tmp) / "gt.npy", labels)
         del cube
         store = convert(Path(tmp) / "cube.npy", Path(tmp) / "scene.zarr",
-                        ConvertOptions(labels=Path(tmp) / "gt.npy", max_patch=5, train=args.train, val=0.0))
+                        ConvertOptions(labels=Path(tmp) / "gt.npy", max_patch=5, train=args.train, val=0.0,
+                                       nodata=-9999.0 if args.swath else None))
         with hsgds.PatchLoader(store, patch_size=5, batch_size=256, pixels="all", split=args.split, shuffle=False,
                                device="cpu", ring_bytes=64 << 20) as loader:
             grid = loader.samples
@@ -182,11 +190,13 @@ def held(args: argparse.Namespace) -> None:
             listed = all_pixels(loader.scene, 1, args.split)
             table = sum(a.nbytes for a in loader.scene.sample_table().values())
             result = {"height": h, "width": w, "labelled": int(np.count_nonzero(labels)), "split": args.split,
+                      "nodata_pixels": 0 if gaps is None else int(gaps.sum()),
                       "train_fraction": args.train, "samples": len(grid), "samples_held_MB": grid_bytes / 1e6,
                       "listed_MB": listed.nbytes / 1e6,
                       "listed_bytes_per_sample": (listed.nbytes - listed.offsets.nbytes) / len(listed),
                       "store_sample_table_MB": table / 1e6}
-    print(f"{h}x{w}, {result['labelled']} labelled pixels, split={args.split!r}: {len(grid)} samples hold "
+    print(f"{h}x{w}, {result['labelled']} labelled pixels, {result['nodata_pixels']} nodata pixels, "
+          f"split={args.split!r}: {len(grid)} samples hold "
           f"{result['samples_held_MB']:.2f} MB, listed {result['listed_MB']:.1f} MB "
           f"({result['listed_bytes_per_sample']:.0f} B/sample); the store's sample table read for the "
           f"exclusions: {result['store_sample_table_MB']:.1f} MB", flush=True)
