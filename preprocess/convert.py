@@ -675,6 +675,9 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         if dropped:  # a labelled pixel without data: its spectrum is the fill, not the class's
             labels = np.where(gaps_map, 0, labels).astype(labels.dtype)
             table = _sample_table(labels, split_map, grid)
+            if split_params["method"] != "none" and not np.any(table["split"] == fmt.SPLIT_TRAIN):
+                raise InputError(f"every train pixel of the split is nodata in {src.name} (all bands {nodata:g}); "
+                                 "check the nodata value (--nodata), or split so that train pixels have data")
             warnings.warn(NodataWarning(
                 f"{dropped} labelled pixels of {Path(str(opts.labels)).name} are nodata in {src.name} (all bands "
                 f"{nodata:g}): they are left out of the store's labels and samples"), stacklevel=2)

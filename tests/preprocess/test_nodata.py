@@ -292,3 +292,22 @@ def test_a_z_scored_patch_reads_0_at_nodata_pixels(tmp_path):
                 expected = (cube[np.clip(ys, 0, 39)][:, np.clip(xs, 0, 35)] - stats.mean) / stats.std
                 np.testing.assert_allclose(patch[data], expected[data], rtol=1e-5, atol=1e-5)
     assert seen > 50
+
+
+def test_a_split_whose_train_pixels_are_all_nodata_is_refused(tmp_path):
+    """The split is made before the nodata pixels are found: if every train pixel turns out to be nodata, the
+    store would have a split without train pixels, which the converter refuses (its statistics would be the
+    scene's, and there is nothing to train on)."""
+    cube = np.random.default_rng(14).integers(1, 100, (20, 20, 3)).astype(np.int16)
+    cube[:10] = -9999
+    labels = np.zeros((20, 20), np.uint8)
+    labels[:10, :10], labels[15, 15] = 1, 2
+    train, test = np.zeros((20, 20), bool), np.zeros((20, 20), bool)
+    train[:10, :10], test[15, 15] = True, True
+    for name, a in (("c", cube), ("gt", labels), ("tm", train), ("te", test)):
+        np.save(tmp_path / f"{name}.npy", a)
+    options = ConvertOptions(labels=tmp_path / "gt.npy", nodata=-9999, split="masks", train_mask=tmp_path / "tm.npy",
+                             test_mask=tmp_path / "te.npy", max_patch=3)
+    with pytest.raises(hsgds.InputError, match=r"every train pixel of the split is nodata in c.npy \(all bands -9999\)"):
+        convert(tmp_path / "c.npy", tmp_path / "s.zarr", options)
+    assert not (tmp_path / "s.zarr").exists()
