@@ -108,7 +108,8 @@ class ConvertOptions:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if isinstance(self.nodata, str) and self.nodata != "none" or isinstance(self.nodata, float) and \
                 math.isinf(self.nodata):
-            raise ConfigError(f"--nodata must be a number, nan or none, got {self.nodata!r}")
+            raise ConfigError(f"nodata must be a number (float('nan') for NaN, not infinite) or 'none', got "
+                              f"{self.nodata!r}")
         if self.nan_fill is not None and not np.isfinite(self.nan_fill):
             raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
         # refused whether or not a split is made: a value that means nothing is a mistake either way

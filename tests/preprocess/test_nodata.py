@@ -222,10 +222,14 @@ def test_manifest_nodata_column(tmp_path):
 
 
 def test_bad_nodata_option():
-    with pytest.raises(hsgds.ConfigError, match="--nodata must be a number, nan or none"):
+    """ConvertOptions takes a float or "none" (the CLI parses its text with nodata_option): a string, even "nan",
+    is refused with a message that says how to give NaN."""
+    expected = r"^nodata must be a number \(float\('nan'\) for NaN, not infinite\) or 'none', got "
+    with pytest.raises(hsgds.ConfigError, match=expected + "inf$"):
         ConvertOptions(nodata=float("inf")).check()
-    with pytest.raises(hsgds.ConfigError, match="--nodata must be a number, nan or none"):
-        ConvertOptions(nodata="missing").check()
+    for text in ("missing", "nan"):
+        with pytest.raises(hsgds.ConfigError, match=expected + f"'{text}'$"):
+            ConvertOptions(nodata=text).check()
 
 
 def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
