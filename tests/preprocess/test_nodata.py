@@ -245,7 +245,7 @@ def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
 
 
 def test_convert_many_converts_again_when_nodata_changes(tmp_path):
-    from hsgds.preprocess.convert_many import _nodata_unrecorded, _options_differ
+    from hsgds.preprocess.convert_many import _options_differ, _source_nodata_differs
 
     cube, _ = swath(20, 20, 3, "int16", -9999, seed=10)
     write_tif(tmp_path / "c.tif", cube, -9999)
@@ -257,15 +257,15 @@ def test_convert_many_converts_again_when_nodata_changes(tmp_path):
         "--nodata none differs from the store's (-9999.0)"
     assert _options_differ(meta, ConvertOptions(max_patch=3, nodata=0.0)) == \
         "--nodata 0.0 differs from the store's (-9999.0)"
-    assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") is None
+    assert _source_nodata_differs(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") is None
     # a store of format v2 ignored the value its GeoTIFF records: converted again
     meta.format_version, meta.nodata = 2, None
-    assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") == \
+    assert _source_nodata_differs(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") == \
         "the source records nodata value -9999, which this format v2 store ignored"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         np.save(tmp_path / "c.npy", cube)  # a source that records none: nothing to say
-        assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.npy") is None
+        assert _source_nodata_differs(meta, ConvertOptions(max_patch=3), tmp_path / "c.npy") is None
 
 
 def test_a_z_scored_patch_reads_0_at_nodata_pixels(tmp_path):
@@ -315,3 +315,31 @@ def test_a_split_whose_train_pixels_are_all_nodata_is_refused(tmp_path):
     with pytest.raises(hsgds.InputError, match=r"every train pixel of the split is nodata in c.npy \(all bands -9999\)"):
         convert(tmp_path / "c.npy", tmp_path / "s.zarr", options)
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_convert_many_converts_again_when_a_given_nodata_is_no_longer_given(tmp_path):
+    """A store converted with a manifest's nodata value is converted again once the row gives none: the source's
+    own applies then (none for a .npy, the GeoTIFF's GDAL_NODATA), as in a fresh conversion; it was kept with
+    the old value."""
+    from hsgds.preprocess.convert_many import convert_scene, read_manifest
+
+    cube, gaps = swath(20, 20, 3, "int16", -9999, seed=15)
+    np.save(tmp_path / "a.npy", cube)
+    write_tif(tmp_path / "b.tif", cube, -9999)
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+
+    def run(manifest):
+        (tmp_path / "m.csv").write_text(manifest)
+        return [convert_scene(row, out, opts) for row in read_manifest(tmp_path / "m.csv")]
+
+    assert [r.status for r in run("source,nodata\na.npy,-9999\nb.tif,none\n")] == ["converted"] * 2
+    assert [r.status for r in run("source,nodata\na.npy,-9999\nb.tif,none\n")] == ["up to date"] * 2
+    again = run("source\na.npy\nb.tif\n")
+    assert [(r.status, r.reason) for r in again] == [
+        ("converted", "the source's nodata value (none) differs from the store's (-9999); no --nodata is given"),
+        ("converted", "the source's nodata value (-9999) differs from the store's (none); no --nodata is given")]
+    assert hsgds.open_scene(out / "a.zarr").meta.nodata is None
+    assert hsgds.open_scene(out / "b.zarr").meta.nodata["pixels"] == int(gaps.sum())
+    assert [r.status for r in run("source\na.npy\nb.tif\n")] == ["up to date"] * 2
