@@ -94,7 +94,10 @@ def _stretch(values: np.ndarray, percentiles: tuple[float, float], gaps: np.ndar
     out = np.zeros(values.shape, dtype=np.uint8)
     for c in range(values.shape[-1]):
         v = values[..., c].astype(np.float64)
-        lo, hi = np.percentile(v if gaps is None else v[~gaps], percentiles)
+        data = v if gaps is None else v[~gaps]
+        if not data.size:  # every sampled pixel is nodata (a thin swath seen every ``step`` pixels): all black
+            break
+        lo, hi = np.percentile(data, percentiles)
         if hi > lo:
             out[..., c] = np.round(np.clip((v - lo) / (hi - lo), 0.0, 1.0) * 255.0).astype(np.uint8)
     if gaps is not None:

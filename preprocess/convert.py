@@ -108,7 +108,8 @@ class ConvertOptions:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if isinstance(self.nodata, str) and self.nodata != "none" or isinstance(self.nodata, float) and \
                 math.isinf(self.nodata):
-            raise ConfigError(f"--nodata must be a number, nan or none, got {self.nodata!r}")
+            raise ConfigError(f"nodata must be a number (float('nan') for NaN, not infinite) or 'none', got "
+                              f"{self.nodata!r}")
         if self.nan_fill is not None and not np.isfinite(self.nan_fill):
             raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
         # refused whether or not a split is made: a value that means nothing is a mistake either way
@@ -675,6 +676,9 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         if dropped:  # a labelled pixel without data: its spectrum is the fill, not the class's
             labels = np.where(gaps_map, 0, labels).astype(labels.dtype)
             table = _sample_table(labels, split_map, grid)
+            if split_params["method"] != "none" and not np.any(table["split"] == fmt.SPLIT_TRAIN):
+                raise InputError(f"every train pixel of the split is nodata in {src.name} (all bands {nodata:g}); "
+                                 "check the nodata value (--nodata), or split so that train pixels have data")
             warnings.warn(NodataWarning(
                 f"{dropped} labelled pixels of {Path(str(opts.labels)).name} are nodata in {src.name} (all bands "
                 f"{nodata:g}): they are left out of the store's labels and samples"), stacklevel=2)

@@ -233,25 +233,32 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
     return None
 
 
-def _nodata_unrecorded(meta, opts: ConvertOptions, source: Path) -> str | None:
-    """Why a store written before format v3 (which ignored a source's nodata value) must be converted again:
-    its source records one that this conversion would apply (None: it records none, or --nodata is given,
-    which :func:`_options_differ` compares). Only GeoTIFF and ENVI record one; their headers are cheap."""
-    if meta.format_version >= 3 or opts.nodata is not None:
+def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | None:
+    """Why a store must be converted again when no nodata value is given (``--nodata`` nor the manifest's
+    column), so that the source's own applies: the store applied another, or none where the source records
+    one (a store written before format v3 ignored it; a v3 store was converted with ``--nodata`` since left
+    out). None: they agree, or a value is given, which :func:`_options_differ` compares. Only GeoTIFF and
+    ENVI record a value; their headers are cheap next to the verification of every tile that follows."""
+    if opts.nodata is not None:
         return None
+    had = None if meta.nodata is None else meta.nodata["value"]
+    value = None
     try:
-        if detect_format(source) not in ("tiff", "envi"):
-            return None
-        cube = open_cube(source)
-        try:
-            value = cube.nodata
-        finally:
-            cube.close()
+        if detect_format(source) in ("tiff", "envi"):
+            cube = open_cube(source)
+            try:
+                value = cube.nodata
+            finally:
+                cube.close()
     except (HsgdsError, OSError):
         return None  # the conversion itself names what is wrong with the source
-    if value is None:
+    want = None if value is None else fmt.nodata_value(value)
+    if want == had:
         return None
-    return f"the source records nodata value {value:g}, which this format v{meta.format_version} store ignored"
+    if meta.format_version < 3:
+        return f"the source records nodata value {value:g}, which this format v{meta.format_version} store ignored"
+    shown = ["none" if v is None else "nan" if v == "nan" else f"{v:g}" for v in (want, had)]
+    return f"the source's nodata value ({shown[0]}) differs from the store's ({shown[1]}); no --nodata is given"
 
 
 #: the reason of a scene converted for the first time (no store, and not listed by the last run)
@@ -277,7 +284,7 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
     meta = scene.meta
     if meta.source.get("name") != row.source.name:
         return f"source {meta.source.get('name')} -> {row.source.name}", {}
-    differ = _options_differ(meta, opts) or _nodata_unrecorded(meta, opts, row.source)
+    differ = _options_differ(meta, opts) or _source_nodata_differs(meta, opts, row.source)
     if differ:
         return differ, {}
     data = [row.source.parent / f for f in meta.source.get("files", [])]

@@ -201,3 +201,14 @@ def test_nodata_pixels_are_black_and_left_out_of_the_stretch(nodata_store):
             expected[..., c] = np.round(np.clip((values[..., c] - lo) / (hi - lo), 0, 1) * 255)
         expected[gaps] = 0
         np.testing.assert_array_equal(p.rgb, expected)
+
+
+def test_a_sampled_grid_of_nodata_pixels_alone_is_black(nodata_store):
+    """A scene sampled every ``step`` pixels may see no data pixel at all (here every sampled pixel is nodata):
+    the false colour is black, not an error from the percentiles of nothing."""
+    nodata = np.zeros((60, 44), bool)
+    nodata[::3, ::3] = True
+    store, _, _, _ = nodata_store(60, 44, 6, seed=5, tile=28, nodata=nodata)
+    p = preview_panels(store, bands=(5, 3, 1), max_size=20)
+    assert p.step == 3 and p.rgb.shape == (20, 15, 3)
+    assert not p.rgb.any()

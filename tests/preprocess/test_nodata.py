@@ -222,10 +222,14 @@ def test_manifest_nodata_column(tmp_path):
 
 
 def test_bad_nodata_option():
-    with pytest.raises(hsgds.ConfigError, match="--nodata must be a number, nan or none"):
+    """ConvertOptions takes a float or "none" (the CLI parses its text with nodata_option): a string, even "nan",
+    is refused with a message that says how to give NaN."""
+    expected = r"^nodata must be a number \(float\('nan'\) for NaN, not infinite\) or 'none', got "
+    with pytest.raises(hsgds.ConfigError, match=expected + "inf$"):
         ConvertOptions(nodata=float("inf")).check()
-    with pytest.raises(hsgds.ConfigError, match="--nodata must be a number, nan or none"):
-        ConvertOptions(nodata="missing").check()
+    for text in ("missing", "nan"):
+        with pytest.raises(hsgds.ConfigError, match=expected + f"'{text}'$"):
+            ConvertOptions(nodata=text).check()
 
 
 def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
@@ -241,7 +245,7 @@ def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
 
 
 def test_convert_many_converts_again_when_nodata_changes(tmp_path):
-    from hsgds.preprocess.convert_many import _nodata_unrecorded, _options_differ
+    from hsgds.preprocess.convert_many import _options_differ, _source_nodata_differs
 
     cube, _ = swath(20, 20, 3, "int16", -9999, seed=10)
     write_tif(tmp_path / "c.tif", cube, -9999)
@@ -253,15 +257,15 @@ def test_convert_many_converts_again_when_nodata_changes(tmp_path):
         "--nodata none differs from the store's (-9999.0)"
     assert _options_differ(meta, ConvertOptions(max_patch=3, nodata=0.0)) == \
         "--nodata 0.0 differs from the store's (-9999.0)"
-    assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") is None
+    assert _source_nodata_differs(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") is None
     # a store of format v2 ignored the value its GeoTIFF records: converted again
     meta.format_version, meta.nodata = 2, None
-    assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") == \
+    assert _source_nodata_differs(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") == \
         "the source records nodata value -9999, which this format v2 store ignored"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         np.save(tmp_path / "c.npy", cube)  # a source that records none: nothing to say
-        assert _nodata_unrecorded(meta, ConvertOptions(max_patch=3), tmp_path / "c.npy") is None
+        assert _source_nodata_differs(meta, ConvertOptions(max_patch=3), tmp_path / "c.npy") is None
 
 
 def test_a_z_scored_patch_reads_0_at_nodata_pixels(tmp_path):
@@ -292,3 +296,50 @@ def test_a_z_scored_patch_reads_0_at_nodata_pixels(tmp_path):
                 expected = (cube[np.clip(ys, 0, 39)][:, np.clip(xs, 0, 35)] - stats.mean) / stats.std
                 np.testing.assert_allclose(patch[data], expected[data], rtol=1e-5, atol=1e-5)
     assert seen > 50
+
+
+def test_a_split_whose_train_pixels_are_all_nodata_is_refused(tmp_path):
+    """The split is made before the nodata pixels are found: if every train pixel turns out to be nodata, the
+    store would have a split without train pixels, which the converter refuses (its statistics would be the
+    scene's, and there is nothing to train on)."""
+    cube = np.random.default_rng(14).integers(1, 100, (20, 20, 3)).astype(np.int16)
+    cube[:10] = -9999
+    labels = np.zeros((20, 20), np.uint8)
+    labels[:10, :10], labels[15, 15] = 1, 2
+    train, test = np.zeros((20, 20), bool), np.zeros((20, 20), bool)
+    train[:10, :10], test[15, 15] = True, True
+    for name, a in (("c", cube), ("gt", labels), ("tm", train), ("te", test)):
+        np.save(tmp_path / f"{name}.npy", a)
+    options = ConvertOptions(labels=tmp_path / "gt.npy", nodata=-9999, split="masks", train_mask=tmp_path / "tm.npy",
+                             test_mask=tmp_path / "te.npy", max_patch=3)
+    with pytest.raises(hsgds.InputError, match=r"every train pixel of the split is nodata in c.npy \(all bands -9999\)"):
+        convert(tmp_path / "c.npy", tmp_path / "s.zarr", options)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_convert_many_converts_again_when_a_given_nodata_is_no_longer_given(tmp_path):
+    """A store converted with a manifest's nodata value is converted again once the row gives none: the source's
+    own applies then (none for a .npy, the GeoTIFF's GDAL_NODATA), as in a fresh conversion; it was kept with
+    the old value."""
+    from hsgds.preprocess.convert_many import convert_scene, read_manifest
+
+    cube, gaps = swath(20, 20, 3, "int16", -9999, seed=15)
+    np.save(tmp_path / "a.npy", cube)
+    write_tif(tmp_path / "b.tif", cube, -9999)
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+
+    def run(manifest):
+        (tmp_path / "m.csv").write_text(manifest)
+        return [convert_scene(row, out, opts) for row in read_manifest(tmp_path / "m.csv")]
+
+    assert [r.status for r in run("source,nodata\na.npy,-9999\nb.tif,none\n")] == ["converted"] * 2
+    assert [r.status for r in run("source,nodata\na.npy,-9999\nb.tif,none\n")] == ["up to date"] * 2
+    again = run("source\na.npy\nb.tif\n")
+    assert [(r.status, r.reason) for r in again] == [
+        ("converted", "the source's nodata value (none) differs from the store's (-9999); no --nodata is given"),
+        ("converted", "the source's nodata value (-9999) differs from the store's (none); no --nodata is given")]
+    assert hsgds.open_scene(out / "a.zarr").meta.nodata is None
+    assert hsgds.open_scene(out / "b.zarr").meta.nodata["pixels"] == int(gaps.sum())
+    assert [r.status for r in run("source\na.npy\nb.tif\n")] == ["up to date"] * 2
