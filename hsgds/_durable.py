@@ -68,8 +68,13 @@ def rename_error(exc: OSError, action: str, retry: str) -> StoreError:
 
 
 def _host() -> str:
-    """This machine's name as a file name may hold it (no separators of ours)."""
-    return "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+    """Where process ids mean something, as a file name may hold it: the machine's name and, on Linux, its
+    pid namespace (containers sharing a host name, e.g. with --network host, each count their own pids)."""
+    name = "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+    try:
+        return f"{name}_{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return name
 
 
 def partial_path(target: Path) -> Path:

@@ -388,8 +388,12 @@ def nodata_problem(record: Any, pixels: int) -> str | None:
         n = record.get(key)
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= pixels:
             return f"{key} must be an integer in 0..{pixels}"
-    if record.get("fill") not in NODATA_FILLS + (None,):
-        return f"fill must be one of {', '.join(map(repr, NODATA_FILLS))} or null"
+    if record["labelled_dropped"] > record["pixels"]:
+        return "labelled_dropped counts nodata pixels, so it cannot exceed pixels"
+    if record["pixels"] and record.get("fill") not in NODATA_FILLS:
+        return f"fill must be one of {', '.join(map(repr, NODATA_FILLS))} when pixels > 0"
+    if not record["pixels"] and record.get("fill") is not None:
+        return "fill must be null when no pixel is nodata (nothing was filled)"
     return None
 
 

@@ -210,7 +210,7 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
     if opts.nodata is not None:  # given: the store must have applied this very value (or none)
         had = None if meta.nodata is None else meta.nodata["value"]
         want = None if opts.nodata == "none" else fmt.nodata_value(float(opts.nodata))
-        if had != want and not (want == "nan" and had == "nan"):
+        if had != want:
             return _differs("--nodata", want if want is not None else "none", had)
     split = meta.converted_split if meta.converted_split is not None else meta.split or {}
     if split.get("method", "none") != "none":

@@ -103,6 +103,13 @@ _NAN = float("nan")
     ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "epsg": "4326"}, "georeference .*epsg must"),
     ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "crs_wkt": ""}, "georeference .*crs_wkt must"),
     ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "path": "/etc"}, "georeference .*unknown keys"),
+    ("nodata", [1], "nodata = .*must be an object or null"),
+    ("nodata", {"value": "x", "pixels": 0, "labelled_dropped": 0, "fill": None}, "value must be a finite number"),
+    ("nodata", {"value": -1, "pixels": 901, "labelled_dropped": 0, "fill": "train mean"},
+     r"pixels must be an integer in 0\.\.900"),
+    ("nodata", {"value": -1, "pixels": 3, "labelled_dropped": 4, "fill": "train mean"}, "cannot exceed pixels"),
+    ("nodata", {"value": -1, "pixels": 3, "labelled_dropped": 0, "fill": None}, "fill must be one of .* when pixels"),
+    ("nodata", {"value": -1, "pixels": 0, "labelled_dropped": 0, "fill": "train mean"}, "fill must be null"),
 ])
 def test_invalid_root_metadata_is_a_store_error(store, key, value, message):
     _set_attr(store, key, value)
