@@ -150,7 +150,7 @@ _SCENE_OPTIONS = [
     click.option("--nan-fill", type=float, help="Replace NaN/Inf in the cube by this value (refused otherwise)."),
     click.option("--nodata", help="Value marking pixels without data (every band equal to it), e.g. -9999 or nan; "
                                   "they are never samples and are not predicted. Default: the source's own "
-                                  "(GeoTIFF GDAL_NODATA, ENVI 'data ignore value'); none: ignore it."),
+                                  "(GeoTIFF GDAL_NODATA, ENVI 'data ignore value', HDF5/netCDF _FillValue); none: ignore it."),
     click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...)."),
     click.option("--wavelengths", help="Band centres in nm, comma-separated, or a text file of them (commas, spaces "
                                        "or one per line), for sources that do not record them (.npy, .mat, HDF5, "

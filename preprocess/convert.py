@@ -70,7 +70,7 @@ class ConvertOptions:
     seed: int = 0
     nan_fill: float | None = None
     #: the value marking pixels without data: None takes the source's own (GeoTIFF GDAL_NODATA, ENVI data
-    #: ignore value), "none" ignores it, a number (NaN allowed) overrides it
+    #: ignore value, HDF5/netCDF _FillValue), "none" ignores it, a number (NaN allowed) overrides it
     nodata: float | str | None = None
     class_names: tuple[str, ...] | None = None
     wavelengths: tuple[float, ...] | None = None  # band centres (nm) for sources that do not record them

@@ -237,15 +237,16 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
     """Why a store must be converted again when no nodata value is given (``--nodata`` nor the manifest's
     column), so that the source's own applies: the store applied another, or none where the source records
     one (a store written before format v3 ignored it; a v3 store was converted with ``--nodata`` since left
-    out). None: they agree, or a value is given, which :func:`_options_differ` compares. Only GeoTIFF and
-    ENVI record a value; their headers are cheap next to the verification of every tile that follows."""
+    out). None: they agree, or a value is given, which :func:`_options_differ` compares. Only GeoTIFF, ENVI
+    and HDF5/netCDF (``_FillValue``) record a value; their headers are cheap next to the verification of
+    every tile that follows."""
     if opts.nodata is not None:
         return None
     had = None if meta.nodata is None else meta.nodata["value"]
     value = None
     try:
-        if detect_format(source) in ("tiff", "envi"):
-            cube = open_cube(source)
+        if detect_format(source) in ("tiff", "envi", "hdf5"):
+            cube = open_cube(source, key=opts.key, band_axis=opts.band_axis)
             try:
                 value = cube.nodata
             finally:

@@ -190,7 +190,8 @@ class SourceCube(Protocol):
     files: list[Path]
     #: ``{"transform", "crs_wkt", "epsg"}`` (see :func:`hsgds.format.georeference_problem`) or None
     georeference: dict[str, Any] | None
-    #: the value the file says marks pixels without data (GeoTIFF GDAL_NODATA, ENVI data ignore value), or None
+    #: the value the file says marks pixels without data (GeoTIFF GDAL_NODATA, ENVI data ignore value, HDF5/netCDF
+    #: _FillValue), or None
     nodata: float | None
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:

@@ -18,9 +18,10 @@ from hsgds.preprocess.readers.base import (
     check_dtype,
     check_fits_in_memory,
     parse_failure,
+    parse_nodata,
 )
 
-__all__ = ["band_axes", "choose_variable", "list_datasets", "open_hdf5", "read_hdf5_labels"]
+__all__ = ["band_axes", "choose_variable", "declared_nodata", "list_datasets", "open_hdf5", "read_hdf5_labels"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
@@ -143,6 +144,28 @@ def check_dataset(dataset: h5py.Dataset, name: str, path: Path, *, whole: bool) 
         check_fits_in_memory(nbytes, f"dataset {name!r} in {path.name}", "check the file")
 
 
+#: CF's attributes for a variable's nodata value, in the order netCDF reads them
+_NODATA_ATTRS = ("_FillValue", "missing_value")
+
+
+def declared_nodata(dataset: h5py.Dataset, name: str, path: Path) -> float | None:
+    """The value a netCDF-4 / HDF5 product declares for pixels without data (CF's ``_FillValue``, else a single
+    ``missing_value``: EMIT's reflectance says -9999), or None. netCDF writes ``_FillValue`` only when the
+    producer set one, so a declared value is meant."""
+    for attr in _NODATA_ATTRS:
+        if attr not in dataset.attrs:
+            continue
+        value = np.asarray(dataset.attrs[attr]).reshape(-1)
+        if value.size != 1:
+            if attr == "missing_value":
+                return None  # several missing values (CF allows a list): no single nodata value to apply
+            raise InputError(f"dataset {name!r} in {path.name}: attribute {attr} holds {value.size} values, not one; "
+                             "fix it, or pass --nodata VALUE")
+        text = value[0].decode(errors="replace") if isinstance(value[0], bytes) else str(value[0])
+        return parse_nodata(text, f"dataset {name!r} in {path.name}", f"fix its {attr} attribute")
+    return None
+
+
 def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
     """Open one 3-D dataset of an HDF5 file as a cube; the file stays open until ``close()``.
 
@@ -161,7 +184,9 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
             return dataset
 
         dataset = guarded(path, "HDF5", select)
-        return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close))
+        nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, dataset.name.lstrip("/"), path))
+        return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close,
+                                                        nodata=nodata))
     except BaseException:
         f.close()
         raise

@@ -343,3 +343,30 @@ def test_convert_many_converts_again_when_a_given_nodata_is_no_longer_given(tmp_
     assert hsgds.open_scene(out / "a.zarr").meta.nodata is None
     assert hsgds.open_scene(out / "b.zarr").meta.nodata["pixels"] == int(gaps.sum())
     assert [r.status for r in run("source\na.npy\nb.tif\n")] == ["up to date"] * 2
+
+
+def test_hdf5_fill_value_as_netcdf_products_declare_it(tmp_path):
+    """An EMIT-like netCDF-4/HDF5 product: reflectance (downtrack, crosstrack, bands) float32 whose _FillValue
+    attribute (-9999, a one-element array, as netCDF writes it) marks the pixels outside the swath."""
+    import h5py
+
+    cube, gaps = swath(26, 22, 5, "float32", -9999, seed=14)
+    with h5py.File(tmp_path / "emit.nc", "w") as f:
+        d = f.create_dataset("reflectance", data=cube)
+        d.attrs["_FillValue"] = np.array([-9999.0], np.float32)
+        f.create_dataset("elev", data=np.zeros((26, 22), np.float32))  # a 2-D variable beside it, as in EMIT
+    store = convert(tmp_path / "emit.nc", tmp_path / "s.zarr", ConvertOptions(max_patch=3))
+    scene = check_store(store, cube, gaps, "reflect", 1)
+    assert scene.meta.nodata["value"] == -9999
+    # missing_value is read when _FillValue is absent; several missing values name no single one
+    for attr, value, pixels in (("missing_value", np.float32(-9999), int(gaps.sum())),
+                                ("missing_value", np.array([-9999.0, -1.0], np.float32), None)):
+        with h5py.File(tmp_path / "m.h5", "w") as f:
+            f.create_dataset("cube", data=cube).attrs[attr] = value
+        store = convert(tmp_path / "m.h5", tmp_path / "m.zarr", ConvertOptions(max_patch=3, overwrite=True))
+        record = hsgds.open_scene(store).meta.nodata
+        assert (record["pixels"] if record else None) == pixels
+    with h5py.File(tmp_path / "bad.h5", "w") as f:
+        f.create_dataset("cube", data=cube).attrs["_FillValue"] = np.array([1.0, 2.0], np.float32)
+    with pytest.raises(hsgds.InputError, match=r"dataset 'cube' in bad.h5: attribute _FillValue holds 2 values"):
+        convert(tmp_path / "bad.h5", tmp_path / "b.zarr", ConvertOptions(max_patch=3))
