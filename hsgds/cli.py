@@ -114,7 +114,7 @@ def _echo_nodata(store) -> None:
     record = open_scene(store).meta.nodata
     if record and record["pixels"]:
         value = record["value"] if isinstance(record["value"], str) else f"{record['value']:g}"
-        click.echo(f"nodata: {record['pixels']} pixels (every band {value}), left out of samples and "
+        click.echo(f"nodata: {counted(record['pixels'], 'pixel')} (every band {value}), left out of samples and "
                    f"predictions; the tiles hold the {record['fill']} there")
 
 
@@ -265,6 +265,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     def progress(result, done: int, total: int) -> None:
         nonlocal tiles
         tiles += result.tiles
+        for said in result.warnings:  # recorded on the worker: shown here, as `hsgds convert` shows them
+            click.echo(f"{chr(10) if bar else ''}hsgds: warning: {result.name}: {said}", err=True)
         if result.status == "failed":
             click.echo(f"\nhsgds: failed: {result.name}: {result.reason}" if bar else
                        f"hsgds: failed: {result.name}: {result.reason}", err=True)

@@ -34,7 +34,7 @@ from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import detect_format, open_cube, read_labels
-from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, sha256_of, source_stamps
+from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, sha256_of, source_stamps
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
 try:
@@ -72,6 +72,8 @@ class ConvertOptions:
     #: the value marking pixels without data: None takes the source's own (GeoTIFF GDAL_NODATA, ENVI data
     #: ignore value, HDF5/netCDF _FillValue), "none" ignores it, a number (NaN allowed) overrides it
     nodata: float | str | None = None
+    #: what gave ``nodata``, as messages name it: convert-many's may come from a manifest column, not the option
+    nodata_from: str = "--nodata"
     class_names: tuple[str, ...] | None = None
     wavelengths: tuple[float, ...] | None = None  # band centres (nm) for sources that do not record them
     #: what gave ``wavelengths``, as messages name it: convert-many's come from a manifest column, not the option
@@ -355,7 +357,7 @@ def _nodata_of(opts: ConvertOptions, cube: SourceCube) -> float | None:
         return None
     if opts.nodata is not None:
         return float(opts.nodata)
-    return getattr(cube, "nodata", None)
+    return recorded_nodata(cube)
 
 
 def _nodata_pixels(tile: np.ndarray, value: float, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:

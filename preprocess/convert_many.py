@@ -18,6 +18,7 @@ import secrets
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +29,17 @@ from hsgds._optional import require
 from hsgds._wording import clipped, counted
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
-from hsgds.preprocess.convert import ConvertOptions, convert, nodata_option, remove_stale, wavelength_list
+from hsgds.preprocess.convert import (
+    ConvertOptions,
+    NodataWarning,
+    convert,
+    nodata_option,
+    remove_stale,
+    wavelength_list,
+)
 from hsgds.preprocess.readers import detect_format, open_cube
-from hsgds.preprocess.readers.base import sha256_of, source_stamps
+from hsgds.preprocess.readers.base import recorded_nodata, sha256_of, source_stamps
+from hsgds.preprocess.splits import SplitWarning
 from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
@@ -58,8 +67,9 @@ class ManifestRow:
         """``opts`` for this scene: its labels, its keys where given, its wavelengths and nodata value where given
         (wavelengths named as the manifest's, not as --wavelengths, which the user may not have passed)."""
         opts = dataclasses.replace(opts, key=self.key or opts.key, labels=self.labels,
-                                   labels_key=self.labels_key or opts.labels_key,
-                                   nodata=opts.nodata if self.nodata is None else self.nodata)
+                                   labels_key=self.labels_key or opts.labels_key)
+        if self.nodata is not None:
+            opts = dataclasses.replace(opts, nodata=self.nodata, nodata_from="the manifest's nodata column")
         if self.wavelengths is None:
             return opts
         named = "the manifest's wavelengths column" + (f" ({self.wavelengths_file.name})" if self.wavelengths_file else "")
@@ -172,6 +182,9 @@ class SceneResult:
     source_bytes: int = 0
     store_bytes: int = 0
     seconds: float = 0.0
+    #: what the conversion warned of (labelled pixels without data, classes a split could not split), one line
+    #: each: the worker's own stderr is not the user's terminal (or is another machine's)
+    warnings: tuple[str, ...] = ()
 
 
 def _stamps(paths: list[Path]) -> dict[str, tuple[int, int]]:
@@ -211,7 +224,7 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
         had = None if meta.nodata is None else meta.nodata["value"]
         want = None if opts.nodata == "none" else fmt.nodata_value(float(opts.nodata))
         if had != want:
-            return _differs("--nodata", want if want is not None else "none", had)
+            return _differs(opts.nodata_from, _nodata_text(want), _nodata_text(had))
     split = meta.converted_split if meta.converted_split is not None else meta.split or {}
     if split.get("method", "none") != "none":
         if split.get("method") != opts.split:
@@ -233,6 +246,11 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
     return None
 
 
+def _nodata_text(value: float | str | None) -> str:
+    """A nodata value as a message shows it: -9999 (not -9999.0), nan, none."""
+    return "none" if value is None else value if isinstance(value, str) else f"{value:g}"
+
+
 def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | None:
     """Why a store must be converted again when no nodata value is given (``--nodata`` nor the manifest's
     column), so that the source's own applies: the store applied another, or none where the source records
@@ -248,7 +266,7 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
         if detect_format(source) in ("tiff", "envi", "hdf5"):
             cube = open_cube(source, key=opts.key, band_axis=opts.band_axis)
             try:
-                value = cube.nodata
+                value = recorded_nodata(cube)
             finally:
                 cube.close()
     except (HsgdsError, OSError):
@@ -333,8 +351,18 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
         remove_stale(store)  # temporary folders a killed worker left behind
         reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps, listed)
         started_ns = time.time_ns()
+        said: tuple[str, ...] = ()
         if reason is not None:
-            convert(row.source, store, opts)
+            # recorded, not printed on the worker (a worker runs one task at a time, so the warnings are this
+            # scene's; on a cluster whose workers run several threads another scene's could be caught here)
+            with warnings.catch_warnings(record=True) as caught:
+                for category in (NodataWarning, SplitWarning):
+                    warnings.simplefilter("always", category)
+                convert(row.source, store, opts)
+            said = tuple(str(w.message) for w in caught if issubclass(w.category, (NodataWarning, SplitWarning)))
+            for w in caught:  # anything else as it would have been shown
+                if not issubclass(w.category, (NodataWarning, SplitWarning)):
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         scene = open_scene(store)
         if reason is not None:
             # convert() refused sources that changed while it ran; files touched since it started may
@@ -349,7 +377,7 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
                            tiles=scene.grid.num_tiles if status == "converted" else 0,
                            source_bytes=source_bytes if status == "converted" else 0,
                            store_bytes=scene.grid.num_tiles * scene.grid.tile_nbytes if status == "converted" else 0,
-                           seconds=time.perf_counter() - t0)
+                           seconds=time.perf_counter() - t0, warnings=said)
     except Exception as exc:  # noqa: BLE001 - every failure becomes this scene's one-line reason
         return SceneResult(row.name, "failed", _one_line(exc), seconds=time.perf_counter() - t0)
 

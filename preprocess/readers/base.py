@@ -180,6 +180,19 @@ def parse_nodata(text: str, where: str, fix: str) -> float:
     return value
 
 
+#: how a message about a source's unreadable nodata value ends: the options that make the converter ignore it
+OVERRIDE_NODATA = "or override it with --nodata VALUE (or --nodata none)"
+
+
+def recorded_nodata(cube: Any) -> float | None:
+    """The nodata value ``cube``'s file records (None: it records none). A value the file records but that is
+    no number is an InputError only here, when it is used, so ``--nodata VALUE`` or ``none`` can override it."""
+    error = getattr(cube, "nodata_error", None)
+    if error is not None:
+        raise InputError(error)
+    return getattr(cube, "nodata", None)
+
+
 class SourceCube(Protocol):
     """A hyperspectral cube as the converter sees it: (H, W, B), read in windows."""
 
@@ -218,6 +231,8 @@ class ArrayCube:
     closer: Any = None
     georeference: dict[str, Any] | None = None
     nodata: float | None = None
+    #: why the nodata value the file records cannot be used (not a number), raised by :func:`recorded_nodata`
+    nodata_error: str | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

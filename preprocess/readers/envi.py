@@ -9,7 +9,7 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds.errors import InputError
-from hsgds.preprocess.readers.base import ArrayCube, parse_nodata
+from hsgds.preprocess.readers.base import OVERRIDE_NODATA, ArrayCube, parse_nodata
 
 __all__ = ["DATA_SUFFIXES", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
 
@@ -349,6 +349,13 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
     """Open an ENVI image as a memory-mapped cube; ``files`` is ``[binary, header]``."""
     array, axes, header = _memmap(binary, header_path)
     bands = array.shape[axes.index("B")]
+    nodata, nodata_error = None, None
+    if "data ignore value" in header:
+        try:
+            nodata = parse_nodata(header["data ignore value"], f"ENVI header {header_path}",
+                                  f"fix or remove 'data ignore value', {OVERRIDE_NODATA}")
+        except InputError as exc:  # refused when used: --nodata may override it
+            nodata_error = str(exc)
     cube = ArrayCube(
         array,
         axes=axes,
@@ -356,8 +363,8 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         band_names=_band_names(header, bands, header_path),
         files=[binary, header_path],
         georeference=_georeference(header, header_path),
-        nodata=None if "data ignore value" not in header else parse_nodata(
-            header["data ignore value"], f"ENVI header {header_path}", "fix or remove 'data ignore value'"),
+        nodata=nodata,
+        nodata_error=nodata_error,
     )
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)

@@ -19,6 +19,7 @@ import tifffile
 from hsgds import format as fmt
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import (
+    OVERRIDE_NODATA,
     ArrayCube,
     check_decoded_size,
     check_dtype,
@@ -169,8 +170,12 @@ def _load(path: Path, geo: dict[str, Any] | None = None) -> tuple[np.ndarray, st
             if geo is not None:
                 geo["georeference"] = _georeference(tif, path)
                 tag = tif.pages[0].tags.get("GDAL_NODATA")  # GDAL's nodata, as text: "-9999", "nan"
-                geo["nodata"] = None if tag is None else parse_nodata(
-                    tag.value, path.name, "fix the GDAL_NODATA tag (gdal_edit.py -a_nodata VALUE, or -unsetnodata)")
+                try:
+                    geo["nodata"] = None if tag is None else parse_nodata(
+                        tag.value, path.name,
+                        f"fix the GDAL_NODATA tag (gdal_edit.py -a_nodata VALUE, or -unsetnodata), {OVERRIDE_NODATA}")
+                except InputError as exc:  # refused when used: --nodata may override it
+                    geo["nodata_error"] = str(exc)
             series = tif.series[0]
             axes, shape = series.axes, tuple(series.shape)
             dtype = np.dtype(series.dtype)
@@ -213,7 +218,8 @@ def open_tiff(path: Path) -> ArrayCube:
             "save the cube as (H, W, B) with planarconfig contig or as (B, H, W) pages"
         )
     check_dtype(array.dtype, path.name)
-    cube = ArrayCube(array, axes=order, files=[path], georeference=geo.get("georeference"), nodata=geo.get("nodata"))
+    cube = ArrayCube(array, axes=order, files=[path], georeference=geo.get("georeference"), nodata=geo.get("nodata"),
+                     nodata_error=geo.get("nodata_error"))
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
     return cube

@@ -500,3 +500,23 @@ def test_ctrl_c_exits_130_and_the_same_command_finishes(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     check_collection(out, arrays, tmp_path)
+
+
+def test_a_scenes_warnings_are_shown_by_the_command_with_its_name(cluster, tmp_path, run_cli):
+    """What a conversion warns of on a worker (labelled pixels without data) is not printed there, where the
+    user does not see it (a worker's stderr, or another machine's), but by the command, one line naming the
+    scene, as `hsgds convert` shows it; an up-to-date scene says nothing again."""
+    cube, labels = make_scene(24, 20, 4, classes=3, seed=5)
+    cube[:, :6] = -9999  # a strip without data, with labelled pixels on it
+    labels[:, :6] = 1
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    (tmp_path / "m.csv").write_text("source,labels,name,nodata\nc.npy,gt.npy,strip,-9999\n")
+    args = ("convert-many", tmp_path / "m.csv", "-o", tmp_path / "out", "--max-patch", "3",
+            "--scheduler", cluster.scheduler_address)
+    code, _, stderr = run_cli(*args)
+    assert code == 0, stderr
+    assert f"hsgds: warning: strip: {24 * 6} labelled pixels of gt.npy are nodata in c.npy (all bands -9999): they are " \
+           "left out of the store's labels and samples" in stderr.splitlines()
+    code, _, stderr = run_cli(*args)
+    assert code == 0 and "warning" not in stderr, stderr

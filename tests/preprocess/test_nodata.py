@@ -205,6 +205,27 @@ def test_bad_recorded_nodata_is_one_line(tmp_path, text):
         convert(tmp_path / "e.hdr", tmp_path / "s.zarr", ConvertOptions())
 
 
+@pytest.mark.parametrize("fmt_", ["envi", "tiff"])
+def test_bad_recorded_nodata_can_be_overridden(tmp_path, fmt_):
+    """A nodata value the file records but that is no number stops the conversion only when it would be used:
+    --nodata VALUE or --nodata none converts the file as it is (a read-only archive need not be rewritten)."""
+    cube = np.zeros((4, 5, 2), np.int16)
+    cube[0, 0] = -9999
+    if fmt_ == "envi":
+        envi.save_image(str(tmp_path / "e.hdr"), cube, metadata={"data ignore value": "abc"}, ext=".img")
+        src, fix = tmp_path / "e.hdr", "fix or remove 'data ignore value'"
+    else:
+        tifffile = pytest.importorskip("tifffile")
+        tifffile.imwrite(tmp_path / "e.tif", cube, planarconfig="contig", extratags=[(42113, "s", 0, "abc", True)])
+        src, fix = tmp_path / "e.tif", r"fix the GDAL_NODATA tag \(gdal_edit.py -a_nodata VALUE, or -unsetnodata\)"
+    with pytest.raises(hsgds.InputError, match=rf"nodata value 'abc' is not a number; {fix}, or override it with "
+                                               r"--nodata VALUE \(or --nodata none\)$"):
+        convert(src, tmp_path / "s.zarr", ConvertOptions(max_patch=3))
+    assert hsgds.open_scene(convert(src, tmp_path / "n.zarr", ConvertOptions(max_patch=3, nodata="none"))).meta.nodata is None
+    record = hsgds.open_scene(convert(src, tmp_path / "v.zarr", ConvertOptions(max_patch=3, nodata=-9999))).meta.nodata
+    assert record["value"] == -9999 and record["pixels"] == 1
+
+
 def test_manifest_nodata_column(tmp_path):
     """A manifest row's nodata value is that scene's; an empty cell takes --nodata; a bad one names its line."""
     from hsgds.preprocess.convert_many import read_manifest
@@ -219,6 +240,16 @@ def test_manifest_nodata_column(tmp_path):
     (tmp_path / "m.csv").write_text("source,nodata\na.npy,-9999\nb.npy,minus one\n")
     with pytest.raises(hsgds.InputError, match=r"line 3: nodata: 'minus one' is not a number, nan or none"):
         read_manifest(tmp_path / "m.csv")
+
+
+def test_cli_counts_one_nodata_pixel_in_the_singular(tmp_path, run_cli):
+    cube = np.ones((3, 2, 4), np.int16)
+    cube[0, 0] = -9999
+    np.save(tmp_path / "c.npy", cube)
+    code, out, err = run_cli("convert", tmp_path / "c.npy", "-o", tmp_path / "s.zarr", "--nodata", "-9999",
+                             "--max-patch", "3")
+    assert code == 0, err
+    assert "nodata: 1 pixel (every band -9999), left out of samples" in out
 
 
 def test_bad_nodata_option():
@@ -254,9 +285,9 @@ def test_convert_many_converts_again_when_nodata_changes(tmp_path):
     assert _options_differ(meta, ConvertOptions(max_patch=3)) is None  # the source's own value, as converted
     assert _options_differ(meta, ConvertOptions(max_patch=3, nodata=-9999.0)) is None
     assert _options_differ(meta, ConvertOptions(max_patch=3, nodata="none")) == \
-        "--nodata none differs from the store's (-9999.0)"
+        "--nodata none differs from the store's (-9999)"
     assert _options_differ(meta, ConvertOptions(max_patch=3, nodata=0.0)) == \
-        "--nodata 0.0 differs from the store's (-9999.0)"
+        "--nodata 0 differs from the store's (-9999)"
     assert _source_nodata_differs(meta, ConvertOptions(max_patch=3), tmp_path / "c.tif") is None
     # a store of format v2 ignored the value its GeoTIFF records: converted again
     meta.format_version, meta.nodata = 2, None
@@ -266,6 +297,21 @@ def test_convert_many_converts_again_when_nodata_changes(tmp_path):
         warnings.simplefilter("error")
         np.save(tmp_path / "c.npy", cube)  # a source that records none: nothing to say
         assert _source_nodata_differs(meta, ConvertOptions(max_patch=3), tmp_path / "c.npy") is None
+
+
+def test_convert_many_names_the_manifests_nodata_column(tmp_path):
+    """A nodata value from the manifest's column is named as the column, not as --nodata (which the user may not
+    have passed), and shown as written (-9998, not -9998.0)."""
+    from hsgds.preprocess.convert_many import _options_differ, read_manifest
+
+    cube, _ = swath(20, 20, 3, "int16", -9999, seed=10)
+    np.save(tmp_path / "c.npy", cube)
+    meta = hsgds.open_scene(convert(tmp_path / "c.npy", tmp_path / "n.zarr",
+                                    ConvertOptions(max_patch=3, nodata=-9999.0))).meta
+    (tmp_path / "m.csv").write_text("source,nodata\nc.npy,-9998\n")
+    opts = read_manifest(tmp_path / "m.csv")[0].options(ConvertOptions(max_patch=3))
+    assert _options_differ(meta, opts) == "the manifest's nodata column -9998 differs from the store's (-9999)"
+    assert _options_differ(meta, ConvertOptions(max_patch=3, nodata="none")) == "--nodata none differs from the store's (-9999)"
 
 
 def test_a_z_scored_patch_reads_0_at_nodata_pixels(tmp_path):
