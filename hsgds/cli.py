@@ -108,14 +108,19 @@ def _split_warnings(prefix: str = ""):
 
 
 def _echo_nodata(store) -> None:
-    """One line saying how many pixels had no data, and what the tiles hold there, when the source had some."""
+    """One line saying how many pixels had no data and what the tiles hold there, or that none had, when a
+    nodata value applied."""
     from hsgds.scene import open_scene
 
     record = open_scene(store).meta.nodata
-    if record and record["pixels"]:
-        value = record["value"] if isinstance(record["value"], str) else f"{record['value']:g}"
-        click.echo(f"nodata: {counted(record['pixels'], 'pixel')} (every band {value}), left out of samples and "
-                   f"predictions; the tiles hold the {record['fill']} there")
+    if not record:
+        return
+    value = record["value"] if isinstance(record["value"], str) else f"{record['value']:g}"
+    if not record["pixels"]:  # e.g. a value the dtype cannot hold, or a full raster: say so
+        click.echo(f"nodata: no pixel has every band at {value}; every pixel is data")
+        return
+    click.echo(f"nodata: {counted(record['pixels'], 'pixel')} (every band {value}), left out of samples and "
+               f"predictions; the tiles hold the {record['fill']} there")
 
 
 def _echo_split(store) -> None:
@@ -364,8 +369,9 @@ def verify(store) -> None:
         _fail(f"{', and '.join(damaged)}; convert the source again")
     sums = "crc32c and wsum64" if scene.meta.device_checksums is not None else \
         "crc32c; a format v1 store has no device checksums: convert again for on-device checks"
-    click.echo(f"ok: {scene.grid.num_tiles} tiles, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes "
-               f"verified ({sums})")
+    checked = ", the nodata map" if scene.has_nodata else ""
+    click.echo(f"ok: {counted(scene.grid.num_tiles, 'tile')}, {scene.grid.num_tiles * scene.grid.tile_nbytes} bytes "
+               f"verified ({sums}{checked})")
 
 
 def _resplit_collection(path: str, split: str, train: float, val: float, block_size: int | None, seed: int) -> None:

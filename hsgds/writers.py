@@ -200,7 +200,8 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
              f"classes = {k + 1}",
              "class names = {" + ", ".join(n.replace(",", ";").replace("}", ")") for n in names) + "}",
              "class lookup = {" + ", ".join(str(int(v)) for v in lut.reshape(-1)) + "}",
-             "band names = {class}"]
+             "band names = {class}",
+             "data ignore value = 0"]  # unclassified: nodata to GDAL, as the GeoTIFF's nodata 0
     if georeference is not None:
         info = _map_info(georeference["transform"])
         if info is not None:

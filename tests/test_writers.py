@@ -64,6 +64,7 @@ def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
     rasterio = pytest.importorskip("rasterio")
     with rasterio.open(tmp_path / "m.img") as ds:  # GDAL's ENVI driver sees the same georeference
         assert ds.crs.to_epsg() == 32616 and ds.transform.to_gdal() == pytest.approx(tuple(GEO["transform"]))
+        assert ds.nodata == 0  # unclassified pixels are nodata to GDAL, as in the GeoTIFF
 
 
 def test_npy_round_trip(tmp_path, classmap):

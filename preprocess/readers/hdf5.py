@@ -13,6 +13,7 @@ import numpy as np
 
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import (
+    OVERRIDE_NODATA,
     ArrayCube,
     check_decoded_size,
     check_dtype,
@@ -160,9 +161,9 @@ def declared_nodata(dataset: h5py.Dataset, name: str, path: Path) -> float | Non
             if attr == "missing_value":
                 return None  # several missing values (CF allows a list): no single nodata value to apply
             raise InputError(f"dataset {name!r} in {path.name}: attribute {attr} holds {value.size} values, not one; "
-                             "fix it, or pass --nodata VALUE")
+                             f"fix it, {OVERRIDE_NODATA}")
         text = value[0].decode(errors="replace") if isinstance(value[0], bytes) else str(value[0])
-        return parse_nodata(text, f"dataset {name!r} in {path.name}", f"fix its {attr} attribute")
+        return parse_nodata(text, f"dataset {name!r} in {path.name}", f"fix its {attr} attribute, {OVERRIDE_NODATA}")
     return None
 
 
@@ -184,9 +185,13 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
             return dataset
 
         dataset = guarded(path, "HDF5", select)
-        nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, dataset.name.lstrip("/"), path))
+        nodata, nodata_error = None, None
+        try:
+            nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, dataset.name.lstrip("/"), path))
+        except InputError as exc:  # refused when used: --nodata may override it
+            nodata_error = str(exc)
         return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close,
-                                                        nodata=nodata))
+                                                        nodata=nodata, nodata_error=nodata_error))
     except BaseException:
         f.close()
         raise

@@ -270,9 +270,16 @@ def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
                            "--max-patch", "3")
     assert code == 0
     assert f"nodata: {int(gaps.sum())} pixels (every band -9999), left out of samples" in out
+    code, out, _ = run_cli("verify", tmp_path / "s.zarr")
+    assert code == 0 and out.startswith("ok: 1 tile, ") and "(crc32c and wsum64, the nodata map)" in out
     code, _, err = run_cli("convert", tmp_path / "c.npy", "-o", tmp_path / "t.zarr", "--nodata", "x")
     assert code == 2 and err.strip() == "hsgds: error: --nodata: 'x' is not a number, nan or none"
     assert not (tmp_path / "t.zarr").exists()
+    # a value no pixel holds in every band (here one the dtype cannot hold): said, not silent
+    np.save(tmp_path / "u.npy", np.ones((8, 8, 2), np.uint8))
+    code, out, _ = run_cli("convert", tmp_path / "u.npy", "-o", tmp_path / "u.zarr", "--nodata", "-9999",
+                           "--max-patch", "3")
+    assert code == 0 and "nodata: no pixel has every band at -9999; every pixel is data" in out
 
 
 def test_convert_many_converts_again_when_nodata_changes(tmp_path):
@@ -414,5 +421,8 @@ def test_hdf5_fill_value_as_netcdf_products_declare_it(tmp_path):
         assert (record["pixels"] if record else None) == pixels
     with h5py.File(tmp_path / "bad.h5", "w") as f:
         f.create_dataset("cube", data=cube).attrs["_FillValue"] = np.array([1.0, 2.0], np.float32)
-    with pytest.raises(hsgds.InputError, match=r"dataset 'cube' in bad.h5: attribute _FillValue holds 2 values"):
+    with pytest.raises(hsgds.InputError, match=r"dataset 'cube' in bad.h5: attribute _FillValue holds 2 values, not "
+                                               r"one; fix it, or override it with --nodata VALUE \(or --nodata none\)"):
         convert(tmp_path / "bad.h5", tmp_path / "b.zarr", ConvertOptions(max_patch=3))
+    store = convert(tmp_path / "bad.h5", tmp_path / "b.zarr", ConvertOptions(max_patch=3, nodata=-9999.0))
+    assert hsgds.open_scene(store).meta.nodata["pixels"] == int(gaps.sum())
