@@ -233,6 +233,33 @@ def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, di
     return splitting.mask_split(labels, **masks), params
 
 
+def _split_quietly(opts: ConvertOptions, labels: np.ndarray
+                   ) -> tuple[np.ndarray, dict[str, Any], list[warnings.WarningMessage]]:
+    """:func:`_split_map` and its train check, its warnings recorded instead of shown: the converter shows those
+    of the split it keeps (labels found to be nodata while tiling are split again without them)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        split_map, params = _split_map(opts, labels)
+    if params["method"] != "none":
+        splitting.check_has_train(split_map, opts.split, opts.block_size)
+    return split_map, params, list(caught)
+
+
+def _train_stats_of_tiles(paths: list[Path], grid: fmt.TileGrid, table: dict[str, np.ndarray],
+                          little: np.dtype) -> BandAccumulator:
+    """The train pixels' statistics read back from the tiles written (train pixels have data, so the tiles hold
+    the source's values there), tile after tile as the tiling pass merges them: the same numbers."""
+    acc = BandAccumulator(grid.bands)
+    offsets, h = table["offsets"], grid.halo
+    train = table["split"] == fmt.SPLIT_TRAIN
+    for t in np.unique(table["tile"][train]):
+        lo, hi = int(offsets[t]), int(offsets[t + 1])
+        keep = train[lo:hi]
+        tile = np.fromfile(paths[t], dtype=little).reshape(grid.tile_shape)
+        acc.merge(BandAccumulator.of(tile[h + table["y"][lo:hi][keep], h + table["x"][lo:hi][keep]]))
+    return acc
+
+
 def _sample_table(labels: np.ndarray, split_map: np.ndarray, grid: fmt.TileGrid) -> dict[str, np.ndarray]:
     """Labelled pixels sorted by tile then (y, x), with tile-local core coordinates and an offset table."""
     y, x = np.nonzero(labels)
@@ -585,9 +612,8 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
                          f"1..{labels.max()}; give one name per class")
     grid = fmt.TileGrid(H, W, B, cube.dtype.name, _tile_size(opts, cube.shape, cube.dtype.itemsize), opts.halo)
     grid.check()
-    split_map, split_params = _split_map(opts, labels)
-    if split_params["method"] != "none":
-        splitting.check_has_train(split_map, opts.split, opts.block_size)
+    # held back until the labels are final: labelled nodata pixels (found while tiling) mean a new split
+    split_map, split_params, split_warnings = _split_quietly(opts, labels)
     table = _sample_table(labels, split_map, grid)
     num_classes = int(labels.max(initial=0))
     nodata = _nodata_of(opts, cube)
@@ -677,10 +703,17 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         dropped = int(np.count_nonzero(labels[gaps_map]))
         if dropped:  # a labelled pixel without data: its spectrum is the fill, not the class's
             labels = np.where(gaps_map, 0, labels).astype(labels.dtype)
+            if not labels.any():
+                raise InputError(f"every labelled pixel of {Path(str(opts.labels)).name} is nodata in {src.name} "
+                                 f"(all bands {nodata:g}); check the labels' alignment and the nodata value (--nodata)")
+            # split the labels that remain, as if they had been given so: shares and per-class minimums hold
+            try:
+                split_map, split_params, split_warnings = _split_quietly(opts, labels)
+            except InputError as exc:
+                raise InputError(f"without the {dropped} labelled pixels that are nodata in {src.name} (all bands "
+                                 f"{nodata:g}): {exc}") from None
             table = _sample_table(labels, split_map, grid)
-            if split_params["method"] != "none" and not np.any(table["split"] == fmt.SPLIT_TRAIN):
-                raise InputError(f"every train pixel of the split is nodata in {src.name} (all bands {nodata:g}); "
-                                 "check the nodata value (--nodata), or split so that train pixels have data")
+            train_stats = _train_stats_of_tiles(paths, grid, table, little)  # those of the new train pixels
             warnings.warn(NodataWarning(
                 f"{dropped} labelled pixels of {Path(str(opts.labels)).name} are nodata in {src.name} (all bands "
                 f"{nodata:g}): they are left out of the store's labels and samples"), stacklevel=2)
@@ -688,6 +721,9 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
                          "fill": None if not missing else "train mean" if train_stats.count else "scene mean"}
         if not missing:
             gaps_map = None
+
+    for w in split_warnings:  # of the split the store keeps
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     with _writing(out, "the labels and samples"):
         _write_pixel_arrays(root, labels, table, gaps_map)

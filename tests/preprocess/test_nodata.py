@@ -352,9 +352,9 @@ def test_a_z_scored_patch_reads_0_at_nodata_pixels(tmp_path):
 
 
 def test_a_split_whose_train_pixels_are_all_nodata_is_refused(tmp_path):
-    """The split is made before the nodata pixels are found: if every train pixel turns out to be nodata, the
-    store would have a split without train pixels, which the converter refuses (its statistics would be the
-    scene's, and there is nothing to train on)."""
+    """Labelled nodata pixels are found while tiling and the labels that remain are split again: when that split
+    has no train pixel the conversion is refused (its statistics would be the scene's, and there is nothing to
+    train on), saying that the nodata pixels were left out."""
     cube = np.random.default_rng(14).integers(1, 100, (20, 20, 3)).astype(np.int16)
     cube[:10] = -9999
     labels = np.zeros((20, 20), np.uint8)
@@ -365,7 +365,8 @@ def test_a_split_whose_train_pixels_are_all_nodata_is_refused(tmp_path):
         np.save(tmp_path / f"{name}.npy", a)
     options = ConvertOptions(labels=tmp_path / "gt.npy", nodata=-9999, split="masks", train_mask=tmp_path / "tm.npy",
                              test_mask=tmp_path / "te.npy", max_patch=3)
-    with pytest.raises(hsgds.InputError, match=r"every train pixel of the split is nodata in c.npy \(all bands -9999\)"):
+    with pytest.raises(hsgds.InputError, match=r"^without the \d+ labelled pixels that are nodata in c.npy \(all bands "
+                                               r"-9999\): --train-mask covers none of the labelled pixels"):
         convert(tmp_path / "c.npy", tmp_path / "s.zarr", options)
     assert not (tmp_path / "s.zarr").exists()
 
@@ -426,3 +427,41 @@ def test_hdf5_fill_value_as_netcdf_products_declare_it(tmp_path):
         convert(tmp_path / "bad.h5", tmp_path / "b.zarr", ConvertOptions(max_patch=3))
     store = convert(tmp_path / "bad.h5", tmp_path / "b.zarr", ConvertOptions(max_patch=3, nodata=-9999.0))
     assert hsgds.open_scene(store).meta.nodata["pixels"] == int(gaps.sum())
+
+
+@pytest.mark.parametrize("split", [dict(split="random", train=0.2, val=0.1), dict(split="blocks", train=0.2, block_size=8)])
+def test_labels_reaching_over_nodata_are_split_as_if_given_without_them(tmp_path, split):
+    """Ground truth drawn past the swath: the store is the one converted from the same labels with the nodata
+    pixels cleared by the user (split, samples, statistics, tiles, bit for bit), so train shares and the
+    per-class minimums hold; only the record counts the dropped pixels, and a NodataWarning says so."""
+    cube, gaps = swath(48, 40, 4, "int16", -9999, seed=15)
+    labels = np.random.default_rng(16).integers(0, 5, gaps.shape).astype(np.uint8)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "over.npy", labels)
+    np.save(tmp_path / "inside.npy", np.where(gaps, 0, labels).astype(np.uint8))
+    options = dict(nodata=-9999, max_patch=5, seed=3, **split)
+    with pytest.warns(NodataWarning, match=f"{np.count_nonzero(labels[gaps])} labelled pixels of over.npy"):
+        over = convert(tmp_path / "c.npy", tmp_path / "over.zarr", ConvertOptions(labels=tmp_path / "over.npy",
+                                                                                   **options))
+    inside = convert(tmp_path / "c.npy", tmp_path / "inside.zarr", ConvertOptions(labels=tmp_path / "inside.npy",
+                                                                                  **options))
+    a, b = hsgds.open_scene(over), hsgds.open_scene(inside)
+    assert a.meta.nodata["labelled_dropped"] == np.count_nonzero(labels[gaps]) and b.meta.nodata["labelled_dropped"] == 0
+    assert a.meta.split == b.meta.split and a.meta.num_samples == b.meta.num_samples
+    np.testing.assert_array_equal(a.labels, b.labels)
+    for name, values in b.sample_table().items():
+        np.testing.assert_array_equal(a.sample_table()[name], values, err_msg=name)
+    for group in ("train", "all"):
+        for field in ("mean", "std", "min", "max"):
+            np.testing.assert_array_equal(getattr(a.stats[group], field), getattr(b.stats[group], field))
+    assert a.meta.checksums == b.meta.checksums and a.meta.device_checksums == b.meta.device_checksums
+
+
+def test_every_labelled_pixel_nodata_is_refused(tmp_path):
+    cube, gaps = swath(20, 20, 3, "int16", -9999, seed=17)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "gt.npy", np.where(gaps, 1, 0).astype(np.uint8))
+    with pytest.raises(hsgds.InputError, match="every labelled pixel of gt.npy is nodata in c.npy .*alignment"):
+        convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.npy", nodata=-9999,
+                                                                        max_patch=3))
+    assert not (tmp_path / "s.zarr").exists()
