@@ -332,8 +332,9 @@ def _check_nan_fill(value: float | None, dtype: np.dtype) -> None:
 
 
 def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: float | None,
-                  gaps: np.ndarray | None = None) -> None:
-    """Refuse (or with ``nan_fill`` replace) NaN/Inf values, except at ``gaps``: nodata pixels, filled later."""
+                  gaps: np.ndarray | None = None, nan_is_nodata: bool = False) -> None:
+    """Refuse (or with ``nan_fill`` replace) NaN/Inf values, except at ``gaps``: nodata pixels, filled later
+    (``nan_is_nodata``: those are the pixels NaN in every band)."""
     if tile.dtype.kind != "f":
         return
     bad = ~np.isfinite(tile)
@@ -343,8 +344,12 @@ def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: 
         return
     if nan_fill is None:
         y0, y1, x0, x1 = grid.core_window(tile_id)
-        raise InputError(f"the cube holds NaN/Inf values (near rows {y0}:{y1}, columns {x0}:{x1}); "
-                         "pass --nan-fill VALUE to replace them")
+        if nan_is_nodata:
+            raise InputError(f"the cube holds NaN/Inf values in pixels with data (near rows {y0}:{y1}, columns "
+                             f"{x0}:{x1}; only a pixel NaN in every band is nodata); pass --nan-fill VALUE to "
+                             "replace them")
+        raise InputError(f"the cube holds NaN/Inf values (near rows {y0}:{y1}, columns {x0}:{x1}); pass --nan-fill "
+                         "VALUE to replace them, or --nodata nan if pixels NaN in every band have no data")
     tile[bad] = nan_fill
 
 
@@ -649,7 +654,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         if nodata is not None:
             _, rows, _, cols = _tile_index(grid, opts.padding, tile_id)
             gaps = _nodata_pixels(tile, nodata, rows, cols)
-        _check_finite(tile, tile_id, grid, opts.nan_fill, gaps)
+        _check_finite(tile, tile_id, grid, opts.nan_fill, gaps, nodata is not None and math.isnan(nodata))
         has_gaps = gaps is not None and bool(gaps.any())
         # nodata pixels are filled once the statistics are known: such a tile is synced and checksummed then
         crc, wsum = write_tile(tile_id, tile, final=not has_gaps)

@@ -147,9 +147,14 @@ def test_nan_nodata_and_nan_fill(tmp_path):
     # a pixel with some bands NaN has data: it is refused, or filled by --nan-fill, as before
     cube[20, 15, 1] = np.nan
     np.save(tmp_path / "c.npy", cube)
-    with pytest.raises(hsgds.InputError, match="NaN/Inf values .*--nan-fill"):
+    with pytest.raises(hsgds.InputError, match=r"NaN/Inf values in pixels with data .*only a pixel NaN in every band is "
+                                               r"nodata\); pass --nan-fill VALUE"):
         convert(tmp_path / "c.npy", tmp_path / "t.zarr", ConvertOptions(nodata=float("nan"), max_patch=5))
     convert(tmp_path / "c.npy", tmp_path / "t.zarr", ConvertOptions(nodata=float("nan"), nan_fill=0.0, max_patch=5))
+    # without a nodata value, the message says which option fits a swath of NaN
+    with pytest.raises(hsgds.InputError, match=r"pass --nan-fill VALUE to replace them, or --nodata nan if pixels NaN "
+                                               "in every band have no data"):
+        convert(tmp_path / "c.npy", tmp_path / "u.zarr", ConvertOptions(max_patch=5))
     assert hsgds.open_scene(tmp_path / "t.zarr").read(20, 21, 15, 16)[0, 0, 1] == 0
 
 
