@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -105,6 +105,19 @@ def _split_warnings(prefix: str = ""):
                 click.echo(f"hsgds: warning: {prefix}{w.message}", err=True)
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
+    """A progress bar on stderr when it is a terminal (else None; ``render_finish`` it when done) and the
+    ``(done, total)`` callback that draws it."""
+    bar = click.progressbar(length=1, label=label, file=sys.stderr) if sys.stderr.isatty() else None
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+    return bar, progress
 
 
 def _echo_nodata(store) -> None:
@@ -211,15 +224,7 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
     if labels is None and given:  # they would be ignored: an unlabelled store has no split and no classes
         _fail(f"{given[0]} needs --labels (splits and class names are about labelled pixels); pass the ground "
               f"truth with --labels, or drop {' '.join(given)}")
-    bar = None
-    if sys.stderr.isatty():
-        bar = click.progressbar(length=1, label="tiles", file=sys.stderr)
-
-    def progress(done: int, total: int) -> None:
-        if bar is not None:
-            bar.length = total
-            bar.update(done - bar.pos)
-
+    bar, progress = _progress_bar("tiles")
     try:
         with _split_warnings():
             path = run_convert(src, out, opts, progress)
@@ -246,8 +251,9 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key,wavelengths,nodata]) on
     Dask, one task per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are relative to the
     manifest's folder; name defaults to the source's file stem; wavelengths names a text file of the scene's
-    band centres (nm); nodata is the scene's nodata value (a number, nan or none), over --nodata. Rerunning converts only scenes that are missing,
-    changed or damaged. Exit 1 when some scenes failed (each is named with its reason)."""
+    band centres (nm); nodata is the scene's nodata value (a number, nan or none), over --nodata. Rerunning
+    converts only scenes that are missing, changed or damaged. Exit 1 when some scenes failed (each is named
+    with its reason)."""
     import logging
 
     from hsgds.preprocess.convert_many import NEW
@@ -594,15 +600,7 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
                    device: str | None, tta: bool) -> None:
     from hsgds.inference import predict as run_predict
 
-    bar: Any = None
-    if sys.stderr.isatty():  # a large scene takes minutes: say how far it is
-        bar = click.progressbar(length=1, label=f"{Path(scene.path).name} pixels", file=sys.stderr)
-
-    def progress(done: int, total: int) -> None:
-        if bar is not None:
-            bar.length = total
-            bar.update(done - bar.pos)
-
+    bar, progress = _progress_bar(f"{Path(scene.path).name} pixels")  # a large scene takes minutes
     try:
         # the model file's input (layout, normalization, bands, statistics); the patch size checked above
         classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,

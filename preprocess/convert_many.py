@@ -276,8 +276,8 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
         return None
     if meta.format_version < 3:
         return f"the source records nodata value {value:g}, which this format v{meta.format_version} store ignored"
-    shown = ["none" if v is None else "nan" if v == "nan" else f"{v:g}" for v in (want, had)]
-    return f"the source's nodata value ({shown[0]}) differs from the store's ({shown[1]}); no --nodata is given"
+    return (f"the source's nodata value ({_nodata_text(want)}) differs from the store's ({_nodata_text(had)}); "
+            "no --nodata is given")
 
 
 #: the reason of a scene converted for the first time (no store, and not listed by the last run)

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import stat
+import sys
 import warnings
 import zipfile
 
@@ -361,6 +362,36 @@ def test_cli_predict_names_a_read_only_output_folder_before_predicting(store, tm
     assert proc.stderr.strip().splitlines() == [f"hsgds: error: cannot write {ro / 'map.npy'}: the folder {ro} is not "
                                                 "writable (Permission denied); choose another output path"]
     assert os.listdir(ro) == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal for stderr needs POSIX")
+def test_cli_predict_draws_a_progress_bar_on_a_terminal(store, tmp_path):
+    """On a terminal (stderr is a pseudo-terminal here) the command shows how far the scene is, ending at 100%."""
+    import pty
+    import subprocess
+
+    ckpt, _ = _checkpoint(tmp_path)
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hsgds.cli", "predict", str(store), "--model", str(ckpt), "-o",
+                               str(tmp_path / "map.npy"), "--device", "cpu", "--batch-size", "100"],
+                              stdout=subprocess.PIPE, stderr=follower, text=True, timeout=120)
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0
+    text = shown.decode(errors="replace")
+    assert f"{os.path.basename(store)} pixels" in text and "100%" in text, text
+    assert "wrote" in proc.stdout and (tmp_path / "map.npy").is_file()
 
 
 def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, run_cli):
