@@ -69,6 +69,9 @@ class SceneEntry:
     #: pixels the source had no data at (format v3; 0 for v1 and v2 stores): with it a loader over every
     #: pixel knows without opening the store whether it must read its nodata map (None: not listed)
     nodata_pixels: int | None = None
+    #: each tile's number of those pixels (None when there are none, or not listed): with them a loader over
+    #: every pixel of such a scene starts without opening its store, as with ``tile_samples``
+    tile_nodata: tuple[int, ...] | None = None
 
     @property
     def bands(self) -> int:
@@ -100,7 +103,8 @@ class SceneEntry:
                    num_samples=int(m.num_samples), source_sha256=str(m.source.get("sha256", "")),
                    labels_sha256=None if not m.labels_source else m.labels_source.get("sha256"),
                    stamps=stamps, tile=m.grid.tile, halo=m.grid.halo, format_version=m.format_version,
-                   tile_samples=tile_samples, nodata_pixels=int(m.nodata["pixels"]) if m.nodata else 0)
+                   tile_samples=tile_samples, nodata_pixels=int(m.nodata["pixels"]) if m.nodata else 0,
+                   tile_nodata=_tile_counts(scene.nodata_every(1), m.grid))
 
     def to_json(self, root: Path) -> dict[str, Any]:
         try:
@@ -118,7 +122,8 @@ class SceneEntry:
                 "tile": self.tile, "halo": self.halo, "format_version": self.format_version,
                 "tile_samples": (None if self.tile_samples is None
                                  else {k: list(v) for k, v in self.tile_samples.items()}),
-                "nodata_pixels": self.nodata_pixels}
+                "nodata_pixels": self.nodata_pixels,
+                "tile_nodata": None if self.tile_nodata is None else list(self.tile_nodata)}
 
 
 def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
@@ -200,13 +205,38 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
                       band_names=names_or_none("band_names", bands), num_classes=k,
                       class_names=names_or_none("class_names", None), num_samples=samples,
                       source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps,
-                      tile_samples=tile_samples, nodata_pixels=nodata)
+                      tile_samples=tile_samples, nodata_pixels=nodata,
+                      tile_nodata=_tile_nodata(d.get("tile_nodata"), shape, layout["tile"], nodata, bad))
 
 
 @functools.lru_cache(maxsize=64)
 def _dtype_name(text: str) -> str:
     """numpy's name of the type ``text`` names (TypeError if none): once per distinct string, not per entry."""
     return np.dtype(text).name
+
+
+def _tile_counts(mask: np.ndarray | None, g: TileGrid) -> tuple[int, ...] | None:
+    """Each tile's number of True pixels of an (H, W) mask (None: no mask), tiles in row-major order."""
+    if mask is None:
+        return None
+    padded = np.zeros((g.nty * g.tile, g.ntx * g.tile), bool)
+    padded[:g.height, :g.width] = mask
+    return tuple(padded.reshape(g.nty, g.tile, g.ntx, g.tile).sum(axis=(1, 3), dtype=np.int64).reshape(-1).tolist())
+
+
+def _tile_nodata(v: Any, shape: list[int], tile: int | None, nodata: int | None,
+                 bad: Callable[[str], StoreError]) -> tuple[int, ...] | None:
+    """An entry's ``tile_nodata``, checked: one count per tile, summing to ``nodata_pixels``."""
+    if v is None:
+        return None
+    if tile is None or nodata is None:
+        raise bad("lists tile_nodata without its tile size and nodata_pixels")
+    num_tiles = -(-shape[0] // tile) * -(-shape[1] // tile)
+    if not isinstance(v, list) or len(v) != num_tiles or not set(map(type, v)) <= {int} or (v and min(v) < 0):
+        raise bad(f"tile_nodata must be null or {num_tiles} counts (one per tile)")
+    if sum(v) != nodata:
+        raise bad(f"tile_nodata count {sum(v)} pixels, nodata_pixels says {nodata}")
+    return tuple(v)
 
 
 def _tile_samples(v: Any, shape: list[int], tile: int | None, num_samples: int,
@@ -374,8 +404,8 @@ class Collection:
 class DeferredScene:
     """A scene of a collection known from its ``collection.json`` entry alone: ``path``, ``shape``,
     ``dtype``, ``wavelengths``, ``band_names``, ``class_names``, ``num_classes``, ``num_samples``,
-    ``tile_samples`` (None when not listed), ``nodata_pixels`` (None when not known from the entry) and
-    ``grid`` are answered without reading the store (``has_nodata`` too when the entry tells). Anything
+    ``tile_samples`` (None when not listed), ``nodata_pixels`` (None when not known from the entry),
+    ``tile_nodata`` (None when not listed) and ``grid`` are answered without reading the store (``has_nodata`` too when the entry tells). Anything
     else (``meta``, ``tile_paths``, ``stats``, ``labels``, ...) opens the store first, checked against its
     entry (:meth:`Collection.scene`; again if it was dropped since), and is then the opened
     :class:`~hsgds.scene.Scene`'s. A loader over a collection thus starts without opening any store, and
@@ -392,6 +422,7 @@ class DeferredScene:
         # v1 and v2 stores have no nodata pixels: an entry that names its format version tells that much
         old = e.format_version is not None and e.format_version < 3
         self.nodata_pixels: int | None = 0 if e.nodata_pixels is None and old else e.nodata_pixels
+        self.tile_nodata = e.tile_nodata
 
     def __repr__(self) -> str:
         return f"DeferredScene({str(self.path)!r}, {'open' if self.is_open else 'not opened yet'})"

@@ -150,9 +150,12 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
     checked = [check_mask(m, scene, f"scene {name!r}") for m, scene, name in zip(masks, ss.scenes, ss.names)]
     unmasked = all(m is None for m in checked)
     split_all = pixels == "all" and split is not None and any(scene.num_samples for scene in ss.scenes)
-    if (pixels == "labelled" or (split_all and stride == 1)) and unmasked and listed_samples_apply(ss.scenes, pixels):
-        # a collection's samples, counted per tile in collection.json: each store's sample table is read
-        # when the loader first takes one of its samples, so starting does not open the stores
+    # (a scene of a collection whose listing counts nodata pixels: GridSamples would open it for its map)
+    nodata_all = pixels == "all" and any(getattr(scene, "nodata_pixels", 0) for scene in ss.scenes)
+    if (pixels == "labelled" or ((split_all or nodata_all) and stride == 1)) and unmasked and \
+            listed_samples_apply(ss.scenes, pixels):
+        # a collection's samples, counted per tile in collection.json: each store's sample table (or pixels
+        # with data) is read when the loader first takes one of its samples, so starting does not open the stores
         return ListedSamples(list(ss.scenes), list(ss.names), split, pixels)  # type: ignore[arg-type]
     if pixels == "all" and unmasked:
         # every s-th pixel of every scene (less the other splits' labelled ones and the nodata pixels),

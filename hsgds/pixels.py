@@ -255,8 +255,8 @@ class ListedSamples(_PerTileSamples):
     """A collection's samples counted per tile from ``collection.json`` (each entry's ``tile_samples``) and
     read from a scene's store only when a sample of that scene is first taken, so a loader over an archive
     starts without opening a store: with ``pixels="labelled"`` the labelled samples of ``split``; with
-    ``pixels="all"`` every pixel but the labelled ones of other splits (stride 1, scenes listed with no
-    nodata pixel: the listing counts labelled pixels per tile, not a stride's lattice nor nodata pixels).
+    ``pixels="all"`` every pixel but the labelled ones of other splits and those without data (stride 1: the
+    listing counts labelled and nodata pixels per tile, not a stride's lattice).
     The samples and their order are those of the scenes' own sample sets joined scene after scene (what the
     loader builds from opened stores); same interface as :class:`GridSamples`.
     """
@@ -267,8 +267,9 @@ class ListedSamples(_PerTileSamples):
             Scene.split_mask(np.zeros(0, np.uint8), split)  # raises the one-line unknown-split error
         if pixels == "labelled":
             per_scene = [_listed_counts(s, split) for s in scenes]
-        else:  # each tile's pixels less the labelled ones of the other splits
-            per_scene = [_pixels_per_tile(s.grid) - _listed_counts(s, split, others=True) for s in scenes]
+        else:  # each tile's pixels less the labelled ones of the other splits and those without data
+            per_scene = [_pixels_per_tile(s.grid) - _listed_counts(s, split, others=True)
+                         - (0 if s.tile_nodata is None else np.asarray(s.tile_nodata, np.int64)) for s in scenes]
         self._pixels = pixels
         tiles = np.array([len(c) for c in per_scene], dtype=np.int64)
         self._scene_of_tile = np.repeat(np.arange(len(scenes), dtype=np.int64), tiles)
@@ -313,9 +314,9 @@ class ListedSamples(_PerTileSamples):
 def listed_samples_apply(scenes: tuple[Scene | DeferredScene, ...], pixels: str = "labelled") -> bool:
     """Whether :class:`ListedSamples` can give these scenes' samples without opening a store: every scene is
     a collection's, not opened yet, and its entry lists its samples per tile (or it has none); with
-    ``pixels="all"`` also that it has no nodata pixel (the listing does not count them per tile)."""
+    ``pixels="all"`` also its nodata pixels per tile (or that it has none)."""
     return all(isinstance(s, DeferredScene) and not s.is_open and (s.tile_samples is not None or not s.num_samples)
-               and (pixels == "labelled" or s.nodata_pixels == 0) for s in scenes)
+               and (pixels == "labelled" or s.nodata_pixels == 0 or s.tile_nodata is not None) for s in scenes)
 
 
 def _listed_counts(scene: DeferredScene, split: str | None, others: bool = False) -> np.ndarray:

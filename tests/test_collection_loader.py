@@ -658,25 +658,28 @@ def _pixel_rows(loader):
 @pytest.mark.parametrize("stride, split, unlisted", [(1, None, False), (2, None, False), (1, "train", False),
                                                      (1, None, True)])
 def test_a_collection_over_every_pixel_leaves_out_nodata(nodata_pair, tmp_path, stride, split, unlisted):
-    """From collection.json (the scene without nodata stays unopened when its entry says so) and from the
-    stores opened first: the same batches, exactly the pixels with data (less other splits' labelled ones),
-    and two ranks cover them; a listing written before nodata_pixels existed gives the same (its stores
-    are opened to tell)."""
+    """From collection.json (stride 1: no store opened to start, the listing counting each tile's nodata
+    pixels; a stride: only the scene with nodata is opened, for its map) and from the stores opened first:
+    the same batches, exactly the pixels with data (less other splits' labelled ones), and two ranks cover
+    them; a listing written before nodata_pixels existed gives the same (its stores are opened to tell)."""
     import json
+
+    from hsgds.pixels import ListedSamples
 
     folder, masks = nodata_pair
     if unlisted:
         folder = shutil.copytree(folder, tmp_path / "old")
         doc = json.loads((folder / "collection.json").read_text())
         for entry in doc["scenes"]:
-            del entry["nodata_pixels"]
+            del entry["nodata_pixels"], entry["tile_nodata"]
         (folder / "collection.json").write_text(json.dumps(doc))
     stores = [folder / f"{n}.zarr" for n in masks]
     opts = dict(patch_size=5, batch_size=64, pixels="all", stride=stride, split=split, return_coords=True,
                 device="cpu", seed=9)
     with hsgds.PatchLoader(folder, **opts) as listed, hsgds.PatchLoader(stores, **opts) as opened:
         states = [s.is_open for s in listed.scenes.scenes]
-        assert states == [True, unlisted or split is not None]  # "clear" is opened only to read its samples
+        assert states == [stride != 1 or unlisted, unlisted]
+        assert isinstance(listed.samples, ListedSamples) == (stride == 1 and not unlisted)
         assert len(listed) == len(opened)
         np.testing.assert_array_equal(listed.samples.offsets, opened.samples.offsets)
         for (p, lb, c), (q, lb2, c2) in zip(listed, opened, strict=True):
@@ -709,7 +712,21 @@ def test_a_collection_listing_the_wrong_nodata_count_is_refused(nodata_pair, tmp
     folder = shutil.copytree(nodata_pair[0], tmp_path / "coll")
     doc = json.loads((folder / "collection.json").read_text())
     assert [e["nodata_pixels"] for e in doc["scenes"]] == [int(nodata_pair[1]["swath"].sum()), 0]
+    # each tile's count, against numpy over the mask (tiles of 28: 3 x 2)
+    mask = nodata_pair[1]["swath"]
+    assert doc["scenes"][0]["tile_nodata"] == [int(mask[y:y + 28, x:x + 28].sum()) for y in (0, 28, 56)
+                                               for x in (0, 28)]
+    assert doc["scenes"][1]["tile_nodata"] is None
+    listed = doc["scenes"][0]["tile_nodata"]
+    for bad, message in (([1] * 5, "tile_nodata must be null or 6 counts"),
+                         ([*listed[:-1], listed[-1] + 1], "tile_nodata count .* nodata_pixels says")):
+        doc["scenes"][0]["tile_nodata"] = bad
+        (folder / "collection.json").write_text(json.dumps(doc))
+        with pytest.raises(StoreError, match=rf"scene 0 \('swath'\): {message}"):
+            hsgds.open_collection(folder)
+    doc["scenes"][0]["tile_nodata"] = listed
     doc["scenes"][0]["nodata_pixels"] = 3
+    doc["scenes"][0]["tile_nodata"] = None
     (folder / "collection.json").write_text(json.dumps(doc))
     with pytest.raises(StoreError, match=r"scene 'swath': the store's nodata pixel count differs from collection"):
         hsgds.PatchLoader(folder, patch_size=5, batch_size=8, pixels="all", device="cpu")
