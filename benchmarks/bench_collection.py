@@ -291,6 +291,59 @@ def startup(stores: list[Path], work: Path, args: argparse.Namespace) -> dict:
     return {"rows": rows, "ms_per_scene": per_scene, "listed": large, "labelled": startup_labelled(work, args)}
 
 
+def startup_nodata(work: Path, args: argparse.Namespace) -> dict:
+    """Time to first batch over every pixel (stride 1) of listings of N entries cycling over 4 small scenes with
+    no data outside a slanted swath (converted with --nodata): the listing as written (each entry counts its
+    nodata pixels per tile: no store opened before the first batch) against the same listing without those
+    counts (``tile_nodata`` removed, as written before they were listed: every scene is opened at start to
+    read its nodata map). Unshuffled, a ring of 4 tiles; medians of ``--repeats`` + 1 runs, alternating."""
+    import hsgds
+    from hsgds.collection import SceneEntry
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    base = work / "nodata_stores"
+    base.mkdir(exist_ok=True)
+    stores = []
+    for i in range(4):
+        store = base / f"n{i}.zarr"
+        if not store.exists():
+            cube, _ = make_scene(128, 128, 32, dtype="int16", seed=100 + i)
+            y, x = np.mgrid[:128, :128]
+            cube[(x < y // 3 + 10) | (x > y // 3 + 70)] = -9999
+            np.save(base / f"n{i}.npy", cube)
+            convert(base / f"n{i}.npy", store, ConvertOptions(max_patch=args.patch, nodata=-9999.0))
+        stores.append(store)
+    template = [SceneEntry.of_scene(s.name[:-5], hsgds.open_scene(s)) for s in stores]
+    opts = dict(patch_size=args.patch, batch_size=args.batch, pixels="all", stride=1, device="cpu", shuffle=False,
+                ring_bytes=4 * hsgds.open_scene(stores[0]).grid.tile_nbytes)
+    rows = []
+    for n in args.nodata_listings:
+        folders = {}  # entries cycle over the 4 stores (names unique, paths repeated), as an archive's listing
+        for variant in ("per-tile counts listed", "counts not listed"):
+            folder = work / f"nodata_listing_{n}_{variant.split()[0]}"
+            folder.mkdir(exist_ok=True)
+            doc = {"format": "hsgds-collection", "format_version": 1, "created_by": "bench",
+                   "scenes": [dict(template[i % 4].to_json(folder), name=f"s{i:05d}") for i in range(n)]}
+            if variant == "counts not listed":
+                for e in doc["scenes"]:
+                    e["tile_nodata"] = None
+            (folder / "collection.json").write_text(json.dumps(doc))
+            folders[variant] = folder
+        runs: dict[str, list[float]] = {k: [] for k in folders}
+        for _ in range(args.repeats + 1):
+            for variant, folder in folders.items():
+                t = time.perf_counter()
+                with hsgds.PatchLoader(folder, **opts) as loader:
+                    next(iter(loader))
+                runs[variant].append(time.perf_counter() - t)
+        row = {"scenes": n, **{f"{k} s": float(np.median(v)) for k, v in runs.items()}}
+        rows.append(row)
+        _log(f"  {n:5d} listed scenes with nodata: first batch {row['per-tile counts listed s']:.3f} s with "
+             f"tile_nodata, {row['counts not listed s']:.3f} s without")
+    return {"rows": rows}
+
+
 def startup_labelled(work: Path, args: argparse.Namespace) -> dict:
     """Time to first batch over labelled pixels (the train split) against the number of scenes: listings of
     N entries cycling over 8 small labelled stores (names unique, paths repeated), as a collection folder
@@ -444,11 +497,15 @@ def main() -> None:
                     help="start-up over archive-sized listings, every pixel and labelled pixels: listing sizes "
                          "(labelled: also as a list of stores, up to 1,000)")
     ap.add_argument("--memory-scenes", default="1000,3000", help="memory over an epoch: listing sizes")
+    ap.add_argument("--nodata-only", action="store_true",
+                    help="only the start-up over every pixel of listed scenes with nodata (tile_nodata or not)")
+    ap.add_argument("--nodata-listings", default="100,1000", help="--nodata-only: listing sizes")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.listings = [int(v) for v in args.listings.split(",")]
     args.memory_scenes = [int(v) for v in args.memory_scenes.split(",")]
+    args.nodata_listings = [int(v) for v in args.nodata_listings.split(",")]
     if args.memory_child:
         print(json.dumps(memory_child(args.memory_child)))
         return
@@ -462,6 +519,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     import torch
 
+    if args.nodata_only:
+        _log("start-up over every pixel of listed scenes with nodata")
+        print(json.dumps({"startup_nodata": startup_nodata(work, args)}, indent=1))
+        return
     if args.memory_only:
         _log("memory over an epoch against the number of scenes")
         print(json.dumps({"memory": memory(work, args)}, indent=1))
