@@ -180,6 +180,15 @@ def parse_nodata(text: str, where: str, fix: str) -> float:
     return value
 
 
+def unlabelled_at_nodata(raw: np.ndarray, nodata: float | None) -> np.ndarray:
+    """A label map (or mask) whose file records a nodata value (a classification raster's 255, -1 or NaN): those
+    pixels have no class, so they read as 0 (unlabelled), not as class 255."""
+    if nodata is None or nodata == 0:
+        return raw
+    hit = np.isnan(raw) if math.isnan(nodata) else raw == nodata
+    return np.where(hit, 0, raw) if hit.any() else raw
+
+
 #: how a message about a source's unreadable nodata value ends: the options that make the converter ignore it
 OVERRIDE_NODATA = "or override it with --nodata VALUE (or --nodata none)"
 

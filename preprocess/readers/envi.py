@@ -9,7 +9,7 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds.errors import InputError
-from hsgds.preprocess.readers.base import OVERRIDE_NODATA, ArrayCube, parse_nodata
+from hsgds.preprocess.readers.base import OVERRIDE_NODATA, ArrayCube, parse_nodata, unlabelled_at_nodata
 
 __all__ = ["DATA_SUFFIXES", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
 
@@ -372,10 +372,13 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
 
 
 def read_envi_labels(binary: Path, header_path: Path) -> np.ndarray:
-    """Read a single-band ENVI image (e.g. an ENVI Classification file) as a 2-D array."""
-    array, axes, _ = _memmap(binary, header_path)
+    """Read a single-band ENVI image (e.g. an ENVI Classification file) as a 2-D array; pixels at its ``data
+    ignore value`` read as 0 (unlabelled)."""
+    array, axes, header = _memmap(binary, header_path)
     bands = array.shape[axes.index("B")]
     if bands != 1:
         raise InputError(f"ENVI image {binary} has {bands} bands; a label map needs exactly one band")
     plane = array.transpose(tuple(axes.index(a) for a in "HWB"))[:, :, 0]
-    return np.array(plane, dtype=plane.dtype.newbyteorder("="))
+    nodata = None if "data ignore value" not in header else parse_nodata(
+        header["data ignore value"], f"ENVI header {header_path}", "fix or remove 'data ignore value'")
+    return unlabelled_at_nodata(np.array(plane, dtype=plane.dtype.newbyteorder("=")), nodata)

@@ -26,6 +26,7 @@ from hsgds.preprocess.readers.base import (
     check_fits_in_memory,
     parse_failure,
     parse_nodata,
+    unlabelled_at_nodata,
 )
 
 __all__ = ["open_tiff", "read_tiff_labels"]
@@ -155,12 +156,12 @@ def _georeference(tif: tifffile.TiffFile, path: Path) -> dict[str, Any] | None:
     return fmt.make_georeference(transform, wkt, epsg)
 
 
-def _load(path: Path, geo: dict[str, Any] | None = None) -> tuple[np.ndarray, str]:
+def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = True) -> tuple[np.ndarray, str]:
     """Return the first image series (memory-mapped when possible) and tifffile's axis letters.
 
     tifffile names the axes: Y rows, X columns, S samples per pixel, and Q/I/Z/C/... for pages.
-    Pass a dict as ``geo`` to receive the file's georeference under the key ``"georeference"`` and its
-    GDAL nodata value under ``"nodata"``.
+    Pass a dict as ``geo`` to receive the file's GDAL nodata value under ``"nodata"`` (or why it is no
+    number, under ``"nodata_error"``) and, with ``georeference``, its georeference under ``"georeference"``.
     """
     try:
         _check_ifd_chain(path)
@@ -168,7 +169,8 @@ def _load(path: Path, geo: dict[str, Any] | None = None) -> tuple[np.ndarray, st
             if not tif.series:
                 raise InputError(f"{path} holds no image; check the file")
             if geo is not None:
-                geo["georeference"] = _georeference(tif, path)
+                if georeference:
+                    geo["georeference"] = _georeference(tif, path)
                 tag = tif.pages[0].tags.get("GDAL_NODATA")  # GDAL's nodata, as text: "-9999", "nan"
                 try:
                     geo["nodata"] = None if tag is None else parse_nodata(
@@ -226,12 +228,16 @@ def open_tiff(path: Path) -> ArrayCube:
 
 
 def read_tiff_labels(path: Path) -> np.ndarray:
-    """Read a single-band TIFF (one 2-D page, or a 3-D image with a single band) as a 2-D array."""
-    array, axes = _load(path)
+    """Read a single-band TIFF (one 2-D page, or a 3-D image with a single band) as a 2-D array; pixels at its
+    GDAL nodata value (a classification raster's 255) read as 0 (unlabelled)."""
+    geo: dict[str, Any] = {}
+    array, axes = _load(path, geo, georeference=False)
+    if geo.get("nodata_error"):
+        raise InputError(geo["nodata_error"].replace(f", {OVERRIDE_NODATA}", ""))
     if array.ndim == 3 and 1 in (array.shape[0], array.shape[2]):
         array = array[0] if array.shape[0] == 1 else array[:, :, 0]
     if array.ndim != 2:
         raise InputError(
             f"{path.name} has shape {array.shape} (axes {axes}); a label map needs a single-band (H, W) image"
         )
-    return np.array(array, dtype=array.dtype.newbyteorder("="))
+    return unlabelled_at_nodata(np.array(array, dtype=array.dtype.newbyteorder("=")), geo.get("nodata"))

@@ -470,3 +470,33 @@ def test_every_labelled_pixel_nodata_is_refused(tmp_path):
         convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.npy", nodata=-9999,
                                                                         max_patch=3))
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("fmt", ["tif", "envi", "tif-nan"])
+def test_a_label_raster_s_own_nodata_reads_as_unlabelled(tmp_path, fmt):
+    """A classification raster from a GIS marks pixels without a class by its nodata value (255 here, NaN in a
+    float raster): they are unlabelled (0), not class 255, so the classes and the split are those of the rest."""
+    rng = np.random.default_rng(18)
+    cube = rng.integers(0, 500, (30, 24, 3)).astype(np.int16)
+    np.save(tmp_path / "c.npy", cube)
+    classes = rng.integers(1, 4, (30, 24))
+    outside = np.zeros((30, 24), bool)
+    outside[:, :6] = True
+    if fmt == "tif-nan":
+        raster, value, dtype = np.where(outside, np.nan, classes).astype(np.float32), float("nan"), "float32"
+    else:
+        raster, value, dtype = np.where(outside, 255, classes).astype(np.uint8), 255, "uint8"
+    if fmt.startswith("tif"):
+        from rasterio.transform import Affine
+
+        path = tmp_path / "gt.tif"
+        with rasterio.open(path, "w", driver="GTiff", height=30, width=24, count=1, dtype=dtype, nodata=value,
+                           crs="EPSG:32616", transform=Affine(30.0, 0.0, 600000.0, 0.0, -30.0, 4000000.0)) as dst:
+            dst.write(raster, 1)
+    else:
+        path = tmp_path / "gt.hdr"
+        envi.save_image(str(path), raster[:, :, None], metadata={"data ignore value": value}, ext=".img")
+    scene = hsgds.open_scene(convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=path,
+                                                                                         max_patch=3)))
+    np.testing.assert_array_equal(scene.labels, np.where(outside, 0, classes))
+    assert scene.num_classes == 3 and scene.meta.num_samples == int((~outside).sum())
