@@ -309,13 +309,30 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
 @click.argument("store", type=click.Path())
 @click.option("--patch-size", type=int,
               help="Patch side p of the leakage line (default: the store's largest patch, 2*halo+1).")
-def info(store, patch_size) -> None:
+@click.option("--key", help="A source's variable / dataset (.mat, HDF5), when the file holds several.")
+@click.option("--band-axis", type=click.Choice(["first", "last"]), help="A source array's band axis (default last).")
+def info(store, patch_size, key, band_axis) -> None:
     """Print a store's shape, dtype, tiling, split (with its train/test patch leakage), classes and
     per-class counts per split. For a collection (a folder holding collection.json, or that file): its
     scenes, bands and labelled pixels per split, from collection.json alone. For a model file (.pt2 or a
-    checkpoint): the bands, patch size and normalization it takes."""
-    from hsgds.info import describe
+    checkpoint): the bands, patch size and normalization it takes. For a source file (a cube to convert):
+    what `hsgds convert` sees in it (shape, dtype, wavelengths, georeference, nodata value), or the classes
+    of a label map."""
+    import zipfile
 
+    from hsgds.collection import is_collection_path
+    from hsgds.info import MODEL_SUFFIXES, describe
+
+    path = Path(store)
+    if (path.is_file() and not is_collection_path(path) and path.suffix.lower() not in MODEL_SUFFIXES
+            and not zipfile.is_zipfile(path)):  # (torch.save and torch.export write zip archives)
+        from hsgds.preprocess.describe import describe_source
+
+        click.echo(describe_source(path, key=key, band_axis=band_axis))
+        return
+    if key is not None or band_axis is not None:
+        _fail("--key and --band-axis describe a source file (a cube to convert); a store, collection or model "
+              "needs neither")
     click.echo(describe(store, patch_size))
 
 

@@ -397,6 +397,21 @@ def nodata_problem(record: Any, pixels: int) -> str | None:
     return None
 
 
+def describe_georeference(geo: dict) -> str:
+    """One line: the CRS (EPSG code, or the WKT's name) and the transform's origin and pixel size."""
+    x0, dx, rx, y0, ry, dy = geo["transform"]
+    if geo.get("epsg"):
+        crs = f"EPSG:{geo['epsg']}"
+    elif geo.get("crs_wkt"):
+        wkt = geo["crs_wkt"]
+        name = wkt.split('"')[1] if wkt.count('"') >= 2 else wkt[:40]
+        crs = f"WKT {name!r}"
+    else:
+        crs = "no CRS (transform only)"
+    rotated = f", rotation terms {rx:g}, {ry:g}" if rx or ry else ""
+    return f"{crs}; origin ({x0:.10g}, {y0:.10g}), pixel {dx:.10g} x {dy:.10g}{rotated}"
+
+
 #: Largest coordinate reference system text accepted (a WKT is a few KB).
 MAX_CRS_WKT = 1 << 16
 

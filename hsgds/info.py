@@ -26,21 +26,6 @@ def split_class_counts(scene) -> dict[str, np.ndarray]:
     return fmt.split_class_counts(table["split"], table["label"], scene.num_classes)
 
 
-def describe_georeference(geo: dict) -> str:
-    """One line: the CRS (EPSG code, or the WKT's name) and the transform's origin and pixel size."""
-    x0, dx, rx, y0, ry, dy = geo["transform"]
-    if geo.get("epsg"):
-        crs = f"EPSG:{geo['epsg']}"
-    elif geo.get("crs_wkt"):
-        wkt = geo["crs_wkt"]
-        name = wkt.split('"')[1] if wkt.count('"') >= 2 else wkt[:40]
-        crs = f"WKT {name!r}"
-    else:
-        crs = "no CRS (transform only)"
-    rotated = f", rotation terms {rx:g}, {ry:g}" if rx or ry else ""
-    return f"{crs}; origin ({x0:.10g}, {y0:.10g}), pixel {dx:.10g} x {dy:.10g}{rotated}"
-
-
 def split_map(scene) -> np.ndarray:
     """(H, W) uint8 map of ``SPLIT_*`` codes from the store's sample table (unlabelled pixels: none)."""
     out = np.zeros(scene.shape[:2], dtype=np.uint8)
@@ -169,7 +154,7 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     if m.nodata is not None:
         lines.append(nodata_line(m.nodata, h * w))
     if m.georeference is not None:
-        lines.append(f"georef:     {describe_georeference(m.georeference)}")
+        lines.append(f"georef:     {fmt.describe_georeference(m.georeference)}")
     if scene.wavelengths:
         lines.append(f"bands:      {scene.wavelengths[0]:.1f}-{scene.wavelengths[-1]:.1f} nm")
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")

@@ -1,0 +1,77 @@
+"""``hsgds info SOURCE``: what the converter sees in a source file before converting it.
+
+The cube's shape, dtype and how it is read, its band centres, georeference and nodata value (or that it
+records none, and which option supplies it), from the same readers ``hsgds convert`` uses; a single-band
+file is described as the label map it can be. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hsgds import format as fmt
+from hsgds._wording import counted
+from hsgds.errors import InputError
+from hsgds.preprocess.readers import FORMATS, detect_format, open_cube, read_labels
+from hsgds.preprocess.readers.base import recorded_nodata
+
+__all__ = ["describe_source"]
+
+#: where each format keeps the nodata value the converter applies
+_NODATA_FIELD = {"tiff": "GDAL_NODATA tag", "envi": "'data ignore value'", "hdf5": "_FillValue attribute"}
+
+
+def _size(paths: list[Path]) -> str:
+    n = sum(Path(p).stat().st_size for p in paths)
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n} bytes"
+
+
+def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: str | None = None) -> str:
+    """Lines describing a source cube (or, for a single-band file, a label map), as ``hsgds info`` prints."""
+    path = Path(path)
+    kind = detect_format(path)
+    try:
+        cube = open_cube(path, key=key, band_axis=band_axis)
+    except InputError:  # not a cube: a label map (2-D), or the cube's own error
+        try:
+            return "\n".join([f"source:     {path} ({FORMATS[kind]}, {_size([path])})", *_label_lines(path, key)])
+        except InputError:
+            pass
+        raise
+    lines = [f"source:     {path} ({FORMATS[kind]}, {_size(cube.files)})"]  # (ENVI: header and binary)
+    try:
+        h, w, b = cube.shape
+        lines.append(f"cube:       {h}x{w}x{b} {cube.dtype} (rows x columns x bands)")
+        wl = cube.wavelengths
+        lines.append(f"bands:      {counted(b, 'band')}, " + (f"{wl[0]:.1f}-{wl[-1]:.1f} nm" if wl else
+                     "no wavelengths recorded (give them with --wavelengths to select bands by nm)"))
+        geo = cube.georeference
+        lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else "none (maps predicted from it carry "
+                                                                                  "no coordinates)"))
+        try:
+            value = recorded_nodata(cube)
+            nodata = (f"{value:g} ({_NODATA_FIELD.get(kind, 'recorded')}): a pixel with every band at it is left "
+                      "out of statistics, samples and predictions" if value is not None else
+                      "none recorded (pass --nodata VALUE if a value marks pixels without data)")
+        except InputError as exc:
+            nodata = f"unreadable: {exc}"
+        lines.append(f"nodata:     {nodata}")
+    finally:
+        cube.close()
+    lines.append(f"convert:    hsgds convert {path} -o {path.stem}.zarr [--labels GT]")
+    return "\n".join(lines)
+
+
+def _label_lines(path: Path, key: str | None) -> list[str]:
+    """A single-band file as the label map (or mask) it can be: its classes and their pixel counts."""
+    labels = read_labels(path, key=key)
+    counts = np.bincount(labels.reshape(-1))
+    present = np.flatnonzero(counts[1:]) + 1
+    classes = (f"classes {', '.join(f'{c} ({counts[c]})' for c in present[:12])}"
+               + (f" and {len(present) - 12} more" if len(present) > 12 else "")) if len(present) else "no class"
+    return [f"labels:     {labels.shape[0]}x{labels.shape[1]} label map (single band): {classes}; "
+            f"{counted(int(counts[0]), 'pixel')} unlabelled (0, or the file's nodata value)",
+            f"use:        hsgds convert CUBE --labels {path} -o scene.zarr"]

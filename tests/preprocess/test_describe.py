@@ -1,0 +1,75 @@
+"""``hsgds info SOURCE``: a source file described as the converter sees it, before converting. Sources are
+written independently (rasterio, SPy, h5py, numpy) and every figure printed is checked against what was
+written."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+rasterio = pytest.importorskip("rasterio")
+envi = pytest.importorskip("spectral.io.envi")
+
+
+def test_geotiff_with_nodata_and_crs(tmp_path, run_cli):
+    from rasterio.transform import Affine
+
+    cube = np.random.default_rng(0).integers(0, 900, (4, 31, 23)).astype(np.int16)
+    cube[:, :5] = -9999
+    with rasterio.open(tmp_path / "line.tif", "w", driver="GTiff", height=31, width=23, count=4, dtype="int16",
+                       nodata=-9999, crs="EPSG:32611", transform=Affine(15.0, 0.0, 500000.0, 0.0, -15.0, 4200000.0)) as d:
+        d.write(cube)
+    code, out, err = run_cli("info", tmp_path / "line.tif")
+    assert code == 0, err
+    lines = dict(line.split(":", 1) for line in out.strip().splitlines())
+    assert lines["cube"].strip() == "31x23x4 int16 (rows x columns x bands)"
+    assert lines["georef"].strip() == "EPSG:32611; origin (500000, 4200000), pixel 15 x -15"
+    assert lines["nodata"].strip().startswith("-9999 (GDAL_NODATA tag): a pixel with every band at it is left out")
+    assert "no wavelengths recorded" in lines["bands"]
+    assert lines["source"].strip() == f"{tmp_path / 'line.tif'} (GeoTIFF/TIFF, {(tmp_path / 'line.tif').stat().st_size} bytes)"
+
+
+def test_envi_cube_counts_header_and_binary(tmp_path, run_cli):
+    cube = np.zeros((12, 10, 5), np.uint16)
+    nm = [450.0, 550.0, 650.0, 750.0, 850.0]
+    envi.save_image(str(tmp_path / "c.hdr"), cube, metadata={"wavelength": nm, "wavelength units": "nm"},
+                    interleave="bil", ext=".img")
+    code, out, err = run_cli("info", tmp_path / "c.hdr")
+    assert code == 0, err
+    size = (tmp_path / "c.hdr").stat().st_size + (tmp_path / "c.img").stat().st_size
+    assert f"(ENVI (.hdr + binary), {size} bytes)" in out
+    assert "bands:      5 bands, 450.0-850.0 nm" in out
+    assert "nodata:     none recorded (pass --nodata VALUE" in out and "georef:     none" in out
+
+
+def test_hdf5_with_several_cubes_needs_a_key(tmp_path, run_cli):
+    import h5py
+
+    with h5py.File(tmp_path / "two.h5", "w") as f:
+        f.create_dataset("radiance", data=np.zeros((6, 7, 3), np.float32))
+        f.create_dataset("reflectance", data=np.zeros((6, 7, 4), np.float32)).attrs["_FillValue"] = np.float32(-9999)
+    code, _, err = run_cli("info", tmp_path / "two.h5")
+    assert code == 2 and "radiance" in err and "reflectance" in err and "--key" in err
+    code, out, err = run_cli("info", tmp_path / "two.h5", "--key", "reflectance")
+    assert code == 0, err
+    assert "cube:       6x7x4 float32" in out and "nodata:     -9999 (_FillValue attribute)" in out
+
+
+def test_a_label_map_is_described_by_its_classes(tmp_path, run_cli):
+    labels = np.zeros((9, 8), np.uint8)
+    labels[0, :3], labels[5, 5] = 2, 7
+    np.save(tmp_path / "gt.npy", labels)
+    code, out, err = run_cli("info", tmp_path / "gt.npy")
+    assert code == 0, err
+    assert re.search(r"labels: +9x8 label map \(single band\): classes 2 \(3\), 7 \(1\); 68 pixels unlabelled", out)
+
+
+def test_source_options_are_for_sources_and_unknown_files_are_named(tmp_path, run_cli, synthetic_store):
+    store = synthetic_store(20, 20, 4, classes=3, seed=1)[0]
+    code, _, err = run_cli("info", store, "--key", "x")
+    assert code == 2 and "--key and --band-axis describe a source file" in err
+    (tmp_path / "notes.txt").write_text("not a cube")
+    code, _, err = run_cli("info", tmp_path / "notes.txt")
+    assert code == 2 and "cannot tell the format of" in err and len(err.strip().splitlines()) == 1
