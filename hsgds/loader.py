@@ -138,8 +138,9 @@ def describe_stats(stats: dict[str, Any]) -> str:
 _UNSET: Any = Unset("'train'; None with pixels='all'")  # split's default depends on ``pixels``
 
 
-def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask: Any) -> Samples:
-    """The samples of every scene, with global tile ids (scene's first tile id + tile id)."""
+def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask: Any, guard: int = 0) -> Samples:
+    """The samples of every scene, with global tile ids (scene's first tile id + tile id); ``guard`` r: with
+    pixels="all" and a split, no centre within r of another split's labelled pixel."""
     if mask is not None and ss.is_collection:
         if not isinstance(mask, (list, tuple)) or len(mask) != len(ss):
             raise ConfigError(f"for a collection, mask must be a list of {len(ss)} boolean (H, W) arrays (or None "
@@ -152,7 +153,7 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
     split_all = pixels == "all" and split is not None and any(scene.num_samples for scene in ss.scenes)
     # (a scene of a collection whose listing counts nodata pixels: GridSamples would open it for its map)
     nodata_all = pixels == "all" and any(getattr(scene, "nodata_pixels", 0) for scene in ss.scenes)
-    if (pixels == "labelled" or ((split_all or nodata_all) and stride == 1)) and unmasked and \
+    if (pixels == "labelled" or ((split_all or nodata_all) and stride == 1 and not guard)) and unmasked and \
             listed_samples_apply(ss.scenes, pixels):
         # a collection's samples, counted per tile in collection.json: each store's sample table (or pixels
         # with data) is read when the loader first takes one of its samples, so starting does not open the stores
@@ -164,8 +165,8 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
         # a test pixel); a collection's scene with nodata pixels is opened now to read its nodata map
         return GridSamples([scene.grid for scene in ss.scenes], stride,
                            [sampled_labels(scene, stride) for scene in ss.scenes],
-                           [excluded_pixels(scene, stride, split) for scene in ss.scenes])
-    parts = [all_pixels(scene, stride, split, m) if pixels == "all" else labelled_pixels(scene, split, m)
+                           [excluded_pixels(scene, stride, split, guard) for scene in ss.scenes])
+    parts = [all_pixels(scene, stride, split, m, guard) if pixels == "all" else labelled_pixels(scene, split, m)
              for scene, m in zip(ss.scenes, checked)]
     if len(parts) == 1:
         return parts[0]
@@ -258,6 +259,11 @@ class PatchLoader:
         "all", ``split`` (default None) drops the labelled pixels of other splits; unlabelled pixels stay.
         Pixels where the source had no data (a format v3 store's nodata map) are never yielded.
     stride : int, the step between centres with ``pixels="all"``.
+    footprint_guard : bool, with ``pixels="all"`` and a ``split``: also leave out every centre whose patch
+        would show a labelled pixel of another split (within ``patch_size // 2`` of one), so that no
+        validation or test spectrum reaches a patch (e.g. self-supervised pretraining on the scene whose test
+        split is evaluated). Default False: centres are never other splits' pixels, but footprints may
+        include them.
     mask : a boolean (H, W) array (for several scenes, a list with one array or None per scene): only
         pixels where it is True are yielded.
     bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands).
@@ -291,7 +297,7 @@ class PatchLoader:
                  return_coords: bool = False, pixels: str = "labelled", stride: int = 1, mask: Any = None,
                  bands: Any = None, wavelengths: Any = None, wavelength_tolerance: float = 5.0,
                  norm_scope: str = "scene", norm_stats: BandStats | None = None,
-                 augment: Augment | None = None) -> None:
+                 augment: Augment | None = None, footprint_guard: bool = False) -> None:
         self._closed = True  # until fully built, so close() in __del__ is safe
         if augment is not None and not isinstance(augment, Augment):
             raise ConfigError(f"augment must be an hsgds.Augment(...) or None, got {type(augment).__name__}")
@@ -303,6 +309,10 @@ class PatchLoader:
             raise ConfigError("stride applies to pixels='all'; the labelled samples are taken as they are")
         if split is _UNSET:
             split = None if pixels == "all" else "train"
+        footprint_guard = as_flag(footprint_guard, "footprint_guard")
+        if footprint_guard and (pixels != "all" or split is None):
+            raise ConfigError("footprint_guard keeps pixels='all' patches clear of other splits' labelled pixels: "
+                              "pass it with pixels='all' and a split (e.g. split='train')")
         self.scenes = open_scene_set(store)
         self.scenes.check()
         self.scene = self.scenes.scenes[0]
@@ -366,6 +376,7 @@ class PatchLoader:
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_window, self.return_coords = shuffle_window, return_coords
         self.pixels, self.stride, self.norm_scope = pixels, int(stride), norm_scope
+        self.footprint_guard = footprint_guard
         # the input a model trained on this loader expects (hsgds.models.save_checkpoint(..., loader=))
         self.layout, self.dtype, self.normalize = layout, dtype, normalize
         self.bands = None if bands is None else [int(b) for b in bands]
@@ -397,7 +408,8 @@ class PatchLoader:
         if fused_cpu:
             # numba's import and the kernel's load (~0.65 s) overlap the sample lookup and planning below
             cpu_cut.warm_up(grid.dtype, out_name, self._normalize_tiles)
-        self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask)
+        self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask,
+                                    patch_size // 2 if footprint_guard else 0)
         if len(self.samples) == 0:
             where = f"{self.scene.path} has" if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes have"
             if mask is not None:
@@ -540,7 +552,8 @@ class PatchLoader:
                 "batch_size": self.batch_size, "split": self.split, "rank": self.rank,
                 "world_size": self.world_size, "num_samples": len(self.samples), "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots,
-                "pixels": self.pixels, "stride": self.stride, "scenes": len(self.scenes),
+                "pixels": self.pixels, "stride": self.stride, "footprint_guard": self.footprint_guard,
+                "scenes": len(self.scenes),
                 "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_key()}
 
     def _samples_key(self) -> str:
@@ -565,9 +578,10 @@ class PatchLoader:
             raise ConfigError(f"loader state has version {state.get('version')!r}, expected {STATE_VERSION}; "
                               "pass a state made by PatchLoader.state_dict()")
         mine = self.state_dict()
-        older = {"pixels": "labelled", "stride": 1, "scenes": 1}  # states saved before these settings existed
-        for key in ("seed", "batch_size", "split", "world_size", "num_samples", "shuffle", "drop_last",
-                    "shuffle_window", "pixels", "stride", "scenes", "augment"):
+        # states saved before these settings existed
+        older = {"pixels": "labelled", "stride": 1, "scenes": 1, "footprint_guard": False}
+        for key in ("seed", "batch_size", "split", "world_size", "footprint_guard", "num_samples", "shuffle",
+                    "drop_last", "shuffle_window", "pixels", "stride", "scenes", "augment"):
             if state.get(key, older.get(key)) != mine[key]:
                 raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
                                   f"{key}={mine[key]!r}; resume with the same settings")

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import numpy as np
+from scipy.ndimage import maximum_filter
 
 from hsgds import defaults
 from hsgds import format as fmt
@@ -40,16 +41,18 @@ def labelled_pixels(scene: Scene | DeferredScene, split: str | None, mask: np.nd
 
 
 def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None = None,
-               mask: np.ndarray | None = None) -> SampleSet:
+               mask: np.ndarray | None = None, guard: int = 0) -> SampleSet:
     """Every ``stride``-th pixel (rows and columns, from 0, in scene coordinates), labelled or not, where
     the source had data (nodata pixels are left out).
 
     ``split`` drops the labelled pixels of other splits (unlabelled pixels stay: they belong to no
-    split), so e.g. ``split="train"`` never shows a validation or test pixel. ``mask`` (H, W) keeps only
-    the pixels where it is True. Order: tile by tile, raster order inside each tile.
+    split), so e.g. ``split="train"`` never shows a validation or test pixel; with ``guard`` r > 0 it also
+    drops the pixels within r of one (Chebyshev distance: a (2r+1)-pixel patch centred there would show it).
+    ``mask`` (H, W) keeps only the pixels where it is True. Order: tile by tile, raster order inside each tile.
     """
     # the pixels GridSamples computes (less the other splits' labelled ones), all of them, then masked
-    every = GridSamples([scene.grid], stride, [sampled_labels(scene, stride)], [excluded_pixels(scene, stride, split)])
+    every = GridSamples([scene.grid], stride, [sampled_labels(scene, stride)],
+                        [excluded_pixels(scene, stride, split, guard)])
     tile, _, _, label, sy, sx = every.take(np.arange(len(every)))
     if mask is not None:
         keep = mask[sy, sx]
@@ -57,16 +60,16 @@ def all_pixels(scene: Scene | DeferredScene, stride: int = 1, split: str | None 
     return scene.samples_at(tile.astype(np.int64), sy, sx, label)
 
 
-def excluded_pixels(scene: Scene | DeferredScene, stride: int, split: str | None
+def excluded_pixels(scene: Scene | DeferredScene, stride: int, split: str | None, guard: int = 0
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The pixels of the ``stride`` lattice that :class:`GridSamples` leaves out of a scene: the labelled
-    pixels of splits other than ``split``, and the pixels where the source had no data. Returned as runs
-    (tile, first lattice index within the tile, length), see :func:`excluded_runs`; None when nothing is
-    left out (no split or no labels, and no nodata pixel).
+    pixels of splits other than ``split`` (with ``guard`` r, every pixel within r of one), and the pixels
+    where the source had no data. Returned as runs (tile, first lattice index within the tile, length),
+    see :func:`excluded_runs`; None when nothing is left out (no split or no labels, and no nodata pixel).
 
     Reads the scene's sample table (with a split) and its nodata map at the lattice (when it has nodata
     pixels: a collection's scene is opened for it unless its entry lists none); while it runs, memory per
-    left-out pixel of this one scene.
+    left-out pixel of this one scene (with ``guard``, also a byte per scene pixel for the guarded map).
     """
     g = scene.grid
     tiles, ys, xs = [], [], []
@@ -79,6 +82,13 @@ def excluded_pixels(scene: Scene | DeferredScene, stride: int, split: str | None
         tile = table["tile"][other].astype(np.int64)
         ty, tx = np.divmod(tile, g.ntx)
         sy, sx = ty * g.tile + table["y"][other], tx * g.tile + table["x"][other]
+        if guard > 0:  # every lattice pixel whose (2 guard + 1) footprint holds one of them
+            near = np.zeros(scene.shape[:2], bool)
+            near[sy, sx] = True
+            near = maximum_filter(near, size=2 * guard + 1, mode="constant", cval=False)
+            ly, lx = np.nonzero(near[::stride, ::stride])
+            sy, sx = ly.astype(np.int64) * stride, lx.astype(np.int64) * stride
+            tile = sy // g.tile * g.ntx + sx // g.tile
         on = (sy % stride == 0) & (sx % stride == 0)
         tiles.append(tile[on])
         ys.append(sy[on])

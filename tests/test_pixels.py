@@ -261,3 +261,78 @@ def test_excluded_runs_merge_neighbours_and_repeats():
         drop[np.flatnonzero(want[:, 0] == t)[i]] = True
     got = np.stack([np.asarray(c, np.int64) for c in merged.take(np.arange(len(merged)))], axis=1)
     np.testing.assert_array_equal(got, want[~drop])
+
+
+# -- footprint_guard: pixels="all" patches that never show another split's labelled pixel ---------------------------
+
+def _guard_reference(scene, split, patch, stride, nodata=None):
+    """The centres a guarded loader must yield, by looping: every stride-th pixel with data whose patch window
+    (clipped to the scene) holds no labelled pixel of a split other than ``split``."""
+    h, w = scene.shape[:2]
+    other = np.zeros((h, w), bool)
+    t = scene.sample_table()
+    code = {"train": 1, "val": 2, "test": 3}[split]
+    y, x, _ = scene.samples(None)
+    other[y[t["split"] != code], x[t["split"] != code]] = True
+    r = patch // 2
+    keep = set()
+    for cy in range(0, h, stride):
+        for cx in range(0, w, stride):
+            if nodata is not None and nodata[cy, cx]:
+                continue
+            if not other[max(0, cy - r):cy + r + 1, max(0, cx - r):cx + r + 1].any():
+                keep.add((cy, cx))
+    return keep
+
+
+@pytest.mark.parametrize("stride, patch, split", [(1, 5, "train"), (2, 7, "train"), (1, 3, "test")])
+def test_footprint_guard_keeps_patches_clear_of_other_splits(synthetic_store, stride, patch, split):
+    store = synthetic_store(37, 29, 4, classes=3, seed=21, labelled_fraction=0.05, tile=18, train=0.5)[0]
+    scene = hsgds.open_scene(store)
+    want = _guard_reference(scene, split, patch, stride)
+    opts = dict(patch_size=patch, batch_size=32, pixels="all", split=split, stride=stride, shuffle=False,
+                return_coords=True, device="cpu")
+    with hsgds.PatchLoader(store, footprint_guard=True, **opts) as guarded, hsgds.PatchLoader(store, **opts) as plain:
+        got = [tuple(c) for _, _, coords in guarded for c in coords.numpy().tolist()]
+        assert len(guarded) == -(-len(want) // 32) and len(got) == len(want) and set(got) == want
+        assert len(plain.samples) > len(guarded.samples)  # (footprints that show another split's pixel exist)
+    mask = np.random.default_rng(3).random(scene.shape[:2]) < 0.5  # the listed path (a mask) gives the same
+    with hsgds.PatchLoader(store, footprint_guard=True, mask=mask, **opts) as masked:
+        got = {tuple(c) for _, _, coords in masked for c in coords.numpy().tolist()}
+    assert got == {p for p in want if mask[p]}
+
+
+def test_footprint_guard_needs_pixels_all_and_a_split_and_is_part_of_a_state(synthetic_store):
+    store = synthetic_store(37, 29, 4, classes=3, seed=21, labelled_fraction=0.05, tile=18, train=0.5)[0]
+    with pytest.raises(ConfigError, match="footprint_guard keeps pixels='all' patches clear"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, pixels="all", footprint_guard=True, device="cpu")
+    with pytest.raises(ConfigError, match="footprint_guard keeps pixels='all' patches clear"):
+        hsgds.PatchLoader(store, patch_size=5, batch_size=8, footprint_guard=True, device="cpu")
+    opts = dict(patch_size=5, batch_size=8, pixels="all", split="train", device="cpu")
+    with hsgds.PatchLoader(store, footprint_guard=True, **opts) as a, hsgds.PatchLoader(store, **opts) as b:
+        state = a.state_dict()
+        with pytest.raises(ConfigError, match="saved with footprint_guard=True but this loader has "
+                                              "footprint_guard=False"):
+            b.load_state_dict(state)
+
+
+def test_footprint_guard_over_a_collection_equals_its_opened_stores(synthetic_store, tmp_path):
+    import shutil
+
+    from hsgds.collection import SceneEntry, write_collection
+
+    names = []
+    for seed in (21, 22):
+        store = synthetic_store(37, 29, 4, classes=3, seed=seed, labelled_fraction=0.05, tile=18, train=0.5)[0]
+        shutil.copytree(store, tmp_path / f"s{seed}.zarr")
+        names.append(f"s{seed}")
+    write_collection(tmp_path, [SceneEntry.of_scene(n, hsgds.open_scene(tmp_path / f"{n}.zarr")) for n in names])
+    opts = dict(patch_size=5, batch_size=32, pixels="all", split="train", shuffle=False, return_coords=True,
+                device="cpu", footprint_guard=True)
+    with hsgds.PatchLoader(tmp_path, **opts) as listed, \
+            hsgds.PatchLoader([tmp_path / f"{n}.zarr" for n in names], **opts) as opened:
+        got = np.concatenate([c.numpy() for _, _, c in listed])
+        np.testing.assert_array_equal(got, np.concatenate([c.numpy() for _, _, c in opened]))
+    for s, n in enumerate(names):
+        want = _guard_reference(hsgds.open_scene(tmp_path / f"{n}.zarr"), "train", 5, 1)
+        assert {(int(y), int(x)) for i, y, x in got.tolist() if i == s} == want
