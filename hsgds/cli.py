@@ -556,8 +556,8 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
 @click.option("--batch-size", type=int, help="Patches per model call (default: 1024, or the fixed batch size a "
                                                 "program was exported with).")
 @click.option("--probabilities", type=click.Path(dir_okay=False),
-              help="Also write per-class probabilities, float16 (H, W, K), to this .npy file (with {name} for a "
-                   "collection).")
+              help="Also write per-class probabilities to this file: .npy, float16 (H, W, K); or .tif, a float32 "
+                   "GeoTIFF of K bands, georeferenced as the map (with {name} for a collection).")
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--tta", is_flag=True, help="Test-time augmentation: average the model's probabilities over the "
                                           "8 flips / quarter turns of each patch (8x the model's work).")
@@ -572,8 +572,9 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     from hsgds.models import load_model
     from hsgds.scene import open_scene
 
-    if probabilities is not None and Path(probabilities).suffix.lower() != ".npy":
-        _fail(f"--probabilities is written as .npy; name the file {Path(probabilities).stem}.npy")
+    if probabilities is not None and Path(probabilities).suffix.lower() not in writers.PROBABILITY_SUFFIXES:
+        _fail(f"--probabilities is written as .npy or a GeoTIFF (.tif); name the file {Path(probabilities).stem}.npy "
+              f"or {Path(probabilities).stem}.tif")
     if is_collection_path(store):
         _predict_collection(store, model_path, out, patch_size, batch_size, probabilities, device, tta)
         return

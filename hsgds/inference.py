@@ -71,7 +71,7 @@ def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
             raise ConfigError("probabilities=True writes beside `out`; pass out=... or a path for the probabilities")
         return out.with_name(out.stem + ".probabilities.npy")
     if not isinstance(probabilities, (str, os.PathLike)):
-        raise ConfigError(f"probabilities must be True, False or a .npy path, got {probabilities!r}")
+        raise ConfigError(f"probabilities must be True, False or a .npy or .tif path, got {probabilities!r}")
     path = Path(probabilities)
     if out is not None and path.resolve() == out.resolve():
         raise ConfigError(f"probabilities and the class map would both be written to {path}; name another file")
@@ -196,7 +196,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         Predict only where True; other pixels are 0 in the map (and in the probabilities). Pixels where the
         source had no data (a format v3 store's nodata map) are never predicted either: 0 there too.
     probabilities : bool or path
-        Also write the softmax of the logits as float16 (H, W, K) ``.npy``: True puts it beside ``out``
+        Also write the softmax of the logits as float16 (H, W, K) ``.npy``, or with a ``.tif`` path as a
+        float32 GeoTIFF of K bands with the store's georeference: True puts a ``.npy`` beside ``out``
         (``<out stem>.probabilities.npy``), a path puts it there.
     progress : callable or None
         Called after every batch with (pixels predicted so far, pixels to predict); ``hsgds predict`` draws
@@ -247,9 +248,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         writers.check_output(out)
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
-        if prob_path.suffix.lower() != ".npy":
-            raise ConfigError(f"per-class probabilities are written as .npy; name the file {prob_path.stem}.npy")
-        writers.check_output(prob_path)
+        writers.check_probability_output(prob_path)
     h, w = scene.shape[:2]
     if mask is not None:
         mask = np.asarray(mask)
@@ -306,7 +305,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                         if not 1 <= classes <= 65535:
                             raise InputError(f"the model returns {classes} logits per pixel; 1..65535 are supported")
                         if prob_path is not None:
-                            probs = writers.ProbabilityFile(prob_path, (h, w, classes))
+                            probs = writers.ProbabilityFile(prob_path, (h, w, classes),
+                                                            georeference=scene.meta.georeference,
+                                                            class_names=class_names)
                     scores = (_tta_probabilities(model, patches, logits, layout) if tta else logits)[:n]
                     logits = logits[:n]
                     # (with tta, a variant's NaN or inf reaches the mean of the probabilities)

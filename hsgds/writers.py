@@ -12,6 +12,9 @@ Class maps follow the store's label convention: 0 = not predicted / unlabelled (
   (matplotlib, ``hsgds[preview]``).
 - ``.hdr``: an ENVI Classification file (header + ``.img`` binary) with class names and lookup colours.
 - ``.npy``: the array itself.
+
+Per-class probabilities (:class:`ProbabilityFile`) are streamed to a float16 ``.npy``, or written from it as
+a float32 GeoTIFF of one band per class on the map's grid.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from hsgds.preview import UNLABELLED, class_colours
 
 __all__ = [
     "FORMATS",
+    "PROBABILITY_SUFFIXES",
     "ProbabilityFile",
     "atomic_path",
     "check_output",
+    "check_probability_output",
     "write_class_map",
     "write_envi",
     "write_geotiff",
@@ -139,17 +144,8 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     a = _check_map(classmap)
     k = _num_classes(a, num_classes, class_names)
     dtype = _map_dtype(k)
-    profile: dict[str, Any] = dict(driver="GTiff", height=a.shape[0], width=a.shape[1], count=1, dtype=dtype.name,
-                                   nodata=0, compress="deflate", photometric="palette")
-    if georeference is not None:
-        from rasterio.crs import CRS
-        from rasterio.transform import Affine
-
-        profile["transform"] = Affine.from_gdal(*georeference["transform"])
-        if georeference.get("crs_wkt"):
-            profile["crs"] = CRS.from_wkt(georeference["crs_wkt"])
-        elif georeference.get("epsg"):
-            profile["crs"] = CRS.from_epsg(georeference["epsg"])
+    profile = _geotiff_profile(georeference, a.shape[0], a.shape[1], 1, dtype.name)
+    profile.update(nodata=0, compress="deflate", photometric="palette")
     lut = class_colours(k)
     with atomic_path(path) as tmp:
         with warnings.catch_warnings():
@@ -160,6 +156,23 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
                 dst.update_tags(1, **{f"CLASS_{i}": n for i, n in enumerate(_names(k, class_names), start=1)})
                 dst.set_band_description(1, "class (0 = nodata)")
     return Path(path)
+
+
+def _geotiff_profile(georeference: dict[str, Any] | None, height: int, width: int, count: int,
+                     dtype: str) -> dict[str, Any]:
+    """rasterio's creation profile of a GeoTIFF on the store's pixel grid, with its CRS and transform when it
+    has them."""
+    profile: dict[str, Any] = dict(driver="GTiff", height=height, width=width, count=count, dtype=dtype)
+    if georeference is not None:
+        from rasterio.crs import CRS
+        from rasterio.transform import Affine
+
+        profile["transform"] = Affine.from_gdal(*georeference["transform"])
+        if georeference.get("crs_wkt"):
+            profile["crs"] = CRS.from_wkt(georeference["crs_wkt"])
+        elif georeference.get("epsg"):
+            profile["crs"] = CRS.from_epsg(georeference["epsg"])
+    return profile
 
 
 def _map_info(transform: list[float]) -> str | None:
@@ -298,22 +311,40 @@ def write_class_map(path: str | os.PathLike, classmap: Any, *, num_classes: int 
     return write_npy(path, _check_map(classmap))
 
 
+#: suffixes per-class probabilities are written as
+PROBABILITY_SUFFIXES = (".npy", ".tif", ".tiff")
+#: float32 bytes a probability GeoTIFF is written from at a time (rows of its 256-pixel tiles)
+GEOTIFF_BLOCK_BYTES = 64 << 20
+
+
+def check_probability_output(path: str | os.PathLike) -> str:
+    """:func:`check_output` for a per-class probabilities file (.npy, or a GeoTIFF); return its suffix."""
+    p = Path(path)
+    if p.suffix.lower() not in PROBABILITY_SUFFIXES:
+        raise InputError(f"per-class probabilities are written as .npy or a GeoTIFF (.tif); name the file "
+                         f"{p.stem}.npy or {p.stem}.tif")
+    return check_output(p)
+
+
 class ProbabilityFile:
-    """A float16 (H, W, K) ``.npy`` file filled batch by batch, never held whole in memory.
+    """A float16 (H, W, K) ``.npy`` file filled batch by batch, never held whole in memory; or, for a ``.tif``
+    path, a float32 GeoTIFF of K bands (band k: class k + 1's probability, named after it) with the store's
+    georeference, made from that file when committed.
 
     The file is created at its full size in a hidden temporary beside ``path`` (sparse: pixels never
     written read as 0), memory-mapped, and written at scattered pixels; every ``flush_bytes`` written the
     mapping is synced and its pages dropped from this process's memory. :meth:`commit` renames it
-    into place; :meth:`abort` (or leaving a ``with`` block by an exception) deletes it.
+    into place (a GeoTIFF is written from it row block by row block, atomically, and it is deleted);
+    :meth:`abort` (or leaving a ``with`` block by an exception) deletes it.
     """
 
-    def __init__(self, path: str | os.PathLike, shape: tuple[int, int, int], flush_bytes: int = 64 << 20) -> None:
+    def __init__(self, path: str | os.PathLike, shape: tuple[int, int, int], flush_bytes: int = 64 << 20,
+                 georeference: dict[str, Any] | None = None, class_names: list[str] | None = None) -> None:
         import mmap
 
         self.path = Path(path)
-        if self.path.suffix.lower() != ".npy":
-            raise InputError(f"per-class probabilities are written as .npy; name the file {self.path.stem}.npy")
-        check_output(self.path)
+        self._geotiff = check_probability_output(self.path) != ".npy"
+        self._georeference, self._class_names = georeference, class_names
         self.shape = tuple(int(v) for v in shape)
         remove_stale_partials(self.path)
         self._tmp = partial_path(self.path)
@@ -365,10 +396,40 @@ class ProbabilityFile:
 
     def commit(self) -> Path:
         self._close()
+        if self._geotiff:
+            try:
+                self._write_geotiff()
+            finally:
+                with contextlib.suppress(OSError):
+                    self._tmp.unlink()
+            return self.path
         fsync_file(self._tmp)
         os.replace(self._tmp, self.path)
         fsync_dir(self.path.parent)
         return self.path
+
+    def _write_geotiff(self) -> None:
+        """The GeoTIFF from the finished temporary, a block of rows at a time (memory: one block)."""
+        rasterio = require("rasterio", "geo", "writing per-class probabilities as a GeoTIFF")
+        from rasterio.windows import Window
+
+        h, w, k = self.shape
+        probs = np.load(self._tmp, mmap_mode="r")
+        profile = _geotiff_profile(self._georeference, h, w, k, "float32")
+        profile.update(compress="deflate", predictor=3, tiled=True, blockxsize=256, blockysize=256,
+                       BIGTIFF="IF_SAFER")  # (predictor 3: the floating-point one)
+        rows = max(256, GEOTIFF_BLOCK_BYTES // max(1, w * k * 4) // 256 * 256)  # whole rows of 256-px tiles
+        names = _names(k, self._class_names)
+        with atomic_path(self.path) as tmp:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+                with rasterio.open(tmp, "w", **profile) as dst:
+                    for y0 in range(0, h, rows):
+                        block = np.asarray(probs[y0:y0 + rows], dtype=np.float32)
+                        dst.write(block.transpose(2, 0, 1), window=Window(0, y0, w, block.shape[0]))
+                    for band, name in enumerate(names, start=1):
+                        dst.set_band_description(band, f"probability of {name}")
+        del probs
 
     def abort(self) -> None:
         try:

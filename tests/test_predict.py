@@ -315,6 +315,37 @@ def test_geotiff_source_to_georeferenced_class_map(tmp_path):
     assert np.array_equal(data, out)
 
 
+def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
+    """probabilities=*.tif: a float32 GeoTIFF of K bands on the source's grid (CRS and transform as GDAL reads
+    the source), each band the class's probability exactly as the .npy holds it, named after its class; the
+    pixels not predicted (outside the mask) are 0; nothing is left beside it."""
+    rasterio = pytest.importorskip("rasterio")
+    from rasterio.crs import CRS
+    from rasterio.transform import Affine
+
+    cube, _ = coordinate_cube(seed=4)
+    src = tmp_path / "cube.tif"
+    with rasterio.open(src, "w", driver="GTiff", height=H, width=W, count=B, dtype="int16",
+                       crs=CRS.from_epsg(32616), transform=Affine(30, 0, 620000.5, 0, -30, 4000000.25)) as dst:
+        dst.write(cube.transpose(2, 0, 1))
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    mask = np.random.default_rng(11).random((H, W)) < 0.7
+    kw = dict(patch_size=3, batch_size=40, device="cpu", mask=mask)
+    predict(store, RandomConv(3, k=4), probabilities=tmp_path / "p.npy", **kw)
+    predict(store, RandomConv(3, k=4), probabilities=tmp_path / "p.tif", **kw)
+    want = np.load(tmp_path / "p.npy", allow_pickle=False)
+    with rasterio.open(tmp_path / "p.tif") as ds:
+        assert ds.count == 4 and ds.dtypes == ("float32",) * 4
+        assert ds.crs == CRS.from_epsg(32616) and ds.transform == _gdal(src)[1]
+        assert ds.descriptions == tuple(f"probability of class {k}" for k in range(1, 5))
+        got = ds.read()
+    np.testing.assert_array_equal(got.transpose(1, 2, 0), want.astype(np.float32))
+    assert (got[:, ~mask] == 0).all() and np.allclose(got[:, mask].sum(0), 1, atol=4e-3)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    with pytest.raises(InputError, match=r"written as .npy or a GeoTIFF \(.tif\); name the file p.npy or p.tif"):
+        predict(store, RandomConv(3, k=4), probabilities=tmp_path / "p.png", **kw)
+
+
 def test_envi_source_to_georeferenced_class_map(tmp_path):
     envi = pytest.importorskip("spectral.io.envi")
     cube, _ = coordinate_cube(seed=4)

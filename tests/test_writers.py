@@ -224,3 +224,21 @@ def test_temporaries_of_killed_writers_are_removed_by_the_next_write(tmp_path, c
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_probability_geotiff_is_written_block_by_block(tmp_path, monkeypatch):
+    """A probabilities GeoTIFF taller than one block of rows (here 256) equals what was written, read back by
+    rasterio (GDAL); the temporary it was made from is gone."""
+    rasterio = pytest.importorskip("rasterio")
+    monkeypatch.setattr(writers, "GEOTIFF_BLOCK_BYTES", 1)  # one 256-row block at a time
+    rng = np.random.default_rng(7)
+    values = rng.random((600, 9, 3)).astype(np.float16)
+    f = writers.ProbabilityFile(tmp_path / "p.tif", (600, 9, 3), georeference=GEO, class_names=["a", "b"])
+    y, x = np.nonzero(np.ones((600, 9), bool))
+    f.write(y, x, values[y, x])
+    f.commit()
+    with rasterio.open(tmp_path / "p.tif") as ds:
+        assert ds.count == 3 and ds.block_shapes[0] == (256, 256) and ds.crs.to_epsg() == 32616
+        assert ds.descriptions == ("probability of a", "probability of b", "probability of class 3")
+        np.testing.assert_array_equal(ds.read().transpose(1, 2, 0), values.astype(np.float32))
+    assert leftovers(tmp_path) == []
