@@ -414,7 +414,7 @@ class ProbabilityFile:
         from rasterio.windows import Window
 
         h, w, k = self.shape
-        probs = np.load(self._tmp, mmap_mode="r")
+        probs = np.load(self._tmp, mmap_mode="r", allow_pickle=False)
         profile = _geotiff_profile(self._georeference, h, w, k, "float32")
         profile.update(compress="deflate", predictor=3, tiled=True, blockxsize=256, blockysize=256,
                        BIGTIFF="IF_SAFER")  # (predictor 3: the floating-point one)
