@@ -69,7 +69,9 @@ def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
     if probabilities is True:
         if out is None:
             raise ConfigError("probabilities=True writes beside `out`; pass out=... or a path for the probabilities")
-        return out.with_name(out.stem + ".probabilities.npy")
+        # beside a GeoTIFF map, a GeoTIFF (a GIS opens both); beside any other, the .npy
+        return out.with_name(out.stem + (".probabilities.tif" if out.suffix.lower() in (".tif", ".tiff") else
+                                         ".probabilities.npy"))
     if not isinstance(probabilities, (str, os.PathLike)):
         raise ConfigError(f"probabilities must be True, False or a .npy or .tif path, got {probabilities!r}")
     path = Path(probabilities)
@@ -197,8 +199,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         source had no data (a format v3 store's nodata map) are never predicted either: 0 there too.
     probabilities : bool or path
         Also write the softmax of the logits as float16 (H, W, K) ``.npy``, or with a ``.tif`` path as a
-        float32 GeoTIFF of K bands with the store's georeference: True puts a ``.npy`` beside ``out``
-        (``<out stem>.probabilities.npy``), a path puts it there.
+        float32 GeoTIFF of K bands with the store's georeference: True puts it beside ``out``
+        (``<out stem>.probabilities.tif`` beside a GeoTIFF map, else ``<out stem>.probabilities.npy``), a path
+        puts it there.
     progress : callable or None
         Called after every batch with (pixels predicted so far, pixels to predict); ``hsgds predict`` draws
         its progress bar with it.

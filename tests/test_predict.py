@@ -344,6 +344,10 @@ def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     with pytest.raises(InputError, match=r"written as .npy or a GeoTIFF \(.tif\); name the file p.npy or p.tif"):
         predict(store, RandomConv(3, k=4), probabilities=tmp_path / "p.png", **kw)
+    # beside a GeoTIFF map, probabilities=True writes a GeoTIFF too
+    predict(store, RandomConv(3, k=4), probabilities=True, out=tmp_path / "map.tif", **kw)
+    with rasterio.open(tmp_path / "map.probabilities.tif") as ds:
+        np.testing.assert_array_equal(ds.read().transpose(1, 2, 0), want.astype(np.float32))
 
 
 def test_envi_source_to_georeferenced_class_map(tmp_path):
