@@ -231,6 +231,16 @@ def stream_child(stores: list[str], args: argparse.Namespace) -> dict:
     return out
 
 
+def _first_batch_s(store, opts: dict) -> float:
+    """Seconds from ``PatchLoader(store, **opts)`` to its first batch."""
+    import hsgds
+
+    t = time.perf_counter()
+    with hsgds.PatchLoader(store, **opts) as loader:
+        next(iter(loader))
+    return time.perf_counter() - t
+
+
 def startup(stores: list[Path], work: Path, args: argparse.Namespace) -> dict:
     """Time to first batch against the number of scenes: ``PatchLoader(collection folder)`` (nothing but
     collection.json is read before the first batch) and ``PatchLoader([store paths])`` (every store opened
@@ -253,10 +263,7 @@ def startup(stores: list[Path], work: Path, args: argparse.Namespace) -> dict:
             open_collection(folder)
             runs["collection.json read"].append(time.perf_counter() - t)
             for name, store in (("collection", folder), ("list of stores", [str(s) for s in stores[:n]])):
-                t = time.perf_counter()
-                with hsgds.PatchLoader(store, **opts) as loader:
-                    next(iter(loader))
-                runs[name].append(time.perf_counter() - t)
+                runs[name].append(_first_batch_s(store, opts))
         row = {"scenes": n, **{f"{k} s": float(np.median(v)) for k, v in runs.items()}}
         rows.append(row)
         _log(f"  {n:4d} scenes: first batch {row['collection s']:.3f} s from collection.json, "
@@ -280,10 +287,7 @@ def startup(stores: list[Path], work: Path, args: argparse.Namespace) -> dict:
             t = time.perf_counter()
             open_collection(folder)
             read.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            with hsgds.PatchLoader(folder, **opts) as loader:
-                next(iter(loader))
-            first.append(time.perf_counter() - t)
+            first.append(_first_batch_s(folder, opts))
         large.append({"scenes": n, "collection.json read s": float(np.median(read)),
                       "collection s": float(np.median(first))})
         _log(f"  {n:5d} listed scenes: first batch {large[-1]['collection s']:.3f} s from collection.json "
@@ -333,10 +337,7 @@ def startup_nodata(work: Path, args: argparse.Namespace) -> dict:
         runs: dict[str, list[float]] = {k: [] for k in folders}
         for _ in range(args.repeats + 1):
             for variant, folder in folders.items():
-                t = time.perf_counter()
-                with hsgds.PatchLoader(folder, **opts) as loader:
-                    next(iter(loader))
-                runs[variant].append(time.perf_counter() - t)
+                runs[variant].append(_first_batch_s(folder, opts))
         row = {"scenes": n, **{f"{k} s": float(np.median(v)) for k, v in runs.items()}}
         rows.append(row)
         _log(f"  {n:5d} listed scenes with nodata: first batch {row['per-tile counts listed s']:.3f} s with "
@@ -362,10 +363,7 @@ def startup_labelled(work: Path, args: argparse.Namespace) -> dict:
             for name, store in (("collection", folder), ("list of stores", [str(stores[i % 8]) for i in range(n)])):
                 if name == "list of stores" and n > 1000:
                     continue
-                t = time.perf_counter()
-                with hsgds.PatchLoader(store, **opts) as loader:
-                    next(iter(loader))
-                runs[name].append(time.perf_counter() - t)
+                runs[name].append(_first_batch_s(store, opts))
         row = {"scenes": n, **{f"{k} s": float(np.median(v)) if v else None for k, v in runs.items()}}
         rows.append(row)
         listed_s = "" if row["list of stores s"] is None else f", {row['list of stores s']:.3f} s from a list of stores"

@@ -123,12 +123,13 @@ def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
 def _echo_nodata(store) -> None:
     """One line saying how many pixels had no data and what the tiles hold there, or that none had, when a
     nodata value applied."""
+    from hsgds import format as fmt
     from hsgds.scene import open_scene
 
     record = open_scene(store).meta.nodata
     if not record:
         return
-    value = record["value"] if isinstance(record["value"], str) else f"{record['value']:g}"
+    value = fmt.nodata_text(record["value"])
     if not record["pixels"]:  # e.g. a value the dtype cannot hold, or a full raster: say so
         click.echo(f"nodata: no pixel has every band at {value}; every pixel is data")
         return

@@ -377,6 +377,11 @@ def nodata_value(value: float) -> float | str:
     return "nan" if math.isnan(value) else float(value)
 
 
+def nodata_text(value: float | str | None) -> str:
+    """A recorded nodata value as messages show it: -9999 (not -9999.0), nan; none when there is none."""
+    return "none" if value is None else value if isinstance(value, str) else f"{value:g}"
+
+
 def nodata_problem(record: Any, pixels: int) -> str | None:
     """Why ``record`` is not a valid ``nodata`` record for a scene of ``pixels`` pixels (None: it is)."""
     if not isinstance(record, dict):

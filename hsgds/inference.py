@@ -40,8 +40,12 @@ def ring_bytes_for(scene: Scene, batch_size: int, mask: np.ndarray | None = None
     the source had no data): a batch that starts at the last pixel of tile i covers the tiles holding the
     next batch_size - 1 pixels.
     """
+    return _ring_bytes(scene, batch_size, _predicted(scene, mask))
+
+
+def _ring_bytes(scene: Scene, batch_size: int, keep: np.ndarray | None) -> int:
+    """:func:`ring_bytes_for` with the pixels to predict known (None: every pixel)."""
     g = scene.grid
-    keep = _predicted(scene, mask)
     counts: np.ndarray = np.zeros((g.nty, g.ntx), np.int64)
     for ty in range(g.nty):
         for tx in range(g.ntx):
@@ -272,7 +276,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         with PatchLoader(scene, batch_size=batch_size, split=None, pixels="all",
                          shuffle=False, return_coords=True, mask=mask, device=device, dtype=dtype,
                          engine=engine, reader=reader, **settings,
-                         ring_bytes=ring_bytes_for(scene, batch_size, mask) if ring_bytes is None else ring_bytes) as loader:
+                         ring_bytes=_ring_bytes(scene, batch_size, keep) if ring_bytes is None else ring_bytes) as loader:
             dev = loader.device
             if from_file:  # a module loaded here (on the CPU) runs where the loader cuts
                 model.to(dev)

@@ -224,7 +224,7 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
         had = None if meta.nodata is None else meta.nodata["value"]
         want = None if opts.nodata == "none" else fmt.nodata_value(float(opts.nodata))
         if had != want:
-            return _differs(opts.nodata_from, _nodata_text(want), _nodata_text(had))
+            return _differs(opts.nodata_from, fmt.nodata_text(want), fmt.nodata_text(had))
     split = meta.converted_split if meta.converted_split is not None else meta.split or {}
     if split.get("method", "none") != "none":
         if split.get("method") != opts.split:
@@ -244,11 +244,6 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
                                     split.get("block_size"))
                 return _differs("--" + key.replace("_", "-"), value, split.get(key))
     return None
-
-
-def _nodata_text(value: float | str | None) -> str:
-    """A nodata value as a message shows it: -9999 (not -9999.0), nan, none."""
-    return "none" if value is None else value if isinstance(value, str) else f"{value:g}"
 
 
 def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | None:
@@ -276,7 +271,7 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
         return None
     if meta.format_version < 3:
         return f"the source records nodata value {value:g}, which this format v{meta.format_version} store ignored"
-    return (f"the source's nodata value ({_nodata_text(want)}) differs from the store's ({_nodata_text(had)}); "
+    return (f"the source's nodata value ({fmt.nodata_text(want)}) differs from the store's ({fmt.nodata_text(had)}); "
             "no --nodata is given")
 
 

@@ -297,17 +297,22 @@ def _gdal(path):
             return ds.crs, ds.transform, ds.read(1) if ds.count == 1 else None
 
 
-def test_geotiff_source_to_georeferenced_class_map(tmp_path):
+def _georeferenced_store(tmp_path, seed):
+    """The coordinate cube written as a GeoTIFF (EPSG:32616) by rasterio and converted; (source, store)."""
     rasterio = pytest.importorskip("rasterio")
     from rasterio.crs import CRS
     from rasterio.transform import Affine
 
-    cube, labels = coordinate_cube(seed=3)
+    cube, _ = coordinate_cube(seed=seed)
     src = tmp_path / "cube.tif"
     with rasterio.open(src, "w", driver="GTiff", height=H, width=W, count=B, dtype="int16",
                        crs=CRS.from_epsg(32616), transform=Affine(30, 0, 620000.5, 0, -30, 4000000.25)) as dst:
         dst.write(cube.transpose(2, 0, 1))
-    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    return src, convert(src, tmp_path / "s.zarr", ConvertOptions())
+
+
+def test_geotiff_source_to_georeferenced_class_map(tmp_path):
+    src, store = _georeferenced_store(tmp_path, seed=3)
     out = predict(store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "map.tif")
     crs, transform, data = _gdal(tmp_path / "map.tif")
     src_crs, src_transform, _ = _gdal(src)
@@ -321,14 +326,8 @@ def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
     pixels not predicted (outside the mask) are 0; nothing is left beside it."""
     rasterio = pytest.importorskip("rasterio")
     from rasterio.crs import CRS
-    from rasterio.transform import Affine
 
-    cube, _ = coordinate_cube(seed=4)
-    src = tmp_path / "cube.tif"
-    with rasterio.open(src, "w", driver="GTiff", height=H, width=W, count=B, dtype="int16",
-                       crs=CRS.from_epsg(32616), transform=Affine(30, 0, 620000.5, 0, -30, 4000000.25)) as dst:
-        dst.write(cube.transpose(2, 0, 1))
-    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    src, store = _georeferenced_store(tmp_path, seed=4)
     mask = np.random.default_rng(11).random((H, W)) < 0.7
     kw = dict(patch_size=3, batch_size=40, device="cpu", mask=mask)
     predict(store, RandomConv(3, k=4), probabilities=tmp_path / "p.npy", **kw)
