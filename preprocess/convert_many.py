@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import logging
 import os
 import secrets
 import signal
@@ -421,10 +422,14 @@ def _client(scheduler: str | None, workers: int):
         except (OSError, TimeoutError, ValueError) as exc:
             raise InputError(f"cannot reach the Dask scheduler at {scheduler} ({_one_line(exc)}); start one with "
                              "`dask scheduler` or leave out --scheduler to convert on this machine") from None
-    # one task per process at a time: each scene already writes its tiles with opts.workers threads
+    # one task per process at a time: each scene already writes its tiles with opts.workers threads.
+    # Workers log only CRITICAL: what goes wrong in a scene comes back through its future (one line per scene),
+    # while their ERROR records are shutdown races (a busy worker's heartbeat finding the scheduler gone after
+    # Ctrl-C) printed as tracebacks into the user's terminal.
     with _ctrl_c_ignored():
         cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                           dashboard_address=":0", scheduler_port=0, silence_logs=40)
+                                           dashboard_address=":0", scheduler_port=0,
+                                           silence_logs=logging.CRITICAL)
     return distributed.Client(cluster), cluster
 
 
