@@ -67,6 +67,31 @@ def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
     return ~nodata if mask is None else mask & ~nodata
 
 
+def _refuse_overwriting_inputs(scene: Scene, targets: list[Path]) -> None:
+    """Refuse an output path that would replace the store itself or the cube (or ground truth) it was converted
+    from: an -o naming the source by mistake would destroy data a rerun cannot give back. The store records
+    its sources' file names and total size, so a source is recognised beside the target by both (a class map
+    written earlier under a source's name is smaller than the cube, and is replaced as any output is)."""
+    store = scene.path.resolve()
+    records = [("source cube", scene.meta.source), ("ground truth", scene.meta.labels_source or {})]
+    for target in targets:
+        resolved = target.resolve()
+        if resolved == store or store in resolved.parents:
+            raise InputError(f"cannot write {target}: it is inside the store {scene.path}; choose an output path "
+                             "outside it")
+        if not resolved.is_file():
+            continue
+        for what, record in records:
+            names = record.get("files") or [record.get("name")]
+            if resolved.name not in names or not isinstance(record.get("size"), int):
+                continue
+            beside = [resolved.parent / str(n) for n in names]
+            if all(p.is_file() for p in beside) and sum(p.stat().st_size for p in beside) == record["size"]:
+                raise InputError(f"cannot write {target}: it is the {what} {scene.path.name} was converted from "
+                                 f"(same name and size as recorded); writing there would destroy it: choose "
+                                 "another output path")
+
+
 def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
     if probabilities is False or probabilities is None:
         return None
@@ -256,6 +281,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
         writers.check_probability_output(prob_path)
+    _refuse_overwriting_inputs(scene, [*(writers.files_written(out) if out is not None else []),
+                                       *([prob_path] if prob_path is not None else [])])
     h, w = scene.shape[:2]
     if mask is not None:
         mask = np.asarray(mask)

@@ -84,6 +84,12 @@ def check_output(path: str | os.PathLike) -> str:
     return suffix
 
 
+def files_written(path: str | os.PathLike) -> list[Path]:
+    """The files :func:`write_class_map` writes for ``path`` (an ENVI header has its binary beside it)."""
+    p = Path(path)
+    return [p, p.with_suffix(".img")] if p.suffix.lower() == ".hdr" else [p]
+
+
 def _check_writable(folder: Path, path: Path) -> None:
     """Create and remove a file in ``folder`` now: a folder the map cannot be written to is named before the
     inference, not after it (os.access says yes to root, and knows nothing of read-only mounts)."""

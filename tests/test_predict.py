@@ -362,6 +362,36 @@ def test_envi_source_to_georeferenced_class_map(tmp_path):
     assert np.array_equal(data, out)
 
 
+def test_an_output_naming_the_source_or_the_store_is_refused_and_nothing_changes(tmp_path, run_cli):
+    """-o naming the cube a store was converted from (a GeoTIFF, an ENVI header whose .img would be replaced),
+    its ground truth, or a path inside the store: refused before any work, the files byte for byte as they
+    were. A file that only shares a source's name (a class map written earlier, in another folder) is
+    replaced as any output is."""
+    envi = pytest.importorskip("spectral.io.envi")
+    src, tif_store = _georeferenced_store(tmp_path, seed=5)
+    cube, labels = coordinate_cube(seed=6)
+    envi.save_image(str(tmp_path / "e.hdr"), cube, interleave="bil", ext=".img")
+    np.save(tmp_path / "gt.npy", labels)
+    envi_store = convert(tmp_path / "e.hdr", tmp_path / "e.zarr", ConvertOptions(labels=tmp_path / "gt.npy"))
+    before = {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    refused = [(tif_store, {"out": src}, "the source cube s.zarr was converted from"),
+               (tif_store, {"out": tmp_path / "map.npy", "probabilities": src}, "the source cube"),
+               (envi_store, {"out": tmp_path / "e.hdr"}, "the source cube e.zarr was converted from"),
+               (envi_store, {"out": tmp_path / "gt.npy"}, "the ground truth e.zarr was converted from"),
+               (envi_store, {"out": tmp_path / "e.zarr" / "map.npy"}, "it is inside the store")]
+    for store, outputs, message in refused:
+        with pytest.raises(InputError, match=message):
+            predict(store, RandomConv(3), patch_size=3, device="cpu", **outputs)
+    checkpoint, _ = _checkpoint(tmp_path, p=3)
+    code, _, stderr = run_cli("predict", envi_store, "--model", checkpoint, "-o", tmp_path / "e.hdr")
+    assert code == 2 and "it is the source cube e.zarr was converted from" in stderr, stderr
+    assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p != checkpoint} == before
+    (tmp_path / "maps").mkdir()  # the source's name elsewhere: an earlier map, not the cube
+    np.save(tmp_path / "maps" / "gt.npy", np.zeros((2, 2), np.uint8))
+    out = predict(envi_store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "maps" / "gt.npy")
+    assert np.array_equal(np.load(tmp_path / "maps" / "gt.npy"), out)
+
+
 # -- the command ---------------------------------------------------------------------------------------------
 
 def _checkpoint(tmp_path, bands=B, classes=4, p=5):
