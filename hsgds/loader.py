@@ -7,6 +7,7 @@ casts, normalizes and lays out every patch of the batch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
@@ -433,27 +434,34 @@ class PatchLoader:
         self._plans: dict[int, EpochPlan] = {}
         self._plan(self._epoch)  # a ring too small for a batch is reported now, before anything is allocated
         self._reader = make_reader(self.choice.reader, self.scenes.tile_source())
-        self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
-        self.out_bands = out_bands  # bands of each patch (all of the scenes', or the selection's)
-        # radiation noise and band dropout inside the cut where the engine can (the fused CPU kernel);
-        # dropout only without mixture noise, which comes between them (hsgds.augment)
-        fuse = augment is not None and self._engine.fuses_noise
-        self._fused_dropout = fuse and augment is not None and augment.band_dropout > 0 and augment.mixture_noise == 0
-        self._fused_radiation = fuse and augment is not None and augment.radiation_noise > 0
-        self._normalize_tiles = self._normalize_tiles and self._engine.normalizes_tiles(TORCH_DTYPES[grid.dtype])
-        self._augmenter = None if augment is None else Augmenter(
-            augment, self.seed, layout, fused_radiation=self._fused_radiation, fused_dropout=self._fused_dropout)
-        # CUDA: the per-batch index copy goes through a few reused pinned buffers (hsgds.batches)
-        self._staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
-        self._ring = TileRing(self.slots, slot_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader,
-                              on_load=self._normalize_tile if self._normalize_tiles else None)
-        self._reader.register(self._ring.storage)  # e.g. GDS pins the ring for DMA once, not per read
-        self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
-                                 slots=self.slots, ring_bytes=self.slots * tile_nbytes,
-                                 reasons=list(self.choice.reasons) + list(self._engine.reasons))
-        if self._normalize_tiles:
-            self.stats.reasons.append(f"tiles normalized once as they are read, into {out_name}; patches copied "
-                                      "from them (setting normalize_tiles)")
+        try:
+            self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
+            self.out_bands = out_bands  # bands of each patch (all of the scenes', or the selection's)
+            # radiation noise and band dropout inside the cut where the engine can (the fused CPU kernel);
+            # dropout only without mixture noise, which comes between them (hsgds.augment)
+            fuse = augment is not None and self._engine.fuses_noise
+            self._fused_dropout = fuse and augment is not None and augment.band_dropout > 0 and augment.mixture_noise == 0
+            self._fused_radiation = fuse and augment is not None and augment.radiation_noise > 0
+            self._normalize_tiles = self._normalize_tiles and self._engine.normalizes_tiles(TORCH_DTYPES[grid.dtype])
+            self._augmenter = None if augment is None else Augmenter(
+                augment, self.seed, layout, fused_radiation=self._fused_radiation, fused_dropout=self._fused_dropout)
+            # CUDA: the per-batch index copy goes through a few reused pinned buffers (hsgds.batches)
+            self._staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
+            self._ring = TileRing(self.slots, slot_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader,
+                                  on_load=self._normalize_tile if self._normalize_tiles else None)
+            self._reader.register(self._ring.storage)  # e.g. GDS pins the ring for DMA once, not per read
+            self.stats = LoaderStats(device=str(self.device), reader=self._reader.name, engine=self._engine.name,
+                                     slots=self.slots, ring_bytes=self.slots * tile_nbytes,
+                                     reasons=list(self.choice.reasons) + list(self._engine.reasons))
+            if self._normalize_tiles:
+                self.stats.reasons.append(f"tiles normalized once as they are read, into {out_name}; patches copied "
+                                          "from them (setting normalize_tiles)")
+        except BaseException:  # e.g. a DALI build or the ring's allocation failing: release what was built
+            for name in ("_ring", "_engine", "_reader"):
+                with contextlib.suppress(Exception):
+                    if hasattr(self, name):
+                        getattr(self, name).close()
+            raise
         self._closed = False
 
     # -- construction helpers -------------------------------------------------------------------------

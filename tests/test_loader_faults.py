@@ -154,3 +154,26 @@ def test_close_from_another_thread_wakes_a_waiting_consumer(store):
     closer.join(5)  # close() itself returns once the read in flight has finished
     assert not closer.is_alive()
     assert _ring_threads() == []
+
+
+def test_a_construction_failing_late_releases_what_it_built(store, monkeypatch):
+    """A loader whose construction fails after its ring was allocated (here the reader's one-time
+    registration of the ring, e.g. GDS refusing to pin it) closes its ring, engine and reader: on CUDA they
+    hold device memory and file handles, which are not left for the garbage collector; the error is the one
+    raised."""
+    from hsgds.engines.torch_engine import TorchEngine
+    from hsgds.io.posix import PosixReader
+    from hsgds.ring import TileRing
+
+    closed = []
+    for cls in (PosixReader, TileRing, TorchEngine):
+        def close(self, _close=cls.close, _name=cls.__name__):
+            closed.append(_name)
+            _close(self)
+
+        monkeypatch.setattr(cls, "close", close)
+    monkeypatch.setattr(PosixReader, "register", lambda self, storage: (_ for _ in ()).throw(
+        MemoryError("cannot pin the ring")))
+    with pytest.raises(MemoryError, match="cannot pin the ring"):
+        _loader(store, reader="posix", engine="torch")
+    assert sorted(closed) == ["PosixReader", "TileRing", "TorchEngine"]
