@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build (an open range would pull a multi-GB CUDA build)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,cpu,lint]'
+	$(BIN)/pip install -q -e '.[test,cpu,dali,lint]'
 	touch $(STAMP)
 
 install: $(STAMP)

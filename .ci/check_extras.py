@@ -138,7 +138,7 @@ def main() -> int:
         [*linux, "--python-version", "3.12", "--only-binary=:all:", f"torch=={torch_version}", ".[cu13]"],
         EXPECTED["cu13"] | {"torch", "hsgds"}, ())
     problems: list[str] = []
-    for extra in ("cpu", "cu12", "cu13"):
+    for extra in ("cpu", "dali", "cu12", "cu13"):
         own = [str(r) for r in requirements_on(extra, extras, "win32")]
         bad = [r for r in own if canonicalize_name(Requirement(r).name).startswith(LINUX_ONLY)]
         if bad:

@@ -215,7 +215,7 @@ def test_choose_kvikio_on_cpu_is_a_clear_error():
         choose(CPU, reader="posix-pinned")
 
 
-@pytest.mark.parametrize("report, extra", [(CPU, "cpu"), (GPU, "cu13"),
+@pytest.mark.parametrize("report, extra", [(CPU, "dali"), (GPU, "cu13"),
                                            (dataclasses.replace(GPU, cuda_runtime="12.8"), "cu12")])
 def test_choose_dali_without_dali_names_the_extra(report, extra):
     with pytest.raises(DependencyError, match=rf"engine='dali'.*pip install 'hsgds\[{extra}\]'"):

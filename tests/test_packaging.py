@@ -44,10 +44,13 @@ def test_gpu_extras_bring_kvikio_dali_on_linux_and_no_cuda_library_on_windows(ce
     assert not [n for n in on_linux | on_windows if n.startswith("cupy")]
 
 
-def test_cpu_extra_has_dali_on_linux_only(ce):
+def test_cpu_extra_is_numba_alone_and_dali_is_its_own_extra_on_linux_only(ce):
+    """[cpu] brings the fused kernel without DALI's ~190 MiB (the CPU path's engine is torch); [dali] brings
+    DALI's CPU pipelines, on Linux only."""
     extras = ce.load_extras()
-    assert "nvidia-dali-cuda130" in names(ce.requirements_on("cpu", extras, "linux"))
-    assert "nvidia-dali-cuda130" not in names(ce.requirements_on("cpu", extras, "win32"))
+    assert names(ce.requirements_on("cpu", extras, "linux")) == {"numba"}
+    assert "nvidia-dali-cuda130" in names(ce.requirements_on("dali", extras, "linux"))
+    assert "nvidia-dali-cuda130" not in names(ce.requirements_on("dali", extras, "win32"))
 
 
 def test_unmarked_linux_only_package_is_caught(ce):

@@ -56,7 +56,7 @@ def _import_dali() -> tuple[Any, Any, Any]:
     except ImportError as exc:
         raise DependencyError(
             "the 'dali' engine needs NVIDIA DALI: pip install 'hsgds[cu13]' (or 'hsgds[cu12]'); "
-            "for the CPU pipeline only: pip install 'hsgds[cpu]'"
+            "for the CPU pipeline only: pip install 'hsgds[dali]'"
         ) from exc
     return dali, fn, types
 
