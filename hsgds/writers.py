@@ -31,6 +31,7 @@ import numpy as np
 
 from hsgds._durable import atomic_path, fsync_dir, fsync_file, partial_path, remove_stale_partials
 from hsgds._optional import require
+from hsgds._wording import counted
 from hsgds.errors import InputError
 from hsgds.preview import UNLABELLED, class_colours
 
@@ -242,6 +243,23 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
     return header
 
 
+#: classes a PNG legend lists at most (a legend of hundreds of entries would be taller than the map)
+LEGEND_CLASSES = 40
+
+
+def legend_classes(predicted: np.ndarray, truth: np.ndarray | None = None,
+                   limit: int = LEGEND_CLASSES) -> tuple[list[int], int]:
+    """The classes a PNG legend lists (in class order) and how many more it leaves out: those in the map or
+    the ground truth (``predicted`` / ``truth``: pixel counts per class, index 0 unlabelled); past ``limit``
+    the ones with the most pixels, predicted and true together."""
+    total = predicted[1:].astype(np.int64) + (0 if truth is None else truth[1:].astype(np.int64))
+    seen = np.flatnonzero(total) + 1
+    if len(seen) <= limit:
+        return [int(c) for c in seen], 0
+    top = seen[np.argsort(-total[seen - 1], kind="stable")[:limit]]
+    return sorted(int(c) for c in top), len(seen) - limit
+
+
 def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
               class_names: list[str] | None = None, ground_truth: Any = None, title: str | None = None,
               dpi: int = 120) -> Path:
@@ -287,10 +305,15 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
                              label=text)
 
     present = np.bincount(a.reshape(-1).astype(np.int64), minlength=k + 1)
-    handles = [patch(lut[c], f"{c} {names[c - 1]} ({int(present[c])})") for c in range(1, k + 1)]
+    shown, hidden = legend_classes(present, None if gt is None else np.bincount(gt.reshape(-1).astype(np.int64),
+                                                                               minlength=k + 1))
+    handles = [patch(lut[c], f"{c} {names[c - 1]} ({int(present[c])})") for c in shown]
+    if hidden:
+        handles.append(patches.Patch(facecolor="none", edgecolor="none",
+                                     label=f"+ {counted(hidden, 'more class', 'more classes')} (fewer pixels)"))
     handles.append(patch(UNLABELLED, "not predicted / unlabelled"))
     axes[0].legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), fontsize=6.5, frameon=False,
-                   handlelength=1.2, columnspacing=0.8, ncol=2 if len(handles) > 6 else 1)
+                   handlelength=1.2, columnspacing=0.8, ncol=1 if len(handles) <= 6 else 2 if len(handles) <= 24 else 3)
     if gt is not None:
         axes[-1].legend(handles=[patch(CORRECT_COLOUR, "right"), patch(ERROR_COLOUR, "wrong"),
                                  patch(UNLABELLED, "unlabelled")], loc="upper center",

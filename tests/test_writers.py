@@ -91,6 +91,26 @@ def test_png_panels_decoded_by_matplotlib(tmp_path, classmap):
     assert tuple(writers.ERROR_COLOUR) in colours
 
 
+def test_png_legend_lists_the_classes_seen_and_at_most_its_limit(tmp_path):
+    """The legend lists the classes in the map or the ground truth; past LEGEND_CLASSES the ones with the most
+    pixels (predicted and true together, checked against a sort written here), the rest counted: a
+    300-class map makes an image about the size of a 40-class one (the legend's longest line aside), not a
+    legend taller than the map."""
+    image = pytest.importorskip("matplotlib.image")
+    predicted = np.bincount([1, 1, 3, 3, 3, 7], minlength=9)
+    assert writers.legend_classes(predicted) == ([1, 3, 7], 0)
+    assert writers.legend_classes(predicted, np.bincount([0, 8], minlength=9)) == ([1, 3, 7, 8], 0)
+    rng = np.random.default_rng(2)
+    counts = rng.permutation(np.arange(1, 301)) * 3  # distinct: the largest 40 are one set
+    shown, hidden = writers.legend_classes(np.concatenate([[5], counts]), limit=40)
+    assert shown == sorted(int(c) + 1 for c in np.argsort(-counts)[:40]) and hidden == 260
+    big = rng.integers(1, 301, (120, 120)).astype(np.uint16)
+    few = np.where(big > 40, big % 40 + 1, big).astype(np.uint16)
+    sizes = [image.imread(writers.write_class_map(tmp_path / f"{n}.png", m, num_classes=300)).shape
+             for n, m in (("many", big), ("few", few))]
+    assert sizes[0][0] <= 1.05 * sizes[1][0] and sizes[0][1] <= 1.05 * sizes[1][1], sizes
+
+
 def test_unknown_suffix_and_missing_folder_are_one_line_errors(tmp_path, classmap):
     with pytest.raises(InputError, match=r"unknown suffix '\.jpg'; use one of \.tif"):
         writers.check_output(tmp_path / "m.jpg")
