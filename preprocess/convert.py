@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import glob
 import math
+import numbers
 import os
 import secrets
 import shutil
@@ -108,8 +109,10 @@ class ConvertOptions:
             raise ConfigError("--train-mask/--val-mask/--test-mask need --split masks")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
-        if isinstance(self.nodata, str) and self.nodata != "none" or isinstance(self.nodata, float) and \
-                math.isinf(self.nodata):
+        # any real number (numpy's too, which are no float), so an infinity is refused here, not in the store
+        n = self.nodata
+        if n is not None and not (isinstance(n, str) and n == "none") and (
+                isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Real) or math.isinf(float(n))):
             raise ConfigError(f"nodata must be a number (float('nan') for NaN, not infinite) or 'none', got "
                               f"{self.nodata!r}")
         if self.nan_fill is not None and not np.isfinite(self.nan_fill):

@@ -268,6 +268,23 @@ def test_bad_nodata_option():
             ConvertOptions(nodata=text).check()
 
 
+def test_numpy_nodata_values_are_checked_like_floats(tmp_path):
+    """A nodata value from numpy (np.float32, as a raster's metadata may hold it, is no float) is checked like a
+    float: an infinity, a bool or a non-number is a one-line ConfigError before any file is written (an infinite
+    value used to be written into a store that then refused to open); a finite numpy value works as its float."""
+    cube, gaps = swath(20, 20, 3, "float32", -9999, seed=21)
+    np.save(tmp_path / "c.npy", cube)
+    for bad in (np.float32("inf"), np.float64("-inf"), True, np.bool_(False), [-9999]):
+        with pytest.raises(hsgds.ConfigError, match=r"^nodata must be a number .* or 'none', got "):
+            convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(nodata=bad, max_patch=3))
+        assert not (tmp_path / "s.zarr").exists()
+    for value in (np.float32(-9999), np.int16(-9999)):
+        scene = hsgds.open_scene(convert(tmp_path / "c.npy", tmp_path / "s.zarr",
+                                         ConvertOptions(nodata=value, max_patch=3, overwrite=True)))
+        assert scene.meta.nodata["value"] == -9999 and scene.meta.nodata["pixels"] == int(gaps.sum())
+        np.testing.assert_array_equal(scene.nodata_every(), (cube == -9999).all(axis=-1))
+
+
 def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
     cube, gaps = swath(20, 20, 3, "int16", -9999, seed=9)
     np.save(tmp_path / "c.npy", cube)
