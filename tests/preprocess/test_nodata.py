@@ -489,7 +489,7 @@ def test_every_labelled_pixel_nodata_is_refused(tmp_path):
     assert not (tmp_path / "s.zarr").exists()
 
 
-@pytest.mark.parametrize("fmt", ["tif", "envi", "tif-nan"])
+@pytest.mark.parametrize("fmt", ["tif", "envi", "tif-nan", "netcdf"])
 def test_a_label_raster_s_own_nodata_reads_as_unlabelled(tmp_path, fmt):
     """A classification raster from a GIS marks pixels without a class by its nodata value (255 here, NaN in a
     float raster): they are unlabelled (0), not class 255, so the classes and the split are those of the rest."""
@@ -510,6 +510,12 @@ def test_a_label_raster_s_own_nodata_reads_as_unlabelled(tmp_path, fmt):
         with rasterio.open(path, "w", driver="GTiff", height=30, width=24, count=1, dtype=dtype, nodata=value,
                            crs="EPSG:32616", transform=Affine(30.0, 0.0, 600000.0, 0.0, -30.0, 4000000.0)) as dst:
             dst.write(raster, 1)
+    elif fmt == "netcdf":  # a classification variable with _FillValue, as netCDF-4 writes it (h5py here)
+        import h5py
+
+        path = tmp_path / "gt.nc"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("classes", data=raster).attrs["_FillValue"] = np.array([value], np.uint8)
     else:
         path = tmp_path / "gt.hdr"
         envi.save_image(str(path), raster[:, :, None], metadata={"data ignore value": value}, ext=".img")
@@ -517,3 +523,16 @@ def test_a_label_raster_s_own_nodata_reads_as_unlabelled(tmp_path, fmt):
                                                                                          max_patch=3)))
     np.testing.assert_array_equal(scene.labels, np.where(outside, 0, classes))
     assert scene.num_classes == 3 and scene.meta.num_samples == int((~outside).sum())
+
+
+def test_a_label_file_s_unreadable_fill_value_is_one_line(tmp_path):
+    """Several _FillValue values on a label variable: a one-line InputError that says to fix it (not to pass
+    --nodata, which is the cube's)."""
+    import h5py
+
+    np.save(tmp_path / "c.npy", np.ones((6, 5, 2), np.int16))
+    with h5py.File(tmp_path / "gt.h5", "w") as f:
+        f.create_dataset("classes", data=np.ones((6, 5), np.uint8)).attrs["_FillValue"] = np.array([0, 255], np.uint8)
+    with pytest.raises(hsgds.InputError, match=r"^dataset 'classes' in gt.h5: attribute _FillValue holds 2 values, "
+                                               r"not one; fix it$"):
+        convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.h5", max_patch=3))
