@@ -351,8 +351,10 @@ def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: 
             raise InputError(f"the cube holds NaN/Inf values in pixels with data (near rows {y0}:{y1}, columns "
                              f"{x0}:{x1}; only a pixel NaN in every band is nodata); pass --nan-fill VALUE to "
                              "replace them")
+        # --nodata nan only where no other value applies: it would make that value's pixels (-9999) data
+        also = "" if gaps is not None else ", or --nodata nan if pixels NaN in every band have no data"
         raise InputError(f"the cube holds NaN/Inf values (near rows {y0}:{y1}, columns {x0}:{x1}); pass --nan-fill "
-                         "VALUE to replace them, or --nodata nan if pixels NaN in every band have no data")
+                         f"VALUE to replace them{also}")
     tile[bad] = nan_fill
 
 

@@ -536,3 +536,15 @@ def test_a_label_file_s_unreadable_fill_value_is_one_line(tmp_path):
     with pytest.raises(hsgds.InputError, match=r"^dataset 'classes' in gt.h5: attribute _FillValue holds 2 values, "
                                                r"not one; fix it$"):
         convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.h5", max_patch=3))
+
+
+def test_nan_inside_a_minus_9999_swath_does_not_suggest_nodata_nan(tmp_path):
+    """A GeoTIFF whose nodata is -9999 with a NaN pixel inside the swath: the error asks for --nan-fill only;
+    --nodata nan would replace -9999 as the nodata value, making the swath's edge data (its -9999 in the
+    statistics)."""
+    cube, _ = swath(20, 20, 3, "float32", -9999, seed=22)
+    cube[10, 10, 1] = np.nan
+    write_tif(tmp_path / "c.tif", cube, -9999)
+    with pytest.raises(hsgds.InputError, match=r"^the cube holds NaN/Inf values \(near rows 0:20, columns 0:20\); "
+                                               r"pass --nan-fill VALUE to replace them$"):
+        convert(tmp_path / "c.tif", tmp_path / "s.zarr", ConvertOptions(max_patch=3))
