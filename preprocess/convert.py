@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import glob
 import math
+import numbers
 import os
 import secrets
 import shutil
@@ -108,8 +109,10 @@ class ConvertOptions:
             raise ConfigError("--train-mask/--val-mask/--test-mask need --split masks")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
-        if isinstance(self.nodata, str) and self.nodata != "none" or isinstance(self.nodata, float) and \
-                math.isinf(self.nodata):
+        # any real number (numpy's too, which are no float), so an infinity is refused here, not in the store
+        n = self.nodata
+        if n is not None and not (isinstance(n, str) and n == "none") and (
+                isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Real) or math.isinf(float(n))):
             raise ConfigError(f"nodata must be a number (float('nan') for NaN, not infinite) or 'none', got "
                               f"{self.nodata!r}")
         if self.nan_fill is not None and not np.isfinite(self.nan_fill):
@@ -348,8 +351,10 @@ def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: 
             raise InputError(f"the cube holds NaN/Inf values in pixels with data (near rows {y0}:{y1}, columns "
                              f"{x0}:{x1}; only a pixel NaN in every band is nodata); pass --nan-fill VALUE to "
                              "replace them")
+        # --nodata nan only where no other value applies: it would make that value's pixels (-9999) data
+        also = "" if gaps is not None else ", or --nodata nan if pixels NaN in every band have no data"
         raise InputError(f"the cube holds NaN/Inf values (near rows {y0}:{y1}, columns {x0}:{x1}); pass --nan-fill "
-                         "VALUE to replace them, or --nodata nan if pixels NaN in every band have no data")
+                         f"VALUE to replace them{also}")
     tile[bad] = nan_fill
 
 

@@ -42,6 +42,14 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
             pass
         raise
     lines = [f"source:     {path} ({FORMATS[kind]}, {_size(cube.files)})"]  # (ENVI: header and binary)
+    if cube.shape[2] == 1:  # an ENVI Classification file or an (H, W, 1) raster: the label map it reads as
+        try:
+            described = "\n".join([*lines, *_label_lines(path, key)])
+        except InputError:  # (e.g. one band of reflectance: the cube it is)
+            described = None
+        if described is not None:
+            cube.close()
+            return described
     try:
         h, w, b = cube.shape
         lines.append(f"cube:       {h}x{w}x{b} {cube.dtype} (rows x columns x bands)")

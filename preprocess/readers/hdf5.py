@@ -20,6 +20,7 @@ from hsgds.preprocess.readers.base import (
     check_fits_in_memory,
     parse_failure,
     parse_nodata,
+    unlabelled_at_nodata,
 )
 
 __all__ = ["band_axes", "choose_variable", "declared_nodata", "list_datasets", "open_hdf5", "read_hdf5_labels"]
@@ -198,13 +199,18 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
 
 
 def read_hdf5_labels(path: Path, key: str | None = None) -> np.ndarray:
-    """Read one 2-D dataset of an HDF5 file (``key`` or the only 2-D one) into memory."""
+    """Read one 2-D dataset of an HDF5 file (``key`` or the only 2-D one) into memory; pixels at its declared
+    ``_FillValue`` (a netCDF classification's 255 or -1) read as 0 (unlabelled), as a GeoTIFF's nodata does."""
     with _open(path) as f:
         def read() -> np.ndarray:
             datasets = list_datasets(f)
             name = choose_variable({n: d.shape for n, d in datasets.items()}, 2, _strip(key), path.name, "dataset")
             check_dataset(datasets[name], name, path, whole=True)
-            return datasets[name][()]
+            try:
+                nodata = declared_nodata(datasets[name], name, path)
+            except InputError as exc:  # (--nodata is the cube's: a label file's value can only be fixed)
+                raise InputError(str(exc).replace(f", {OVERRIDE_NODATA}", "")) from None
+            return unlabelled_at_nodata(datasets[name][()], nodata)
 
         return guarded(path, "HDF5", read)
 

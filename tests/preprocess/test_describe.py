@@ -73,3 +73,19 @@ def test_source_options_are_for_sources_and_unknown_files_are_named(tmp_path, ru
     (tmp_path / "notes.txt").write_text("not a cube")
     code, _, err = run_cli("info", tmp_path / "notes.txt")
     assert code == 2 and "cannot tell the format of" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_single_band_envi_classification_is_described_as_labels(tmp_path, run_cli):
+    """An ENVI Classification file opens as a one-band cube too; info describes it as the label map it is
+    (its nodata 255 unlabelled), not as a cube whose 255 would be left out of statistics."""
+    labels = np.random.default_rng(3).integers(1, 4, (9, 8)).astype(np.uint8)
+    labels[:, :2] = 255
+    envi.save_image(str(tmp_path / "gt.hdr"), labels[:, :, None], metadata={"data ignore value": 255}, ext=".img")
+    code, out, err = run_cli("info", tmp_path / "gt.hdr")
+    assert code == 0, err
+    counts = ", ".join(f"{c} ({int((labels == c).sum())})" for c in (1, 2, 3))
+    assert f"label map (single band): classes {counts}; 18 pixels unlabelled" in out and "cube:" not in out
+    # one band of reflectance (not integer classes) stays a cube
+    envi.save_image(str(tmp_path / "r.hdr"), np.full((9, 8, 1), 0.25, np.float32), ext=".img")
+    code, out, err = run_cli("info", tmp_path / "r.hdr")
+    assert code == 0 and "cube:       9x8x1 float32" in out, err

@@ -268,6 +268,23 @@ def test_bad_nodata_option():
             ConvertOptions(nodata=text).check()
 
 
+def test_numpy_nodata_values_are_checked_like_floats(tmp_path):
+    """A nodata value from numpy (np.float32, as a raster's metadata may hold it, is no float) is checked like a
+    float: an infinity, a bool or a non-number is a one-line ConfigError before any file is written (an infinite
+    value used to be written into a store that then refused to open); a finite numpy value works as its float."""
+    cube, gaps = swath(20, 20, 3, "float32", -9999, seed=21)
+    np.save(tmp_path / "c.npy", cube)
+    for bad in (np.float32("inf"), np.float64("-inf"), True, np.bool_(False), [-9999]):
+        with pytest.raises(hsgds.ConfigError, match=r"^nodata must be a number .* or 'none', got "):
+            convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(nodata=bad, max_patch=3))
+        assert not (tmp_path / "s.zarr").exists()
+    for value in (np.float32(-9999), np.int16(-9999)):
+        scene = hsgds.open_scene(convert(tmp_path / "c.npy", tmp_path / "s.zarr",
+                                         ConvertOptions(nodata=value, max_patch=3, overwrite=True)))
+        assert scene.meta.nodata["value"] == -9999 and scene.meta.nodata["pixels"] == int(gaps.sum())
+        np.testing.assert_array_equal(scene.nodata_every(), (cube == -9999).all(axis=-1))
+
+
 def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
     cube, gaps = swath(20, 20, 3, "int16", -9999, seed=9)
     np.save(tmp_path / "c.npy", cube)
@@ -472,7 +489,7 @@ def test_every_labelled_pixel_nodata_is_refused(tmp_path):
     assert not (tmp_path / "s.zarr").exists()
 
 
-@pytest.mark.parametrize("fmt", ["tif", "envi", "tif-nan"])
+@pytest.mark.parametrize("fmt", ["tif", "envi", "tif-nan", "netcdf"])
 def test_a_label_raster_s_own_nodata_reads_as_unlabelled(tmp_path, fmt):
     """A classification raster from a GIS marks pixels without a class by its nodata value (255 here, NaN in a
     float raster): they are unlabelled (0), not class 255, so the classes and the split are those of the rest."""
@@ -493,6 +510,12 @@ def test_a_label_raster_s_own_nodata_reads_as_unlabelled(tmp_path, fmt):
         with rasterio.open(path, "w", driver="GTiff", height=30, width=24, count=1, dtype=dtype, nodata=value,
                            crs="EPSG:32616", transform=Affine(30.0, 0.0, 600000.0, 0.0, -30.0, 4000000.0)) as dst:
             dst.write(raster, 1)
+    elif fmt == "netcdf":  # a classification variable with _FillValue, as netCDF-4 writes it (h5py here)
+        import h5py
+
+        path = tmp_path / "gt.nc"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("classes", data=raster).attrs["_FillValue"] = np.array([value], np.uint8)
     else:
         path = tmp_path / "gt.hdr"
         envi.save_image(str(path), raster[:, :, None], metadata={"data ignore value": value}, ext=".img")
@@ -500,3 +523,28 @@ def test_a_label_raster_s_own_nodata_reads_as_unlabelled(tmp_path, fmt):
                                                                                          max_patch=3)))
     np.testing.assert_array_equal(scene.labels, np.where(outside, 0, classes))
     assert scene.num_classes == 3 and scene.meta.num_samples == int((~outside).sum())
+
+
+def test_a_label_file_s_unreadable_fill_value_is_one_line(tmp_path):
+    """Several _FillValue values on a label variable: a one-line InputError that says to fix it (not to pass
+    --nodata, which is the cube's)."""
+    import h5py
+
+    np.save(tmp_path / "c.npy", np.ones((6, 5, 2), np.int16))
+    with h5py.File(tmp_path / "gt.h5", "w") as f:
+        f.create_dataset("classes", data=np.ones((6, 5), np.uint8)).attrs["_FillValue"] = np.array([0, 255], np.uint8)
+    with pytest.raises(hsgds.InputError, match=r"^dataset 'classes' in gt.h5: attribute _FillValue holds 2 values, "
+                                               r"not one; fix it$"):
+        convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.h5", max_patch=3))
+
+
+def test_nan_inside_a_minus_9999_swath_does_not_suggest_nodata_nan(tmp_path):
+    """A GeoTIFF whose nodata is -9999 with a NaN pixel inside the swath: the error asks for --nan-fill only;
+    --nodata nan would replace -9999 as the nodata value, making the swath's edge data (its -9999 in the
+    statistics)."""
+    cube, _ = swath(20, 20, 3, "float32", -9999, seed=22)
+    cube[10, 10, 1] = np.nan
+    write_tif(tmp_path / "c.tif", cube, -9999)
+    with pytest.raises(hsgds.InputError, match=r"^the cube holds NaN/Inf values \(near rows 0:20, columns 0:20\); "
+                                               r"pass --nan-fill VALUE to replace them$"):
+        convert(tmp_path / "c.tif", tmp_path / "s.zarr", ConvertOptions(max_patch=3))
