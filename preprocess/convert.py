@@ -406,6 +406,8 @@ def _nodata_pixels(tile: np.ndarray, value: float, rows: np.ndarray, cols: np.nd
         hit = np.isnan(tile).all(axis=-1) if dtype.kind == "f" else np.zeros(tile.shape[:2], bool)
     elif dtype.kind != "f" and not (value.is_integer() and np.iinfo(dtype).min <= value <= np.iinfo(dtype).max):
         hit = np.zeros(tile.shape[:2], bool)
+    elif dtype.kind == "f" and math.isfinite(value) and abs(value) > float(np.finfo(dtype).max):
+        hit = np.zeros(tile.shape[:2], bool)  # (as the dtype it would be inf: pixels of inf are not nodata)
     else:
         hit = (tile == dtype.type(value)).all(axis=-1)
     return hit & rows[:, None] & cols[None, :]

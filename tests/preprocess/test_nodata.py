@@ -304,6 +304,19 @@ def test_cli_reports_nodata_and_refuses_a_bad_value(tmp_path, run_cli):
     assert code == 0 and "nodata: no pixel has every band at -9999; every pixel is data" in out
 
 
+def test_a_float_nodata_the_dtype_cannot_hold_marks_no_pixel(tmp_path):
+    """-1e39 on a float32 cube (GDAL's rule, as for integers: a value the dtype cannot hold marks no pixel):
+    converted without a cast overflowing to -inf, every pixel data, the cube read back as it was."""
+    cube = np.random.default_rng(3).random((12, 12, 3)).astype(np.float32)
+    np.save(tmp_path / "c.npy", cube)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's "overflow encountered in cast"
+        scene = hsgds.open_scene(convert(tmp_path / "c.npy", tmp_path / "s.zarr",
+                                         ConvertOptions(nodata=-1e39, max_patch=3)))
+    assert scene.nodata_every() is None or not scene.nodata_every().any()
+    np.testing.assert_array_equal(scene.read(0, 12, 0, 12), cube)
+
+
 def test_convert_many_converts_again_when_nodata_changes(tmp_path):
     from hsgds.preprocess.convert_many import _options_differ, _source_nodata_differs
 
