@@ -368,7 +368,7 @@ class StoreMeta:
 
 
 #: how the converter fills a nodata pixel's bands in the tiles: with the mean of the statistics the loader
-#: normalizes with (so a z-scored patch reads 0 there), rounded to the store's dtype
+#: normalizes with (so a patch z-scored with the scene's own statistics reads 0 there), rounded to the store's dtype
 NODATA_FILLS = ("train mean", "scene mean")
 
 

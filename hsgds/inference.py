@@ -224,7 +224,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         ``norm_stats=loader.norm_stats``, or save the model with them (``save_checkpoint(..., loader=loader)``)
         and pass the file.
     mask : (H, W) bool array or None
-        Predict only where True; other pixels are 0 in the map (and in the probabilities). Pixels where the
+        Predict only where True; other pixels are 0 in the map (and in the probabilities; NaN, the declared
+        nodata, in a probabilities GeoTIFF). Pixels where the
         source had no data (a format v3 store's nodata map) are never predicted either: 0 there too.
     probabilities : bool or path
         Also write the softmax of the logits as float16 (H, W, K) ``.npy``, or with a ``.tif`` path as a

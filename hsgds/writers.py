@@ -357,8 +357,8 @@ def check_probability_output(path: str | os.PathLike) -> str:
 
 class ProbabilityFile:
     """A float16 (H, W, K) ``.npy`` file filled batch by batch, never held whole in memory; or, for a ``.tif``
-    path, a float32 GeoTIFF of K bands (band k: class k + 1's probability, named after it) with the store's
-    georeference, made from that file when committed.
+    path, a float32 GeoTIFF of K bands (band k: class k + 1's probability, named after it; NaN, the declared
+    nodata, where no pixel was predicted) with the store's georeference, made from that file when committed.
 
     The file is created at its full size in a hidden temporary beside ``path`` (sparse: pixels never
     written read as 0), memory-mapped, and written at scattered pixels; every ``flush_bytes`` written the
@@ -445,7 +445,9 @@ class ProbabilityFile:
         h, w, k = self.shape
         probs = np.load(self._tmp, mmap_mode="r", allow_pickle=False)
         profile = _geotiff_profile(self._georeference, h, w, k, "float32")
-        profile.update(compress="deflate", predictor=3, tiled=True, blockxsize=256, blockysize=256,
+        # pixels not predicted are NaN, declared nodata: a GIS tells them from probabilities of 0 (a predicted
+        # pixel's probabilities sum to 1, so it never reads 0 in every band of the temporary)
+        profile.update(nodata=float("nan"), compress="deflate", predictor=3, tiled=True, blockxsize=256, blockysize=256,
                        BIGTIFF="IF_SAFER")  # (predictor 3: the floating-point one)
         rows = max(256, GEOTIFF_BLOCK_BYTES // max(1, w * k * 4) // 256 * 256)  # whole rows of 256-px tiles
         names = _names(k, self._class_names)
@@ -455,6 +457,7 @@ class ProbabilityFile:
                 with rasterio.open(tmp, "w", **profile) as dst:
                     for y0 in range(0, h, rows):
                         block = np.asarray(probs[y0:y0 + rows], dtype=np.float32)
+                        block[~block.any(axis=-1)] = np.nan
                         dst.write(block.transpose(2, 0, 1), window=Window(0, y0, w, block.shape[0]))
                     for band, name in enumerate(names, start=1):
                         dst.set_band_description(band, f"probability of {name}")

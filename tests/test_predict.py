@@ -323,7 +323,7 @@ def test_geotiff_source_to_georeferenced_class_map(tmp_path):
 def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
     """probabilities=*.tif: a float32 GeoTIFF of K bands on the source's grid (CRS and transform as GDAL reads
     the source), each band the class's probability exactly as the .npy holds it, named after its class; the
-    pixels not predicted (outside the mask) are 0; nothing is left beside it."""
+    pixels not predicted (outside the mask) are NaN, the declared nodata; nothing is left beside it."""
     rasterio = pytest.importorskip("rasterio")
     from rasterio.crs import CRS
 
@@ -337,16 +337,17 @@ def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
         assert ds.count == 4 and ds.dtypes == ("float32",) * 4
         assert ds.crs == CRS.from_epsg(32616) and ds.transform == _gdal(src)[1]
         assert ds.descriptions == tuple(f"probability of class {k}" for k in range(1, 5))
+        assert np.isnan(ds.nodata) and (ds.read_masks(1) == np.where(mask, 255, 0)).all()
         got = ds.read()
-    np.testing.assert_array_equal(got.transpose(1, 2, 0), want.astype(np.float32))
-    assert (got[:, ~mask] == 0).all() and np.allclose(got[:, mask].sum(0), 1, atol=4e-3)
+    np.testing.assert_array_equal(got.transpose(1, 2, 0), np.where(mask[..., None], want.astype(np.float32), np.nan))
+    assert (want[~mask] == 0).all() and np.allclose(got[:, mask].sum(0), 1, atol=4e-3)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     with pytest.raises(InputError, match=r"written as .npy or a GeoTIFF \(.tif\); name the file p.npy or p.tif"):
         predict(store, RandomConv(3, k=4), probabilities=tmp_path / "p.png", **kw)
     # beside a GeoTIFF map, probabilities=True writes a GeoTIFF too
     predict(store, RandomConv(3, k=4), probabilities=True, out=tmp_path / "map.tif", **kw)
     with rasterio.open(tmp_path / "map.probabilities.tif") as ds:
-        np.testing.assert_array_equal(ds.read().transpose(1, 2, 0), want.astype(np.float32))
+        np.testing.assert_array_equal(ds.read().transpose(1, 2, 0), got.transpose(1, 2, 0))
 
 
 def test_envi_source_to_georeferenced_class_map(tmp_path):
