@@ -708,7 +708,10 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
               help="Where the report, the model checkpoint and the class map go.")
 @click.option("--augment", is_flag=True, help="Train with on-device augmentation: flips, quarter turns, "
                                               "radiation noise (p=0.1), band dropout (p=0.05).")
-def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment) -> None:
+@click.option("--class-balance", default=0.5, show_default=True, type=click.FloatRange(min=0),
+              help="Weigh each class's loss by (largest class / its train pixels) ** this: rare classes get "
+                   "learned (0: plain cross-entropy).")
+def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment, class_balance) -> None:
     """Convert the real Indian Pines scene (from the tensorly wheel; once, into the cache), describe it,
     train a small spectral-spatial CNN with PatchLoader, print OA, AA and kappa on the test split with the
     loader statistics, save the model, predict the whole scene and write the class map (prediction | ground
@@ -743,7 +746,7 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
     made_folder = not Path(out_dir).exists()
     try:
         r = run_demo(store, epochs=epochs, patch_size=patch_size, batch_size=batch_size, device=device, seed=seed,
-                     out_dir=out_dir, log=click.echo, augment=aug)
+                     out_dir=out_dir, log=click.echo, augment=aug, class_balance=class_balance)
     except BaseException:
         if made_folder and Path(out_dir).is_dir() and not any(Path(out_dir).iterdir()):
             Path(out_dir).rmdir()  # a failed run leaves nothing behind

@@ -177,8 +177,32 @@ def test_demo_defaults_agree():
     from hsgds.cli import demo
 
     defaults = {p.name: p.default for p in demo.params}
-    assert (defaults["epochs"], defaults["patch_size"], defaults["batch_size"]) == \
-        (train.DEMO_EPOCHS, train.DEMO_PATCH_SIZE, train.DEMO_BATCH_SIZE)
+    assert (defaults["epochs"], defaults["patch_size"], defaults["batch_size"], defaults["class_balance"]) == \
+        (train.DEMO_EPOCHS, train.DEMO_PATCH_SIZE, train.DEMO_BATCH_SIZE, train.DEMO_CLASS_BALANCE)
+
+
+def test_class_weights_and_the_weighted_step():
+    """(largest / count) ** power per class, 1 for a class without train pixels; a training step with them is
+    the step of torch's weighted cross-entropy written out here."""
+    from hsgds.train import class_weights
+
+    labels = np.array([0] * 16 + [1] * 4 + [3])
+    np.testing.assert_allclose(class_weights(labels, 4, 0.5).numpy(), [1, 2, 1, 4])
+    np.testing.assert_allclose(class_weights(labels, 4, 1).numpy(), [1, 4, 1, 16])
+    np.testing.assert_allclose(class_weights(labels, 4, 0).numpy(), [1, 1, 1, 1])
+    torch.manual_seed(0)
+    x, y = torch.randn(21, 5), torch.from_numpy(labels)
+    a = torch.nn.Linear(5, 4)
+    b = torch.nn.Linear(5, 4)
+    b.load_state_dict(a.state_dict())
+    w = class_weights(labels, 4)
+    train_steps(a, [(x, y)], torch.optim.SGD(a.parameters(), lr=0.5), device="cpu", class_weight=w)
+    opt = torch.optim.SGD(b.parameters(), lr=0.5)
+    logp = torch.log_softmax(b(x), 1)
+    (-(w[y] * logp[torch.arange(21), y]).sum() / w[y].sum()).backward()
+    opt.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q)
 
 
 def test_demo_command_writes_report_model_and_map(tmp_path, hsgds_env, indian_pines_store, run_cli):
