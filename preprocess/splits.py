@@ -13,13 +13,19 @@ Three strategies:
 * :func:`block_split` -- spatially disjoint and stratified. The scene is cut into square blocks (the
   block size is chosen adaptively, the grid origin is seeded); blocks are moved to train greedily so
   that each class's train share approaches the target, preferring blocks next to train blocks (so the
-  guard drops few pixels) and never taking a class's last val/test pixels; val blocks are chosen the
-  same way from the rest; the rest is test. The guard is applied on one side: every val/test pixel
+  guard drops few pixels) and never taking a class's last val/test pixels; then every class still
+  without train gets a train block (train comes first, even if the guard then leaves it no test); val
+  blocks are chosen the same way from the rest; the rest is test. The guard is applied on one side: every val/test pixel
   within Chebyshev distance ``2 * guard`` of a train pixel is dropped, so no scene pixel is seen by a
   train patch and a val/test patch of radius ``guard``. Classes that cannot be split (all pixels close
   together, or in one block) are named in an :class:`UnsplittableClassWarning`. The full algorithm is
   in :func:`block_split`'s notes and in docs/splits.md.
-* :func:`mask_split` -- user-supplied masks (e.g. an official benchmark split).
+* :func:`mask_split` -- user-supplied masks (e.g. an official benchmark split), kept as given; classes
+  they leave out of a split are named.
+
+Train comes first in :func:`random_split` and :func:`block_split`: every class gets a train pixel before
+test, and test before val; a class too small for every split is named, with its counts, in an
+:class:`UnsplittableClassWarning` (docs/splits.md, "Train first").
 
 :func:`make_split` is what the converter and ``hsgds resplit`` call; :func:`split_counts` tabulates a
 split per split and class.
@@ -30,7 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
@@ -173,6 +179,23 @@ def _compact(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------------
+# warning text, shared by the split methods
+
+
+def _counts_text(train: Any, val: Any, test: Any, with_val: bool) -> str:
+    return f"{int(train)} train, " + (f"{int(val)} val, " if with_val else "") + f"{int(test)} test"
+
+
+def _splits_text(with_val: bool) -> str:
+    return "train, val and test" if with_val else "train and test"
+
+
+def _classes_text(parts: dict[int, str]) -> str:
+    """``class 3 (...)`` / ``classes 3 (...), 5 (...)``."""
+    return f"class{'' if len(parts) == 1 else 'es'} " + ", ".join(f"{c} ({text})" for c, text in parts.items())
+
+
+# --------------------------------------------------------------------------------------------------
 # random split
 
 
@@ -215,12 +238,17 @@ def random_split(
 
     1. Requested sizes: a fraction ``f`` asks for ``floor(f * n + 0.5)`` pixels (round half up), a
        count ``c`` asks for ``c``.
-    2. A class with ``n >= 2`` gets at least 1 train pixel, even if its fraction rounds to 0.
-    3. At least one pixel is kept for test whenever ``n >= 2``: train is capped at ``n - 1``, then val
-       at what train left (``n - 1 - n_train``). Train is served first, so a small class may get no
-       val pixels. A class with a single pixel puts it in train if the request rounds to >= 1 (always
-       for a count), else in test.
+    2. Train comes first: every class gets at least 1 train pixel, then 1 test pixel (``n >= 2``), then
+       1 val pixel when ``val`` is not 0 (``n >= 3``), even where a fraction rounds to 0.
+    3. Train is capped so those minimums stay (``n - 1``, ``n - 2`` with val), then val at what train
+       left minus the test pixel. Train is served first, so a small class may get fewer val pixels than
+       asked (never fewer than 1 from 3 pixels).
     4. The rest of the class is test. Which pixels go where is a uniform random permutation.
+
+    Warns
+    -----
+    UnsplittableClassWarning
+        Naming each class too small for every split asked for (1 pixel; 2 with ``val``), with its counts.
     """
     lab = _check_labels(labels)
     _check_amount("train", train, allow_zero=False, allow_count=True)
@@ -232,14 +260,23 @@ def random_split(
     idx = np.flatnonzero(flat)
     if idx.size == 0:
         return out
-    _, inv, counts = _compact(flat[idx])
+    classes, inv, counts = _compact(flat[idx])
 
-    n_train = _class_amounts(counts, train)
-    n_train = np.maximum(n_train, (counts >= 2).astype(np.int64))
-    avail = np.where(counts >= 2, counts - 1, counts)  # pixels allowed to leave test
-    n_train = np.minimum(n_train, avail)
+    # minimums, in this order: a train pixel, a test pixel, a val pixel (when asked)
+    min_test = (counts >= 2).astype(np.int64)
+    min_val = ((counts >= 3) & (val != 0)).astype(np.int64)
+    n_train = np.clip(_class_amounts(counts, train), 1, counts - min_test - min_val)
     n_val = np.zeros_like(n_train) if val == 0 else _class_amounts(counts, val)
-    n_val = np.minimum(n_val, avail - n_train)
+    n_val = np.clip(n_val, min_val, counts - n_train - min_test)
+    short = counts < 2 + (val != 0)
+    if short.any():
+        n_test = counts - n_train - n_val
+        parts = {int(classes[c]): f"{counts[c]} px: {_counts_text(n_train[c], n_val[c], n_test[c], val != 0)}"
+                 for c in np.flatnonzero(short)}
+        order = "its second to test, its third to val" if val != 0 else "its second to test"
+        warnings.warn(f"random split: {_classes_text(parts)} {'has' if len(parts) == 1 else 'have'} too few pixels for {_splits_text(val != 0)}: a "
+                      f"class's first pixel goes to train, {order}; such a class is missing from some split",
+                      UnsplittableClassWarning, stacklevel=2)
 
     # One global permutation, then a stable sort by class: random order within each class, all
     # classes at once (no per-class Python loop for scenes with millions of labelled pixels).
@@ -296,7 +333,8 @@ class SplitWarning(UserWarning):
 
 
 class UnsplittableClassWarning(SplitWarning):
-    """Some classes did not get pixels in every split (too few blocks, or all within the guard)."""
+    """Some classes did not get pixels in every split (too few pixels or blocks, all within the guard, or
+    left out by the masks); each is named with its counts."""
 
 
 class TrainShareWarning(SplitWarning):
@@ -324,8 +362,8 @@ class BlockSplit:
     lost : int
         Labelled pixels of val/test blocks dropped by the guard (``SPLIT_NONE``).
     unsplit : dict of int to int
-        Classes without a pixel in some split (train, test, and val when asked), mapped to the number
-        of blocks their pixels lie in, ascending by class.
+        Classes without a pixel in some split (test, or val when asked: every class gets train pixels),
+        mapped to the number of blocks their pixels lie in, ascending by class.
     tried : dict of int to tuple
         Per block size tried (its best origin), ``(classes that could be split but were not, excess of the
         train share over the tolerance, such classes below _CLASS_FLOOR of their train target, guard loss +
@@ -341,17 +379,27 @@ class BlockSplit:
     unsplit: dict[int, int]
     tried: dict[int, tuple[int, float, int, float]]
     val: bool = False
+    #: per unsplit class, its (train, val, test) pixels
+    counts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
     def warning(self) -> str | None:
-        """One line naming the classes that could not be split, or None when every class was."""
+        """One line naming the classes that could not be split, with their counts, or None when every class was."""
         if not self.unsplit:
             return None
-        parts = ", ".join(f"{c} ({n} block{'' if n == 1 else 's'})" for c, n in self.unsplit.items())
-        which = "train, val and test" if self.val else "train and test"
-        return (f"block split: class{'es' if len(self.unsplit) > 1 else ''} {parts} could not be split into "
-                f"{which} with {2 * self.guard} px between train and the others: too few pixels or blocks, "
-                "or all close together; such a class is missing from some split (a smaller --max-patch "
-                "narrows the guard)")
+        parts = {c: f"{n} block{'' if n == 1 else 's'}: {_counts_text(*self.counts[c], self.val)}"
+                 for c, n in self.unsplit.items()} if self.counts else {
+                 c: f"{n} block{'' if n == 1 else 's'}" for c, n in self.unsplit.items()}
+        d = 2 * self.guard
+        text = (f"block split: {_classes_text(parts)} could not be split into {_splits_text(self.val)} with {d} px "
+                "between train and the others: too few pixels or blocks, or all close together. Train comes first: "
+                f"such a class gets train pixels, and val/test pixels only more than {d} px from them (nearer ones "
+                "would share patch pixels with train, so they are dropped); it is missing from some split (a "
+                "smaller --max-patch narrows the guard)")
+        untrained = [c for c in self.unsplit if self.counts and self.counts[c][0] == 0]
+        if untrained:
+            text += (f"; class{'' if len(untrained) == 1 else 'es'} {', '.join(map(str, untrained))} got no train "
+                     "pixel: a train block holding it would leave no val/test pixel in the scene")
+        return text
 
 
 def default_block_size(shape: tuple[int, ...], guard: int = 7) -> int:
@@ -482,6 +530,13 @@ def _splittable(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, guard
     return out
 
 
+def _kept_blocks(keep: np.ndarray, need: int, alive: np.ndarray, train: np.ndarray) -> np.ndarray:
+    """Per class, the val/test blocks (with free pixels) a train move must leave it: none for a class that
+    cannot be split; else ``need`` (test, and val when asked) once it has train, only its test block
+    before (train comes first: its val block may go to train); never more than it has."""
+    return np.where(keep, np.minimum(np.where(train > 0, need, 1), alive), 0)
+
+
 @dataclass
 class _Assignment:
     in_train: np.ndarray  # per block
@@ -526,9 +581,28 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
         np.subtract.at(own, (g.blk[pix], cls[pix]), 1)
         np.subtract.at(free, cls[pix], 1)
 
+    def guarded_by(j: int) -> np.ndarray:
+        """Free pixels outside block ``j`` within Chebyshev distance 2*guard of it (exact, on a local raster)."""
+        pix = g.bpix[g.bptr[j]:g.bptr[j + 1]]
+        win = g.wpix[g.wptr[j]:g.wptr[j + 1]]
+        win = win[~is_train[win] & ~near[win] & (g.blk[win] != j)]
+        if win.size == 0 or d == 0:
+            return win[:0]
+        y0, x0 = int(ys[pix].min()) - d, int(xs[pix].min()) - d
+        hh, ww = int(ys[pix].max()) + d + 1 - y0, int(xs[pix].max()) + d + 1 - x0
+        img = np.zeros((hh, ww), dtype=bool)
+        img[ys[pix] - y0, xs[pix] - x0] = True
+        img = maximum_filter(img, size=2 * d + 1, mode="constant", cval=False)
+        wy, wx = ys[win] - y0, xs[win] - x0
+        inside = (wy >= 0) & (wy < hh) & (wx >= 0) & (wx < ww)
+        hit = np.zeros(win.size, dtype=bool)
+        hit[inside] = img[wy[inside], wx[inside]]
+        return win[hit]
+
     while True:
         dev = np.abs(train - t_train)
         gain = ((dev - np.abs(train + g.hist - t_train)) * w).sum(axis=1)
+        # every class, splittable or not: train comes first (an unsplittable class is then train only)
         first = ((g.hist > 0) & (train == 0) & (t_train > 0) & keep).sum(axis=1)
         gain += _FIRST_PIXEL_BONUS * first
         lost = (reach - own - own_near).sum(axis=1) * (k / n)  # pixels, in units of a mean class
@@ -537,8 +611,7 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
         own_g = own[grp_b, grp_c]
         dead = (own_g > 0) & (own_g == grp_count)
         left = alive.sum(axis=0) - np.bincount(grp_j * k + grp_c, weights=dead, minlength=nb * k).reshape(nb, k)
-        guarded = keep & (alive.sum(axis=0) >= need)  # classes whose val/test blocks must not all go
-        feasible = ~in_train & ~((left < need) & guarded).any(axis=1)
+        feasible = ~in_train & ~(left < _kept_blocks(keep, need, alive.sum(axis=0), train)).any(axis=1)
         cand = feasible & (gain > 1e-12)
         score = gain * jitter - _LOSS_WEIGHT * lost
         if train.sum() >= floor:
@@ -557,29 +630,47 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
         near[was_near] = False
         leave_free(pix[~is_train[pix] & ~np.isin(pix, was_near)])
         is_train[pix] = True
-        # exact guard of the new train pixels: Chebyshev distance <= 2*guard, on a local raster
-        win = g.wpix[g.wptr[j]:g.wptr[j + 1]]
-        win = win[~is_train[win] & ~near[win]]
-        if win.size and d > 0:
-            y0, x0 = int(ys[pix].min()) - d, int(xs[pix].min()) - d
-            hh, ww = int(ys[pix].max()) + d + 1 - y0, int(xs[pix].max()) + d + 1 - x0
-            img = np.zeros((hh, ww), dtype=bool)
-            img[ys[pix] - y0, xs[pix] - x0] = True
-            img = maximum_filter(img, size=2 * d + 1, mode="constant", cval=False)
-            wy, wx = ys[win] - y0, xs[win] - x0
-            inside = (wy >= 0) & (wy < hh) & (wx >= 0) & (wx < ww)
-            hit = np.zeros(win.size, dtype=bool)
-            hit[inside] = img[wy[inside], wx[inside]]
-            newly = win[hit]
-            near[newly] = True
-            np.add.at(own_near, (g.blk[newly], cls[newly]), 1)
-            leave_free(newly)
+        newly = guarded_by(j)
+        near[newly] = True
+        np.add.at(own_near, (g.blk[newly], cls[newly]), 1)
+        leave_free(newly)
 
     if refine is not None:
         in_train, is_train, near = refine(in_train)
-        fp = ~is_train & ~near
-        own = np.bincount(g.blk[fp] * k + cls[fp], minlength=nb * k).reshape(nb, k)
-        free = np.bincount(cls[fp], minlength=k)
+    fp = ~is_train & ~near
+    own = np.bincount(g.blk[fp] * k + cls[fp], minlength=nb * k).reshape(nb, k)
+    # train first: a class the search left without train (all its pixels close together, or its blocks
+    # kept for val/test) gets the block holding it that costs the other classes least. The guard is never
+    # relaxed, so this may leave the class (or, failing all else, another) without val/test pixels; only a
+    # block that would leave the whole scene without val/test pixels is not taken (nothing to evaluate on).
+    train = np.bincount(cls[is_train], minlength=k)
+    for c in np.flatnonzero(train == 0):
+        if train[c]:
+            continue  # served by the block taken for an earlier class
+        alive = (own > 0).sum(axis=0)
+        kept = _kept_blocks(keep, need, alive, train)
+        options = []
+        for j in np.flatnonzero(g.hist[:, c]).tolist():
+            pix = g.bpix[g.bptr[j]:g.bptr[j + 1]]
+            gone = np.concatenate((pix[fp[pix]], guarded_by(j)))  # pixels leaving val/test
+            after = own.copy()
+            np.subtract.at(after, (g.blk[gone], cls[gone]), 1)
+            if not after.any():
+                continue
+            broken = np.delete((after > 0).sum(axis=0) < kept, c)
+            # least: other classes losing coverage, then the class losing its own val/test, then guard loss
+            options.append(((int(broken.sum()), int(not after[:, c].any()), gone.size), j, pix, gone))
+        if not options:
+            continue
+        _, j, pix, gone = min(options, key=lambda o: o[0])
+        in_train[j] = True
+        np.subtract.at(own, (g.blk[gone], cls[gone]), 1)
+        fp[gone] = False
+        is_train[pix] = True
+        near[pix] = False
+        near[gone[~np.isin(gone, pix)]] = True
+        train += np.bincount(cls[pix], minlength=k)
+    free = np.bincount(cls[fp], minlength=k)
     in_val = np.zeros(nb, dtype=bool)
     if t_val is not None:
         # the guard takes its pixels from val and test alike: val keeps the share of the non-train pixels
@@ -671,7 +762,7 @@ def _refiner(g: _Grid, shape: tuple[int, int], ys: np.ndarray, xs: np.ndarray, c
                     continue
                 if share_range is not None and not share_range[0] <= new_train.sum() / n <= share_range[1]:
                     continue
-                if (keep & (((train >= 1) & (new_train < 1)) | ((train >= floor) & (new_train < floor)))).any():
+                if (((train >= 1) & (new_train < 1)) | (keep & (train >= floor) & (new_train < floor))).any():
                     continue
                 # no class's train count may drift further from its target than _REFINE_DRIFT of it
                 dev0, dev1 = np.abs(train - t_train), np.abs(new_train - t_train)
@@ -686,7 +777,7 @@ def _refiner(g: _Grid, shape: tuple[int, int], ys: np.ndarray, xs: np.ndarray, c
                 rows = np.flatnonzero(delta.any(axis=1))
                 own_new = own[rows] + delta[rows]
                 new_alive = alive + (own_new > 0).sum(axis=0) - (own[rows] > 0).sum(axis=0)
-                if (keep & (alive >= need) & (new_alive < need)).any():
+                if (new_alive < _kept_blocks(keep, need, alive, train)).any():
                     continue
                 # accept
                 in_train[j] = sign > 0
@@ -808,7 +899,10 @@ def block_split_details(
     blocks.reshape(-1)[grid.ub] = block_code
     n_blocks = (grid.hist > 0).sum(axis=0)
     unsplit = {int(classes[c]): int(n_blocks[c]) for c in np.flatnonzero(missing)}
-    return BlockSplit(out, blocks, grid.bs, grid.origin, g, int(per[SPLIT_NONE].sum()), unsplit, tried, want_val)
+    counts = {int(classes[c]): (int(per[SPLIT_TRAIN, c]), int(per[SPLIT_VAL, c]), int(per[SPLIT_TEST, c]))
+              for c in np.flatnonzero(missing)}
+    return BlockSplit(out, blocks, grid.bs, grid.origin, g, int(per[SPLIT_NONE].sum()), unsplit, tried, want_val,
+                      counts)
 
 
 def block_split(
@@ -866,6 +960,9 @@ def block_split(
     2. **Local search.** Single blocks flip between train and not-train while that lowers ``guard loss /
        N + mean_c |train[c] - t[c]| / N[c]``, keeping coverage, the 70% floors, every class within 25% of
        its target (or no further off than it was) and the share within ``min(2.5 points, T / 5)``.
+       **Train first:** a class still without train then gets the block holding it that leaves the fewest
+       other classes without val/test blocks, then keeps its own val/test, then drops fewest pixels; never
+       one that would leave the scene no val/test pixel.
     3. **Guard, on one side.** Train pixels are kept; every other labelled pixel within Chebyshev
        distance ``2 * guard`` of a train pixel becomes ``SPLIT_NONE``.
     4. **Val, greedily** (when ``val`` is not 0), the same way over the remaining blocks with their
@@ -1001,6 +1098,17 @@ def mask_split(
     if "val_mask" in masks:
         out[masks["val_mask"] & labelled] = SPLIT_VAL
     out[masks["test_mask"] & labelled] = SPLIT_TEST
+    # the masks are the user's: reported, never changed
+    with_val = "val_mask" in masks
+    classes, cinv, _ = _compact(lab[labelled])
+    table = split_class_counts(out[labelled], cinv, classes.size - 1)
+    missing = (table["train"] == 0) | (table["test"] == 0) | ((table["val"] == 0) & with_val)
+    if missing.any() and (out == SPLIT_TRAIN).any():  # no train at all: the commands refuse the split
+        parts = {int(classes[c]): _counts_text(table["train"][c], table["val"][c], table["test"][c], with_val)
+                 for c in np.flatnonzero(missing)}
+        warnings.warn(f"mask split: {_classes_text(parts)} {'is' if len(parts) == 1 else 'are'} "
+                      f"missing from some split of the masks; a class without train pixels is evaluated but never "
+                      "trained on", UnsplittableClassWarning, stacklevel=2)
     return out
 
 

@@ -349,10 +349,11 @@ def test_resplit_that_cannot_replace_zarr_json_is_one_line(ip_copy, run_cli, mon
 
 
 def test_resplit_names_a_train_share_far_from_the_one_asked(ip_copy, run_cli):
-    # 40 px blocks on the 145x145 Indian Pines: 17.1% train for 10%; said on stderr, the split is still made
+    # 40 px blocks on the 145x145 Indian Pines: far more train than 10% (whole blocks, one for each class too
+    # close together to split: train comes first); said on stderr, the split is still made
     code, out, err = run_cli("resplit", ip_copy, "--split", "blocks", "--train", "0.1", "--block-size", "40")
     assert code == 0, err
-    assert ("hsgds: warning: block split: train is 17.1% of the labelled pixels, not the 10.0% asked for "
-            "(--train 0.1), with blocks of 40 px: use a smaller --block-size, or leave it out to let the converter "
-            "choose\n") in err
+    assert re.search(r"hsgds: warning: block split: train is \d+\.\d% of the labelled pixels, not the 10\.0% asked "
+                     r"for \(--train 0\.1\), with blocks of 40 px: use a smaller --block-size, or leave it out to let "
+                     r"the converter choose\n", err), err
     assert "split: train " in out

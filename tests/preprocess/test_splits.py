@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -67,16 +68,25 @@ def count(labels, split, cls, code):
 
 
 def expected_sizes(n, train, val):
-    """The documented rule, restated independently in plain Python."""
+    """The documented rule, restated independently in plain Python: train first, then test, then val get a
+    pixel each, then the rounded requests are served train first."""
     def want(spec):
         return math.floor(spec * n + 0.5) if isinstance(spec, float) else spec
-    t = want(train)
-    if n >= 2:
-        t = max(t, 1)
-    avail = n - 1 if n >= 2 else n
-    t = min(t, avail)
-    v = min(want(val), avail - t) if val else 0
+    min_test = 1 if n >= 2 else 0
+    min_val = 1 if val and n >= 3 else 0
+    t = min(max(want(train), 1), n - min_test - min_val)
+    v = min(max(want(val), min_val), n - t - min_test) if val else 0
     return t, v, n - t - v
+
+
+def warned_small(caught, method="random split"):
+    """{class: text in parentheses} of the one split warning that names classes."""
+    import re
+
+    texts = [str(w.message) for w in caught if issubclass(w.category, UnsplittableClassWarning)]
+    assert len(texts) == 1 and texts[0].startswith(method), texts
+    head = texts[0].split(" could not", 1)[0].split(" ha", 1)[0].split(" are missing", 1)[0]
+    return {int(c): t for c, t in re.findall(r"(\d+) \(([^)]*)\)", head)}
 
 
 SIZES = [1, 2, 3, 4, 5, 10, 15, 57, 200]
@@ -89,7 +99,9 @@ SIZES = [1, 2, 3, 4, 5, 10, 15, 57, 200]
 )
 def test_random_split_stratified_sizes(train, val):
     lab = class_sizes_labels(SIZES)
-    split = random_split(lab, train=train, val=val, seed=3)
+    with pytest.warns(UnsplittableClassWarning) as caught:  # the classes of 1 (and 2 with val) pixels
+        split = random_split(lab, train=train, val=val, seed=3)
+    assert set(warned_small(caught)) == ({1, 2} if val else {1})
     check_basic(lab, split)
     assert not ((lab != 0) & (split == SPLIT_NONE)).any()  # complete
     for k, n in enumerate(SIZES, start=1):
@@ -103,9 +115,14 @@ def test_random_split_stratified_sizes(train, val):
         (10, 0.25, 0.0, (3, 0, 7)),  # 2.5 rounds half up
         (10, 0.1, 0.15, (1, 2, 7)),  # 1.5 -> 2
         (2, 0.1, 0.0, (1, 0, 1)),  # at least one train pixel when n >= 2
-        (1, 0.1, 0.0, (0, 0, 1)),  # a lone pixel whose fraction rounds to 0 is test
+        (1, 0.1, 0.0, (1, 0, 0)),  # train first: a lone pixel is train, even where its fraction rounds to 0
         (1, 0.6, 0.0, (1, 0, 0)),
-        (1, 5, 0, (1, 0, 0)),  # a lone pixel with a count request is train
+        (1, 5, 0, (1, 0, 0)),
+        (1, 0.1, 0.2, (1, 0, 0)),
+        (2, 0.1, 0.3, (1, 0, 1)),  # train, then test: val only from 3 pixels
+        (3, 0.1, 0.1, (1, 1, 1)),  # a val pixel although 0.3 rounds to 0
+        (3, 20, 0.5, (1, 1, 1)),  # a count is capped to leave test and val a pixel
+        (5, 20, 5, (3, 1, 1)),
         (3, 5, 0, (2, 0, 1)),  # count capped to leave one test pixel
         (3, 1, 5, (1, 1, 1)),
         (2, 1, 1, (1, 0, 1)),  # train is served before val
@@ -115,9 +132,41 @@ def test_random_split_stratified_sizes(train, val):
 def test_random_split_rule_examples(n, train, val, want):
     lab = np.zeros((3, 12), dtype=np.int64)
     lab.ravel()[:n] = 4
-    split = random_split(lab, train=train, val=val, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        split = random_split(lab, train=train, val=val, seed=0)
+    # named (with its counts) exactly when too small for every split asked for
+    assert bool(caught) == (n < (3 if val else 2))
+    if caught:
+        t, v, e = want
+        assert warned_small(caught) == {4: f"{n} px: {t} train, " + (f"{v} val, " if val else "") + f"{e} test"}
     got = tuple(count(lab, split, 4, c) for c in (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST))
     assert got == want
+
+
+def test_random_split_tiny_classes_sweep():
+    # seeded sweep: scenes of tiny classes (1-6 pixels) beside a large one, counts and fractions mixed
+    rng = np.random.default_rng(0)
+    for case in range(200):
+        sizes = [int(n) for n in rng.integers(1, 7, size=rng.integers(1, 6))] + [60]
+        train = [0.05, 0.1, 0.5, 1, 3, 20][case % 6]
+        val = [0, 0.05, 0.2, 1, 2][case % 5]
+        lab = class_sizes_labels(sizes, seed=case)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            split = random_split(lab, train=train, val=val, seed=case)
+        got = per_class(lab, split)
+        small = {}
+        for k, n in enumerate(sizes, start=1):
+            assert got[k] == expected_sizes(n, train, val), (case, k, n, train, val)
+            assert got[k][0] >= 1 and (n < 2 or got[k][2] >= 1) and (n < 3 or not val or got[k][1] >= 1)
+            if n < (3 if val else 2):
+                t, v, e = got[k]
+                small[k] = f"{n} px: {t} train, " + (f"{v} val, " if val else "") + f"{e} test"
+        assert (warned_small(caught) if small else caught) == (small or [])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            np.testing.assert_array_equal(split, random_split(lab, train=train, val=val, seed=case))
 
 
 def test_random_split_deterministic_and_seeded():
@@ -208,6 +257,30 @@ def class_diameter(labels, cls):
     return max(np.ptp(ys), np.ptp(xs))
 
 
+def per_class(labels, split):
+    """{class: (train, val, test)} by plain numpy counting."""
+    return {int(c): tuple(count(labels, split, c, code) for code in (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST))
+            for c in np.unique(labels[labels != 0])}
+
+
+def check_train_first(labels, r, guard):
+    """Train comes first: every class has a train pixel, except where every block holding it, made train,
+    would leave the scene no val/test pixel more than 2 * guard from train; the classes missing a split are
+    exactly the unsplit ones, with their counts."""
+    got = per_class(labels, r.split)
+    missing = {c for c, (t, v, e) in got.items() if t == 0 or e == 0 or (r.val and v == 0)}
+    assert set(r.unsplit) == missing
+    assert r.counts == {c: got[c] for c in sorted(missing)}
+    by, bx = block_ids(labels.shape, r.block_size, r.origin)
+    for c, (t, _, _) in got.items():
+        if t:
+            continue
+        for b in set(zip(by[labels == c].tolist(), bx[labels == c].tolist())):
+            train = (r.split == SPLIT_TRAIN) | ((labels != 0) & (by == b[0]) & (bx == b[1]))
+            dist = distance_transform_cdt(~train, metric="chessboard")
+            assert not ((labels != 0) & ~train & (dist > 2 * guard)).any(), (c, b)
+
+
 def check_stratified(labels, r, train, val, guard):
     """Every documented property of a block split, checked against independent computations."""
     split = r.split
@@ -244,6 +317,7 @@ def check_stratified(labels, r, train, val, guard):
         blocks = {(int(a), int(b)) for a, b in zip(by[labels == cls], bx[labels == cls])}
         missing[int(cls)] = len(blocks)
     assert r.unsplit == missing
+    check_train_first(labels, r, guard)
     return split
 
 
@@ -299,9 +373,15 @@ def test_block_split_per_class_counts(scene_labels, train, val):
     for cls in np.unique(labels[labels != 0]):
         if cls in r.unsplit or class_diameter(labels, cls) <= 4 * H:  # see test_block_split_properties
             continue
+        # whole blocks: about the count asked, within one block's worth of the class, besides the blocks
+        # that gave the classes that cannot be split their train pixels (train comes first)
+        by, bx = block_ids(labels.shape, r.block_size, r.origin)
+        for_unsplit = np.zeros(r.blocks.shape, dtype=bool)
+        unsplit_train = np.isin(labels, list(r.unsplit)) & (split == SPLIT_TRAIN)
+        for_unsplit[by[unsplit_train], bx[unsplit_train]] = True
         got = np.count_nonzero((labels == cls) & (split == SPLIT_TRAIN))
-        # whole blocks: about the count asked, within one block's worth of the class
-        assert 0.5 * train <= got <= train + r.block_size ** 2, (cls, got)
+        rest = np.count_nonzero((labels == cls) & (split == SPLIT_TRAIN) & ~for_unsplit[by, bx])
+        assert 0.5 * train <= got and rest <= train + r.block_size ** 2, (cls, got, rest)
 
 
 def test_block_split_indian_pines_names_unsplittable_classes():
@@ -309,11 +389,16 @@ def test_block_split_indian_pines_names_unsplittable_classes():
     # Alfalfa (1), Grass-pasture-mowed (7), Oats (9), Stone-Steel-Towers (16): every pixel of each lies
     # within 14 px of every other, so no guard of 2 * 7 px fits between a train and a test pixel
     assert [c for c in range(1, 17) if class_diameter(labels, c) <= 14] == [1, 7, 9, 16]
-    with pytest.warns(UnsplittableClassWarning, match=r"classes 1 \(\d+ blocks?\), 7 \(\d+ blocks?\), 9 .*, 16 "):
+    with pytest.warns(UnsplittableClassWarning,
+                      match=r"classes 1 \(\d+ blocks?: [1-9]\d* train, 0 test\), 7 \(\d+ blocks?: [1-9]\d* train, 0 test\), 9 .*, 16 "):
         split = block_split(labels, train=0.1, guard=H, seed=0)
     r = block_split_details(labels, train=0.1, guard=H, seed=0)
     np.testing.assert_array_equal(split, r.split)
     assert sorted(r.unsplit) == [1, 7, 9, 16]
+    # train first: each of them is train only (every other pixel of it within the guard of one)
+    for c in r.unsplit:
+        got = tuple(count(labels, split, c, code) for code in (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST))
+        assert got[0] > 0 and got[1:] == (0, 0) and r.counts[c] == got
 
 
 def test_make_split_warns_when_the_train_share_misses_the_target():
@@ -329,7 +414,7 @@ def test_make_split_warns_when_the_train_share_misses_the_target():
 
 
 def test_make_split_adaptive_block_size_keeps_the_train_share_on_indian_pines():
-    # the defaults (adaptive block size, 15x15 patches) give 10.6% for 10% (docs/splits.md): no share warning,
+    # the defaults (adaptive block size, 15x15 patches) give 11.1% for 10% (docs/splits.md): no share warning,
     # only the classes that cannot be split are named
     with pytest.warns(UnsplittableClassWarning) as caught:
         _, params = make_split(_ip_labels(), "blocks", train=0.1, guard=H, seed=0)
@@ -360,7 +445,7 @@ def test_block_split_fixed_block_size_and_no_guard():
 def test_block_split_tiny_scenes():
     # a 5x7 scene with guard 3: no two pixels are more than 2 * 3 px apart; the class is named
     lab = random_labels((5, 7), 1, p_unlabelled=0.0, seed=0)
-    with pytest.warns(UnsplittableClassWarning, match=r"class 1 \([1-4] blocks?\) could not be split"):
+    with pytest.warns(UnsplittableClassWarning, match=r"class 1 \([1-4] blocks?: \d+ train, 0 test\) could not be split"):
         split = block_split(lab, train=0.5, guard=3, block_size=15)
     check_basic(lab, split)
     # with guard 2 its two ends are far enough apart: train at one end, test at the other
@@ -371,6 +456,43 @@ def test_block_split_tiny_scenes():
     lab[0, 0] = lab[29, 29] = 1
     r = block_split_details(lab, train=0.5, guard=3, block_size=5, seed=0)
     assert sorted(r.split[lab != 0].tolist()) == [SPLIT_TRAIN, SPLIT_TEST] and not r.unsplit
+
+
+def test_block_split_two_pixel_class_with_val_gets_train_first():
+    # the reported gap: with val, a class of 2 far-apart pixels got val and test but no train
+    lab = make_scene(60, 60, 2, classes=3, seed=1)[1]
+    lab[5, 5], lab[54, 54] = 4, 4
+    for seed in range(5):
+        r = block_split_details(lab, train=0.1, val=0.1, guard=3, block_size=6, seed=seed)
+        dist = train_distance(r.split)
+        assert (dist[np.isin(r.split, (SPLIT_VAL, SPLIT_TEST))] > 6).all()
+        check_train_first(lab, r, 3)
+        assert per_class(lab, r.split)[4] == (1, 0, 1), seed  # too few for val: named with its counts
+        assert r.unsplit[4] == 2 and "4 (2 blocks: 1 train, 0 val, 1 test)" in r.warning()
+
+
+def test_block_split_tiny_classes_sweep():
+    # seeded sweep: blob scenes with 1-4 pixel classes scattered in, val or not: train first, no leakage,
+    # the classes left short named with their counts, deterministic
+    rng = np.random.default_rng(1)
+    for case in range(40):
+        lab = make_scene(40, 48, 2, classes=3, seed=case)[1].astype(np.int32)
+        for c in range(4, 4 + int(rng.integers(1, 4))):
+            for _ in range(int(rng.integers(1, 5))):
+                lab[rng.integers(40), rng.integers(48)] = c
+        guard = int(rng.integers(1, 4))
+        val = [0, 0.1, 2][case % 3]
+        train = [0.1, 0.3, 5][case % 3 - 1]
+        r = block_split_details(lab, train=train, val=val, guard=guard, seed=case)
+        check_basic(lab, r.split)
+        dist = train_distance(r.split)
+        assert (dist[np.isin(r.split, (SPLIT_VAL, SPLIT_TEST))] > 2 * guard).all(), case
+        check_train_first(lab, r, guard)
+        assert (r.warning() is None) == (not r.unsplit)
+        for c, n in r.unsplit.items():
+            assert f"{c} ({n} block{'' if n == 1 else 's'}: {r.counts[c][0]} train, " in r.warning()
+        again = block_split_details(lab, train=train, val=val, guard=guard, seed=case)
+        np.testing.assert_array_equal(r.split, again.split)
 
 
 @pytest.mark.parametrize(
@@ -412,9 +534,12 @@ def test_block_split_invariants_property(case):
         return
     labelled = labels != 0
     if not (r.split == SPLIT_TRAIN).any():
-        # no train pixel at all: only when no class can be split (then the guard drops nothing)
+        # no train pixel at all: only when any train block would leave no val/test pixel (train comes first,
+        # but a split with nothing to evaluate on is not made)
         assert r.lost == 0 and r.unsplit
+        check_train_first(labels, r, guard)
         return
+    check_train_first(labels, r, guard)
     dist = train_distance(r.split)
     assert (dist[(r.split == SPLIT_TEST) | (r.split == SPLIT_VAL)] > 2 * guard).all()
     assert (dist[labelled & (r.split == SPLIT_NONE)] <= 2 * guard).all()
@@ -437,12 +562,16 @@ def test_mask_split_assigns_labelled_pixels_only():
     train = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]])
     val = np.array([[0, 0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=bool)
     test = np.array([[0, 0, 0, 0], [5, 5, 5, 0], [0, 0, 1, 1]], dtype=np.float32)
-    split = mask_split(lab, train_mask=train, test_mask=test, val_mask=val)
+    with pytest.warns(UnsplittableClassWarning) as caught:  # the masks are kept; the classes are named
+        split = mask_split(lab, train_mask=train, test_mask=test, val_mask=val)
+    assert warned_small(caught, "mask split") == {
+        1: "1 train, 0 val, 2 test", 2: "0 train, 1 val, 1 test", 3: "0 train, 0 val, 0 test"}
     want = np.array([[0, 1, 2, 0], [3, 0, 3, 0], [0, 0, 0, 3]], dtype=np.uint8)
     np.testing.assert_array_equal(split, want)
     check_basic(lab, split)
     # without val_mask, the val pixel is in no split
-    split = mask_split(lab, train_mask=train, test_mask=test)
+    with pytest.warns(UnsplittableClassWarning):
+        split = mask_split(lab, train_mask=train, test_mask=test)
     assert split[0, 2] == SPLIT_NONE
 
 
