@@ -514,6 +514,14 @@ class PatchLoader:
         return plan
 
     # -- the PyTorch-facing API -----------------------------------------------------------------------
+    def class_counts(self) -> np.ndarray:
+        """(K,) int64: the samples of each class this loader yields over an epoch of every rank (index k:
+        label k, the store's class k + 1), for class weights (``hsgds.train.class_weights``). Unlabelled
+        samples (label -1, ``pixels="all"``) are not counted; K is the scenes' class count."""
+        labels = np.asarray(self.samples.label)
+        k = max([int(s.num_classes or 0) for s in self.scenes.scenes] + [int(labels.max(initial=-1)) + 1])
+        return np.bincount(labels[labels >= 0].astype(np.int64), minlength=k)
+
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch."""
         return self._plan(self._epoch).num_batches

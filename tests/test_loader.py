@@ -383,6 +383,26 @@ def test_indian_pines_full_epoch(engine, indian_pines_store, indian_pines_arrays
     assert len(got) == 1027
 
 
+def test_class_counts_are_the_labels_an_epoch_yields(indian_pines_store):
+    """class_counts() equals a count of the labels of one epoch of two ranks together (each sample once
+    but the repeated one, taken out), and of pixels='all' (unlabelled, -1, not counted)."""
+    kw = dict(patch_size=5, batch_size=128, device="cpu")
+    loaders = [hsgds.PatchLoader(indian_pines_store, **kw, return_coords=True, rank=r, world_size=2) for r in (0, 1)]
+    seen = {}
+    for loader in loaders:
+        with loader:
+            for _, lab, coords in loader:
+                seen.update(zip(map(tuple, coords.numpy().tolist()), lab.numpy().tolist()))
+    want = np.bincount(list(seen.values()), minlength=16)
+    np.testing.assert_array_equal(loaders[0].class_counts(), want)
+    assert want.sum() == 1027 and want.min() >= 2
+    with hsgds.PatchLoader(indian_pines_store, **kw, pixels="all", stride=3, shuffle=False) as every:
+        labels = np.concatenate([lab.numpy() for _, lab in every])
+        counts = every.class_counts()
+    assert (labels == -1).any() and len(counts) == 16
+    np.testing.assert_array_equal(counts, np.bincount(labels[labels >= 0], minlength=16))
+
+
 def test_indian_pines_engines_agree(indian_pines_store):
     """Same order and (to float32 rounding) the same patches from both engines. Needs DALI, checked first."""
     pytest.importorskip("nvidia.dali")
