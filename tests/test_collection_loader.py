@@ -11,6 +11,7 @@ import torch
 import hsgds
 from hsgds.errors import ConfigError, StoreError, TileReadError
 from hsgds.preprocess.convert import ConvertOptions, convert
+from tests.conftest import convert_quietly
 from tests.envi import write_envi
 
 HALO = 7  # max_patch 15
@@ -36,9 +37,9 @@ def scenes(tmp_path_factory):
         np.save(d / f"{name}_gt.npy", labels)
         hdr = write_envi(d / f"{name}_cube", cube, [wl0 + 100 * k for k in range(b)])
         tile, max_patch = (40, 9) if name == "F" else (18, 15)
-        store = convert(hdr, d / f"{name}.zarr", ConvertOptions(labels=d / f"{name}_gt.npy", tile=tile,
-                                                                  max_patch=max_patch, train=0.3, val=0.2,
-                                                                  class_names=names))
+        opts = ConvertOptions(labels=d / f"{name}_gt.npy", tile=tile, max_patch=max_patch, train=0.3, val=0.2,
+                              class_names=names)
+        store = convert_quietly(hdr, d / f"{name}.zarr", opts)
         out[name] = (cube, labels, store)
     return out
 
@@ -568,9 +569,11 @@ def test_a_store_resplit_after_its_collection_is_named(scenes, tmp_path):
     naming the scene and the fix, not read with a plan made for other counts."""
     from hsgds.errors import StoreError
     from hsgds.preprocess.resplit import resplit
+    from hsgds.preprocess.splits import UnsplittableClassWarning
 
     folder = _collection_of(scenes, tmp_path / "coll", ["A", "B"])
-    resplit(folder / "B.zarr", train=0.6, seed=9)
+    with pytest.warns(UnsplittableClassWarning, match=r"classes 1 \(1 px: 1 train, 0 test\), 4 \(1 px"):
+        resplit(folder / "B.zarr", train=0.6, seed=9)  # (the fixture's one pixel of classes 1 and 4: train)
     with hsgds.PatchLoader(folder, patch_size=3, batch_size=64, split="train", device="cpu") as loader:
         with pytest.raises(StoreError, match=r"scene 'B' .*: its labelled samples differ from collection.json .*"
                                              r"re-split.*run `hsgds convert-many` again"):

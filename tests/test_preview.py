@@ -20,6 +20,7 @@ from hsgds.preview import (
     preview_panels,
     render_preview,
 )
+from tests.conftest import convert_quietly
 from tests.envi import write_envi
 
 WAVELENGTHS = [400.0 + 50.0 * i for i in range(16)]  # 400..1150 nm: 650/550/450 are the nearest bands
@@ -34,9 +35,9 @@ def envi_store(tmp_path_factory):
     cube, labels = make_scene(61, 47, len(WAVELENGTHS), classes=5, dtype="int16", seed=11)
     hdr = write_envi(tmp / "scene", cube, WAVELENGTHS)
     np.save(tmp / "gt.npy", labels)
-    out = convert(hdr, tmp / "scene.zarr", ConvertOptions(labels=tmp / "gt.npy", split="blocks", block_size=16,
-                                                         train=0.5, val=0.2, max_patch=5, tile=12,
-                                                         class_names=("a", "b", "c", "d", "e")))
+    opts = ConvertOptions(labels=tmp / "gt.npy", split="blocks", block_size=16, train=0.5, val=0.2, max_patch=5,
+                          tile=12, class_names=("a", "b", "c", "d", "e"))
+    out = convert_quietly(hdr, tmp / "scene.zarr", opts)
     return out, cube, labels
 
 

@@ -310,7 +310,7 @@ def test_missing_dali_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     for mod in ("nvidia.dali", "nvidia.dali.fn", "nvidia.dali.types"):
         monkeypatch.setitem(sys.modules, mod, None)  # makes "import nvidia.dali" raise ImportError
     spec = make_spec(make_storage("int16"), 5, "NCHW", torch.float32)
-    with pytest.raises(DependencyError, match=r"hsgds\[cu13\].*hsgds\[cpu\]"):
+    with pytest.raises(DependencyError, match=r"hsgds\[cu13\].*hsgds\[dali\]"):
         make_engine("dali", spec)
 
 
