@@ -349,8 +349,8 @@ def test_resplit_that_cannot_replace_zarr_json_is_one_line(ip_copy, run_cli, mon
 
 
 def test_resplit_names_a_train_share_far_from_the_one_asked(ip_copy, run_cli):
-    # 40 px blocks on the 145x145 Indian Pines: far more train than 10% (whole blocks, one for each class too
-    # close together to split: train comes first); said on stderr, the split is still made
+    # 40 px blocks on the 145x145 Indian Pines: far more train than 10% (whole blocks; 20.8%); said on stderr,
+    # the split is still made
     code, out, err = run_cli("resplit", ip_copy, "--split", "blocks", "--train", "0.1", "--block-size", "40")
     assert code == 0, err
     assert re.search(r"hsgds: warning: block split: train is \d+\.\d% of the labelled pixels, not the 10\.0% asked "
