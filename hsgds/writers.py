@@ -7,7 +7,8 @@ leaves at most a hidden ``.<name>.*.partial`` file, never a file at the target t
 Class maps follow the store's label convention: 0 = not predicted / unlabelled (nodata), k = class k.
 
 - ``.tif`` / ``.tiff``: GeoTIFF, uint8 (uint16 beyond 255 classes), one band with a colour table,
-  nodata 0, and the source's CRS and geotransform when the store has them (rasterio, ``hsgds[geo]``).
+  nodata 0, and the source's CRS and geotransform when the store has them (rasterio, ``hsgds[geo]``);
+  the class names in its GDAL sidecar ``<name>.tif.aux.xml``.
 - ``.png``: the colour map with a legend; with ground truth also the ground truth and an error map
   (matplotlib, ``hsgds[preview]``).
 - ``.hdr``: an ENVI Classification file (header + ``.img`` binary) with class names and lookup colours.
@@ -26,6 +27,7 @@ import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
+from xml.sax.saxutils import escape as xml_escape
 
 import numpy as np
 
@@ -88,7 +90,9 @@ def check_output(path: str | os.PathLike) -> str:
 def files_written(path: str | os.PathLike) -> list[Path]:
     """The files :func:`write_class_map` writes for ``path`` (an ENVI header has its binary beside it)."""
     p = Path(path)
-    return [p, p.with_suffix(".img")] if p.suffix.lower() == ".hdr" else [p]
+    if p.suffix.lower() == ".hdr":
+        return [p, p.with_suffix(".img")]
+    return [p, category_sidecar(p)] if p.suffix.lower() in (".tif", ".tiff") else [p]
 
 
 def _check_writable(folder: Path, path: Path) -> None:
@@ -144,8 +148,10 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     """Write a single-band GeoTIFF class map with a colour table, nodata 0 and the store's georeference.
 
     ``georeference`` is the store's ``{"transform", "crs_wkt", "epsg"}`` (None: a plain TIFF whose pixel
-    grid is the scene's). Class names go into the band's metadata as ``CLASS_1`` ... ``CLASS_K`` items (not
-    GDAL category names: a GIS legend shows the colours, an ENVI .hdr output carries the names for tools).
+    grid is the scene's). Class names are GDAL category names, in the sidecar ``<path>.aux.xml`` (GeoTIFF has
+    no tag for them; GDAL, and QGIS through it, read them there for the legend), and the band's ``CLASS_1``
+    ... ``CLASS_K`` metadata items. An old sidecar is removed before the map is replaced and the new one
+    written after it, so a map never shows another run's names (at worst, after a kill, none).
     """
     rasterio = require("rasterio", "geo", "writing a GeoTIFF class map")
     a = _check_map(classmap)
@@ -154,15 +160,33 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     profile = _geotiff_profile(georeference, a.shape[0], a.shape[1], 1, dtype.name)
     profile.update(nodata=0, compress="deflate", photometric="palette")
     lut = class_colours(k)
+    names = _names(k, class_names)
+    sidecar = category_sidecar(path)
+    sidecar.unlink(missing_ok=True)
     with atomic_path(path) as tmp:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
             with rasterio.open(tmp, "w", **profile) as dst:
                 dst.write(a.astype(dtype, copy=False), 1)
                 dst.write_colormap(1, {i: (*map(int, lut[i]), 255) for i in range(k + 1)})
-                dst.update_tags(1, **{f"CLASS_{i}": n for i, n in enumerate(_names(k, class_names), start=1)})
+                dst.update_tags(1, **{f"CLASS_{i}": n for i, n in enumerate(names, start=1)})
                 dst.set_band_description(1, "class (0 = nodata)")
+    with atomic_path(sidecar) as tmp:
+        tmp.write_text(_pam_categories(["Unclassified", *names]), encoding="utf-8")
     return Path(path)
+
+
+def category_sidecar(path: str | os.PathLike) -> Path:
+    """The GDAL PAM sidecar of a GeoTIFF class map, ``<path>.aux.xml``, which holds its category names."""
+    p = Path(path)
+    return p.with_name(p.name + ".aux.xml")
+
+
+def _pam_categories(names: list[str]) -> str:
+    """A GDAL PAM document naming band 1's values: ``names[v]`` is the category of pixel value ``v``."""
+    rows = "".join(f"      <Category>{xml_escape(n)}</Category>\n" for n in names)
+    return (f'<PAMDataset>\n  <PAMRasterBand band="1">\n    <CategoryNames>\n{rows}    </CategoryNames>\n'
+            "  </PAMRasterBand>\n</PAMDataset>\n")
 
 
 def _geotiff_profile(georeference: dict[str, Any] | None, height: int, width: int, count: int,

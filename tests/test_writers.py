@@ -41,6 +41,50 @@ def test_geotiff_round_trip_with_rasterio(tmp_path, classmap):
     assert leftovers(tmp_path) == []
 
 
+def gdal_category_names(path):
+    """Band 1's category names as GDAL itself reports them (GDALGetRasterCategoryNames, through ctypes, from
+    the libgdal that rasterio's wheel bundles): what QGIS and other GDAL tools show in a legend."""
+    import ctypes
+    import glob
+
+    rasterio = pytest.importorskip("rasterio")
+    libs = glob.glob(os.path.join(os.path.dirname(rasterio.__file__), os.pardir, "rasterio.libs", "libgdal*.so*"))
+    if not libs:
+        pytest.skip("rasterio's bundled libgdal is not a .so here")
+    gdal = ctypes.CDLL(libs[0])
+    gdal.GDALAllRegister()
+    gdal.GDALOpen.restype, gdal.GDALOpen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    gdal.GDALGetRasterBand.restype, gdal.GDALGetRasterBand.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int]
+    gdal.GDALGetRasterCategoryNames.restype = ctypes.POINTER(ctypes.c_char_p)
+    gdal.GDALGetRasterCategoryNames.argtypes = [ctypes.c_void_p]
+    gdal.GDALGetMetadata.restype, gdal.GDALGetMetadata.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    gdal.GDALClose.argtypes = [ctypes.c_void_p]
+    ds = gdal.GDALOpen(str(path).encode(), 0)
+    assert ds, path
+    try:
+        band = gdal.GDALGetRasterBand(ds, 1)
+        gdal.GDALGetMetadata(band, None)  # (GTiff reads its sidecar on a first metadata query, as GIS tools make)
+        names = gdal.GDALGetRasterCategoryNames(band)
+        out = []
+        while names and names[len(out)] is not None:
+            out.append(names[len(out)].decode())
+        return out
+    finally:
+        gdal.GDALClose(ds)
+
+
+def test_geotiff_class_names_are_gdal_category_names(tmp_path, classmap):
+    """GDAL reads the class names as the band's categories (value v: names[v], 0 Unclassified), XML-special
+    characters included; a map written again with other names shows those, never the earlier run's; nothing
+    is left beside the two files."""
+    names = ["corn <early>", "soy & late", "woods", "water"]
+    out = writers.write_class_map(tmp_path / "m.tif", classmap, class_names=names, georeference=GEO)
+    assert gdal_category_names(out) == ["Unclassified", *names]
+    writers.write_class_map(tmp_path / "m.tif", classmap, num_classes=4)
+    assert gdal_category_names(out) == ["Unclassified", "class 1", "class 2", "class 3", "class 4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tif", "m.tif.aux.xml"] and leftovers(tmp_path) == []
+
+
 def test_geotiff_uint16_beyond_255_classes_and_without_georeference(tmp_path):
     rasterio = pytest.importorskip("rasterio")
     a = np.arange(300 * 2, dtype=np.uint16).reshape(20, 30) % 301
