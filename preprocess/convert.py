@@ -407,7 +407,7 @@ def _nodata_pixels(tile: np.ndarray, value: float, rows: np.ndarray, cols: np.nd
     elif dtype.kind != "f" and not (value.is_integer() and np.iinfo(dtype).min <= value <= np.iinfo(dtype).max):
         hit = np.zeros(tile.shape[:2], bool)
     elif dtype.kind == "f" and math.isfinite(value) and abs(value) > float(np.finfo(dtype).max):
-        hit = np.zeros(tile.shape[:2], bool)  # (as the dtype it would be inf: pixels of inf are not nodata)
+        hit = np.zeros(tile.shape[:2], bool)  # (cast to the dtype it would be inf, which no pixel holds)
     else:
         hit = (tile == dtype.type(value)).all(axis=-1)
     return hit & rows[:, None] & cols[None, :]
