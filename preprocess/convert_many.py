@@ -265,7 +265,9 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
                 value = recorded_nodata(cube)
             finally:
                 cube.close()
-    except (HsgdsError, OSError):
+    except HsgdsError as exc:  # e.g. a _FillValue of several values: a new conversion refuses it, naming it
+        return f"the source's own nodata value cannot be used ({one_line(exc)}); no --nodata is given"
+    except OSError:
         return None  # the conversion itself names what is wrong with the source
     want = None if value is None else fmt.nodata_value(value)
     if want == had:

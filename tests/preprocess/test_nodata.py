@@ -462,6 +462,12 @@ def test_hdf5_fill_value_as_netcdf_products_declare_it(tmp_path):
         convert(tmp_path / "bad.h5", tmp_path / "b.zarr", ConvertOptions(max_patch=3))
     store = convert(tmp_path / "bad.h5", tmp_path / "b.zarr", ConvertOptions(max_patch=3, nodata=-9999.0))
     assert hsgds.open_scene(store).meta.nodata["pixels"] == int(gaps.sum())
+    # convert-many without the --nodata that overrode it: converted again (which refuses it), not kept
+    from hsgds.preprocess.convert_many import _source_nodata_differs
+
+    reason = _source_nodata_differs(hsgds.open_scene(store).meta, ConvertOptions(max_patch=3), tmp_path / "bad.h5")
+    assert reason is not None and reason.startswith("the source's own nodata value cannot be used (") and \
+        "_FillValue holds 2 values" in reason, reason
 
 
 @pytest.mark.parametrize("split", [dict(split="random", train=0.2, val=0.1), dict(split="blocks", train=0.2, block_size=8)])
