@@ -17,7 +17,7 @@ import numpy as np
 
 from hsgds._version import __version__
 from hsgds._wording import counted, listed
-from hsgds.errors import HsgdsError, InputError, one_line
+from hsgds.errors import HsgdsError, InputError, StoreError, one_line
 
 EXIT_BAD_INPUT = 2
 EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor --require-gpu: no GPU)
@@ -639,8 +639,8 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     """``hsgds predict`` over a collection: every scene checked against the model and every output path
     before any work (exit 2); then a map per scene, a scene that fails named while the others are
     predicted (exit 1)."""
-    from hsgds import writers
     from hsgds.collection import open_collection
+    from hsgds.inference import check_outputs
     from hsgds.models import load_model
 
     for option, value in (("-o", out), ("--probabilities", probabilities)):
@@ -656,7 +656,13 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
         sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo))
-        writers.check_output(out.replace("{name}", e.name))
+        try:  # (a scene's source named by the pattern is refused here, before any scene is predicted)
+            check_outputs(coll.scene(i), Path(out.replace("{name}", e.name)),
+                          Path(probabilities.replace("{name}", e.name)) if probabilities else False)
+        except StoreError:
+            pass  # a missing or damaged store: its own run names it while the others are predicted
+        except HsgdsError as exc:
+            _fail(f"{e.name}: {exc}")
     failed = []
     for i, e in enumerate(coll.entries):
         try:
@@ -708,7 +714,7 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
               help="Where the report, the model checkpoint and the class map go.")
 @click.option("--augment", is_flag=True, help="Train with on-device augmentation: flips, quarter turns, "
                                               "radiation noise (p=0.1), band dropout (p=0.05).")
-@click.option("--class-balance", default=0.5, show_default=True, type=click.FloatRange(min=0),
+@click.option("--class-balance", default=0.5, show_default=True, type=click.FloatRange(min=0, max=4),
               help="Weigh each class's loss by (largest class / its train pixels) ** this: rare classes get "
                    "learned (0: plain cross-entropy).")
 def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment, class_balance) -> None:

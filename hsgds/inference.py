@@ -11,6 +11,7 @@ in memory. Outputs are written atomically by :mod:`hsgds.writers`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, on
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, open_scene
 
-__all__ = ["predict", "ring_bytes_for"]
+__all__ = ["check_outputs", "predict", "ring_bytes_for"]
 
 
 def ring_bytes_for(scene: Scene, batch_size: int, mask: np.ndarray | None = None) -> int:
@@ -67,13 +68,29 @@ def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
     return ~nodata if mask is None else mask & ~nodata
 
 
+def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False) -> Path | None:
+    """Check, before any work, that predict can write the class map ``out`` and the probabilities (a path, or
+    True: beside ``out``) of ``scene``: known formats, writable folders, and none of the files the store was
+    made from or the store itself. Returns the probabilities path (None: none are written)."""
+    from hsgds import writers
+
+    if out is not None:
+        writers.check_output(out)
+    prob_path = _probability_path(probabilities, out)
+    if prob_path is not None:
+        writers.check_probability_output(prob_path)
+    _refuse_overwriting_inputs(scene, [*(writers.files_written(out) if out is not None else []),
+                                       *([prob_path] if prob_path is not None else [])])
+    return prob_path
+
+
 def _refuse_overwriting_inputs(scene: Scene, targets: list[Path]) -> None:
     """Refuse an output path that would replace the store itself or the cube (or ground truth) it was converted
-    from: an -o naming the source by mistake would destroy data a rerun cannot give back. The store records
-    its sources' file names and total size, so a source is recognised beside the target by both (a class map
-    written earlier under a source's name is smaller than the cube, and is replaced as any output is)."""
+    from: an -o naming the source by mistake would destroy data a rerun cannot give back."""
     store = scene.path.resolve()
-    records = [("source cube", scene.meta.source), ("ground truth", scene.meta.labels_source or {})]
+    h, w, b = scene.shape
+    cube_bytes = h * w * b * np.dtype(scene.meta.dtype).itemsize
+    records = [("source cube", scene.meta.source, cube_bytes), ("ground truth", scene.meta.labels_source, None)]
     for target in targets:
         resolved = target.resolve()
         if resolved == store or store in resolved.parents:
@@ -81,15 +98,34 @@ def _refuse_overwriting_inputs(scene: Scene, targets: list[Path]) -> None:
                              "outside it")
         if not resolved.is_file():
             continue
-        for what, record in records:
-            names = record.get("files") or [record.get("name")]
-            if resolved.name not in names or not isinstance(record.get("size"), int):
-                continue
-            beside = [resolved.parent / str(n) for n in names]
-            if all(p.is_file() for p in beside) and sum(p.stat().st_size for p in beside) == record["size"]:
-                raise InputError(f"cannot write {target}: it is the {what} {scene.path.name} was converted from "
-                                 f"(same name and size as recorded); writing there would destroy it: choose "
-                                 "another output path")
+        for what, record, data_bytes in records:
+            if record and _is_recorded_source(resolved, record, data_bytes):
+                raise InputError(f"cannot write {target}: it is the {what} {scene.path.name} was converted from; "
+                                 "writing there would destroy it: choose another output path")
+
+
+def _is_recorded_source(target: Path, record: dict[str, Any], data_bytes: int | None) -> bool:
+    """Whether ``target`` is one of the files of a store's source ``record`` (its names, total size, sha256).
+
+    The files are found beside the target by name, compared by identity (a case-insensitive file system or a
+    hard link names them otherwise). The cube is recognised by its size alone: the recorded total, or a file
+    holding all its pixels (``data_bytes``; an ENVI header edited by hand since changes the total), which no
+    class map reaches; the ground truth, which a uint8 class map can match in size, by its sha256."""
+    names = [str(n) for n in (record.get("files") or [record.get("name")]) if n]
+    beside = [target.parent / n for n in names]
+    if not beside or not all(p.is_file() for p in beside) or not any(os.path.samefile(target, p) for p in beside):
+        return False
+    sizes = [p.stat().st_size for p in beside]
+    if data_bytes is not None:
+        return sum(sizes) == record.get("size") or max(sizes) >= data_bytes
+    if sum(sizes) != record.get("size"):
+        return False
+    digest = hashlib.sha256()
+    for p in beside:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest() == record.get("sha256")
 
 
 def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
@@ -276,14 +312,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     patch_size, layout = settings["patch_size"], settings["layout"]
     batch_size, tta = as_count(batch_size, "batch_size"), as_flag(tta, "tta")
     device, dtype = _placement(model, device, dtype, follow_model=not from_file)
-    if out is not None:
-        out = as_path(out, "out")
-        writers.check_output(out)
-    prob_path = _probability_path(probabilities, out)
-    if prob_path is not None:
-        writers.check_probability_output(prob_path)
-    _refuse_overwriting_inputs(scene, [*(writers.files_written(out) if out is not None else []),
-                                       *([prob_path] if prob_path is not None else [])])
+    out = None if out is None else as_path(out, "out")
+    prob_path = check_outputs(scene, out, probabilities)
     h, w = scene.shape[:2]
     if mask is not None:
         mask = np.asarray(mask)

@@ -219,6 +219,10 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
+#: samples whose labels class_counts() takes at a time (~100 MB of index arrays for pixels="all")
+CLASS_COUNT_BLOCK = 1 << 22
+
+
 class PatchLoader:
     """Iterate (patches, labels) batches of pixel-centred patches from an hsgds store.
 
@@ -517,10 +521,15 @@ class PatchLoader:
     def class_counts(self) -> np.ndarray:
         """(K,) int64: the samples of each class this loader yields over an epoch of every rank (index k:
         label k, the store's class k + 1), for class weights (``hsgds.train.class_weights``). Unlabelled
-        samples (label -1, ``pixels="all"``) are not counted; K is the scenes' class count."""
-        labels = np.asarray(self.samples.label)
-        k = max([int(s.num_classes or 0) for s in self.scenes.scenes] + [int(labels.max(initial=-1)) + 1])
-        return np.bincount(labels[labels >= 0].astype(np.int64), minlength=k)
+        samples (label -1, ``pixels="all"``) are not counted; K is the scenes' class count. Counted a block of
+        samples at a time: ``pixels="all"`` over a large scene never lists every pixel at once."""
+        counts = np.zeros(max(int(s.num_classes or 0) for s in self.scenes.scenes), np.int64)
+        n, step = len(self.samples), CLASS_COUNT_BLOCK
+        for start in range(0, n, step):
+            labels = np.asarray(self.samples.take(np.arange(start, min(n, start + step)))[3], dtype=np.int64)
+            got = np.bincount(labels[labels >= 0], minlength=len(counts))
+            counts = np.pad(counts, (0, len(got) - len(counts))) + got
+        return counts
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch."""

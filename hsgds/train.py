@@ -12,6 +12,8 @@ optimizer step) to make the split honest; the cost of that sync is the same for 
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -132,8 +134,9 @@ def class_weights(counts: Any, power: float = 0.5) -> torch.Tensor:
     classes of 2-5 train pixels go from 0-5% recall to 44-100% at about the same OA (AA 78% -> 91-93%). A class
     without train pixels gets 1 (it never is a target).
     """
-    if not (isinstance(power, (int, float)) and power >= 0):
-        raise ConfigError(f"the class balance power must be a number >= 0 (0: every sample alike), got {power!r}")
+    if isinstance(power, bool) or not isinstance(power, numbers.Real) or not math.isfinite(power) or power < 0:
+        raise ConfigError(f"the class balance power must be a finite number >= 0 (0: every sample alike), got "
+                          f"{power!r}")
     counts = np.asarray(counts, dtype=np.float64)
     present = counts > 0
     weights = np.ones(len(counts))

@@ -383,7 +383,7 @@ def test_indian_pines_full_epoch(engine, indian_pines_store, indian_pines_arrays
     assert len(got) == 1027
 
 
-def test_class_counts_are_the_labels_an_epoch_yields(indian_pines_store):
+def test_class_counts_are_the_labels_an_epoch_yields(indian_pines_store, monkeypatch):
     """class_counts() equals a count of the labels of one epoch of two ranks together (each sample once
     but the repeated one, taken out), and of pixels='all' (unlabelled, -1, not counted)."""
     kw = dict(patch_size=5, batch_size=128, device="cpu")
@@ -399,8 +399,11 @@ def test_class_counts_are_the_labels_an_epoch_yields(indian_pines_store):
     with hsgds.PatchLoader(indian_pines_store, **kw, pixels="all", stride=3, shuffle=False) as every:
         labels = np.concatenate([lab.numpy() for _, lab in every])
         counts = every.class_counts()
+        monkeypatch.setattr("hsgds.loader.CLASS_COUNT_BLOCK", 100)  # counted in blocks, the last one partial
+        in_blocks = every.class_counts()
     assert (labels == -1).any() and len(counts) == 16
     np.testing.assert_array_equal(counts, np.bincount(labels[labels >= 0], minlength=16))
+    np.testing.assert_array_equal(in_blocks, counts)
 
 
 def test_indian_pines_engines_agree(indian_pines_store):

@@ -389,8 +389,40 @@ def test_an_output_naming_the_source_or_the_store_is_refused_and_nothing_changes
     assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p != checkpoint} == before
     (tmp_path / "maps").mkdir()  # the source's name elsewhere: an earlier map, not the cube
     np.save(tmp_path / "maps" / "gt.npy", np.zeros((2, 2), np.uint8))
-    out = predict(envi_store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "maps" / "gt.npy")
-    assert np.array_equal(np.load(tmp_path / "maps" / "gt.npy"), out)
+    for _ in range(2):  # (the second time the map there has the ground truth's size: its sha256 tells them apart)
+        out = predict(envi_store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "maps" / "gt.npy")
+        assert np.array_equal(np.load(tmp_path / "maps" / "gt.npy"), out)
+    assert (tmp_path / "maps" / "gt.npy").stat().st_size == (tmp_path / "gt.npy").stat().st_size
+    # a header edited by hand since the conversion (its size changed): the binary still holds every pixel
+    with open(tmp_path / "e.hdr", "a") as f:
+        f.write("description = {edited}\n")
+    img = (tmp_path / "e.img").read_bytes()
+    with pytest.raises(InputError, match="the source cube e.zarr was converted from"):
+        predict(envi_store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "e.hdr")
+    assert (tmp_path / "e.img").read_bytes() == img
+
+
+def test_a_collection_pattern_naming_its_sources_is_refused_before_any_scene(tmp_path, run_cli):
+    """-o raw/{name}.tif where the scenes were converted from raw/<name>.tif: exit 2 naming the scene, before
+    any scene is predicted (not each scene failing in turn, with advice to run the same command again)."""
+    rasterio = pytest.importorskip("rasterio")
+    from hsgds.preprocess.convert_many import convert_many
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i, name in enumerate(("a", "b")):
+        cube, _ = coordinate_cube(seed=20 + i)
+        with rasterio.open(raw / f"{name}.tif", "w", driver="GTiff", height=H, width=W, count=B, dtype="int16",
+                           crs="EPSG:32616", transform=rasterio.Affine(30, 0, 6e5, 0, -30, 4e6)) as dst:
+            dst.write(cube.transpose(2, 0, 1))
+    (tmp_path / "m.csv").write_text("source\nraw/a.tif\nraw/b.tif\n")
+    convert_many(tmp_path / "m.csv", tmp_path / "coll", ConvertOptions(max_patch=5), workers=1)
+    before = {p.name: p.read_bytes() for p in raw.iterdir()}
+    checkpoint, _ = _checkpoint(tmp_path, p=3)
+    code, out, err = run_cli("predict", tmp_path / "coll", "--model", checkpoint, "-o", raw / "{name}.tif")
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
+        f"hsgds: error: a: cannot write {raw / 'a.tif'}: it is the source cube a.zarr was converted from"), err
+    assert "wrote" not in out and {p.name: p.read_bytes() for p in raw.iterdir()} == before
 
 
 # -- the command ---------------------------------------------------------------------------------------------

@@ -191,8 +191,10 @@ def test_class_weights_and_the_weighted_step():
     np.testing.assert_allclose(class_weights(counts, 0.5).numpy(), [1, 2, 1, 4])
     np.testing.assert_allclose(class_weights(counts, 1).numpy(), [1, 4, 1, 16])
     np.testing.assert_allclose(class_weights(counts, 0).numpy(), [1, 1, 1, 1])
-    with pytest.raises(ConfigError, match="must be a number >= 0"):
-        class_weights(counts, -1)
+    np.testing.assert_allclose(class_weights(counts, np.float32(0.5)).numpy(), [1, 2, 1, 4])
+    for bad in (-1, float("inf"), True, "0.5"):
+        with pytest.raises(ConfigError, match="must be a finite number >= 0"):
+            class_weights(counts, bad)
     torch.manual_seed(0)
     x, y = torch.randn(21, 5), torch.from_numpy(labels)
     a = torch.nn.Linear(5, 4)
