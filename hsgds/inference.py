@@ -11,7 +11,6 @@ in memory. Outputs are written atomically by :mod:`hsgds.writers`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hsgds._sha256 import sha256_of
 from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
 from hsgds.engines.base import OUT_DTYPES
@@ -118,14 +118,7 @@ def _is_recorded_source(target: Path, record: dict[str, Any], data_bytes: int | 
     sizes = [p.stat().st_size for p in beside]
     if data_bytes is not None:
         return sum(sizes) == record.get("size") or max(sizes) >= data_bytes
-    if sum(sizes) != record.get("size"):
-        return False
-    digest = hashlib.sha256()
-    for p in beside:
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest() == record.get("sha256")
+    return sum(sizes) == record.get("size") and sha256_of(beside)[0] == record.get("sha256")
 
 
 def _probability_path(probabilities: Any, out: Path | None) -> Path | None:

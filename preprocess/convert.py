@@ -31,11 +31,12 @@ import zarr
 from hsgds import checksum
 from hsgds import format as fmt
 from hsgds._durable import fsync_dir, fsync_tree, rename_error
+from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import detect_format, open_cube, read_labels
-from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, sha256_of, source_stamps
+from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
 try:

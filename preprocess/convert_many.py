@@ -27,6 +27,7 @@ from typing import Any
 
 from hsgds import format as fmt
 from hsgds._optional import require
+from hsgds._sha256 import sha256_of
 from hsgds._wording import clipped, counted
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
@@ -39,7 +40,7 @@ from hsgds.preprocess.convert import (
     wavelength_list,
 )
 from hsgds.preprocess.readers import detect_format, open_cube
-from hsgds.preprocess.readers.base import recorded_nodata, sha256_of, source_stamps
+from hsgds.preprocess.readers.base import recorded_nodata, source_stamps
 from hsgds.preprocess.splits import SplitWarning
 from hsgds.scene import open_scene
 

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # no hsgds imports beyond this layer: errors, settings, optional-dependency and platform helpers
     ("base", ("hsgds.errors", "hsgds._version", "hsgds.defaults", "hsgds._optional", "hsgds._platform",
               "hsgds._unset", "hsgds._wording", "hsgds._lru", "hsgds._gc", "hsgds._numba_cache",
-              "hsgds._durable")),
+              "hsgds._durable", "hsgds._sha256")),
     # the store format: names, metadata checks, tile offsets and checksums
     ("format", ("hsgds.format", "hsgds.checksum")),
     # the offline converter: may use the store format and the base, nothing of the runtime

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -150,22 +148,6 @@ def source_stamps(paths: list[Path]) -> dict[Path, tuple[int, int]]:
     return out
 
 
-def sha256_of(paths: list[Path], stop: threading.Event | None = None) -> tuple[str, int]:
-    """The sha256 (hex) of the files' bytes read one after another, and their total size. Once ``stop`` is set
-    the reading ends at the next 1 MiB chunk with InterruptedError (a failed conversion does not wait for a
-    large source to be hashed)."""
-    h = hashlib.sha256()
-    size = 0
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
-    for p in paths:
-        with open(p, "rb") as f:
-            while n := f.readinto(buf):
-                if stop is not None and stop.is_set():
-                    raise InterruptedError(f"hashing {p} was stopped")
-                h.update(view[:n])
-                size += n
-    return h.hexdigest(), size
 
 
 def parse_nodata(text: str, where: str, fix: str) -> float:
