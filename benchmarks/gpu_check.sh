@@ -4,10 +4,10 @@
 #     bash benchmarks/gpu_check.sh OUTDIR
 #
 # (a) installs the wheels shipped beside the repo into /tmp/site: .whl/*.whl (kvikio, libkvikio,
-#     rapids-logger, crc32c, zarr & co., and DALI's small pure deps), and DALI when every part of its
+#     rapids-logger, crc32c, zarr & co., and DALI's small deps), and DALI when every part of its
 #     split wheel is in .dali/ (.dali/NAME = wheel file name, .dali/PARTS = part count, .dali/SHA256).
-#     The parts are <= 48 MiB so that one part plus .whl fits one device call; carry them over
-#     successive calls while the machine stays warm (ignored files already there are kept);
+#     benchmarks/gpu_wheels.sh makes both folders and prints which call carries what (a part per
+#     call, over successive calls while the machine stays warm: ignored files already there are kept);
 # (b) keeps cuFile's log in OUTDIR/cufile.log;
 # (c) writes the device report (hsgds.probe.probe + hsgds.doctor.doctor_report) to OUTDIR/doctor.txt;
 # (d) runs the GPU tests: pytest -m gpu ... --junitxml=OUTDIR/gpu_tests.xml tests;
