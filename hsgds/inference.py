@@ -190,6 +190,37 @@ def _set_mode(model: nn.Module, training: bool) -> None:
         pass
 
 
+def _logits(model: nn.Module, batch: torch.Tensor, layout: str, patch_size: int, classes: int | None,
+            done: int) -> torch.Tensor:
+    """The model's logits for ``batch``, checked: a failure or a wrong output is one line. ``classes``: the K of
+    the batches before (None: the first), ``done``: the pixels predicted so far."""
+    try:
+        logits = model(batch)
+    except Exception as exc:
+        bands_in = batch.shape[1 if layout == "NCHW" else 3]
+        hint = (f"check that it takes {bands_in} bands and {patch_size}x{patch_size} patches"
+                if classes is None else f"after {done} pixels were predicted")
+        # a torch.export program's module() exported without a dynamic batch dimension: batch_size= alone would
+        # fail on the last, partial batch, which only a program file gets padded
+        fixed_at = re.search(r"size\(\)\[0\] == (\d+)", str(exc))
+        if fixed_at:
+            hint = (f"it takes batches of exactly {fixed_at[1]} patches (fixed at export): pass its .pt2 file "
+                    "(torch.export.save) as the model, which pads the last batch, or export with dynamic_shapes")
+        raise InputError(f"the model failed on a {tuple(batch.shape)} {batch.dtype} {layout} patch batch "
+                         f"({one_line(exc, with_type=True)}); {hint}") from None
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != batch.shape[0]:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise InputError(f"the model returned {got} for {batch.shape[0]} patches; it must return (N, K) logits")
+    if logits.dtype == torch.bool or logits.is_complex():  # (argmax takes neither)
+        raise InputError(f"the model returned {logits.dtype} logits; it must return real numbers")
+    # every batch, not only the first: more classes later would overflow the map's dtype (class 300 written
+    # as 44 in a uint8 map) or miss the probabilities file's shape
+    if classes is not None and logits.shape[1] != classes:
+        raise InputError(f"the model returned {tuple(logits.shape)} for {batch.shape[0]} patches after returning "
+                         f"{classes} logits per pixel; it must return the same K for every batch")
+    return logits
+
+
 def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Tensor, layout: str) -> torch.Tensor:
     """Mean softmax over the 8 dihedral variants of the batch (``logits``: the model's on variant 0)."""
     mean = torch.softmax(logits.float(), dim=1)
@@ -339,25 +370,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                 for patches, _, coords in loader:
                     n = patches.shape[0]
                     patches = _padded(patches, fixed)
-                    try:
-                        logits = model(patches)
-                    except Exception as exc:
-                        bands_in = patches.shape[1 if layout == "NCHW" else 3]
-                        hint = (f"check that it takes {bands_in} bands and {patch_size}x{patch_size} patches"
-                                if classes is None else f"after {done} pixels were predicted")
-                        # a torch.export program's module() exported without a dynamic batch dimension: batch_size=
-                        # alone would fail on the last, partial batch, which only a program file gets padded
-                        fixed_at = re.search(r"size\(\)\[0\] == (\d+)", str(exc))
-                        if fixed_at:
-                            hint = (f"it takes batches of exactly {fixed_at[1]} patches (fixed at export): pass "
-                                    "its .pt2 file (torch.export.save) as the model, which pads the last batch, "
-                                    "or export with dynamic_shapes")
-                        raise InputError(f"the model failed on a {tuple(patches.shape)} {patches.dtype} {layout} "
-                                         f"patch batch ({one_line(exc, with_type=True)}); {hint}") from None
-                    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != patches.shape[0]:
-                        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-                        raise InputError(f"the model returned {got} for {patches.shape[0]} patches; it must "
-                                         "return (N, K) logits")
+                    logits = _logits(model, patches, layout, patch_size, classes, done)
                     if classes is None:
                         classes = int(logits.shape[1])
                         if not 1 <= classes <= 65535:

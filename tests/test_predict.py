@@ -556,6 +556,38 @@ def test_a_model_failing_on_a_later_batch_is_one_line(store):
         predict(store, FailsLater(5), patch_size=5, batch_size=64, device="cpu")
 
 
+def test_a_model_changing_its_output_on_a_later_batch_is_one_line(tmp_path, store):
+    """Every batch's logits are checked, not only the first's: more classes later would be cut to the map's
+    uint8 (class 300 read as 44) or fail deep in the probabilities file; a bool or complex output has no
+    argmax. One line, nothing written."""
+
+    class MoreClassesLater(nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return torch.zeros(x.shape[0], 4 if self.calls == 1 else 300)
+
+    for probabilities in (False, tmp_path / "p.npy"):
+        with pytest.raises(InputError, match=r"the model returned \(100, 300\) for 100 patches after returning "
+                                             r"4 logits per pixel; it must return the same K for every batch"):
+            predict(store, MoreClassesLater(), patch_size=3, batch_size=100, device="cpu",
+                    out=tmp_path / "m.npy", probabilities=probabilities)
+
+    class Returns(nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.dtype = dtype
+
+        def forward(self, x):
+            return torch.ones(x.shape[0], 3, dtype=self.dtype)
+
+    for dtype in (torch.bool, torch.complex64):
+        with pytest.raises(InputError, match=rf"the model returned {dtype} logits; it must return real numbers"):
+            predict(store, Returns(dtype), patch_size=3, device="cpu", out=tmp_path / "m.npy")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_map_is_labelled_with_the_class_names_the_model_file_carries(store, tmp_path, run_cli):
     ckpt, _ = _checkpoint(tmp_path)  # names a, b, c, d; the store has none
     assert hsgds.open_scene(store).class_names is None
