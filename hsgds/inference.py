@@ -11,6 +11,7 @@ in memory. Outputs are written atomically by :mod:`hsgds.writers`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -221,11 +222,15 @@ def _logits(model: nn.Module, batch: torch.Tensor, layout: str, patch_size: int,
     return logits
 
 
-def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Tensor, layout: str) -> torch.Tensor:
-    """Mean softmax over the 8 dihedral variants of the batch (``logits``: the model's on variant 0)."""
+def _tta_probabilities(run: Callable[[torch.Tensor], torch.Tensor], patches: torch.Tensor, logits: torch.Tensor,
+                       layout: str) -> torch.Tensor:
+    """Mean softmax over the 8 dihedral variants of the batch (``logits``: the model's on variant 0; ``run``
+    calls the model and checks its output, as for variant 0)."""
     mean = torch.softmax(logits.float(), dim=1)
     for code in range(1, 8):
-        mean += torch.softmax(model(dihedral_batch(patches, code, layout)).float(), dim=1)
+        # contiguous, as the loader's batches are: a quarter turn is a transposed view, which a model's
+        # x.view(n, -1) refuses
+        mean += torch.softmax(run(dihedral_batch(patches, code, layout).contiguous()).float(), dim=1)
     return mean / 8
 
 
@@ -379,7 +384,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                             probs = writers.ProbabilityFile(prob_path, (h, w, classes),
                                                             georeference=scene.meta.georeference,
                                                             class_names=class_names)
-                    scores = (_tta_probabilities(model, patches, logits, layout) if tta else logits)[:n]
+                    run = functools.partial(_logits, model, layout=layout, patch_size=patch_size, classes=classes,
+                                            done=done)
+                    scores = (_tta_probabilities(run, patches, logits, layout) if tta else logits)[:n]
                     logits = logits[:n]
                     # (with tta, a variant's NaN or inf reaches the mean of the probabilities)
                     nonfinite += (~(torch.isfinite(logits).all(1) & torch.isfinite(scores).all(1))).sum()

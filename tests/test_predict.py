@@ -588,6 +588,35 @@ def test_a_model_changing_its_output_on_a_later_batch_is_one_line(tmp_path, stor
     assert list(tmp_path.iterdir()) == []
 
 
+def test_tta_feeds_contiguous_variants_and_names_a_failing_variant_in_one_line(store):
+    """A model that works on the loader's batches works under tta too: the quarter-turned variants are
+    contiguous (a transposed view broke x.view(n, -1)); a model failing on a variant is one line."""
+
+    class Flat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc = nn.Linear(B * 9, 4)
+
+        def forward(self, x):
+            return self.fc(x.view(x.shape[0], -1))
+
+    assert predict(store, Flat(), patch_size=3, device="cpu", tta=True).shape == (H, W)
+
+    class FailsOnAVariant(RandomConv):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 5:
+                raise RuntimeError("out of memory")
+            return super().forward(x)
+
+    with pytest.raises(InputError, match=r"the model failed on a \(64, 8, 3, 3\) .*RuntimeError: out of memory\); "
+                                         "after 0 pixels were predicted"):
+        predict(store, FailsOnAVariant(3), patch_size=3, batch_size=64, device="cpu", tta=True)
+
+
 def test_the_map_is_labelled_with_the_class_names_the_model_file_carries(store, tmp_path, run_cli):
     ckpt, _ = _checkpoint(tmp_path)  # names a, b, c, d; the store has none
     assert hsgds.open_scene(store).class_names is None
