@@ -135,6 +135,30 @@ def test_png_panels_decoded_by_matplotlib(tmp_path, classmap):
     assert tuple(writers.ERROR_COLOUR) in colours
 
 
+def test_png_error_map_judges_only_the_pixels_predicted(tmp_path, classmap):
+    """A labelled pixel left 0 (outside predict's mask) is not an error: a map right wherever it predicts
+    shows no red pixel in its error panel (as many red pixels as a map right everywhere: the legend's), and
+    its caption counts only the pixels predicted."""
+    image = pytest.importorskip("matplotlib.image")
+    gt = classmap.copy()
+    masked = np.where(np.arange(gt.shape[0])[:, None] < 8, gt, 0).astype(np.uint8)  # predicted in 8 rows only
+
+    def red_pixels(m):
+        png = image.imread(writers.write_class_map(tmp_path / "e.png", m, class_names=NAMES, ground_truth=gt))
+        return int(((png[..., :3] * 255).round().astype(int) == writers.ERROR_COLOUR).all(-1).sum())
+
+    assert red_pixels(masked) == red_pixels(gt)
+    err, caption = writers.error_panel(masked, gt)
+    n = int((masked > 0).sum())
+    assert not (err == writers.ERROR_COLOUR).all(-1).any()
+    assert caption == f"100.00% of the {n} labelled pixels predicted right; {int((gt > 0).sum()) - n} not predicted"
+    wrong = masked.copy()
+    wrong[0, :4] = wrong[0, :4] % 4 + 1  # labelled pixels predicted wrong are still red
+    err, caption = writers.error_panel(wrong, gt)
+    assert (err == writers.ERROR_COLOUR).all(-1).sum() == int((gt[0, :4] > 0).sum())
+    assert writers.error_panel(gt, gt)[1] == f"100.00% of all {int((gt > 0).sum())} labelled pixels right"
+
+
 def test_png_legend_lists_the_classes_seen_and_at_most_its_limit(tmp_path):
     """The legend lists the classes in the map or the ground truth; past LEGEND_CLASSES the ones with the most
     pixels (predicted and true together, checked against a sort written here), the rest counted: a
