@@ -229,6 +229,29 @@ def test_a_writer_failing_mid_way_leaves_nothing(tmp_path, monkeypatch, classmap
     assert target.read_bytes() == b"old" and leftovers(tmp_path) == []
 
 
+def test_an_envi_pair_failing_at_its_header_leaves_the_existing_pair_as_it_was(tmp_path, monkeypatch, classmap):
+    """The header's temporary is written and flushed before the binary replaces the old one: a failure there
+    leaves the earlier pair byte for byte (not a new uint16 binary under the old uint8 header)."""
+    target = tmp_path / "m.hdr"
+    writers.write_class_map(target, classmap, class_names=NAMES)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real_fsync, calls = os.fsync, []
+
+    def fsync_failing_on_the_header(fd):
+        calls.append(fd)
+        if os.readlink(f"/proc/self/fd/{fd}").split("/")[-1].startswith(".m.hdr."):
+            raise OSError(5, "injected I/O error")
+        real_fsync(fd)
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to tell the files apart")
+    monkeypatch.setattr(os, "fsync", fsync_failing_on_the_header)
+    with pytest.raises(OSError, match="injected"):
+        writers.write_class_map(target, classmap.astype(np.uint16) * 75, num_classes=300)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_atomic_path_leaves_nothing_on_interrupt(tmp_path):
     target = tmp_path / "x.npy"
     with pytest.raises(KeyboardInterrupt):
