@@ -264,7 +264,7 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
     # the header's temporary is written and flushed before the binary replaces the old one, so that a failure
     # up to the binary's rename leaves an existing pair as it was; then the binary is renamed, the header last
     with atomic_path(header) as header_tmp:
-        header_tmp.write_text("\n".join(lines) + "\n")
+        header_tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")  # as the converter reads headers, whatever the locale
         fsync_file(header_tmp)
         with atomic_path(binary) as tmp:
             a.astype(dtype.newbyteorder("<"), copy=False).tofile(tmp)

@@ -111,6 +111,25 @@ def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
         assert ds.nodata == 0  # unclassified pixels are nodata to GDAL, as in the GeoTIFF
 
 
+def test_envi_header_is_utf8_whatever_the_locale(tmp_path):
+    """Class names outside ASCII (a French or Chinese legend) are written as UTF-8, which the converter's
+    header reader decodes, also where the locale's encoding is ASCII (a C locale without UTF-8 coercion) or
+    a Windows code page: they raised UnicodeEncodeError there."""
+    import subprocess
+    import sys
+
+    names = ["Ma\u00efs", "\u7389\u7c73"]
+    code = ("import sys, numpy as np\nfrom hsgds import writers\n"
+            f"writers.write_class_map(sys.argv[1], np.ones((3, 4), np.uint8), class_names={ascii(names)})\n")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.hdr")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    from hsgds.preprocess.readers.envi import parse_header
+
+    assert parse_header(tmp_path / "m.hdr")["class names"] == "{Unclassified, " + ", ".join(names) + "}"
+
+
 def test_npy_round_trip(tmp_path, classmap):
     out = writers.write_class_map(tmp_path / "m.npy", classmap)
     back = np.load(out)
