@@ -237,11 +237,22 @@ def _tta_probabilities(run: Callable[[torch.Tensor], torch.Tensor], patches: tor
 DEFAULT_BATCH = 1024
 
 
-def _fixed_batch(name: str, fixed: int | None, batch_size: int | None) -> int:
+def _fixed_batch(name: str, fixed: int | None, batch_size: int | None,
+                 bounds: tuple[int, int | None] | None = None) -> int:
     """The batch size to predict with: ``batch_size`` (default 1024), or the one a program was exported with
-    (it takes no other; a partial last batch is padded to it)."""
+    (it takes no other; a partial last batch is padded to it); within the ``bounds`` a program's dynamic batch
+    dimension was exported with (the default cut to its highest; a last batch under its lowest is padded)."""
     if fixed is None:
-        return DEFAULT_BATCH if batch_size is None else batch_size
+        if bounds is None:
+            return DEFAULT_BATCH if batch_size is None else batch_size
+        low, high = bounds
+        if batch_size is None:
+            return max(low, DEFAULT_BATCH if high is None else min(DEFAULT_BATCH, high))
+        if batch_size < low or (high is not None and batch_size > high):
+            span = f"{low} to {high}" if high is not None else f"at least {low}"
+            raise ConfigError(f"{name} takes batches of {span} patches (bounded at export), not {batch_size}; pass a "
+                              "batch size in that range, or drop it")
+        return batch_size
     if batch_size not in (None, fixed):
         raise ConfigError(f"{name} takes batches of exactly {fixed} patches (exported without a dynamic batch "
                           f"size); drop the batch size, or export with dynamic_shapes=({{0: torch.export.Dim('n')}},)")
@@ -249,9 +260,10 @@ def _fixed_batch(name: str, fixed: int | None, batch_size: int | None) -> int:
 
 
 def _padded(patches: torch.Tensor, size: int | None) -> torch.Tensor:
-    """``patches`` with its last patch repeated up to ``size`` rows, for a program of a fixed batch size."""
+    """``patches`` with its last patch repeated up to ``size`` rows (when fewer), for a program of a fixed batch
+    size or one of a lowest batch size."""
     n = patches.shape[0]
-    if size is None or n == size:
+    if size is None or n >= size:
         return patches
     return torch.cat([patches, patches[-1:].expand(size - n, *patches.shape[1:])])
 
@@ -280,7 +292,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     patch_size, batch_size, layout, normalize, engine, reader, ring_bytes
         As for :class:`~hsgds.PatchLoader` (defaults: batch_size 1024, layout "NCHW", normalize "zscore"); use
         the settings the model was trained with. ``patch_size`` is required with a module. A program exported
-        with a fixed batch size takes batches of exactly that size (the last one padded, the padding dropped).
+        with a fixed batch size takes batches of exactly that size (the last one padded, the padding dropped);
+        one whose dynamic batch dimension was bounded at export, batches in its range (likewise padded).
     bands, wavelengths, wavelength_tolerance, norm_stats
         As for :class:`~hsgds.PatchLoader`: the bands the model takes (indices, or each wavelength's nearest
         band of this scene) and the statistics to normalize with. By default the scene is normalized with
@@ -321,7 +334,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     given = {"patch_size": patch_size, "layout": layout, "normalize": normalize, "bands": bands,
              "wavelengths": wavelengths, "wavelength_tolerance": wavelength_tolerance, "norm_stats": norm_stats}
     from_file = isinstance(model, (str, os.PathLike, LoadedModel))
-    fixed = None  # the batch size of a program that takes no other
+    fixed = None  # the batch size of a program that takes no other (or no fewer): batches padded to it
     class_names = scene.class_names  # the map's legend: the model's own names when its file carries them
     if from_file:
         loaded = model if isinstance(model, LoadedModel) else load_model(model)
@@ -329,7 +342,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         settings = _model_file_input(loaded, name, scene, given)
         model, fixed = loaded.module, loaded.batch_size
         class_names = loaded.class_names or class_names
-        batch_size = _fixed_batch(name, fixed, batch_size)
+        batch_size = _fixed_batch(name, fixed, batch_size, loaded.batch_range)
+        if fixed is None and loaded.batch_range is not None and loaded.batch_range[0] > 1:
+            fixed = loaded.batch_range[0]  # (the last batch padded up to the lowest the program takes)
     elif isinstance(model, nn.Module):
         batch_size = DEFAULT_BATCH if batch_size is None else batch_size
         settings = {**_INPUT_DEFAULTS, **{k: v for k, v in given.items() if v is not _UNSET}}

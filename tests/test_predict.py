@@ -541,6 +541,25 @@ def test_a_program_of_a_fixed_batch_size_gets_its_last_batch_padded(store, tmp_p
             predict(store, module, patch_size=5, device="cpu", batch_size=batch_size)
 
 
+def test_a_program_of_a_bounded_batch_size_is_fed_batches_in_its_range(store, tmp_path):
+    """A program exported with Dim("n", min=16, max=64): the default batch size is cut to 64 (it failed on the
+    first batch of 1024), a last batch under 16 is padded (it failed after the whole scene: 1073 = 67 x 16 + 1),
+    and a batch size outside the range is refused before any work."""
+    _, model = _checkpoint(tmp_path)
+    model.eval()
+    n = torch.export.Dim("n", min=16, max=64)
+    program = torch.export.export(model, (torch.randn(32, B, 5, 5),), dynamic_shapes=({0: n},))
+    torch.export.save(program, tmp_path / "bounded.pt2")
+    reference = predict(store, model, patch_size=5, device="cpu", batch_size=50)
+    for batch_size in (None, 16, 64):
+        assert np.array_equal(predict(store, tmp_path / "bounded.pt2", device="cpu", batch_size=batch_size), reference)
+    for batch_size in (8, 128):
+        with pytest.raises(ConfigError, match=rf"takes batches of 16 to 64 patches \(bounded at export\), not "
+                                              rf"{batch_size}; pass a batch size in that range"):
+            predict(store, tmp_path / "bounded.pt2", device="cpu", batch_size=batch_size, out=tmp_path / "m.npy")
+    assert not (tmp_path / "m.npy").exists()
+
+
 def test_a_model_failing_on_a_later_batch_is_one_line(store):
     class FailsLater(RandomConv):
         calls = 0
