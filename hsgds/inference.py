@@ -11,6 +11,7 @@ in memory. Outputs are written atomically by :mod:`hsgds.writers`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -190,22 +191,68 @@ def _set_mode(model: nn.Module, training: bool) -> None:
         pass
 
 
-def _tta_probabilities(model: nn.Module, patches: torch.Tensor, logits: torch.Tensor, layout: str) -> torch.Tensor:
-    """Mean softmax over the 8 dihedral variants of the batch (``logits``: the model's on variant 0)."""
+def _logits(model: nn.Module, batch: torch.Tensor, layout: str, patch_size: int, classes: int | None,
+            done: int) -> torch.Tensor:
+    """The model's logits for ``batch``, checked: a failure or a wrong output is one line. ``classes``: the K of
+    the batches before (None: the first), ``done``: the pixels predicted so far."""
+    try:
+        logits = model(batch)
+    except Exception as exc:
+        bands_in = batch.shape[1 if layout == "NCHW" else 3]
+        hint = (f"check that it takes {bands_in} bands and {patch_size}x{patch_size} patches"
+                if classes is None else f"after {done} pixels were predicted")
+        # a torch.export program's module() exported without a dynamic batch dimension: batch_size= alone would
+        # fail on the last, partial batch, which only a program file gets padded
+        fixed_at = re.search(r"size\(\)\[0\] == (\d+)", str(exc))
+        if fixed_at:
+            hint = (f"it takes batches of exactly {fixed_at[1]} patches (fixed at export): pass its .pt2 file "
+                    "(torch.export.save) as the model, which pads the last batch, or export with dynamic_shapes")
+        raise InputError(f"the model failed on a {tuple(batch.shape)} {batch.dtype} {layout} patch batch "
+                         f"({one_line(exc, with_type=True)}); {hint}") from None
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != batch.shape[0]:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise InputError(f"the model returned {got} for {batch.shape[0]} patches; it must return (N, K) logits")
+    if logits.dtype == torch.bool or logits.is_complex():  # (argmax takes neither)
+        raise InputError(f"the model returned {logits.dtype} logits; it must return real numbers")
+    # every batch, not only the first: more classes later would overflow the map's dtype (class 300 written
+    # as 44 in a uint8 map) or miss the probabilities file's shape
+    if classes is not None and logits.shape[1] != classes:
+        raise InputError(f"the model returned {tuple(logits.shape)} for {batch.shape[0]} patches after returning "
+                         f"{classes} logits per pixel; it must return the same K for every batch")
+    return logits
+
+
+def _tta_probabilities(run: Callable[[torch.Tensor], torch.Tensor], patches: torch.Tensor, logits: torch.Tensor,
+                       layout: str) -> torch.Tensor:
+    """Mean softmax over the 8 dihedral variants of the batch (``logits``: the model's on variant 0; ``run``
+    calls the model and checks its output, as for variant 0)."""
     mean = torch.softmax(logits.float(), dim=1)
     for code in range(1, 8):
-        mean += torch.softmax(model(dihedral_batch(patches, code, layout)).float(), dim=1)
+        # contiguous, as the loader's batches are: a quarter turn is a transposed view, which a model's
+        # x.view(n, -1) refuses
+        mean += torch.softmax(run(dihedral_batch(patches, code, layout).contiguous()).float(), dim=1)
     return mean / 8
 
 
 DEFAULT_BATCH = 1024
 
 
-def _fixed_batch(name: str, fixed: int | None, batch_size: int | None) -> int:
+def _fixed_batch(name: str, fixed: int | None, batch_size: int | None,
+                 bounds: tuple[int, int | None] | None = None) -> int:
     """The batch size to predict with: ``batch_size`` (default 1024), or the one a program was exported with
-    (it takes no other; a partial last batch is padded to it)."""
+    (it takes no other; a partial last batch is padded to it); within the ``bounds`` a program's dynamic batch
+    dimension was exported with (the default cut to its highest; a last batch under its lowest is padded)."""
     if fixed is None:
-        return DEFAULT_BATCH if batch_size is None else batch_size
+        if bounds is None:
+            return DEFAULT_BATCH if batch_size is None else batch_size
+        low, high = bounds
+        if batch_size is None:
+            return max(low, DEFAULT_BATCH if high is None else min(DEFAULT_BATCH, high))
+        if batch_size < low or (high is not None and batch_size > high):
+            span = f"{low} to {high}" if high is not None else f"at least {low}"
+            raise ConfigError(f"{name} takes batches of {span} patches (bounded at export), not {batch_size}; pass a "
+                              "batch size in that range, or drop it")
+        return batch_size
     if batch_size not in (None, fixed):
         raise ConfigError(f"{name} takes batches of exactly {fixed} patches (exported without a dynamic batch "
                           f"size); drop the batch size, or export with dynamic_shapes=({{0: torch.export.Dim('n')}},)")
@@ -213,9 +260,10 @@ def _fixed_batch(name: str, fixed: int | None, batch_size: int | None) -> int:
 
 
 def _padded(patches: torch.Tensor, size: int | None) -> torch.Tensor:
-    """``patches`` with its last patch repeated up to ``size`` rows, for a program of a fixed batch size."""
+    """``patches`` with its last patch repeated up to ``size`` rows (when fewer), for a program of a fixed batch
+    size or one of a lowest batch size."""
     n = patches.shape[0]
-    if size is None or n == size:
+    if size is None or n >= size:
         return patches
     return torch.cat([patches, patches[-1:].expand(size - n, *patches.shape[1:])])
 
@@ -244,7 +292,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     patch_size, batch_size, layout, normalize, engine, reader, ring_bytes
         As for :class:`~hsgds.PatchLoader` (defaults: batch_size 1024, layout "NCHW", normalize "zscore"); use
         the settings the model was trained with. ``patch_size`` is required with a module. A program exported
-        with a fixed batch size takes batches of exactly that size (the last one padded, the padding dropped).
+        with a fixed batch size takes batches of exactly that size (the last one padded, the padding dropped);
+        one whose dynamic batch dimension was bounded at export, batches in its range (likewise padded).
     bands, wavelengths, wavelength_tolerance, norm_stats
         As for :class:`~hsgds.PatchLoader`: the bands the model takes (indices, or each wavelength's nearest
         band of this scene) and the statistics to normalize with. By default the scene is normalized with
@@ -285,7 +334,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     given = {"patch_size": patch_size, "layout": layout, "normalize": normalize, "bands": bands,
              "wavelengths": wavelengths, "wavelength_tolerance": wavelength_tolerance, "norm_stats": norm_stats}
     from_file = isinstance(model, (str, os.PathLike, LoadedModel))
-    fixed = None  # the batch size of a program that takes no other
+    fixed = None  # the batch size of a program that takes no other (or no fewer): batches padded to it
     class_names = scene.class_names  # the map's legend: the model's own names when its file carries them
     if from_file:
         loaded = model if isinstance(model, LoadedModel) else load_model(model)
@@ -293,7 +342,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         settings = _model_file_input(loaded, name, scene, given)
         model, fixed = loaded.module, loaded.batch_size
         class_names = loaded.class_names or class_names
-        batch_size = _fixed_batch(name, fixed, batch_size)
+        batch_size = _fixed_batch(name, fixed, batch_size, loaded.batch_range)
+        if fixed is None and loaded.batch_range is not None and loaded.batch_range[0] > 1:
+            fixed = loaded.batch_range[0]  # (the last batch padded up to the lowest the program takes)
     elif isinstance(model, nn.Module):
         batch_size = DEFAULT_BATCH if batch_size is None else batch_size
         settings = {**_INPUT_DEFAULTS, **{k: v for k, v in given.items() if v is not _UNSET}}
@@ -339,25 +390,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                 for patches, _, coords in loader:
                     n = patches.shape[0]
                     patches = _padded(patches, fixed)
-                    try:
-                        logits = model(patches)
-                    except Exception as exc:
-                        bands_in = patches.shape[1 if layout == "NCHW" else 3]
-                        hint = (f"check that it takes {bands_in} bands and {patch_size}x{patch_size} patches"
-                                if classes is None else f"after {done} pixels were predicted")
-                        # a torch.export program's module() exported without a dynamic batch dimension: batch_size=
-                        # alone would fail on the last, partial batch, which only a program file gets padded
-                        fixed_at = re.search(r"size\(\)\[0\] == (\d+)", str(exc))
-                        if fixed_at:
-                            hint = (f"it takes batches of exactly {fixed_at[1]} patches (fixed at export): pass "
-                                    "its .pt2 file (torch.export.save) as the model, which pads the last batch, "
-                                    "or export with dynamic_shapes")
-                        raise InputError(f"the model failed on a {tuple(patches.shape)} {patches.dtype} {layout} "
-                                         f"patch batch ({one_line(exc, with_type=True)}); {hint}") from None
-                    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != patches.shape[0]:
-                        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-                        raise InputError(f"the model returned {got} for {patches.shape[0]} patches; it must "
-                                         "return (N, K) logits")
+                    logits = _logits(model, patches, layout, patch_size, classes, done)
                     if classes is None:
                         classes = int(logits.shape[1])
                         if not 1 <= classes <= 65535:
@@ -366,7 +399,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                             probs = writers.ProbabilityFile(prob_path, (h, w, classes),
                                                             georeference=scene.meta.georeference,
                                                             class_names=class_names)
-                    scores = (_tta_probabilities(model, patches, logits, layout) if tta else logits)[:n]
+                    run = functools.partial(_logits, model, layout=layout, patch_size=patch_size, classes=classes,
+                                            done=done)
+                    scores = (_tta_probabilities(run, patches, logits, layout) if tta else logits)[:n]
                     logits = logits[:n]
                     # (with tta, a variant's NaN or inf reaches the mean of the probabilities)
                     nonfinite += (~(torch.isfinite(logits).all(1) & torch.isfinite(scores).all(1))).sum()

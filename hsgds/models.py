@@ -411,6 +411,9 @@ class LoadedModel:
     wavelength_tolerance: float = 5.0
     norm_stats: BandStats | None = None
     batch_size: int | None = None  # a program exported without a dynamic batch dimension takes exactly this many
+    # the batch sizes (lowest, highest or None) a program of a dynamic batch dimension takes when it was
+    # exported bounded (Dim("n", min=..., max=...)); None: any
+    batch_range: tuple[int, int | None] | None = None
 
     def fitted_patch_size(self, name: str, given: int | None, option: str) -> int:
         """The patch size to feed the model ``name``: ``given`` or the one it fixes; a ConfigError that names
@@ -481,6 +484,20 @@ def _patch_range(program: Any) -> tuple[int, int | None] | None:
     return low, high
 
 
+def _batch_range(program: Any) -> tuple[int, int | None] | None:
+    """The batch sizes (lowest, highest or None) a program of a dynamic batch dimension was exported for, when
+    bounded; None when any (or the batch is static: ``batch_size``). Lower bounds of 2 are torch's own, as for
+    :func:`_patch_range`."""
+    shape = _input_shape(program)
+    expr = getattr(getattr(shape[0], "node", None), "expr", None) if shape else None
+    bounds = program.range_constraints.get(expr) if expr is not None else None
+    if bounds is None:
+        return None
+    low = int(bounds.lower) if getattr(bounds.lower, "is_Integer", False) and int(bounds.lower) > 2 else 1
+    high = int(bounds.upper) if getattr(bounds.upper, "is_Integer", False) else None
+    return None if low == 1 and high is None else (low, high)
+
+
 def _fits_range(p: int, sides: tuple[int, int | None] | None) -> bool:
     return sides is None or (sides[0] <= p and (sides[1] is None or p <= sides[1]))
 
@@ -544,7 +561,7 @@ def _load_export(path: Path) -> LoadedModel:
     patch_size = p1 if p1 == p2 else None
     if not extra[PROGRAM_RECIPE]:  # a plain torch.export.save: all bands, each scene's own z-score
         return LoadedModel(module=module, kind="export", bands=bands, patch_size=patch_size, classes=None,
-                           batch_size=batch)
+                           batch_size=batch, batch_range=_batch_range(program))
     try:
         recipe = json.loads(extra[PROGRAM_RECIPE])
     except ValueError as exc:
@@ -567,7 +584,7 @@ def _load_export(path: Path) -> LoadedModel:
         bands = len(chosen)
     return LoadedModel(module=module, kind="export", bands=bands, patch_size=p, classes=None, normalize=normalize,
                        class_names=_class_names(path, names, _program_classes(program)), batch_size=batch,
-                       **_recipe(path, recipe, bands))
+                       batch_range=_batch_range(program), **_recipe(path, recipe, bands))
 
 
 def _load_checkpoint(path: Path) -> LoadedModel:

@@ -44,6 +44,7 @@ __all__ = [
     "atomic_path",
     "check_output",
     "check_probability_output",
+    "error_panel",
     "write_class_map",
     "write_envi",
     "write_geotiff",
@@ -260,10 +261,13 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
                 wkt = None
         if wkt:
             lines.append("coordinate system string = {" + wkt + "}")
-    with atomic_path(binary) as tmp:
-        a.astype(dtype.newbyteorder("<"), copy=False).tofile(tmp)
-    with atomic_path(header) as tmp:
-        tmp.write_text("\n".join(lines) + "\n")
+    # the header's temporary is written and flushed before the binary replaces the old one, so that a failure
+    # up to the binary's rename leaves an existing pair as it was; then the binary is renamed, the header last
+    with atomic_path(header) as header_tmp:
+        header_tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")  # as the converter reads headers, whatever the locale
+        fsync_file(header_tmp)
+        with atomic_path(binary) as tmp:
+            a.astype(dtype.newbyteorder("<"), copy=False).tofile(tmp)
     return header
 
 
@@ -284,6 +288,24 @@ def legend_classes(predicted: np.ndarray, truth: np.ndarray | None = None,
     return sorted(int(c) for c in top), len(seen) - limit
 
 
+def error_panel(classmap: np.ndarray, ground_truth: np.ndarray) -> tuple[np.ndarray, str]:
+    """The PNG's error map of ``classmap`` against ``ground_truth`` (RGB: right pixels grey, wrong ones red, the
+    rest black) and its caption (the share right). Only pixels both labelled and predicted are judged: a
+    labelled pixel left 0 (outside predict's mask) was not predicted wrong."""
+    judged = (ground_truth > 0) & (classmap > 0)
+    wrong = judged & (classmap != ground_truth)
+    err = np.zeros((*classmap.shape, 3), np.uint8)
+    err[judged] = CORRECT_COLOUR
+    err[wrong] = ERROR_COLOUR
+    n, skipped = int(judged.sum()), int(((ground_truth > 0) & (classmap == 0)).sum())
+    if not n:
+        return err, "no labelled pixels" if not skipped else "no labelled pixel predicted"
+    right = f"{100 * (1 - wrong.sum() / n):.2f}%"
+    if not skipped:
+        return err, f"{right} of all {n} labelled pixels right"
+    return err, f"{right} of the {n} labelled pixels predicted right; {skipped} not predicted"
+
+
 def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
               class_names: list[str] | None = None, ground_truth: Any = None, title: str | None = None,
               dpi: int = 120) -> Path:
@@ -302,14 +324,8 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
     names = _names(k, class_names)
     panels = [("prediction", lut[a])]
     if gt is not None:
-        labelled = gt > 0
-        wrong = labelled & (a != gt)
-        err = np.zeros((*a.shape, 3), np.uint8)
-        err[labelled] = CORRECT_COLOUR
-        err[wrong] = ERROR_COLOUR
-        n = int(labelled.sum())
-        acc = f"{100 * (1 - wrong.sum() / n):.2f}% of all {n} labelled pixels right" if n else "no labelled pixels"
-        panels += [("ground truth", lut[gt]), (f"errors ({acc})", err)]
+        err, caption = error_panel(a, gt)
+        panels += [("ground truth", lut[gt]), (f"errors ({caption})", err)]
     h, w = a.shape
     panel_w = 4.0
     panel_h = max(1.0, min(8.0, panel_w * h / w))
@@ -340,7 +356,7 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
                    handlelength=1.2, columnspacing=0.8, ncol=1 if len(handles) <= 6 else 2 if len(handles) <= 24 else 3)
     if gt is not None:
         axes[-1].legend(handles=[patch(CORRECT_COLOUR, "right"), patch(ERROR_COLOUR, "wrong"),
-                                 patch(UNLABELLED, "unlabelled")], loc="upper center",
+                                 patch(UNLABELLED, "unlabelled or not predicted")], loc="upper center",
                         bbox_to_anchor=(0.5, -0.02), fontsize=6.5, frameon=False, handlelength=1.2)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         fig.savefig(f, format="png", bbox_inches="tight")

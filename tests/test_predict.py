@@ -541,6 +541,25 @@ def test_a_program_of_a_fixed_batch_size_gets_its_last_batch_padded(store, tmp_p
             predict(store, module, patch_size=5, device="cpu", batch_size=batch_size)
 
 
+def test_a_program_of_a_bounded_batch_size_is_fed_batches_in_its_range(store, tmp_path):
+    """A program exported with Dim("n", min=16, max=64): the default batch size is cut to 64 (it failed on the
+    first batch of 1024), a last batch under 16 is padded (it failed after the whole scene: 1073 = 67 x 16 + 1),
+    and a batch size outside the range is refused before any work."""
+    _, model = _checkpoint(tmp_path)
+    model.eval()
+    n = torch.export.Dim("n", min=16, max=64)
+    program = torch.export.export(model, (torch.randn(32, B, 5, 5),), dynamic_shapes=({0: n},))
+    torch.export.save(program, tmp_path / "bounded.pt2")
+    reference = predict(store, model, patch_size=5, device="cpu", batch_size=50)
+    for batch_size in (None, 16, 64):
+        assert np.array_equal(predict(store, tmp_path / "bounded.pt2", device="cpu", batch_size=batch_size), reference)
+    for batch_size in (8, 128):
+        with pytest.raises(ConfigError, match=rf"takes batches of 16 to 64 patches \(bounded at export\), not "
+                                              rf"{batch_size}; pass a batch size in that range"):
+            predict(store, tmp_path / "bounded.pt2", device="cpu", batch_size=batch_size, out=tmp_path / "m.npy")
+    assert not (tmp_path / "m.npy").exists()
+
+
 def test_a_model_failing_on_a_later_batch_is_one_line(store):
     class FailsLater(RandomConv):
         calls = 0
@@ -554,6 +573,67 @@ def test_a_model_failing_on_a_later_batch_is_one_line(store):
     with pytest.raises(InputError, match=r"the model failed on a \(64, 8, 5, 5\) .*RuntimeError: out of memory\); "
                                          "after 128 pixels were predicted"):
         predict(store, FailsLater(5), patch_size=5, batch_size=64, device="cpu")
+
+
+def test_a_model_changing_its_output_on_a_later_batch_is_one_line(tmp_path, store):
+    """Every batch's logits are checked, not only the first's: more classes later would be cut to the map's
+    uint8 (class 300 read as 44) or fail deep in the probabilities file; a bool or complex output has no
+    argmax. One line, nothing written."""
+
+    class MoreClassesLater(nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return torch.zeros(x.shape[0], 4 if self.calls == 1 else 300)
+
+    for probabilities in (False, tmp_path / "p.npy"):
+        with pytest.raises(InputError, match=r"the model returned \(100, 300\) for 100 patches after returning "
+                                             r"4 logits per pixel; it must return the same K for every batch"):
+            predict(store, MoreClassesLater(), patch_size=3, batch_size=100, device="cpu",
+                    out=tmp_path / "m.npy", probabilities=probabilities)
+
+    class Returns(nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.dtype = dtype
+
+        def forward(self, x):
+            return torch.ones(x.shape[0], 3, dtype=self.dtype)
+
+    for dtype in (torch.bool, torch.complex64):
+        with pytest.raises(InputError, match=rf"the model returned {dtype} logits; it must return real numbers"):
+            predict(store, Returns(dtype), patch_size=3, device="cpu", out=tmp_path / "m.npy")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tta_feeds_contiguous_variants_and_names_a_failing_variant_in_one_line(store):
+    """A model that works on the loader's batches works under tta too: the quarter-turned variants are
+    contiguous (a transposed view broke x.view(n, -1)); a model failing on a variant is one line."""
+
+    class Flat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc = nn.Linear(B * 9, 4)
+
+        def forward(self, x):
+            return self.fc(x.view(x.shape[0], -1))
+
+    assert predict(store, Flat(), patch_size=3, device="cpu", tta=True).shape == (H, W)
+
+    class FailsOnAVariant(RandomConv):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 5:
+                raise RuntimeError("out of memory")
+            return super().forward(x)
+
+    with pytest.raises(InputError, match=r"the model failed on a \(64, 8, 3, 3\) .*RuntimeError: out of memory\); "
+                                         "after 0 pixels were predicted"):
+        predict(store, FailsOnAVariant(3), patch_size=3, batch_size=64, device="cpu", tta=True)
 
 
 def test_the_map_is_labelled_with_the_class_names_the_model_file_carries(store, tmp_path, run_cli):

@@ -111,6 +111,25 @@ def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
         assert ds.nodata == 0  # unclassified pixels are nodata to GDAL, as in the GeoTIFF
 
 
+def test_envi_header_is_utf8_whatever_the_locale(tmp_path):
+    """Class names outside ASCII (a French or Chinese legend) are written as UTF-8, which the converter's
+    header reader decodes, also where the locale's encoding is ASCII (a C locale without UTF-8 coercion) or
+    a Windows code page: they raised UnicodeEncodeError there."""
+    import subprocess
+    import sys
+
+    names = ["Ma\u00efs", "\u7389\u7c73"]
+    code = ("import sys, numpy as np\nfrom hsgds import writers\n"
+            f"writers.write_class_map(sys.argv[1], np.ones((3, 4), np.uint8), class_names={ascii(names)})\n")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.hdr")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    from hsgds.preprocess.readers.envi import parse_header
+
+    assert parse_header(tmp_path / "m.hdr")["class names"] == "{Unclassified, " + ", ".join(names) + "}"
+
+
 def test_npy_round_trip(tmp_path, classmap):
     out = writers.write_class_map(tmp_path / "m.npy", classmap)
     back = np.load(out)
@@ -133,6 +152,30 @@ def test_png_panels_decoded_by_matplotlib(tmp_path, classmap):
     colours = {tuple(c) for c in rgb}
     assert all(tuple(int(v) for v in c) in colours for c in class_colours(4)[1:])
     assert tuple(writers.ERROR_COLOUR) in colours
+
+
+def test_png_error_map_judges_only_the_pixels_predicted(tmp_path, classmap):
+    """A labelled pixel left 0 (outside predict's mask) is not an error: a map right wherever it predicts
+    shows no red pixel in its error panel (as many red pixels as a map right everywhere: the legend's), and
+    its caption counts only the pixels predicted."""
+    image = pytest.importorskip("matplotlib.image")
+    gt = classmap.copy()
+    masked = np.where(np.arange(gt.shape[0])[:, None] < 8, gt, 0).astype(np.uint8)  # predicted in 8 rows only
+
+    def red_pixels(m):
+        png = image.imread(writers.write_class_map(tmp_path / "e.png", m, class_names=NAMES, ground_truth=gt))
+        return int(((png[..., :3] * 255).round().astype(int) == writers.ERROR_COLOUR).all(-1).sum())
+
+    assert red_pixels(masked) == red_pixels(gt)
+    err, caption = writers.error_panel(masked, gt)
+    n = int((masked > 0).sum())
+    assert not (err == writers.ERROR_COLOUR).all(-1).any()
+    assert caption == f"100.00% of the {n} labelled pixels predicted right; {int((gt > 0).sum()) - n} not predicted"
+    wrong = masked.copy()
+    wrong[0, :4] = wrong[0, :4] % 4 + 1  # labelled pixels predicted wrong are still red
+    err, caption = writers.error_panel(wrong, gt)
+    assert (err == writers.ERROR_COLOUR).all(-1).sum() == int((gt[0, :4] > 0).sum())
+    assert writers.error_panel(gt, gt)[1] == f"100.00% of all {int((gt > 0).sum())} labelled pixels right"
 
 
 def test_png_legend_lists_the_classes_seen_and_at_most_its_limit(tmp_path):
@@ -203,6 +246,29 @@ def test_a_writer_failing_mid_way_leaves_nothing(tmp_path, monkeypatch, classmap
     with pytest.raises(OSError, match="injected"):
         writers.write_class_map(target, classmap, class_names=NAMES, georeference=GEO)
     assert target.read_bytes() == b"old" and leftovers(tmp_path) == []
+
+
+def test_an_envi_pair_failing_at_its_header_leaves_the_existing_pair_as_it_was(tmp_path, monkeypatch, classmap):
+    """The header's temporary is written and flushed before the binary replaces the old one: a failure there
+    leaves the earlier pair byte for byte (not a new uint16 binary under the old uint8 header)."""
+    target = tmp_path / "m.hdr"
+    writers.write_class_map(target, classmap, class_names=NAMES)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real_fsync, calls = os.fsync, []
+
+    def fsync_failing_on_the_header(fd):
+        calls.append(fd)
+        if os.readlink(f"/proc/self/fd/{fd}").split("/")[-1].startswith(".m.hdr."):
+            raise OSError(5, "injected I/O error")
+        real_fsync(fd)
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to tell the files apart")
+    monkeypatch.setattr(os, "fsync", fsync_failing_on_the_header)
+    with pytest.raises(OSError, match="injected"):
+        writers.write_class_map(target, classmap.astype(np.uint16) * 75, num_classes=300)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_atomic_path_leaves_nothing_on_interrupt(tmp_path):
