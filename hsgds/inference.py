@@ -28,7 +28,7 @@ from hsgds.augment import dihedral_batch
 from hsgds.engines.base import OUT_DTYPES
 from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line
 from hsgds.models import LoadedModel, load_model
-from hsgds.scene import Scene, open_scene
+from hsgds.scene import Scene, check_mask, open_scene
 
 __all__ = ["check_outputs", "predict", "ring_bytes_for"]
 
@@ -359,10 +359,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     out = None if out is None else as_path(out, "out")
     prob_path = check_outputs(scene, out, probabilities)
     h, w = scene.shape[:2]
+    mask = check_mask(mask, scene, str(scene.path))
     if mask is not None:
-        mask = np.asarray(mask)
-        if mask.dtype != bool or mask.shape != (h, w):
-            raise ConfigError(f"mask must be a boolean ({h}, {w}) array, got {mask.dtype} {mask.shape}")
         if not mask.any():
             raise ConfigError("mask selects no pixel; nothing to predict")
     keep = _predicted(scene, mask)

@@ -450,7 +450,8 @@ def check_mask(mask: object, scene: Any, where: str) -> np.ndarray | None:
     wrong shape or type is a ConfigError (an integer mask would index pixels, not select them)."""
     if mask is None:
         return None
-    arr = np.asarray(mask)
+    to_host = getattr(mask, "cpu", None)  # a torch tensor (labels > 0 computed on the GPU has no host buffer)
+    arr = np.asarray(to_host() if callable(to_host) else mask)
     h, w = scene.shape[:2]
     if arr.dtype != bool:
         raise ConfigError(f"mask for {where} must be a boolean array, got dtype {arr.dtype}; pass e.g. labels > 0")

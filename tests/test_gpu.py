@@ -148,3 +148,18 @@ def test_predict_runs_a_model_file_where_the_loader_cuts(border_scene, tmp_path,
     code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "m.npy")
     assert code == 0, err
     assert (np.load(tmp_path / "m.npy") == on_gpu).mean() > 0.99
+
+
+def test_a_mask_made_on_the_gpu_is_taken_by_the_loader_and_predict(border_scene):  # noqa: F811
+    """`labels > 0` computed on the GPU has no host buffer for numpy: both take it as the same mask on the host."""
+    cube, labels, stores = border_scene
+    store = stores["reflect"]
+    mask = torch.from_numpy(labels > 0).cuda()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(cube.shape[2] * 25, 3)).cuda()
+    on_host = hsgds.predict(store, model, patch_size=5, mask=labels > 0)
+    assert np.array_equal(hsgds.predict(store, model, patch_size=5, mask=mask), on_host)
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=64, pixels="all", mask=mask, device="cuda",
+                           return_coords=True) as loader:
+        _, _, coords = _collect(loader)
+    assert sorted(map(tuple, coords)) == sorted(map(tuple, np.argwhere(labels > 0)))

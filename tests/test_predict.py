@@ -119,8 +119,13 @@ def test_mask_leaves_zero_outside(store):
     expected = np.where(mask, np.arange(H * W).reshape(H, W) + 1, 0)
     assert np.array_equal(out, expected)
     assert np.array_equal(model.seen.numpy().reshape(H, W), mask.astype(np.int64))
+    as_tensor = predict(store, CentreCoordinates(), patch_size=3, batch_size=64, device="cpu", normalize=None,
+                        mask=torch.from_numpy(mask))  # a torch mask too (on the GPU: tests/test_gpu.py)
+    assert np.array_equal(as_tensor, expected)
     with pytest.raises(ConfigError, match="boolean"):
         predict(store, model, patch_size=3, mask=mask.astype(np.uint8), device="cpu")
+    with pytest.raises(ConfigError, match=f"has shape \\(3, 4\\), but the scene is {H}x{W}"):
+        predict(store, model, patch_size=3, mask=np.ones((3, 4), bool), device="cpu")
     with pytest.raises(ConfigError, match="selects no pixel"):
         predict(store, model, patch_size=3, mask=np.zeros((H, W), bool), device="cpu")
 
