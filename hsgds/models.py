@@ -422,6 +422,8 @@ class LoadedModel:
             if self.patch_size is None:
                 raise ConfigError(f"{name} does not fix its patch size; pass {option}")
             return self.patch_size
+        if not isinstance(given, int) or isinstance(given, bool) or given < 1 or given % 2 == 0:
+            raise ConfigError(f"{option} must be a positive odd number (patches are pixel-centred), got {given!r}")
         if self.patch_size is not None and given != self.patch_size:
             p = self.patch_size
             raise ConfigError(f"{name} was made for {p}x{p} patches, not {given}x{given}; drop {option} or pass {p}")

@@ -661,6 +661,8 @@ def test_cli_predict_refuses_bad_models_in_one_line(store, tmp_path, run_cli):
         (("--model", other_bands), "takes 9 bands but"),
         (("--model", ckpt, "--patch-size", "7"), "made for 5x5 patches, not 7x7"),
         (("--model", ckpt, "--patch-size", "17"), "made for 5x5"),
+        (("--model", ckpt, "--patch-size", "0"), "--patch-size must be a positive odd number (patches are pixel-centred), got 0"),
+        (("--model", ckpt, "--patch-size", "-3"), "--patch-size must be a positive odd number (patches are pixel-centred), got -3"),
     ]
     bad_pt2 = tmp_path / "bad.pt2"
     bad_pt2.write_bytes(b"PK\x03\x04 broken zip")
