@@ -114,6 +114,26 @@ def test_single_store_keeps_two_coordinate_columns(scenes):
     assert c.shape[1] == 2
 
 
+def test_a_collection_of_one_scene_yields_three_coordinate_columns(scenes, tmp_path):
+    """A list of one store, or a collection listing one scene, is a collection: (scene, y, x) rows, as
+    documented, not a crash in the batch thread for want of the scene table."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    folder = tmp_path / "one"
+    folder.mkdir()
+    shutil.copytree(scenes["A"][2], folder / "A.zarr")
+    write_collection(folder, [SceneEntry.of_scene("A", hsgds.open_scene(folder / "A.zarr"))])
+    opts = dict(patch_size=5, batch_size=32, split="train", return_coords=True, device="cpu", seed=2)
+    with hsgds.PatchLoader(scenes["A"][2], **opts) as single:
+        want = np.concatenate([c.numpy() for _, _, c in single])
+    for store in ([scenes["A"][2]], folder):
+        with hsgds.PatchLoader(store, **opts) as loader:
+            got = np.concatenate([c.numpy() for _, _, c in loader])
+        assert got.shape == (len(want), 3) and got.dtype == np.int64
+        np.testing.assert_array_equal(got[:, 0], 0)
+        np.testing.assert_array_equal(got[:, 1:], want)
+
+
 def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
     names = ["A", "C"]  # A: 400..900 nm, C: 300..800 nm, so 500/700/800 nm are bands 1,3,4 of A and 2,4,5 of C
     with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=50, split=None,
