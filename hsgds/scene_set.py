@@ -78,12 +78,19 @@ class SceneSet:
         _same(self, "dtype", lambda s: str(s.dtype), "cast the cubes to one dtype before converting them")
         labelled = [(n, s) for n, s in zip(self.names, self.scenes) if s.class_names or s.num_classes]
         if labelled:
-            key = (lambda s: tuple(s.class_names)) if labelled[0][1].class_names else (lambda s: s.num_classes)
+            # each scene's own key (names, or the count of a scene without names): a scene with names and
+            # one without disagree, whichever comes first
+            def key(s: Any) -> Any:
+                return tuple(s.class_names) if s.class_names else s.num_classes
+
             first = key(labelled[0][1])
             bad = [n for n, s in labelled if key(s) != first]
             if bad:
+                named = {bool(s.class_names) for _, s in labelled}
+                fix = ("convert the scenes without class names again with --class-names" if len(named) > 1
+                       else "load scenes with the same classes together")
                 raise ConfigError(f"scenes disagree on their classes: {_names(bad)} differ from "
-                                  f"{labelled[0][0]!r} ({_short(first)}); load scenes with the same classes together")
+                                  f"{labelled[0][0]!r} ({_short(first)}); {fix}")
 
 
 def _opened(scene: Scene | DeferredScene) -> Scene:

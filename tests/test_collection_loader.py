@@ -213,6 +213,18 @@ def test_mismatched_collections_are_refused_naming_the_scenes(scenes):
                           device="cpu")
 
 
+def test_scenes_with_and_without_class_names_are_refused_in_either_order(scenes, tmp_path):
+    """Class names are compared whichever scene comes first: a scene without names beside one with them
+    is a one-line ConfigError, not a TypeError (names first) or a silent pass (names second)."""
+    d = scenes["A"][2].parent
+    unnamed = convert_quietly(d / "A_cube.hdr", tmp_path / "A2.zarr",
+                              ConvertOptions(labels=d / "A_gt.npy", tile=18, max_patch=15, train=0.3, val=0.2))
+    assert hsgds.open_scene(unnamed).class_names is None
+    for stores, bad, first in (([scenes["A"][2], unnamed], "A2", "A"), ([unnamed, scenes["A"][2]], "A", "A2")):
+        with pytest.raises(ConfigError, match=rf"classes: '{bad}' differ from '{first}' .*--class-names"):
+            hsgds.PatchLoader(stores, patch_size=3, batch_size=4, device="cpu")
+
+
 def _all_pixels(loader):
     out = []
     for _, lab, c in loader:
