@@ -214,10 +214,11 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
 
 def _train_count(scene: Scene) -> int:
     """Pixels the store's normalization statistics were computed from: its TRAIN samples, or every pixel
-    when the scene has no train split (the converter's rule)."""
+    with data when the scene has no train split (the converter's rule: nodata pixels are left out)."""
     if scene.stats["train"] is not None:
         return int(np.count_nonzero(scene.sample_table()["split"] == fmt.SPLIT_TRAIN))
-    return int(scene.shape[0] * scene.shape[1])
+    nodata = int(scene.meta.nodata["pixels"]) if scene.meta.nodata else 0
+    return int(scene.shape[0] * scene.shape[1]) - nodata
 
 
 def pooled_stats(parts: Sequence[tuple[int, BandStats]]) -> BandStats:

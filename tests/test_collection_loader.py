@@ -769,3 +769,26 @@ def test_a_collection_listing_the_wrong_nodata_count_is_refused(nodata_pair, tmp
     (folder / "collection.json").write_text(json.dumps(doc))
     with pytest.raises(StoreError, match=r"scene 0 \('swath'\): nodata_pixels must be null or an integer in 0..3500"):
         hsgds.open_collection(folder)
+
+
+def test_pooled_statistics_of_unlabelled_scenes_weigh_only_their_pixels_with_data(tmp_path):
+    """Scenes without a train split are normalized with the statistics of their pixels with data: pooled
+    over a collection (norm_scope="collection"), each weighs its count of those, not H x W."""
+    from hsgds.synthetic import make_scene
+    from tests.conftest import swath_nodata
+
+    stores, data = [], []
+    for name, seed, gaps in (("swath", 1, True), ("clear", 2, False)):
+        cube, _ = make_scene(70, 50, 8, classes=3, seed=seed)
+        mask = swath_nodata(70, 50, seed) if gaps else np.zeros((70, 50), bool)
+        source = cube.copy()
+        source[mask] = -9999
+        np.save(tmp_path / f"{name}.npy", source)
+        stores.append(convert_quietly(tmp_path / f"{name}.npy", tmp_path / f"{name}.zarr",
+                                      ConvertOptions(tile=28, max_patch=5, nodata=-9999.0)))
+        data.append(cube[~mask].astype(np.float64))
+    pixels = np.concatenate(data)
+    with hsgds.PatchLoader(stores, patch_size=3, batch_size=8, pixels="all", norm_scope="collection",
+                           device="cpu") as loader:
+        np.testing.assert_allclose(loader.norm_stats.mean, pixels.mean(0), rtol=1e-9)
+        np.testing.assert_allclose(loader.norm_stats.std, pixels.std(0), rtol=1e-9)
