@@ -194,7 +194,10 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
         if idx.min() < 0 or idx.max() >= count:
             raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {bands!r}")
         return idx.astype(np.int64)
-    want = np.asarray(wavelengths, dtype=np.float64)
+    try:
+        want = np.asarray(wavelengths, dtype=np.float64)
+    except (TypeError, ValueError):  # e.g. ["abc"], or a dict: not numbers
+        want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
         raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
     if not (isinstance(tolerance, (int, float)) and tolerance >= 0):

@@ -185,6 +185,19 @@ def test_band_indices_select_the_same_bands_of_every_scene(scenes):
         hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, bands=[6], device="cpu")
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(wavelengths=["abc"]), "wavelengths must be a non-empty list of numbers"),
+    (dict(wavelengths={500: 1}), "wavelengths must be a non-empty list of numbers"),
+    (dict(wavelengths=[None]), "wavelengths must be a non-empty list of numbers"),
+    (dict(wavelengths=[]), "wavelengths must be a non-empty list of numbers"),
+    (dict(bands=["0"]), "bands must be a non-empty list of band indices"),
+    (dict(bands=[0], wavelengths=[500]), "not both"),
+])
+def test_bad_band_selections_are_one_line_config_errors(scenes, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        hsgds.PatchLoader([scenes["A"][2], scenes["C"][2]], patch_size=3, batch_size=4, device="cpu", **kwargs)
+
+
 @pytest.mark.parametrize("normalize", ["zscore", "minmax"])
 def test_collection_norm_scope_pools_train_pixels_exactly(scenes, normalize):
     names = ["A", "B", "C"]
