@@ -257,7 +257,8 @@ class PatchLoader:
     engine : "auto", "torch" or "dali"; reader : "auto", "posix", "posix-pinned" or "kvikio".
     rank, world_size : default to torch.distributed when initialised.
     return_coords : also yield the scene (y, x) of each patch centre: (N, 2) int64 for one store,
-        (N, 3) rows (scene index in the loader's order, y, x) for several scenes.
+        (N, 3) rows (scene index in the loader's order, y, x) for a list of stores or a collection path
+        (even of one scene).
     pixels : "labelled" (the store's labelled samples of ``split``) or "all": patches centred on every
         ``stride``-th pixel (rows and columns, in scene coordinates) of every scene, labelled or not (label
         -1 where unlabelled), tile by tile and in raster order inside a tile when ``shuffle=False``. With
@@ -350,9 +351,11 @@ class PatchLoader:
         slot_shape = grid.tile_shape if len(shapes) == 1 else (tile_nbytes // grid.itemsize,)
         # per-scene tables only where needed: one store with all its bands keeps the single-table engines
         self._tables = None
+        # the scene of every global tile: the engine's table row, and the first coordinate column of a
+        # collection's batches (a collection of one scene, or a list of one store, included)
+        self._tile_scene = self.scenes.tile_scene()
         if len(self.scenes) > 1 or selection is not None:
             self._tables = scene_tables(self.scenes, selection, offset, scale)
-            self._tile_scene = self.scenes.tile_scene()
         elif later:  # one table: the spec's constants are needed now
             offset[later], scale[later] = normalization_rows(self.scenes, later, str(normalize), selection)
             later = []

@@ -78,12 +78,19 @@ class SceneSet:
         _same(self, "dtype", lambda s: str(s.dtype), "cast the cubes to one dtype before converting them")
         labelled = [(n, s) for n, s in zip(self.names, self.scenes) if s.class_names or s.num_classes]
         if labelled:
-            key = (lambda s: tuple(s.class_names)) if labelled[0][1].class_names else (lambda s: s.num_classes)
+            # each scene's own key (names, or the count of a scene without names): a scene with names and
+            # one without disagree, whichever comes first
+            def key(s: Any) -> Any:
+                return tuple(s.class_names) if s.class_names else s.num_classes
+
             first = key(labelled[0][1])
             bad = [n for n, s in labelled if key(s) != first]
             if bad:
+                named = {bool(s.class_names) for _, s in labelled}
+                fix = ("convert the scenes without class names again with --class-names" if len(named) > 1
+                       else "load scenes with the same classes together")
                 raise ConfigError(f"scenes disagree on their classes: {_names(bad)} differ from "
-                                  f"{labelled[0][0]!r} ({_short(first)}); load scenes with the same classes together")
+                                  f"{labelled[0][0]!r} ({_short(first)}); {fix}")
 
 
 def _opened(scene: Scene | DeferredScene) -> Scene:
@@ -187,7 +194,10 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
         if idx.min() < 0 or idx.max() >= count:
             raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {bands!r}")
         return idx.astype(np.int64)
-    want = np.asarray(wavelengths, dtype=np.float64)
+    try:
+        want = np.asarray(wavelengths, dtype=np.float64)
+    except (TypeError, ValueError):  # e.g. ["abc"], or a dict: not numbers
+        want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
         raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
     if not (isinstance(tolerance, (int, float)) and tolerance >= 0):
@@ -207,10 +217,11 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
 
 def _train_count(scene: Scene) -> int:
     """Pixels the store's normalization statistics were computed from: its TRAIN samples, or every pixel
-    when the scene has no train split (the converter's rule)."""
+    with data when the scene has no train split (the converter's rule: nodata pixels are left out)."""
     if scene.stats["train"] is not None:
         return int(np.count_nonzero(scene.sample_table()["split"] == fmt.SPLIT_TRAIN))
-    return int(scene.shape[0] * scene.shape[1])
+    nodata = int(scene.meta.nodata["pixels"]) if scene.meta.nodata else 0
+    return int(scene.shape[0] * scene.shape[1]) - nodata
 
 
 def pooled_stats(parts: Sequence[tuple[int, BandStats]]) -> BandStats:

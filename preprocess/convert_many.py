@@ -109,7 +109,9 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
             raise
         raise InputError(f"cannot read manifest {path} ({getattr(exc, 'strerror', None) or exc}); "
                          "it must be a UTF-8 CSV file") from None
-    reader = csv.reader(text.splitlines())
+    # skipinitialspace: a quoted value after "a, " is still quoted (values are stripped anyway), not a path
+    # holding quote characters
+    reader = csv.reader(text.splitlines(), skipinitialspace=True)
     try:
         header = next(reader, None)
         if header is None or not any(h.strip() for h in header):

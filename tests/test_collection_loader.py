@@ -114,6 +114,26 @@ def test_single_store_keeps_two_coordinate_columns(scenes):
     assert c.shape[1] == 2
 
 
+def test_a_collection_of_one_scene_yields_three_coordinate_columns(scenes, tmp_path):
+    """A list of one store, or a collection listing one scene, is a collection: (scene, y, x) rows, as
+    documented, not a crash in the batch thread for want of the scene table."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    folder = tmp_path / "one"
+    folder.mkdir()
+    shutil.copytree(scenes["A"][2], folder / "A.zarr")
+    write_collection(folder, [SceneEntry.of_scene("A", hsgds.open_scene(folder / "A.zarr"))])
+    opts = dict(patch_size=5, batch_size=32, split="train", return_coords=True, device="cpu", seed=2)
+    with hsgds.PatchLoader(scenes["A"][2], **opts) as single:
+        want = np.concatenate([c.numpy() for _, _, c in single])
+    for store in ([scenes["A"][2]], folder):
+        with hsgds.PatchLoader(store, **opts) as loader:
+            got = np.concatenate([c.numpy() for _, _, c in loader])
+        assert got.shape == (len(want), 3) and got.dtype == np.int64
+        np.testing.assert_array_equal(got[:, 0], 0)
+        np.testing.assert_array_equal(got[:, 1:], want)
+
+
 def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
     names = ["A", "C"]  # A: 400..900 nm, C: 300..800 nm, so 500/700/800 nm are bands 1,3,4 of A and 2,4,5 of C
     with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=50, split=None,
@@ -165,6 +185,19 @@ def test_band_indices_select_the_same_bands_of_every_scene(scenes):
         hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, bands=[6], device="cpu")
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(wavelengths=["abc"]), "wavelengths must be a non-empty list of numbers"),
+    (dict(wavelengths={500: 1}), "wavelengths must be a non-empty list of numbers"),
+    (dict(wavelengths=[None]), "wavelengths must be a non-empty list of numbers"),
+    (dict(wavelengths=[]), "wavelengths must be a non-empty list of numbers"),
+    (dict(bands=["0"]), "bands must be a non-empty list of band indices"),
+    (dict(bands=[0], wavelengths=[500]), "not both"),
+])
+def test_bad_band_selections_are_one_line_config_errors(scenes, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        hsgds.PatchLoader([scenes["A"][2], scenes["C"][2]], patch_size=3, batch_size=4, device="cpu", **kwargs)
+
+
 @pytest.mark.parametrize("normalize", ["zscore", "minmax"])
 def test_collection_norm_scope_pools_train_pixels_exactly(scenes, normalize):
     names = ["A", "B", "C"]
@@ -191,6 +224,18 @@ def test_mismatched_collections_are_refused_naming_the_scenes(scenes):
     with pytest.raises(ConfigError, match="engine='torch'"):
         hsgds.PatchLoader([scenes["A"][2], scenes["B"][2]], patch_size=3, batch_size=4, engine="dali",
                           device="cpu")
+
+
+def test_scenes_with_and_without_class_names_are_refused_in_either_order(scenes, tmp_path):
+    """Class names are compared whichever scene comes first: a scene without names beside one with them
+    is a one-line ConfigError, not a TypeError (names first) or a silent pass (names second)."""
+    d = scenes["A"][2].parent
+    unnamed = convert_quietly(d / "A_cube.hdr", tmp_path / "A2.zarr",
+                              ConvertOptions(labels=d / "A_gt.npy", tile=18, max_patch=15, train=0.3, val=0.2))
+    assert hsgds.open_scene(unnamed).class_names is None
+    for stores, bad, first in (([scenes["A"][2], unnamed], "A2", "A"), ([unnamed, scenes["A"][2]], "A", "A2")):
+        with pytest.raises(ConfigError, match=rf"classes: '{bad}' differ from '{first}' .*--class-names"):
+            hsgds.PatchLoader(stores, patch_size=3, batch_size=4, device="cpu")
 
 
 def _all_pixels(loader):
@@ -737,3 +782,26 @@ def test_a_collection_listing_the_wrong_nodata_count_is_refused(nodata_pair, tmp
     (folder / "collection.json").write_text(json.dumps(doc))
     with pytest.raises(StoreError, match=r"scene 0 \('swath'\): nodata_pixels must be null or an integer in 0..3500"):
         hsgds.open_collection(folder)
+
+
+def test_pooled_statistics_of_unlabelled_scenes_weigh_only_their_pixels_with_data(tmp_path):
+    """Scenes without a train split are normalized with the statistics of their pixels with data: pooled
+    over a collection (norm_scope="collection"), each weighs its count of those, not H x W."""
+    from hsgds.synthetic import make_scene
+    from tests.conftest import swath_nodata
+
+    stores, data = [], []
+    for name, seed, gaps in (("swath", 1, True), ("clear", 2, False)):
+        cube, _ = make_scene(70, 50, 8, classes=3, seed=seed)
+        mask = swath_nodata(70, 50, seed) if gaps else np.zeros((70, 50), bool)
+        source = cube.copy()
+        source[mask] = -9999
+        np.save(tmp_path / f"{name}.npy", source)
+        stores.append(convert_quietly(tmp_path / f"{name}.npy", tmp_path / f"{name}.zarr",
+                                      ConvertOptions(tile=28, max_patch=5, nodata=-9999.0)))
+        data.append(cube[~mask].astype(np.float64))
+    pixels = np.concatenate(data)
+    with hsgds.PatchLoader(stores, patch_size=3, batch_size=8, pixels="all", norm_scope="collection",
+                           device="cpu") as loader:
+        np.testing.assert_allclose(loader.norm_stats.mean, pixels.mean(0), rtol=1e-9)
+        np.testing.assert_allclose(loader.norm_stats.std, pixels.std(0), rtol=1e-9)

@@ -249,6 +249,21 @@ def test_manifest_paths_are_relative_to_its_folder(tmp_path):
     assert rows[0].labels == (tmp_path / "campaign/data/gt0.npy").resolve() and rows[1].labels is None
 
 
+def test_manifest_as_spreadsheets_and_hands_write_it(tmp_path):
+    """A BOM, CRLF line ends, blank lines, spaces around the commas and quoted paths (holding a comma, or
+    after a space): the same rows as a plain manifest."""
+    (tmp_path / "my data").mkdir()
+    for p in ("my data/a, b.npy", "my data/gt a.npy", "c.npy"):
+        np.save(tmp_path / p, np.zeros((4, 4, 2), np.int16))
+    (tmp_path / "m.csv").write_bytes(b'\xef\xbb\xbfsource , labels,name\r\n\r\n'
+                                     b'"my data/a, b.npy", "my data/gt a.npy" ,\r\n'
+                                     b' c.npy ,, "see"\r\n\r\n')
+    rows = read_manifest(tmp_path / "m.csv")
+    assert [(r.name, r.source, r.labels) for r in rows] == [
+        ("a, b", (tmp_path / "my data/a, b.npy").resolve(), (tmp_path / "my data/gt a.npy").resolve()),
+        ("see", (tmp_path / "c.npy").resolve(), None)]
+
+
 def test_without_distributed_the_error_names_the_extra(tmp_path):
     make_sources(tmp_path, n=1)
     code = ("import sys; sys.modules['distributed'] = None\n"  # as if it were not installed
