@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hsgds import format as fmt
 from hsgds._optional import require
 from hsgds._sha256 import sha256_of
@@ -281,6 +283,28 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
             "no --nodata is given")
 
 
+def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | None:
+    """Why a store must be converted again because the source, opened as the options say (its key, the band
+    axis), is not the array the store holds: another shape or dtype (another variable of the file, a band
+    axis changed since). Neither option is recorded in the store, so the array itself is compared; opening a
+    cube reads its header only. A source that no longer opens so is converted again, and that conversion
+    names the problem."""
+    try:
+        cube = open_cube(source, key=opts.key, band_axis=opts.band_axis)
+    except (HsgdsError, OSError) as exc:
+        return f"the source cannot be opened as given ({clipped(_one_line(exc), 160)})"
+    try:
+        found = (tuple(int(n) for n in cube.shape), np.dtype(cube.dtype).name)
+    finally:
+        cube.close()
+    held = (tuple(meta.shape), meta.dtype)
+    if found == held:
+        return None
+    given = [f"{what} {value}" for what, value in (("key", opts.key), ("band axis", opts.band_axis)) if value]
+    how = f" ({', '.join(given)})" if given else ""
+    return f"the source{how} is {'x'.join(map(str, found[0]))} {found[1]}, the store's {'x'.join(map(str, held[0]))} {held[1]}"
+
+
 #: the reason of a scene converted for the first time (no store, and not listed by the last run)
 NEW = "missing"
 #: the reason of a scene the last run's collection.json listed whose store has since gone
@@ -304,7 +328,8 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
     meta = scene.meta
     if meta.source.get("name") != row.source.name:
         return f"source {meta.source.get('name')} -> {row.source.name}", {}
-    differ = _options_differ(meta, opts) or _source_nodata_differs(meta, opts, row.source)
+    differ = (_options_differ(meta, opts) or _source_array_differs(meta, opts, row.source)
+              or _source_nodata_differs(meta, opts, row.source))
     if differ:
         return differ, {}
     data = [row.source.parent / f for f in meta.source.get("files", [])]

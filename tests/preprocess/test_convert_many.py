@@ -425,6 +425,41 @@ def test_a_store_with_damaged_statistics_is_converted_again_and_not_called_damag
     assert open_scene(out / "c.zarr").verify() == []
 
 
+def test_another_key_or_band_axis_converts_the_scene_again(tmp_path):
+    """Neither the key nor the band axis is recorded in the store: a rerun whose key column names another
+    variable of the file, or whose --band-axis changed, compares the array it now opens with the store's, and
+    converts the scene again instead of keeping the other array as up to date."""
+    import dataclasses
+
+    import h5py
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    radiance, _ = make_scene(20, 16, 6, classes=2, seed=0)
+    reflectance, _ = make_scene(20, 16, 4, classes=2, seed=1)
+    with h5py.File(tmp_path / "line.h5", "w") as f:
+        f["radiance"], f["reflectance"] = radiance, reflectance
+    np.save(tmp_path / "c.npy", radiance)
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=5)
+    row = ManifestRow(name="line", source=tmp_path / "line.h5", key="radiance")
+    assert convert_scene(row, out, opts).status == "converted"
+    assert convert_scene(row, out, opts).status == "up to date"
+    again = convert_scene(dataclasses.replace(row, key="reflectance"), out, opts)
+    assert (again.status, again.reason) == ("converted", "the source (key reflectance) is 20x16x4 int16, the "
+                                                         "store's 20x16x6 int16")
+    np.testing.assert_array_equal(open_scene(out / "line.zarr").read(0, 20, 0, 16), reflectance)
+    gone = convert_scene(dataclasses.replace(row, key="irradiance"), out, opts)
+    assert gone.status == "failed" and "irradiance" in gone.reason  # not "up to date"
+    row = ManifestRow(name="c", source=tmp_path / "c.npy")
+    assert convert_scene(row, out, opts).status == "converted"
+    again = convert_scene(row, out, dataclasses.replace(opts, band_axis="first"))
+    assert (again.status, again.reason) == ("converted", "the source (band axis first) is 16x6x20 int16, the "
+                                                         "store's 20x16x6 int16")
+    assert open_scene(out / "c.zarr").shape == (16, 6, 20)
+
+
 def test_a_deleted_or_damaged_store_is_named_when_converted_again(cluster, tmp_path, run_cli):
     """Every store a rerun replaces gets a line saying why: one deleted since the last run too (a new scene
     gets none), and a damaged one's problem is quoted cut at a word, never mid-word."""
