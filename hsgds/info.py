@@ -197,7 +197,7 @@ def describe_collection(coll: Collection) -> str:
         return f"collection: {coll.path} lists no scenes (each failed to convert, or none was listed)"
     pixels = sum(e.shape[0] * e.shape[1] for e in entries)
     raw = sum(e.shape[0] * e.shape[1] * e.shape[2] * np.dtype(e.dtype).itemsize for e in entries)
-    lines = [f"collection: {coll.path} ({len(entries)} scenes, {pixels:,} pixels, {raw / 2**30:.2f} GiB of cube data)",
+    lines = [f"collection: {coll.path} ({counted(len(entries), 'scene')}, {pixels:,} pixels, {raw / 2**30:.2f} GiB of cube data)",
              f"dtype:      {_tally([e.dtype for e in entries])}",
              f"bands:      {_tally([e.bands for e in entries])}"]
     listed = [e.wavelengths for e in entries if e.wavelengths]
@@ -218,7 +218,7 @@ def describe_collection(coll: Collection) -> str:
         return "\n".join(lines)
     shown = f" ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})" if names else ""
     lines.append(f"classes:    {classes}{shown}; {sum(e.num_samples for e in labelled)} labelled pixels "
-                 f"in {len(labelled)} scenes")
+                 f"in {counted(len(labelled), 'scene')}")
     splits = ("train", "val", "test", "none")
     per_split = all(e.tile_samples is not None for e in labelled)  # listings written before only have totals
     lines.append("")

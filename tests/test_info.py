@@ -161,6 +161,8 @@ def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
     assert "bands:      3 (2 scenes), 2 (1 scene)" in text
     assert "spectrum:   400.0-900.0 nm (1 scene without wavelengths)" in text
     assert text.endswith("classes:    none (no scene has labels)")
+    one = describe_collection(Collection(tmp_path / "collection.json", [entry("a", 3, "int16", None)]))
+    assert "(1 scene, 20 pixels," in one
 
 
 def test_info_of_a_missing_model_file_names_it(tmp_path, run_cli):
