@@ -200,7 +200,7 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
         want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
         raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
-    if not (isinstance(tolerance, (int, float)) and tolerance >= 0):
+    if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and tolerance >= 0):
         raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
     if have is None:
         raise ConfigError(f"scene {name!r} has no band wavelengths; convert it again with them (`hsgds convert "

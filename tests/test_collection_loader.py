@@ -192,6 +192,7 @@ def test_band_indices_select_the_same_bands_of_every_scene(scenes):
     (dict(wavelengths=[]), "wavelengths must be a non-empty list of numbers"),
     (dict(bands=["0"]), "bands must be a non-empty list of band indices"),
     (dict(bands=[0], wavelengths=[500]), "not both"),
+    (dict(wavelengths=[500], wavelength_tolerance=True), "wavelength_tolerance must be a number"),
 ])
 def test_bad_band_selections_are_one_line_config_errors(scenes, kwargs, message):
     with pytest.raises(ConfigError, match=message):
