@@ -17,6 +17,7 @@ from hsgds._wording import counted
 from hsgds.errors import InputError
 from hsgds.preprocess.readers import FORMATS, detect_format, open_cube, read_labels
 from hsgds.preprocess.readers.base import recorded_nodata
+from hsgds.preprocess.readers.hdf5 import SeveralArrays
 
 __all__ = ["describe_source"]
 
@@ -35,9 +36,13 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
     kind = detect_format(path)
     try:
         cube = open_cube(path, key=key, band_axis=band_axis)
+    except SeveralArrays:  # cubes to choose from with --key: not the file's label map (a gt beside them)
+        raise
     except InputError:  # not a cube: a label map (2-D), or the cube's own error
         try:
             return "\n".join([f"source:     {path} ({FORMATS[kind]}, {_size([path])})", *_label_lines(path, key)])
+        except SeveralArrays:  # no cube, several label maps (train and test masks): which one is the question
+            raise
         except InputError:
             pass
         raise

@@ -23,10 +23,15 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
 )
 
-__all__ = ["band_axes", "choose_variable", "declared_nodata", "list_datasets", "open_hdf5", "read_hdf5_labels"]
+__all__ = ["SeveralArrays", "band_axes", "choose_variable", "declared_nodata", "list_datasets", "open_hdf5", "read_hdf5_labels"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
+
+
+class SeveralArrays(InputError):
+    """The file holds several arrays that fit and no ``--key`` chose one (``hsgds info`` says so rather than
+    describing the file's one label map as if the file held no cube)."""
 
 
 def band_axes(band_axis: str | None) -> str:
@@ -90,7 +95,7 @@ def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | N
         return candidates[0]
     if candidates:
         listed = _describe({n: entries[n] for n in candidates})
-        raise InputError(f"{where} holds several {ndim}-D arrays ({listed}); choose one with --key")
+        raise SeveralArrays(f"{where} holds several {ndim}-D arrays ({listed}); choose one with --key")
     raise InputError(
         f"{where} holds no {ndim}-D numeric array ({noun}s: {_describe(entries)}); "
         "check the file or choose one with --key"

@@ -194,9 +194,15 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
                 array = series.asarray()
     except (InputError, MemoryError):
         raise
-    except (tifffile.TiffFileError, ValueError, OSError) as exc:
-        raise InputError(f"cannot read {path} as TIFF ({exc}); {_FIX}") from None
-    except Exception as exc:  # tifffile / its codecs on a damaged file: TypeError, ZeroDivisionError, zlib.error...
+    except Exception as exc:
+        if "requires" in str(exc) and "imagecodecs" in str(exc):
+            # tifffile decodes only deflate and packbits itself; LZW (GDAL's COG default), JPEG, ZSTD and the
+            # floating-point predictor need imagecodecs. The file is fine: say what to install, not "damaged".
+            raise InputError(f"cannot decode {path}: {exc}; pip install imagecodecs, or re-save it uncompressed or "
+                             "with deflate (gdal_translate -co COMPRESS=DEFLATE)") from None
+        if isinstance(exc, (tifffile.TiffFileError, ValueError, OSError)):
+            raise InputError(f"cannot read {path} as TIFF ({exc}); {_FIX}") from None
+        # tifffile / its codecs on a damaged file: TypeError, ZeroDivisionError, zlib.error...
         raise parse_failure(path, "TIFF", exc, _FIX) from None
     return array, axes
 

@@ -57,6 +57,24 @@ def test_hdf5_with_several_cubes_needs_a_key(tmp_path, run_cli):
     assert "cube:       6x7x4 float32" in out and "nodata:     -9999 (_FillValue attribute)" in out
 
 
+def test_several_cubes_beside_a_label_map_need_a_key(tmp_path, run_cli):
+    """A .mat holding two cubes and their ground truth was described as that label map ("use: hsgds convert
+    CUBE --labels two.mat"), hiding that the file holds cubes that need --key; so were two masks as no cube."""
+    import scipy.io
+
+    rng = np.random.default_rng(4)
+    gt = rng.integers(0, 3, (9, 8)).astype(np.float64)
+    scipy.io.savemat(tmp_path / "two.mat", {"a": rng.random((9, 8, 3)), "b": rng.random((9, 8, 3)), "gt": gt})
+    code, out, err = run_cli("info", tmp_path / "two.mat")
+    assert code == 2 and "labels:" not in out
+    assert "two.mat holds several 3-D arrays (a (9, 8, 3), b (9, 8, 3)); choose one with --key" in err
+    code, out, err = run_cli("info", tmp_path / "two.mat", "--key", "b")
+    assert code == 0 and "cube:       9x8x3 float64" in out, err
+    scipy.io.savemat(tmp_path / "masks.mat", {"train": gt, "test": gt})
+    code, _, err = run_cli("info", tmp_path / "masks.mat")
+    assert code == 2 and "holds several 2-D arrays (test (9, 8), train (9, 8)); choose one with --key" in err
+
+
 def test_a_label_map_is_described_by_its_classes(tmp_path, run_cli):
     labels = np.zeros((9, 8), np.uint8)
     labels[0, :3], labels[5, 5] = 2, 7

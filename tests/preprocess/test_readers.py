@@ -405,6 +405,30 @@ def test_tiff_not_mappable_is_decoded(tmp_path, kwargs):
         check_cube(cube, expected)
 
 
+@pytest.mark.parametrize("profile", [{"compress": "lzw"}, {"compress": "deflate", "predictor": 3}])
+def test_tiff_codec_tifffile_lacks_is_named_not_called_damaged(tmp_path, profile):
+    """GDAL's LZW (its COG default) and floating-point predictor need imagecodecs in tifffile: without it the
+    error said "check that the file is complete" for an intact file; it now says what to install."""
+    rasterio = pytest.importorskip("rasterio")
+    expected = make_cube("float32", seed=20)
+    path = tmp_path / "lzw.tif"
+    from rasterio.transform import Affine
+
+    with rasterio.open(path, "w", driver="GTiff", height=H, width=W, count=B, dtype="float32", crs="EPSG:32633",
+                       transform=Affine(30, 0, 500000, 0, -30, 4000000), **profile) as ds:
+        ds.write(expected.transpose(2, 0, 1))
+    try:
+        import imagecodecs  # noqa: F401
+    except ImportError:
+        for read in (open_cube, read_labels):
+            with pytest.raises(InputError, match=r"cannot decode .*lzw\.tif: .*imagecodecs.*; pip install imagecodecs, "
+                                                 r"or re-save it uncompressed or with deflate"):
+                read(path)
+    else:
+        with closing(open_cube(path)) as cube:
+            check_cube(cube, expected)
+
+
 def test_tiff_labels_and_single_band_cube(tmp_path):
     labels = make_labels(seed=17)
     path = tmp_path / "gt.tif"
