@@ -151,8 +151,9 @@ def _echo_split(store) -> None:
 _SCENE_OPTIONS = [
     click.option("--key", help="Variable / dataset holding the cube (.mat, HDF5), when the file has several."),
     click.option("--labels-key", help="Variable / dataset holding the labels."),
-    click.option("--band-axis", type=click.Choice(["first", "last"]),
-                 help="Band axis of .npy/.mat/HDF5 arrays (default last)."),
+    click.option("--band-axis", type=click.Choice(["first", "middle", "last"]),
+                 help="Band axis of .npy/.mat/HDF5 arrays: first (B, H, W), middle (H, B, W: PRISMA), last (H, W, B, "
+                      "the default)."),
     click.option("--max-patch", default=15, show_default=True, help="Largest patch size served (halo = (p-1)/2)."),
     click.option("--tile", type=int, help="Tile core size in pixels (default: chosen for ~1-8 MiB aligned tiles)."),
     click.option("--padding", default="reflect", show_default=True, type=click.Choice(["reflect", "edge", "zero"])),
@@ -311,7 +312,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
 @click.option("--patch-size", type=int,
               help="Patch side p of the leakage line (default: the store's largest patch, 2*halo+1).")
 @click.option("--key", help="A source's variable / dataset (.mat, HDF5), when the file holds several.")
-@click.option("--band-axis", type=click.Choice(["first", "last"]), help="A source array's band axis (default last).")
+@click.option("--band-axis", type=click.Choice(["first", "middle", "last"]),
+              help="A source array's band axis (default last).")
 def info(store, patch_size, key, band_axis) -> None:
     """Print a store's shape, dtype, tiling, split (with its train/test patch leakage), classes and
     per-class counts per split. For a collection (a folder holding collection.json, or that file): its

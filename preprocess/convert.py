@@ -37,6 +37,7 @@ from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import detect_format, open_cube, read_labels
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
+from hsgds.preprocess.readers.hdf5 import BAND_AXES, band_axes
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
 try:
@@ -201,6 +202,15 @@ def _tile_size(opts: ConvertOptions, shape: tuple[int, int, int], itemsize: int)
     return opts.tile
 
 
+def _band_axes_fitting(shape: tuple[int, int, int], band_axis: str | None, hw: tuple[int, ...]) -> list[str]:
+    """The ``--band-axis`` values under which the array read as (H, W, B) ``shape`` with ``band_axis`` has
+    the spatial shape ``hw`` (in BAND_AXES order: last, first, middle)."""
+    dims = dict(zip("HWB", shape))
+    array_shape = [dims[a] for a in band_axes(band_axis)]  # the array as stored
+    return [name for name, axes in BAND_AXES.items()
+            if (array_shape[axes.index("H")], array_shape[axes.index("W")]) == tuple(hw)]
+
+
 def _load_labels(opts: ConvertOptions, src: Path, shape: tuple[int, int, int]) -> np.ndarray:
     hw = shape[:2]
     if opts.labels is None:
@@ -208,12 +218,13 @@ def _load_labels(opts: ConvertOptions, src: Path, shape: tuple[int, int, int]) -
     name = Path(opts.labels).name
     labels = read_labels(opts.labels, key=opts.labels_key, key_option="--labels-key")
     if labels.shape != hw:
-        # an array whose band axis was taken for a spatial one matches the labels with the other band axis
-        other = "first" if opts.band_axis in (None, "last") else "last"
-        swapped = shape[1:] if other == "first" else (shape[2], shape[0])
         fix = "pass the ground truth of this scene"
-        if labels.shape == swapped and detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
-            fix = f"if the cube's bands are its {other} axis, pass --band-axis {other}"
+        if detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
+            # an array whose band axis was taken for a spatial one matches the labels with another band axis
+            given = opts.band_axis or "last"
+            others = [a for a in _band_axes_fitting(shape, opts.band_axis, labels.shape) if a != given]
+            if others:
+                fix = f"if the cube's bands are its {others[0]} axis, pass --band-axis {others[0]}"
         raise InputError(f"labels {name} have shape {labels.shape}, but the cube is {hw[0]}x{hw[1]}; {fix}")
     top = int(labels.max(initial=0))
     if top > fmt.MAX_LABEL:

@@ -132,7 +132,8 @@ def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: s
         Variable (.mat) or dataset path (HDF5) to read; needed only when the file holds several
         3-D arrays.
     band_axis
-        For .npy, HDF5 and .mat arrays: "last" (default) for (H, W, B), "first" for (B, H, W).
+        For .npy, HDF5 and .mat arrays: "last" (default) for (H, W, B), "first" for (B, H, W), "middle" for
+        (H, B, W) (PRISMA's line-interleaved cubes).
         ENVI and TIFF record their layout, so it must be None for them.
 
     Returns

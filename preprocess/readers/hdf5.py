@@ -23,7 +23,7 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
 )
 
-__all__ = ["SeveralArrays", "band_axes", "choose_variable", "declared_nodata", "list_datasets", "open_hdf5", "read_hdf5_labels"]
+__all__ = ["BAND_AXES", "SeveralArrays", "band_axes", "choose_variable", "declared_nodata", "list_datasets", "open_hdf5", "read_hdf5_labels"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
@@ -34,19 +34,26 @@ class SeveralArrays(InputError):
     describing the file's one label map as if the file held no cube)."""
 
 
+#: Axis letters of an array by its ``band_axis``: "middle" is the line-interleaved (rows, bands, columns)
+#: layout of PRISMA's HE5 cubes and of ENVI bil data saved as an array.
+BAND_AXES = {"last": "HWB", "first": "BHW", "middle": "HBW"}
+
+
 def band_axes(band_axis: str | None) -> str:
-    """Axis letters of a plain (H, W, B) or (B, H, W) array for a ``band_axis`` of "last" or "first".
+    """Axis letters of an (H, W, B), (B, H, W) or (H, B, W) array for a ``band_axis`` of "last" (or None),
+    "first" or "middle".
 
     Raises
     ------
     InputError
-        ``band_axis`` is neither None, "first" nor "last".
+        ``band_axis`` is none of those.
     """
-    if band_axis is None or band_axis == "last":
-        return "HWB"
-    if band_axis == "first":
-        return "BHW"
-    raise InputError(f"band_axis must be 'first' (B, H, W) or 'last' (H, W, B), got {band_axis!r}")
+    if band_axis is None:
+        return BAND_AXES["last"]
+    if isinstance(band_axis, str) and band_axis in BAND_AXES:
+        return BAND_AXES[band_axis]
+    raise InputError(f"band_axis must be 'first' (B, H, W), 'middle' (H, B, W) or 'last' (H, W, B), "
+                     f"got {band_axis!r}")
 
 
 def _describe(entries: dict[str, tuple[int, ...]]) -> str:
@@ -177,7 +184,7 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
     """Open one 3-D dataset of an HDF5 file as a cube; the file stays open until ``close()``.
 
     ``key`` is the dataset path; without it the file must hold exactly one 3-D numeric dataset.
-    ``band_axis`` "last" (default) reads the dataset as (H, W, B), "first" as (B, H, W).
+    ``band_axis`` "last" (default) reads the dataset as (H, W, B), "first" as (B, H, W), "middle" as (H, B, W).
     """
     axes = band_axes(band_axis)
     f = _open(path)

@@ -92,7 +92,7 @@ def open_mat(path: Path, key: str | None = None, band_axis: str | None = None) -
     """Open a v4/v5/v7 .mat cube: the variable ``key``, or the file's only 3-D numeric variable.
 
     scipy cannot map these files, so the chosen variable is loaded whole (the others are not).
-    ``band_axis`` "last" (default) means the MATLAB array is (H, W, B), "first" means (B, H, W).
+    ``band_axis`` "last" (default) means the MATLAB array is (H, W, B), "first" (B, H, W), "middle" (H, B, W).
     """
     axes = band_axes(band_axis)
     name = choose_variable(_variables_v5(path), 3, key, path.name, "variable")

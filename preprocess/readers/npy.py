@@ -41,7 +41,8 @@ def _map(path: Path) -> np.ndarray:
 
 
 def open_npy(path: Path, band_axis: str | None = None) -> ArrayCube:
-    """Open a 3-D .npy array as a memory-mapped cube; ``band_axis`` "last" = (H, W, B), "first" = (B, H, W)."""
+    """Open a 3-D .npy array as a memory-mapped cube; ``band_axis`` "last" = (H, W, B), "first" = (B, H, W),
+    "middle" = (H, B, W)."""
     axes = band_axes(band_axis)
     array = _map(path)
     if array.ndim != 3:

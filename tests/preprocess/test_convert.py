@@ -483,6 +483,29 @@ def test_band_first_hdf5_suggests_the_band_axis(tmp_path, run_cli):
     assert np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 100, 0, 100), cube)
 
 
+def test_a_line_interleaved_hdf5_suggests_band_axis_middle(tmp_path, run_cli):
+    """A PRISMA-style (rows, bands, columns) dataset read as (H, W, B) has the wrong size: the error names the
+    band axis that makes the labels fit, and with it the store holds the cube."""
+    import h5py
+
+    from hsgds.synthetic import make_scene
+
+    cube, labels = make_scene(60, 70, 24, classes=3, dtype="uint16", seed=1)
+    with h5py.File(tmp_path / "prisma.he5", "w") as f:
+        f["VNIR_Cube"] = cube.transpose(0, 2, 1)  # (H, B, W)
+    np.save(tmp_path / "gt.npy", labels)
+    _bad(tmp_path, run_cli, tmp_path / "prisma.he5", "--labels", tmp_path / "gt.npy", "-o", tmp_path / "o.zarr",
+         match="labels gt.npy have shape (60, 70), but the cube is 60x24; if the cube's bands are its middle "
+               "axis, pass --band-axis middle")
+    code, _, err = run_cli("convert", tmp_path / "prisma.he5", "--labels", tmp_path / "gt.npy", "-o",
+                           tmp_path / "o.zarr", "--band-axis", "middle")
+    assert code == 0, err
+    scene = hsgds.open_scene(tmp_path / "o.zarr")
+    assert scene.shape == (60, 70, 24)
+    assert np.array_equal(scene.read(0, 60, 0, 70), cube)
+    assert np.array_equal(scene.labels, labels)
+
+
 def test_a_warning_other_than_a_split_is_shown_once_and_conversion_completes(tmp_path):
     """A GeoTIFF with a user-defined CRS converted without rasterio: the reader's warning is not a split's,
     and re-raising it inside the recording used to loop for ever (hsgds.cli._split_warnings)."""

@@ -465,6 +465,25 @@ def test_npy_band_first(tmp_path):
         check_cube(cube, expected)
 
 
+@pytest.mark.parametrize("source", ["npy", "hdf5", "mat", "mat73"])
+def test_band_axis_middle_reads_line_interleaved_arrays(tmp_path, source):
+    """PRISMA's HE5 cubes are (rows, bands, columns): --band-axis middle reads such an array of every format."""
+    expected = make_cube("int16", seed=23)
+    lines = np.ascontiguousarray(expected.transpose(0, 2, 1))  # (H, B, W), written by each format's own library
+    path = tmp_path / {"npy": "c.npy", "hdf5": "c.he5", "mat": "c.mat", "mat73": "c.mat"}[source]
+    if source == "npy":
+        np.save(path, lines)
+    elif source == "hdf5":
+        with h5py.File(path, "w") as f:
+            f.create_dataset("HDFEOS/SWATHS/PRS_L2D_HCO/Data Fields/VNIR_Cube", data=lines, chunks=(4, B, 6))
+    elif source == "mat":
+        scipy.io.savemat(path, {"cube": lines})
+    else:
+        save_mat73(path, {"cube": lines})
+    with closing(open_cube(path, band_axis="middle")) as cube:
+        check_cube(cube, expected)
+
+
 def test_npy_errors(tmp_path):
     objects = tmp_path / "objects.npy"
     np.save(objects, np.array([[[1]], [[None]]], dtype=object), allow_pickle=True)
@@ -480,8 +499,9 @@ def test_npy_errors(tmp_path):
         open_cube(half)
     cube = tmp_path / "cube.npy"
     np.save(cube, np.zeros((2, 3, 4), np.float32))
-    with pytest.raises(InputError, match=r"band_axis must be 'first' \(B, H, W\) or 'last' \(H, W, B\), got 'middle'"):
-        open_cube(cube, band_axis="middle")
+    with pytest.raises(InputError, match=r"band_axis must be 'first' \(B, H, W\), 'middle' \(H, B, W\) or 'last' "
+                                         r"\(H, W, B\), got 'centre'"):
+        open_cube(cube, band_axis="centre")
     with pytest.raises(InputError, match=r"--key selects a variable"):
         open_cube(cube, key="x")
 
