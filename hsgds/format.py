@@ -48,6 +48,9 @@ MAX_TILE_BYTES = 1 << 31
 MAX_HALO = 512
 #: Largest class id a store holds: labels are uint16 (class maps and ``hsgds predict`` take up to 65535 classes).
 MAX_LABEL = 65535
+#: Band centres a store records (nm): ultraviolet to thermal infrared. Outside it they are another unit
+#: (micrometres labelled as nanometres), band numbers, or wrong.
+MIN_NM, MAX_NM = 100.0, 20000.0
 #: numpy names of the sample types a store may hold (docs/format.md).
 DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32", "float64")
 

@@ -45,11 +45,9 @@ try:
 except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
     fcntl = None
 
-__all__ = ["ConvertOptions", "NodataWarning", "convert", "lock_folder", "nodata_option", "remove_stale", "wavelength_list", "write_error"]
+__all__ = ["CONVERT_WARNINGS", "ConvertOptions", "NodataWarning", "WavelengthWarning", "convert", "lock_folder", "nodata_option", "remove_stale", "wavelength_list", "write_error"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
-#: band centres --wavelengths accepts (nm): ultraviolet to thermal infrared
-MIN_NM, MAX_NM = 100.0, 20000.0
 
 
 @dataclass(frozen=True)
@@ -125,9 +123,10 @@ class ConvertOptions:
                 math.isfinite(w) and w > 0 for w in self.wavelengths)):
             raise ConfigError(f"{self.wavelengths_from} must be positive finite numbers (band centres in nm), got "
                               f"{','.join(f'{w:g}' for w in self.wavelengths[:8]) or 'none'}")
-        if self.wavelengths is not None and not all(MIN_NM <= w <= MAX_NM for w in self.wavelengths):
+        if self.wavelengths is not None and not all(fmt.MIN_NM <= w <= fmt.MAX_NM for w in self.wavelengths):
             # 0.4-2.5 would be micrometres: stored as nm they would match no other scene's wavelengths
-            raise ConfigError(f"{self.wavelengths_from} must be band centres in nm ({MIN_NM:g}-{MAX_NM:g}), got "
+            raise ConfigError(f"{self.wavelengths_from} must be band centres in nm ({fmt.MIN_NM:g}-{fmt.MAX_NM:g}), "
+                              "got "
                               f"{min(self.wavelengths):g}-{max(self.wavelengths):g}; give micrometres times 1000")
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
@@ -400,6 +399,15 @@ class NodataWarning(UserWarning):
     """Labelled pixels that the source marks as nodata: they were left out of the labels and samples."""
 
 
+class WavelengthWarning(UserWarning):
+    """The source lists band wavelengths that cannot be recorded as nm (units that are no length, values
+    outside MIN_NM-MAX_NM nm): the store records none, and the conversion goes on."""
+
+
+#: the converter's own warnings: the CLI shows each as one line, convert-many returns them per scene
+CONVERT_WARNINGS: tuple[type[Warning], ...] = (NodataWarning, splitting.SplitWarning, WavelengthWarning)
+
+
 def _nodata_of(opts: ConvertOptions, cube: SourceCube) -> float | None:
     """The nodata value this conversion applies: ``--nodata``'s, or the source's own unless it is "none"."""
     if opts.nodata == "none":
@@ -629,6 +637,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         raise InputError(f"a {H}x{W} scene cannot be reflect-padded; use --padding edge or zero")
     _check_nan_fill(opts.nan_fill, cube.dtype)
     wavelengths = _wavelengths(opts.wavelengths, cube.wavelengths, B, src, opts.wavelengths_from)
+    note = getattr(cube, "wavelengths_note", None)
+    if wavelengths is None and note is not None:
+        warnings.warn(f"{note}; the store records no wavelengths (to match bands by wavelength, give the band "
+                      f"centres in nm with {opts.wavelengths_from} or fix the header)", WavelengthWarning, stacklevel=2)
     labels = _load_labels(opts, src, cube.shape)
     # an unlabelled scene of a collection keeps the collection's names (convert-many shares them)
     if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):

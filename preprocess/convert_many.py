@@ -34,8 +34,8 @@ from hsgds._wording import clipped, counted
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
 from hsgds.preprocess.convert import (
+    CONVERT_WARNINGS,
     ConvertOptions,
-    NodataWarning,
     convert,
     nodata_option,
     remove_stale,
@@ -43,7 +43,6 @@ from hsgds.preprocess.convert import (
 )
 from hsgds.preprocess.readers import detect_format, open_cube
 from hsgds.preprocess.readers.base import recorded_nodata, source_stamps
-from hsgds.preprocess.splits import SplitWarning
 from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
@@ -75,7 +74,9 @@ class ManifestRow:
         if self.nodata is not None:
             opts = dataclasses.replace(opts, nodata=self.nodata, nodata_from="the manifest's nodata column")
         if self.wavelengths is None:
-            return opts
+            # what a scene's messages suggest when it records no wavelengths: its column, or --wavelengths if given
+            return opts if opts.wavelengths is not None else dataclasses.replace(
+                opts, wavelengths_from="a wavelengths column in the manifest")
         named = "the manifest's wavelengths column" + (f" ({self.wavelengths_file.name})" if self.wavelengths_file else "")
         return dataclasses.replace(opts, wavelengths=self.wavelengths, wavelengths_from=named)
 
@@ -382,12 +383,12 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
             # recorded, not printed on the worker (a worker runs one task at a time, so the warnings are this
             # scene's; on a cluster whose workers run several threads another scene's could be caught here)
             with warnings.catch_warnings(record=True) as caught:
-                for category in (NodataWarning, SplitWarning):
+                for category in CONVERT_WARNINGS:
                     warnings.simplefilter("always", category)
                 convert(row.source, store, opts)
-            said = tuple(str(w.message) for w in caught if issubclass(w.category, (NodataWarning, SplitWarning)))
+            said = tuple(str(w.message) for w in caught if issubclass(w.category, CONVERT_WARNINGS))
             for w in caught:  # anything else as it would have been shown
-                if not issubclass(w.category, (NodataWarning, SplitWarning)):
+                if not issubclass(w.category, CONVERT_WARNINGS):
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         scene = open_scene(store)
         if reason is not None:

@@ -59,8 +59,10 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         h, w, b = cube.shape
         lines.append(f"cube:       {h}x{w}x{b} {cube.dtype} (rows x columns x bands)")
         wl = cube.wavelengths
+        note = getattr(cube, "wavelengths_note", None)
+        why = f"not recorded: {note.split(': ', 1)[-1]}" if note else "no wavelengths recorded"
         lines.append(f"bands:      {counted(b, 'band')}, " + (f"{wl[0]:.1f}-{wl[-1]:.1f} nm" if wl else
-                     "no wavelengths recorded (give them with --wavelengths to select bands by nm)"))
+                     f"{why} (give them with --wavelengths to select bands by nm)"))
         geo = cube.georeference
         lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else "none (maps predicted from it carry "
                                                                                   "no coordinates)"))

@@ -224,6 +224,9 @@ class ArrayCube:
     nodata: float | None = None
     #: why the nodata value the file records cannot be used (not a number), raised by :func:`recorded_nodata`
     nodata_error: str | None = None
+    #: why the wavelengths the file lists are not recorded (units that are no length, values no band centre
+    #: in nm can be); the converter warns with it
+    wavelengths_note: str | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

@@ -163,14 +163,16 @@ def _positive_int(header: dict[str, str], key: str, path: Path, *, minimum: int 
     return value
 
 
-def _wavelengths_nm(header: dict[str, str], bands: int, path: Path) -> list[float] | None:
-    """Band centre wavelengths in nm, or None when the header has none or their units are not lengths.
+def _wavelengths_nm(header: dict[str, str], bands: int, path: Path) -> tuple[list[float] | None, str | None]:
+    """Band centre wavelengths in nm and None, or None and why the header's wavelengths cannot be recorded
+    (their units are not a length, or they lie outside MIN_NM-MAX_NM nm once converted); (None, None) when it
+    lists none.
 
     Missing units are guessed from magnitude: imaging spectrometers cover roughly 0.3-15 um, so
     values below 100 can only be micrometres and larger ones are taken as nanometres.
     """
     if "wavelength" not in header:
-        return None
+        return None, None
     items = _split_list(header["wavelength"])
     try:
         values = [float(v) for v in items]
@@ -183,19 +185,25 @@ def _wavelengths_nm(header: dict[str, str], bands: int, path: Path) -> list[floa
         )
     if not all(math.isfinite(v) for v in values):
         raise InputError(f"ENVI header {path}: 'wavelength' holds NaN or infinity; fix or remove that field")
-    units = header.get("wavelength units", "").strip().lower()
-    if units in _TO_NM:
-        scale = _TO_NM[units]
-    elif units in ("wavenumber", "cm-1", "cm^-1"):
+    given = header.get("wavelength units", "").strip()
+    units = given.lower()
+    if units in ("wavenumber", "cm-1", "cm^-1"):
         if any(v <= 0 for v in values):
-            return None
-        return [1e7 / v for v in values]
-    elif units in ("", "unknown"):
-        scale = 1000.0 if max(abs(v) for v in values) < 100 else 1.0
-    else:
-        # Index, GHz, MHz, ...: not a length, so there is no honest nm value.
-        return None
-    return [v * scale for v in values]
+            return None, f"{path.name}: its wavenumbers (wavelength units = {given}) include values <= 0"
+        nm = [1e7 / v for v in values]
+    elif units in _TO_NM or units in ("", "unknown"):
+        scale = _TO_NM.get(units) or (1000.0 if max(abs(v) for v in values) < 100 else 1.0)
+        nm = [v * scale for v in values]
+    else:  # Index, GHz, MHz, ...: not a length, so there is no honest nm value
+        return None, f"{path.name}: its wavelength units ({given}) are not a length"
+    lo, hi = min(nm), max(nm)
+    if lo < fmt.MIN_NM or hi > fmt.MAX_NM:
+        # micrometres labelled as nanometres (0.4-2.5 "nm"), or band numbers: matched by wavelength against
+        # other scenes they would select the wrong bands, or none
+        read_as = f"wavelength units = {given}" if units not in ("", "unknown") else "no units, guessed from magnitude"
+        return None, (f"{path.name}: its wavelengths read as {lo:g}-{hi:g} nm ({read_as}), outside "
+                      f"{fmt.MIN_NM:g}-{fmt.MAX_NM:g} nm")
+    return nm, None
 
 
 def _band_names(header: dict[str, str], bands: int, path: Path) -> list[str] | None:
@@ -356,10 +364,12 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
                                   f"fix or remove 'data ignore value', {OVERRIDE_NODATA}")
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
+    wavelengths, wavelengths_note = _wavelengths_nm(header, bands, header_path)
     cube = ArrayCube(
         array,
         axes=axes,
-        wavelengths=_wavelengths_nm(header, bands, header_path),
+        wavelengths=wavelengths,
+        wavelengths_note=wavelengths_note,
         band_names=_band_names(header, bands, header_path),
         files=[binary, header_path],
         georeference=_georeference(header, header_path),

@@ -483,6 +483,31 @@ def test_band_first_hdf5_suggests_the_band_axis(tmp_path, run_cli):
     assert np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 100, 0, 100), cube)
 
 
+def test_micrometres_labelled_as_nanometres_are_not_recorded_and_said_once(npy_scene, tmp_path, run_cli):
+    """A header whose 'Nanometers' are micrometres (0.4-0.43) would record band centres that match no other
+    scene's: the store records none, the conversion says why in one line and goes on, `hsgds info` says the
+    same, and --wavelengths then records the right ones."""
+    from tests.envi import write_envi
+
+    _, lp, cube, _ = npy_scene(b=4)
+    src = write_envi(tmp_path / "e.hdr", cube, wavelengths=[0.4, 0.41, 0.42, 0.43])
+    code, out, err = run_cli("convert", src, "--labels", lp, "-o", tmp_path / "a.zarr")
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("hsgds: warning:")]
+    assert warned == ["hsgds: warning: e.hdr: its wavelengths read as 0.4-0.43 nm (wavelength units = Nanometers), "
+                      "outside 100-20000 nm; the store records no wavelengths (to match bands by wavelength, give "
+                      "the band centres in nm with --wavelengths or fix the header)"], err
+    assert "Traceback" not in err and "WavelengthWarning" not in err
+    assert hsgds.open_scene(tmp_path / "a.zarr").wavelengths is None
+    assert np.array_equal(hsgds.open_scene(tmp_path / "a.zarr").read(0, cube.shape[0], 0, cube.shape[1]), cube)
+    code, out, err = run_cli("info", src)
+    assert code == 0 and ("bands:      4 bands, not recorded: its wavelengths read as 0.4-0.43 nm (wavelength units = "
+                          "Nanometers), outside 100-20000 nm (give them with --wavelengths") in out, out + err
+    code, _, err = run_cli("convert", src, "--labels", lp, "-o", tmp_path / "b.zarr", "--wavelengths", "400,410,420,430")
+    assert code == 0 and "warning" not in err, err
+    assert hsgds.open_scene(tmp_path / "b.zarr").wavelengths == [400.0, 410.0, 420.0, 430.0]
+
+
 def test_a_line_interleaved_hdf5_suggests_band_axis_middle(tmp_path, run_cli):
     """A PRISMA-style (rows, bands, columns) dataset read as (H, W, B) has the wrong size: the error names the
     band axis that makes the labels fit, and with it the store holds the cube."""

@@ -403,6 +403,27 @@ def test_a_wavelengths_column_gives_each_scene_its_band_centres(cluster, tmp_pat
     assert not (tmp_path / "o2").exists()
 
 
+def test_wavelengths_a_scene_cannot_record_come_back_as_its_warning(tmp_path):
+    """A header's micrometres labelled as nanometres: the scene converts without wavelengths, and its result
+    carries the one-line warning (shown by the command with the scene's name), pointing to the manifest's
+    column, or to --wavelengths when that was given."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, _ = make_scene(24, 20, 4, classes=3, seed=3)
+    src = write_envi(tmp_path / "e.hdr", cube, wavelengths=[0.4, 0.41, 0.42, 0.43])
+    out = tmp_path / "out"
+    out.mkdir()
+    result = convert_scene(ManifestRow(name="e", source=src), out, ConvertOptions(max_patch=3))
+    assert result.status == "converted"
+    assert result.warnings == ("e.hdr: its wavelengths read as 0.4-0.43 nm (wavelength units = Nanometers), outside "
+                               "100-20000 nm; the store records no wavelengths (to match bands by wavelength, give "
+                               "the band centres in nm with a wavelengths column in the manifest or fix the header)",)
+    assert open_scene(out / "e.zarr").wavelengths is None
+    given = ManifestRow(name="e", source=src, wavelengths=(400.0, 410.0, 420.0, 430.0))
+    result = convert_scene(given, out, ConvertOptions(max_patch=3), force=True)
+    assert result.warnings == () and open_scene(out / "e.zarr").wavelengths == [400.0, 410.0, 420.0, 430.0]
+
+
 def test_a_store_with_damaged_statistics_is_converted_again_and_not_called_damaged_tiles(tmp_path):
     """verify() finds damage in the labels, samples and statistics too; the reason says how many problems,
     not "damaged tiles" (no tile is damaged here)."""

@@ -110,19 +110,35 @@ def test_envi_binary_suffixes(tmp_path, ext):
         check_cube(cube, expected)
 
 
+_OUTSIDE = "outside 100-20000 nm"
+
+
 @pytest.mark.parametrize(
-    ("units", "values", "expected_nm"),
+    ("units", "values", "expected_nm", "note"),
     [
-        ("Micrometers", [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0]),
-        ("um", [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0]),
-        ("Nanometers", [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0]),
-        ("nm", [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0]),
-        (None, [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0]),  # guessed from magnitude
-        (None, [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0]),
-        ("Index", [1.0, 2.0, 3.0], None),  # not a length: no honest nm value
+        ("Micrometers", [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0], None),
+        ("um", [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0], None),
+        ("Nanometers", [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0], None),
+        ("nm", [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0], None),
+        (None, [0.4, 0.5, 1.25], [400.0, 500.0, 1250.0], None),  # guessed from magnitude
+        (None, [400.0, 500.0, 1250.0], [400.0, 500.0, 1250.0], None),
+        (None, [101.0, 102.0, 103.0], [101.0, 102.0, 103.0], None),  # inside the range: nothing says otherwise
+        ("wavenumber", [25000.0, 20000.0, 8000.0], [400.0, 500.0, 1250.0], None),
+        ("Index", [1.0, 2.0, 3.0], None, "its wavelength units (Index) are not a length"),  # no honest nm value
+        ("GHz", [1.0, 2.0, 3.0], None, "its wavelength units (GHz) are not a length"),
+        # micrometres labelled as nanometres and the reverse: no band centres in nm, they would match no scene's
+        ("Nanometers", [0.4, 0.5, 1.25], None,
+         f"its wavelengths read as 0.4-1.25 nm (wavelength units = Nanometers), {_OUTSIDE}"),
+        ("Micrometers", [400.0, 500.0, 1250.0], None,
+         f"its wavelengths read as 400000-1.25e+06 nm (wavelength units = Micrometers), {_OUTSIDE}"),
+        (None, [1.0, 2.0, 300.0], None,  # band numbers
+         f"its wavelengths read as 1-300 nm (no units, guessed from magnitude), {_OUTSIDE}"),
+        ("wavenumber", [25000.0, 0.0, 8000.0], None, "its wavenumbers (wavelength units = wavenumber) include values <= 0"),
     ],
 )
-def test_envi_wavelengths_in_nm(tmp_path, units, values, expected_nm):
+def test_envi_wavelengths_in_nm(tmp_path, units, values, expected_nm, note):
+    """Wavelengths are recorded in nm; those that cannot be band centres in nm are not recorded, and the cube
+    says why (``wavelengths_note``, for the converter's warning and ``hsgds info``)."""
     metadata = {"wavelength": values, "band names": ["blue", "green", "swir"]}
     if units is not None:
         metadata["wavelength units"] = units
@@ -133,6 +149,7 @@ def test_envi_wavelengths_in_nm(tmp_path, units, values, expected_nm):
             assert cube.wavelengths is None
         else:
             np.testing.assert_allclose(cube.wavelengths, expected_nm, rtol=1e-12)
+        assert cube.wavelengths_note == (None if note is None else f"cube.hdr: {note}")
 
 
 def test_envi_handwritten_header(tmp_path):
