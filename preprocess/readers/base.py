@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hsgds.errors import InputError
-from hsgds.format import DTYPES
+from hsgds.format import DTYPES, MAX_NM, MIN_NM
 
 #: dtypes a store can hold (native dtype is kept; casting happens at training time).
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in DTYPES)
@@ -160,6 +160,42 @@ def parse_nodata(text: str, where: str, fix: str) -> float:
     if math.isinf(value):
         raise InputError(f"{where}: nodata value {text!r} is infinite; {fix}")
     return value
+
+
+#: Multipliers from a file's wavelength units (ENVI "wavelength units", a CF "units" attribute) to nanometres.
+_TO_NM = {
+    "nanometers": 1.0, "nanometer": 1.0, "nanometres": 1.0, "nanometre": 1.0, "nm": 1.0,
+    "micrometers": 1000.0, "micrometer": 1000.0, "micrometres": 1000.0, "micrometre": 1000.0,
+    "microns": 1000.0, "micron": 1000.0, "um": 1000.0, "\u00b5m": 1000.0, "\u03bcm": 1000.0,
+    "millimeters": 1e6, "millimeter": 1e6, "mm": 1e6,
+}
+_WAVENUMBER = ("wavenumber", "cm-1", "cm^-1")
+
+
+def wavelengths_in_nm(values: list[float], units: str, where: str) -> tuple[list[float] | None, str | None]:
+    """Finite band centres in the file's ``units`` as nm and None, or None and why they cannot be recorded
+    (``where``, e.g. the file name, starts the reason): units that are no length, or values outside
+    MIN_NM-MAX_NM nm once converted (micrometres labelled as nanometres, band numbers).
+
+    Without units ("" or "unknown") they are guessed from magnitude: imaging spectrometers cover roughly
+    0.3-15 um, so values below 100 can only be micrometres and larger ones are taken as nanometres.
+    """
+    key = units.strip().lower()
+    if key in _WAVENUMBER:
+        if any(v <= 0 for v in values):
+            return None, f"{where}: its wavenumbers (units {units}) include values <= 0"
+        nm = [1e7 / v for v in values]
+    elif key in _TO_NM or key in ("", "unknown"):
+        scale = _TO_NM.get(key) or (1000.0 if max(abs(v) for v in values) < 100 else 1.0)
+        nm = [v * scale for v in values]
+    else:  # Index, GHz, MHz, ...: not a length, so there is no honest nm value
+        return None, f"{where}: its wavelength units ({units.strip()}) are not a length"
+    lo, hi = min(nm), max(nm)
+    if lo < MIN_NM or hi > MAX_NM:
+        # matched by wavelength against other scenes they would select the wrong bands, or none
+        read_as = f"units {units.strip()}" if key not in ("", "unknown") else "no units, guessed from magnitude"
+        return None, f"{where}: its wavelengths read as {lo:g}-{hi:g} nm ({read_as}), outside {MIN_NM:g}-{MAX_NM:g} nm"
+    return nm, None
 
 
 def unlabelled_at_nodata(raw: np.ndarray, nodata: float | None) -> np.ndarray:

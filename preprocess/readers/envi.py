@@ -9,7 +9,13 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds.errors import InputError
-from hsgds.preprocess.readers.base import OVERRIDE_NODATA, ArrayCube, parse_nodata, unlabelled_at_nodata
+from hsgds.preprocess.readers.base import (
+    OVERRIDE_NODATA,
+    ArrayCube,
+    parse_nodata,
+    unlabelled_at_nodata,
+    wavelengths_in_nm,
+)
 
 __all__ = ["DATA_SUFFIXES", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
 
@@ -35,15 +41,6 @@ DATA_SUFFIXES = ("", ".img", ".dat", ".raw", ".bsq", ".bil", ".bip")
 
 #: Headers are a few KB of text (tens of KB with thousands of band names); anything larger is not one.
 MAX_HEADER_BYTES = 16 << 20
-
-#: Multipliers from a header's "wavelength units" to nanometres.
-_TO_NM = {
-    "nanometers": 1.0, "nanometer": 1.0, "nanometres": 1.0, "nanometre": 1.0, "nm": 1.0,
-    "micrometers": 1000.0, "micrometer": 1000.0, "micrometres": 1000.0, "micrometre": 1000.0,
-    "microns": 1000.0, "micron": 1000.0, "um": 1000.0, "\u00b5m": 1000.0, "\u03bcm": 1000.0,
-    "millimeters": 1e6, "millimeter": 1e6, "mm": 1e6,
-}
-
 
 def _is_header(path: Path) -> bool:
     """Whether ``path`` is a readable file whose text starts with the ENVI signature."""
@@ -165,12 +162,7 @@ def _positive_int(header: dict[str, str], key: str, path: Path, *, minimum: int 
 
 def _wavelengths_nm(header: dict[str, str], bands: int, path: Path) -> tuple[list[float] | None, str | None]:
     """Band centre wavelengths in nm and None, or None and why the header's wavelengths cannot be recorded
-    (their units are not a length, or they lie outside MIN_NM-MAX_NM nm once converted); (None, None) when it
-    lists none.
-
-    Missing units are guessed from magnitude: imaging spectrometers cover roughly 0.3-15 um, so
-    values below 100 can only be micrometres and larger ones are taken as nanometres.
-    """
+    (see :func:`wavelengths_in_nm`); (None, None) when it lists none."""
     if "wavelength" not in header:
         return None, None
     items = _split_list(header["wavelength"])
@@ -185,25 +177,7 @@ def _wavelengths_nm(header: dict[str, str], bands: int, path: Path) -> tuple[lis
         )
     if not all(math.isfinite(v) for v in values):
         raise InputError(f"ENVI header {path}: 'wavelength' holds NaN or infinity; fix or remove that field")
-    given = header.get("wavelength units", "").strip()
-    units = given.lower()
-    if units in ("wavenumber", "cm-1", "cm^-1"):
-        if any(v <= 0 for v in values):
-            return None, f"{path.name}: its wavenumbers (wavelength units = {given}) include values <= 0"
-        nm = [1e7 / v for v in values]
-    elif units in _TO_NM or units in ("", "unknown"):
-        scale = _TO_NM.get(units) or (1000.0 if max(abs(v) for v in values) < 100 else 1.0)
-        nm = [v * scale for v in values]
-    else:  # Index, GHz, MHz, ...: not a length, so there is no honest nm value
-        return None, f"{path.name}: its wavelength units ({given}) are not a length"
-    lo, hi = min(nm), max(nm)
-    if lo < fmt.MIN_NM or hi > fmt.MAX_NM:
-        # micrometres labelled as nanometres (0.4-2.5 "nm"), or band numbers: matched by wavelength against
-        # other scenes they would select the wrong bands, or none
-        read_as = f"wavelength units = {given}" if units not in ("", "unknown") else "no units, guessed from magnitude"
-        return None, (f"{path.name}: its wavelengths read as {lo:g}-{hi:g} nm ({read_as}), outside "
-                      f"{fmt.MIN_NM:g}-{fmt.MAX_NM:g} nm")
-    return nm, None
+    return wavelengths_in_nm(values, header.get("wavelength units", ""), path.name)
 
 
 def _band_names(header: dict[str, str], bands: int, path: Path) -> list[str] | None:

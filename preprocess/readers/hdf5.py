@@ -21,9 +21,11 @@ from hsgds.preprocess.readers.base import (
     parse_failure,
     parse_nodata,
     unlabelled_at_nodata,
+    wavelengths_in_nm,
 )
 
-__all__ = ["BAND_AXES", "SeveralArrays", "band_axes", "choose_variable", "declared_nodata", "list_datasets", "open_hdf5", "read_hdf5_labels"]
+__all__ = ["BAND_AXES", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "declared_nodata", "list_datasets",
+           "open_hdf5", "read_hdf5_labels"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
@@ -180,6 +182,37 @@ def declared_nodata(dataset: h5py.Dataset, name: str, path: Path) -> float | Non
     return None
 
 
+def _attr_text(dataset: h5py.Dataset, name: str) -> str:
+    """A string attribute (bytes, str or a one-element array of either) as text; "" when absent."""
+    value = dataset.attrs.get(name)
+    if value is None:
+        return ""
+    value = np.asarray(value).reshape(-1)[0] if np.ndim(value) else value
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) -> tuple[list[float] | None, str | None]:
+    """The cube's band centres in nm from the file: the one 1-D numeric dataset of ``bands`` values whose name
+    holds "wavelength" (EMIT's ``sensor_band_parameters/wavelengths``, a netCDF coordinate variable), in its CF
+    ``units`` (or guessed from magnitude); and None, or None and why they are not recorded (see
+    :func:`wavelengths_in_nm`). (None, None) when the file has no such dataset."""
+    found = {name: d for name, d in list_datasets(f).items()
+             if "wavelength" in name.rsplit("/", 1)[-1].lower() and d.ndim == 1 and d.shape[0] == bands
+             and d.dtype.kind in "iuf" and d.name != cube.name}
+    if not found:
+        return None, None
+    values = {name: np.asarray(d[()], np.float64) for name, d in found.items()}
+    name, first = next(iter(values.items()))
+    if any(not np.array_equal(v, first, equal_nan=True) for v in values.values()):
+        return None, (f"{path.name}: its datasets {', '.join(sorted(found))} list different wavelengths for the "
+                      f"cube's {bands} bands")
+    where = f"{path.name} dataset {name!r}"
+    fill = declared_nodata(found[name], name, path)
+    if not np.isfinite(first).all() or (fill is not None and (first == fill).any()):
+        return None, f"{where}: its wavelengths include NaN, infinity or its fill value"
+    return wavelengths_in_nm(first.tolist(), _attr_text(found[name], "units"), where)
+
+
 def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
     """Open one 3-D dataset of an HDF5 file as a cube; the file stays open until ``close()``.
 
@@ -203,8 +236,14 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
             nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, dataset.name.lstrip("/"), path))
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
+        bands = dataset.shape[axes.index("B")]
+        try:
+            wavelengths, note = guarded(path, "HDF5", lambda: band_centres(f, dataset, bands, path))
+        except InputError as exc:  # a damaged or odd wavelength dataset: said, not fatal (--wavelengths gives them)
+            wavelengths, note = None, str(exc)
         return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close,
-                                                        nodata=nodata, nodata_error=nodata_error))
+                                                        nodata=nodata, nodata_error=nodata_error,
+                                                        wavelengths=wavelengths, wavelengths_note=note))
     except BaseException:
         f.close()
         raise

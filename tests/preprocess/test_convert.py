@@ -494,14 +494,14 @@ def test_micrometres_labelled_as_nanometres_are_not_recorded_and_said_once(npy_s
     code, out, err = run_cli("convert", src, "--labels", lp, "-o", tmp_path / "a.zarr")
     assert code == 0, err
     warned = [line for line in err.splitlines() if line.startswith("hsgds: warning:")]
-    assert warned == ["hsgds: warning: e.hdr: its wavelengths read as 0.4-0.43 nm (wavelength units = Nanometers), "
+    assert warned == ["hsgds: warning: e.hdr: its wavelengths read as 0.4-0.43 nm (units Nanometers), "
                       "outside 100-20000 nm; the store records no wavelengths (to match bands by wavelength, give "
                       "the band centres in nm with --wavelengths or fix the header)"], err
     assert "Traceback" not in err and "WavelengthWarning" not in err
     assert hsgds.open_scene(tmp_path / "a.zarr").wavelengths is None
     assert np.array_equal(hsgds.open_scene(tmp_path / "a.zarr").read(0, cube.shape[0], 0, cube.shape[1]), cube)
     code, out, err = run_cli("info", src)
-    assert code == 0 and ("bands:      4 bands, not recorded: its wavelengths read as 0.4-0.43 nm (wavelength units = "
+    assert code == 0 and ("bands:      4 bands, not recorded: its wavelengths read as 0.4-0.43 nm (units "
                           "Nanometers), outside 100-20000 nm (give them with --wavelengths") in out, out + err
     code, _, err = run_cli("convert", src, "--labels", lp, "-o", tmp_path / "b.zarr", "--wavelengths", "400,410,420,430")
     assert code == 0 and "warning" not in err, err

@@ -415,7 +415,7 @@ def test_wavelengths_a_scene_cannot_record_come_back_as_its_warning(tmp_path):
     out.mkdir()
     result = convert_scene(ManifestRow(name="e", source=src), out, ConvertOptions(max_patch=3))
     assert result.status == "converted"
-    assert result.warnings == ("e.hdr: its wavelengths read as 0.4-0.43 nm (wavelength units = Nanometers), outside "
+    assert result.warnings == ("e.hdr: its wavelengths read as 0.4-0.43 nm (units Nanometers), outside "
                                "100-20000 nm; the store records no wavelengths (to match bands by wavelength, give "
                                "the band centres in nm with a wavelengths column in the manifest or fix the header)",)
     assert open_scene(out / "e.zarr").wavelengths is None

@@ -128,12 +128,12 @@ _OUTSIDE = "outside 100-20000 nm"
         ("GHz", [1.0, 2.0, 3.0], None, "its wavelength units (GHz) are not a length"),
         # micrometres labelled as nanometres and the reverse: no band centres in nm, they would match no scene's
         ("Nanometers", [0.4, 0.5, 1.25], None,
-         f"its wavelengths read as 0.4-1.25 nm (wavelength units = Nanometers), {_OUTSIDE}"),
+         f"its wavelengths read as 0.4-1.25 nm (units Nanometers), {_OUTSIDE}"),
         ("Micrometers", [400.0, 500.0, 1250.0], None,
-         f"its wavelengths read as 400000-1.25e+06 nm (wavelength units = Micrometers), {_OUTSIDE}"),
+         f"its wavelengths read as 400000-1.25e+06 nm (units Micrometers), {_OUTSIDE}"),
         (None, [1.0, 2.0, 300.0], None,  # band numbers
          f"its wavelengths read as 1-300 nm (no units, guessed from magnitude), {_OUTSIDE}"),
-        ("wavenumber", [25000.0, 0.0, 8000.0], None, "its wavenumbers (wavelength units = wavenumber) include values <= 0"),
+        ("wavenumber", [25000.0, 0.0, 8000.0], None, "its wavenumbers (units wavenumber) include values <= 0"),
     ],
 )
 def test_envi_wavelengths_in_nm(tmp_path, units, values, expected_nm, note):
@@ -368,6 +368,72 @@ def test_hdf5_band_first_big_endian(tmp_path):
         f.create_dataset("cube", data=expected.transpose(2, 0, 1).astype(">f8"))
     with closing(open_cube(path, band_axis="first")) as cube:
         check_cube(cube, expected)
+
+
+def _emit_like(path: Path, cube: np.ndarray, wavelengths: dict[str, np.ndarray], units: str | None = "nm") -> None:
+    """An EMIT L2A-shaped netCDF-4 file written with h5py: reflectance (downtrack, crosstrack, bands) with a
+    _FillValue, and band centres beside it in a group, with their CF units."""
+    with h5py.File(path, "w") as f:
+        f.create_dataset("reflectance", data=cube).attrs["_FillValue"] = np.float32(-9999)
+        for name, values in wavelengths.items():
+            ds = f.create_dataset(name, data=values)
+            if units is not None:
+                ds.attrs["units"] = np.bytes_(units)
+        f.create_dataset("sensor_band_parameters/fwhm", data=np.full(cube.shape[2], 8.5, np.float32))
+
+
+@pytest.mark.parametrize(("units", "values", "expected_nm"), [
+    ("nm", [400.5, 410.0, 420.0, 430.25, 440.0, 450.0, 2500.0], [400.5, 410.0, 420.0, 430.25, 440.0, 450.0, 2500.0]),
+    ("micrometers", [0.4, 0.41, 0.42, 0.43, 0.44, 0.45, 2.5], [400.0, 410.0, 420.0, 430.0, 440.0, 450.0, 2500.0]),
+    (None, [0.4, 0.41, 0.42, 0.43, 0.44, 0.45, 2.5], [400.0, 410.0, 420.0, 430.0, 440.0, 450.0, 2500.0]),
+])
+def test_hdf5_band_centres_come_from_a_wavelength_dataset(tmp_path, units, values, expected_nm):
+    """EMIT's sensor_band_parameters/wavelengths (a 1-D dataset of B values named for wavelengths) are the
+    cube's band centres, in their CF units; the fwhm beside them is not."""
+    expected = make_cube("float32", seed=21)
+    path = tmp_path / "EMIT_L2A_RFL.nc"
+    _emit_like(path, expected, {"sensor_band_parameters/wavelengths": np.array(values, np.float32)}, units)
+    with closing(open_cube(path, key="reflectance")) as cube:
+        check_cube(cube, expected)
+        np.testing.assert_allclose(cube.wavelengths, expected_nm, rtol=1e-6)
+        assert cube.wavelengths_note is None
+    if units == "nm":  # and the store records them, for loaders that select bands by wavelength
+        from hsgds.preprocess.convert import ConvertOptions, convert
+        from hsgds.scene import open_scene
+
+        convert(path, tmp_path / "s.zarr", ConvertOptions(key="reflectance", max_patch=3))
+        np.testing.assert_allclose(open_scene(tmp_path / "s.zarr").wavelengths, expected_nm, rtol=1e-6)
+
+
+def test_hdf5_band_centres_of_the_chosen_cube_only(tmp_path):
+    """PRISMA-like files hold two cubes with their own wavelength lists: each cube takes the list of its band
+    count; lists that disagree, or that are no band centres in nm, are not recorded, and the note says why."""
+    vnir, swir = make_cube("uint16", seed=22), make_cube("uint16", seed=23, shape=(H, W, 5))
+    path = tmp_path / "prisma.he5"
+    with h5py.File(path, "w") as f:
+        f["VNIR_Cube"], f["SWIR_Cube"] = vnir, swir
+        f["VNIR_Wavelength"] = np.linspace(400, 1000, B)
+        f["SWIR_Wavelength"] = np.linspace(1000, 2500, 5)
+    with closing(open_cube(path, key="VNIR_Cube")) as cube:
+        np.testing.assert_allclose(cube.wavelengths, np.linspace(400, 1000, B))
+    with closing(open_cube(path, key="SWIR_Cube")) as cube:
+        np.testing.assert_allclose(cube.wavelengths, np.linspace(1000, 2500, 5))
+    expected = make_cube("float32", seed=24)
+    cases = [
+        ({"a/wavelengths": np.linspace(400, 1000, B), "b/wavelength": np.linspace(410, 1010, B)}, "nm",
+         "x.h5: its datasets a/wavelengths, b/wavelength list different wavelengths for the cube's 7 bands"),
+        ({"wavelengths": np.linspace(0.4, 2.5, B)}, "nm",
+         "x.h5 dataset 'wavelengths': its wavelengths read as 0.4-2.5 nm (units nm), outside 100-20000 nm"),
+        ({"wavelengths": np.arange(1.0, B + 1)}, "index",
+         "x.h5 dataset 'wavelengths': its wavelength units (index) are not a length"),
+        ({"wavelengths": np.array([400, np.nan, 500, 600, 700, 800, 900])}, "nm",
+         "x.h5 dataset 'wavelengths': its wavelengths include NaN, infinity or its fill value"),
+    ]
+    for datasets, units, note in cases:
+        _emit_like(tmp_path / "x.h5", expected, datasets, units)
+        with closing(open_cube(tmp_path / "x.h5", key="reflectance")) as cube:
+            check_cube(cube, expected)
+            assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
 def test_hdf5_errors_and_labels(tmp_path):
