@@ -171,9 +171,9 @@ _SCENE_OPTIONS = [
                                   "(GeoTIFF GDAL_NODATA, ENVI 'data ignore value', HDF5/netCDF _FillValue); none: ignore it."),
     click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...)."),
     click.option("--wavelengths", help="Band centres in nm, comma-separated, or a text file of them (commas, spaces "
-                                       "or one per line), for sources that do not record them (.npy, .mat, GeoTIFF, "
-                                       "HDF5 without a wavelength dataset): loaders then select bands with "
-                                       "wavelengths=[...]."),
+                                       "or one per line), for sources that do not record them (.npy, .mat, GeoTIFF "
+                                       "without GDAL wavelength metadata, HDF5 without a wavelength dataset): "
+                                       "loaders then select bands with wavelengths=[...]."),
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from hsgds.preprocess.readers.base import (
     parse_failure,
     parse_nodata,
     unlabelled_at_nodata,
+    wavelengths_in_nm,
 )
 
 __all__ = ["open_tiff", "read_tiff_labels"]
@@ -156,6 +158,45 @@ def _georeference(tif: tifffile.TiffFile, path: Path) -> dict[str, Any] | None:
     return fmt.make_georeference(transform, wkt, epsg)
 
 
+def _band_centres(text: str | None, bands: int, path: Path) -> tuple[list[float] | None, str | None]:
+    """Band centres in nm from GDAL's metadata tag (XML): per-band ``wavelength`` items in their
+    ``wavelength_units`` (what gdal_translate keeps of an ENVI file's header), else GDAL's standard
+    ``CENTRAL_WAVELENGTH_UM``; and None, or None and why they are not recorded. (None, None) when none."""
+    if not text:
+        return None, None
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return None, f"{path.name}: its GDAL_METADATA tag is not XML, so its wavelengths are unreadable"
+    per_band: dict[str, dict[int, str]] = {}
+    units = ""
+    for item in root.iter("Item"):
+        name, sample = (item.get("name") or "").lower(), item.get("sample")
+        if sample is None:
+            units = (item.text or "").strip() if name == "wavelength_units" else units
+        elif sample.isdigit():
+            per_band.setdefault(name, {})[int(sample)] = (item.text or "").strip()
+    if "wavelength" in per_band:
+        found = per_band["wavelength"]
+        listed = set(per_band.get("wavelength_units", {}).values())
+        if len(listed) > 1:
+            return None, f"{path.name}: its bands' wavelength_units differ ({', '.join(sorted(listed))})"
+        units = listed.pop() if listed else units
+    elif "central_wavelength_um" in per_band:
+        found, units = per_band["central_wavelength_um"], "micrometers"
+    else:
+        return None, None
+    if sorted(found) != list(range(bands)):
+        return None, f"{path.name}: its GDAL metadata gives wavelengths for {len(found)} of its {bands} bands"
+    try:
+        values = [float(found[b]) for b in range(bands)]
+    except ValueError:
+        return None, f"{path.name}: a band's wavelength in its GDAL metadata is not a number"
+    if not all(math.isfinite(v) for v in values):
+        return None, f"{path.name}: its GDAL metadata's wavelengths include NaN or infinity"
+    return wavelengths_in_nm(values, units, path.name)
+
+
 def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = True) -> tuple[np.ndarray, str]:
     """Return the first image series (memory-mapped when possible) and tifffile's axis letters.
 
@@ -178,6 +219,8 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
                         f"fix the GDAL_NODATA tag (gdal_edit.py -a_nodata VALUE, or -unsetnodata), {OVERRIDE_NODATA}")
                 except InputError as exc:  # refused when used: --nodata may override it
                     geo["nodata_error"] = str(exc)
+                tag = tif.pages[0].tags.get("GDAL_METADATA")
+                geo["gdal_metadata"] = tag.value if tag is not None and isinstance(tag.value, str) else None
             series = tif.series[0]
             axes, shape = series.axes, tuple(series.shape)
             dtype = np.dtype(series.dtype)
@@ -226,8 +269,9 @@ def open_tiff(path: Path) -> ArrayCube:
             "save the cube as (H, W, B) with planarconfig contig or as (B, H, W) pages"
         )
     check_dtype(array.dtype, path.name)
+    wavelengths, note = _band_centres(geo.get("gdal_metadata"), array.shape[order.index("B")], path)
     cube = ArrayCube(array, axes=order, files=[path], georeference=geo.get("georeference"), nodata=geo.get("nodata"),
-                     nodata_error=geo.get("nodata_error"))
+                     nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note)
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
     return cube

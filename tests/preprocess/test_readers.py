@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from contextlib import closing
 from pathlib import Path
 
@@ -510,6 +511,56 @@ def test_tiff_codec_tifffile_lacks_is_named_not_called_damaged(tmp_path, profile
     else:
         with closing(open_cube(path)) as cube:
             check_cube(cube, expected)
+
+
+def test_tiff_band_centres_from_gdal_metadata(tmp_path):
+    """GDAL keeps an ENVI header's wavelengths when it converts the file to GeoTIFF (gdal_translate: per-band
+    wavelength / wavelength_units items in the GDAL_METADATA tag), and writes its standard
+    CENTRAL_WAVELENGTH_UM (micrometres): both are the cube's band centres in nm. Incomplete or impossible
+    ones are not recorded, and the note says why."""
+    rasterio = pytest.importorskip("rasterio")
+    gdal_copy = pytest.importorskip("rasterio.shutil").copy
+
+    expected = make_cube("int16", seed=25, shape=(H, W, 4))
+
+    def via_gdal(name: str, nm: list[float], units: str) -> Path:
+        hdr = save_envi(tmp_path / name, expected, interleave="bip", ext=".img",
+                        metadata={"wavelength": nm, "wavelength units": units})
+        gdal_copy(str(hdr.with_suffix(".img")), str(tmp_path / f"{name}.tif"), driver="GTiff")
+        return tmp_path / f"{name}.tif"
+
+    with closing(open_cube(via_gdal("nm", [450.0, 550.5, 650.0, 750.0], "Nanometers"))) as cube:
+        check_cube(cube, expected)
+        assert (cube.wavelengths, cube.wavelengths_note) == ([450.0, 550.5, 650.0, 750.0], None)
+    with closing(open_cube(via_gdal("um", [0.45, 0.55, 0.65, 0.75], "Micrometers"))) as cube:
+        np.testing.assert_allclose(cube.wavelengths, [450.0, 550.0, 650.0, 750.0])
+
+    def written(name: str, items: dict[int, dict[str, str]], ns: str | None = None) -> Path:
+        path = tmp_path / name
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+            with rasterio.open(path, "w", driver="GTiff", height=H, width=W, count=4, dtype="int16") as dst:
+                dst.write(expected.transpose(2, 0, 1))
+                for band, tags in items.items():
+                    dst.update_tags(band + 1, ns=ns, **tags)
+        return path
+
+    central = written("central.tif", {b: {"CENTRAL_WAVELENGTH_UM": f"{0.4 + 0.1 * b:.2f}"} for b in range(4)}, "IMAGERY")
+    with closing(open_cube(central)) as cube:
+        np.testing.assert_allclose(cube.wavelengths, [400.0, 500.0, 600.0, 700.0])
+    for name, items, note in [
+        ("three.tif", {b: {"wavelength": "500", "wavelength_units": "nm"} for b in range(3)},
+         "three.tif: its GDAL metadata gives wavelengths for 3 of its 4 bands"),
+        ("text.tif", {b: {"wavelength": "blue" if b == 2 else "500"} for b in range(4)},
+         "text.tif: a band's wavelength in its GDAL metadata is not a number"),
+        ("mixed.tif", {b: {"wavelength": "500", "wavelength_units": "nm" if b else "um"} for b in range(4)},
+         "mixed.tif: its bands' wavelength_units differ (nm, um)"),
+        ("small.tif", {b: {"wavelength": str(0.4 + b / 10), "wavelength_units": "Nanometers"} for b in range(4)},
+         "small.tif: its wavelengths read as 0.4-0.7 nm (units Nanometers), outside 100-20000 nm"),
+    ]:
+        with closing(open_cube(written(name, items))) as cube:
+            check_cube(cube, expected)
+            assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
 def test_tiff_labels_and_single_band_cube(tmp_path):
