@@ -17,7 +17,7 @@ from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
 from hsgds.preprocess.readers.envi import find_pair, open_envi, read_envi_labels
 from hsgds.preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
-from hsgds.preprocess.readers.mat import open_mat, open_mat73, read_mat73_labels, read_mat_labels
+from hsgds.preprocess.readers.mat import column_major_hdf5, open_mat, open_mat73, read_mat73_labels, read_mat_labels
 from hsgds.preprocess.readers.npy import open_npy, read_npy_labels
 from hsgds.preprocess.readers.tiff import open_tiff, read_tiff_labels
 
@@ -76,8 +76,9 @@ def _detect(path: Path, what: str = "cube") -> tuple[str, tuple[Path, Path] | No
     if head[:4] in _TIFF_MAGICS:
         return "tiff", None
     if _is_hdf5(path, head):
-        # MATLAB writes its text header into a 512-byte userblock before the HDF5 superblock.
-        if head.startswith(b"MATLAB 7.3") or suffix == ".mat":
+        # MATLAB writes its text header into a 512-byte userblock before the HDF5 superblock; a .mat without
+        # it is MATLAB's or Octave's only if their marks are on its objects (else h5py wrote it, row-major)
+        if head.startswith(b"MATLAB 7.3") or (suffix == ".mat" and column_major_hdf5(path)):
             return "mat73", None
         return "hdf5", None
     if head.startswith(b"MATLAB"):

@@ -19,7 +19,7 @@ from hsgds.preprocess.readers import matv5
 from hsgds.preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
 from hsgds.preprocess.readers.hdf5 import band_axes, check_dataset, choose_variable, guarded, list_datasets
 
-__all__ = ["open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]
+__all__ = ["column_major_hdf5", "open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]
 
 #: whosmat classes that hold plain numbers (char, cell, struct, sparse, object are skipped).
 _NUMERIC_CLASSES = {"double", "single", "logical", "int8", "uint8", "int16", "uint16",
@@ -117,6 +117,22 @@ def _variables_73(f: h5py.File) -> tuple[dict[str, h5py.Dataset], dict[str, tupl
         if cls in _NUMERIC_CLASSES_73 and not dataset.attrs.get("MATLAB_empty", 0):
             datasets[name] = dataset
     return datasets, {n: tuple(reversed(d.shape)) for n, d in datasets.items()}
+
+
+#: what MATLAB (on every variable) and Octave's ``save -hdf5`` (on every variable's group) mark their objects with
+_MARKERS = ("MATLAB_class", "OCTAVE_NEW_FORMAT")
+
+
+def column_major_hdf5(path: Path) -> bool:
+    """Whether an HDF5 file without MATLAB's text header was written by MATLAB or Octave, which store arrays
+    column-major (dimensions reversed): an object marked by them. A file named .mat that h5py wrote holds
+    row-major arrays: read as .mat, a (H, W, B) cube would come out transposed. A file h5py cannot open is
+    left to the .mat reader, which names the problem."""
+    try:
+        with h5py.File(path, "r") as f:
+            return f.visititems(lambda _, obj: True if any(m in obj.attrs for m in _MARKERS) else None) is not None
+    except Exception:
+        return True
 
 
 def _open_73(path: Path) -> h5py.File:

@@ -331,6 +331,39 @@ def test_mat73_detected_without_extension_and_band_first(tmp_path):
         check_cube(cube, expected)
 
 
+def test_an_hdf5_named_mat_is_column_major_only_when_matlab_or_octave_wrote_it(tmp_path):
+    """Without MATLAB's text header, a .mat HDF5 file is read column-major (dimensions reversed) only when its
+    objects carry MATLAB's or Octave's marks; one that h5py wrote holds row-major arrays and is read as HDF5,
+    not transposed."""
+    expected = make_cube("float32", seed=26)
+    plain = tmp_path / "python.mat"
+    with h5py.File(plain, "w") as f:
+        f["cube"] = expected
+        f["gt"] = make_labels(seed=26)
+    assert detect_format(plain) == "hdf5"
+    with closing(open_cube(plain, key="cube")) as cube:
+        check_cube(cube, expected)
+    np.testing.assert_array_equal(read_labels(plain, key="gt"), make_labels(seed=26))
+
+    octave = tmp_path / "octave.mat"  # save -hdf5: a group per variable, its array stored with reversed dimensions
+    with h5py.File(octave, "w") as f:
+        group = f.create_group("cube")
+        group.attrs["OCTAVE_NEW_FORMAT"] = np.uint8(1)
+        group["type"] = np.bytes_("matrix")
+        group["value"] = np.ascontiguousarray(expected.transpose(2, 1, 0))
+    assert detect_format(octave) == "mat73"
+    with closing(open_cube(octave)) as cube:
+        check_cube(cube, expected)
+
+    headerless = tmp_path / "headerless.mat"  # MATLAB's marks without its userblock (a repacked v7.3 file)
+    with h5py.File(headerless, "w") as f:
+        f["cube"] = np.ascontiguousarray(expected.transpose(2, 1, 0))
+        f["cube"].attrs["MATLAB_class"] = np.bytes_("single")
+    assert detect_format(headerless) == "mat73"
+    with closing(open_cube(headerless)) as cube:
+        check_cube(cube, expected)
+
+
 def test_mat73_errors_and_labels(tmp_path):
     labels = make_labels(seed=11)
     path = tmp_path / "file.mat"
