@@ -174,6 +174,9 @@ _SCENE_OPTIONS = [
                                        "or one per line), for sources that do not record them (.npy, .mat, GeoTIFF "
                                        "without GDAL wavelength metadata, HDF5 without a wavelength dataset): "
                                        "loaders then select bands with wavelengths=[...]."),
+    click.option("--dtype", help="Store the samples as this type (e.g. float32) instead of the source's, so that "
+                                 "scenes of several sensors load together; a value it cannot hold exactly is "
+                                 "refused."),
 ]
 
 

@@ -131,6 +131,11 @@ def nodata_line(record: dict, pixels: int) -> str:
 MODEL_SUFFIXES = (".pt2", ".ckpt", ".pt", ".pth")
 
 
+def _cast_from(source_dtype: str | None, dtype: Any) -> str:
+    """" (cast from the source's int16 by --dtype)" for a store whose samples are not of its source's type."""
+    return "" if source_dtype in (None, str(dtype)) else f" (cast from the source's {source_dtype} by --dtype)"
+
+
 def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     """A store's summary; for a collection path, the collection's (from ``collection.json`` alone); for a
     model file (a file that is not a collection listing), what the model takes."""
@@ -145,7 +150,7 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     h, w, b = scene.shape
     lines = [
         f"store:      {scene.path}",
-        f"scene:      {h}x{w}x{b} {scene.dtype}",
+        f"scene:      {h}x{w}x{b} {scene.dtype}" + _cast_from(m.source.get("dtype"), scene.dtype),
         f"tiles:      {g.nty}x{g.ntx} tiles, core {g.tile}x{g.tile}, halo {g.halo} (patches up to "
         f"{2 * g.halo + 1}x{2 * g.halo + 1}), {g.tile_nbytes} bytes each, padding {m.padding}",
         f"source:     {m.source.get('name')} ({m.source.get('size')} bytes, "

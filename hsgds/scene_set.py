@@ -75,7 +75,7 @@ class SceneSet:
         with the band selection; tile geometries may differ.)"""
         if len(self.scenes) == 1:
             return
-        _same(self, "dtype", lambda s: str(s.dtype), "cast the cubes to one dtype before converting them")
+        _same(self, "dtype", lambda s: str(s.dtype), "convert them with one --dtype (e.g. hsgds convert --dtype float32)")
         labelled = [(n, s) for n, s in zip(self.names, self.scenes) if s.class_names or s.num_classes]
         if labelled:
             # each scene's own key (names, or the count of a scene without names): a scene with names and

@@ -79,6 +79,8 @@ class ConvertOptions:
     wavelengths: tuple[float, ...] | None = None  # band centres (nm) for sources that do not record them
     #: what gave ``wavelengths``, as messages name it: convert-many's come from a manifest column, not the option
     wavelengths_from: str = "--wavelengths"
+    #: the store's sample type, when not the source's (scenes of several sensors loaded together need one)
+    dtype: str | None = None
     overwrite: bool = False
     workers: int = 4
 
@@ -128,6 +130,8 @@ class ConvertOptions:
             raise ConfigError(f"{self.wavelengths_from} must be band centres in nm ({fmt.MIN_NM:g}-{fmt.MAX_NM:g}), "
                               "got "
                               f"{min(self.wavelengths):g}-{max(self.wavelengths):g}; give micrometres times 1000")
+        if self.dtype is not None and self.dtype not in fmt.DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(fmt.DTYPES)}, got {self.dtype!r}")
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
@@ -369,6 +373,33 @@ def _check_finite(tile: np.ndarray, tile_id: int, grid: fmt.TileGrid, nan_fill: 
     tile[bad] = nan_fill
 
 
+def _cast(tile: np.ndarray, target: np.dtype, tile_id: int, grid: fmt.TileGrid, src: Path) -> np.ndarray:
+    """``tile`` as ``target`` (--dtype), refusing a value it cannot hold: a fraction, NaN or a value out of range
+    for an integer type, an integer a float type does not represent exactly. Floats narrowed to float32 are
+    rounded to the nearest float32 (a reflectance keeps 7 significant digits), but never overflow to inf."""
+    if tile.dtype == target:
+        return tile
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = tile.astype(target)
+        if target.kind in "iu":
+            info = np.iinfo(target)
+            ok = (tile >= info.min) & (tile <= info.max)
+            if tile.dtype.kind == "f":
+                ok &= tile == np.round(tile)  # (False for NaN and inf)
+        elif tile.dtype.kind in "iu":
+            exact = 2 ** (np.finfo(target).nmant + 1)  # every integer up to this is a float of ``target``
+            ok = (tile >= -exact) & (tile <= exact)
+        else:
+            ok = np.isfinite(out) | ~np.isfinite(tile)
+    if ok.all():
+        return out
+    value = tile[~ok][0]
+    y0, y1, x0, x1 = grid.core_window(tile_id)
+    raise InputError(f"--dtype {target.name}: {src.name} holds {value.item()!r} (near rows {y0}:{y1}, columns "
+                     f"{x0}:{x1}), which {target.name} cannot hold exactly; choose a wider --dtype (float32 holds "
+                     f"every integer up to 2**24), or leave the source's {tile.dtype.name}")
+
+
 _WRITE_ALL = {"write_empty_chunks": True}
 
 
@@ -415,6 +446,14 @@ def _nodata_of(opts: ConvertOptions, cube: SourceCube) -> float | None:
     if opts.nodata is not None:
         return float(opts.nodata)
     return recorded_nodata(cube)
+
+
+def _holds(dtype: np.dtype, value: float) -> bool:
+    """Whether ``dtype`` holds ``value`` exactly (NaN: float types only)."""
+    if dtype.kind == "f":
+        return math.isnan(value) or abs(value) <= float(np.finfo(dtype).max)
+    info = np.iinfo(dtype)
+    return value.is_integer() and info.min <= value <= info.max
 
 
 def _nodata_pixels(tile: np.ndarray, value: float, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -646,13 +685,18 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):
         raise InputError(f"--class-names lists {len(opts.class_names)} names but the labels' classes are "
                          f"1..{labels.max()}; give one name per class")
-    grid = fmt.TileGrid(H, W, B, cube.dtype.name, _tile_size(opts, cube.shape, cube.dtype.itemsize), opts.halo)
+    dtype = np.dtype(opts.dtype or cube.dtype.name)  # the store's: the source's unless --dtype says otherwise
+    grid = fmt.TileGrid(H, W, B, dtype.name, _tile_size(opts, cube.shape, dtype.itemsize), opts.halo)
     grid.check()
     # held back until the labels are final: labelled nodata pixels (found while tiling) mean a new split
     split_map, split_params, split_warnings = _split_quietly(opts, labels)
     table = _sample_table(labels, split_map, grid)
     num_classes = int(labels.max(initial=0))
     nodata = _nodata_of(opts, cube)
+    if nodata is not None and dtype != cube.dtype and not _holds(dtype, nodata):
+        raise ConfigError(f"--dtype {dtype.name} cannot hold the nodata value {nodata:g}, which the store's scene "
+                          f"reads give at pixels without data; choose a --dtype that holds it (float32 holds any), "
+                          f"or pass --nodata none")
     # True where the source has no data, filled in tile by tile (each tile writes its own core)
     gaps_map = None if nodata is None else np.zeros((H, W), bool)
 
@@ -687,6 +731,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
             gaps = _nodata_pixels(tile, nodata, rows, cols)
         _check_finite(tile, tile_id, grid, opts.nan_fill, gaps, nodata is not None and math.isnan(nodata))
         has_gaps = gaps is not None and bool(gaps.any())
+        if tile.dtype != dtype:
+            if has_gaps:
+                tile[gaps] = 0  # (a NaN or -9999 the store's type may not hold; filled once the statistics are known)
+            tile = _cast(tile, dtype, tile_id, grid, src)
         # nodata pixels are filled once the statistics are known: such a tile is synced and checksummed then
         crc, wsum = write_tile(tile_id, tile, final=not has_gaps)
         y0, y1, x0, x1 = grid.core_window(tile_id)
@@ -806,7 +854,8 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         class_names=list(opts.class_names) if opts.class_names else None,
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
-        source={"name": src.name, "files": [p.name for p in cube.files], "size": size, "sha256": sha256},
+        source={"name": src.name, "files": [p.name for p in cube.files], "size": size, "sha256": sha256,
+                "dtype": cube.dtype.name},
         georeference=getattr(cube, "georeference", None), nodata=nodata_record,
         labels_source=labels_source, split=split_params, converted_split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")

@@ -215,6 +215,9 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
         return _differs("--max-patch", opts.max_patch, 2 * meta.halo + 1)
     if meta.padding != opts.padding:
         return _differs("--padding", opts.padding, meta.padding)
+    source_dtype = meta.source.get("dtype", meta.dtype)  # (a store written before --dtype holds the source's)
+    if meta.dtype != (opts.dtype or source_dtype):
+        return _differs("--dtype", opts.dtype or f"the source's {source_dtype}", meta.dtype)
     if opts.tile is not None and meta.tile != opts.tile:
         return _differs("--tile", opts.tile, meta.tile)
     if (meta.labels_source is None) != (opts.labels is None):
@@ -298,7 +301,7 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
         found = (tuple(int(n) for n in cube.shape), np.dtype(cube.dtype).name)
     finally:
         cube.close()
-    held = (tuple(meta.shape), meta.dtype)
+    held = (tuple(meta.shape), meta.source.get("dtype", meta.dtype))  # the source's type, which --dtype may cast
     if found == held:
         return None
     given = [f"{what} {value}" for what, value in (("key", opts.key), ("band axis", opts.band_axis)) if value]

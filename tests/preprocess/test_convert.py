@@ -83,6 +83,96 @@ def test_store_matches_independent_reference(npy_scene, tmp_path, dtype, fortran
     np.testing.assert_allclose(scene.stats["all"].std, allpx.std(0), rtol=1e-8)
 
 
+@pytest.mark.parametrize("source,target", [("uint16", "float32"), ("int16", "int32"), ("float64", "float32"),
+                                           ("float32", "int16")])
+def test_dtype_stores_the_samples_cast(npy_scene, tmp_path, run_cli, source, target):
+    """--dtype stores the cube as another sample type (scenes of several sensors then load together): the tiles
+    zarr-python reads equal numpy's cast of the padded source, the statistics are those of the cast values,
+    and `hsgds info` says the store was cast."""
+    cp, lp, cube, labels = npy_scene(dtype=source, seed=4)
+    if target == "int16":  # integers held as floats: cast exactly
+        cube = np.rint(cube / 4).astype(source)
+        np.save(cp, cube)
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "s.zarr", "--max-patch", "5",
+                           "--dtype", target)
+    assert code == 0, err
+    scene = hsgds.open_scene(tmp_path / "s.zarr")
+    expected = cube.astype(target)
+    assert scene.dtype == np.dtype(target) and scene.meta.source["dtype"] == source
+    ref = reference_tiles(expected, scene.grid.tile, 2, "reflect")
+    np.testing.assert_array_equal(zarr.open_group(tmp_path / "s.zarr", mode="r")["tiles"][...], ref)
+    ty, tx, _ = scene.samples("train")
+    np.testing.assert_allclose(scene.stats["train"].mean, expected[ty, tx].astype(np.float64).mean(0), rtol=1e-10)
+    assert scene.verify() == []
+    code, out, _ = run_cli("info", tmp_path / "s.zarr")
+    assert f"scene:      37x29x6 {target} (cast from the source's {source} by --dtype)" in out
+
+
+@pytest.mark.parametrize("values,target,shown", [
+    ([1.0, 2.5], "int16", "2.5"),  # a fraction
+    ([1.0, float(2**15)], "int16", "32768.0"),  # out of range
+    ([0.0, 1e300], "float32", "1e+300"),  # would overflow to inf
+    ([0, 2**24 + 1], "float32", str(2**24 + 1)),  # an integer float32 rounds
+    ([0, -1], "uint16", "-1"),
+])
+def test_dtype_refuses_a_value_it_cannot_hold(tmp_path, run_cli, values, target, shown):
+    dtype = "float64" if isinstance(values[0], float) else "int64"
+    cube = np.zeros((9, 8, 3), dtype)
+    cube[4, 5, 1] = values[1]
+    cube[0, 0, 0] = values[0]
+    np.save(tmp_path / "c.npy", cube)
+    _bad(tmp_path, run_cli, tmp_path / "c.npy", "-o", tmp_path / "s.zarr", "--dtype", target,
+         match=f"--dtype {target}: c.npy holds {shown} (near rows 0:9, columns 0:8), which {target} cannot hold "
+               f"exactly; choose a wider --dtype")
+    _bad(tmp_path, run_cli, tmp_path / "c.npy", "-o", tmp_path / "s.zarr", "--dtype", "f4",
+         match="--dtype must be one of uint8, int8, uint16, int16, uint32, int32, uint64, int64, float32, float64, "
+               "got 'f4'")
+
+
+def test_dtype_with_nodata_fills_after_the_cast(tmp_path, run_cli):
+    """Nodata pixels of a cast store are left out and filled with the train mean, as without a cast, and read
+    as the nodata value; a --dtype that cannot hold that value is refused before any work (--nodata none
+    converts every pixel)."""
+    from hsgds.synthetic import make_scene
+
+    cube, labels = make_scene(30, 26, 4, classes=3, dtype="int16", seed=6)
+    cube = np.abs(cube)
+    cube[:, :5] = -9999
+    labels[:, :5] = 0
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    args = ("convert", tmp_path / "c.npy", "--labels", tmp_path / "gt.npy", "--max-patch", "3", "--nodata", "-9999")
+    code, _, err = run_cli(*args, "-o", tmp_path / "s.zarr", "--dtype", "float32")
+    assert code == 0, err
+    scene = hsgds.open_scene(tmp_path / "s.zarr")
+    np.testing.assert_array_equal(scene.read(0, 30, 0, 26), cube.astype(np.float32))
+    held = scene.read_tile(0)[1:-1, 1:-1]  # (one tile, halo 1)
+    fill = scene.stats["train"].mean.astype(np.float32)
+    assert (held[:30, :5] == fill).all()
+    _bad(tmp_path, run_cli, *args[1:], "-o", tmp_path / "u.zarr", "--dtype", "uint16",
+         match="--dtype uint16 cannot hold the nodata value -9999, which the store's scene reads give at pixels "
+               "without data; choose a --dtype that holds it (float32 holds any), or pass --nodata none")
+
+
+def test_scenes_of_several_dtypes_load_together_after_dtype(npy_scene, tmp_path, run_cli):
+    """A loader refuses scenes of two sample types and names the fix; converted with one --dtype they load."""
+    a, la, cube_a, _ = npy_scene(dtype="uint16", seed=1)
+    b, lb, cube_b, _ = npy_scene(dtype="float32", seed=2)
+    for src, gt, name, extra in ((a, la, "a", ()), (b, lb, "b", ()), (a, la, "a32", ("--dtype", "float32"))):
+        code, _, err = run_cli("convert", src, "--labels", gt, "-o", tmp_path / f"{name}.zarr", "--max-patch", "3",
+                               *extra)
+        assert code == 0, err
+    with pytest.raises(hsgds.ConfigError, match=r"scenes have different dtype \(a: uint16, b: float32\); convert them "
+                                                r"with one --dtype \(e\.g\. hsgds convert --dtype float32\)"):
+        hsgds.PatchLoader([tmp_path / "a.zarr", tmp_path / "b.zarr"], patch_size=3, batch_size=8, device="cpu")
+    with hsgds.PatchLoader([tmp_path / "a32.zarr", tmp_path / "b.zarr"], patch_size=1, batch_size=64, device="cpu",
+                           normalize=None, return_coords=True, split=None) as loader:
+        for x, _, coords in loader:
+            for patch, (s, y, xx) in zip(x, coords.tolist()):
+                spectrum = (cube_a if s == 0 else cube_b)[y, xx].astype(np.float32)
+                np.testing.assert_array_equal(patch.reshape(-1).numpy(), spectrum)
+
+
 def test_unlabelled_scene_is_valid(npy_scene, tmp_path):
     cp, _, cube, _ = npy_scene(h=20, w=9, b=3)
     scene = hsgds.open_scene(convert(cp, tmp_path / "u.zarr"))

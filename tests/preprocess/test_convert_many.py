@@ -403,6 +403,29 @@ def test_a_wavelengths_column_gives_each_scene_its_band_centres(cluster, tmp_pat
     assert not (tmp_path / "o2").exists()
 
 
+def test_a_store_cast_by_dtype_is_up_to_date_only_with_that_dtype(tmp_path):
+    """A store converted with --dtype holds another type than its source: a rerun with the same --dtype keeps
+    it, one without (or with another) converts it again, saying why."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, labels = make_scene(24, 20, 4, classes=3, dtype="uint16", seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    row = ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+    cast = ConvertOptions(max_patch=3, dtype="float32")
+    assert convert_scene(row, out, cast).status == "converted"
+    assert open_scene(out / "c.zarr").dtype == np.float32
+    assert convert_scene(row, out, cast).status == "up to date"
+    again = convert_scene(row, out, ConvertOptions(max_patch=3))
+    assert (again.status, again.reason) == ("converted", "--dtype the source's uint16 differs from the store's (float32)")
+    assert open_scene(out / "c.zarr").dtype == np.uint16
+    assert convert_scene(row, out, ConvertOptions(max_patch=3)).status == "up to date"
+    again = convert_scene(row, out, ConvertOptions(max_patch=3, dtype="int32"))
+    assert (again.status, again.reason) == ("converted", "--dtype int32 differs from the store's (uint16)")
+
+
 def test_wavelengths_a_scene_cannot_record_come_back_as_its_warning(tmp_path):
     """A header's micrometres labelled as nanometres: the scene converts without wavelengths, and its result
     carries the one-line warning (shown by the command with the scene's name), pointing to the manifest's
