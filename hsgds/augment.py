@@ -338,8 +338,10 @@ class Augmenter:
 def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: bool, bank_on: Any, *,
                     radiation: bool = True, dropout: bool = True) -> None:
     """Radiation noise, then mixture, then band dropout, on ``out`` ((N, B, p, p) or (N, p, p, B));
-    ``radiation`` / ``dropout`` False: already applied in the cut."""
+    ``radiation`` / ``dropout`` False: already applied in the cut. Computed in float32, or in float64 for
+    float64 patches (rounding those to float32 would lose the precision they were cut with)."""
     device = out.device
+    work = torch.promote_types(out.dtype, torch.float32)
     if nchw:
         n, bands, p, _ = out.shape
         view = out  # (N, B, p, p)
@@ -355,17 +357,17 @@ def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: 
         rows = torch.from_numpy(batch.bank_start // BANK_STEP).to(device)
         # each window is pixel-major (R, p, p, B): seen in the view's (R, B, p, p) order
         noise = bank.unfold(0, window, BANK_STEP).index_select(0, rows).view(-1, p, p, bands).permute(0, 3, 1, 2)
-        alpha = torch.from_numpy(batch.alpha).to(device).view(-1, 1, 1, 1)
-        x = view[rad].float()
+        alpha = torch.from_numpy(batch.alpha).to(device=device, dtype=work).view(-1, 1, 1, 1)
+        x = view[rad].to(work)
         x.mul_(alpha).add_(noise, alpha=float(np.float32(aug.noise_std)))
         view[rad] = x.to(out.dtype)
     if len(batch.mixed):
         r = p // 2
         mixed = torch.from_numpy(batch.mixed).to(device)
         partner = torch.from_numpy(batch.partner).to(device)
-        w = torch.from_numpy(batch.weight).to(device).view(-1, 1)
+        w = torch.from_numpy(batch.weight).to(device=device, dtype=work).view(-1, 1)
         centre = view[:, :, r, r]  # (N, B) view
-        c, c2 = centre[mixed].float(), centre[partner].float()  # read both before writing any
+        c, c2 = centre[mixed].to(work), centre[partner].to(work)  # read both before writing any
         centre[mixed] = (w * c + (1 - w) * c2).to(out.dtype)
     if dropout and len(batch.dropped):
         d = torch.from_numpy(batch.dropped).to(device)

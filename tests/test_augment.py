@@ -203,3 +203,31 @@ def test_mixture_and_dropout_follow_the_documented_rule():
     assert 5 not in batch.mixed  # alone of its class in the batch
     assert len(batch.mixed) == n - 1
     np.testing.assert_allclose(out.numpy(), expect, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_float64_patches_keep_float64_precision_through_noise_and_mixture(layout):
+    """Radiation noise and mixture applied after the cut (DALI, CUDA, the CPU without numba) compute in
+    the output's precision: float64 patches are not rounded to float32 on the way (they were: every
+    radiated patch, and each mixed centre, held only float32 values)."""
+    n, bands, p = 6, 3, 3
+    clean = np.random.default_rng(5).normal(size=(n, bands, p, p))  # float64, not float32-representable
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    aug = Augment(radiation_noise=1.0, mixture_noise=1.0)
+    batch = draw(aug, 6, 0, np.arange(n), labels, bands=bands, patch_size=p)
+    assert len(batch.radiated) == n and len(batch.mixed) > 0
+    out = torch.from_numpy(clean.copy() if layout == "NCHW" else clean.transpose(0, 2, 3, 1).copy())
+    Augmenter(aug, 6, layout)(out, batch)
+    assert out.dtype == torch.float64
+    got = out.numpy() if layout == "NCHW" else out.numpy().transpose(0, 3, 1, 2)
+    bank = noise_bank(6).astype(np.float64)
+    std = float(np.float32(aug.noise_std))
+    expect = clean.copy()
+    for k in range(n):
+        window = bank[batch.bank_start[k]:batch.bank_start[k] + p * p * bands].reshape(p, p, bands)
+        expect[k] = clean[k] * float(batch.alpha[k]) + std * window.transpose(2, 0, 1)
+    radiated = expect.copy()
+    for m, q, w in zip(batch.mixed, batch.partner, batch.weight):
+        w = float(w)
+        expect[m, :, 1, 1] = w * radiated[m, :, 1, 1] + (1 - w) * radiated[q, :, 1, 1]
+    np.testing.assert_allclose(got, expect, rtol=1e-12, atol=1e-12)
