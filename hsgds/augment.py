@@ -35,6 +35,7 @@ comes between them); otherwise, and for mixture noise, by :class:`Augmenter` rig
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,16 +148,16 @@ class Augment:
         for name in ("radiation_noise", "mixture_noise", "band_dropout"):
             value = getattr(self, name)
             if not _real(value) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r}")
+                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r:.60}")
             object.__setattr__(self, name, float(value))
         scale = self.radiation_scale
         if (not isinstance(scale, (tuple, list)) or len(scale) != 2
-                or not all(_real(v) and np.isfinite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
-            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {scale!r}")
+                or not all(_finite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
+            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {scale!r:.60}")
         object.__setattr__(self, "radiation_scale", (float(scale[0]), float(scale[1])))
         std = self.noise_std
-        if not _real(std) or not (np.isfinite(std) and std >= 0):
-            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r}")
+        if not _finite(std) or not std >= 0:
+            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r:.60}")
         object.__setattr__(self, "noise_std", float(std))
 
     @property
@@ -167,6 +168,16 @@ class Augment:
 def _real(value: object) -> bool:
     """A real number (Python's or numpy's), not a bool."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _finite(value: object) -> bool:
+    """A finite real number (:func:`_real`), an int beyond float range included (not finite as a float)."""
+    if not _real(value):
+        return False
+    try:
+        return math.isfinite(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 @dataclass

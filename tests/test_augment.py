@@ -66,6 +66,20 @@ def test_bad_settings_are_one_line_config_errors(kwargs, message):
         Augment(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"noise_std": 10**400}, "noise_std must be a finite number >= 0"),
+    ({"radiation_scale": (0.9, 10**400)}, "0 < low <= high"),
+    ({"radiation_scale": (10**400, 10**401)}, "0 < low <= high"),
+    ({"radiation_noise": 10**400}, "radiation_noise is a probability"),
+])
+def test_integers_too_large_for_a_float_are_config_errors(kwargs, message):
+    """An int beyond float range is refused like any other out-of-range number (it was numpy's TypeError
+    'ufunc isfinite not supported'), in one line of bounded length."""
+    with pytest.raises(ConfigError, match=message) as caught:
+        Augment(**kwargs)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
+
+
 def test_numpy_scalars_are_accepted_as_plain_values():
     aug = Augment(flip=np.True_, radiation_noise=np.float32(0.5), band_dropout=np.float64(0.25))
     assert aug == Augment(flip=True, radiation_noise=0.5, band_dropout=0.25)
