@@ -149,7 +149,7 @@ class Augment:
             value = getattr(self, name)
             if not _real(value) or not 0.0 <= value <= 1.0:
                 raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r:.60}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, float(value) + 0.0)  # + 0.0: -0.0 is 0.0 (repr is in the state)
         scale = self.radiation_scale
         if (not isinstance(scale, (tuple, list)) or len(scale) != 2
                 or not all(_finite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
@@ -158,7 +158,7 @@ class Augment:
         std = self.noise_std
         if not _finite(std) or not std >= 0:
             raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r:.60}")
-        object.__setattr__(self, "noise_std", float(std))
+        object.__setattr__(self, "noise_std", float(std) + 0.0)
 
     @property
     def geometric(self) -> bool:
