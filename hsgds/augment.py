@@ -213,8 +213,9 @@ def draw(aug: Augment, seed: int, epoch: int, index: np.ndarray, label: np.ndarr
     lo, hi = aug.radiation_scale
     alpha = (lo + (hi - lo) * u[radiated, 1]).astype(np.float32)
     window = bands * patch_size * patch_size
-    # window starts on a BANK_STEP grid: every window is then a row of one strided view of the bank
-    starts = max(1, (BANK_SIZE - window) // BANK_STEP + 1) if window <= BANK_SIZE else 1
+    # window starts on a BANK_STEP grid: every window is then a row of one strided view of the bank. A
+    # window longer than the bank reads it cyclically (the bank repeated) from any start in its first copy
+    starts = (BANK_SIZE - window) // BANK_STEP + 1 if window <= BANK_SIZE else BANK_SIZE // BANK_STEP
     bank_start = (words[radiated, 3].astype(np.int64) % starts) * BANK_STEP
 
     mixed = partner = np.zeros(0, np.int64)

@@ -10,6 +10,8 @@ from scipy import stats
 
 from hsgds import defaults
 from hsgds.augment import (
+    BANK_SIZE,
+    BANK_STEP,
     Augment,
     Augmenter,
     apply_dihedral_numpy,
@@ -245,3 +247,23 @@ def test_float64_patches_keep_float64_precision_through_noise_and_mixture(layout
         w = float(w)
         expect[m, :, 1, 1] = w * radiated[m, :, 1, 1] + (1 - w) * radiated[q, :, 1, 1]
     np.testing.assert_allclose(got, expect, rtol=1e-12, atol=1e-12)
+
+
+def test_patches_larger_than_the_bank_get_their_own_noise():
+    """A patch of more than 2^20 values (224 bands x 69 x 69) reads the bank cyclically from its own start:
+    the samples' noises differ (every one read the same window from 0 before: identical noise for every
+    patch of every epoch), and the after-cut path adds each its window."""
+    bands, p = 224, 69
+    assert bands * p * p > BANK_SIZE
+    aug = Augment(radiation_noise=1.0, noise_std=1.0, radiation_scale=(1.0, 1.0))
+    batch = draw(aug, 8, 0, np.arange(200), None, bands=bands, patch_size=p)
+    assert len(np.unique(batch.bank_start)) > 150
+    assert (batch.bank_start % BANK_STEP == 0).all() and (batch.bank_start < BANK_SIZE).all()
+    small = draw(aug, 8, 0, np.arange(3), None, bands=bands, patch_size=p)
+    out = torch.zeros((3, p, p, bands))
+    Augmenter(aug, 8, "NHWC")(out, small)
+    bank = noise_bank(8)
+    window = bands * p * p
+    for k in range(3):
+        expect = np.resize(np.roll(bank, -int(small.bank_start[k])), window).reshape(p, p, bands)
+        np.testing.assert_array_equal(out[k].numpy(), expect)
