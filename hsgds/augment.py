@@ -35,6 +35,7 @@ comes between them); otherwise, and for mixture noise, by :class:`Augmenter` rig
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,17 +148,17 @@ class Augment:
         for name in ("radiation_noise", "mixture_noise", "band_dropout"):
             value = getattr(self, name)
             if not _real(value) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r}")
-            object.__setattr__(self, name, float(value))
+                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r:.60}")
+            object.__setattr__(self, name, float(value) + 0.0)  # + 0.0: -0.0 is 0.0 (repr is in the state)
         scale = self.radiation_scale
         if (not isinstance(scale, (tuple, list)) or len(scale) != 2
-                or not all(_real(v) and np.isfinite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
-            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {scale!r}")
+                or not all(_finite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
+            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {scale!r:.60}")
         object.__setattr__(self, "radiation_scale", (float(scale[0]), float(scale[1])))
         std = self.noise_std
-        if not _real(std) or not (np.isfinite(std) and std >= 0):
-            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r}")
-        object.__setattr__(self, "noise_std", float(std))
+        if not _finite(std) or not std >= 0:
+            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r:.60}")
+        object.__setattr__(self, "noise_std", float(std) + 0.0)
 
     @property
     def geometric(self) -> bool:
@@ -167,6 +168,16 @@ class Augment:
 def _real(value: object) -> bool:
     """A real number (Python's or numpy's), not a bool."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _finite(value: object) -> bool:
+    """A finite real number (:func:`_real`), an int beyond float range included (not finite as a float)."""
+    if not _real(value):
+        return False
+    try:
+        return math.isfinite(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 @dataclass
@@ -202,8 +213,9 @@ def draw(aug: Augment, seed: int, epoch: int, index: np.ndarray, label: np.ndarr
     lo, hi = aug.radiation_scale
     alpha = (lo + (hi - lo) * u[radiated, 1]).astype(np.float32)
     window = bands * patch_size * patch_size
-    # window starts on a BANK_STEP grid: every window is then a row of one strided view of the bank
-    starts = max(1, (BANK_SIZE - window) // BANK_STEP + 1) if window <= BANK_SIZE else 1
+    # window starts on a BANK_STEP grid: every window is then a row of one strided view of the bank. A
+    # window longer than the bank reads it cyclically (the bank repeated) from any start in its first copy
+    starts = (BANK_SIZE - window) // BANK_STEP + 1 if window <= BANK_SIZE else BANK_SIZE // BANK_STEP
     bank_start = (words[radiated, 3].astype(np.int64) % starts) * BANK_STEP
 
     mixed = partner = np.zeros(0, np.int64)
@@ -338,8 +350,10 @@ class Augmenter:
 def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: bool, bank_on: Any, *,
                     radiation: bool = True, dropout: bool = True) -> None:
     """Radiation noise, then mixture, then band dropout, on ``out`` ((N, B, p, p) or (N, p, p, B));
-    ``radiation`` / ``dropout`` False: already applied in the cut."""
+    ``radiation`` / ``dropout`` False: already applied in the cut. Computed in float32, or in float64 for
+    float64 patches (rounding those to float32 would lose the precision they were cut with)."""
     device = out.device
+    work = torch.promote_types(out.dtype, torch.float32)
     if nchw:
         n, bands, p, _ = out.shape
         view = out  # (N, B, p, p)
@@ -355,17 +369,17 @@ def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: 
         rows = torch.from_numpy(batch.bank_start // BANK_STEP).to(device)
         # each window is pixel-major (R, p, p, B): seen in the view's (R, B, p, p) order
         noise = bank.unfold(0, window, BANK_STEP).index_select(0, rows).view(-1, p, p, bands).permute(0, 3, 1, 2)
-        alpha = torch.from_numpy(batch.alpha).to(device).view(-1, 1, 1, 1)
-        x = view[rad].float()
+        alpha = torch.from_numpy(batch.alpha).to(device=device, dtype=work).view(-1, 1, 1, 1)
+        x = view[rad].to(work)
         x.mul_(alpha).add_(noise, alpha=float(np.float32(aug.noise_std)))
         view[rad] = x.to(out.dtype)
     if len(batch.mixed):
         r = p // 2
         mixed = torch.from_numpy(batch.mixed).to(device)
         partner = torch.from_numpy(batch.partner).to(device)
-        w = torch.from_numpy(batch.weight).to(device).view(-1, 1)
+        w = torch.from_numpy(batch.weight).to(device=device, dtype=work).view(-1, 1)
         centre = view[:, :, r, r]  # (N, B) view
-        c, c2 = centre[mixed].float(), centre[partner].float()  # read both before writing any
+        c, c2 = centre[mixed].to(work), centre[partner].to(work)  # read both before writing any
         centre[mixed] = (w * c + (1 - w) * c2).to(out.dtype)
     if dropout and len(batch.dropped):
         d = torch.from_numpy(batch.dropped).to(device)

@@ -10,6 +10,8 @@ from scipy import stats
 
 from hsgds import defaults
 from hsgds.augment import (
+    BANK_SIZE,
+    BANK_STEP,
     Augment,
     Augmenter,
     apply_dihedral_numpy,
@@ -64,6 +66,20 @@ def test_compiled_philox_gives_the_numpy_words():
 def test_bad_settings_are_one_line_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         Augment(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"noise_std": 10**400}, "noise_std must be a finite number >= 0"),
+    ({"radiation_scale": (0.9, 10**400)}, "0 < low <= high"),
+    ({"radiation_scale": (10**400, 10**401)}, "0 < low <= high"),
+    ({"radiation_noise": 10**400}, "radiation_noise is a probability"),
+])
+def test_integers_too_large_for_a_float_are_config_errors(kwargs, message):
+    """An int beyond float range is refused like any other out-of-range number (it was numpy's TypeError
+    'ufunc isfinite not supported'), in one line of bounded length."""
+    with pytest.raises(ConfigError, match=message) as caught:
+        Augment(**kwargs)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
 
 
 def test_numpy_scalars_are_accepted_as_plain_values():
@@ -203,3 +219,51 @@ def test_mixture_and_dropout_follow_the_documented_rule():
     assert 5 not in batch.mixed  # alone of its class in the batch
     assert len(batch.mixed) == n - 1
     np.testing.assert_allclose(out.numpy(), expect, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_float64_patches_keep_float64_precision_through_noise_and_mixture(layout):
+    """Radiation noise and mixture applied after the cut (DALI, CUDA, the CPU without numba) compute in
+    the output's precision: float64 patches are not rounded to float32 on the way (they were: every
+    radiated patch, and each mixed centre, held only float32 values)."""
+    n, bands, p = 6, 3, 3
+    clean = np.random.default_rng(5).normal(size=(n, bands, p, p))  # float64, not float32-representable
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    aug = Augment(radiation_noise=1.0, mixture_noise=1.0)
+    batch = draw(aug, 6, 0, np.arange(n), labels, bands=bands, patch_size=p)
+    assert len(batch.radiated) == n and len(batch.mixed) > 0
+    out = torch.from_numpy(clean.copy() if layout == "NCHW" else clean.transpose(0, 2, 3, 1).copy())
+    Augmenter(aug, 6, layout)(out, batch)
+    assert out.dtype == torch.float64
+    got = out.numpy() if layout == "NCHW" else out.numpy().transpose(0, 3, 1, 2)
+    bank = noise_bank(6).astype(np.float64)
+    std = float(np.float32(aug.noise_std))
+    expect = clean.copy()
+    for k in range(n):
+        window = bank[batch.bank_start[k]:batch.bank_start[k] + p * p * bands].reshape(p, p, bands)
+        expect[k] = clean[k] * float(batch.alpha[k]) + std * window.transpose(2, 0, 1)
+    radiated = expect.copy()
+    for m, q, w in zip(batch.mixed, batch.partner, batch.weight):
+        w = float(w)
+        expect[m, :, 1, 1] = w * radiated[m, :, 1, 1] + (1 - w) * radiated[q, :, 1, 1]
+    np.testing.assert_allclose(got, expect, rtol=1e-12, atol=1e-12)
+
+
+def test_patches_larger_than_the_bank_get_their_own_noise():
+    """A patch of more than 2^20 values (224 bands x 69 x 69) reads the bank cyclically from its own start:
+    the samples' noises differ (every one read the same window from 0 before: identical noise for every
+    patch of every epoch), and the after-cut path adds each its window."""
+    bands, p = 224, 69
+    assert bands * p * p > BANK_SIZE
+    aug = Augment(radiation_noise=1.0, noise_std=1.0, radiation_scale=(1.0, 1.0))
+    batch = draw(aug, 8, 0, np.arange(200), None, bands=bands, patch_size=p)
+    assert len(np.unique(batch.bank_start)) > 150
+    assert (batch.bank_start % BANK_STEP == 0).all() and (batch.bank_start < BANK_SIZE).all()
+    small = draw(aug, 8, 0, np.arange(3), None, bands=bands, patch_size=p)
+    out = torch.zeros((3, p, p, bands))
+    Augmenter(aug, 8, "NHWC")(out, small)
+    bank = noise_bank(8)
+    window = bands * p * p
+    for k in range(3):
+        expect = np.resize(np.roll(bank, -int(small.bank_start[k])), window).reshape(p, p, bands)
+        np.testing.assert_array_equal(out[k].numpy(), expect)

@@ -171,3 +171,24 @@ def test_radiation_noise_that_would_overflow_float16_is_refused(scene):
             assert all(torch.isfinite(p).all() for p, _ in loader)
     with hsgds.PatchLoader(scene, augment=hsgds.Augment(radiation_noise=1.0, noise_std=1000.0), **opts) as loader:
         assert all(torch.isfinite(p).all() for p, _ in loader)
+
+
+def test_negative_zero_settings_resume_as_zero(scene):
+    """Augment(band_dropout=-0.0) == Augment(): a state saved with one resumes with the other (the state
+    holds repr(augment), which said '-0.0': 'loader state was saved with augment=...band_dropout=-0.0'
+    refused it)."""
+    zero = hsgds.Augment(flip=True, noise_std=-0.0, mixture_noise=-0.0, radiation_noise=-0.0, band_dropout=-0.0)
+    plain = hsgds.Augment(flip=True, noise_std=0.0)
+    assert zero == plain and repr(zero) == repr(plain)
+    kw = dict(patch_size=P, batch_size=32, device="cpu", seed=4)
+    with hsgds.PatchLoader(scene, augment=zero, **kw) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        rest = [p.numpy().copy() for p, _ in it]
+    with hsgds.PatchLoader(scene, augment=plain, **kw) as loader:
+        loader.load_state_dict(state)
+        again = [p.numpy().copy() for p, _ in loader]
+    assert len(again) == len(rest) > 0
+    for a, b in zip(again, rest):
+        np.testing.assert_array_equal(a, b)
