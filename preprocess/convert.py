@@ -35,7 +35,7 @@ from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
-from hsgds.preprocess.readers import detect_format, open_cube, read_labels
+from hsgds.preprocess.readers import detect_format, label_class_names, open_cube, read_labels
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
 from hsgds.preprocess.readers.hdf5 import BAND_AXES, band_axes
 from hsgds.preprocess.stats import BandAccumulator, check_finite
@@ -75,6 +75,7 @@ class ConvertOptions:
     nodata: float | str | None = None
     #: what gave ``nodata``, as messages name it: convert-many's may come from a manifest column, not the option
     nodata_from: str = "--nodata"
+    #: names of classes 1..K; None takes the label file's own (an ENVI Classification header's class names)
     class_names: tuple[str, ...] | None = None
     wavelengths: tuple[float, ...] | None = None  # band centres (nm) for sources that do not record them
     #: what gave ``wavelengths``, as messages name it: convert-many's come from a manifest column, not the option
@@ -685,6 +686,9 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):
         raise InputError(f"--class-names lists {len(opts.class_names)} names but the labels' classes are "
                          f"1..{labels.max()}; give one name per class")
+    class_names = opts.class_names
+    if class_names is None and opts.labels is not None:  # names given win over the file's
+        class_names = label_class_names(opts.labels, int(labels.max(initial=0)))
     dtype = np.dtype(opts.dtype or cube.dtype.name)  # the store's: the source's unless --dtype says otherwise
     grid = fmt.TileGrid(H, W, B, dtype.name, _tile_size(opts, cube.shape, dtype.itemsize), opts.halo)
     grid.check()
@@ -851,7 +855,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         shape=(H, W, B), dtype=grid.dtype, tile=grid.tile, halo=grid.halo, padding=opts.padding,
         num_classes=num_classes, checksums=checksums, num_samples=int(len(table["tile"])),
         device_checksums=device_checksums, device_checksum_algorithm=fmt.DEVICE_CHECKSUM_ALGORITHM,
-        class_names=list(opts.class_names) if opts.class_names else None,
+        class_names=list(class_names) if class_names else None,
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
         source={"name": src.name, "files": [p.name for p in cube.files], "size": size, "sha256": sha256,

@@ -41,7 +41,7 @@ from hsgds.preprocess.convert import (
     remove_stale,
     wavelength_list,
 )
-from hsgds.preprocess.readers import detect_format, open_cube
+from hsgds.preprocess.readers import detect_format, label_class_names, open_cube
 from hsgds.preprocess.readers.base import recorded_nodata, source_stamps
 from hsgds.scene import open_scene
 
@@ -223,6 +223,18 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
     if (meta.labels_source is None) != (opts.labels is None):
         return "labels added" if opts.labels is not None else "labels removed"
     want_names = list(opts.class_names) if opts.class_names else None
+    if want_names is None and opts.labels is not None:
+        # without --class-names a conversion takes the label file's own (an ENVI Classification's): the store
+        # made so is up to date; its header is read again, cheap next to verifying the tiles
+        try:
+            own = label_class_names(opts.labels, meta.num_classes)
+        except (HsgdsError, OSError) as exc:
+            return f"the class names of {Path(opts.labels).name} cannot be used ({one_line(exc)})"
+        if own is not None:
+            want_names = list(own)
+            if meta.class_names != want_names:
+                shown = [",".join(n)[:60] if n else "none" for n in (want_names, meta.class_names)]
+                return f"the class names of {Path(opts.labels).name} ({shown[0]}) differ from the store's ({shown[1]})"
     if meta.class_names != want_names:
         shown = [",".join(n)[:60] if n else None for n in (want_names, meta.class_names)]
         return _differs("--class-names", *shown)

@@ -15,8 +15,9 @@ import numpy as np
 from hsgds import format as fmt
 from hsgds._wording import counted
 from hsgds.errors import InputError
-from hsgds.preprocess.readers import FORMATS, detect_format, open_cube, read_labels
+from hsgds.preprocess.readers import FORMATS, detect_format, label_class_names, open_cube, read_labels
 from hsgds.preprocess.readers.base import recorded_nodata
+from hsgds.preprocess.readers.envi import parse_header
 from hsgds.preprocess.readers.hdf5 import SeveralArrays
 
 __all__ = ["describe_source"]
@@ -51,6 +52,9 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         try:
             described = "\n".join([*lines, *_label_lines(path, key)])
         except InputError:  # (e.g. one band of reflectance: the cube it is)
+            if kind == "envi" and _declares_classification(cube.files[-1]):
+                cube.close()
+                raise  # a label map by its own header: what is wrong with it, not a one-band cube
             described = None
         if described is not None:
             cube.close()
@@ -80,13 +84,33 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
     return "\n".join(lines)
 
 
+def _declares_classification(header: Path) -> bool:
+    """Whether an ENVI header says its file is a class map (``file type = ENVI Classification``)."""
+    try:
+        return parse_header(header).get("file type", "").strip().lower() == "envi classification"
+    except InputError:
+        return False
+
+
 def _label_lines(path: Path, key: str | None) -> list[str]:
-    """A single-band file as the label map (or mask) it can be: its classes and their pixel counts."""
+    """A single-band file as the label map (or mask) it can be: its classes, their names when it records them
+    (an ENVI Classification header: those a conversion stores unless --class-names is given), and their
+    pixel counts."""
     labels = read_labels(path, key=key)
     counts = np.bincount(labels.reshape(-1))
     present = np.flatnonzero(counts[1:]) + 1
-    classes = (f"classes {', '.join(f'{c} ({counts[c]})' for c in present[:12])}"
+    try:
+        names, problem = label_class_names(path, len(counts) - 1), None
+    except InputError as exc:
+        names, problem = None, str(exc)
+
+    def shown(c: int) -> str:
+        return f"{c} {names[c - 1]} ({counts[c]})" if names else f"{c} ({counts[c]})"
+
+    classes = (f"classes {', '.join(shown(c) for c in present[:12])}"
                + (f" and {len(present) - 12} more" if len(present) > 12 else "")) if len(present) else "no class"
-    return [f"labels:     {labels.shape[0]}x{labels.shape[1]} label map (single band): {classes}; "
-            f"{counted(int(counts[0]), 'pixel')} unlabelled (0, or the file's nodata value)",
-            f"use:        hsgds convert CUBE --labels {path} -o scene.zarr"]
+    lines = [f"labels:     {labels.shape[0]}x{labels.shape[1]} label map (single band): {classes}; "
+             f"{counted(int(counts[0]), 'pixel')} unlabelled (0, or the file's nodata value)"]
+    if problem is not None:
+        lines.append(f"names:      unusable: {problem}")
+    return [*lines, f"use:        hsgds convert CUBE --labels {path} -o scene.zarr"]

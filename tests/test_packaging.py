@@ -67,6 +67,17 @@ def test_ecosystem_extras(ce):
     assert {"matplotlib", "xarray", "pyyaml", "pytest"} <= names(ce.requirements_on("test", extras, "linux"))
 
 
+def test_geo_extra_decodes_compressed_geotiffs_and_the_tests_have_it(ce):
+    """[geo] brings imagecodecs beside rasterio: tifffile decodes LZW (GDAL's COG default), JPEG, ZSTD and the
+    floating-point predictor only with it, and the TIFF reader's error names [geo] for them; [test] has all of
+    [geo], so CI decodes them."""
+    extras = ce.load_extras()
+    for platform in ("linux", "win32"):
+        geo = names(ce.requirements_on("geo", extras, platform))
+        assert geo == {"rasterio", "imagecodecs"}
+        assert geo <= names(ce.requirements_on("test", extras, platform))
+
+
 def test_check_plan(ce):
     def item(name, version="1.0", url="https://files.example/x.whl", local=False):
         info = {"url": url, "dir_info": {}} if local else {"url": url, "archive_info": {}}
@@ -90,14 +101,14 @@ def test_docker_torch_version_is_read(ce):
 
 def test_extras_named_in_messages_exist(ce):
     """Every `hsgds[NAME]` a message tells users to install, and every extra passed to
-    hsgds._optional.require(), is an extra of pyproject.toml."""
+    hsgds._optional.require(), in the runtime and the converter, is an extra of pyproject.toml."""
     extras = set(ce.load_extras())
     named = set()
-    for path in (ROOT / "hsgds").rglob("*.py"):
+    for path in [*(ROOT / "hsgds").rglob("*.py"), *(ROOT / "preprocess").rglob("*.py")]:
         text = path.read_text(encoding="utf-8")
         named |= set(re.findall(r"hsgds\[(\w+)\]", text)) - {"extra"}  # _optional's docstring
         named |= set(re.findall(r"require\(\s*\"[\w.]+\",\s*\"(\w+)\"", text))
-    assert {"cpu", "cu13", "preview", "xarray"} <= named
+    assert {"cpu", "cu13", "preview", "xarray", "geo", "dask"} <= named
     assert named <= extras, f"messages name extras that do not exist: {sorted(named - extras)}"
 
 

@@ -15,13 +15,13 @@ import numpy as np
 
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
-from hsgds.preprocess.readers.envi import find_pair, open_envi, read_envi_labels
+from hsgds.preprocess.readers.envi import envi_class_names, find_pair, open_envi, read_envi_labels
 from hsgds.preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
 from hsgds.preprocess.readers.mat import column_major_hdf5, open_mat, open_mat73, read_mat73_labels, read_mat_labels
 from hsgds.preprocess.readers.npy import open_npy, read_npy_labels
 from hsgds.preprocess.readers.tiff import open_tiff, read_tiff_labels
 
-__all__ = ["FORMATS", "detect_format", "open_cube", "read_labels"]
+__all__ = ["FORMATS", "detect_format", "label_class_names", "open_cube", "read_labels"]
 
 #: Format names ``detect_format`` returns, with how messages describe them.
 FORMATS = {
@@ -207,6 +207,44 @@ def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option
     else:
         raw = read_mat_labels(path, key)
     return _as_labels(np.asarray(raw), path)
+
+
+def label_class_names(path: str | os.PathLike[str], num_classes: int) -> tuple[str, ...] | None:
+    """The names a label file records for its classes 1..``num_classes``, or None when it records none.
+
+    An ENVI Classification header lists ``class names`` from class 0, ENVI's "Unclassified", which is
+    hsgds's unlabelled 0: the names kept are those of classes 1..``num_classes`` (a store's classes end at its
+    largest label, so names of classes above it no pixel holds are left out). No other format records names.
+
+    Parameters
+    ----------
+    path
+        The label file (for ENVI, the header or the single-band binary).
+    num_classes
+        The largest class id of its labels (0: no labelled pixel, and no names).
+
+    Raises
+    ------
+    InputError
+        The header names fewer classes than the labels hold, or gives one of them an empty name.
+    """
+    path = Path(path)
+    fmt, pair = _detect(path, "label map")
+    if fmt != "envi" or num_classes < 1:
+        return None
+    names = envi_class_names(pair[1])
+    if names is None:
+        return None
+    header = pair[1].name
+    if len(names) <= num_classes:
+        raise InputError(f"ENVI header {header} names classes 0..{len(names) - 1} in 'class names', but "
+                         f"{pair[0].name} holds class {num_classes}; add the missing names to the header, or pass "
+                         "--class-names")
+    empty = [i for i in range(1, num_classes + 1) if not names[i]]
+    if empty:
+        raise InputError(f"ENVI header {header} gives class {empty[0]} an empty name in 'class names'; name it in "
+                         "the header, or pass --class-names")
+    return tuple(names[1:num_classes + 1])
 
 
 def _as_labels(raw: np.ndarray, path: Path) -> np.ndarray:

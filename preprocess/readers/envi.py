@@ -17,7 +17,7 @@ from hsgds.preprocess.readers.base import (
     wavelengths_in_nm,
 )
 
-__all__ = ["DATA_SUFFIXES", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
+__all__ = ["DATA_SUFFIXES", "envi_class_names", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
 
 #: ENVI "data type" codes this reader maps to numpy; complex codes (6, 9) are deliberately absent.
 _DATA_TYPES = {
@@ -357,12 +357,42 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
 
 def read_envi_labels(binary: Path, header_path: Path) -> np.ndarray:
     """Read a single-band ENVI image (e.g. an ENVI Classification file) as a 2-D array; pixels at its ``data
-    ignore value`` read as 0 (unlabelled)."""
+    ignore value`` read as 0 (unlabelled).
+
+    Raises
+    ------
+    InputError
+        The image has several bands, or a pixel holds a class above those its header's ``classes`` declares
+        (``classes = N``: values 0..N-1), whose ``class names`` would then name the wrong classes.
+    """
     array, axes, header = _memmap(binary, header_path)
     bands = array.shape[axes.index("B")]
     if bands != 1:
         raise InputError(f"ENVI image {binary} has {bands} bands; a label map needs exactly one band")
+    classes = None if "classes" not in header else _positive_int(header, "classes", header_path)
     plane = array.transpose(tuple(axes.index(a) for a in "HWB"))[:, :, 0]
     nodata = None if "data ignore value" not in header else parse_nodata(
         header["data ignore value"], f"ENVI header {header_path}", "fix or remove 'data ignore value'")
-    return unlabelled_at_nodata(np.array(plane, dtype=plane.dtype.newbyteorder("=")), nodata)
+    labels = unlabelled_at_nodata(np.array(plane, dtype=plane.dtype.newbyteorder("=")), nodata)
+    if classes is not None and labels.size:
+        top = labels.max()
+        if top > classes - 1:  # (a float NaN compares false: the label check names it)
+            raise InputError(f"{binary.name} holds class {top:g}, but its header {header_path.name} declares "
+                             f"classes = {classes} (values 0..{classes - 1}); fix 'classes' and 'class names' in "
+                             "the header, or the file's values")
+    return labels
+
+
+def envi_class_names(header_path: Path) -> list[str] | None:
+    """The ``class names`` of an ENVI header (an ENVI Classification file's), class 0 first, or None when it
+    has none.
+
+    Items keep their positions (an empty one stays, as ""), so that name ``i`` is class ``i``'s.
+    """
+    header = parse_header(header_path)
+    if "class names" not in header:
+        return None
+    inner = header["class names"].strip()
+    if inner.startswith("{") and inner.endswith("}"):
+        inner = inner[1:-1]
+    return [item.strip() for item in inner.split(",")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import tifffile
 
 from hsgds import format as fmt
-from hsgds.errors import InputError
+from hsgds.errors import DependencyError, InputError
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
     ArrayCube,
@@ -40,6 +41,11 @@ logging.getLogger("tifffile").addHandler(logging.NullHandler())
 
 
 _FIX = "check that the file is complete"
+
+#: the two ways out of a codec tifffile cannot decode without imagecodecs; [geo] installs it, as GDAL's COG
+#: default (LZW) is the compression GeoTIFFs most often arrive with
+_CODEC_FIX = ("install it with pip install 'hsgds[geo]', or re-save the file uncompressed or with deflate "
+              "(gdal_translate -co COMPRESS=DEFLATE)")
 
 
 def _check_ifd_chain(path: Path) -> None:
@@ -197,6 +203,27 @@ def _band_centres(text: str | None, bands: int, path: Path) -> tuple[list[float]
     return wavelengths_in_nm(values, units, path.name)
 
 
+def _needs_imagecodecs(exc: BaseException, compression: Any) -> str | None:
+    """What of a TIFF tifffile could not decode for want of imagecodecs ("its LZW compression"), or None when
+    ``exc`` is another failure.
+
+    tifffile decodes only deflate, packbits and LZMA itself; LZW (GDAL's COG default), JPEG, LERC, WebP and
+    the floating-point predictor need imagecodecs, and it says so ("<COMPRESSION.LZW: 5> requires the
+    'imagecodecs' package"). For ZSTD it falls back on Python 3.14's ``compression.zstd``, whose import fails
+    on older Pythons with a bare ModuleNotFoundError.
+    """
+    text = str(exc)
+    if "requires" in text and "imagecodecs" in text:
+        found = re.search(r"<(COMPRESSION|PREDICTOR)\.(\w+): \d+>", text)
+        if found is None:
+            return f"the file ({text})"
+        name = {"FLOATINGPOINT": "floating-point", "HORIZONTAL": "horizontal"}.get(found[2], found[2])
+        return f"its {name} {found[1].lower()}"
+    if isinstance(exc, ImportError) and compression is not None and int(compression) != 1:
+        return f"its {getattr(compression, 'name', compression)} compression"
+    return None
+
+
 def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = True) -> tuple[np.ndarray, str]:
     """Return the first image series (memory-mapped when possible) and tifffile's axis letters.
 
@@ -204,6 +231,7 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
     Pass a dict as ``geo`` to receive the file's GDAL nodata value under ``"nodata"`` (or why it is no
     number, under ``"nodata_error"``) and, with ``georeference``, its georeference under ``"georeference"``.
     """
+    compression = None  # the image's, once known: named when its codec is missing
     try:
         _check_ifd_chain(path)
         with tifffile.TiffFile(path) as tif:
@@ -222,6 +250,7 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
                 tag = tif.pages[0].tags.get("GDAL_METADATA")
                 geo["gdal_metadata"] = tag.value if tag is not None and isinstance(tag.value, str) else None
             series = tif.series[0]
+            compression = getattr(series.keyframe, "compression", None)
             axes, shape = series.axes, tuple(series.shape)
             dtype = np.dtype(series.dtype)
             # dataoffset is set only when the series is uncompressed and stored in one contiguous run.
@@ -238,11 +267,10 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
     except (InputError, MemoryError):
         raise
     except Exception as exc:
-        if "requires" in str(exc) and "imagecodecs" in str(exc):
-            # tifffile decodes only deflate and packbits itself; LZW (GDAL's COG default), JPEG, ZSTD and the
-            # floating-point predictor need imagecodecs. The file is fine: say what to install, not "damaged".
-            raise InputError(f"cannot decode {path}: {exc}; pip install imagecodecs, or re-save it uncompressed or "
-                             "with deflate (gdal_translate -co COMPRESS=DEFLATE)") from None
+        needs = _needs_imagecodecs(exc, compression)
+        if needs is not None:
+            # The file is fine: say what to install, not "damaged".
+            raise DependencyError(f"cannot decode {path}: {needs} needs the imagecodecs package; {_CODEC_FIX}") from None
         if isinstance(exc, (tifffile.TiffFileError, ValueError, OSError)):
             raise InputError(f"cannot read {path} as TIFF ({exc}); {_FIX}") from None
         # tifffile / its codecs on a damaged file: TypeError, ZeroDivisionError, zlib.error...

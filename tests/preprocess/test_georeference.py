@@ -161,3 +161,37 @@ def test_info_shows_georeference_and_old_stores_still_open(tmp_path, cube, run_c
     assert hsgds.open_scene(store).meta.georeference is None
     code, out, _ = run_cli("info", store)
     assert code == 0 and "georef:" not in out
+
+
+@pytest.mark.parametrize("dtype,profile", [
+    ("int16", {"compress": "lzw"}),  # GDAL's COG default
+    ("uint16", {"compress": "lzw", "predictor": 2, "tiled": True, "blockxsize": 16, "blockysize": 16}),
+    ("float32", {"compress": "zstd", "predictor": 3}),
+    ("float32", {"compress": "deflate", "predictor": 3, "interleave": "band"}),
+])
+def test_compressed_geotiff_converts_to_the_same_store(tmp_path, run_cli, dtype, profile):
+    """A GeoTIFF cube and label map compressed as GDAL writes them (which tifffile decodes with imagecodecs, in
+    hsgds[geo]) convert with `hsgds convert`: zarr-python reads the tiles numpy cuts from the array written,
+    the labels, and GDAL's georeference."""
+    pytest.importorskip("imagecodecs")
+    import zarr
+
+    from tests.preprocess.test_convert import reference_tiles
+
+    rng = np.random.default_rng(4)
+    data = (rng.normal(0, 1000, (6, 37, 29)) if dtype == "float32" else rng.integers(0, 4000, (6, 37, 29)))
+    data = data.astype(dtype)
+    labels = rng.integers(0, 4, (1, 37, 29)).astype(np.uint8)
+    transform = Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0)
+    src = write_geotiff(tmp_path / "c.tif", data, UTM16N, transform, **profile)
+    gt = write_geotiff(tmp_path / "gt.tif", labels, UTM16N, transform, compress="lzw")
+    code, _, err = run_cli("convert", src, "--labels", gt, "-o", tmp_path / "s.zarr", "--max-patch", "5")
+    assert code == 0, err
+    scene = hsgds.open_scene(tmp_path / "s.zarr")
+    g = zarr.open_group(tmp_path / "s.zarr", mode="r")
+    np.testing.assert_array_equal(g["tiles"][...], reference_tiles(data.transpose(1, 2, 0), scene.grid.tile, 2,
+                                                                   "reflect"))
+    np.testing.assert_array_equal(g["labels"][...], labels[0])
+    assert scene.dtype == np.dtype(dtype)
+    geo = scene.meta.georeference
+    assert stored_crs(geo) == UTM16N and geo["transform"] == list(transform.to_gdal())
