@@ -636,6 +636,25 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
                f"predicted into {counted(int(np.count_nonzero(counts[1:])), 'class', 'classes')}"
                + (f", {counted(int(scene.meta.nodata['pixels']), 'pixel')} without data left 0" if scene.has_nodata else "")
                + (f"; probabilities in {probabilities}" if probabilities else ""))
+    _echo_test_scores(scene, classmap)
+
+
+def _echo_test_scores(scene, classmap: np.ndarray) -> None:
+    """The map scored against the store's test split (the labelled pixels its train split leaves out): one
+    line, when the store has test pixels the map predicted."""
+    from hsgds.train import classification_metrics
+
+    if not scene.meta.num_samples:
+        return
+    y, x, label = scene.samples("test")
+    predicted = classmap[y, x].astype(np.int64)
+    scored = predicted > 0  # (0: not predicted, outside a mask)
+    if not scored.any():
+        return
+    k = max(scene.meta.num_classes, int(predicted.max()))
+    m = classification_metrics(label[scored] - 1, predicted[scored] - 1, k)
+    click.echo(f"test split: {counted(int(scored.sum()), 'pixel')} of the store's labels: OA {m.oa:.2%}, AA {m.aa:.2%}, "
+               f"kappa {m.kappa:.4f}")
 
 
 def _predict_collection(path: str, model_path: str, out: str, patch_size: int | None, batch_size: int | None,

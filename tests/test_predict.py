@@ -523,6 +523,39 @@ def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, 
                           predict(store, model, patch_size=5, device="cpu", tta=True))
 
 
+def test_cli_predict_scores_the_map_on_the_stores_test_split(store, tmp_path, run_cli):
+    """On a labelled store the command scores the map on its test split, the numbers numpy gives from the
+    samples zarr-python reads; masked-out or unlabelled-only stores print no score."""
+    import re
+
+    import zarr
+
+    ckpt, _ = _checkpoint(tmp_path)
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "a.npy")
+    assert code == 0, err
+    classmap = np.load(tmp_path / "a.npy")
+    g = zarr.open_group(store, mode="r")
+    y, x = g["samples/y"][...], g["samples/x"][...]
+    tile = g["samples/tile"][...]
+    t, ntx = 18, -(-W // 18)
+    sy, sx = (tile // ntx) * t + y, (tile % ntx) * t + x  # tile-local to scene coordinates
+    test = g["samples/split"][...] == 3  # (docs/format.md: 3 test)
+    truth, pred = g["labels"][...][sy[test], sx[test]], classmap[sy[test], sx[test]]
+    oa = np.mean(truth == pred)
+    classes = np.unique(truth)
+    aa = np.mean([np.mean(pred[truth == c] == c) for c in classes])
+    chance = sum(np.mean(truth == c) * np.mean(pred == c) for c in range(1, 5))
+    kappa = (oa - chance) / (1 - chance)
+    line = re.search(r"^test split: (\d+) pixels of the store's labels: OA ([\d.]+)%, AA ([\d.]+)%, kappa (-?[\d.]+)$",
+                     out, re.M)
+    assert line, out
+    assert int(line[1]) == test.sum()
+    assert (float(line[2]), float(line[3]), float(line[4])) == (round(100 * oa, 2), round(100 * aa, 2), round(kappa, 4))
+    unlabelled = convert(os.path.join(os.path.dirname(store), "cube.npy"), tmp_path / "u.zarr", ConvertOptions(tile=18, max_patch=15))
+    code, out, err = run_cli("predict", unlabelled, "--model", ckpt, "-o", tmp_path / "u.npy")
+    assert code == 0 and "wrote" in out and "test split" not in out, out + err
+
+
 def test_a_program_of_a_fixed_batch_size_gets_its_last_batch_padded(store, tmp_path, run_cli):
     """torch.export without dynamic_shapes fixes the batch size: every batch is that size, the last one (37 x 29
     = 1073 pixels = 67 x 16 + 1) padded, and the padding's outputs dropped; another batch size is refused."""
