@@ -14,7 +14,7 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
 - radiation noise (probability ``radiation_noise``, as DeepHyperX): x <- alpha * x + noise_std * n,
   alpha ~ U(radiation_scale), n ~ N(0, 1) per output value. The normals come from a bank of 2^20
   Philox/Box-Muller normals keyed on the seed; a sample reads a window of it that starts at a
-  per-sample random multiple of 64, read in the patch's pixel-major order (NHWC element order: value
+  per-sample random multiple of 64 (a window longer than the bank reads it cyclically), read in the patch's pixel-major order (NHWC element order: value
   (i, j, b) of the output adds window[(i * p + j) * B + b]), so both layouts and engines add the same
   numbers and the fused CPU cut reads the window front to back as it gathers each pixel. Windows of two
   samples may overlap (their noises are then shifted copies); within a patch the values are independent.
@@ -22,7 +22,8 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
   (a1 * c + a2 * c2) / (a1 + a2), a1, a2 ~ U(0.01, 1) (DeepHyperX's rule), where c2 is the centre
   spectrum of another sample of the same class in the same batch (every sample of a batch is resident
   in the ring). The partner is the next sample of that class when the batch's samples of the class are
-  ordered by a per-sample Philox key; a sample alone of its class in its batch is left unmixed. This
+  ordered by a per-sample Philox key; a sample alone of its class in its batch is left unmixed, and so is
+  an unlabelled one (label -1 with ``pixels="all"``: it has no class). This
   is the one choice that depends on the batch's composition (whether to mix and the weights do not).
 - band dropout (probability ``band_dropout`` per band): the band is zeroed after normalization and
   after the noises above, so a dropped band is exactly 0.
