@@ -35,7 +35,7 @@ from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
-from hsgds.preprocess.readers import detect_format, label_class_names, open_cube, read_labels
+from hsgds.preprocess.readers import detect_format, label_class_names, label_files, open_cube, read_labels
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
 from hsgds.preprocess.readers.hdf5 import BAND_AXES, band_axes
 from hsgds.preprocess.stats import BandAccumulator, check_finite
@@ -681,6 +681,13 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if wavelengths is None and note is not None:
         warnings.warn(f"{note}; the store records no wavelengths (to match bands by wavelength, give the band "
                       f"centres in nm with {opts.wavelengths_from} or fix the header)", WavelengthWarning, stacklevel=2)
+    # every file the labels are read from (an ENVI header and its binary, whichever --labels names) is
+    # stamped before the read and recorded: a change to the one not named is a change to the labels
+    label_paths = [] if opts.labels is None else label_files(opts.labels)
+    try:
+        stamps.update({p: st for p, st in source_stamps(label_paths).items() if p not in stamps})
+    except OSError as exc:
+        raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
     labels = _load_labels(opts, src, cube.shape)
     # an unlabelled scene of a collection keeps the collection's names (convert-many shares them)
     if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):
@@ -849,8 +856,9 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
                          f"{hashed_size} when opened); convert again once it is complete")
     labels_source = None
     if opts.labels is not None:
-        lp = Path(opts.labels)
-        labels_source = {"name": lp.name, "size": lp.stat().st_size, "sha256": sha256_of([lp])[0]}
+        labels_sha256, labels_size = sha256_of(label_paths)
+        labels_source = {"name": Path(opts.labels).name, "files": [p.name for p in label_paths],
+                         "size": labels_size, "sha256": labels_sha256}
     meta = fmt.StoreMeta(
         shape=(H, W, B), dtype=grid.dtype, tile=grid.tile, halo=grid.halo, padding=opts.padding,
         num_classes=num_classes, checksums=checksums, num_samples=int(len(table["tile"])),

@@ -41,7 +41,7 @@ from hsgds.preprocess.convert import (
     remove_stale,
     wavelength_list,
 )
-from hsgds.preprocess.readers import detect_format, label_class_names, open_cube
+from hsgds.preprocess.readers import detect_format, label_class_names, label_files, open_cube
 from hsgds.preprocess.readers.base import recorded_nodata, source_stamps
 from hsgds.scene import open_scene
 
@@ -321,6 +321,24 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
     return f"the source{how} is {'x'.join(map(str, found[0]))} {found[1]}, the store's {'x'.join(map(str, held[0]))} {held[1]}"
 
 
+def _label_files_differ(labels: Path, record: dict[str, Any]) -> str | None:
+    """Why a store must be converted again because ``labels`` is read from other files than its
+    ``labels_source`` record lists (an ENVI header and its binary); None: the same. A record without
+    ``files`` (an older hsgds's) hashed the given file alone, which holds a one-file label map whole, but
+    not ENVI's, whose other file was never compared: such a store is converted once more."""
+    try:
+        names = [p.name for p in label_files(labels)]
+    except (HsgdsError, OSError) as exc:
+        return f"the labels cannot be opened as given ({clipped(_one_line(exc), 160)})"
+    if "files" not in record:
+        if names == [labels.name]:
+            return None
+        return f"labels {', '.join(names)}: the store, written by an older hsgds, records {labels.name} alone"
+    if names != record["files"]:
+        return f"labels {', '.join(names)} differ from the store's ({', '.join(map(str, record['files']))})"
+    return None
+
+
 #: the reason of a scene converted for the first time (no store, and not listed by the last run)
 NEW = "missing"
 #: the reason of a scene the last run's collection.json listed whose store has since gone
@@ -349,18 +367,25 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
     if differ:
         return differ, {}
     data = [row.source.parent / f for f in meta.source.get("files", [])]
+    labels: list[Path] = []
+    if row.labels is not None:
+        record = meta.labels_source or {}
+        if record.get("name") != row.labels.name:
+            return f"labels {record.get('name')} -> {row.labels.name}", {}
+        why = _label_files_differ(row.labels, record)
+        if why:
+            return why, {}
+        labels = [row.labels.parent / f for f in record["files"]] if "files" in record else [row.labels]
     try:
-        now = _stamps(data + ([row.labels] if row.labels is not None else []))
+        now = _stamps(data + labels)
     except OSError:
         return "source files changed", {}
     if sum(now[str(p)][0] for p in data) != meta.source.get("size"):
         return "source changed (size)", now
-    if row.labels is not None and (meta.labels_source or {}).get("name") != row.labels.name:
-        return f"labels {(meta.labels_source or {}).get('name')} -> {row.labels.name}", now
     if stamps != now:  # not provably unchanged: compare contents
         if sha256_of(data)[0] != meta.source.get("sha256"):
             return "source changed (sha256)", now
-        if row.labels is not None and sha256_of([row.labels])[0] != meta.labels_source.get("sha256"):
+        if labels and sha256_of(labels)[0] != (meta.labels_source or {}).get("sha256"):
             return "labels changed (sha256)", now
     problems = scene.verify()
     if problems:
@@ -410,7 +435,9 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
             # convert() refused sources that changed while it ran; files touched since it started may
             # differ from what was hashed, so their stamps are not recorded (the next run hashes them)
             files = [row.source.parent / f for f in scene.meta.source.get("files", [])]
-            now = _stamps(files + ([row.labels] if row.labels is not None else []))
+            if row.labels is not None:  # every file the labels were read from, as the store records them
+                files += [row.labels.parent / f for f in (scene.meta.labels_source or {}).get("files", [])]
+            now = _stamps(files)
             if any(mtime >= started_ns for _, mtime in now.values()):
                 now = {}
         status = "up to date" if reason is None else "converted"

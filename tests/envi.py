@@ -20,3 +20,14 @@ def write_envi(path: Path, cube: np.ndarray, wavelengths: list[float] | None = N
     hdr = path.with_suffix(".hdr")
     hdr.write_text("ENVI\n" + "\n".join(fields) + "\n")
     return hdr
+
+
+def write_envi_labels(path: Path, labels: np.ndarray, fields: tuple[str, ...] = ()) -> Path:
+    """``labels`` (H, W) as a uint8 ENVI Classification: ``path`` (the header) and its ``.img`` binary, with
+    ``fields`` as extra header lines (e.g. ``data ignore value = 3``); returns the header's path."""
+    h, w = labels.shape
+    path.with_suffix(".img").write_bytes(np.ascontiguousarray(labels).astype(np.uint8).tobytes())
+    lines = ["ENVI", f"samples = {w}", f"lines = {h}", "bands = 1", "header offset = 0",
+             "file type = ENVI Classification", "data type = 1", "interleave = bsq", "byte order = 0", *fields]
+    path.write_text("\n".join(lines) + "\n")
+    return path

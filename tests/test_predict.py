@@ -407,6 +407,23 @@ def test_an_output_naming_the_source_or_the_store_is_refused_and_nothing_changes
     assert (tmp_path / "e.img").read_bytes() == img
 
 
+def test_an_output_naming_envi_ground_truth_is_refused_whichever_file_was_given(tmp_path):
+    """Ground truth given as an ENVI header or as its binary (written by hand): the store records both files,
+    and -o naming the header (whose binary the map would replace) is refused, the files as they were."""
+    from tests.envi import write_envi_labels
+
+    cube, labels = coordinate_cube(seed=7)
+    np.save(tmp_path / "c.npy", cube)
+    hdr = write_envi_labels(tmp_path / "gt.hdr", labels)
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    for given in (hdr, tmp_path / "gt.img"):
+        store = convert(tmp_path / "c.npy", tmp_path / f"{given.suffix[1:]}.zarr", ConvertOptions(labels=given))
+        assert hsgds.open_scene(store).meta.labels_source["files"] == ["gt.img", "gt.hdr"]
+        with pytest.raises(InputError, match=f"the ground truth {store.name} was converted from"):
+            predict(store, RandomConv(3), patch_size=3, device="cpu", out=hdr)
+    assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
 def test_a_collection_pattern_naming_its_sources_is_refused_before_any_scene(tmp_path, run_cli):
     """-o raw/{name}.tif where the scenes were converted from raw/<name>.tif: exit 2 naming the scene, before
     any scene is predicted (not each scene failing in turn, with advice to run the same command again)."""

@@ -21,7 +21,7 @@ from hsgds.preprocess.readers.mat import column_major_hdf5, open_mat, open_mat73
 from hsgds.preprocess.readers.npy import open_npy, read_npy_labels
 from hsgds.preprocess.readers.tiff import open_tiff, read_tiff_labels
 
-__all__ = ["FORMATS", "detect_format", "label_class_names", "open_cube", "read_labels"]
+__all__ = ["FORMATS", "detect_format", "label_class_names", "label_files", "open_cube", "read_labels"]
 
 #: Format names ``detect_format`` returns, with how messages describe them.
 FORMATS = {
@@ -207,6 +207,20 @@ def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option
     else:
         raw = read_mat_labels(path, key)
     return _as_labels(np.asarray(raw), path)
+
+
+def label_files(path: str | os.PathLike[str], what: str = "label map") -> list[Path]:
+    """The files :func:`read_labels` reads the label map ``path`` from: for ENVI its binary, then its header
+    (whichever ``path`` names, as a cube's ``files``); for any other format ``path`` alone.
+
+    Raises
+    ------
+    InputError
+        As :func:`read_labels`: the file is missing, or in none of the supported formats.
+    """
+    path = Path(path)
+    fmt, pair = _detect(path, what)
+    return list(pair) if fmt == "envi" and pair is not None else [path]
 
 
 def label_class_names(path: str | os.PathLike[str], num_classes: int) -> tuple[str, ...] | None:

@@ -670,3 +670,23 @@ def test_wavelengths_for_a_source_that_records_none(npy_scene, tmp_path, run_cli
         code, _, err = run_cli("convert", *args, "-o", tmp_path / "bad.zarr")
         assert code == 2 and message in err, (args, err)
         assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_labels_source_records_every_file_the_labels_were_read_from(tmp_path):
+    """labels_source lists the files the labels were read from, with their total size and the sha256 of their
+    bytes in that order (hashlib here): an ENVI header and its binary, whichever --labels names (data first,
+    as source.files); a .npy alone. Read with zarr-python from the group's attributes."""
+    import hashlib
+
+    from hsgds.synthetic import make_scene
+    from tests.envi import write_envi_labels
+
+    cube, labels = make_scene(20, 16, 3, classes=3, seed=2)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    write_envi_labels(tmp_path / "gt.hdr", labels)
+    for given, files in (("gt.hdr", ["gt.img", "gt.hdr"]), ("gt.img", ["gt.img", "gt.hdr"]), ("g.npy", ["g.npy"])):
+        store = convert(tmp_path / "c.npy", tmp_path / f"{given}.zarr", ConvertOptions(labels=tmp_path / given))
+        data = b"".join((tmp_path / f).read_bytes() for f in files)
+        record = zarr.open_group(store, mode="r").attrs["hsgds"]["labels_source"]
+        assert record == {"name": given, "files": files, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}

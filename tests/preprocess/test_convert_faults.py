@@ -129,6 +129,27 @@ def test_source_changed_during_conversion(scene, which, how):
     _only(cp.parent, cp.name, lp.name)
 
 
+@pytest.mark.parametrize("given,changed", [("gt.hdr", "gt.img"), ("gt.img", "gt.hdr")])
+def test_envi_labels_file_not_given_changed_during_conversion(scene, given, changed):
+    """ENVI labels are read from a header and its binary, whichever --labels names: the other one touched
+    after the last tile is noticed too (before, only the file given was checked)."""
+    from tests.envi import write_envi_labels
+
+    cp, lp, _ = scene
+    write_envi_labels(cp.parent / "gt.hdr", np.load(lp))
+    target = cp.parent / changed
+
+    def change(done, total):
+        if done == total:
+            st = os.stat(target)
+            os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+    with pytest.raises(InputError, match=rf"source changed during conversion: .*{changed}"):
+        convert(cp, cp.parent / "o.zarr", ConvertOptions(labels=cp.parent / given, tile=18, workers=2),
+                progress=change)
+    _only(cp.parent, cp.name, lp.name, "gt.hdr", "gt.img")
+
+
 # -- the disk fills up, the target folder is read-only --------------------------------------------------
 
 def test_disk_full_is_one_line_and_leaves_nothing(scene):

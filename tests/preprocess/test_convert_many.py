@@ -614,3 +614,76 @@ def test_a_scenes_warnings_are_shown_by_the_command_with_its_name(cluster, tmp_p
            "left out of the store's labels and samples" in stderr.splitlines()
     code, _, stderr = run_cli(*args)
     assert code == 0 and "warning" not in stderr, stderr
+
+
+def _later(path: Path) -> None:
+    """Move ``path``'s modification time a second on, as an edit does on any file system's clock."""
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def test_envi_labels_changed_in_the_file_not_given_are_converted_again(tmp_path):
+    """--labels gt.hdr whose gt.img alone changed (new classes, same size), and --labels gt.img whose gt.hdr
+    alone changed (a data ignore value): the labels are new, so a rerun given the last run's stamps converts
+    the scene again and the store holds the new labels (read back with zarr-python). Before, the record and
+    the stamps covered the file given alone, and the store was kept with the old labels."""
+    import zarr
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+    from tests.envi import write_envi_labels
+
+    cube, labels = make_scene(24, 20, 4, classes=3, seed=5)
+    np.save(tmp_path / "c.npy", cube)
+    hdr = write_envi_labels(tmp_path / "gt.hdr", labels)
+    img = tmp_path / "gt.img"
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    for given in (hdr, img):
+        row = ManifestRow(name="c", source=tmp_path / "c.npy", labels=given)
+        first = convert_scene(row, out, opts, force=True)
+        assert first.status == "converted" and first.entry is not None
+        assert convert_scene(row, out, opts, first.entry.stamps).status == "up to date"
+        if given == hdr:  # classes 1 and 2 swapped in the binary: the same bytes count
+            new = np.where(labels == 1, 2, np.where(labels == 2, 1, labels)).astype(np.uint8)
+            img.write_bytes(new.tobytes())
+            _later(img)
+        else:  # the binary as it was, read with class 3 as ENVI's "no data": unlabelled
+            write_envi_labels(hdr, labels, ("data ignore value = 3",))
+            new = np.where(labels == 3, 0, labels)
+            _later(hdr)
+        again = convert_scene(row, out, opts, first.entry.stamps)
+        assert (again.status, again.reason) == ("converted", "labels changed (sha256)"), given.name
+        np.testing.assert_array_equal(zarr.open_group(out / "c.zarr", mode="r")["labels"][...], new)
+        assert convert_scene(row, out, opts, again.entry.stamps).status == "up to date"
+        write_envi_labels(hdr, labels)  # as at first, for the next case
+
+
+def test_a_store_recording_only_the_given_label_file_is_converted_once_more(tmp_path):
+    """A store written before labels_source listed its files records the given file alone: for ENVI labels
+    the binary (or header) beside it was never compared, so a rerun converts the scene once more, saying
+    why, and keeps it from then on; a one-file label map (.npy) stays up to date, its record as it was."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+    from tests.envi import write_envi_labels
+
+    cube, labels = make_scene(24, 20, 4, classes=3, seed=6)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    hdr = write_envi_labels(tmp_path / "gt.hdr", labels)
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    for name, given, outcome in (("e", hdr, ("converted", "labels gt.img, gt.hdr: the store, written by an older "
+                                              "hsgds, records gt.hdr alone")),
+                                 ("n", tmp_path / "g.npy", ("up to date", None))):
+        row = ManifestRow(name=name, source=tmp_path / "c.npy", labels=given)
+        assert convert_scene(row, out, opts).status == "converted"
+        store = out / f"{name}.zarr"
+        doc = json.loads((store / "zarr.json").read_text())
+        # the record as hsgds wrote it then: the given file's name, size and sha256
+        doc["attributes"]["hsgds"]["labels_source"] = {"name": given.name, "size": given.stat().st_size,
+                                                       "sha256": sha256(given)}
+        (store / "zarr.json").write_text(json.dumps(doc))
+        again = convert_scene(row, out, opts)
+        assert (again.status, again.reason) == outcome
+        assert convert_scene(row, out, opts).status == "up to date"
