@@ -689,20 +689,23 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     except OSError as exc:
         raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
     labels = _load_labels(opts, src, cube.shape)
-    # an unlabelled scene of a collection keeps the collection's names (convert-many shares them)
-    if opts.labels is not None and opts.class_names is not None and len(opts.class_names) != int(labels.max(initial=0)):
-        raise InputError(f"--class-names lists {len(opts.class_names)} names but the labels' classes are "
-                         f"1..{labels.max()}; give one name per class")
+    # names may outnumber the scene's labels: a scene of a collection holds some of its classes (convert-many
+    # shares the names), an unlabelled one none
+    largest = int(labels.max(initial=0))
+    if opts.labels is not None and opts.class_names is not None and len(opts.class_names) < largest:
+        raise InputError(f"--class-names lists {len(opts.class_names)} names but the labels hold class {largest}; "
+                         "give one name per class, in label order")
     class_names = opts.class_names
     if class_names is None and opts.labels is not None:  # names given win over the file's
-        class_names = label_class_names(opts.labels, int(labels.max(initial=0)))
+        class_names = label_class_names(opts.labels, largest)
     dtype = np.dtype(opts.dtype or cube.dtype.name)  # the store's: the source's unless --dtype says otherwise
     grid = fmt.TileGrid(H, W, B, dtype.name, _tile_size(opts, cube.shape, dtype.itemsize), opts.halo)
     grid.check()
     # held back until the labels are final: labelled nodata pixels (found while tiling) mean a new split
     split_map, split_params, split_warnings = _split_quietly(opts, labels)
     table = _sample_table(labels, split_map, grid)
-    num_classes = int(labels.max(initial=0))
+    # classes 1..K: all those named (a scene may lack some), else up to the largest label
+    num_classes = max(largest, len(class_names or ())) if opts.labels is not None else 0
     nodata = _nodata_of(opts, cube)
     if nodata is not None and dtype != cube.dtype and not _holds(dtype, nodata):
         raise ConfigError(f"--dtype {dtype.name} cannot hold the nodata value {nodata:g}, which the store's scene "

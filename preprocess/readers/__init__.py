@@ -223,18 +223,19 @@ def label_files(path: str | os.PathLike[str], what: str = "label map") -> list[P
     return list(pair) if fmt == "envi" and pair is not None else [path]
 
 
-def label_class_names(path: str | os.PathLike[str], num_classes: int) -> tuple[str, ...] | None:
-    """The names a label file records for its classes 1..``num_classes``, or None when it records none.
+def label_class_names(path: str | os.PathLike[str], largest: int) -> tuple[str, ...] | None:
+    """The names a label file records for its classes 1..K, or None when it records none.
 
     An ENVI Classification header lists ``class names`` from class 0, ENVI's "Unclassified", which is
-    hsgds's unlabelled 0: the names kept are those of classes 1..``num_classes`` (a store's classes end at its
-    largest label, so names of classes above it no pixel holds are left out). No other format records names.
+    hsgds's unlabelled 0: the names kept are those of classes 1..K, every class the header declares (a
+    scene may hold only some of them: the classes of a collection's scenes then stay the same). No other
+    format records names.
 
     Parameters
     ----------
     path
         The label file (for ENVI, the header or the single-band binary).
-    num_classes
+    largest
         The largest class id of its labels (0: no labelled pixel, and no names).
 
     Raises
@@ -244,21 +245,21 @@ def label_class_names(path: str | os.PathLike[str], num_classes: int) -> tuple[s
     """
     path = Path(path)
     fmt, pair = _detect(path, "label map")
-    if fmt != "envi" or num_classes < 1:
+    if fmt != "envi" or largest < 1:
         return None
     names = envi_class_names(pair[1])
     if names is None:
         return None
     header = pair[1].name
-    if len(names) <= num_classes:
+    if len(names) <= largest:
         raise InputError(f"ENVI header {header} names classes 0..{len(names) - 1} in 'class names', but "
-                         f"{pair[0].name} holds class {num_classes}; add the missing names to the header, or pass "
+                         f"{pair[0].name} holds class {largest}; add the missing names to the header, or pass "
                          "--class-names")
-    empty = [i for i in range(1, num_classes + 1) if not names[i]]
+    empty = [i for i in range(1, len(names)) if not names[i]]
     if empty:
         raise InputError(f"ENVI header {header} gives class {empty[0]} an empty name in 'class names'; name it in "
                          "the header, or pass --class-names")
-    return tuple(names[1:num_classes + 1])
+    return tuple(names[1:])
 
 
 def _as_labels(raw: np.ndarray, path: Path) -> np.ndarray:

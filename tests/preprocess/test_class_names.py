@@ -90,18 +90,17 @@ def test_names_given_win_over_the_header(tmp_path, run_cli):
     # ... and are still checked against the labels' classes
     code, _, err = run_cli("convert", cp, "--labels", tmp_path / "gt.hdr", "-o", tmp_path / "t.zarr",
                            "--max-patch", "3", "--class-names", "corn,grass,trees")
-    assert code == 2 and "--class-names lists 3 names but the labels' classes are 1..4" in err
+    assert code == 2 and "--class-names lists 3 names but the labels hold class 4" in err
 
 
-def test_names_of_classes_above_the_largest_label_are_left_out(tmp_path):
-    """A store's classes end at its largest label (num_classes); names of classes no pixel holds above it
-    would be names of no class, and a store's names are one per class."""
+def test_names_of_classes_above_the_largest_label_are_kept(tmp_path):
+    """The header declares the classification's classes (classes = 5: 0..4), whether or not this file holds
+    each: the store keeps every named class (num_classes 4), so scenes classified with one scheme agree."""
     cp, labels = scene(tmp_path, classes=2, seed=2)
     envi.save_classification(str(tmp_path / "gt.hdr"), labels, class_names=NAMES, ext=".img")
     assert "classes = 5" in (tmp_path / "gt.hdr").read_text()
-    store = convert(cp, tmp_path / "s.zarr",
-                                             ConvertOptions(labels=tmp_path / "gt.hdr", max_patch=3))
-    assert stored_names(store) == NAMES[1:3] and hsgds.open_scene(store).num_classes == 2
+    store = convert(cp, tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.hdr", max_patch=3))
+    assert stored_names(store) == NAMES[1:] and hsgds.open_scene(store).num_classes == 4
 
 
 def test_classification_without_names_and_other_formats_give_none(tmp_path):

@@ -519,14 +519,36 @@ def test_defaults_equal_to_given_values_are_not_label_options(npy_scene, tmp_pat
 
 
 @pytest.mark.parametrize("names, match", [
-    ("a,b,c,d,e,f", "--class-names lists 6 names but the labels' classes are 1..5; give one name per class"),
-    ("a,b,c,d", "--class-names lists 4 names but the labels' classes are 1..5"),
+    ("a,b,c,d", "--class-names lists 4 names but the labels hold class 5; give one name per class, in label order"),
     ("a,,c,d,e", "--class-names has an empty name ('a,,c,d,e')"),
 ])
 def test_class_names_must_name_every_class_once(npy_scene, tmp_path, run_cli, names, match):
     cp, lp, _, labels = npy_scene(b=3)
     assert labels.max() == 5
     _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--class-names", names, match=match)
+
+
+def test_class_names_may_name_classes_a_scene_lacks(npy_scene, tmp_path, run_cli):
+    """A scene of a campaign holds only some of its classes: --class-names naming more classes than the
+    labels reach gives the store every named class (num_classes = the names), so scenes converted with the
+    campaign's names load together whatever classes each holds."""
+    cp, lp, _, labels = npy_scene(b=3, seed=0)
+    cp1, lp1, _, labels1 = npy_scene(b=3, seed=1)
+    np.save(lp1, np.where(labels1 == 5, 0, labels1))  # the second scene lacks class 5
+    names = "a,b,c,d,e,f"  # and the campaign has a sixth class neither holds
+    for src, gt, out in ((cp, lp, "0.zarr"), (cp1, lp1, "1.zarr")):
+        code, _, err = run_cli("convert", src, "--labels", gt, "-o", tmp_path / out, "--class-names", names,
+                               "--max-patch", "3")
+        assert code == 0, err
+        scene = hsgds.open_scene(tmp_path / out)
+        assert (scene.num_classes, scene.class_names) == (6, list("abcdef"))
+        assert scene.verify() == []
+    with hsgds.PatchLoader([tmp_path / "0.zarr", tmp_path / "1.zarr"], patch_size=3, batch_size=64,
+                           device="cpu") as loader:
+        counts = loader.class_counts()
+        assert len(counts) == 6 and counts[5] == 0 and sum(1 for _ in loader) == len(loader)
+    code, out, _ = run_cli("info", tmp_path / "1.zarr")
+    assert code == 0 and "classes:    4 (labels 1..6)" in out, out  # (4 of the 6 classes hold pixels)
 
 
 def test_option_values_are_named_in_their_errors(npy_scene, tmp_path, run_cli):
