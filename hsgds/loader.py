@@ -41,7 +41,7 @@ from hsgds.pixels import (
     sampled_labels,
 )
 from hsgds.ring import TileRing
-from hsgds.sampling import EpochPlan, Samples, SampleSet, plan_epoch
+from hsgds.sampling import EpochPlan, Samples, SampleSet, check_ring, plan_epoch
 from hsgds.scene import BandStats, Scene
 from hsgds.scene_set import (
     NORM_SCOPES,
@@ -253,7 +253,10 @@ class PatchLoader:
         batch waits for two tiles rather than a whole window.
     ring_bytes : int or None
         Memory for resident tiles; default: the whole split, capped (settings ``ring_cpu_bytes``, 2 GiB on
-        CPU, and ``ring_gpu_fraction``, a quarter of free GPU memory; see docs/settings.md).
+        CPU, and ``ring_gpu_fraction``, a quarter of free GPU memory; see docs/settings.md). A ring smaller
+        than the split must hold every tile a batch can span in any epoch: a shuffled epoch can bring tiles
+        with few samples together, so the ring is sized against that worst order (from the samples per tile)
+        and one too small is refused here, naming the ``ring_bytes`` and the ``batch_size`` that fit.
     engine : "auto", "torch" or "dali"; reader : "auto", "posix", "posix-pinned" or "kvikio".
     rank, world_size : default to torch.distributed when initialised.
     return_coords : also yield the scene (y, x) of each patch centre: (N, 2) int64 for one store,
@@ -439,7 +442,11 @@ class PatchLoader:
         self._epoch, self._batch, self._pass = 0, 0, 0
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
-        self._plan(self._epoch)  # a ring too small for a batch is reported now, before anything is allocated
+        # a ring too small for a batch is reported now, before anything is allocated: for every epoch (a
+        # shuffled order needs more tiles in some epochs than in others), from the samples per tile
+        check_ring(self.samples.counts(), batch_size=batch_size, slots=self.slots, shuffle=shuffle,
+                   world_size=self.world_size, drop_last=drop_last, tile_nbytes=tile_nbytes)
+        self._plan(self._epoch)
         self._reader = make_reader(self.choice.reader, self.scenes.tile_source())
         try:
             self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)

@@ -498,6 +498,23 @@ def test_bad_loader_arguments_are_config_errors(border_scene):
                           shuffle=False)
 
 
+def test_a_ring_too_small_for_some_epoch_is_refused_when_the_loader_is_built(tile_store):
+    """A shuffled order puts tiles with few samples together in some epochs only: here epochs 3 and 10 of
+    this loader needed 5 tiles for a batch where epoch 0 needed 3, and the loader built with a ring of 3 raised
+    in epoch 3. Now it is refused when built, and the ring it names runs every epoch."""
+    settings = dict(patch_size=5, batch_size=32, device="cpu", seed=4, pixels="all", stride=3)
+    nbytes = hsgds.open_scene(tile_store).grid.tile_nbytes
+    with pytest.raises(ConfigError, match=rf"a batch of 32 can need 5 tiles resident .* but the ring has 3 slots; "
+                                          rf"raise ring_bytes to {5 * nbytes} or more .* or lower batch_size to 17 or less"):
+        hsgds.PatchLoader(tile_store, ring_bytes=3 * nbytes, **settings)
+    for ring_bytes, batch_size in ((5 * nbytes, 32), (3 * nbytes, 17)):
+        with hsgds.PatchLoader(tile_store, ring_bytes=ring_bytes, **{**settings, "batch_size": batch_size}) as loader:
+            for epoch in range(12):
+                loader.set_epoch(epoch)
+                assert sum(len(labels) for _, labels in loader) == len(loader.samples)
+                assert loader.stats.max_resident <= loader.slots
+
+
 def test_store_without_statistics_is_a_store_error(border_scene, tmp_path):
     import shutil
 
