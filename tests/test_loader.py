@@ -469,6 +469,27 @@ def test_resume_needs_the_same_ring_and_set_epoch_keeps_the_position(border_scen
             third.load_state_dict({**state, "batch": -1})
 
 
+def test_a_state_loaded_while_an_iterator_runs_is_where_the_next_iteration_starts(border_scene):
+    """load_state_dict, like set_epoch, sets the next iteration's position: an iterator already running
+    finishes its own epoch without moving it (it used to overwrite the restored batch with its own)."""
+    store = border_scene[2]["reflect"]
+    with _loader(store, split=None) as full:
+        full.set_epoch(3)
+        expected = _coords(full)
+    with _loader(store, split=None) as source:
+        source.set_epoch(3)
+        it = iter(source)
+        head = [tuple(map(tuple, next(it)[2].numpy())) for _ in range(2)]
+        state = source.state_dict()
+    with _loader(store, split=None) as loader:
+        running = iter(loader)
+        next(running)
+        loader.load_state_dict(state)
+        assert len(list(running)) == len(loader) - 1  # epoch 0 to its end
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (3, 2)
+        assert head + _coords(loader) == expected
+
+
 def test_bad_loader_arguments_are_config_errors(border_scene):
     store = border_scene[2]["reflect"]
     nbytes = hsgds.open_scene(store).grid.tile_nbytes
