@@ -41,7 +41,7 @@ from hsgds.pixels import (
     sampled_labels,
 )
 from hsgds.ring import TileRing
-from hsgds.sampling import EpochPlan, Samples, SampleSet, plan_epoch
+from hsgds.sampling import EpochPlan, Samples, SampleSet, check_ring, plan_epoch
 from hsgds.scene import BandStats, Scene
 from hsgds.scene_set import (
     NORM_SCOPES,
@@ -253,7 +253,10 @@ class PatchLoader:
         batch waits for two tiles rather than a whole window.
     ring_bytes : int or None
         Memory for resident tiles; default: the whole split, capped (settings ``ring_cpu_bytes``, 2 GiB on
-        CPU, and ``ring_gpu_fraction``, a quarter of free GPU memory; see docs/settings.md).
+        CPU, and ``ring_gpu_fraction``, a quarter of free GPU memory; see docs/settings.md). A ring smaller
+        than the split must hold every tile a batch can span in any epoch: a shuffled epoch can bring tiles
+        with few samples together, so the ring is sized against that worst order (from the samples per tile)
+        and one too small is refused here, naming the ``ring_bytes`` and the ``batch_size`` that fit.
     engine : "auto", "torch" or "dali"; reader : "auto", "posix", "posix-pinned" or "kvikio".
     rank, world_size : default to torch.distributed when initialised.
     return_coords : also yield the scene (y, x) of each patch centre: (N, 2) int64 for one store,
@@ -437,9 +440,14 @@ class PatchLoader:
         if isinstance(self.samples, (GridSamples, ListedSamples)):
             self.samples.keep_scenes(self.slots)  # the scenes of every resident tile stay read
         self._epoch, self._batch, self._pass = 0, 0, 0
+        self._cursor: int | None = None  # the pass whose batches move (epoch, batch); None: set_epoch's
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
-        self._plan(self._epoch)  # a ring too small for a batch is reported now, before anything is allocated
+        # a ring too small for a batch is reported now, before anything is allocated: for every epoch (a
+        # shuffled order needs more tiles in some epochs than in others), from the samples per tile
+        check_ring(self.samples.counts(), batch_size=batch_size, slots=self.slots, shuffle=shuffle,
+                   world_size=self.world_size, drop_last=drop_last, tile_nbytes=tile_nbytes)
+        self._plan(self._epoch)
         self._reader = make_reader(self.choice.reader, self.scenes.tile_source())
         try:
             self._engine = make_engine(self.choice.engine, spec, self.device, max_batch_size=batch_size)
@@ -560,6 +568,10 @@ class PatchLoader:
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at ``epoch`` (a new order). Iterating a whole epoch also advances it.
 
+        An iterator yields the epoch in force when ``iter()`` was called (as torch's DataLoader reads its
+        DistributedSampler's epoch): one already made, even before its first batch, keeps its epoch's order
+        and augmentation to its end, and the epoch set here starts with the next ``iter()``.
+
         After :meth:`load_state_dict`, setting the restored epoch keeps the restored position, so the
         usual ``for epoch in ...: loader.set_epoch(epoch)`` loop resumes where the state says.
         """
@@ -569,6 +581,7 @@ class PatchLoader:
         if self._resume and epoch == self._epoch:
             return
         self._epoch, self._batch, self._resume = epoch, 0, False
+        self._cursor = None  # a live iterator finishes its own epoch without moving this position
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is (epoch, batches yielded) and the settings the order depends on.
@@ -628,6 +641,7 @@ class PatchLoader:
             raise ConfigError(f"loader state has an invalid position epoch={epoch!r}, batch={batch!r} (this loader "
                               f"yields {len(self)} batches an epoch)")
         self._epoch, self._batch = epoch, batch
+        self._cursor = None  # a live iterator no longer moves the position restored here
         self._resume = True
 
     def __iter__(self):
@@ -639,8 +653,11 @@ class PatchLoader:
             start = min(self._batch, plan.num_batches) if self._resume else 0
             self._resume, self._batch = False, start
             self._pass += 1
+            self._cursor = self._pass
             self._ring.start(plan.intervals_from(start))
-        return self._batches(plan, start, self._pass)
+        # the epoch now, not at the first next(): the plan above is this epoch's, and so must be the
+        # augmentation keyed on it (set_epoch may come in between)
+        return self._batches(plan, start, self._pass, self._epoch)
 
     def _prepare(self, plan: EpochPlan, epoch: int) -> Callable[[int], Prepared]:
         """The per-batch index work, run ahead on the BatchPrep thread: sample lookups, the batch's
@@ -711,14 +728,14 @@ class PatchLoader:
         return cpu_cut.make_noise(n, radiated, aug.alpha, aug.bank_start, bank, self.augment.noise_std,
                                   aug.dropped if self._fused_dropout else None)
 
-    def _batches(self, plan: EpochPlan, start: int, pass_id: int):
+    def _batches(self, plan: EpochPlan, start: int, pass_id: int, epoch: int):
         tables = self._tables is not None
         geometric = self.augment is not None and self.augment.geometric
         coord_row = 4 + tables + geometric  # rows: slot, y, x, label, [table], [dihedral], [coords]
         t0 = time.perf_counter()
         base_elapsed = self.stats.elapsed_s
         # batch b+1's (and b+2's) index arrays are built on another thread while batch b is consumed
-        ahead = BatchPrep(self._prepare(plan, self._epoch), start, plan.num_batches, depth=2)
+        ahead = BatchPrep(self._prepare(plan, epoch), start, plan.num_batches, depth=2)
         try:
             for b in range(start, plan.num_batches):
                 if self._closed:
@@ -749,7 +766,8 @@ class PatchLoader:
                     self._augmenter(patches, aug)
                 labels = index[3]
                 self._ring.release_batch(b)
-                self._batch = b + 1
+                if self._cursor == pass_id:
+                    self._batch = b + 1
                 self._account(len(prep.idx), t0, base_elapsed)
                 self.stats._cut.append(t_cut)
                 self.stats._host.append(time.perf_counter() - t_in - (self._ring.stats.consumer_wait_s - wait_in))
@@ -760,8 +778,8 @@ class PatchLoader:
                 # hold no reference across the next cut: a consumer that has dropped this batch (predict
                 # does) lets the engine reuse its buffer instead of allocating a second one
                 del patches, labels
-            if pass_id == self._pass:
-                self._epoch, self._batch = self._epoch + 1, 0
+            if self._cursor == pass_id:
+                self._epoch, self._batch = epoch + 1, 0
         finally:
             ahead.close()
             if pass_id == self._pass and not self._closed:

@@ -349,6 +349,75 @@ def _max_live(first: np.ndarray, last: np.ndarray, num_batches: int) -> int:
     return int(np.cumsum(delta).max())
 
 
+def max_batch_tiles(counts: np.ndarray, batch_size: int, loose: int = 2) -> int:
+    """The most tiles one batch can need resident in any epoch's plan, from the samples per tile alone.
+
+    A shuffled epoch orders the tiles at random, and when the ring is small its shuffle windows shrink to one
+    tile each (:func:`plan_epoch`), so a batch is ``batch_size`` consecutive samples of tile after tile: it
+    needs the most tiles when the tiles with fewest samples come together, whole inside it, between
+    ``loose`` pieces of one sample or more (its first and last tile, and for a rank that pads, the end of its
+    share, cut from a tile another rank reads too).
+
+    Parameters
+    ----------
+    counts : np.ndarray
+        Samples per tile (empty tiles are never read).
+    batch_size : int
+    loose : int
+        Pieces of a batch that may be a single sample: 2, or 3 for a rank whose share is padded.
+
+    Returns
+    -------
+    int
+        The largest number of distinct tiles ``batch_size`` consecutive samples can span over every order of
+        the tiles (an upper bound on any plan's residency per batch). O(tiles): only the ``batch_size``
+        smallest counts are sorted.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    counts = counts[counts > 0]
+    budget = batch_size - loose  # samples left for whole tiles between the loose pieces
+    if budget <= 0:
+        return min(len(counts), batch_size)
+    # each tile holds a sample or more, so no more than ``budget`` whole tiles fit: only the smallest matter
+    k = min(len(counts), budget)
+    smallest = np.sort(np.partition(counts, k - 1)[:k]) if k < len(counts) else np.sort(counts)
+    whole = int(np.searchsorted(np.cumsum(smallest), budget, side="right"))
+    return min(len(counts), loose + whole)
+
+
+def check_ring(counts: np.ndarray, *, batch_size: int, slots: int, shuffle: bool, world_size: int,
+               drop_last: bool, tile_nbytes: int) -> None:
+    """Refuse a ring that some epoch's batch would not fit in (:func:`max_batch_tiles`), whichever epoch.
+
+    An unshuffled plan is the same every epoch, so the first epoch's plan is the check, and a ring that holds
+    every tile with samples fits any batch; neither is bounded here.
+
+    Raises
+    ------
+    ConfigError
+        Naming the tiles a batch can need, the ``ring_bytes`` that holds them, and the largest batch size
+        this ring fits.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if not shuffle or slots >= int(np.count_nonzero(counts)):
+        return
+    # a padded share ends with a piece of a tile cut between two ranks, then its first sample again
+    loose = 3 if world_size > 1 and not drop_last else 2
+    worst = max_batch_tiles(counts, batch_size, loose)
+    if worst <= slots:
+        return
+    lo, hi = 1, batch_size - 1  # the largest batch that fits: the bound grows with the batch
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if max_batch_tiles(counts, mid, loose) <= slots else (lo, mid - 1)
+    smaller = f"lower batch_size to {lo} or less" if max_batch_tiles(counts, lo, loose) <= slots else \
+        "lower batch_size"
+    raise ConfigError(f"a batch of {batch_size} can need {worst} tiles resident (in an epoch whose shuffled order "
+                      f"puts tiles with few samples together) but the ring has {slots} slots; raise ring_bytes to "
+                      f"{worst * tile_nbytes} or more ({worst} tiles of {tile_nbytes} bytes; its default is capped "
+                      f"by the ring_cpu_bytes and ring_gpu_fraction settings) or {smaller}")
+
+
 def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuffle: bool, slots: int,
                window: int | None = None, rank: int = 0, world_size: int = 1, drop_last: bool = False) -> EpochPlan:
     """Plan one epoch for one rank.
@@ -360,7 +429,8 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
     yields the same number of batches: with ``drop_last`` each stops at the smallest share; otherwise
     each pads its order by repeating its own first sample (the shares differ by one sample at most).
     If a window needs more tiles resident than ``slots``, the window shrinks; if even one tile per
-    window does not fit, ConfigError says how many slots are needed.
+    window does not fit, ConfigError says how many slots are needed (in this epoch: :func:`check_ring`
+    bounds every epoch's need from the counts alone).
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")

@@ -469,6 +469,27 @@ def test_resume_needs_the_same_ring_and_set_epoch_keeps_the_position(border_scen
             third.load_state_dict({**state, "batch": -1})
 
 
+def test_a_state_loaded_while_an_iterator_runs_is_where_the_next_iteration_starts(border_scene):
+    """load_state_dict, like set_epoch, sets the next iteration's position: an iterator already running
+    finishes its own epoch without moving it (it used to overwrite the restored batch with its own)."""
+    store = border_scene[2]["reflect"]
+    with _loader(store, split=None) as full:
+        full.set_epoch(3)
+        expected = _coords(full)
+    with _loader(store, split=None) as source:
+        source.set_epoch(3)
+        it = iter(source)
+        head = [tuple(map(tuple, next(it)[2].numpy())) for _ in range(2)]
+        state = source.state_dict()
+    with _loader(store, split=None) as loader:
+        running = iter(loader)
+        next(running)
+        loader.load_state_dict(state)
+        assert len(list(running)) == len(loader) - 1  # epoch 0 to its end
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (3, 2)
+        assert head + _coords(loader) == expected
+
+
 def test_bad_loader_arguments_are_config_errors(border_scene):
     store = border_scene[2]["reflect"]
     nbytes = hsgds.open_scene(store).grid.tile_nbytes
@@ -496,6 +517,23 @@ def test_bad_loader_arguments_are_config_errors(border_scene):
     with pytest.raises(ConfigError, match="needs .* tiles resident but the ring has 1 slots"):
         hsgds.PatchLoader(store, patch_size=5, batch_size=900, split=None, ring_bytes=nbytes, device="cpu",
                           shuffle=False)
+
+
+def test_a_ring_too_small_for_some_epoch_is_refused_when_the_loader_is_built(tile_store):
+    """A shuffled order puts tiles with few samples together in some epochs only: here epochs 3 and 10 of
+    this loader needed 5 tiles for a batch where epoch 0 needed 3, and the loader built with a ring of 3 raised
+    in epoch 3. Now it is refused when built, and the ring it names runs every epoch."""
+    settings = dict(patch_size=5, batch_size=32, device="cpu", seed=4, pixels="all", stride=3)
+    nbytes = hsgds.open_scene(tile_store).grid.tile_nbytes
+    with pytest.raises(ConfigError, match=rf"a batch of 32 can need 5 tiles resident .* but the ring has 3 slots; "
+                                          rf"raise ring_bytes to {5 * nbytes} or more .* or lower batch_size to 17 or less"):
+        hsgds.PatchLoader(tile_store, ring_bytes=3 * nbytes, **settings)
+    for ring_bytes, batch_size in ((5 * nbytes, 32), (3 * nbytes, 17)):
+        with hsgds.PatchLoader(tile_store, ring_bytes=ring_bytes, **{**settings, "batch_size": batch_size}) as loader:
+            for epoch in range(12):
+                loader.set_epoch(epoch)
+                assert sum(len(labels) for _, labels in loader) == len(loader.samples)
+                assert loader.stats.max_resident <= loader.slots
 
 
 def test_store_without_statistics_is_a_store_error(border_scene, tmp_path):

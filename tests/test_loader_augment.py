@@ -192,3 +192,38 @@ def test_negative_zero_settings_resume_as_zero(scene):
     assert len(again) == len(rest) > 0
     for a, b in zip(again, rest):
         np.testing.assert_array_equal(a, b)
+
+
+def _collect(batches):
+    out = [(p.numpy().copy(), lab.numpy(), c.numpy()) for p, lab, c in batches]
+    return tuple(np.concatenate(v) for v in zip(*out))
+
+
+def _same_bits(got, want):
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}"))  # bits, -0.0 too
+
+
+def test_set_epoch_after_iter_applies_to_the_next_iteration(scene):
+    """An iterator yields the epoch in force when iter() was called, as torch's DataLoader reads its
+    DistributedSampler's epoch then: set_epoch before the first next(), or midway, leaves its order and its
+    augmentation that epoch's, bit for bit, and starts the next iteration at the epoch set. (Before, the
+    order was the old epoch's and the augmentation, keyed on the epoch, the new one's.)"""
+    aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.5)
+    want0, want1, want2 = (_run(scene, aug, epoch=e) for e in (0, 1, 2))
+    with hsgds.PatchLoader(scene, patch_size=P, batch_size=64, augment=aug, return_coords=True,
+                           device="cpu") as loader:
+        it = iter(loader)
+        loader.set_epoch(1)
+        _same_bits(_collect(it), want0)
+        # the epoch set is the next iteration's, from its start; finishing epoch 0 did not advance past it
+        assert (loader.epoch, loader.state_dict()["batch"]) == (1, 0)
+        it = iter(loader)
+        first = [next(it)]
+        loader.set_epoch(2)  # midway: this iterator finishes epoch 1
+        assert (loader.epoch, loader.state_dict()["batch"]) == (2, 0)
+        _same_bits(_collect(first + list(it)), want1)
+        assert (loader.epoch, loader.state_dict()["batch"]) == (2, 0)
+        _same_bits(_collect(loader), want2)
+        assert loader.epoch == 3  # a whole epoch still advances it

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hsgds.errors import ConfigError
-from hsgds.sampling import SampleSet, plan_epoch, shard_samples, window_bounds
+from hsgds.sampling import SampleSet, check_ring, max_batch_tiles, plan_epoch, shard_samples, window_bounds
 
 
 def sample_set(counts, seed=0) -> SampleSet:
@@ -70,6 +70,81 @@ def test_ring_too_small_for_a_batch_is_a_clear_error():
     s = sample_set([1] * 40)
     with pytest.raises(ConfigError, match="needs .* tiles resident but the ring has 2 slots"):
         plan_epoch(s, batch_size=16, seed=0, epoch=0, shuffle=False, slots=2)
+
+
+def _most_tiles_in_any_order(counts, batch_size):
+    """Brute force: over every order of the tiles, the most distinct tiles among batch_size consecutive
+    samples (anywhere in the sequence, not only at batch boundaries)."""
+    import itertools
+
+    counts = [c for c in counts if c]
+    best = 0
+    for order in itertools.permutations(range(len(counts))):
+        seq = np.repeat(order, [counts[t] for t in order])
+        for start in range(len(seq) - min(batch_size, len(seq)) + 1):
+            best = max(best, len(set(seq[start:start + batch_size].tolist())))
+    return best
+
+
+@pytest.mark.parametrize("counts", [[3, 1, 4, 1, 5], [6, 6, 8, 9, 12, 16], [1, 1, 1, 1, 1, 1], [2, 0, 7, 3, 3, 9],
+                                    [20, 1, 2, 30, 1]])
+def test_max_batch_tiles_is_the_most_any_order_spans(counts):
+    """The bound from the counts alone equals a brute force over every order of the tiles, for every batch
+    size up to the whole split."""
+    for batch_size in range(1, sum(counts) + 1):
+        assert max_batch_tiles(np.array(counts), batch_size) == _most_tiles_in_any_order(counts, batch_size), \
+            batch_size
+
+
+@pytest.mark.parametrize("world,drop_last", [(1, False), (2, False), (3, False), (2, True)])
+def test_a_ring_that_passes_the_check_plans_every_epoch(world, drop_last):
+    """check_ring's promise: a ring it accepts fits every batch of every epoch, on every rank, whatever the
+    shuffled order (before it, epoch 0 was the only one checked and later epochs could need more tiles)."""
+    rng = np.random.default_rng(7)
+    counts = np.concatenate([rng.integers(1, 4, 12), rng.integers(20, 60, 12)])
+    s = sample_set(counts)
+    batch_size = 16
+    for slots in range(1, len(counts)):
+        try:
+            check_ring(s.counts(), batch_size=batch_size, slots=slots, shuffle=True, world_size=world,
+                       drop_last=drop_last, tile_nbytes=4096)
+        except ConfigError:
+            continue
+        for epoch in range(60):
+            for rank in range(world):
+                plan = plan_epoch(s, batch_size=batch_size, seed=1, epoch=epoch, shuffle=True, slots=slots,
+                                  rank=rank, world_size=world, drop_last=drop_last)
+                assert plan.max_resident() <= slots
+        break
+    else:
+        raise AssertionError("no ring passed the check")
+    # the ring one slot smaller is refused, naming the ring that fits
+    with pytest.raises(ConfigError, match=f"a batch of 16 can need {slots} tiles resident .* the ring has "
+                                          f"{slots - 1} slots; raise ring_bytes to {slots * 4096} or more"):
+        check_ring(s.counts(), batch_size=batch_size, slots=slots - 1, shuffle=True, world_size=world,
+                   drop_last=drop_last, tile_nbytes=4096)
+
+
+def test_ring_check_names_the_batch_size_that_fits():
+    counts = np.array([6, 6, 8, 8, 9, 9, 12, 16])
+    with pytest.raises(ConfigError, match="lower batch_size to 21 or less"):
+        check_ring(counts, batch_size=32, slots=4, shuffle=True, world_size=1, drop_last=False, tile_nbytes=4096)
+    check_ring(counts, batch_size=21, slots=4, shuffle=True, world_size=1, drop_last=False, tile_nbytes=4096)
+    # unshuffled: the same plan every epoch, checked by planning it; a ring holding every tile fits any batch
+    check_ring(counts, batch_size=32, slots=4, shuffle=False, world_size=1, drop_last=False, tile_nbytes=4096)
+    check_ring(counts, batch_size=32, slots=8, shuffle=True, world_size=1, drop_last=False, tile_nbytes=4096)
+
+
+def test_ring_check_follows_the_tiles_not_the_samples():
+    """An archive's split: 100,000 tiles and 400M samples are bounded from the offsets in well under a second
+    (the bound sorts only the batch_size smallest counts)."""
+    import time
+
+    counts = np.full(100_000, 4096, dtype=np.int64)
+    counts[::1000] = 3
+    t = time.perf_counter()
+    assert max_batch_tiles(counts, 256) == 2 + 84
+    assert time.perf_counter() - t < 0.5
 
 
 @pytest.mark.parametrize("world,drop_last", [(2, False), (3, False), (2, True), (4, True)])
