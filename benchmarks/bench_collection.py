@@ -434,8 +434,10 @@ def memory_child(spec: str) -> dict:
     from hsgds import defaults
 
     folder, pixels = spec.rsplit(":", 1)
+    # 32 tiles: a shuffled epoch of the train samples can bring 23 scenes' few-sample tiles into one batch of
+    # 512, and the loader refuses a ring that some epoch's batch would outgrow
     opts: dict = dict(patch_size=5, batch_size=512, device="cpu", pixels=pixels,
-                      ring_bytes=16 * hsgds.open_collection(folder).entries[0].grid.tile_nbytes)
+                      ring_bytes=32 * hsgds.open_collection(folder).entries[0].grid.tile_nbytes)
     if pixels == "all":
         opts.update(stride=8, split=None)
     else:
