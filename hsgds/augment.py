@@ -152,6 +152,8 @@ class Augment:
                 raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r:.60}")
             object.__setattr__(self, name, float(value) + 0.0)  # + 0.0: -0.0 is 0.0 (repr is in the state)
         scale = self.radiation_scale
+        if isinstance(scale, np.ndarray) and scale.shape == (2,):  # (a numpy pair, as numpy scalars are taken)
+            scale = tuple(scale.tolist())
         if (not isinstance(scale, (tuple, list)) or len(scale) != 2
                 or not all(_finite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
             raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {scale!r:.60}")

@@ -86,6 +86,10 @@ def test_numpy_scalars_are_accepted_as_plain_values():
     aug = Augment(flip=np.True_, radiation_noise=np.float32(0.5), band_dropout=np.float64(0.25))
     assert aug == Augment(flip=True, radiation_noise=0.5, band_dropout=0.25)
     assert type(aug.flip) is bool and type(aug.radiation_noise) is float
+    # and a numpy pair as the scale (it was refused as not "(low, high)")
+    assert Augment(radiation_scale=np.array([0.8, 1.2])).radiation_scale == (0.8, 1.2)
+    with pytest.raises(ConfigError, match="radiation_scale must be"):
+        Augment(radiation_scale=np.array([0.8, 1.2, 1.3]))
 
 
 def test_dihedral_offsets_match_numpy_flips_and_transposes():
