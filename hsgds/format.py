@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -561,11 +562,40 @@ def checksum_error(tile_id: int, path: Any, algorithm: str = CHECKSUM_ALGORITHM)
                          "run `hsgds verify` and convert the source again")
 
 
+def open_tile(tile_id: int, path: Any, flags: int = 0) -> int:
+    """Open a tile file for reading (``flags`` added to O_RDONLY) and return its descriptor; the OSError of
+    ``os.open`` when it cannot be opened, a TileReadError naming the tile when it is not a regular file.
+
+    Opened non-blocking, then checked: opening a FIFO planted in a store as a chunk would otherwise block for
+    ever, waiting for a writer, and hang ``hsgds verify`` or a loader's reader thread (O_NONBLOCK changes
+    nothing for reads of a regular file)."""
+    fd = os.open(path, os.O_RDONLY | flags | getattr(os, "O_NONBLOCK", 0))
+    try:
+        check_regular(tile_id, path, os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_regular(tile_id: int, path: Any, mode: int) -> None:
+    """Raise a TileReadError when a tile chunk (its ``st_mode``) is a folder, a FIFO, a socket or a device."""
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+    raise TileReadError(f"tile {tile_id} ({path}) is {kind}, not a chunk file: the store is damaged; run "
+                        "`hsgds verify` and convert the source again")
+
+
 def read_tile_file(tile_id: int, path: Path, nbytes: int, crc: int | None) -> bytes:
     """A tile file's bytes, its size and (``crc`` not None) its crc32c checked; a TileReadError naming the
     tile, and what to do, when it cannot be read or is damaged."""
     try:
-        raw = path.read_bytes()
+        with os.fdopen(open_tile(tile_id, path, getattr(os, "O_BINARY", 0)), "rb") as f:
+            raw = f.read()
+    except TileReadError:
+        raise
     except OSError as exc:
         raise TileReadError(f"tile {tile_id} ({path}) cannot be read ({exc.strerror or exc}): the store is damaged "
                             "or was moved; run `hsgds verify` and convert the source again") from None

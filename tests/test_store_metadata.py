@@ -365,3 +365,23 @@ def test_verify_reads_the_arrays_beside_the_tiles(indian_pines_store, tmp_path, 
     code, out, err = run_cli("verify", store)
     assert code == 2 and re.search(message, err) and "in its labels, samples, statistics or nodata map" in err, err
     assert "Traceback" not in err and "tiles are damaged" not in err
+
+
+def test_verify_names_a_tile_that_is_a_fifo_and_returns(store, tmp_path):
+    """`hsgds verify` hung for ever on a tile chunk replaced by a FIFO (open(2) waits for a writer); now the
+    tile is named, the others are checked, exit 2. Run as a subprocess: a hang must not hang the suite."""
+    import subprocess
+    import sys
+
+    path = hsgds.open_scene(store).tile_paths[1]
+    path.unlink()
+    os.mkfifo(path)
+    code = "import sys; from hsgds.cli import main; main(sys.argv[1:])"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, "verify", str(store)], capture_output=True, text=True,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("hsgds verify hung on a FIFO planted as a tile chunk")
+    assert proc.returncode == 2, proc.stderr
+    assert f"tile 1 ({path}) is a FIFO, not a chunk file" in proc.stderr
+    assert "1 of 4 tiles are damaged" in proc.stderr and "Traceback" not in proc.stderr
