@@ -237,6 +237,10 @@ class Scene:
             problems.append("tile ids out of range or unsorted")
         if n and (min(t["y"].min(), t["x"].min()) < 0 or max(t["y"].max(), t["x"].max()) >= g.tile):
             problems.append(f"positions outside the {g.tile}x{g.tile} tile core")
+        if n and not problems:  # an edge tile's core runs past the scene: a position there is no scene pixel
+            ty, tx = np.divmod(t["tile"].astype(np.int64), g.ntx)
+            if np.any(ty * g.tile + t["y"] >= g.height) or np.any(tx * g.tile + t["x"] >= g.width):
+                problems.append(f"positions outside the {g.height}x{g.width} scene")
         if n and (t["split"].max() > fmt.SPLIT_TEST):
             problems.append("unknown split codes")
         if n and (t["label"].min() < 1 or t["label"].max() > self.meta.num_classes):

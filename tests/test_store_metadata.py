@@ -385,3 +385,23 @@ def test_verify_names_a_tile_that_is_a_fifo_and_returns(store, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert f"tile 1 ({path}) is a FIFO, not a chunk file" in proc.stderr
     assert "1 of 4 tiles are damaged" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("field", ["y", "x"])
+def test_samples_in_the_padding_of_an_edge_tile_are_refused(store, run_cli, field):
+    """An edge tile's core runs past the scene (30 = 18 + 12: rows and columns 30..35 of the last tiles are
+    filler). A sample placed there passed the tile-core check: `hsgds verify` said "ok", then `hsgds info`
+    and `hsgds preview` ended in an IndexError traceback. It is a listed problem now, and a one-line error."""
+    meta = json.loads((store / "samples" / field / "zarr.json").read_text())
+    path = store / "samples" / field / fmt.chunk_key(meta, (0,))
+    data = np.fromfile(path, dtype=np.dtype(meta["data_type"]).newbyteorder("<"))
+    tile = np.fromfile(store / "samples" / "tile" / "c" / "0", dtype="<i4")
+    i = int(np.nonzero(tile == 3)[0][0])  # a sample of the bottom-right tile, whose core ends at 36 > 30
+    data[i] = 17  # inside the 18x18 core, outside the scene
+    data.tofile(path)
+    ty, tx = divmod(3, 2)
+    assert (ty if field == "y" else tx) * 18 + 17 >= 30  # the reference: this is no pixel of the scene
+    code, _, err = run_cli("verify", store)
+    assert code == 2 and "positions outside the 30x30 scene" in err and "Traceback" not in err, err
+    code, _, err = run_cli("info", store)
+    assert code == 2 and err.count("\n") == 1 and "positions outside the 30x30 scene" in err, err
