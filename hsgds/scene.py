@@ -417,6 +417,25 @@ class Scene:
                             "drops both); convert the source again")
         return problems
 
+    def _label_problems(self) -> list[str]:
+        """Where the label map and the sample table disagree. Neither has a checksum, and loaders read both
+        (labelled samples from the table; ``pixels="all"`` and predict's ground truth from the map): every
+        sample must be a distinct pixel holding its class in the map, and the map must label no other pixel."""
+        try:
+            labels = self.labels
+        except StoreError:
+            return []  # (reported with the labels)
+        y, x, label = self.samples(None)
+        n = len(label)
+        wrong = int(np.count_nonzero(labels[y, x] != label))
+        distinct = len(np.unique(y * self.shape[1] + x))
+        labelled = int(np.count_nonzero(labels))
+        if not wrong and distinct == n and labelled == n:
+            return []
+        return [f"{self.path}: the labels and the samples disagree ({wrong} of {n} samples hold another class in "
+                f"the labels, {n - distinct} repeat a pixel, the labels mark {labelled} labelled pixels); convert "
+                "the source again"]
+
     def verify_arrays(self) -> list[str]:
         """What is wrong with the labels, samples, statistics and nodata map (missing, truncated, inconsistent,
         not finite), on which a loader or predict would stop or go wrong; one line per problem."""
@@ -430,6 +449,7 @@ class Scene:
             problems.append(str(exc))
         try:
             self.sample_table()
+            problems += self._label_problems()
         except StoreError as exc:
             problems.append(str(exc))
         try:

@@ -405,3 +405,35 @@ def test_samples_in_the_padding_of_an_edge_tile_are_refused(store, run_cli, fiel
     assert code == 2 and "positions outside the 30x30 scene" in err and "Traceback" not in err, err
     code, _, err = run_cli("info", store)
     assert code == 2 and err.count("\n") == 1 and "positions outside the 30x30 scene" in err, err
+
+
+@pytest.mark.parametrize("damage", ["labels_other_class", "labels_cleared", "labels_added", "sample_label"])
+def test_verify_names_labels_and_samples_that_disagree(store, run_cli, damage):
+    """The label map and the sample table have no checksum; a loader takes labelled samples from the table
+    and `pixels="all"` labels (and predict's ground truth) from the map. A byte changed in either, within the
+    class range, passed: `hsgds verify` said "ok". The two are compared now (against zarr-python's reads)."""
+    import zarr
+
+    labels = zarr.open_array(store / "labels", mode="r+")
+    table = {f: zarr.open_array(store / "samples" / f, mode="r+") for f in ("tile", "y", "x", "label")}
+    ref = labels[:]
+    ty, tx = np.divmod(table["tile"][:].astype(np.int64), 2)
+    sy, sx = ty * 18 + table["y"][:], tx * 18 + table["x"][:]
+    assert np.array_equal(ref[sy, sx], table["label"][:]) and np.count_nonzero(ref) == len(sy)  # intact
+    code, out, _ = run_cli("verify", store)
+    assert code == 0 and out.startswith("ok:")
+    y, x, k = int(sy[0]), int(sx[0]), int(table["label"][0])
+    if damage == "labels_other_class":
+        ref[y, x] = k % 3 + 1
+    elif damage == "labels_cleared":
+        ref[y, x] = 0
+    elif damage == "labels_added":
+        ref[tuple(np.argwhere(ref == 0)[0])] = 1
+    if damage == "sample_label":
+        values = table["label"][:]
+        values[0] = k % 3 + 1
+        table["label"][:] = values
+    else:
+        labels[:] = ref
+    code, _, err = run_cli("verify", store)
+    assert code == 2 and "the labels and the samples disagree" in err and "Traceback" not in err, err
