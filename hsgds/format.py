@@ -310,6 +310,8 @@ class StoreMeta:
             if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative integer")
         h, w, b = self.shape
+        if self.num_classes > MAX_LABEL:  # reports size per-class tables by it: 10**12 asked for terabytes
+            raise bad("num_classes", f"a store holds classes 1..{MAX_LABEL} at most")
         if self.num_samples > h * w:
             raise bad("num_samples", f"a {h}x{w} scene has at most {h * w} labelled pixels")
         if self.checksum_algorithm != CHECKSUM_ALGORITHM:
@@ -330,7 +332,7 @@ class StoreMeta:
             why = georeference_problem(self.georeference)
             if why:
                 raise bad("georeference", why)
-        str_list("class_names", None)
+        str_list("class_names", self.num_classes)  # one name per class 1..K (reports index them by class)
         str_list("band_names", b)
         if self.wavelengths is not None:
             if not isinstance(self.wavelengths, list) or len(self.wavelengths) != b or not all(
