@@ -315,6 +315,12 @@ class Scene:
     def norm_stats(self) -> BandStats:
         """The statistics used for normalization: TRAIN pixels, or every pixel if the scene has no train split."""
         train = self._stat_group("train")
+        if train is None and self.meta.stats_split == "train" and self._stat_group("all") is not None:
+            # the store has a train split: falling back to every pixel's statistics would leak the test
+            # pixels into the normalization, silently
+            group = fmt.train_stats_group(self.meta.split_generation)
+            raise StoreError(f"{self.path}: the train statistics ({group}) are missing, though the store records a "
+                             "train split; convert the source again")
         picked = train if train is not None else self._stat_group("all")
         if picked is None:
             raise StoreError(f"{self.path} has no band statistics (stats/ is missing); convert the source again")

@@ -454,3 +454,19 @@ def test_class_fields_that_break_reports_are_refused_on_open(store, run_cli, key
     for command in ("verify", "info"):
         code, out, err = run_cli(command, store)
         assert code == 2 and not out and err.count("\n") == 1 and re.search(message, err), (command, err)
+
+
+def test_missing_train_statistics_are_named_not_replaced_by_every_pixels(store, run_cli):
+    """A store recording a train split (stats_split "train") whose stats/train was lost verified "ok", and a
+    loader silently normalized with stats/all, every pixel's statistics (test pixels included). Both refuse
+    it now, naming the missing group."""
+    import torch
+
+    scene = hsgds.open_scene(store)
+    assert scene.meta.stats_split == "train" and scene.stats["all"] is not None
+    shutil.rmtree(store / "stats" / "train")
+    code, _, err = run_cli("verify", store)
+    assert code == 2 and "the train statistics (stats/train) are missing" in err and "Traceback" not in err, err
+    with pytest.raises(StoreError, match=r"the train statistics \(stats/train\) are missing, though the store "
+                                         r"records a train split; convert the source again"):
+        hsgds.PatchLoader(store, patch_size=3, batch_size=4, dtype=torch.float32, device="cpu")
