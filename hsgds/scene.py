@@ -66,6 +66,23 @@ def _is_raw(meta: dict) -> bool:
     return codecs[0].get("name") == "bytes" and isinstance(config, dict) and config.get("endian", "little") == "little"
 
 
+def _tile_layout_problem(meta: dict, chunks: list[int]) -> str | None:
+    """Why a tiles array's zarr.json does not describe the files the runtime reads (a Zarr v3 array, regular
+    chunks of one whole tile, no storage transformer), or None. The runtime reads each tile's file by itself,
+    so other chunks in the metadata would leave it reading what zarr-python cannot (or reads differently)."""
+    if meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
+        return (f"is not a Zarr v3 array (zarr_format {str(meta.get('zarr_format'))[:20]}, node_type "
+                f"{str(meta.get('node_type'))[:20]})")
+    grid = meta.get("chunk_grid")
+    config = grid.get("configuration") if isinstance(grid, dict) else None
+    if not isinstance(grid, dict) or grid.get("name") != "regular" or not isinstance(config, dict) or \
+            config.get("chunk_shape") != chunks:
+        return f"declares the chunk grid {str(grid)[:100]}, not regular chunks of one tile {chunks}"
+    if meta.get("storage_transformers") not in (None, []):
+        return "declares storage transformers (chunks stored elsewhere)"
+    return None
+
+
 def _raw_array_file(root: Path, name: str, shape: tuple[int, ...], checked: dict[str, str] | None = None
                     ) -> tuple[Path | None, np.dtype]:
     """The chunk file and little-endian dtype of a small uncompressed Zarr v3 array written by the
@@ -175,6 +192,9 @@ class Scene:
         if tiles_meta.get("data_type") != self.meta.dtype or not _is_raw(tiles_meta):
             raise StoreError(f"{where}: tiles are not raw little-endian {self.meta.dtype} chunks "
                              f"(data type {str(tiles_meta.get('data_type'))[:20]}); convert the source again")
+        why = _tile_layout_problem(tiles_meta, [1, 1, *self.grid.tile_shape])
+        if why:
+            raise StoreError(f"{where}: the tiles array's zarr.json {why}; convert the source again")
         self.tile_paths = fmt.tile_paths(self.path, self.grid, tiles_meta)
         self._labels: np.ndarray | None = None
         self._nodata: np.ndarray | None = None  # the nodata map, once read() needs it

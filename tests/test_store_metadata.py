@@ -470,3 +470,28 @@ def test_missing_train_statistics_are_named_not_replaced_by_every_pixels(store, 
     with pytest.raises(StoreError, match=r"the train statistics \(stats/train\) are missing, though the store "
                                          r"records a train split; convert the source again"):
         hsgds.PatchLoader(store, patch_size=3, batch_size=4, dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m["chunk_grid"]["configuration"].update(chunk_shape=[1, 1, 32, 32, 2]),
+     r"declares the chunk grid .*, not regular chunks of one tile \[1, 1, 32, 32, 4\]"),
+    (lambda m: m.update(chunk_grid="regular"), r"declares the chunk grid regular, not regular chunks of one tile"),
+    (lambda m: m["chunk_grid"].update(name="rectilinear"), r"declares the chunk grid .*rectilinear.*, not regular chunks of one tile"),
+    (lambda m: m.update(node_type="group"), r"is not a Zarr v3 array \(zarr_format 3, node_type group\)"),
+    (lambda m: m.update(zarr_format=2), r"is not a Zarr v3 array \(zarr_format 2, node_type array\)"),
+    (lambda m: m.update(storage_transformers=[{"name": "sharding"}]), r"declares storage transformers"),
+])
+def test_tiles_zarr_json_must_describe_the_chunk_files(store, run_cli, change, message):
+    """`hsgds verify` said "ok" for a store whose tiles/zarr.json another tool had edited (chunks of half a
+    tile, a group, Zarr v2, a storage transformer): the runtime reads each whole-tile file regardless, but
+    zarr-python, which the format promises can open the store, then fails or reads other values. The tiles'
+    zarr.json must describe the files the runtime reads, or the store is refused in one line."""
+    import zarr
+
+    np.asarray(zarr.open_array(store / "tiles", mode="r")[0, 0])  # the reference reads the intact store
+    _edit(store / "tiles" / "zarr.json", change)
+    with pytest.raises(Exception):  # noqa: B017,PT011 - zarr-python's own errors vary by the edit
+        np.asarray(zarr.open_array(store / "tiles", mode="r")[0, 0])
+    code, out, err = run_cli("verify", store)
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert re.search(r"s\.zarr: the tiles array.s zarr\.json " + message + ".*; convert the source again$", err), err
