@@ -580,13 +580,38 @@ def open_tile(tile_id: int, path: Any, flags: int = 0) -> int:
     return fd
 
 
+def read_metadata_file(path: Any, limit: int) -> tuple[bytes | None, int]:
+    """The bytes of a metadata file (a zarr.json, collection.json), read only when it is a regular file of at
+    most ``limit`` bytes: returns (bytes, size), or (None, size) when it is larger. OSError when it cannot be
+    opened or read; ValueError naming what it is when it is a FIFO, a folder or a device.
+
+    Opened non-blocking, like a tile (:func:`open_tile`): a FIFO planted as a zarr.json would otherwise hang
+    every command that opens the store."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"it is {_kind(info.st_mode)}, not a file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if info.st_size > limit:
+            return None, info.st_size
+        return f.read(), info.st_size
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, for messages."""
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+
+
 def check_regular(tile_id: int, path: Any, mode: int) -> None:
     """Raise a TileReadError when a tile chunk (its ``st_mode``) is a folder, a FIFO, a socket or a device."""
     if stat.S_ISREG(mode):
         return
-    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
-            if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
-    raise TileReadError(f"tile {tile_id} ({path}) is {kind}, not a chunk file: the store is damaged; run "
+    raise TileReadError(f"tile {tile_id} ({path}) is {_kind(mode)}, not a chunk file: the store is damaged; run "
                         "`hsgds verify` and convert the source again")
 
 

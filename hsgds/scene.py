@@ -42,18 +42,19 @@ _SMALL_DTYPES = ("uint8", "uint16", "int32", "int64", "float64")
 
 
 def _read_json(path: Path, where: str) -> dict:
+    name = os.path.relpath(path, where) if path.is_relative_to(where) else path.name  # labels/zarr.json
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise StoreError(f"{where}: {path.name} is {size} bytes, not Zarr metadata; convert the source again")
-        out = json.loads(path.read_text())
+        raw, size = fmt.read_metadata_file(path, MAX_JSON_BYTES)
+        out = None if raw is None else json.loads(raw)
     except FileNotFoundError:
-        name = os.path.relpath(path, where) if path.is_relative_to(where) else path.name  # labels/zarr.json
         raise StoreError(f"{where}: {name} is missing; this is not a complete hsgds store") from None
     except (OSError, ValueError, RecursionError) as exc:
-        raise StoreError(f"{where}: cannot read {path.name} ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise StoreError(f"{where}: cannot read {name} ({type(exc).__name__}: {str(exc)[:200]}); convert the source "
+                         "again") from None
+    if raw is None:
+        raise StoreError(f"{where}: {name} is {size} bytes, not Zarr metadata; convert the source again")
     if not isinstance(out, dict):
-        raise StoreError(f"{where}: {path.name} is not a JSON object; convert the source again")
+        raise StoreError(f"{where}: {name} is not a JSON object; convert the source again")
     return out
 
 

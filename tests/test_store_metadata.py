@@ -495,3 +495,55 @@ def test_tiles_zarr_json_must_describe_the_chunk_files(store, run_cli, change, m
     code, out, err = run_cli("verify", store)
     assert code == 2 and not out and err.count("\n") == 1, err
     assert re.search(r"s\.zarr: the tiles array.s zarr\.json " + message + ".*; convert the source again$", err), err
+
+
+@pytest.mark.parametrize("name, message", [
+    ("zarr.json", "cannot read zarr.json"),
+    ("tiles/zarr.json", "cannot read tiles/zarr.json"),
+    ("labels/zarr.json", "cannot read labels/zarr.json"),
+])
+def test_a_zarr_json_that_is_a_fifo_is_named_not_waited_on(store, name, message):
+    """A zarr.json replaced by a FIFO hung `hsgds verify` (and info, and any loader) for ever: reading it
+    waits for a writer. It is read non-blocking now and named in one line. In a subprocess: a hang must not
+    hang the suite."""
+    import subprocess
+    import sys
+
+    (store / name).unlink()
+    os.mkfifo(store / name)
+    code = "import sys; from hsgds.cli import main; main(sys.argv[1:])"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, "verify", str(store)], capture_output=True, text=True,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hsgds verify hung on a FIFO planted as {name}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{store}: {message} (ValueError: it is a FIFO, not a file); convert the source again" in proc.stderr
+
+
+def test_a_collection_json_that_is_a_fifo_is_named_not_waited_on(tmp_path):
+    """open_collection read collection.json with a blocking read: a FIFO there hung every loader over it."""
+    import threading
+
+    from hsgds.collection import open_collection
+
+    fifo = tmp_path / "collection.json"
+    os.mkfifo(fifo)
+    caught: list[BaseException] = []
+
+    def run():
+        try:
+            open_collection(fifo)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            caught.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # release the blocked read, then fail
+        thread.join(20)
+        pytest.fail("open_collection blocked on a FIFO planted as collection.json")
+    assert isinstance(caught[0], StoreError), caught
+    assert str(caught[0]) == (f"{fifo}: cannot read it (ValueError: it is a FIFO, not a file); write it again with "
+                              "`hsgds convert-many`")
