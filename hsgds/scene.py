@@ -386,7 +386,8 @@ class Scene:
         (when known); for a georeferenced store, ``x`` / ``y`` map coordinates of the pixel centres (north-up
         transforms) and ``spatial_ref`` holding the CRS and transform (the rioxarray convention). Nothing is
         read until values are needed, and then only the tiles under the selected window
-        (``da.isel(y=slice(0, 64)).values`` reads one tile row). No dask needed.
+        (``da.isel(y=slice(0, 64)).values`` reads one tile row; spectra picked at points, or lists of rows and
+        columns, read the tiles where those rows and columns meet, not the span between them). No dask needed.
         Needs ``pip install 'hsgds[xarray]'``; raises :class:`~hsgds.errors.DependencyError` otherwise.
         """
         from hsgds._xarray import scene_to_xarray
