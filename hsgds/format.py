@@ -332,7 +332,11 @@ class StoreMeta:
             why = georeference_problem(self.georeference)
             if why:
                 raise bad("georeference", why)
-        str_list("class_names", self.num_classes)  # one name per class 1..K (reports index them by class)
+        str_list("class_names", None)
+        # reports name class k with class_names[k - 1]; an unlabelled scene of a collection keeps the
+        # collection's names (convert-many --class-names) with no class of its own, so more names are fine
+        if self.class_names is not None and len(self.class_names) < self.num_classes:
+            raise bad("class_names", f"must name each of the {self.num_classes} classes")
         str_list("band_names", b)
         if self.wavelengths is not None:
             if not isinstance(self.wavelengths, list) or len(self.wavelengths) != b or not all(

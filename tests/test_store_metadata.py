@@ -81,8 +81,8 @@ _NAN = float("nan")
     ("band_names", ["a", "b", "c", 4], "band_names .* list of strings"),
     ("band_names", ["a"], "band_names .* 4 entries"),
     ("class_names", "abc", "class_names .* list of strings"),
-    ("class_names", ["a"], "class_names = .*must have 3 entries"),
-    ("class_names", ["a", "b", "c", "d"], "class_names = .*must have 3 entries"),
+    ("class_names", ["a"], "class_names = .*must name each of the 3 classes"),
+    ("class_names", ["a", "b"], "class_names = .*must name each of the 3 classes"),
     ("num_classes", 10**12, r"num_classes .* classes 1\.\.65535 at most"),
     ("format", "other", "format = 'other' .must be 'hsgds'"),
     ("format_version", 4, "format version 4; this hsgds reads versions 1 to 3"),
@@ -444,16 +444,27 @@ def test_verify_names_labels_and_samples_that_disagree(store, run_cli, damage):
 
 @pytest.mark.parametrize("key, value, message", [
     ("num_classes", 10**12, r"num_classes = 1000000000000 \(a store holds classes 1\.\.65535 at most\)"),
-    ("class_names", ["a"], r"class_names = \['a'\] \(must have 3 entries\)"),
+    ("class_names", ["a"], r"class_names = \['a'\] \(must name each of the 3 classes\)"),
 ])
 def test_class_fields_that_break_reports_are_refused_on_open(store, run_cli, key, value, message):
     """A store whose num_classes was huge, or whose class names fewer than its classes, verified "ok"; then
     `hsgds info` ended in a traceback (MemoryError sizing a per-class table; IndexError naming a class). The
-    converter never writes either (a class id is at most 65535, names are one per class): refused on open."""
+    converter never writes either (a class id is at most 65535, every class is named when names are given):
+    refused on open."""
     _set_attr(store, key, value)
     for command in ("verify", "info"):
         code, out, err = run_cli(command, store)
         assert code == 2 and not out and err.count("\n") == 1 and re.search(message, err), (command, err)
+
+
+
+def test_more_class_names_than_classes_still_open(store):
+    """An unlabelled scene converted by `convert-many --class-names` keeps the collection's names with no class
+    of its own (num_classes 0): more names than classes is a valid store."""
+    _set_attr(store, "class_names", ["a", "b", "c", "d"])
+    assert hsgds.open_scene(store).class_names == ["a", "b", "c", "d"]
+    _set_attr(store, "num_classes", 0)
+    assert hsgds.open_scene(store).num_classes == 0
 
 
 def test_missing_train_statistics_are_named_not_replaced_by_every_pixels(store, run_cli):
