@@ -9,12 +9,13 @@ import glob
 import os
 import secrets
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from hsgds.errors import StoreError
+from hsgds.errors import InputError, StoreError
 
-__all__ = ["atomic_path", "fsync_dir", "fsync_file", "fsync_tree", "partial_path", "remove_stale_partials",
+__all__ = ["atomic_path", "check_writable", "fsync_dir", "fsync_file", "fsync_tree", "partial_path", "remove_stale_partials",
            "rename_error"]
 
 
@@ -127,3 +128,16 @@ def atomic_path(path: str | os.PathLike, tmp_name: str | None = None) -> Iterato
             tmp.unlink()
         raise
     fsync_dir(target.parent)
+
+
+def check_writable(folder: Path, path: Path) -> None:
+    """Create and remove a file in ``folder`` now: a folder ``path`` cannot be written to is named before the
+    work that makes it, not after it (os.access says yes to root, and knows nothing of read-only mounts)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: the folder {folder} is not writable ({exc.strerror}); choose "
+                         "another output path") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)

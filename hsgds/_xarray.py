@@ -55,16 +55,39 @@ def _backend_array_class() -> type:
             self.dtype = np.dtype(scene.dtype)
 
         def __getitem__(self, key: Any) -> np.ndarray:
-            return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC,
+            # OUTER: index lists reach _read as lists, not as the window spanning them, so spectra picked at
+            # a few points of a large scene read the tiles under those points only
+            return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER,
                                                       self._read)
 
         def _read(self, key: tuple) -> np.ndarray:
+            if isinstance(key[0], np.ndarray) or isinstance(key[1], np.ndarray):
+                return self._read_outer(key)
             (y0, y1, yi), (x0, x1, xi) = _axis(key[0], self.shape[0]), _axis(key[1], self.shape[1])
             if y1 <= y0 or x1 <= x0:
                 window = np.empty((max(0, y1 - y0), max(0, x1 - x0), self.shape[2]), dtype=self.dtype)
             else:
                 window = self.scene.read(y0, y1, x0, x1)
             return window[yi, xi][..., key[2]]
+
+        def _read_outer(self, key: tuple) -> np.ndarray:
+            """Rows x columns picked by index lists (or slices, or ints): one tile window read per tile
+            holding a picked row and column, never the span between them."""
+            h, w, b = self.shape
+            rows = np.atleast_1d(np.arange(h)[key[0]])
+            cols = np.atleast_1d(np.arange(w)[key[1]])
+            out = np.empty((len(rows), len(cols), b), dtype=self.dtype)
+            t = self.scene.grid.tile
+            for ty in np.unique(rows // t):
+                iy = np.nonzero(rows // t == ty)[0]
+                y0 = int(ty) * t
+                for tx in np.unique(cols // t):
+                    ix = np.nonzero(cols // t == tx)[0]
+                    x0 = int(tx) * t
+                    window = self.scene.read(y0, min(y0 + t, h), x0, min(x0 + t, w))  # one tile
+                    out[np.ix_(iy, ix)] = window[np.ix_(rows[iy] - y0, cols[ix] - x0)]
+            picked = out[tuple(0 if np.ndim(k) == 0 else slice(None) for k in key[:2])]  # an int drops its axis
+            return picked[..., key[2]]
 
     return SceneBackendArray
 

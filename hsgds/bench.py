@@ -14,6 +14,7 @@ waits for data a noticeable part of the time). The best possible speed-up from a
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -69,8 +70,9 @@ class BenchReport:
                 "best_speedup_from_compute": self.best_speedup_from_compute}
 
 
-def _read_tiles(loader: Any) -> tuple[int, float]:
-    """Read every tile holding samples of the loader's split once, into one ring slot; (tiles, seconds)."""
+def _read_tiles(loader: Any) -> tuple[int, int, float]:
+    """Read every tile holding samples of the loader's split once, into one ring slot; (tiles, bytes, seconds).
+    Bytes are each tile's own: over several scenes, tiles differ in size."""
     import numpy as np
 
     if loader.device.type == "cpu":
@@ -80,12 +82,14 @@ def _read_tiles(loader: Any) -> tuple[int, float]:
     counts = loader.samples.counts()
     tiles = [int(t) for t in np.flatnonzero(counts)]
     ring = loader.ring  # before the first epoch: slot 0 is free to read into
-    dest = ring.storage[0]
     t0 = time.perf_counter()
     for t in tiles:
-        ring.reader.read_into(t, dest)
+        # the slot as this tile's destination: over scenes of several tile sizes slots hold the largest, and a
+        # smaller tile read into a whole slot was taken for a damaged store
+        ring.reader.read_into(t, ring.tile_view(0, t))
     synchronize(loader.device)
-    return len(tiles), time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    return len(tiles), sum(ring.reader.source.tile_nbytes(t) for t in tiles), seconds
 
 
 DEFAULT_PATCH = 13
@@ -115,8 +119,10 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
         dev = ld.device
         scene = ld.scene
         classes = scene.num_classes or int(ld.samples.label.max()) + 1
-        ntiles, t_io = _read_tiles(ld)
-        io_bytes = ntiles * scene.grid.tile_nbytes
+        ntiles, io_bytes, t_io = _read_tiles(ld)
+        # what was measured: one store, or the collection (or list of stores) given, not its first scene
+        where = str(scene.path) if len(ld.scenes) == 1 else (
+            str(store) if isinstance(store, (str, os.PathLike)) else f"{len(ld.scenes)} scenes")
         say(f"t_io: {ntiles} tiles ({io_bytes / 2**20:.1f} MiB) read in {t_io:.3f} s")
         # loader alone: one warm-up epoch (reads), then the steady state over up to 4*steps batches
         for _ in ld:
@@ -164,7 +170,7 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
     e2e = train_steps(model, batches(), opt, device=dev, steps=steps, warmup=warmup,
                       dtype=torch.float32 if dtype != torch.float32 else None)
     say(f"end to end: {1e3 * e2e.step_s:.1f} ms per step, {100 * e2e.stall_fraction:.1f}% waiting for data")
-    return BenchReport(store=str(scene.path), device=str(dev), reader=names[0], engine=names[1],
+    return BenchReport(store=where, device=str(dev), reader=names[0], engine=names[1],
                        patch_size=patch_size, batch_size=batch_size, dtype=str(dtype).removeprefix("torch."),
                        tiles=ntiles, tile_bytes=scene.grid.tile_nbytes, t_io_s=t_io,
                        io_GBps=io_bytes / t_io / 1e9 if t_io > 0 else float("inf"), loader_batch_s=t_loader,

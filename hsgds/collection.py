@@ -481,9 +481,10 @@ def open_collection(path: str | os.PathLike) -> Collection:
     file = _collection_file(path)
     where = str(file)
     try:
-        if file.stat().st_size > MAX_JSON_BYTES:
-            raise StoreError(f"{where} is {file.stat().st_size} bytes, too large for a collection listing")
-        doc = json.loads(file.read_text(encoding="utf-8"))
+        raw, size = fmt.read_metadata_file(file, MAX_JSON_BYTES)  # (a FIFO would block for ever: refused)
+        if raw is None:
+            raise StoreError(f"{where} is {size} bytes, too large for a collection listing")
+        doc = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         if isinstance(exc, StoreError):
             raise

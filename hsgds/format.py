@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,6 +310,8 @@ class StoreMeta:
             if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative integer")
         h, w, b = self.shape
+        if self.num_classes > MAX_LABEL:  # reports size per-class tables by it: 10**12 asked for terabytes
+            raise bad("num_classes", f"a store holds classes 1..{MAX_LABEL} at most")
         if self.num_samples > h * w:
             raise bad("num_samples", f"a {h}x{w} scene has at most {h * w} labelled pixels")
         if self.checksum_algorithm != CHECKSUM_ALGORITHM:
@@ -330,6 +333,10 @@ class StoreMeta:
             if why:
                 raise bad("georeference", why)
         str_list("class_names", None)
+        # reports name class k with class_names[k - 1]; an unlabelled scene of a collection keeps the
+        # collection's names (convert-many --class-names) with no class of its own, so more names are fine
+        if self.class_names is not None and len(self.class_names) < self.num_classes:
+            raise bad("class_names", f"must name each of the {self.num_classes} classes")
         str_list("band_names", b)
         if self.wavelengths is not None:
             if not isinstance(self.wavelengths, list) or len(self.wavelengths) != b or not all(
@@ -561,11 +568,65 @@ def checksum_error(tile_id: int, path: Any, algorithm: str = CHECKSUM_ALGORITHM)
                          "run `hsgds verify` and convert the source again")
 
 
+def open_tile(tile_id: int, path: Any, flags: int = 0) -> int:
+    """Open a tile file for reading (``flags`` added to O_RDONLY) and return its descriptor; the OSError of
+    ``os.open`` when it cannot be opened, a TileReadError naming the tile when it is not a regular file.
+
+    Opened non-blocking, then checked: opening a FIFO planted in a store as a chunk would otherwise block for
+    ever, waiting for a writer, and hang ``hsgds verify`` or a loader's reader thread (O_NONBLOCK changes
+    nothing for reads of a regular file)."""
+    fd = os.open(path, os.O_RDONLY | flags | getattr(os, "O_NONBLOCK", 0))
+    try:
+        check_regular(tile_id, path, os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_metadata_file(path: Any, limit: int) -> tuple[bytes | None, int]:
+    """The bytes of a metadata file (a zarr.json, collection.json), read only when it is a regular file of at
+    most ``limit`` bytes: returns (bytes, size), or (None, size) when it is larger. OSError when it cannot be
+    opened or read; ValueError naming what it is when it is a FIFO, a folder or a device.
+
+    Opened non-blocking, like a tile (:func:`open_tile`): a FIFO planted as a zarr.json would otherwise hang
+    every command that opens the store."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"it is {_kind(info.st_mode)}, not a file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if info.st_size > limit:
+            return None, info.st_size
+        return f.read(), info.st_size
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, for messages."""
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+
+
+def check_regular(tile_id: int, path: Any, mode: int) -> None:
+    """Raise a TileReadError when a tile chunk (its ``st_mode``) is a folder, a FIFO, a socket or a device."""
+    if stat.S_ISREG(mode):
+        return
+    raise TileReadError(f"tile {tile_id} ({path}) is {_kind(mode)}, not a chunk file: the store is damaged; run "
+                        "`hsgds verify` and convert the source again")
+
+
 def read_tile_file(tile_id: int, path: Path, nbytes: int, crc: int | None) -> bytes:
     """A tile file's bytes, its size and (``crc`` not None) its crc32c checked; a TileReadError naming the
     tile, and what to do, when it cannot be read or is damaged."""
     try:
-        raw = path.read_bytes()
+        with os.fdopen(open_tile(tile_id, path, getattr(os, "O_BINARY", 0)), "rb") as f:
+            raw = f.read()
+    except TileReadError:
+        raise
     except OSError as exc:
         raise TileReadError(f"tile {tile_id} ({path}) cannot be read ({exc.strerror or exc}): the store is damaged "
                             "or was moved; run `hsgds verify` and convert the source again") from None

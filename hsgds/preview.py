@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hsgds import format as fmt
+from hsgds._durable import atomic_path, check_writable
 from hsgds._optional import require
 from hsgds.errors import InputError, as_path
 
@@ -222,8 +223,11 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | li
     folder = out.parent if str(out.parent) else Path(".")
     if not folder.is_dir():
         raise InputError(f"cannot write {out}: the folder {folder} does not exist; create it first")
+    if out.is_dir():
+        raise InputError(f"cannot write {out}: it is a directory; name a file")
     if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not MIN_DPI <= dpi <= MAX_DPI:
         raise InputError(f"dpi must be a number in {MIN_DPI}..{MAX_DPI}, got {dpi!r}")
+    check_writable(folder, out)  # before every tile is read for the panels
     if not isinstance(scene, Scene):
         scene = open_scene(scene)
     panels = preview_panels(scene, bands=bands, percentiles=percentiles, max_size=max_size)
@@ -259,5 +263,12 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | li
                      handlelength=1.2, columnspacing=0.8)
     axes[1].legend(handles=class_handles, ncol=2 if len(class_handles) > 6 else 1, **legend_kw)
     axes[2].legend(handles=split_handles, ncol=1, **legend_kw)
-    fig.savefig(out, bbox_inches="tight")
+    # written beside the target and renamed over it: a write that fails (disk full) or is interrupted leaves
+    # no truncated image, and a preview already there stays as it was
+    try:
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, format=out.suffix.lower().lstrip("."), bbox_inches="tight")
+    except OSError as exc:
+        raise InputError(f"cannot write {out} ({exc.strerror or exc}); free space on its disk or choose another "
+                         "output path") from None
     return out

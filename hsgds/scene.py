@@ -42,18 +42,19 @@ _SMALL_DTYPES = ("uint8", "uint16", "int32", "int64", "float64")
 
 
 def _read_json(path: Path, where: str) -> dict:
+    name = os.path.relpath(path, where) if path.is_relative_to(where) else path.name  # labels/zarr.json
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise StoreError(f"{where}: {path.name} is {size} bytes, not Zarr metadata; convert the source again")
-        out = json.loads(path.read_text())
+        raw, size = fmt.read_metadata_file(path, MAX_JSON_BYTES)
+        out = None if raw is None else json.loads(raw)
     except FileNotFoundError:
-        name = os.path.relpath(path, where) if path.is_relative_to(where) else path.name  # labels/zarr.json
         raise StoreError(f"{where}: {name} is missing; this is not a complete hsgds store") from None
     except (OSError, ValueError, RecursionError) as exc:
-        raise StoreError(f"{where}: cannot read {path.name} ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise StoreError(f"{where}: cannot read {name} ({type(exc).__name__}: {str(exc)[:200]}); convert the source "
+                         "again") from None
+    if raw is None:
+        raise StoreError(f"{where}: {name} is {size} bytes, not Zarr metadata; convert the source again")
     if not isinstance(out, dict):
-        raise StoreError(f"{where}: {path.name} is not a JSON object; convert the source again")
+        raise StoreError(f"{where}: {name} is not a JSON object; convert the source again")
     return out
 
 
@@ -64,6 +65,23 @@ def _is_raw(meta: dict) -> bool:
         return False
     config = codecs[0].get("configuration") or {}
     return codecs[0].get("name") == "bytes" and isinstance(config, dict) and config.get("endian", "little") == "little"
+
+
+def _tile_layout_problem(meta: dict, chunks: list[int]) -> str | None:
+    """Why a tiles array's zarr.json does not describe the files the runtime reads (a Zarr v3 array, regular
+    chunks of one whole tile, no storage transformer), or None. The runtime reads each tile's file by itself,
+    so other chunks in the metadata would leave it reading what zarr-python cannot (or reads differently)."""
+    if meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
+        return (f"is not a Zarr v3 array (zarr_format {str(meta.get('zarr_format'))[:20]}, node_type "
+                f"{str(meta.get('node_type'))[:20]})")
+    grid = meta.get("chunk_grid")
+    config = grid.get("configuration") if isinstance(grid, dict) else None
+    if not isinstance(grid, dict) or grid.get("name") != "regular" or not isinstance(config, dict) or \
+            config.get("chunk_shape") != chunks:
+        return f"declares the chunk grid {str(grid)[:100]}, not regular chunks of one tile {chunks}"
+    if meta.get("storage_transformers") not in (None, []):
+        return "declares storage transformers (chunks stored elsewhere)"
+    return None
 
 
 def _raw_array_file(root: Path, name: str, shape: tuple[int, ...], checked: dict[str, str] | None = None
@@ -175,6 +193,9 @@ class Scene:
         if tiles_meta.get("data_type") != self.meta.dtype or not _is_raw(tiles_meta):
             raise StoreError(f"{where}: tiles are not raw little-endian {self.meta.dtype} chunks "
                              f"(data type {str(tiles_meta.get('data_type'))[:20]}); convert the source again")
+        why = _tile_layout_problem(tiles_meta, [1, 1, *self.grid.tile_shape])
+        if why:
+            raise StoreError(f"{where}: the tiles array's zarr.json {why}; convert the source again")
         self.tile_paths = fmt.tile_paths(self.path, self.grid, tiles_meta)
         self._labels: np.ndarray | None = None
         self._nodata: np.ndarray | None = None  # the nodata map, once read() needs it
@@ -237,6 +258,10 @@ class Scene:
             problems.append("tile ids out of range or unsorted")
         if n and (min(t["y"].min(), t["x"].min()) < 0 or max(t["y"].max(), t["x"].max()) >= g.tile):
             problems.append(f"positions outside the {g.tile}x{g.tile} tile core")
+        if n and not problems:  # an edge tile's core runs past the scene: a position there is no scene pixel
+            ty, tx = np.divmod(t["tile"].astype(np.int64), g.ntx)
+            if np.any(ty * g.tile + t["y"] >= g.height) or np.any(tx * g.tile + t["x"] >= g.width):
+                problems.append(f"positions outside the {g.height}x{g.width} scene")
         if n and (t["split"].max() > fmt.SPLIT_TEST):
             problems.append("unknown split codes")
         if n and (t["label"].min() < 1 or t["label"].max() > self.meta.num_classes):
@@ -311,6 +336,12 @@ class Scene:
     def norm_stats(self) -> BandStats:
         """The statistics used for normalization: TRAIN pixels, or every pixel if the scene has no train split."""
         train = self._stat_group("train")
+        if train is None and self.meta.stats_split == "train" and self._stat_group("all") is not None:
+            # the store has a train split: falling back to every pixel's statistics would leak the test
+            # pixels into the normalization, silently
+            group = fmt.train_stats_group(self.meta.split_generation)
+            raise StoreError(f"{self.path}: the train statistics ({group}) are missing, though the store records a "
+                             "train split; convert the source again")
         picked = train if train is not None else self._stat_group("all")
         if picked is None:
             raise StoreError(f"{self.path} has no band statistics (stats/ is missing); convert the source again")
@@ -355,7 +386,8 @@ class Scene:
         (when known); for a georeferenced store, ``x`` / ``y`` map coordinates of the pixel centres (north-up
         transforms) and ``spatial_ref`` holding the CRS and transform (the rioxarray convention). Nothing is
         read until values are needed, and then only the tiles under the selected window
-        (``da.isel(y=slice(0, 64)).values`` reads one tile row). No dask needed.
+        (``da.isel(y=slice(0, 64)).values`` reads one tile row; spectra picked at points, or lists of rows and
+        columns, read the tiles where those rows and columns meet, not the span between them). No dask needed.
         Needs ``pip install 'hsgds[xarray]'``; raises :class:`~hsgds.errors.DependencyError` otherwise.
         """
         from hsgds._xarray import scene_to_xarray
@@ -413,6 +445,25 @@ class Scene:
                             "drops both); convert the source again")
         return problems
 
+    def _label_problems(self) -> list[str]:
+        """Where the label map and the sample table disagree. Neither has a checksum, and loaders read both
+        (labelled samples from the table; ``pixels="all"`` and predict's ground truth from the map): every
+        sample must be a distinct pixel holding its class in the map, and the map must label no other pixel."""
+        try:
+            labels = self.labels
+        except StoreError:
+            return []  # (reported with the labels)
+        y, x, label = self.samples(None)
+        n = len(label)
+        wrong = int(np.count_nonzero(labels[y, x] != label))
+        distinct = len(np.unique(y * self.shape[1] + x))
+        labelled = int(np.count_nonzero(labels))
+        if not wrong and distinct == n and labelled == n:
+            return []
+        return [f"{self.path}: the labels and the samples disagree ({wrong} of {n} samples hold another class in "
+                f"the labels, {n - distinct} repeat a pixel, the labels mark {labelled} labelled pixels); convert "
+                "the source again"]
+
     def verify_arrays(self) -> list[str]:
         """What is wrong with the labels, samples, statistics and nodata map (missing, truncated, inconsistent,
         not finite), on which a loader or predict would stop or go wrong; one line per problem."""
@@ -426,6 +477,7 @@ class Scene:
             problems.append(str(exc))
         try:
             self.sample_table()
+            problems += self._label_problems()
         except StoreError as exc:
             problems.append(str(exc))
         try:

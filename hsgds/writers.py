@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 import numpy as np
 
-from hsgds._durable import atomic_path, fsync_dir, fsync_file, partial_path, remove_stale_partials
+from hsgds._durable import atomic_path, check_writable, fsync_dir, fsync_file, partial_path, remove_stale_partials
 from hsgds._optional import require
 from hsgds._wording import counted
 from hsgds.errors import InputError
@@ -84,7 +83,7 @@ def check_output(path: str | os.PathLike) -> str:
         raise InputError(f"cannot write {p}: the folder {folder} does not exist; create it first")
     if p.is_dir():
         raise InputError(f"cannot write {p}: it is a directory; name a file")
-    _check_writable(folder, p)
+    check_writable(folder, p)
     return suffix
 
 
@@ -94,19 +93,6 @@ def files_written(path: str | os.PathLike) -> list[Path]:
     if p.suffix.lower() == ".hdr":
         return [p, p.with_suffix(".img")]
     return [p, category_sidecar(p)] if p.suffix.lower() in (".tif", ".tiff") else [p]
-
-
-def _check_writable(folder: Path, path: Path) -> None:
-    """Create and remove a file in ``folder`` now: a folder the map cannot be written to is named before the
-    inference, not after it (os.access says yes to root, and knows nothing of read-only mounts)."""
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: the folder {folder} is not writable ({exc.strerror}); choose "
-                         "another output path") from None
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
 
 
 def _check_map(classmap: Any) -> np.ndarray:

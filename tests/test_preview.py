@@ -213,3 +213,64 @@ def test_a_sampled_grid_of_nodata_pixels_alone_is_black(nodata_store):
     p = preview_panels(store, bands=(5, 3, 1), max_size=20)
     assert p.step == 3 and p.rgb.shape == (20, 15, 3)
     assert not p.rgb.any()
+
+
+def _preview_subprocess(store, out, *, before: str = "", prefix: tuple[str, ...] = ()):
+    """`hsgds preview STORE -o OUT` in a fresh interpreter (resource limits and dropped capabilities apply to
+    it alone); returns the completed process."""
+    import os
+    import subprocess
+    import textwrap
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = "\n".join(["import sys", textwrap.dedent(before).strip(), "from hsgds.cli import main",
+                        f"main(['preview', {str(store)!r}, '-o', {str(out)!r}])"])
+    return subprocess.run([*prefix, sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(repo)}, cwd=repo)
+
+
+def test_a_preview_that_cannot_be_written_whole_leaves_the_old_one(envi_store, tmp_path, run_cli):
+    """The image was written in place: a write that failed half-way (here past RLIMIT_FSIZE, as on a full
+    disk) left a truncated preview.png over the previous, good one, and said only "[Errno 27] File too large".
+    It is written beside the target and renamed over it now: the old preview stays, nothing else is left,
+    and the error names the file."""
+    import matplotlib.image
+
+    path = envi_store[0]
+    out = tmp_path / "preview.png"
+    code, _, err = run_cli("preview", path, "-o", out, "--dpi", "20")  # a small image: under the limit
+    assert code == 0, err
+    good = out.read_bytes()
+    assert len(good) < 16384 and matplotlib.image.imread(out).ndim == 3
+    proc = _preview_subprocess(path, out, before="""
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed by the signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    """)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hsgds: error: cannot write {out} (File too large)"), lines
+    assert out.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["preview.png"]
+
+
+def test_a_read_only_folder_is_named_before_the_preview_is_made(envi_store, tmp_path):
+    """A folder the image cannot be written to was found only after every tile had been read, and said
+    "Permission denied: ro/x.png"; it is named first now, in one line saying what to do."""
+    import shutil
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is needed to make root obey file permissions")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        proc = _preview_subprocess(envi_store[0], ro / "x.png",
+                                   prefix=("setpriv", "--bounding-set=-dac_override,-dac_read_search"))
+    finally:
+        ro.chmod(0o755)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"hsgds: error: cannot write {ro / 'x.png'}: the folder {ro} is not writable "
+                                   "(Permission denied); choose another output path")
+    assert list(ro.iterdir()) == []

@@ -81,6 +81,9 @@ _NAN = float("nan")
     ("band_names", ["a", "b", "c", 4], "band_names .* list of strings"),
     ("band_names", ["a"], "band_names .* 4 entries"),
     ("class_names", "abc", "class_names .* list of strings"),
+    ("class_names", ["a"], "class_names = .*must name each of the 3 classes"),
+    ("class_names", ["a", "b"], "class_names = .*must name each of the 3 classes"),
+    ("num_classes", 10**12, r"num_classes .* classes 1\.\.65535 at most"),
     ("format", "other", "format = 'other' .must be 'hsgds'"),
     ("format_version", 4, "format version 4; this hsgds reads versions 1 to 3"),
     ("format_version", 1, r"device_checksums = .*\(a format v1 store has none\)"),
@@ -365,3 +368,193 @@ def test_verify_reads_the_arrays_beside_the_tiles(indian_pines_store, tmp_path, 
     code, out, err = run_cli("verify", store)
     assert code == 2 and re.search(message, err) and "in its labels, samples, statistics or nodata map" in err, err
     assert "Traceback" not in err and "tiles are damaged" not in err
+
+
+def test_verify_names_a_tile_that_is_a_fifo_and_returns(store, tmp_path):
+    """`hsgds verify` hung for ever on a tile chunk replaced by a FIFO (open(2) waits for a writer); now the
+    tile is named, the others are checked, exit 2. Run as a subprocess: a hang must not hang the suite."""
+    import subprocess
+    import sys
+
+    path = hsgds.open_scene(store).tile_paths[1]
+    path.unlink()
+    os.mkfifo(path)
+    code = "import sys; from hsgds.cli import main; main(sys.argv[1:])"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, "verify", str(store)], capture_output=True, text=True,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("hsgds verify hung on a FIFO planted as a tile chunk")
+    assert proc.returncode == 2, proc.stderr
+    assert f"tile 1 ({path}) is a FIFO, not a chunk file" in proc.stderr
+    assert "1 of 4 tiles are damaged" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("field", ["y", "x"])
+def test_samples_in_the_padding_of_an_edge_tile_are_refused(store, run_cli, field):
+    """An edge tile's core runs past the scene (30 = 18 + 12: rows and columns 30..35 of the last tiles are
+    filler). A sample placed there passed the tile-core check: `hsgds verify` said "ok", then `hsgds info`
+    and `hsgds preview` ended in an IndexError traceback. It is a listed problem now, and a one-line error."""
+    meta = json.loads((store / "samples" / field / "zarr.json").read_text())
+    path = store / "samples" / field / fmt.chunk_key(meta, (0,))
+    data = np.fromfile(path, dtype=np.dtype(meta["data_type"]).newbyteorder("<"))
+    tile = np.fromfile(store / "samples" / "tile" / "c" / "0", dtype="<i4")
+    i = int(np.nonzero(tile == 3)[0][0])  # a sample of the bottom-right tile, whose core ends at 36 > 30
+    data[i] = 17  # inside the 18x18 core, outside the scene
+    data.tofile(path)
+    ty, tx = divmod(3, 2)
+    assert (ty if field == "y" else tx) * 18 + 17 >= 30  # the reference: this is no pixel of the scene
+    code, _, err = run_cli("verify", store)
+    assert code == 2 and "positions outside the 30x30 scene" in err and "Traceback" not in err, err
+    code, _, err = run_cli("info", store)
+    assert code == 2 and err.count("\n") == 1 and "positions outside the 30x30 scene" in err, err
+
+
+@pytest.mark.parametrize("damage", ["labels_other_class", "labels_cleared", "labels_added", "sample_label"])
+def test_verify_names_labels_and_samples_that_disagree(store, run_cli, damage):
+    """The label map and the sample table have no checksum; a loader takes labelled samples from the table
+    and `pixels="all"` labels (and predict's ground truth) from the map. A byte changed in either, within the
+    class range, passed: `hsgds verify` said "ok". The two are compared now (against zarr-python's reads)."""
+    import zarr
+
+    labels = zarr.open_array(store / "labels", mode="r+")
+    table = {f: zarr.open_array(store / "samples" / f, mode="r+") for f in ("tile", "y", "x", "label")}
+    ref = labels[:]
+    ty, tx = np.divmod(table["tile"][:].astype(np.int64), 2)
+    sy, sx = ty * 18 + table["y"][:], tx * 18 + table["x"][:]
+    assert np.array_equal(ref[sy, sx], table["label"][:]) and np.count_nonzero(ref) == len(sy)  # intact
+    code, out, _ = run_cli("verify", store)
+    assert code == 0 and out.startswith("ok:")
+    y, x, k = int(sy[0]), int(sx[0]), int(table["label"][0])
+    if damage == "labels_other_class":
+        ref[y, x] = k % 3 + 1
+    elif damage == "labels_cleared":
+        ref[y, x] = 0
+    elif damage == "labels_added":
+        ref[tuple(np.argwhere(ref == 0)[0])] = 1
+    if damage == "sample_label":
+        values = table["label"][:]
+        values[0] = k % 3 + 1
+        table["label"][:] = values
+    else:
+        labels[:] = ref
+    code, _, err = run_cli("verify", store)
+    assert code == 2 and "the labels and the samples disagree" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_classes", 10**12, r"num_classes = 1000000000000 \(a store holds classes 1\.\.65535 at most\)"),
+    ("class_names", ["a"], r"class_names = \['a'\] \(must name each of the 3 classes\)"),
+])
+def test_class_fields_that_break_reports_are_refused_on_open(store, run_cli, key, value, message):
+    """A store whose num_classes was huge, or whose class names fewer than its classes, verified "ok"; then
+    `hsgds info` ended in a traceback (MemoryError sizing a per-class table; IndexError naming a class). The
+    converter never writes either (a class id is at most 65535, every class is named when names are given):
+    refused on open."""
+    _set_attr(store, key, value)
+    for command in ("verify", "info"):
+        code, out, err = run_cli(command, store)
+        assert code == 2 and not out and err.count("\n") == 1 and re.search(message, err), (command, err)
+
+
+
+def test_more_class_names_than_classes_still_open(store):
+    """An unlabelled scene converted by `convert-many --class-names` keeps the collection's names with no class
+    of its own (num_classes 0): more names than classes is a valid store."""
+    _set_attr(store, "class_names", ["a", "b", "c", "d"])
+    assert hsgds.open_scene(store).class_names == ["a", "b", "c", "d"]
+    _set_attr(store, "num_classes", 0)
+    assert hsgds.open_scene(store).num_classes == 0
+
+
+def test_missing_train_statistics_are_named_not_replaced_by_every_pixels(store, run_cli):
+    """A store recording a train split (stats_split "train") whose stats/train was lost verified "ok", and a
+    loader silently normalized with stats/all, every pixel's statistics (test pixels included). Both refuse
+    it now, naming the missing group."""
+    import torch
+
+    scene = hsgds.open_scene(store)
+    assert scene.meta.stats_split == "train" and scene.stats["all"] is not None
+    shutil.rmtree(store / "stats" / "train")
+    code, _, err = run_cli("verify", store)
+    assert code == 2 and "the train statistics (stats/train) are missing" in err and "Traceback" not in err, err
+    with pytest.raises(StoreError, match=r"the train statistics \(stats/train\) are missing, though the store "
+                                         r"records a train split; convert the source again"):
+        hsgds.PatchLoader(store, patch_size=3, batch_size=4, dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m["chunk_grid"]["configuration"].update(chunk_shape=[1, 1, 32, 32, 2]),
+     r"declares the chunk grid .*, not regular chunks of one tile \[1, 1, 32, 32, 4\]"),
+    (lambda m: m.update(chunk_grid="regular"), r"declares the chunk grid regular, not regular chunks of one tile"),
+    (lambda m: m["chunk_grid"].update(name="rectilinear"), r"declares the chunk grid .*rectilinear.*, not regular chunks of one tile"),
+    (lambda m: m.update(node_type="group"), r"is not a Zarr v3 array \(zarr_format 3, node_type group\)"),
+    (lambda m: m.update(zarr_format=2), r"is not a Zarr v3 array \(zarr_format 2, node_type array\)"),
+    (lambda m: m.update(storage_transformers=[{"name": "sharding"}]), r"declares storage transformers"),
+])
+def test_tiles_zarr_json_must_describe_the_chunk_files(store, run_cli, change, message):
+    """`hsgds verify` said "ok" for a store whose tiles/zarr.json another tool had edited (chunks of half a
+    tile, a group, Zarr v2, a storage transformer): the runtime reads each whole-tile file regardless, but
+    zarr-python, which the format promises can open the store, then fails or reads other values. The tiles'
+    zarr.json must describe the files the runtime reads, or the store is refused in one line."""
+    import zarr
+
+    np.asarray(zarr.open_array(store / "tiles", mode="r")[0, 0])  # the reference reads the intact store
+    _edit(store / "tiles" / "zarr.json", change)
+    with pytest.raises(Exception):  # noqa: B017,PT011 - zarr-python's own errors vary by the edit
+        np.asarray(zarr.open_array(store / "tiles", mode="r")[0, 0])
+    code, out, err = run_cli("verify", store)
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert re.search(r"s\.zarr: the tiles array.s zarr\.json " + message + ".*; convert the source again$", err), err
+
+
+@pytest.mark.parametrize("name, message", [
+    ("zarr.json", "cannot read zarr.json"),
+    ("tiles/zarr.json", "cannot read tiles/zarr.json"),
+    ("labels/zarr.json", "cannot read labels/zarr.json"),
+])
+def test_a_zarr_json_that_is_a_fifo_is_named_not_waited_on(store, name, message):
+    """A zarr.json replaced by a FIFO hung `hsgds verify` (and info, and any loader) for ever: reading it
+    waits for a writer. It is read non-blocking now and named in one line. In a subprocess: a hang must not
+    hang the suite."""
+    import subprocess
+    import sys
+
+    (store / name).unlink()
+    os.mkfifo(store / name)
+    code = "import sys; from hsgds.cli import main; main(sys.argv[1:])"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, "verify", str(store)], capture_output=True, text=True,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hsgds verify hung on a FIFO planted as {name}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{store}: {message} (ValueError: it is a FIFO, not a file); convert the source again" in proc.stderr
+
+
+def test_a_collection_json_that_is_a_fifo_is_named_not_waited_on(tmp_path):
+    """open_collection read collection.json with a blocking read: a FIFO there hung every loader over it."""
+    import threading
+
+    from hsgds.collection import open_collection
+
+    fifo = tmp_path / "collection.json"
+    os.mkfifo(fifo)
+    caught: list[BaseException] = []
+
+    def run():
+        try:
+            open_collection(fifo)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            caught.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # release the blocked read, then fail
+        thread.join(20)
+        pytest.fail("open_collection blocked on a FIFO planted as collection.json")
+    assert isinstance(caught[0], StoreError), caught
+    assert str(caught[0]) == (f"{fifo}: cannot read it (ValueError: it is a FIFO, not a file); write it again with "
+                              "`hsgds convert-many`")

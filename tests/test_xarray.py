@@ -119,3 +119,19 @@ def test_store_opens_with_plain_zarr(store):
     for name in ("tile", "y", "x", "label", "split"):
         assert g[f"samples/{name}"].shape == (n,)
     np.testing.assert_array_equal(g["stats/train/mean"][...], scene.stats["train"].mean)
+
+
+def test_spectra_at_points_read_only_the_tiles_under_them(store, reads):
+    """Picking spectra at a few points (xarray's vectorized isel, or a list of rows and columns) read the
+    whole window spanning the points: two pixels in opposite corners of the scene read every tile, and a
+    large scene's points could not be picked without holding the cube in memory. Only the tiles where the
+    picked rows meet the picked columns are read now, one tile window each; the values are numpy's."""
+    path, cube, _ = store
+    da = hsgds.open_scene(path).to_xarray()
+    ys, xs = xr.DataArray([1, 50, 49], dims="point"), xr.DataArray([2, 69, 60], dims="point")
+    np.testing.assert_array_equal(da.isel(y=ys, x=xs).values, cube[[1, 50, 49], [2, 69, 60]])
+    # tile 12: (1, 2) is in tile row 0 / column 0, (50, 69) and (49, 60) in row 4 / column 5 (53 x 70 scene)
+    assert sorted(set(reads)) == [(0, 12, 0, 12), (0, 12, 60, 70), (48, 53, 0, 12), (48, 53, 60, 70)]
+    reads.clear()
+    np.testing.assert_array_equal(da.isel(y=[3, 40], x=5, band=[1, 2]).values, cube[[3, 40], 5][:, [1, 2]])
+    assert sorted(reads) == [(0, 12, 0, 12), (36, 48, 0, 12)]

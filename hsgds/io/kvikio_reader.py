@@ -15,6 +15,7 @@ import numpy as np
 from hsgds import defaults
 from hsgds.checksum import as_signed, tile_checksums
 from hsgds.errors import ConfigError, HsgdsWarning, TileReadError, one_line
+from hsgds.format import check_regular
 from hsgds.io.base import ChunkReader, TileSource
 from hsgds.io.kvikio_support import import_kvikio, kvikio_mode
 
@@ -114,6 +115,12 @@ class KvikioReader(ChunkReader):
                 self._files.move_to_end(tile_id)
             else:
                 path = self.source.paths[tile_id]
+                try:
+                    mode = os.stat(path).st_mode
+                except OSError:  # a missing file: CuFile's own error below
+                    mode = None
+                if mode is not None:  # kvikio opens blocking: a FIFO planted as a chunk would hang this thread
+                    check_regular(tile_id, path, mode)
                 try:
                     handle = self._kvikio.CuFile(path, "r")
                 except RuntimeError as exc:  # kvikio reports open(2) failures as RuntimeError

@@ -11,7 +11,7 @@ import crc32c
 
 from hsgds import defaults
 from hsgds.errors import TileReadError
-from hsgds.format import ALIGNMENT
+from hsgds.format import ALIGNMENT, open_tile
 from hsgds.io.base import ChunkReader, TileSource
 
 #: Windows opens files in text mode unless told otherwise (newline translation would corrupt tiles).
@@ -56,10 +56,12 @@ class PosixReader(ChunkReader):
         descriptor stays open: a store of thousands of tiles never meets the open-files limit."""
         if self._closed:
             raise TileReadError("reader is closed (its loader was closed); create a new loader")
-        flags = os.O_RDONLY | _O_BINARY | (os.O_DIRECT if self.direct else 0)
+        flags = _O_BINARY | (os.O_DIRECT if self.direct else 0)
         path = self.source.paths[tile_id]
         try:
-            return os.open(path, flags)
+            return open_tile(tile_id, path, flags)  # refuses a FIFO, on which open(2) would block for ever
+        except TileReadError:
+            raise
         except OSError as exc:
             raise TileReadError(f"tile {tile_id} ({path}): cannot open ({exc.strerror})") from None
 

@@ -136,6 +136,48 @@ def test_hsgds_bench_cli(tmp_path, run_cli):
                                   or doc["e2e_stall_fraction"] > STALL_INPUT_BOUND)
 
 
+def test_hsgds_bench_over_several_stores_reports_them_and_their_bytes(tmp_path, run_cli):
+    """Over stores whose tiles differ in size (16 and 32 pixels a side here; convert-many picks each scene's
+    tile from its shape), `hsgds bench` read every tile into a whole ring slot and failed: "tile 0 (...) has
+    4096 bytes, expected 4096: the store is damaged". It also reported its first scene as the store and counted
+    every tile at the first scene's size. Each tile is read into its own view of the slot now, and the report
+    names what was measured, its bytes checked against the tile files and the train samples zarr-python reads."""
+    import numpy as np
+    import zarr
+
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    stores = []
+    for name, tile, seed in (("a", 12, 4), ("b", 28, 5)):
+        cube, gt = make_scene(36, 30, 8, classes=3, dtype="int16", seed=seed)
+        np.save(tmp_path / f"{name}.npy", cube)
+        np.save(tmp_path / f"{name}_gt.npy", gt)
+        stores.append(convert(tmp_path / f"{name}.npy", tmp_path / f"{name}.zarr",
+                              ConvertOptions(labels=tmp_path / f"{name}_gt.npy", max_patch=5, tile=tile, train=0.5)))
+    expected_bytes = expected_tiles = 0
+    for store in stores:
+        tiles = zarr.open_array(store / "samples" / "tile", mode="r")[:]
+        split = zarr.open_array(store / "samples" / "split", mode="r")[:]
+        read = np.unique(tiles[split == 1])  # tiles holding train samples (code 1)
+        paths = hsgds.open_scene(store).tile_paths
+        expected_tiles += len(read)
+        expected_bytes += sum(paths[t].stat().st_size for t in read)
+    sizes = {hsgds.open_scene(s).grid.tile_nbytes for s in stores}
+    assert len(sizes) == 2  # tiles of two sizes
+    report = hsgds.bench.bench_store(stores, patch_size=5, batch_size=32, steps=1, device="cpu")
+    assert report.store == "2 scenes" and report.tiles == expected_tiles
+    assert report.io_GBps == pytest.approx(expected_bytes / report.t_io_s / 1e9)
+    assert "store:        2 scenes" in format_report(report)
+    # the command over a collection of the two: it ran, and names the collection
+    from hsgds.collection import SceneEntry, write_collection
+
+    write_collection(tmp_path, [SceneEntry.of_scene(s.stem, hsgds.open_scene(s)) for s in stores])
+    code, out, err = run_cli("bench", tmp_path, "--patch-size", "5", "--batch-size", "32", "--steps", "1",
+                             "--device", "cpu")
+    assert code == 0 and f"store:        {tmp_path}\n" in out and f"to read {expected_tiles} tiles" in out, err
+
+
 def _report(**times):
     fields = dict(store="s", device="cpu", reader="posix", engine="torch", patch_size=5, batch_size=32,
                   dtype="float32", tiles=4, tile_bytes=1000, t_io_s=0.1, io_GBps=4e-5, loader_batch_s=0.01,

@@ -153,3 +153,48 @@ def test_registry_names_every_reader_the_device_choice_can_pick():
     assert sorted(READERS) == sorted(choice.READERS)
     with pytest.raises(ConfigError, match="unknown reader 'nvme'; choose one of posix, posix-pinned, kvikio"):
         make_reader("nvme", TileSource((), 4096, ()))
+
+
+def _without_hanging(fn, fifo, seconds: float = 20.0):
+    """Run ``fn`` on a thread; if it is still blocked after ``seconds`` (an open of the FIFO waiting for a
+    writer), open the FIFO for writing to release it and fail, instead of hanging the test run."""
+    import os
+    import threading
+
+    outcome: list[BaseException | None] = []
+
+    def run():
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a writer appears: the blocked open returns
+        thread.join(seconds)
+        pytest.fail(f"reading a FIFO planted as a tile chunk blocked for {seconds:g} s")
+    return outcome[0]
+
+
+def test_a_tile_that_is_a_fifo_or_a_folder_is_named_never_waited_on(case, tile_store, tmp_path):
+    """A chunk replaced by a FIFO blocked open(2) for ever (no writer ever comes): the reader thread, and
+    with it the loader or `hsgds verify`, hung. It is a TileReadError naming the tile, at once."""
+    import os
+
+    store = _damaged_copy(tile_store, tmp_path)
+    source, grid = _source(store)
+    source.paths[2].unlink()
+    os.mkfifo(source.paths[2])
+    source.paths[4].unlink()
+    source.paths[4].mkdir()
+    storage = _storage(grid, 2, case.device)
+    with case.make(source) as reader:
+        for tile, kind in ((2, "a FIFO"), (4, "a folder")):
+            err = _without_hanging(lambda t=tile: reader.read_into(t, storage[0]), source.paths[2])
+            assert isinstance(err, TileReadError), err
+            assert str(err).startswith(f"tile {tile} ({source.paths[tile]}) is {kind}, not a chunk file"), err
+        reader.read_into(3, storage[1])  # the reader stays usable
