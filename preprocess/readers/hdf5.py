@@ -192,25 +192,31 @@ def _attr_text(dataset: h5py.Dataset, name: str) -> str:
 
 
 def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) -> tuple[list[float] | None, str | None]:
-    """The cube's band centres in nm from the file: the one 1-D numeric dataset of ``bands`` values whose name
+    """The cube's band centres in nm from the file: the 1-D numeric dataset of ``bands`` values whose name
     holds "wavelength" (EMIT's ``sensor_band_parameters/wavelengths``, a netCDF coordinate variable), in its CF
     ``units`` (or guessed from magnitude); and None, or None and why they are not recorded (see
-    :func:`wavelengths_in_nm`). (None, None) when the file has no such dataset."""
-    found = {name: d for name, d in list_datasets(f).items()
+    :func:`wavelengths_in_nm`). (None, None) when the file has no such dataset.
+
+    Flags named for wavelengths (EMIT's ``good_wavelengths``, 0 or 1 per band) are no band centres; of several
+    lists that differ, the one named exactly "wavelength(s)" is taken, else none."""
+    found = {name: np.asarray(d[()], np.float64) for name, d in list_datasets(f).items()
              if "wavelength" in name.rsplit("/", 1)[-1].lower() and d.ndim == 1 and d.shape[0] == bands
              and d.dtype.kind in "iuf" and d.name != cube.name}
+    found = {name: v for name, v in found.items() if not np.isin(v, (0, 1)).all()}
     if not found:
         return None, None
-    values = {name: np.asarray(d[()], np.float64) for name, d in found.items()}
-    name, first = next(iter(values.items()))
-    if any(not np.array_equal(v, first, equal_nan=True) for v in values.values()):
-        return None, (f"{path.name}: its datasets {', '.join(sorted(found))} list different wavelengths for the "
-                      f"cube's {bands} bands")
+    name, first = next(iter(found.items()))
+    if any(not np.array_equal(v, first, equal_nan=True) for v in found.values()):
+        exact = [n for n in found if n.rsplit("/", 1)[-1].lower() in ("wavelength", "wavelengths")]
+        if len(exact) != 1:
+            return None, (f"{path.name}: its datasets {', '.join(sorted(found))} list different wavelengths for "
+                          f"the cube's {bands} bands")
+        name, first = exact[0], found[exact[0]]
     where = f"{path.name} dataset {name!r}"
-    fill = declared_nodata(found[name], name, path)
+    fill = declared_nodata(f[name], name, path)
     if not np.isfinite(first).all() or (fill is not None and (first == fill).any()):
         return None, f"{where}: its wavelengths include NaN, infinity or its fill value"
-    return wavelengths_in_nm(first.tolist(), _attr_text(found[name], "units"), where)
+    return wavelengths_in_nm(first.tolist(), _attr_text(f[name], "units"), where)
 
 
 def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:

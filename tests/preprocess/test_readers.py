@@ -414,6 +414,9 @@ def _emit_like(path: Path, cube: np.ndarray, wavelengths: dict[str, np.ndarray],
             if units is not None:
                 ds.attrs["units"] = np.bytes_(units)
         f.create_dataset("sensor_band_parameters/fwhm", data=np.full(cube.shape[2], 8.5, np.float32))
+        good = np.ones(cube.shape[2], np.uint8)  # EMIT's per-band flags, named for wavelengths too
+        good[1] = 0
+        f.create_dataset("sensor_band_parameters/good_wavelengths", data=good)
 
 
 @pytest.mark.parametrize(("units", "values", "expected_nm"), [
@@ -452,10 +455,18 @@ def test_hdf5_band_centres_of_the_chosen_cube_only(tmp_path):
         np.testing.assert_allclose(cube.wavelengths, np.linspace(400, 1000, B))
     with closing(open_cube(path, key="SWIR_Cube")) as cube:
         np.testing.assert_allclose(cube.wavelengths, np.linspace(1000, 2500, 5))
+    # of lists that differ, the one named exactly for wavelengths (a corrected list beside the nominal one)
+    _emit_like(tmp_path / "two.h5", make_cube("float32", seed=24),
+               {"nominal_wavelength": np.linspace(401, 1001, B), "wavelengths": np.linspace(400, 1000, B)})
+    with closing(open_cube(tmp_path / "two.h5", key="reflectance")) as cube:
+        np.testing.assert_allclose(cube.wavelengths, np.linspace(400, 1000, B))
     expected = make_cube("float32", seed=24)
     cases = [
         ({"a/wavelengths": np.linspace(400, 1000, B), "b/wavelength": np.linspace(410, 1010, B)}, "nm",
          "x.h5: its datasets a/wavelengths, b/wavelength list different wavelengths for the cube's 7 bands"),
+        ({"a/vnir_wavelengths": np.linspace(400, 1000, B), "b/swir_wavelengths": np.linspace(410, 1010, B)}, "nm",
+         "x.h5: its datasets a/vnir_wavelengths, b/swir_wavelengths list different wavelengths for the cube's 7 "
+         "bands"),
         ({"wavelengths": np.linspace(0.4, 2.5, B)}, "nm",
          "x.h5 dataset 'wavelengths': its wavelengths read as 0.4-2.5 nm (units nm), outside 100-20000 nm"),
         ({"wavelengths": np.arange(1.0, B + 1)}, "index",
