@@ -129,8 +129,7 @@ class ConvertOptions:
         if self.wavelengths is not None and not all(fmt.MIN_NM <= w <= fmt.MAX_NM for w in self.wavelengths):
             # 0.4-2.5 would be micrometres: stored as nm they would match no other scene's wavelengths
             raise ConfigError(f"{self.wavelengths_from} must be band centres in nm ({fmt.MIN_NM:g}-{fmt.MAX_NM:g}), "
-                              "got "
-                              f"{min(self.wavelengths):g}-{max(self.wavelengths):g}; give micrometres times 1000")
+                              f"got {min(self.wavelengths):g}-{max(self.wavelengths):g}; give micrometres times 1000")
         if self.dtype is not None and self.dtype not in fmt.DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(fmt.DTYPES)}, got {self.dtype!r}")
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
