@@ -206,6 +206,11 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
         raise ConfigError(f"scene {name!r} has no band wavelengths; convert it again with them (`hsgds convert "
                           "--wavelengths nm.txt`, or from an ENVI header that lists them) or select bands by index")
     nm = np.asarray(have, dtype=np.float64)
+    if nm.min() < fmt.MIN_NM or nm.max() > fmt.MAX_NM:
+        # a store an older converter wrote from a header's micrometres labelled as nanometres (0.4-2.5 "nm")
+        raise ConfigError(f"scene {name!r} records wavelengths {nm.min():g}-{nm.max():g}, which are no band centres "
+                          f"in nm ({fmt.MIN_NM:g}-{fmt.MAX_NM:g}); convert it again (`hsgds convert --wavelengths "
+                          "nm.txt`) or select bands by index")
     nearest = np.abs(nm[None, :] - want[:, None]).argmin(axis=1)
     miss = np.abs(nm[nearest] - want) > tolerance
     if miss.any():

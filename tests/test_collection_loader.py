@@ -134,6 +134,24 @@ def test_a_collection_of_one_scene_yields_three_coordinate_columns(scenes, tmp_p
         np.testing.assert_array_equal(got[:, 1:], want)
 
 
+def test_a_store_recording_micrometres_as_nanometres_is_named_when_selecting_by_wavelength(scenes, tmp_path):
+    """An older converter stored a header's micrometres labelled as nanometres (0.4-0.9 "nm"): selecting bands
+    by wavelength names that, not 'no band within 5 nm of 500 nm (nearest: 0.9 nm)'."""
+    import json
+
+    old = tmp_path / "old.zarr"
+    shutil.copytree(scenes["A"][2], old)
+    meta = json.loads((old / "zarr.json").read_text())
+    meta["attributes"]["hsgds"]["wavelengths"] = [w / 1000 for w in meta["attributes"]["hsgds"]["wavelengths"]]
+    (old / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"^scene 'old' records wavelengths 0\.4-0\.9, which are no band centres in "
+                                          r"nm \(100-20000\); convert it again \(`hsgds convert --wavelengths nm\.txt`\) "
+                                          r"or select bands by index$"):
+        hsgds.PatchLoader(old, patch_size=5, batch_size=8, wavelengths=[500, 700], device="cpu")
+    with hsgds.PatchLoader(old, patch_size=5, batch_size=8, bands=[1, 3], device="cpu") as loader:
+        assert next(iter(loader))[0].shape[1] == 2  # by index it still loads
+
+
 def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
     names = ["A", "C"]  # A: 400..900 nm, C: 300..800 nm, so 500/700/800 nm are bands 1,3,4 of A and 2,4,5 of C
     with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=50, split=None,
