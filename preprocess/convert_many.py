@@ -311,14 +311,31 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
         return f"the source cannot be opened as given ({clipped(_one_line(exc), 160)})"
     try:
         found = (tuple(int(n) for n in cube.shape), np.dtype(cube.dtype).name)
+        recorded = cube.wavelengths
     finally:
         cube.close()
     held = (tuple(meta.shape), meta.source.get("dtype", meta.dtype))  # the source's type, which --dtype may cast
-    if found == held:
-        return None
-    given = [f"{what} {value}" for what, value in (("key", opts.key), ("band axis", opts.band_axis)) if value]
-    how = f" ({', '.join(given)})" if given else ""
-    return f"the source{how} is {'x'.join(map(str, found[0]))} {found[1]}, the store's {'x'.join(map(str, held[0]))} {held[1]}"
+    if found != held:
+        given = [f"{what} {value}" for what, value in (("key", opts.key), ("band axis", opts.band_axis)) if value]
+        how = f" ({', '.join(given)})" if given else ""
+        return (f"the source{how} is {'x'.join(map(str, found[0]))} {found[1]}, the store's "
+                f"{'x'.join(map(str, held[0]))} {held[1]}")
+    # without wavelengths given, the store holds the source's own: those an older hsgds could not read (an
+    # HDF5 or GeoTIFF source's), or stored though they were no nm (micrometres labelled as nanometres)
+    if opts.wavelengths is None and not _same_wavelengths(recorded, meta.wavelengths):
+        return f"band centres: the source records {_nm_range(recorded)}, the store {_nm_range(meta.wavelengths)}"
+    return None
+
+
+def _same_wavelengths(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return len(a) == len(b) and bool(np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0,
+                                                 atol=1e-6))
+
+
+def _nm_range(wavelengths: Any) -> str:
+    return "none" if wavelengths is None else f"{min(wavelengths):g}-{max(wavelengths):g} nm"
 
 
 def _label_files_differ(labels: Path, record: dict[str, Any]) -> str | None:

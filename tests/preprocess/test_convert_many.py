@@ -426,6 +426,33 @@ def test_a_store_cast_by_dtype_is_up_to_date_only_with_that_dtype(tmp_path):
     assert (again.status, again.reason) == ("converted", "--dtype int32 differs from the store's (uint16)")
 
 
+def test_a_store_lacking_the_sources_own_wavelengths_is_converted_again(tmp_path):
+    """Without wavelengths given, a store holds its source's own band centres: one an older hsgds wrote
+    without them (it read none from HDF5), or with the micrometres a header labelled as nanometres, is
+    converted again, saying why; one that has them is up to date."""
+    import h5py
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, _ = make_scene(24, 20, 4, classes=3, seed=3)
+    with h5py.File(tmp_path / "c.nc", "w") as f:
+        f["reflectance"] = cube
+        f["wavelengths"] = np.array([450.0, 550.0, 650.0, 750.0])
+    out = tmp_path / "out"
+    out.mkdir()
+    row, opts = ManifestRow(name="c", source=tmp_path / "c.nc"), ConvertOptions(max_patch=3)
+    assert convert_scene(row, out, opts).status == "converted"
+    assert convert_scene(row, out, opts).status == "up to date"
+    for stored, had in ((None, "none"), ([0.45, 0.55, 0.65, 0.75], "0.45-0.75 nm")):  # as older versions wrote
+        meta = json.loads((out / "c.zarr" / "zarr.json").read_text())
+        meta["attributes"]["hsgds"]["wavelengths"] = stored
+        (out / "c.zarr" / "zarr.json").write_text(json.dumps(meta))
+        again = convert_scene(row, out, opts)
+        assert (again.status, again.reason) == ("converted", f"band centres: the source records 450-750 nm, the "
+                                                             f"store {had}")
+        assert open_scene(out / "c.zarr").wavelengths == [450.0, 550.0, 650.0, 750.0]
+
+
 def test_wavelengths_a_scene_cannot_record_come_back_as_its_warning(tmp_path):
     """A header's micrometres labelled as nanometres: the scene converts without wavelengths, and its result
     carries the one-line warning (shown by the command with the scene's name), pointing to the manifest's
