@@ -130,9 +130,15 @@ def atomic_path(path: str | os.PathLike, tmp_name: str | None = None) -> Iterato
     fsync_dir(target.parent)
 
 
-def check_writable(folder: Path, path: Path) -> None:
-    """Create and remove a file in ``folder`` now: a folder ``path`` cannot be written to is named before the
-    work that makes it, not after it (os.access says yes to root, and knows nothing of read-only mounts)."""
+def check_writable(path: Path) -> None:
+    """Refuse, before the work that makes it, an output file ``path`` that cannot be written: its folder is
+    missing, it is a folder, or its folder is not writable (a file is created and removed there now: os.access
+    says yes to root, and knows nothing of read-only mounts)."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"cannot write {path}: the folder {folder} does not exist; create it first")
+    if path.is_dir():
+        raise InputError(f"cannot write {path}: it is a directory; name a file")
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
     except OSError as exc:

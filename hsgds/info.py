@@ -132,7 +132,8 @@ MODEL_SUFFIXES = (".pt2", ".ckpt", ".pt", ".pth")
 
 
 def _cast_from(source_dtype: str | None, dtype: Any) -> str:
-    """" (cast from the source's int16 by --dtype)" for a store whose samples are not of its source's type."""
+    """What ``hsgds info`` adds to the scene line of a store whose samples are not of its source's type
+    (" (cast from the source's int16 by --dtype)"); "" otherwise."""
     return "" if source_dtype in (None, str(dtype)) else f" (cast from the source's {source_dtype} by --dtype)"
 
 

@@ -220,14 +220,9 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | li
     if out.suffix.lower().lstrip(".") not in formats:
         raise InputError(f"cannot write a preview as {out.name!r}: name it with one of the suffixes "
                          f"{', '.join('.' + f for f in ('png', 'pdf', 'svg') if f in formats)}")
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"cannot write {out}: the folder {folder} does not exist; create it first")
-    if out.is_dir():
-        raise InputError(f"cannot write {out}: it is a directory; name a file")
+    check_writable(out)  # before every tile is read for the panels
     if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not MIN_DPI <= dpi <= MAX_DPI:
         raise InputError(f"dpi must be a number in {MIN_DPI}..{MAX_DPI}, got {dpi!r}")
-    check_writable(folder, out)  # before every tile is read for the panels
     if not isinstance(scene, Scene):
         scene = open_scene(scene)
     panels = preview_panels(scene, bands=bands, percentiles=percentiles, max_size=max_size)

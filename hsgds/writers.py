@@ -78,12 +78,7 @@ def check_output(path: str | os.PathLike) -> str:
     name, module, extra = FORMATS[suffix]
     if module is not None and extra is not None:  # both set, or neither
         require(module, extra, f"writing a {name} class map ({p.name})")
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"cannot write {p}: the folder {folder} does not exist; create it first")
-    if p.is_dir():
-        raise InputError(f"cannot write {p}: it is a directory; name a file")
-    check_writable(folder, p)
+    check_writable(p)
     return suffix
 
 

@@ -90,12 +90,13 @@ def find_pair(path: Path) -> tuple[Path, Path] | None:
     return None
 
 
-def _split_list(value: str) -> list[str]:
-    """Split an ENVI ``{a, b, c}`` value into its stripped items."""
+def _split_list(value: str, keep_empty: bool = False) -> list[str]:
+    """Split an ENVI ``{a, b, c}`` value into its stripped items (``keep_empty``: an empty item stays, as "",
+    so that item ``i`` keeps its position)."""
     inner = value.strip()
     if inner.startswith("{") and inner.endswith("}"):
         inner = inner[1:-1]
-    return [item.strip() for item in inner.split(",") if item.strip()]
+    return [item.strip() for item in inner.split(",") if keep_empty or item.strip()]
 
 
 def parse_header(path: Path) -> dict[str, str]:
@@ -392,7 +393,4 @@ def envi_class_names(header_path: Path) -> list[str] | None:
     header = parse_header(header_path)
     if "class names" not in header:
         return None
-    inner = header["class names"].strip()
-    if inner.startswith("{") and inner.endswith("}"):
-        inner = inner[1:-1]
-    return [item.strip() for item in inner.split(",")]
+    return _split_list(header["class names"], keep_empty=True)
