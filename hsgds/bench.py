@@ -7,6 +7,10 @@ Three measurements on the same device, batch and patch size:
 - ``t_compute``: one training step of the model on batches already resident on the device (the ceiling);
 - the end-to-end loop: PatchLoader feeding the same training step.
 
+With ``pixels="all"`` (every pixel, e.g. pretraining on unlabelled scenes) the demo model still needs
+targets: unlabelled pixels (label -1) are trained as class 0, a step as costly as a labelled one; a store
+without classes gets a head of :data:`STAND_IN_CLASSES`.
+
 Training is input-bound when the loader's time per batch exceeds the compute step (or the end-to-end loop
 waits for data a noticeable part of the time). The best possible speed-up from a faster input pipeline is
 ``t_end_to_end / t_compute`` (input made free); from a faster model, ``t_end_to_end / t_loader``.
@@ -28,6 +32,8 @@ __all__ = ["BenchReport", "bench_store", "format_report"]
 
 #: stall fraction above which the loop is called input-bound even if the loader alone looks fast enough
 STALL_INPUT_BOUND = 0.05
+#: classes of the demo model's head with pixels="all" over scenes without classes (any count costs the same)
+STAND_IN_CLASSES = 2
 
 
 @dataclass
@@ -49,6 +55,7 @@ class BenchReport:
     e2e_step_s: float  # loader + model step
     e2e_stall_fraction: float
     steps: int
+    pixels: str = "labelled"  # "all": every pixel, unlabelled ones trained as class 0
 
     @property
     def input_bound(self) -> bool:
@@ -97,9 +104,11 @@ DEFAULT_PATCH = 13
 
 def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 256, split: str | None = "train",
                 steps: int = 10, warmup: int = 2, device: Any = None, dtype: torch.dtype = torch.float32,
-                engine: str = "auto", reader: str = "auto", seed: int = 0, log: Any = None) -> BenchReport:
+                engine: str = "auto", reader: str = "auto", seed: int = 0, log: Any = None,
+                pixels: str = "labelled") -> BenchReport:
     """Measure t_io, t_compute and the end-to-end loop for the demo model on ``store``; ``patch_size`` None:
-    13, or the largest the store serves when that is smaller."""
+    13, or the largest the store serves when that is smaller. ``pixels``: the loader's ("all": every pixel,
+    unlabelled ones trained as class 0)."""
     from hsgds.loader import PatchLoader
     from hsgds.models import SpectralSpatialCNN
     from hsgds.scene_set import open_scene_set
@@ -108,17 +117,30 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
     say = log or (lambda msg: None)
     if steps < 1 or warmup < 0:
         raise ConfigError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    ss = open_scene_set(store)
+    if pixels == "labelled" and not any(s.num_samples for s in ss.scenes):
+        # the loader would say "no train pixels": true, but the fix for an unlabelled scene is to time every pixel
+        where = f"{ss.scenes[0].path} has" if len(ss.scenes) == 1 else f"the {len(ss.scenes)} scenes have"
+        raise ConfigError(f"{where} no labelled pixels to time; pass --pixels all (pixels='all') to time patches "
+                          "centred on every pixel")
     if patch_size is None:
-        patch_size = min(DEFAULT_PATCH, *(2 * s.grid.halo + 1 for s in open_scene_set(store).scenes))
+        patch_size = min(DEFAULT_PATCH, *(2 * s.grid.halo + 1 for s in ss.scenes))
 
     def loader(**kw: Any) -> PatchLoader:
         return PatchLoader(store, patch_size=patch_size, batch_size=batch_size, split=split, device=device,
-                           dtype=dtype, engine=engine, reader=reader, seed=seed, **kw)
+                           dtype=dtype, engine=engine, reader=reader, seed=seed, pixels=pixels, **kw)
+
+    def targets(y: torch.Tensor) -> torch.Tensor:
+        # cross-entropy refuses label -1 (an unlabelled pixel); class 0 costs the step what a label would
+        return y.clamp(min=0) if pixels == "all" else y
 
     with loader() as ld:
         dev = ld.device
         scene = ld.scene
-        classes = scene.num_classes or int(ld.samples.label.max()) + 1
+        if pixels == "all":  # (not samples.label: every pixel's label, memory per pixel)
+            classes = max(int(s.num_classes or 0) for s in ss.scenes) or STAND_IN_CLASSES
+        else:
+            classes = scene.num_classes or int(ld.samples.label.max()) + 1
         ntiles, io_bytes, t_io = _read_tiles(ld)
         # what was measured: one store, or the collection (or list of stores) given, not its first scene
         where = str(scene.path) if len(ld.scenes) == 1 else (
@@ -145,7 +167,7 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
         say(f"loader alone: {1e3 * t_loader:.1f} ms per batch ({patches_per_s:.0f} patches/s)")
         resident = []
         for x, y in ld:
-            resident.append((x.float().clone(), y.clone()))
+            resident.append((x.float().clone(), targets(y).clone()))
             if len(resident) == 4:
                 break
         names = (ld.stats.reader, ld.stats.engine)
@@ -164,7 +186,7 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
             epoch = 0
             while True:
                 ld2.set_epoch(epoch)
-                yield from ld2
+                yield from ((x, targets(y)) for x, y in ld2)
                 epoch += 1
 
     e2e = train_steps(model, batches(), opt, device=dev, steps=steps, warmup=warmup,
@@ -176,7 +198,7 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
                        io_GBps=io_bytes / t_io / 1e9 if t_io > 0 else float("inf"), loader_batch_s=t_loader,
                        loader_patches_per_s=patches_per_s,
                        compute_step_s=ceiling.step_s, e2e_step_s=e2e.step_s, e2e_stall_fraction=e2e.stall_fraction,
-                       steps=e2e.steps)
+                       steps=e2e.steps, pixels=pixels)
 
 
 def format_report(r: BenchReport) -> str:
@@ -184,7 +206,8 @@ def format_report(r: BenchReport) -> str:
     lines = [
         f"store:        {r.store}",
         f"setup:        {r.device}, reader {r.reader}, engine {r.engine}, p={r.patch_size}, batch {r.batch_size}, "
-        f"{r.dtype}, model SpectralSpatialCNN (the demo's)",
+        f"{r.dtype}, model SpectralSpatialCNN (the demo's)"
+        + ("; every pixel, unlabelled ones trained as class 0" if r.pixels == "all" else ""),
         f"t_io:         {r.t_io_s:.3f} s to read {r.tiles} tiles ({r.io_GBps:.2f} GB/s)",
         f"loader alone: {1e3 * r.loader_batch_s:.1f} ms/batch ({r.loader_patches_per_s:.0f} patches/s)",
         f"t_compute:    {1e3 * r.compute_step_s:.1f} ms/step (model on resident batches)",

@@ -813,14 +813,19 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
 @click.option("--patch-size", type=int, help="Patch side p (default: 13, or the largest the store serves).")
 @click.option("--batch-size", default=256, show_default=True)
 @click.option("--split", default="train", show_default=True, type=click.Choice(["train", "val", "test", "none", "all"]),
-              help="The pixels to time: a split's, 'none' (labelled but in no split) or 'all' labelled pixels.")
+              help="The pixels to time: a split's, 'none' (labelled but in no split) or 'all' labelled pixels; "
+                   "with --pixels all, the unlabelled pixels too ('train': less the val and test pixels).")
+@click.option("--pixels", default="labelled", show_default=True, type=click.Choice(["labelled", "all"]),
+              help="'all': patches centred on every pixel, as for pretraining on unlabelled scenes; the model is "
+                   "then trained on unlabelled pixels as class 0 (a store without classes: a 2-class head), a "
+                   "step that costs what a labelled one does.")
 @click.option("--steps", default=10, show_default=True, help="Timed training steps (after 2 warm-up steps).")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(sorted(_DTYPES)))
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--engine", default="auto", show_default=True)
 @click.option("--reader", default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
-def bench(store, patch_size, batch_size, split, steps, dtype, device, engine, reader, as_json) -> None:
+def bench(store, patch_size, batch_size, split, pixels, steps, dtype, device, engine, reader, as_json) -> None:
     """Measure t_io (reading STORE), t_compute (the demo's model on resident batches) and the end-to-end loop;
     say whether training is input-bound and the best possible speed-up."""
     import json
@@ -831,7 +836,7 @@ def bench(store, patch_size, batch_size, split, steps, dtype, device, engine, re
 
     r = bench_store(store, patch_size=patch_size, batch_size=batch_size, split=None if split == "all" else split,
                     steps=steps, device=device, dtype=getattr(torch, _DTYPES[dtype]), engine=engine, reader=reader,
-                    log=None if as_json else (lambda msg: click.echo(msg, err=True)))
+                    pixels=pixels, log=None if as_json else (lambda msg: click.echo(msg, err=True)))
     click.echo(json.dumps(r.as_dict(), indent=1) if as_json else format_report(r))
 
 

@@ -136,6 +136,39 @@ def test_hsgds_bench_cli(tmp_path, run_cli):
                                   or doc["e2e_stall_fraction"] > STALL_INPUT_BOUND)
 
 
+def test_hsgds_bench_on_an_unlabelled_store_times_every_pixel(tmp_path, run_cli):
+    """An unlabelled store (pretraining) failed with "no train pixels (split='train', pixels='labelled')" and the
+    command had no way to time every pixel. Without --pixels the error names it; with --pixels all every tile
+    (each holds pixels) is read and the demo model trains on the unlabelled pixels (label -1) as class 0, where
+    cross-entropy refused -1 before."""
+    import numpy as np
+    import zarr
+
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    cube, _ = make_scene(36, 30, 8, classes=3, dtype="int16", seed=6)
+    np.save(tmp_path / "c.npy", cube)
+    store = convert(tmp_path / "c.npy", tmp_path / "u.zarr", ConvertOptions(max_patch=5, tile=12))
+    assert zarr.open_array(store / "samples" / "tile", mode="r").shape == (0,)  # no labelled sample
+    tiles = hsgds.open_scene(store).tile_paths
+    assert len(tiles) > 1 and all(p.is_file() for p in tiles)
+    code, out, err = run_cli("bench", store, "--patch-size", "5", "--batch-size", "32", "--steps", "1",
+                             "--device", "cpu")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "no labelled pixels to time" in err and "--pixels all" in err
+    code, out, err = run_cli("bench", store, "--pixels", "all", "--patch-size", "5", "--batch-size", "32",
+                             "--steps", "1", "--device", "cpu", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["pixels"] == "all" and doc["tiles"] == len(tiles) and doc["steps"] == 1
+    assert doc["io_GBps"] == pytest.approx(sum(p.stat().st_size for p in tiles) / doc["t_io_s"] / 1e9)
+    assert doc["loader_patches_per_s"] > 0 and doc["compute_step_s"] > 0 and doc["e2e_step_s"] > 0
+    code, out, err = run_cli("bench", store, "--pixels", "all", "--patch-size", "5", "--batch-size", "32",
+                             "--steps", "1", "--device", "cpu")
+    assert code == 0 and "every pixel, unlabelled ones trained as class 0" in out, err
+
+
 def test_hsgds_bench_over_several_stores_reports_them_and_their_bytes(tmp_path, run_cli):
     """Over stores whose tiles differ in size (16 and 32 pixels a side here; convert-many picks each scene's
     tile from its shape), `hsgds bench` read every tile into a whole ring slot and failed: "tile 0 (...) has
