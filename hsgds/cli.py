@@ -565,7 +565,8 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
                    "GeoTIFF of K bands, georeferenced as the map (with {name} for a collection).")
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--tta", is_flag=True, help="Test-time augmentation: average the model's probabilities over the "
-                                          "8 flips / quarter turns of each patch (8x the model's work).")
+                                          "8 flips / quarter turns of each patch (8x the model's work; none more at "
+                                          "patch size 1, whose 8 are the patch).")
 def predict(store, model_path, out, patch_size, batch_size, probabilities, device, tta) -> None:
     """Classify every pixel of STORE with a model and write the class map (georeferenced when the source was).
     For a collection (a folder holding collection.json, or that file): a map per scene. Each scene is

@@ -318,8 +318,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         :mod:`hsgds.writers`). Checked before any work; written atomically.
     tta : bool
         Test-time augmentation: the class is the argmax of the mean of the model's probabilities over
-        the 8 flips / quarter turns of each patch (8 model calls per batch); the probabilities written
-        are that mean.
+        the 8 flips / quarter turns of each patch (8 model calls per batch; one at patch size 1, whose
+        variants are all the patch itself); the probabilities written are that mean.
 
     Returns
     -------
@@ -355,6 +355,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                           f"got {type(model).__name__}")
     patch_size, layout = settings["patch_size"], settings["layout"]
     batch_size, tta = as_count(batch_size, "batch_size"), as_flag(tta, "tta")
+    # the 8 variants of a 1x1 patch are the patch itself: 7 more model calls would add nothing (!= rather
+    # than >: the loader checks patch_size's type)
+    tta = tta and patch_size != 1
     device, dtype = _placement(model, device, dtype, follow_model=not from_file)
     out = None if out is None else as_path(out, "out")
     prob_path = check_outputs(scene, out, probabilities)

@@ -691,6 +691,42 @@ def test_tta_feeds_contiguous_variants_and_names_a_failing_variant_in_one_line(s
         predict(store, FailsOnAVariant(3), patch_size=3, batch_size=64, device="cpu", tta=True)
 
 
+def test_tta_at_patch_size_1_calls_the_model_once_per_batch(store, tmp_path):
+    """The 8 dihedral variants of a 1x1 patch are the patch itself: tta=True ran the model 8 times on the same
+    input. It runs once per batch now, and gives what tta=False gives (map and probabilities)."""
+
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(1)
+            self.fc = nn.Linear(B, 5)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.fc(x.flatten(1))
+
+    model = Counting()
+    batches = -(-H * W // 100)  # every pixel, 100 a batch
+    tta = predict(store, model, patch_size=1, batch_size=100, device="cpu", tta=True,
+                  probabilities=tmp_path / "tta.npy")
+    assert model.calls == batches
+    plain = predict(store, model, patch_size=1, batch_size=100, device="cpu", probabilities=tmp_path / "plain.npy")
+    assert model.calls == 2 * batches
+    np.testing.assert_array_equal(tta, plain)
+    np.testing.assert_array_equal(np.load(tmp_path / "tta.npy"), np.load(tmp_path / "plain.npy"))
+    # the reference: the model on every pixel's spectrum, normalized as the loader does (z-score by the train
+    # split's statistics)
+    offset, scale = hsgds.normalization_constants(hsgds.open_scene(store), "zscore")
+    cube = np.load(store.parent / "cube.npy").astype(np.float64)
+    with torch.inference_mode():
+        logits = model.fc(torch.from_numpy(((cube - offset) * scale).reshape(-1, B).astype(np.float32)))
+    top2 = torch.topk(logits, 2).values
+    clear = (top2[:, 0] - top2[:, 1] > 1e-4).numpy().reshape(H, W)  # (a near tie may round either way)
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(tta[clear], (logits.argmax(1).numpy().reshape(H, W) + 1)[clear])
+
+
 def test_the_map_is_labelled_with_the_class_names_the_model_file_carries(store, tmp_path, run_cli):
     ckpt, _ = _checkpoint(tmp_path)  # names a, b, c, d; the store has none
     assert hsgds.open_scene(store).class_names is None
