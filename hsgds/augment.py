@@ -12,7 +12,8 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
   inside the cut as index arithmetic (no extra pass). flip=True draws v and h; rot90=True draws one of
   the 4 rotations {0, 90, 180, 270 degrees} = codes {0, 6, 3, 5}; both together give all 8 equally often.
 - radiation noise (probability ``radiation_noise``, as DeepHyperX): x <- alpha * x + noise_std * n,
-  alpha ~ U(radiation_scale), n ~ N(0, 1) per output value. The normals come from a bank of 2^20
+  alpha ~ U(radiation_scale), n ~ N(0, 1) per output value; x is the value the loader yields (normalized,
+  or as stored with ``normalize=None``), so ``noise_std`` is in its units. The normals come from a bank of 2^20
   Philox/Box-Muller normals keyed on the seed; a sample reads a window of it that starts at a
   per-sample random multiple of 64 (a window longer than the bank reads it cyclically), read in the patch's pixel-major order (NHWC element order: value
   (i, j, b) of the output adds window[(i * p + j) * B + b]), so both layouts and engines add the same
@@ -130,7 +131,10 @@ class Augment:
     rot90 : random quarter turns. With ``flip`` every patch gets one of the 8 dihedral variants.
     radiation_noise : probability of x <- alpha * x + noise_std * N(0, 1), alpha ~ U(radiation_scale).
     radiation_scale : (low, high) of alpha.
-    noise_std : standard deviation of the additive noise, on the normalized values.
+    noise_std : standard deviation of the additive noise, in the units of the values the loader yields:
+        normalized when it normalizes (its default), the stored values with ``normalize=None`` (e.g.
+        reflectance already in 0..1). The default 1/25 is meant for normalized values: over raw integer
+        counts it is a fraction of one count, so give it in counts there.
     mixture_noise : probability of mixing the centre spectrum with a same-class sample's.
     band_dropout : probability of zeroing each band of a patch.
     """

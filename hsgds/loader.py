@@ -289,7 +289,8 @@ class PatchLoader:
         On-device augmentation (flips / quarter turns inside the cut, radiation and mixture noise, band
         dropout), seeded per (seed, epoch, sample): the same whatever the batch size, world size, ring size
         or resume point, except mixture noise's partner (a same-class sample of the same batch); see
-        :mod:`hsgds.augment`. None (the default) leaves the batches untouched.
+        :mod:`hsgds.augment`. Radiation noise is added in the units of the values yielded (stored ones with
+        ``normalize=None``). None (the default) leaves the batches untouched.
 
     Several scenes (a list of stores / Scenes, or a collection path) are read as one: every tile gets a
     global id, tiles of all scenes are shuffled, sharded and resumed together, and each batch is still cut,

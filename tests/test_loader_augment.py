@@ -112,6 +112,22 @@ def test_radiation_noise_and_band_dropout_statistics(scene, noise_path):
         np.testing.assert_array_equal(p[keep], ref[(int(y), int(x))][keep])
 
 
+def test_radiation_noise_without_normalize_is_in_the_stored_units(scene, noise_path):
+    """With normalize=None the loader yields the stored values and noise_std is in their units (what the
+    Augment docstring and the README say): here int16 counts, noise 5 counts, alpha 1; the reference is the
+    converted .npy cube (patches whose window lies inside the scene)."""
+    cube = np.load(scene.parent / "cube.npy").astype(np.float64)
+    h, w, _ = cube.shape
+    aug = hsgds.Augment(radiation_noise=1.0, radiation_scale=(1.0, 1.0), noise_std=5.0)
+    noisy, _, coords = _run(scene, aug, normalize=None)
+    r = P // 2
+    residuals = [p.transpose(1, 2, 0).astype(np.float64) - cube[y - r:y + r + 1, x - r:x + r + 1]
+                 for p, (y, x) in zip(noisy, coords) if r <= y < h - r and r <= x < w - r]
+    assert len(residuals) > 100
+    residual = np.concatenate([d.ravel() for d in residuals])
+    assert np.std(residual) == pytest.approx(5.0, rel=0.05) and abs(np.mean(residual)) < 0.2
+
+
 @pytest.mark.parametrize("mixture", [0.3, 0.0], ids=["mixture", "no-mixture"])
 def test_resume_mid_epoch_is_bit_identical(scene, noise_path, mixture):
     aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.3, mixture_noise=mixture, band_dropout=0.1)
