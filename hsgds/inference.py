@@ -106,12 +106,19 @@ def _refuse_overwriting_inputs(scene: Scene, targets: list[Path]) -> None:
 
 
 def _is_recorded_source(target: Path, record: dict[str, Any], data_bytes: int | None) -> bool:
-    """Whether ``target`` is one of the files of a store's source ``record`` (its names, total size, sha256).
+    """Whether ``target`` (resolved) is one of the files of a store's source ``record`` (its paths, names,
+    total size, sha256).
 
-    The files are found beside the target by name, compared by identity (a case-insensitive file system or a
-    hard link names them otherwise). The cube is recognised by its size alone: the recorded total, or a file
-    holding all its pixels (``data_bytes``; an ENVI header edited by hand since changes the total), which no
-    class map reaches; the ground truth, which a uint8 class map can match in size, by its sha256."""
+    A file at one of the recorded ``paths`` (the ground truth's, since they were recorded) is, whatever it holds
+    now: the content may have changed since the conversion (an ENVI header edited by hand). Otherwise (an older
+    store, or files moved) the files are found beside the target by name, compared by identity (a
+    case-insensitive file system or a hard link names them otherwise). The cube is recognised by its size
+    alone: the recorded total, or a file holding all its pixels (``data_bytes``; an ENVI header edited by hand
+    since changes the total), which no class map reaches; the ground truth, which a uint8 class map can match
+    in size, by its sha256."""
+    paths = [Path(p) for p in record.get("paths") or [] if isinstance(p, str) and p]
+    if any(target == p or (p.is_file() and os.path.samefile(target, p)) for p in paths):
+        return True
     names = [str(n) for n in (record.get("files") or [record.get("name")]) if n]
     beside = [target.parent / n for n in names]
     if not beside or not all(p.is_file() for p in beside) or not any(os.path.samefile(target, p) for p in beside):

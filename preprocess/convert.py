@@ -859,8 +859,11 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     labels_source = None
     if opts.labels is not None:
         labels_sha256, labels_size = sha256_of(label_paths)
+        # paths: where the ground truth lies, which `hsgds predict` never writes over, whatever the files hold
+        # by then (an ENVI header edited since no longer matches the sha256)
         labels_source = {"name": Path(opts.labels).name, "files": [p.name for p in label_paths],
-                         "size": labels_size, "sha256": labels_sha256}
+                         "paths": [str(p.resolve()) for p in label_paths], "size": labels_size,
+                         "sha256": labels_sha256}
     meta = fmt.StoreMeta(
         shape=(H, W, B), dtype=grid.dtype, tile=grid.tile, halo=grid.halo, padding=opts.padding,
         num_classes=num_classes, checksums=checksums, num_samples=int(len(table["tile"])),

@@ -424,6 +424,48 @@ def test_an_output_naming_envi_ground_truth_is_refused_whichever_file_was_given(
     assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
+def test_ground_truth_changed_since_conversion_is_still_refused_by_its_path(tmp_path, run_cli):
+    """The guard recognised ground truth by the sha256 over its files: once the ENVI header (or binary) was
+    edited after the conversion, `hsgds predict -o gt.hdr` wrote over it. The store records where the files
+    lay (their resolved paths, read here with zarr-python), and a path match needs no content. A store
+    written before (no paths) still recognises ground truth as converted, by name and sha256."""
+    import json
+
+    import zarr
+
+    from tests.envi import write_envi_labels
+
+    cube, labels = coordinate_cube(seed=8)
+    np.save(tmp_path / "c.npy", cube)
+    hdr = write_envi_labels(tmp_path / "gt.hdr", labels)
+    store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=hdr))
+    record = zarr.open_group(store, mode="r").attrs["hsgds"]["labels_source"]
+    assert record["paths"] == [str((tmp_path / "gt.img").resolve()), str(hdr.resolve())]
+    checkpoint, _ = _checkpoint(tmp_path, p=3)
+    with open(hdr, "a") as f:  # edited by hand since the conversion
+        f.write("description = {edited}\n")
+    before = {p: p.read_bytes() for p in (hdr, tmp_path / "gt.img")}
+    (tmp_path / "link").symlink_to(tmp_path, target_is_directory=True)
+    for out in (hdr, tmp_path / "link" / "gt.hdr"):  # (-o gt.hdr writes gt.img too)
+        code, stdout, err = run_cli("predict", store, "--model", checkpoint, "-o", out)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"hsgds: error: cannot write {out}: it is the ground truth s.zarr was converted "
+                              "from; writing there would destroy it"), err
+    (tmp_path / "gt.img").write_bytes(np.zeros_like(labels).tobytes())  # the binary too: nothing matches now
+    before[tmp_path / "gt.img"] = (tmp_path / "gt.img").read_bytes()
+    with pytest.raises(InputError, match="it is the ground truth s.zarr was converted from"):
+        predict(store, RandomConv(3), patch_size=3, device="cpu", out=hdr)
+    assert {p: p.read_bytes() for p in before} == before
+    # an older store, without paths: the ground truth as converted is refused (by name and sha256)
+    write_envi_labels(hdr, labels)
+    doc = json.loads((store / "zarr.json").read_text())
+    del doc["attributes"]["hsgds"]["labels_source"]["paths"]
+    (store / "zarr.json").write_text(json.dumps(doc))
+    assert "paths" not in hsgds.open_scene(store).meta.labels_source
+    with pytest.raises(InputError, match="it is the ground truth s.zarr was converted from"):
+        predict(store, RandomConv(3), patch_size=3, device="cpu", out=hdr)
+
+
 def test_a_collection_pattern_naming_its_sources_is_refused_before_any_scene(tmp_path, run_cli):
     """-o raw/{name}.tif where the scenes were converted from raw/<name>.tif: exit 2 naming the scene, before
     any scene is predicted (not each scene failing in turn, with advice to run the same command again)."""
