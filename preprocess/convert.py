@@ -246,8 +246,11 @@ def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, di
     masks = {name: None if p is None else read_labels(p, what=name.replace("_", " ")) != 0
              for name, p in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
                              ("test_mask", opts.test_mask))}
-    params.update({k: Path(v).name for k, v in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
-                                                ("test_mask", opts.test_mask)) if v is not None})
+    given = {k: v for k, v in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
+                               ("test_mask", opts.test_mask)) if v is not None}
+    params.update({k: Path(v).name for k, v in given.items()})
+    # what each mask held (sha256 over its files, as labels_source's): a convert-many rerun notices an edited mask
+    params.update({f"{k}_sha256": sha256_of(label_files(v))[0] for k, v in given.items()})
     return splitting.mask_split(labels, **masks), params
 
 

@@ -265,6 +265,26 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
                     return _differs("--block-size", opts.block_size, None if split.get(key) else
                                     split.get("block_size"))
                 return _differs("--" + key.replace("_", "-"), value, split.get(key))
+        if opts.split == "masks":
+            return _masks_differ(split, opts)
+    return None
+
+
+def _masks_differ(split: dict[str, Any], opts: ConvertOptions) -> str | None:
+    """Why a mask split must be made again: other mask files given (by name), or a mask whose content changed
+    since (its sha256, recorded by hsgds since it was; a store written before records names alone)."""
+    for key in ("train_mask", "val_mask", "test_mask"):
+        path = getattr(opts, key)
+        option = "--" + key.replace("_", "-")
+        if (None if path is None else Path(path).name) != split.get(key):
+            return _differs(option, None if path is None else Path(path).name, split.get(key))
+        if path is not None and f"{key}_sha256" in split:
+            try:
+                now = sha256_of(label_files(path))[0]
+            except (HsgdsError, OSError) as exc:
+                return f"{option} {Path(path).name} cannot be read ({_one_line(exc)})"
+            if now != split[f"{key}_sha256"]:
+                return f"{option} {Path(path).name} changed (sha256)"
     return None
 
 

@@ -686,6 +686,59 @@ def test_envi_labels_changed_in_the_file_not_given_are_converted_again(tmp_path)
         write_envi_labels(hdr, labels)  # as at first, for the next case
 
 
+def test_a_mask_split_is_made_again_when_a_mask_changed_or_another_is_given(tmp_path):
+    """--split masks: the store records each mask's name and sha256 (read with zarr-python, hashlib as the
+    reference). A rerun whose --train-mask file was edited since (same name, same size) or names another file
+    converts the scene again, saying why, and the new split is the new mask's; before, a rerun compared only
+    the method and the seed and kept the old split."""
+    import zarr
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, labels = make_scene(24, 20, 4, classes=3, seed=7, labelled_fraction=1.0)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    left = np.zeros(labels.shape, bool)
+    left[:, :10] = True
+    np.save(tmp_path / "tm.npy", left)
+    np.save(tmp_path / "te.npy", ~left)
+    row = ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def opts(train_mask: str = "tm.npy") -> ConvertOptions:
+        return ConvertOptions(max_patch=3, split="masks", train_mask=tmp_path / train_mask,
+                              test_mask=tmp_path / "te.npy")
+
+    def train_pixels() -> int:
+        return int(np.count_nonzero(zarr.open_array(out / "c.zarr" / "samples" / "split", mode="r")[:] == 1))
+
+    assert convert_scene(row, out, opts()).status == "converted"
+    split = zarr.open_group(out / "c.zarr", mode="r").attrs["hsgds"]["split"]
+    assert split["train_mask"] == "tm.npy" and split["train_mask_sha256"] == sha256(tmp_path / "tm.npy")
+    assert split["test_mask_sha256"] == sha256(tmp_path / "te.npy") and "val_mask" not in split
+    assert train_pixels() == np.count_nonzero(left & (labels > 0))
+    assert convert_scene(row, out, opts()).status == "up to date"
+    top = np.zeros(labels.shape, bool)
+    top[:8, :10] = True  # the same file, as many bytes
+    np.save(tmp_path / "tm.npy", top)
+    again = convert_scene(row, out, opts())
+    assert (again.status, again.reason) == ("converted", "--train-mask tm.npy changed (sha256)")
+    assert train_pixels() == np.count_nonzero(top & (labels > 0))
+    assert convert_scene(row, out, opts()).status == "up to date"
+    np.save(tmp_path / "tm2.npy", top)
+    again = convert_scene(row, out, opts("tm2.npy"))
+    assert (again.status, again.reason) == ("converted", "--train-mask tm2.npy differs from the store's (tm.npy)")
+    # a store written before the sha256s were recorded: its names alone are compared, and it stays up to date
+    doc = json.loads((out / "c.zarr" / "zarr.json").read_text())
+    for record in ("split", "converted_split"):
+        for key in ("train_mask_sha256", "test_mask_sha256"):
+            del doc["attributes"]["hsgds"][record][key]
+    (out / "c.zarr" / "zarr.json").write_text(json.dumps(doc))
+    np.save(tmp_path / "tm2.npy", left)
+    assert convert_scene(row, out, opts("tm2.npy")).status == "up to date"
+
+
 def test_a_store_recording_only_the_given_label_file_is_converted_once_more(tmp_path):
     """A store written before labels_source listed its files records the given file alone: for ENVI labels
     the binary (or header) beside it was never compared, so a rerun converts the scene once more, saying
