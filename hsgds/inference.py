@@ -100,23 +100,24 @@ def _refuse_overwriting_inputs(scene: Scene, targets: list[Path]) -> None:
         if not resolved.is_file():
             continue
         for what, record, data_bytes in records:
-            if record and _is_recorded_source(resolved, record, data_bytes):
+            if record and _is_recorded_source(resolved, record, data_bytes, store.parent):
                 raise InputError(f"cannot write {target}: it is the {what} {scene.path.name} was converted from; "
                                  "writing there would destroy it: choose another output path")
 
 
-def _is_recorded_source(target: Path, record: dict[str, Any], data_bytes: int | None) -> bool:
+def _is_recorded_source(target: Path, record: dict[str, Any], data_bytes: int | None, base: Path) -> bool:
     """Whether ``target`` (resolved) is one of the files of a store's source ``record`` (its paths, names,
     total size, sha256).
 
-    A file at one of the recorded ``paths`` (the ground truth's, since they were recorded) is, whatever it holds
+    A file at one of the recorded ``paths`` (the ground truth's, since they were recorded; relative to ``base``,
+    the store's folder) is, whatever it holds
     now: the content may have changed since the conversion (an ENVI header edited by hand). Otherwise (an older
     store, or files moved) the files are found beside the target by name, compared by identity (a
     case-insensitive file system or a hard link names them otherwise). The cube is recognised by its size
     alone: the recorded total, or a file holding all its pixels (``data_bytes``; an ENVI header edited by hand
     since changes the total), which no class map reaches; the ground truth, which a uint8 class map can match
     in size, by its sha256."""
-    paths = [Path(p) for p in record.get("paths") or [] if isinstance(p, str) and p]
+    paths = [base / p for p in record.get("paths") or [] if isinstance(p, str) and p]
     if any(target == p or (p.is_file() and os.path.samefile(target, p)) for p in paths):
         return True
     names = [str(n) for n in (record.get("files") or [record.get("name")]) if n]

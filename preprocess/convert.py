@@ -236,6 +236,14 @@ def _load_labels(opts: ConvertOptions, src: Path, shape: tuple[int, int, int]) -
     return labels.astype(np.uint16)
 
 
+def _relative_to(path: Path, folder: Path) -> str:
+    """``path`` resolved, relative to ``folder`` where it can be (not across Windows drives), else absolute."""
+    try:
+        return os.path.relpath(path.resolve(), folder)
+    except ValueError:
+        return str(path.resolve())
+
+
 def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
     params: dict[str, Any] = {"method": opts.split, "seed": opts.seed}
     if not labels.any():
@@ -863,10 +871,11 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if opts.labels is not None:
         labels_sha256, labels_size = sha256_of(label_paths)
         # paths: where the ground truth lies, which `hsgds predict` never writes over, whatever the files hold
-        # by then (an ENVI header edited since no longer matches the sha256)
+        # by then (an ENVI header edited since no longer matches the sha256). Relative to the store's folder: they
+        # stay right when a project folder moves whole, and a shared store does not show the converter's home
         labels_source = {"name": Path(opts.labels).name, "files": [p.name for p in label_paths],
-                         "paths": [str(p.resolve()) for p in label_paths], "size": labels_size,
-                         "sha256": labels_sha256}
+                         "paths": [_relative_to(p, out.resolve().parent) for p in label_paths],
+                         "size": labels_size, "sha256": labels_sha256}
     meta = fmt.StoreMeta(
         shape=(H, W, B), dtype=grid.dtype, tile=grid.tile, halo=grid.halo, padding=opts.padding,
         num_classes=num_classes, checksums=checksums, num_samples=int(len(table["tile"])),

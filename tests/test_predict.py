@@ -427,9 +427,11 @@ def test_an_output_naming_envi_ground_truth_is_refused_whichever_file_was_given(
 def test_ground_truth_changed_since_conversion_is_still_refused_by_its_path(tmp_path, run_cli):
     """The guard recognised ground truth by the sha256 over its files: once the ENVI header (or binary) was
     edited after the conversion, `hsgds predict -o gt.hdr` wrote over it. The store records where the files
-    lay (their resolved paths, read here with zarr-python), and a path match needs no content. A store
-    written before (no paths) still recognises ground truth as converted, by name and sha256."""
+    lay (their resolved paths relative to the store's folder, read here with zarr-python), and a path match
+    needs no content, also once the project folder moved whole. A store written before (no paths) still
+    recognises ground truth as converted, by name and sha256."""
     import json
+    import shutil
 
     import zarr
 
@@ -440,7 +442,7 @@ def test_ground_truth_changed_since_conversion_is_still_refused_by_its_path(tmp_
     hdr = write_envi_labels(tmp_path / "gt.hdr", labels)
     store = convert(tmp_path / "c.npy", tmp_path / "s.zarr", ConvertOptions(labels=hdr))
     record = zarr.open_group(store, mode="r").attrs["hsgds"]["labels_source"]
-    assert record["paths"] == [str((tmp_path / "gt.img").resolve()), str(hdr.resolve())]
+    assert record["paths"] == ["gt.img", "gt.hdr"]
     checkpoint, _ = _checkpoint(tmp_path, p=3)
     with open(hdr, "a") as f:  # edited by hand since the conversion
         f.write("description = {edited}\n")
@@ -451,6 +453,12 @@ def test_ground_truth_changed_since_conversion_is_still_refused_by_its_path(tmp_
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert err.startswith(f"hsgds: error: cannot write {out}: it is the ground truth s.zarr was converted "
                               "from; writing there would destroy it"), err
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("s.zarr", "gt.img", "gt.hdr"):
+        (shutil.copytree if name.endswith(".zarr") else shutil.copy)(tmp_path / name, moved / name)
+    with pytest.raises(InputError, match="it is the ground truth s.zarr was converted from"):
+        predict(moved / "s.zarr", RandomConv(3), patch_size=3, device="cpu", out=moved / "gt.hdr")
     (tmp_path / "gt.img").write_bytes(np.zeros_like(labels).tobytes())  # the binary too: nothing matches now
     before[tmp_path / "gt.img"] = (tmp_path / "gt.img").read_bytes()
     with pytest.raises(InputError, match="it is the ground truth s.zarr was converted from"):

@@ -711,5 +711,5 @@ def test_labels_source_records_every_file_the_labels_were_read_from(tmp_path):
         store = convert(tmp_path / "c.npy", tmp_path / f"{given}.zarr", ConvertOptions(labels=tmp_path / given))
         data = b"".join((tmp_path / f).read_bytes() for f in files)
         record = zarr.open_group(store, mode="r").attrs["hsgds"]["labels_source"]
-        assert record == {"name": given, "files": files, "paths": [str((tmp_path / f).resolve()) for f in files],
+        assert record == {"name": given, "files": files, "paths": files,
                           "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
