@@ -65,7 +65,7 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         wl = cube.wavelengths
         note = getattr(cube, "wavelengths_note", None)
         why = f"not recorded: {note.split(': ', 1)[-1]}" if note else "no wavelengths recorded"
-        lines.append(f"bands:      {counted(b, 'band')}, " + (f"{wl[0]:.1f}-{wl[-1]:.1f} nm" if wl else
+        lines.append(f"bands:      {counted(b, 'band')}, " + (fmt.describe_wavelengths(wl) if wl else
                      f"{why} (give them with --wavelengths to select bands by nm)"))
         geo = cube.georeference
         lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else "none (maps predicted from it carry "
