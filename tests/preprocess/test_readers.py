@@ -481,6 +481,65 @@ def test_hdf5_band_centres_of_the_chosen_cube_only(tmp_path):
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+# descending, as PRISMA lists its bands: VNIR from about 970 nm down, SWIR from about 2500 nm down
+PRISMA_VNIR_NM = [972.65137, 939.87714, 876.6585, 749.7475, 623.2119, 500.14948, 402.45462]
+PRISMA_SWIR_NM = [2496.877, 2002.0, 1503.5, 1099.1104, 942.96277]
+
+
+def test_prisma_band_centres_come_from_the_root_attribute_of_the_cubes_detector(tmp_path):
+    """A PRISMA L2D HE5 file lists each detector's band centres in root attributes (List_Cw_Vnir, List_Cw_Swir;
+    band i of the cube at element i, descending): VNIR_Cube and SWIR_Cube, (rows, bands, columns), take their
+    detector's list by name, as do their error matrices; a cube named for neither takes none, even one whose band
+    count matches a list."""
+    from tests.sensors import PRISMA_FIELDS, PRISMA_SWIR, PRISMA_VNIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=26), make_cube("uint16", seed=27, shape=(H, W, 5))
+    path = write_prisma(tmp_path / "PRS_L2D_STD_20231229050902_20231229050907_0001.he5", vnir, swir,
+                        PRISMA_VNIR_NM, PRISMA_SWIR_NM)
+    for key, expected, nm in ((PRISMA_VNIR, vnir, PRISMA_VNIR_NM), (PRISMA_SWIR, swir, PRISMA_SWIR_NM),
+                              (f"{PRISMA_FIELDS}/VNIR_PIXEL_L2_ERR_MATRIX", None, PRISMA_VNIR_NM)):
+        with closing(open_cube(path, key=key, band_axis="middle")) as cube:
+            if expected is not None:
+                check_cube(cube, expected)
+            assert cube.wavelengths == np.asarray(nm, np.float32).astype(np.float64).tolist()
+            assert cube.wavelengths_note is None
+    with h5py.File(path, "a") as f:  # a cube of VNIR's band count under another name: no list is its own
+        f["other"] = vnir.transpose(0, 2, 1)
+    with closing(open_cube(path, key="other", band_axis="middle")) as cube:
+        assert (cube.wavelengths, cube.wavelengths_note) == (None, None)
+
+
+def test_prisma_bands_without_a_centre_leave_the_cube_without_wavelengths(tmp_path):
+    """A store records a centre for every band or none: PRISMA's unused bands (flag 0 in List_Cw_*_Flags, centre
+    0: the first three VNIR and last two SWIR bands of a real product) have none, so the cube records none and
+    the note names them; as does a list of another length than the cube's bands."""
+    from tests.sensors import PRISMA_SWIR, PRISMA_VNIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=28), make_cube("uint16", seed=29, shape=(H, W, 5))
+    name = "PRS_L2D_STD_0001.he5"
+    real_vnir = [0.0, 0.0, 0.0, *PRISMA_VNIR_NM[3:]]
+    cases = [
+        (PRISMA_VNIR, real_vnir, [0, 0, 0, 1, 1, 1, 1], PRISMA_SWIR_NM, None,
+         f"{name} attribute List_Cw_Vnir: bands 0, 1, 2 have no centre (unused: 0 in List_Cw_Vnir_Flags or as its "
+         "centre)"),
+        (PRISMA_SWIR, PRISMA_VNIR_NM, None, [*PRISMA_SWIR_NM[:3], 0.0, 0.0], [1, 1, 1, 0, 0],
+         f"{name} attribute List_Cw_Swir: bands 3, 4 have no centre (unused: 0 in List_Cw_Swir_Flags or as its "
+         "centre)"),
+        # flagged unused though it has a centre; a centre of 0 though flagged used
+        (PRISMA_VNIR, PRISMA_VNIR_NM, [1, 1, 0, 1, 1, 1, 1], PRISMA_SWIR_NM, None,
+         f"{name} attribute List_Cw_Vnir: band 2 has no centre (unused: 0 in List_Cw_Vnir_Flags or as its centre)"),
+        (PRISMA_SWIR, PRISMA_VNIR_NM, None, [*PRISMA_SWIR_NM[:4], 0.0], None,
+         f"{name} attribute List_Cw_Swir: band 4 has no centre (unused: 0 in List_Cw_Swir_Flags or as its centre)"),
+        (PRISMA_SWIR, PRISMA_VNIR_NM, None, PRISMA_SWIR_NM[:4], None,
+         f"{name} attribute List_Cw_Swir: it lists 4 band centres for the cube's 5 bands"),
+    ]
+    for key, cw_vnir, flags_vnir, cw_swir, flags_swir, note in cases:
+        write_prisma(tmp_path / name, vnir, swir, cw_vnir, cw_swir, flags_vnir, flags_swir)
+        with closing(open_cube(tmp_path / name, key=key, band_axis="middle")) as cube:
+            check_cube(cube, vnir if key == PRISMA_VNIR else swir)
+            assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
+
+
 def test_hdf5_errors_and_labels(tmp_path):
     labels = make_labels(seed=14)
     path = tmp_path / "two.h5"
