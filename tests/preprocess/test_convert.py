@@ -663,6 +663,39 @@ def test_a_prisma_cubes_band_centres_are_the_stores_in_its_own_descending_order(
                           "List_Cw_Vnir_Flags or as its centre) (give them with --wavelengths") in out, out + err
 
 
+def test_an_enmap_images_metadata_file_gives_its_centres_and_is_part_of_its_source(tmp_path, run_cli):
+    """An EnMAP L2A image converted beside its METADATA.XML: the store records the file's band centres, and its
+    source record (read with zarr-python) lists the image and the metadata file, hashed together (hashlib here);
+    a metadata file listing another number of bands gives a one-line warning and no wavelengths."""
+    import hashlib
+
+    from hsgds.synthetic import make_scene
+    from tests.sensors import ENMAP_L2A, enmap_xml, write_enmap
+
+    cube, labels = make_scene(24, 20, 5, classes=3, dtype="int16", seed=6)
+    np.save(tmp_path / "gt.npy", labels)
+    centres = ["418.416", "550.5", "880.0", "1200.25", "2445.53"]
+    src = write_enmap(tmp_path, cube, enmap_xml(centres))
+    xml = tmp_path / f"{ENMAP_L2A}-METADATA.XML"
+    code, _, err = run_cli("convert", src, "--labels", tmp_path / "gt.npy", "-o", tmp_path / "e.zarr")
+    assert code == 0 and "warning" not in err, err
+    record = zarr.open_group(tmp_path / "e.zarr", mode="r").attrs["hsgds"]
+    assert record["wavelengths"] == [418.416, 550.5, 880.0, 1200.25, 2445.53]
+    data = src.read_bytes() + xml.read_bytes()
+    assert {k: record["source"][k] for k in ("name", "files", "size", "sha256")} == {
+        "name": src.name, "files": [src.name, xml.name], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert np.array_equal(hsgds.open_scene(tmp_path / "e.zarr").read(0, 24, 0, 20), cube)
+
+    xml.write_text(enmap_xml(centres[:4]))
+    code, _, err = run_cli("convert", src, "--labels", tmp_path / "gt.npy", "-o", tmp_path / "m.zarr")
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("hsgds: warning:")]
+    assert warned == [f"hsgds: warning: {xml.name}: it lists 4 band centres for the image's 5 bands; the store "
+                      "records no wavelengths (to match bands by wavelength, give the band centres in nm with "
+                      "--wavelengths or fix the header)"], err
+    assert zarr.open_group(tmp_path / "m.zarr", mode="r").attrs["hsgds"]["wavelengths"] is None
+
+
 def test_a_line_interleaved_hdf5_suggests_band_axis_middle(tmp_path, run_cli):
     """A PRISMA-style (rows, bands, columns) dataset read as (H, W, B) has the wrong size: the error names the
     band axis that makes the labels fit, and with it the store holds the cube."""

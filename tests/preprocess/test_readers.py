@@ -745,6 +745,76 @@ def test_tiff_band_centres_from_gdal_metadata(tmp_path):
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+ENMAP_NM = ["418.416", "423.874", "429.291", "434.669", "1001.2", "1014.7", "2445.53"]
+
+
+def test_enmap_band_centres_come_from_the_products_metadata_file(tmp_path):
+    """An EnMAP image GeoTIFF (...-SPECTRAL_IMAGE.TIF) records no wavelengths; its product's METADATA.XML beside
+    it lists one wavelengthCenterOfBand per bandID (numbered from 1): those are the cube's band centres, and the
+    metadata file becomes the cube's second file. Its name may end in .xml; an L1B image holds one detector's
+    bands (numberOfVNIRBands split them); an image whose GDAL metadata has wavelengths keeps its own."""
+    from tests.sensors import ENMAP_L1B, ENMAP_L2A, enmap_xml, write_enmap
+
+    expected = make_cube("int16", seed=30, shape=(H, W, 7))
+    nm = [float(c) for c in ENMAP_NM]
+    path = write_enmap(tmp_path, expected, enmap_xml(ENMAP_NM))
+    sidecar = tmp_path / f"{ENMAP_L2A}-METADATA.XML"
+    with closing(open_cube(path)) as cube:
+        check_cube(cube, expected)
+        assert (cube.wavelengths, cube.wavelengths_note, cube.files) == (nm, None, [path, sidecar])
+    # bandIDs in another order are placed by their numbers
+    shuffled = enmap_xml(ENMAP_NM).replace('number="1"', 'number="x"').replace('number="7"', 'number="1"')
+    sidecar.write_text(shuffled.replace('number="x"', 'number="7"'))
+    with closing(open_cube(path)) as cube:
+        assert cube.wavelengths == [nm[6], *nm[1:6], nm[0]]
+    sidecar.unlink()
+    with closing(open_cube(path)) as cube:  # no metadata file: no wavelengths, nothing to say
+        assert (cube.wavelengths, cube.wavelengths_note, cube.files) == (None, None, [path])
+    lower = tmp_path / "lower"
+    lower.mkdir()
+    with closing(open_cube(write_enmap(lower, expected, enmap_xml(ENMAP_NM), xml_ext=".xml"))) as cube:
+        assert (cube.wavelengths, cube.files[1].name) == (nm, f"{ENMAP_L2A}-METADATA.xml")
+    l1b = tmp_path / "l1b"
+    l1b.mkdir()
+    for detector, bands in (("VNIR", nm[:4]), ("SWIR", nm[4:])):
+        image = write_enmap(l1b, expected[:, :, :4] if detector == "VNIR" else expected[:, :, 4:],
+                            enmap_xml(ENMAP_NM, level="L1B"), name=ENMAP_L1B, image=f"SPECTRAL_IMAGE_{detector}")
+        with closing(open_cube(image)) as cube:
+            assert (cube.wavelengths, cube.wavelengths_note) == (bands, None)
+    own = tmp_path / "own"
+    own.mkdir()
+    image = own / f"{ENMAP_L2A}-SPECTRAL_IMAGE.TIF"
+    gdal = "<GDALMetadata>" + "".join(f'<Item name="wavelength" sample="{b}">{500 + b}</Item>' for b in range(7)) + \
+        "</GDALMetadata>"
+    tifffile.imwrite(image, expected.transpose(2, 0, 1), photometric="minisblack", extratags=[(42112, "s", 0, gdal, True)])
+    (own / f"{ENMAP_L2A}-METADATA.XML").write_text(enmap_xml(ENMAP_NM))
+    with closing(open_cube(image)) as cube:
+        assert (cube.wavelengths, cube.files) == ([500.0 + b for b in range(7)], [image])
+
+
+def test_an_enmap_metadata_file_that_cannot_give_the_centres_is_named(tmp_path):
+    """A metadata file that is no XML, lists another number of bands, or a centre that is no number: the cube
+    records no wavelengths and the note says why in one line; the file is still the cube's (it was read)."""
+    from tests.sensors import ENMAP_L2A, enmap_xml, write_enmap
+
+    expected = make_cube("int16", seed=31, shape=(H, W, 7))
+    xml = f"{ENMAP_L2A}-METADATA.XML"
+    cases = [
+        (enmap_xml(ENMAP_NM)[:900], f"{xml}: it is not well-formed XML (no element found: line "),
+        (enmap_xml(ENMAP_NM[:6]), f"{xml}: it lists 6 band centres for the image's 7 bands"),
+        (enmap_xml([*ENMAP_NM[:3], "n/a", *ENMAP_NM[4:]]), f"{xml}: a band's wavelengthCenterOfBand is not a number"),
+        (enmap_xml(ENMAP_NM).replace('number="3"', 'number="9"'), f"{xml}: its bandID numbers are not 1 to 7"),
+        (enmap_xml([str(float(c) / 1000) for c in ENMAP_NM]),
+         f"{xml}: its wavelengths read as 0.418416-2.44553 nm (units nm), outside 100-20000 nm"),
+    ]
+    for text, note in cases:
+        path = write_enmap(tmp_path, expected, text)
+        with closing(open_cube(path)) as cube:
+            check_cube(cube, expected)
+            assert cube.wavelengths is None and cube.wavelengths_note.startswith(note), cube.wavelengths_note
+            assert "\n" not in cube.wavelengths_note and cube.files == [path, tmp_path / xml]
+
+
 def test_tiff_labels_and_single_band_cube(tmp_path):
     labels = make_labels(seed=17)
     path = tmp_path / "gt.tif"
