@@ -172,7 +172,8 @@ _SCENE_OPTIONS = [
     click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...)."),
     click.option("--wavelengths", help="Band centres in nm, comma-separated, or a text file of them (commas, spaces "
                                        "or one per line), for sources that do not record them (.npy, .mat, GeoTIFF "
-                                       "without GDAL wavelength metadata, HDF5 without a wavelength dataset): "
+                                       "without GDAL wavelength metadata or an EnMAP METADATA.XML, HDF5 without a "
+                                       "wavelength dataset or PRISMA's List_Cw_* of a centre for every band): "
                                        "loaders then select bands with wavelengths=[...]."),
     click.option("--dtype", help="Store the samples as this type (e.g. float32) instead of the source's, so that "
                                  "scenes of several sensors load together; a value it cannot hold exactly is "

@@ -427,6 +427,14 @@ def describe_georeference(geo: dict) -> str:
     return f"{crs}; origin ({x0:.10g}, {y0:.10g}), pixel {dx:.10g} x {dy:.10g}{rotated}"
 
 
+def describe_wavelengths(wavelengths: Any) -> str:
+    """The span of band centres in nm, lowest to highest whatever their order ("402.5-972.7 nm"), and
+    "(descending)" for a sensor that lists its bands from the longest wavelength down (PRISMA)."""
+    nm = [float(w) for w in wavelengths]
+    falling = len(nm) > 1 and all(a > b for a, b in zip(nm, nm[1:]))
+    return f"{min(nm):.1f}-{max(nm):.1f} nm" + (" (descending)" if falling else "")
+
+
 #: Largest coordinate reference system text accepted (a WKT is a few KB).
 MAX_CRS_WKT = 1 << 16
 

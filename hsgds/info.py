@@ -162,7 +162,7 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     if m.georeference is not None:
         lines.append(f"georef:     {fmt.describe_georeference(m.georeference)}")
     if scene.wavelengths:
-        lines.append(f"bands:      {scene.wavelengths[0]:.1f}-{scene.wavelengths[-1]:.1f} nm")
+        lines.append(f"bands:      {fmt.describe_wavelengths(scene.wavelengths)}")
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
     guarded = 2 * g.halo + 1 if m.split.get("method") == "blocks" else None
     lines.append(leakage_line(leakage(scene, patch_size), guarded))
@@ -208,7 +208,7 @@ def describe_collection(coll: Collection) -> str:
              f"bands:      {_tally([e.bands for e in entries])}"]
     listed = [e.wavelengths for e in entries if e.wavelengths]
     if listed:
-        lo, hi = min(w[0] for w in listed), max(w[-1] for w in listed)
+        lo, hi = min(min(w) for w in listed), max(max(w) for w in listed)  # (PRISMA lists its bands descending)
         missing = len(entries) - len(listed)
         lines.append(f"spectrum:   {lo:.1f}-{hi:.1f} nm" + (f" ({missing} scene{'s' * (missing > 1)} without wavelengths)" if missing else ""))
     with_nodata = [e for e in entries if e.nodata_pixels]

@@ -342,7 +342,8 @@ def _wavelengths(given: tuple[float, ...] | None, recorded: Any, bands: int, src
                          "centre (nm) per band, in band order")
     if recorded is not None and not np.allclose(np.asarray(recorded, np.float64), given, rtol=0, atol=1e-6):
         fix = f"drop {named}" if named.startswith("--") else "leave this scene's cell empty"  # an option, or a column
-        raise InputError(f"{src.name} records its own wavelengths ({float(recorded[0]):g}-{float(recorded[-1]):g} nm), "
+        raise InputError(f"{src.name} records its own wavelengths ({min(map(float, recorded)):g}-"
+                         f"{max(map(float, recorded)):g} nm), "
                          f"which {named} contradicts; {fix}")
     return [float(w) for w in given]
 

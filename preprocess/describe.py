@@ -47,7 +47,7 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         except InputError:
             pass
         raise
-    lines = [f"source:     {path} ({FORMATS[kind]}, {_size(cube.files)})"]  # (ENVI: header and binary)
+    lines = [f"source:     {path} ({FORMATS[kind]}, {_size(cube.files)})"]  # (ENVI: header and binary; EnMAP: image and metadata file)
     if cube.shape[2] == 1:  # an ENVI Classification file or an (H, W, 1) raster: the label map it reads as
         try:
             described = "\n".join([*lines, *_label_lines(path, key)])
@@ -65,8 +65,10 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         wl = cube.wavelengths
         note = getattr(cube, "wavelengths_note", None)
         why = f"not recorded: {note.split(': ', 1)[-1]}" if note else "no wavelengths recorded"
-        lines.append(f"bands:      {counted(b, 'band')}, " + (f"{wl[0]:.1f}-{wl[-1]:.1f} nm" if wl else
-                     f"{why} (give them with --wavelengths to select bands by nm)"))
+        sidecar = getattr(cube, "wavelengths_file", None)
+        lines.append(f"bands:      {counted(b, 'band')}, " + (
+            fmt.describe_wavelengths(wl) + (f" (from {sidecar.name})" if sidecar else "") if wl else
+            f"{why} (give them with --wavelengths to select bands by nm)"))
         geo = cube.georeference
         lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else "none (maps predicted from it carry "
                                                                                   "no coordinates)"))

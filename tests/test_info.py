@@ -160,6 +160,10 @@ def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
     assert "dtype:      int16 (2 scenes), uint16 (1 scene)" in text
     assert "bands:      3 (2 scenes), 2 (1 scene)" in text
     assert "spectrum:   400.0-900.0 nm (1 scene without wavelengths)" in text
+    # a sensor listing its bands descending (PRISMA): the span is still lowest to highest
+    falling = describe_collection(Collection(tmp_path / "collection.json", [
+        entry("a", 3, "int16", (400.0, 500.0, 600.0)), entry("p", 3, "uint16", (950.0, 700.0, 402.5))]))
+    assert "spectrum:   400.0-950.0 nm" in falling
     assert text.endswith("classes:    none (no scene has labels)")
     one = describe_collection(Collection(tmp_path / "collection.json", [entry("a", 3, "int16", None)]))
     assert "(1 scene, 20 pixels," in one

@@ -263,6 +263,8 @@ class ArrayCube:
     #: why the wavelengths the file lists are not recorded (units that are no length, values no band centre
     #: in nm can be); the converter warns with it
     wavelengths_note: str | None = None
+    #: the file beside the cube that ``wavelengths`` were read from (an EnMAP product's metadata file), or None
+    wavelengths_file: Path | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

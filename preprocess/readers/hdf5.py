@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hsgds._wording import listed
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
@@ -191,11 +192,54 @@ def _attr_text(dataset: h5py.Dataset, name: str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+#: PRISMA's root attributes listing a detector's band centres (nm, band i of the cube at element i, in descending
+#: order) and their flags (1: the band is used; 0: unused, its centre 0), by the detector a cube's name holds
+_PRISMA_LISTS = {"vnir": ("List_Cw_Vnir", "List_Cw_Vnir_Flags"), "swir": ("List_Cw_Swir", "List_Cw_Swir_Flags")}
+
+
+def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) -> tuple[list[float] | None, str | None]:
+    """The band centres of a PRISMA cube (L1 or L2 HE5: ``VNIR_Cube``, ``SWIR_Cube`` and their error matrices,
+    (rows, bands, columns)) from the file's root attribute ``List_Cw_Vnir`` or ``List_Cw_Swir``, taken by the
+    detector the dataset's name holds: the product ties a list to its cube by name, not by length (a cube of
+    another band count that happened to match the other list would take wrong centres); the length is checked.
+    None, or None and why they are not recorded; (None, None) for a dataset of neither detector, or a file
+    without the list.
+
+    A band flagged unused in ``List_Cw_*_Flags`` (or whose centre is 0 or not finite: PRISMA writes 0 for
+    the unused bands at the ends of each detector's range) has no centre, and a store records a centre for
+    every band or none."""
+    leaf = cube.name.rsplit("/", 1)[-1].lower()
+    detectors = [d for d in _PRISMA_LISTS if d in leaf]
+    if len(detectors) != 1 or _PRISMA_LISTS[detectors[0]][0] not in f.attrs:
+        return None, None
+    name, flags_name = _PRISMA_LISTS[detectors[0]]
+    where = f"{path.name} attribute {name}"
+    raw = np.asarray(f.attrs[name]).reshape(-1)
+    if raw.dtype.kind not in "iuf":
+        return None, f"{where}: its band centres are not numbers"
+    values = raw.astype(np.float64)
+    if values.size != bands:
+        return None, f"{where}: it lists {values.size} band centres for the cube's {bands} bands"
+    unused = ~np.isfinite(values) | (values == 0)
+    if flags_name in f.attrs:
+        flags = np.asarray(f.attrs[flags_name]).reshape(-1)
+        if flags.size != bands or flags.dtype.kind not in "iub":
+            return None, f"{where}: {flags_name} holds {flags.size} flags for the cube's {bands} bands"
+        unused |= flags == 0
+    if unused.any():
+        missing = np.flatnonzero(unused).tolist()
+        several = len(missing) > 1
+        return None, (f"{where}: band{'s' * several} {listed(missing)} {'have' if several else 'has'} no centre "
+                      f"(unused: 0 in {flags_name} or as its centre)")
+    return wavelengths_in_nm(values.tolist(), "nm", where)
+
+
 def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) -> tuple[list[float] | None, str | None]:
     """The cube's band centres in nm from the file: the 1-D numeric dataset of ``bands`` values whose name
     holds "wavelength" (EMIT's ``sensor_band_parameters/wavelengths``, a netCDF coordinate variable), in its CF
-    ``units`` (or guessed from magnitude); and None, or None and why they are not recorded (see
-    :func:`wavelengths_in_nm`). (None, None) when the file has no such dataset.
+    ``units`` (or guessed from magnitude), else PRISMA's root attribute of the cube's detector (see
+    :func:`_prisma_centres`); and None, or None and why they are not recorded (see :func:`wavelengths_in_nm`).
+    (None, None) when the file has neither.
 
     Flags named for wavelengths (EMIT's ``good_wavelengths``, 0 or 1 per band) are no band centres; of several
     lists that differ, the one named exactly "wavelength(s)" is taken, else none."""
@@ -204,7 +248,7 @@ def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) -> tu
              and d.dtype.kind in "iuf" and d.name != cube.name}
     found = {name: v for name, v in found.items() if not np.isin(v, (0, 1)).all()}
     if not found:
-        return None, None
+        return _prisma_centres(f, cube, bands, path)
     name, first = next(iter(found.items()))
     if any(not np.array_equal(v, first, equal_nan=True) for v in found.values()):
         exact = [n for n in found if n.rsplit("/", 1)[-1].lower() in ("wavelength", "wavelengths")]

@@ -203,6 +203,76 @@ def _band_centres(text: str | None, bands: int, path: Path) -> tuple[list[float]
     return wavelengths_in_nm(values, units, path.name)
 
 
+#: the part of an EnMAP image file's name (``ENMAP01-____L2A-DT...Z-SPECTRAL_IMAGE.TIF``; L1B's ``..._VNIR`` and
+#: ``..._SWIR``; EOLab's ``..._COG.tiff``) that its metadata file's name (``...Z-METADATA.XML``) has in its place
+_ENMAP_IMAGE = re.compile(r"(SPECTRAL_IMAGE)(_VNIR|_SWIR)?(_COG)?$", re.IGNORECASE)
+#: a metadata file larger than this is no EnMAP product's (theirs are a few hundred KB): it is not parsed
+_MAX_SIDECAR = 16 << 20
+
+
+def _enmap_metadata(path: Path) -> Path | None:
+    """The EnMAP metadata file beside the image ``path`` (same prefix, ``SPECTRAL_IMAGE[_VNIR|_SWIR][_COG]``
+    replaced by ``METADATA``, extension ``.XML`` or ``.xml``), or None when there is none."""
+    found = _ENMAP_IMAGE.search(path.stem)
+    if found is None:
+        return None
+    metadata = "METADATA" if found[1].isupper() else "metadata"
+    for ext in (".XML", ".xml"):
+        candidate = path.with_name(path.stem[:found.start()] + metadata + ext)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _enmap_centres(path: Path, xml: Path, bands: int) -> tuple[list[float] | None, str | None]:
+    """Band centres in nm from an EnMAP metadata file's ``specific/bandCharacterisation``: one ``bandID`` per
+    band, numbered from 1 (``number``), with its ``wavelengthCenterOfBand``. An L2A or L1C image holds every
+    band; an L1B image one detector's (``..._VNIR``: bands 1 to ``specific/numberOfVNIRBands``, ``..._SWIR``:
+    the rest). None, or None and why they are not recorded; (None, None) when the file has no such list."""
+    where = xml.name
+    try:
+        if xml.stat().st_size > _MAX_SIDECAR:
+            return None, f"{where}: it is larger than {_MAX_SIDECAR >> 20} MiB, so its band centres are not read"
+        root = ET.parse(xml).getroot()
+    except ET.ParseError as exc:
+        return None, f"{where}: it is not well-formed XML ({exc}), so its band centres are unreadable"
+    except OSError as exc:
+        return None, f"{where}: it cannot be read ({exc.strerror or exc})"
+    except (ValueError, LookupError) as exc:  # expat on an unknown or false encoding declaration
+        return None, f"{where}: it cannot be parsed as XML ({type(exc).__name__}: {exc}), so its band centres are unreadable"
+    listing = root.find("specific/bandCharacterisation")
+    if listing is None:
+        return None, None
+    centres: dict[int, str] = {}
+    for band in listing.findall("bandID"):
+        number, text = (band.get("number") or "").strip(), band.findtext("wavelengthCenterOfBand")
+        if not number.isdigit() or text is None or int(number) in centres:
+            return None, f"{where}: a bandID has no number, a repeated one or no wavelengthCenterOfBand"
+        centres[int(number)] = text.strip()
+    if not centres:
+        return None, None
+    if sorted(centres) != list(range(1, len(centres) + 1)):
+        return None, f"{where}: its bandID numbers are not 1 to {len(centres)}"
+    numbers = list(range(1, len(centres) + 1))
+    found = _ENMAP_IMAGE.search(path.stem)
+    detector = ((found[2] if found else None) or "").upper()
+    if detector:  # L1B: one detector's bands, VNIR's first
+        vnir = (root.findtext("specific/numberOfVNIRBands") or "").strip()
+        if not vnir.isdigit() or int(vnir) > len(numbers):
+            return None, f"{where}: its numberOfVNIRBands ({vnir or 'missing'}) does not split its {len(numbers)} bands"
+        numbers = numbers[:int(vnir)] if detector == "_VNIR" else numbers[int(vnir):]
+    if len(numbers) != bands:
+        what = f"{detector[1:]} " if detector else ""
+        return None, f"{where}: it lists {len(numbers)} {what}band centres for the image's {bands} bands"
+    try:
+        values = [float(centres[n]) for n in numbers]
+    except ValueError:
+        return None, f"{where}: a band's wavelengthCenterOfBand is not a number"
+    if not all(math.isfinite(v) for v in values):
+        return None, f"{where}: its wavelengthCenterOfBand values include NaN or infinity"
+    return wavelengths_in_nm(values, "nm", where)
+
+
 def _needs_imagecodecs(exc: BaseException, compression: Any) -> str | None:
     """What of a TIFF tifffile could not decode for want of imagecodecs ("its LZW compression"), or None when
     ``exc`` is another failure.
@@ -279,8 +349,9 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
 
 
 def open_tiff(path: Path) -> ArrayCube:
-    """Open a 3-D TIFF as a cube, taking the band axis from the file's layout and its georeference
-    from the GeoTIFF keys."""
+    """Open a 3-D TIFF as a cube, taking the band axis from the file's layout, its georeference from the
+    GeoTIFF keys and its band centres from GDAL's metadata or, for an EnMAP image without them, from the
+    product's metadata file beside it (then the cube's second file)."""
     geo: dict[str, Any] = {}
     array, axes = _load(path, geo)
     if array.ndim == 3 and axes[:2] == "YX":
@@ -297,9 +368,20 @@ def open_tiff(path: Path) -> ArrayCube:
             "save the cube as (H, W, B) with planarconfig contig or as (B, H, W) pages"
         )
     check_dtype(array.dtype, path.name)
-    wavelengths, note = _band_centres(geo.get("gdal_metadata"), array.shape[order.index("B")], path)
-    cube = ArrayCube(array, axes=order, files=[path], georeference=geo.get("georeference"), nodata=geo.get("nodata"),
-                     nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note)
+    bands = array.shape[order.index("B")]
+    wavelengths, note = _band_centres(geo.get("gdal_metadata"), bands, path)
+    files, sidecar = [path], None
+    if wavelengths is None and note is None:  # none in the file: an EnMAP product's are in its metadata file
+        sidecar = _enmap_metadata(path)
+        if sidecar is not None:
+            wavelengths, note = _enmap_centres(path, sidecar, bands)
+            if wavelengths is not None or note is not None:
+                # read for the store's band centres, it is part of the source: hashed with the image, and a change
+                # to it is a changed source (a store's record of what it was made from names both)
+                files.append(sidecar)
+    cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=geo.get("nodata"),
+                     nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,
+                     wavelengths_file=None if wavelengths is None else sidecar)
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
     return cube

@@ -620,6 +620,82 @@ def test_micrometres_labelled_as_nanometres_are_not_recorded_and_said_once(npy_s
     assert hsgds.open_scene(tmp_path / "b.zarr").wavelengths == [400.0, 410.0, 420.0, 430.0]
 
 
+def test_a_prisma_cubes_band_centres_are_the_stores_in_its_own_descending_order(tmp_path, run_cli):
+    """A PRISMA L2D file's VNIR_Cube, (rows, bands, columns), converted with --band-axis middle: the store (read
+    with zarr-python) records the file's List_Cw_Vnir as they are, descending, and a loader's wavelengths=[...]
+    takes each one's nearest band; with the product's unused bands (flag 0, centre 0) the store records none,
+    the conversion says so in one line naming them and the fix, and `hsgds info` says the same."""
+    from hsgds.synthetic import make_scene
+    from tests.sensors import PRISMA_VNIR, write_prisma
+
+    vnir, labels = make_scene(30, 26, 6, classes=3, dtype="uint16", seed=4)
+    swir, _ = make_scene(30, 26, 4, classes=3, dtype="uint16", seed=5)
+    np.save(tmp_path / "gt.npy", labels)
+    nm = [960.5, 850.25, 700.0, 610.0, 520.75, 410.0]
+    src = write_prisma(tmp_path / "PRS_L2D_STD_0001.he5", vnir, swir, nm, [2400.0, 2000.0, 1500.0, 1000.0])
+    args = ("--key", PRISMA_VNIR, "--band-axis", "middle", "--labels", tmp_path / "gt.npy")
+    code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "p.zarr")
+    assert code == 0 and "warning" not in err, err
+    stored = zarr.open_group(tmp_path / "p.zarr", mode="r").attrs["hsgds"]["wavelengths"]
+    assert stored == np.asarray(nm, np.float32).astype(np.float64).tolist()
+    assert np.array_equal(hsgds.open_scene(tmp_path / "p.zarr").read(0, 30, 0, 26), vnir)
+    # nearest bands of 413, 607 and 957 nm: 5, 3 and 0
+    with hsgds.PatchLoader(tmp_path / "p.zarr", patch_size=3, batch_size=16, wavelengths=[413, 607, 957],
+                           shuffle=False, device="cpu", normalize=None) as by_nm, \
+            hsgds.PatchLoader(tmp_path / "p.zarr", patch_size=3, batch_size=16, bands=[5, 3, 0], shuffle=False,
+                              device="cpu", normalize=None) as by_index:
+        assert all(np.array_equal(a[0], b[0]) for a, b in zip(by_nm, by_index))
+    code, out, err = run_cli("info", tmp_path / "p.zarr")
+    assert code == 0 and "bands:      410.0-960.5 nm (descending)" in out, out + err
+    code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "x.zarr", "--wavelengths", "400,500,600,700,800,900")
+    assert code == 2 and "records its own wavelengths (410-960.5 nm), which --wavelengths contradicts" in err, err
+
+    write_prisma(src, vnir, swir, [0.0, 0.0, *nm[2:]], [2400.0, 2000.0, 1500.0, 1000.0], flags_vnir=[0, 0, 1, 1, 1, 1])
+    code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "u.zarr")
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("hsgds: warning:")]
+    assert warned == ["hsgds: warning: PRS_L2D_STD_0001.he5 attribute List_Cw_Vnir: bands 0, 1 have no centre "
+                      "(unused: 0 in List_Cw_Vnir_Flags or as its centre); the store records no wavelengths (to match "
+                      "bands by wavelength, give the band centres in nm with --wavelengths or fix the header)"], err
+    assert zarr.open_group(tmp_path / "u.zarr", mode="r").attrs["hsgds"]["wavelengths"] is None
+    code, out, err = run_cli("info", src, "--key", PRISMA_VNIR, "--band-axis", "middle")
+    assert code == 0 and ("bands:      6 bands, not recorded: bands 0, 1 have no centre (unused: 0 in "
+                          "List_Cw_Vnir_Flags or as its centre) (give them with --wavelengths") in out, out + err
+
+
+def test_an_enmap_images_metadata_file_gives_its_centres_and_is_part_of_its_source(tmp_path, run_cli):
+    """An EnMAP L2A image converted beside its METADATA.XML: the store records the file's band centres, and its
+    source record (read with zarr-python) lists the image and the metadata file, hashed together (hashlib here);
+    a metadata file listing another number of bands gives a one-line warning and no wavelengths."""
+    import hashlib
+
+    from hsgds.synthetic import make_scene
+    from tests.sensors import ENMAP_L2A, enmap_xml, write_enmap
+
+    cube, labels = make_scene(24, 20, 5, classes=3, dtype="int16", seed=6)
+    np.save(tmp_path / "gt.npy", labels)
+    centres = ["418.416", "550.5", "880.0", "1200.25", "2445.53"]
+    src = write_enmap(tmp_path, cube, enmap_xml(centres))
+    xml = tmp_path / f"{ENMAP_L2A}-METADATA.XML"
+    code, _, err = run_cli("convert", src, "--labels", tmp_path / "gt.npy", "-o", tmp_path / "e.zarr")
+    assert code == 0 and "warning" not in err, err
+    record = zarr.open_group(tmp_path / "e.zarr", mode="r").attrs["hsgds"]
+    assert record["wavelengths"] == [418.416, 550.5, 880.0, 1200.25, 2445.53]
+    data = src.read_bytes() + xml.read_bytes()
+    assert {k: record["source"][k] for k in ("name", "files", "size", "sha256")} == {
+        "name": src.name, "files": [src.name, xml.name], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert np.array_equal(hsgds.open_scene(tmp_path / "e.zarr").read(0, 24, 0, 20), cube)
+
+    xml.write_text(enmap_xml(centres[:4]))
+    code, _, err = run_cli("convert", src, "--labels", tmp_path / "gt.npy", "-o", tmp_path / "m.zarr")
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("hsgds: warning:")]
+    assert warned == [f"hsgds: warning: {xml.name}: it lists 4 band centres for the image's 5 bands; the store "
+                      "records no wavelengths (to match bands by wavelength, give the band centres in nm with "
+                      "--wavelengths or fix the header)"], err
+    assert zarr.open_group(tmp_path / "m.zarr", mode="r").attrs["hsgds"]["wavelengths"] is None
+
+
 def test_a_line_interleaved_hdf5_suggests_band_axis_middle(tmp_path, run_cli):
     """A PRISMA-style (rows, bands, columns) dataset read as (H, W, B) has the wrong size: the error names the
     band axis that makes the labels fit, and with it the store holds the cube."""

@@ -453,6 +453,41 @@ def test_a_store_lacking_the_sources_own_wavelengths_is_converted_again(tmp_path
         assert open_scene(out / "c.zarr").wavelengths == [450.0, 550.0, 650.0, 750.0]
 
 
+def test_an_enmap_metadata_file_is_part_of_the_source_a_rerun_compares(tmp_path):
+    """An EnMAP image's band centres come from its METADATA.XML, which the store's source record lists with the
+    image: a rerun finds the scene up to date, converts it again when the metadata file's centres change (or it is
+    gone), and a store written before hsgds read the file (no wavelengths, the image alone) is converted again."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+    from tests.sensors import ENMAP_L2A, enmap_xml, write_enmap
+
+    cube, _ = make_scene(24, 20, 4, classes=3, seed=4)
+    src = write_enmap(tmp_path, cube, enmap_xml(["418.4", "650.0", "1010.5", "2445.5"]))
+    xml = tmp_path / f"{ENMAP_L2A}-METADATA.XML"
+    out = tmp_path / "out"
+    out.mkdir()
+    row, opts = ManifestRow(name="e", source=src), ConvertOptions(max_patch=3)
+    assert convert_scene(row, out, opts).status == "converted"
+    assert open_scene(out / "e.zarr").meta.source["files"] == [src.name, xml.name]
+    assert convert_scene(row, out, opts).status == "up to date"
+    xml.write_text(enmap_xml(["418.4", "650.0", "1010.5", "2440.0"]))
+    again = convert_scene(row, out, opts)
+    assert (again.status, again.reason) == ("converted", "band centres: the source records 418.4-2440 nm, the store "
+                                                         "418.4-2445.5 nm")
+    assert open_scene(out / "e.zarr").wavelengths == [418.4, 650.0, 1010.5, 2440.0]
+    meta = json.loads((out / "e.zarr" / "zarr.json").read_text())  # as an older hsgds wrote it
+    meta["attributes"]["hsgds"]["wavelengths"] = None
+    meta["attributes"]["hsgds"]["source"]["files"] = [src.name]
+    (out / "e.zarr" / "zarr.json").write_text(json.dumps(meta))
+    again = convert_scene(row, out, opts)
+    assert (again.status, again.reason) == ("converted", "band centres: the source records 418.4-2440 nm, the store "
+                                                         "none")
+    xml.unlink()
+    again = convert_scene(row, out, opts)
+    assert (again.status, again.reason) == ("converted", "band centres: the source records none, the store "
+                                                         "418.4-2440 nm")
+    assert open_scene(out / "e.zarr").meta.source["files"] == [src.name]
+
+
 def test_wavelengths_a_scene_cannot_record_come_back_as_its_warning(tmp_path):
     """A header's micrometres labelled as nanometres: the scene converts without wavelengths, and its result
     carries the one-line warning (shown by the command with the scene's name), pointing to the manifest's

@@ -44,6 +44,17 @@ def test_envi_cube_counts_header_and_binary(tmp_path, run_cli):
     assert "nodata:     none recorded (pass --nodata VALUE" in out and "georef:     none" in out
 
 
+def test_enmap_image_counts_its_metadata_file_and_names_it_for_the_wavelengths(tmp_path, run_cli):
+    from tests.sensors import ENMAP_L2A, enmap_xml, write_enmap
+
+    src = write_enmap(tmp_path, np.zeros((9, 8, 4), np.int16), enmap_xml(["418.4", "650.0", "1010.5", "2445.5"]))
+    xml = tmp_path / f"{ENMAP_L2A}-METADATA.XML"
+    code, out, err = run_cli("info", src)
+    assert code == 0, err
+    assert f"(GeoTIFF/TIFF, {src.stat().st_size + xml.stat().st_size} bytes)" in out
+    assert f"bands:      4 bands, 418.4-2445.5 nm (from {xml.name})" in out
+
+
 def test_hdf5_with_several_cubes_needs_a_key(tmp_path, run_cli):
     import h5py
 

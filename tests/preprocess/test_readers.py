@@ -481,6 +481,65 @@ def test_hdf5_band_centres_of_the_chosen_cube_only(tmp_path):
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+# descending, as PRISMA lists its bands: VNIR from about 970 nm down, SWIR from about 2500 nm down
+PRISMA_VNIR_NM = [972.65137, 939.87714, 876.6585, 749.7475, 623.2119, 500.14948, 402.45462]
+PRISMA_SWIR_NM = [2496.877, 2002.0, 1503.5, 1099.1104, 942.96277]
+
+
+def test_prisma_band_centres_come_from_the_root_attribute_of_the_cubes_detector(tmp_path):
+    """A PRISMA L2D HE5 file lists each detector's band centres in root attributes (List_Cw_Vnir, List_Cw_Swir;
+    band i of the cube at element i, descending): VNIR_Cube and SWIR_Cube, (rows, bands, columns), take their
+    detector's list by name, as do their error matrices; a cube named for neither takes none, even one whose band
+    count matches a list."""
+    from tests.sensors import PRISMA_FIELDS, PRISMA_SWIR, PRISMA_VNIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=26), make_cube("uint16", seed=27, shape=(H, W, 5))
+    path = write_prisma(tmp_path / "PRS_L2D_STD_20231229050902_20231229050907_0001.he5", vnir, swir,
+                        PRISMA_VNIR_NM, PRISMA_SWIR_NM)
+    for key, expected, nm in ((PRISMA_VNIR, vnir, PRISMA_VNIR_NM), (PRISMA_SWIR, swir, PRISMA_SWIR_NM),
+                              (f"{PRISMA_FIELDS}/VNIR_PIXEL_L2_ERR_MATRIX", None, PRISMA_VNIR_NM)):
+        with closing(open_cube(path, key=key, band_axis="middle")) as cube:
+            if expected is not None:
+                check_cube(cube, expected)
+            assert cube.wavelengths == np.asarray(nm, np.float32).astype(np.float64).tolist()
+            assert cube.wavelengths_note is None
+    with h5py.File(path, "a") as f:  # a cube of VNIR's band count under another name: no list is its own
+        f["other"] = vnir.transpose(0, 2, 1)
+    with closing(open_cube(path, key="other", band_axis="middle")) as cube:
+        assert (cube.wavelengths, cube.wavelengths_note) == (None, None)
+
+
+def test_prisma_bands_without_a_centre_leave_the_cube_without_wavelengths(tmp_path):
+    """A store records a centre for every band or none: PRISMA's unused bands (flag 0 in List_Cw_*_Flags, centre
+    0: the first three VNIR and last two SWIR bands of a real product) have none, so the cube records none and
+    the note names them; as does a list of another length than the cube's bands."""
+    from tests.sensors import PRISMA_SWIR, PRISMA_VNIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=28), make_cube("uint16", seed=29, shape=(H, W, 5))
+    name = "PRS_L2D_STD_0001.he5"
+    real_vnir = [0.0, 0.0, 0.0, *PRISMA_VNIR_NM[3:]]
+    cases = [
+        (PRISMA_VNIR, real_vnir, [0, 0, 0, 1, 1, 1, 1], PRISMA_SWIR_NM, None,
+         f"{name} attribute List_Cw_Vnir: bands 0, 1, 2 have no centre (unused: 0 in List_Cw_Vnir_Flags or as its "
+         "centre)"),
+        (PRISMA_SWIR, PRISMA_VNIR_NM, None, [*PRISMA_SWIR_NM[:3], 0.0, 0.0], [1, 1, 1, 0, 0],
+         f"{name} attribute List_Cw_Swir: bands 3, 4 have no centre (unused: 0 in List_Cw_Swir_Flags or as its "
+         "centre)"),
+        # flagged unused though it has a centre; a centre of 0 though flagged used
+        (PRISMA_VNIR, PRISMA_VNIR_NM, [1, 1, 0, 1, 1, 1, 1], PRISMA_SWIR_NM, None,
+         f"{name} attribute List_Cw_Vnir: band 2 has no centre (unused: 0 in List_Cw_Vnir_Flags or as its centre)"),
+        (PRISMA_SWIR, PRISMA_VNIR_NM, None, [*PRISMA_SWIR_NM[:4], 0.0], None,
+         f"{name} attribute List_Cw_Swir: band 4 has no centre (unused: 0 in List_Cw_Swir_Flags or as its centre)"),
+        (PRISMA_SWIR, PRISMA_VNIR_NM, None, PRISMA_SWIR_NM[:4], None,
+         f"{name} attribute List_Cw_Swir: it lists 4 band centres for the cube's 5 bands"),
+    ]
+    for key, cw_vnir, flags_vnir, cw_swir, flags_swir, note in cases:
+        write_prisma(tmp_path / name, vnir, swir, cw_vnir, cw_swir, flags_vnir, flags_swir)
+        with closing(open_cube(tmp_path / name, key=key, band_axis="middle")) as cube:
+            check_cube(cube, vnir if key == PRISMA_VNIR else swir)
+            assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
+
+
 def test_hdf5_errors_and_labels(tmp_path):
     labels = make_labels(seed=14)
     path = tmp_path / "two.h5"
@@ -684,6 +743,76 @@ def test_tiff_band_centres_from_gdal_metadata(tmp_path):
         with closing(open_cube(written(name, items))) as cube:
             check_cube(cube, expected)
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
+
+
+ENMAP_NM = ["418.416", "423.874", "429.291", "434.669", "1001.2", "1014.7", "2445.53"]
+
+
+def test_enmap_band_centres_come_from_the_products_metadata_file(tmp_path):
+    """An EnMAP image GeoTIFF (...-SPECTRAL_IMAGE.TIF) records no wavelengths; its product's METADATA.XML beside
+    it lists one wavelengthCenterOfBand per bandID (numbered from 1): those are the cube's band centres, and the
+    metadata file becomes the cube's second file. Its name may end in .xml; an L1B image holds one detector's
+    bands (numberOfVNIRBands split them); an image whose GDAL metadata has wavelengths keeps its own."""
+    from tests.sensors import ENMAP_L1B, ENMAP_L2A, enmap_xml, write_enmap
+
+    expected = make_cube("int16", seed=30, shape=(H, W, 7))
+    nm = [float(c) for c in ENMAP_NM]
+    path = write_enmap(tmp_path, expected, enmap_xml(ENMAP_NM))
+    sidecar = tmp_path / f"{ENMAP_L2A}-METADATA.XML"
+    with closing(open_cube(path)) as cube:
+        check_cube(cube, expected)
+        assert (cube.wavelengths, cube.wavelengths_note, cube.files) == (nm, None, [path, sidecar])
+    # bandIDs in another order are placed by their numbers
+    shuffled = enmap_xml(ENMAP_NM).replace('number="1"', 'number="x"').replace('number="7"', 'number="1"')
+    sidecar.write_text(shuffled.replace('number="x"', 'number="7"'))
+    with closing(open_cube(path)) as cube:
+        assert cube.wavelengths == [nm[6], *nm[1:6], nm[0]]
+    sidecar.unlink()
+    with closing(open_cube(path)) as cube:  # no metadata file: no wavelengths, nothing to say
+        assert (cube.wavelengths, cube.wavelengths_note, cube.files) == (None, None, [path])
+    lower = tmp_path / "lower"
+    lower.mkdir()
+    with closing(open_cube(write_enmap(lower, expected, enmap_xml(ENMAP_NM), xml_ext=".xml"))) as cube:
+        assert (cube.wavelengths, cube.files[1].name) == (nm, f"{ENMAP_L2A}-METADATA.xml")
+    l1b = tmp_path / "l1b"
+    l1b.mkdir()
+    for detector, bands in (("VNIR", nm[:4]), ("SWIR", nm[4:])):
+        image = write_enmap(l1b, expected[:, :, :4] if detector == "VNIR" else expected[:, :, 4:],
+                            enmap_xml(ENMAP_NM, level="L1B"), name=ENMAP_L1B, image=f"SPECTRAL_IMAGE_{detector}")
+        with closing(open_cube(image)) as cube:
+            assert (cube.wavelengths, cube.wavelengths_note) == (bands, None)
+    own = tmp_path / "own"
+    own.mkdir()
+    image = own / f"{ENMAP_L2A}-SPECTRAL_IMAGE.TIF"
+    gdal = "<GDALMetadata>" + "".join(f'<Item name="wavelength" sample="{b}">{500 + b}</Item>' for b in range(7)) + \
+        "</GDALMetadata>"
+    tifffile.imwrite(image, expected.transpose(2, 0, 1), photometric="minisblack", extratags=[(42112, "s", 0, gdal, True)])
+    (own / f"{ENMAP_L2A}-METADATA.XML").write_text(enmap_xml(ENMAP_NM))
+    with closing(open_cube(image)) as cube:
+        assert (cube.wavelengths, cube.files) == ([500.0 + b for b in range(7)], [image])
+
+
+def test_an_enmap_metadata_file_that_cannot_give_the_centres_is_named(tmp_path):
+    """A metadata file that is no XML, lists another number of bands, or a centre that is no number: the cube
+    records no wavelengths and the note says why in one line; the file is still the cube's (it was read)."""
+    from tests.sensors import ENMAP_L2A, enmap_xml, write_enmap
+
+    expected = make_cube("int16", seed=31, shape=(H, W, 7))
+    xml = f"{ENMAP_L2A}-METADATA.XML"
+    cases = [
+        (enmap_xml(ENMAP_NM)[:900], f"{xml}: it is not well-formed XML (no element found: line "),
+        (enmap_xml(ENMAP_NM[:6]), f"{xml}: it lists 6 band centres for the image's 7 bands"),
+        (enmap_xml([*ENMAP_NM[:3], "n/a", *ENMAP_NM[4:]]), f"{xml}: a band's wavelengthCenterOfBand is not a number"),
+        (enmap_xml(ENMAP_NM).replace('number="3"', 'number="9"'), f"{xml}: its bandID numbers are not 1 to 7"),
+        (enmap_xml([str(float(c) / 1000) for c in ENMAP_NM]),
+         f"{xml}: its wavelengths read as 0.418416-2.44553 nm (units nm), outside 100-20000 nm"),
+    ]
+    for text, note in cases:
+        path = write_enmap(tmp_path, expected, text)
+        with closing(open_cube(path)) as cube:
+            check_cube(cube, expected)
+            assert cube.wavelengths is None and cube.wavelengths_note.startswith(note), cube.wavelengths_note
+            assert "\n" not in cube.wavelengths_note and cube.files == [path, tmp_path / xml]
 
 
 def test_tiff_labels_and_single_band_cube(tmp_path):
