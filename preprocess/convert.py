@@ -251,7 +251,7 @@ def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, di
     if opts.split in ("random", "blocks"):
         return splitting.make_split(labels, opts.split, train=opts.train, val=opts.val, block_size=opts.block_size,
                                     guard=opts.halo, seed=opts.seed)
-    masks = {name: None if p is None else read_labels(p, what=name.replace("_", " ")) != 0
+    masks = {name: None if p is None else read_labels(p, key_option=None, what=name.replace("_", " ")) != 0
              for name, p in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
                              ("test_mask", opts.test_mask))}
     given = {k: v for k, v in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),

@@ -112,7 +112,8 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     return _detect(Path(path))[0]
 
 
-def _only_for_arrays(fmt: str, path: Path, key: str | None, band_axis: str | None, key_option: str = "--key") -> None:
+def _only_for_arrays(fmt: str, path: Path, key: str | None, band_axis: str | None,
+                     key_option: str | None = "--key") -> None:
     """Refuse options that a self-describing format cannot honour, rather than silently ignoring them."""
     if key is not None and fmt in ("envi", "tiff", "npy"):
         raise InputError(f"{key_option} selects a variable in .mat or HDF5 files; {path.name} is {FORMATS[fmt]}, "
@@ -167,7 +168,7 @@ def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: s
     return open_mat(path, key, band_axis)
 
 
-def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option: str = "--key",
+def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option: str | None = "--key",
                 what: str = "label map") -> np.ndarray:
     """Read a 2-D label map (ground truth or a train/test mask) from any supported format.
 
@@ -178,7 +179,8 @@ def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option
     key
         Variable (.mat) or dataset (HDF5); needed only when the file holds several 2-D arrays.
     key_option, what
-        How messages name the option that gave ``key``, and the file (e.g. "train mask").
+        How messages name the option that gives ``key`` (None: none does, as for a train mask, which must then
+        be the file's only 2-D array), and the file (e.g. "train mask").
 
     Returns
     -------
@@ -201,11 +203,11 @@ def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option
     elif fmt == "npy":
         raw = read_npy_labels(path)
     elif fmt == "hdf5":
-        raw = read_hdf5_labels(path, key)
+        raw = read_hdf5_labels(path, key, key_option)
     elif fmt == "mat73":
-        raw = read_mat73_labels(path, key)
+        raw = read_mat73_labels(path, key, key_option)
     else:
-        raw = read_mat_labels(path, key)
+        raw = read_mat_labels(path, key, key_option)
     return _as_labels(np.asarray(raw), path)
 
 

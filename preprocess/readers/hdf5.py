@@ -68,7 +68,8 @@ def _describe(entries: dict[str, tuple[int, ...]]) -> str:
     return shown or "none"
 
 
-def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | None, where: str, noun: str) -> str:
+def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | None, where: str, noun: str,
+                    option: str | None = "--key") -> str:
     """Pick the array to read: ``key`` if given, else the only ``ndim``-D array in ``entries``.
 
     Parameters
@@ -83,17 +84,22 @@ def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | N
         File name used in messages.
     noun
         "variable" (.mat) or "dataset" (HDF5).
+    option
+        The option that chooses the array, for messages (``--labels-key`` for a label map), or None where
+        none can (a train / val / test mask): the message then says to save the array alone in its file.
 
     Raises
     ------
     InputError
         ``key`` is absent or has the wrong rank, or there is not exactly one candidate. The message
-        lists what the file holds so the user can choose with --key.
+        lists what the file holds so the user can choose with ``option``.
     """
+    choose = (f"choose one with {option}" if option is not None
+              else f"no option chooses one: save the {ndim}-D array in a file of its own")
     if key is not None:
         if key not in entries:
             raise InputError(
-                f"{where} has no numeric {noun} {key!r} ({noun}s: {_describe(entries)}); choose one with --key"
+                f"{where} has no numeric {noun} {key!r} ({noun}s: {_describe(entries)}); {choose}"
             )
         if len(entries[key]) != ndim:
             want = "a cube needs 3 dimensions (H, W, B)" if ndim == 3 else "a label map needs 2 dimensions (H, W)"
@@ -105,10 +111,10 @@ def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | N
         return candidates[0]
     if candidates:
         listed = _describe({n: entries[n] for n in candidates})
-        raise SeveralArrays(f"{where} holds several {ndim}-D arrays ({listed}); choose one with --key")
+        raise SeveralArrays(f"{where} holds several {ndim}-D arrays ({listed}); {choose}")
     raise InputError(
         f"{where} holds no {ndim}-D numeric array ({noun}s: {_describe(entries)}); "
-        "check the file or choose one with --key"
+        f"check the file{'' if option is None else f' or choose one with {option}'}"
     )
 
 
@@ -299,13 +305,14 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
         raise
 
 
-def read_hdf5_labels(path: Path, key: str | None = None) -> np.ndarray:
+def read_hdf5_labels(path: Path, key: str | None = None, key_option: str | None = "--key") -> np.ndarray:
     """Read one 2-D dataset of an HDF5 file (``key`` or the only 2-D one) into memory; pixels at its declared
     ``_FillValue`` (a netCDF classification's 255 or -1) read as 0 (unlabelled), as a GeoTIFF's nodata does."""
     with _open(path) as f:
         def read() -> np.ndarray:
             datasets = list_datasets(f)
-            name = choose_variable({n: d.shape for n, d in datasets.items()}, 2, _strip(key), path.name, "dataset")
+            name = choose_variable({n: d.shape for n, d in datasets.items()}, 2, _strip(key), path.name, "dataset",
+                                   key_option)
             check_dataset(datasets[name], name, path, whole=True)
             try:
                 nodata = declared_nodata(datasets[name], name, path)

@@ -101,9 +101,10 @@ def open_mat(path: Path, key: str | None = None, band_axis: str | None = None) -
     return ArrayCube(array, axes=axes, files=[path])
 
 
-def read_mat_labels(path: Path, key: str | None = None) -> np.ndarray:
-    """Load a v4/v5/v7 .mat label map: ``key`` or the file's only 2-D numeric variable."""
-    name = choose_variable(_variables_v5(path), 2, key, path.name, "variable")
+def read_mat_labels(path: Path, key: str | None = None, key_option: str | None = "--key") -> np.ndarray:
+    """Load a v4/v5/v7 .mat label map: ``key`` or the file's only 2-D numeric variable (messages name the
+    option ``key_option``, as :func:`choose_variable`)."""
+    name = choose_variable(_variables_v5(path), 2, key, path.name, "variable", key_option)
     return _load_v5(path, name)
 
 
@@ -166,12 +167,13 @@ def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None)
         raise
 
 
-def read_mat73_labels(path: Path, key: str | None = None) -> np.ndarray:
+def read_mat73_labels(path: Path, key: str | None = None, key_option: str | None = "--key") -> np.ndarray:
     """Read a v7.3 .mat label map (``key`` or the only 2-D numeric variable) in MATLAB's (H, W) order."""
     with _open_73(path) as f:
         def read() -> np.ndarray:
             datasets, shapes = _variables_73(f)
-            name = choose_variable(shapes, 2, None if key is None else key.strip("/"), path.name, "variable")
+            name = choose_variable(shapes, 2, None if key is None else key.strip("/"), path.name, "variable",
+                                   key_option)
             check_dataset(datasets[name], name, path, whole=True)
             return datasets[name][()].T
 

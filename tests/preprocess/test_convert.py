@@ -570,6 +570,40 @@ def test_option_values_are_named_in_their_errors(npy_scene, tmp_path, run_cli):
          match="gt_empty.npy is empty; re-export the label map")
 
 
+@pytest.mark.parametrize("fmt", ["mat", "mat73", "h5"])
+def test_a_label_or_mask_variable_is_chosen_by_the_option_the_error_names(npy_scene, tmp_path, run_cli, fmt):
+    """A label file's variable is chosen with --labels-key, not --key (the cube's); no option chooses a mask's:
+    the errors said "choose one with --key" for both, which picked another variable of the cube file."""
+    import h5py
+    import scipy.io
+
+    from tests.preprocess.test_readers import save_mat73
+
+    cp, lp, _, _ = npy_scene(b=3)
+    gt = np.load(lp)
+    arrays = {"gt": gt.astype(np.float64), "other": gt.astype(np.float64)}
+    path = tmp_path / f"two.{'h5' if fmt == 'h5' else 'mat'}"
+    if fmt == "mat":
+        scipy.io.savemat(path, arrays)
+    elif fmt == "mat73":
+        save_mat73(path, arrays)
+    else:
+        with h5py.File(path, "w") as f:
+            for name, a in arrays.items():
+                f[name] = a
+    _bad(tmp_path, run_cli, cp, "--labels", path, "-o", tmp_path / "o.zarr",
+         match="holds several 2-D arrays (gt (37, 29), other (37, 29)); choose one with --labels-key")
+    _bad(tmp_path, run_cli, cp, "--labels", path, "--labels-key", "nope", "-o", tmp_path / "o.zarr",
+         match="choose one with --labels-key")
+    _bad(tmp_path, run_cli, cp, "--labels", path, "--labels-key", "gt", "-o", tmp_path / "o.zarr", "--split", "masks",
+         "--train-mask", path, "--test-mask", path,
+         match="holds several 2-D arrays (gt (37, 29), other (37, 29)); no option chooses one: save the 2-D array in "
+               "a file of its own")
+    code, _, err = run_cli("convert", cp, "--labels", path, "--labels-key", "other", "-o", tmp_path / "o.zarr")
+    assert code == 0, err
+    assert np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").labels, gt)
+
+
 def test_unwritable_output_folder_is_named(npy_scene, tmp_path, run_cli):
     cp, _, _, _ = npy_scene(b=3)
     code, _, err = run_cli("convert", cp, "-o", "/proc/a.zarr")  # a virtual file system: ENOENT, as root too
