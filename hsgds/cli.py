@@ -44,6 +44,11 @@ class _Commands(click.Group):
             sys.exit(EXIT_INTERRUPTED)
 
 
+#: convert and verify checksum tiles with torch (wsum64), predict, bench and demo run models: a base install lacks it
+NO_TORCH = ("this command needs PyTorch, which is not installed: install the build for your CUDA "
+            "(https://pytorch.org/get-started/locally/), or pip install 'hsgds[torch]' for the default one")
+
+
 def _fail(message: str) -> NoReturn:
     click.echo(f"hsgds: error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
@@ -847,6 +852,10 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="hsgds", standalone_mode=True)
     except HsgdsError as exc:
         _fail(str(exc))
+    except ModuleNotFoundError as exc:  # torch is installed apart (its build matches the CUDA): a base install lacks it
+        if (exc.name or "").split(".")[0] != "torch":
+            raise
+        _fail(NO_TORCH)
     except OSError as exc:  # a file we were pointed at cannot be used
         _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
 

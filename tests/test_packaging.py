@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,3 +149,27 @@ def test_the_suite_runs_without_pytest_xdist():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
                            "tests/test_lru.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_commands_on_a_base_install_without_torch_say_so_in_one_line(tmp_path):
+    """The base install leaves torch out (README, Install: its build must match the CUDA). `hsgds convert` computes
+    the tiles' wsum64 checksum with torch, and predict, bench and demo train or run models: each ended in a
+    ModuleNotFoundError traceback; now one line names PyTorch and how to install it, and nothing is written."""
+    cube = np.random.default_rng(0).integers(0, 1000, (9, 8, 3), dtype=np.int16)
+    np.save(tmp_path / "c.npy", cube)
+    for args in (["convert", "c.npy", "-o", "c.zarr"], ["bench", "c.zarr"], ["predict", "c.zarr", "--model", "m.pt2",
+                                                                             "-o", "m.npy"]):
+        script = ("import sys; sys.modules['torch'] = None\n"  # as if torch were not installed
+                  f"from hsgds.cli import main\nmain({args!r})")
+        run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(lines) == 1, (args, run.stderr[-2000:])
+        assert lines[0].startswith("hsgds: error: this command needs PyTorch, which is not installed") and \
+            "pip install 'hsgds[torch]'" in lines[0], lines
+        if args[0] == "convert":
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy"]  # no store, no temporary folder
+            (tmp_path / "c.zarr").mkdir()  # for the next commands: they fail on torch before they read it
+    # a module other than torch missing is not reported as torch
+    script = "import sys; sys.modules['zarr'] = None\nfrom hsgds.cli import main\nmain(['info', 'c.npy'])"
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "PyTorch" not in run.stderr
