@@ -64,8 +64,9 @@ ERROR_COLOUR = (220, 20, 60)
 CORRECT_COLOUR = (200, 200, 200)
 
 
-def check_output(path: str | os.PathLike) -> str:
-    """Check, before any work, that ``path`` can be written as a class map; return its suffix.
+def check_output(path: str | os.PathLike, what: str = "class map") -> str:
+    """Check, before any work, that ``path`` can be written as a class map (or the ``what`` messages name);
+    return its suffix.
 
     Raises InputError for an unknown suffix or a missing folder, DependencyError when the format's
     library is not installed.
@@ -73,11 +74,11 @@ def check_output(path: str | os.PathLike) -> str:
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in FORMATS:
-        raise InputError(f"cannot write a class map as {p.name!r}: unknown suffix {p.suffix or '(none)'!r}; "
+        raise InputError(f"cannot write a {what} as {p.name!r}: unknown suffix {p.suffix or '(none)'!r}; "
                          f"use one of {', '.join(FORMATS)}")
     name, module, extra = FORMATS[suffix]
     if module is not None and extra is not None:  # both set, or neither
-        require(module, extra, f"writing a {name} class map ({p.name})")
+        require(module, extra, f"writing a {name} {what} ({p.name})")
     check_writable(p)
     return suffix
 
@@ -373,7 +374,7 @@ def check_probability_output(path: str | os.PathLike) -> str:
     if p.suffix.lower() not in PROBABILITY_SUFFIXES:
         raise InputError(f"per-class probabilities are written as .npy or a GeoTIFF (.tif); name the file "
                          f"{p.stem}.npy or {p.stem}.tif")
-    return check_output(p)
+    return check_output(p, "per-class probabilities file")
 
 
 class ProbabilityFile:
