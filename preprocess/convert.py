@@ -173,11 +173,15 @@ def wavelength_list(value: str | os.PathLike, where: str) -> tuple[float, ...]:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{where}: cannot read {path} ({exc})") from None
         where = f"{where} {path}"
+    words = text.replace(",", " ").split()
     values = []
-    for word in text.replace(",", " ").split():
+    for word in words:
         try:
             values.append(float(word))
         except ValueError:
+            if not is_file and len(words) == 1:  # a file name with a typo, or a file not there yet
+                raise ConfigError(f"{where}: there is no file {path}, and it is not a number; check the path, or "
+                                  "give band centres in nm, comma-separated") from None
             raise ConfigError(f"{where}: {word!r} is not a number; give band centres in nm, comma-separated, or "
                               "a text file of them") from None
     return tuple(values)

@@ -793,6 +793,9 @@ def test_wavelengths_for_a_source_that_records_none(npy_scene, tmp_path, run_cli
     for args, message in [
         ((cp, "--wavelengths", "400,410,420"), "--wavelengths lists 3 values but cube0.npy has 4 bands"),
         ((cp, "--wavelengths", "400,abc,420,430"), "'abc' is not a number"),
+        # a mistyped file name was "'nmm.txt' is not a number"
+        ((cp, "--wavelengths", tmp_path / "nmm.txt"), f"--wavelengths: there is no file {tmp_path / 'nmm.txt'}, and "
+                                                      "it is not a number; check the path"),
         ((cp, "--wavelengths", "400,-410,420,430"), "--wavelengths must be positive finite numbers"),
         ((cp, "--wavelengths", "0.4,0.41,0.42,0.43"), "in nm (100-20000), got 0.4-0.43; give micrometres times 1000"),
         ((cp, "--wavelengths", ",".join(["400.0123456789"] * 40)), "lists 40 values but cube0.npy has 4"),  # > 255 chars
