@@ -8,6 +8,7 @@ file is described as the label map it can be. Nothing is written.
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,10 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         lines.append(f"nodata:     {nodata}")
     finally:
         cube.close()
-    lines.append(f"convert:    hsgds convert {path} -o {path.stem}.zarr [--labels GT]")
+    options = (f" --key {shlex.quote(key)}" if key is not None else "") + (
+        f" --band-axis {band_axis}" if band_axis is not None else "")  # what it took to read the cube
+    lines.append(f"convert:    hsgds convert {shlex.quote(str(path))}{options} -o {shlex.quote(path.stem + '.zarr')} "
+                 "[--labels GT]")
     return "\n".join(lines)
 
 
@@ -115,4 +119,5 @@ def _label_lines(path: Path, key: str | None) -> list[str]:
              f"{counted(int(counts[0]), 'pixel')} unlabelled (0, or the file's nodata value)"]
     if problem is not None:
         lines.append(f"names:      unusable: {problem}")
-    return [*lines, f"use:        hsgds convert CUBE --labels {path} -o scene.zarr"]
+    option = f" --labels-key {shlex.quote(key)}" if key is not None else ""  # the label map's variable
+    return [*lines, f"use:        hsgds convert CUBE --labels {shlex.quote(str(path))}{option} -o scene.zarr"]

@@ -86,6 +86,44 @@ def test_several_cubes_beside_a_label_map_need_a_key(tmp_path, run_cli):
     assert code == 2 and "holds several 2-D arrays (test (9, 8), train (9, 8)); choose one with --key" in err
 
 
+def test_the_suggested_command_keeps_the_options_the_source_needed(tmp_path, run_cli, monkeypatch):
+    """The convert line of a PRISMA-like HE5 cube described with --key and --band-axis dropped both, so the
+    command it suggested failed ("holds several 3-D arrays"); a label map chosen with --key is --labels-key
+    in convert. Each suggested command is run as printed (shlex split, as a shell would) and checked with h5py."""
+    import shlex
+
+    import h5py
+
+    import hsgds
+
+    rng = np.random.default_rng(5)
+    vnir = rng.integers(0, 900, (9, 4, 8)).astype(np.uint16)  # (H, B, W), PRISMA's line-interleaved layout
+    key = "HDFEOS/SWATHS/PRS_L2D_HCO/Data Fields/VNIR_Cube"
+    gt = rng.integers(0, 3, (9, 8)).astype(np.uint8)
+    with h5py.File(tmp_path / "prs.he5", "w") as f:
+        f[key] = vnir
+        f["HDFEOS/SWATHS/PRS_L2D_HCO/Data Fields/SWIR_Cube"] = vnir[:, :3]
+        f["gt"], f["mask"] = gt, gt
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli("info", "prs.he5", "--key", key, "--band-axis", "middle")
+    assert code == 0, err
+    convert = out.strip().splitlines()[-1]
+    assert convert == (f"convert:    hsgds convert prs.he5 --key '{key}' --band-axis middle -o prs.zarr "
+                       "[--labels GT]"), convert
+    code, out, err = run_cli("info", "prs.he5", "--key", "gt")
+    assert code == 0, err
+    use = out.strip().splitlines()[-1]
+    assert use == "use:        hsgds convert CUBE --labels prs.he5 --labels-key gt -o scene.zarr", use
+    args = shlex.split(convert.split(":", 1)[1].replace("[--labels GT]", ""))[2:]
+    args += shlex.split(use.split(":", 1)[1].replace("CUBE", ""))[2:-2]  # --labels ... --labels-key gt
+    code, _, err = run_cli("convert", *args, "--max-patch", "3")
+    assert code == 0, err
+    with h5py.File(tmp_path / "prs.he5") as f:
+        expected, labels = f[key][()].transpose(0, 2, 1), f["gt"][()]
+    scene = hsgds.open_scene(tmp_path / "prs.zarr")
+    assert np.array_equal(scene.read(0, 9, 0, 8), expected) and np.array_equal(scene.labels, labels)
+
+
 def test_a_label_map_is_described_by_its_classes(tmp_path, run_cli):
     labels = np.zeros((9, 8), np.uint8)
     labels[0, :3], labels[5, 5] = 2, 7
