@@ -20,7 +20,7 @@ import torch
 from hsgds import format as fmt
 from hsgds._wording import listed
 from hsgds.augment import Augment
-from hsgds.collection import DeferredScene, is_collection_path, open_collection
+from hsgds.collection import Collection, DeferredScene, is_collection_path, open_collection
 from hsgds.engines.base import SceneTables
 from hsgds.errors import ConfigError
 from hsgds.io.base import TileSource
@@ -118,24 +118,18 @@ def _scene_name(path: Path) -> str:
 
 
 def open_scene_set(store: Any) -> SceneSet:
-    """Resolve a loader's ``store``: a store path, a Scene, a list of those, or a collection path (a folder
-    holding ``collection.json``, or that file)."""
+    """Resolve a loader's ``store``: a store path, a Scene, a list of those, a :class:`Collection` or its path
+    (a folder holding ``collection.json``, or that file)."""
     if isinstance(store, Scene):
         return SceneSet((store,), (_scene_name(store.path),), False)
     if isinstance(store, (str, os.PathLike)):
         path = Path(store)
         if is_collection_path(path):
-            coll = open_collection(path)
-            # deferred: nothing but collection.json is read now (stores are opened on first use)
-            deferred = [coll.deferred(i) for i in range(len(coll))]
-            listed: tuple[Scene | DeferredScene, ...] = (
-                tuple(d for d in deferred if d is not None) if all(d is not None for d in deferred)
-                else tuple(coll.scene(i) for i in range(len(coll))))
-            if not listed:
-                raise ConfigError(f"collection {path} lists no scenes")
-            return SceneSet(listed, tuple(coll.names), True)
+            return _collection_scenes(open_collection(path))
         scene = open_scene(path)
         return SceneSet((scene,), (_scene_name(scene.path),), False)
+    if isinstance(store, Collection):  # as hsgds.open_collection gave it: the same as its path
+        return _collection_scenes(store)
     if isinstance(store, (list, tuple)):
         if not store:
             raise ConfigError("store is an empty list; pass at least one store path or Scene")
@@ -148,8 +142,19 @@ def open_scene_set(store: Any) -> SceneSet:
         if len(set(names)) != len(names):  # same folder name in different places: name them by position
             names = [f"{i}:{n}" for i, n in enumerate(names)]
         return SceneSet(tuple(scenes), tuple(names), True)
-    raise ConfigError(f"store must be a store path, a Scene, a list of them or a collection path, "
+    raise ConfigError(f"store must be a store path, a Scene, a list of them, a collection or its path, "
                       f"got {type(store).__name__}")
+
+
+def _collection_scenes(coll: Collection) -> SceneSet:
+    """A collection's scenes, deferred: nothing but collection.json is read now (stores are opened on first use)."""
+    deferred = [coll.deferred(i) for i in range(len(coll))]
+    listed: tuple[Scene | DeferredScene, ...] = (
+        tuple(d for d in deferred if d is not None) if all(d is not None for d in deferred)
+        else tuple(coll.scene(i) for i in range(len(coll))))
+    if not listed:
+        raise ConfigError(f"collection {coll.path} lists no scenes")
+    return SceneSet(listed, tuple(coll.names), True)
 
 
 def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Sequence[float] | None,

@@ -436,10 +436,11 @@ def test_collection_path_is_read_like_a_list_of_its_stores(scenes, tmp_path):
     write_collection(folder, [SceneEntry.of_scene(n, hsgds.open_scene(folder / f"{n}.zarr")) for n in names])
     opts = dict(patch_size=3, batch_size=32, split="train", return_coords=True, device="cpu", seed=5)
     with hsgds.PatchLoader(folder, **opts) as a, hsgds.PatchLoader(folder / "collection.json", **opts) as b, \
-            hsgds.PatchLoader([scenes[n][2] for n in names], **opts) as c:
-        assert a.scenes.names == ("A", "B")
-        got_a, got_b, got_c = _collect(a), _collect(b), _collect(c)
-    for x, y in ((got_a, got_b), (got_a, got_c)):
+            hsgds.PatchLoader([scenes[n][2] for n in names], **opts) as c, \
+            hsgds.PatchLoader(hsgds.open_collection(folder), **opts) as d:  # the object open_collection gives
+        assert a.scenes.names == d.scenes.names == ("A", "B")
+        got_a, got_b, got_c, got_d = _collect(a), _collect(b), _collect(c), _collect(d)
+    for x, y in ((got_a, got_b), (got_a, got_c), (got_a, got_d)):
         for u, v in zip(x, y):
             np.testing.assert_array_equal(u, v)
 
