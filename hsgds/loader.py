@@ -231,8 +231,9 @@ class PatchLoader:
 
     Parameters
     ----------
-    store : path or Scene
-        A store written by ``hsgds convert``.
+    store : path, Scene, list of them, or Collection
+        A store written by ``hsgds convert``; several (a list, or a collection: its folder, its
+        ``collection.json`` or :func:`hsgds.open_collection`'s result) are read as one (below).
     patch_size : int
         Odd patch side p, at most the store's ``2 * halo + 1``.
     batch_size : int
@@ -292,7 +293,7 @@ class PatchLoader:
         :mod:`hsgds.augment`. Radiation noise is added in the units of the values yielded (stored ones with
         ``normalize=None``). None (the default) leaves the batches untouched.
 
-    Several scenes (a list of stores / Scenes, or a collection path) are read as one: every tile gets a
+    Several scenes (a list of stores / Scenes, or a collection) are read as one: every tile gets a
     global id, tiles of all scenes are shuffled, sharded and resumed together, and each batch is still cut,
     cast, band-selected and normalized in one engine pass (the torch engine; engine="dali" serves one
     scene with all its bands only).
