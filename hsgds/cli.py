@@ -605,7 +605,7 @@ def _echo_recipe(model_path: str, loaded) -> None:
 
 
 def _patch_size_for(loaded, model_path: str, patch_size: int | None, name: str, bands: int,
-                    wavelengths: Sequence[float] | None, halo: int) -> int:
+                    wavelengths: Sequence[float | None] | None, halo: int) -> int:
     """The patch size to predict scene ``name`` with (``--patch-size`` or the model's), once the model is known
     to take its bands (all of them, or the checkpoint's selection) and the store to serve that size; exit 2
     with what to do otherwise."""
