@@ -171,10 +171,10 @@ _SCENE_OPTIONS = [
                                   "(GeoTIFF GDAL_NODATA, ENVI 'data ignore value', HDF5/netCDF _FillValue); none: ignore it."),
     click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...)."),
     click.option("--wavelengths", help="Band centres in nm, comma-separated, or a text file of them (commas, spaces "
-                                       "or one per line), for sources that do not record them (.npy, .mat, GeoTIFF "
-                                       "without GDAL wavelength metadata or an EnMAP METADATA.XML, HDF5 without a "
-                                       "wavelength dataset or PRISMA's List_Cw_* of a centre for every band): "
-                                       "loaders then select bands with wavelengths=[...]."),
+                                       "or one per line; none for a band without a centre), for sources that do not "
+                                       "record them (.npy, .mat, GeoTIFF without GDAL wavelength metadata or an "
+                                       "EnMAP METADATA.XML, HDF5 without a wavelength dataset or PRISMA's "
+                                       "List_Cw_*): loaders then select bands with wavelengths=[...]."),
     click.option("--dtype", help="Store the samples as this type (e.g. float32) instead of the source's, so that "
                                  "scenes of several sensors load together; a value it cannot hold exactly is "
                                  "refused."),
