@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hsgds import format as fmt
 from hsgds._optional import require
 
 if TYPE_CHECKING:
@@ -99,7 +100,8 @@ def scene_to_xarray(scene: Scene) -> Any:
     h, w, b = scene.shape
     coords: dict[str, Any] = {"band": ("band", np.arange(b))}
     if scene.wavelengths is not None:
-        coords["wavelength"] = ("band", np.asarray(scene.wavelengths, dtype=np.float64), {"units": "nm"})
+        # NaN for a band without a centre (null in the store)
+        coords["wavelength"] = ("band", fmt.wavelength_array(scene.wavelengths), {"units": "nm"})
     if scene.band_names is not None:
         coords["band_name"] = ("band", np.asarray(scene.band_names, dtype=object))
     meta = scene.meta

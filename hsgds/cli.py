@@ -176,10 +176,10 @@ _SCENE_OPTIONS = [
                                   "(GeoTIFF GDAL_NODATA, ENVI 'data ignore value', HDF5/netCDF _FillValue); none: ignore it."),
     click.option("--class-names", help="Comma-separated class names, in label order (1, 2, ...)."),
     click.option("--wavelengths", help="Band centres in nm, comma-separated, or a text file of them (commas, spaces "
-                                       "or one per line), for sources that do not record them (.npy, .mat, GeoTIFF "
-                                       "without GDAL wavelength metadata or an EnMAP METADATA.XML, HDF5 without a "
-                                       "wavelength dataset or PRISMA's List_Cw_* of a centre for every band): "
-                                       "loaders then select bands with wavelengths=[...]."),
+                                       "or one per line; none for a band without a centre), for sources that do not "
+                                       "record them (.npy, .mat, GeoTIFF without GDAL wavelength metadata or an "
+                                       "EnMAP METADATA.XML, HDF5 without a wavelength dataset or PRISMA's "
+                                       "List_Cw_*): loaders then select bands with wavelengths=[...]."),
     click.option("--dtype", help="Store the samples as this type (e.g. float32) instead of the source's, so that "
                                  "scenes of several sensors load together; a value it cannot hold exactly is "
                                  "refused."),
@@ -610,7 +610,7 @@ def _echo_recipe(model_path: str, loaded) -> None:
 
 
 def _patch_size_for(loaded, model_path: str, patch_size: int | None, name: str, bands: int,
-                    wavelengths: Sequence[float] | None, halo: int) -> int:
+                    wavelengths: Sequence[float | None] | None, halo: int) -> int:
     """The patch size to predict scene ``name`` with (``--patch-size`` or the model's), once the model is known
     to take its bands (all of them, or the checkpoint's selection) and the store to serve that size; exit 2
     with what to do otherwise."""

@@ -50,7 +50,8 @@ class SceneEntry:
     path: Path
     shape: tuple[int, int, int]
     dtype: str
-    wavelengths: tuple[float, ...] | None
+    #: band centres in nm, None for a band without one (as the store's); None when the store records none
+    wavelengths: tuple[float | None, ...] | None
     band_names: tuple[str, ...] | None
     num_classes: int
     class_names: tuple[str, ...] | None
@@ -96,7 +97,7 @@ class SceneEntry:
                                                      minlength=m.grid.num_tiles).tolist())
                             for split, code in fmt.SPLIT_CODES.items()}
         return cls(name=name, path=scene.path.resolve(), shape=m.shape, dtype=m.dtype,
-                   wavelengths=None if m.wavelengths is None else tuple(float(w) for w in m.wavelengths),
+                   wavelengths=_centres(m.wavelengths),
                    band_names=None if m.band_names is None else tuple(m.band_names),
                    num_classes=int(m.num_classes),
                    class_names=None if m.class_names is None else tuple(m.class_names),
@@ -165,9 +166,11 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
         return tuple(v)
 
     wl = d.get("wavelengths")
-    if wl is not None and (not isinstance(wl, list) or len(wl) != bands
-                           or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in wl)):
-        raise bad(f"wavelengths must be null or a list of {bands} numbers (nm)")
+    if wl is not None and (not isinstance(wl, list) or len(wl) != bands or all(w is None for w in wl)
+                           or not all(w is None or isinstance(w, (int, float)) and not isinstance(w, bool)
+                                      for w in wl)):
+        raise bad(f"wavelengths must be null or a list of {bands} numbers (nm; null for a band without a centre, "
+                  "not for all)")
     k = d["num_classes"]
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise bad(f"num_classes must be a non-negative integer, got {str(k)[:20]}")
@@ -199,14 +202,22 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
         raise bad(f"nodata_pixels must be null or an integer in 0..{shape[0] * shape[1]}, got {str(nodata)[:20]}")
     if nodata and layout["format_version"] is not None and layout["format_version"] < 3:
         raise bad(f"nodata_pixels = {nodata}, but a format v{layout['format_version']} store has no nodata pixels")
+    if wl and None in wl and layout["format_version"] is not None and layout["format_version"] < 4:
+        raise bad(f"wavelengths has a band without a centre, but a format v{layout['format_version']} store has a "
+                  "centre for every band")
     full = Path(path) if os.path.isabs(path) else root / path
     return SceneEntry(**layout, name=name, path=full, shape=tuple(shape), dtype=dtype_name,
-                      wavelengths=None if wl is None else tuple(float(w) for w in wl),
+                      wavelengths=_centres(wl),
                       band_names=names_or_none("band_names", bands), num_classes=k,
                       class_names=names_or_none("class_names", None), num_samples=samples,
                       source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps,
                       tile_samples=tile_samples, nodata_pixels=nodata,
                       tile_nodata=_tile_nodata(d.get("tile_nodata"), shape, layout["tile"], nodata, bad))
+
+
+def _centres(wavelengths: list | None) -> tuple[float | None, ...] | None:
+    """A store's or entry's band centres as an entry holds them: floats, None for a band without one."""
+    return None if wavelengths is None else tuple(None if w is None else float(w) for w in wavelengths)
 
 
 @functools.lru_cache(maxsize=64)
@@ -389,7 +400,7 @@ class Collection:
         return [e.bands for e in self.entries]
 
     @property
-    def wavelengths(self) -> list[tuple[float, ...] | None]:
+    def wavelengths(self) -> list[tuple[float | None, ...] | None]:
         return [e.wavelengths for e in self.entries]
 
     @property

@@ -1,4 +1,4 @@
-"""Store format v3: the contract between the converter (preprocess/) and the runtime (hsgds/).
+"""Store format v4: the contract between the converter (preprocess/) and the runtime (hsgds/).
 
 See docs/format.md for the specification. This module holds every name, constant and layout rule of
 the format so that the writer and the readers cannot disagree.
@@ -17,14 +17,15 @@ import crc32c
 import numpy as np
 
 from hsgds import checksum
+from hsgds._wording import listed
 from hsgds.errors import ChecksumError, StoreError, TileReadError
 
 FORMAT_NAME = "hsgds"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: Versions this runtime reads. v1 stores have no device checksums: the kvikio reader checks their tiles on
-#: the host (with a warning); v1 and v2 stores record no source nodata (every pixel is data). Converting
-#: again writes v3.
-READABLE_VERSIONS = (1, 2, 3)
+#: the host (with a warning); v1 and v2 stores record no source nodata (every pixel is data); v1 to v3 stores
+#: have a centre for every band, or none. Converting again writes v4.
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 #: Split codes stored per labelled pixel in ``samples/split``. 0 = labelled but in no split (e.g. a
 #: pixel in the guard band of a block split).
@@ -207,8 +208,9 @@ def padded_index(positions: np.ndarray, n: int, halo: int, mode: str) -> tuple[n
 
 @dataclass
 class StoreMeta:
-    """The ``hsgds`` attributes of a store's root group (format v3; v1 lacks the device checksums, v1 and v2
-    the nodata record). Written last: a store whose attributes do not parse as this is incomplete."""
+    """The ``hsgds`` attributes of a store's root group (format v4; v1 lacks the device checksums, v1 and v2
+    the nodata record, v1 to v3 a band without a centre). Written last: a store whose attributes do not parse
+    as this is incomplete."""
 
     shape: tuple[int, int, int]
     dtype: str
@@ -219,7 +221,8 @@ class StoreMeta:
     checksums: list[int]
     num_samples: int = 0
     class_names: list[str] | None = None
-    wavelengths: list[float] | None = None
+    #: band centres in nm, None (null) for a band without one (v4: an unused detector band); None: none known
+    wavelengths: list[float | None] | None = None
     band_names: list[str] | None = None
     source: dict[str, Any] = field(default_factory=dict)
     georeference: dict[str, Any] | None = None
@@ -339,10 +342,11 @@ class StoreMeta:
             raise bad("class_names", f"must name each of the {self.num_classes} classes")
         str_list("band_names", b)
         if self.wavelengths is not None:
-            if not isinstance(self.wavelengths, list) or len(self.wavelengths) != b or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                    for v in self.wavelengths):
-                raise bad("wavelengths", f"must be {b} finite numbers or null")
+            why = wavelengths_problem(self.wavelengths, b)
+            if why:
+                raise bad("wavelengths", why)
+            if self.format_version < 4 and None in self.wavelengths:
+                raise bad("wavelengths", f"a format v{self.format_version} store has a centre for every band")
         try:
             self.grid.check()
         except StoreError as exc:
@@ -427,12 +431,42 @@ def describe_georeference(geo: dict) -> str:
     return f"{crs}; origin ({x0:.10g}, {y0:.10g}), pixel {dx:.10g} x {dy:.10g}{rotated}"
 
 
+def wavelengths_problem(wavelengths: Any, bands: int) -> str | None:
+    """Why ``wavelengths`` is not a valid non-null ``wavelengths`` value for ``bands`` bands (None: it is):
+    one entry per band, each a finite number (nm) or None for a band without a centre, at least one a number
+    (a list without any centre is stored as null)."""
+    if not isinstance(wavelengths, list) or len(wavelengths) != bands or not all(
+            v is None or isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in wavelengths):
+        return f"must be {bands} finite numbers (null for a band without a centre) or null"
+    if all(v is None for v in wavelengths):
+        return "gives no band a centre, which is written as null"
+    return None
+
+
+def wavelength_array(wavelengths: Any) -> np.ndarray:
+    """Band centres as float64 nm, NaN for a band without one (a null entry)."""
+    return np.array([math.nan if w is None else float(w) for w in wavelengths], dtype=np.float64)
+
+
+def centred(wavelengths: Any) -> list[float]:
+    """The band centres there are (null entries left out), in band order: what a span is taken over."""
+    return [float(w) for w in wavelengths if w is not None]
+
+
 def describe_wavelengths(wavelengths: Any) -> str:
     """The span of band centres in nm, lowest to highest whatever their order ("402.5-972.7 nm"), and
-    "(descending)" for a sensor that lists its bands from the longest wavelength down (PRISMA)."""
-    nm = [float(w) for w in wavelengths]
+    "(descending)" for a sensor that lists its bands from the longest wavelength down (PRISMA); bands without
+    a centre (PRISMA's unused ones) take no part in either and are named after it."""
+    nm = centred(wavelengths)
     falling = len(nm) > 1 and all(a > b for a, b in zip(nm, nm[1:]))
-    return f"{min(nm):.1f}-{max(nm):.1f} nm" + (" (descending)" if falling else "")
+    text = f"{min(nm):.1f}-{max(nm):.1f} nm" + (" (descending)" if falling else "")
+    missing = [i for i, w in enumerate(wavelengths) if w is None]
+    if missing:
+        several = len(missing) > 1
+        text += (f"; band{'s' * several} {listed(missing, 8)} {'have' if several else 'has'} no centre "
+                 "(unused)")
+    return text
 
 
 #: Largest coordinate reference system text accepted (a WKT is a few KB).

@@ -208,7 +208,8 @@ def describe_collection(coll: Collection) -> str:
              f"bands:      {_tally([e.bands for e in entries])}"]
     listed = [e.wavelengths for e in entries if e.wavelengths]
     if listed:
-        lo, hi = min(min(w) for w in listed), max(max(w) for w in listed)  # (PRISMA lists its bands descending)
+        # (PRISMA lists its bands descending, and has bands without a centre)
+        lo, hi = min(min(fmt.centred(w)) for w in listed), max(max(fmt.centred(w)) for w in listed)
         missing = len(entries) - len(listed)
         lines.append(f"spectrum:   {lo:.1f}-{hi:.1f} nm" + (f" ({missing} scene{'s' * (missing > 1)} without wavelengths)" if missing else ""))
     with_nodata = [e for e in entries if e.nodata_pixels]

@@ -278,7 +278,8 @@ class PatchLoader:
         pixels where it is True are yielded.
     bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands).
     wavelengths : wavelengths in nm; each scene contributes its band nearest each one, within
-        ``wavelength_tolerance`` nm (default 5). Scenes with different band counts need this.
+        ``wavelength_tolerance`` nm (default 5), never a band without a centre (PRISMA's unused bands).
+        Scenes with different band counts need this.
     norm_scope : "scene" (each scene's own train statistics) or "collection" (the train statistics pooled
         exactly over all scenes).
     norm_stats : hsgds.BandStats or None

@@ -429,7 +429,7 @@ class LoadedModel:
             raise ConfigError(f"{name} was made for {p}x{p} patches, not {given}x{given}; drop {option} or pass {p}")
         return given
 
-    def check_scene(self, name: str, scene: str, bands: int, wavelengths: Sequence[float] | None) -> None:
+    def check_scene(self, name: str, scene: str, bands: int, wavelengths: Sequence[float | None] | None) -> None:
         """Refuse (ConfigError) a scene of ``bands`` bands at ``wavelengths`` that model ``name`` cannot be fed:
         its band selection is not in the scene, or it takes all bands of another band count."""
         from hsgds.scene_set import scene_bands

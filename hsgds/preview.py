@@ -10,6 +10,7 @@ from __future__ import annotations
 import colorsys
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,11 +64,12 @@ def class_colours(num_classes: int) -> np.ndarray:
     return np.array(table, dtype=np.uint8)
 
 
-def pick_bands(num_bands: int, wavelengths: list[float] | None = None,
+def pick_bands(num_bands: int, wavelengths: Sequence[float | None] | None = None,
                bands: tuple[int, ...] | list[int] | None = None) -> tuple[tuple[int, int, int], str]:
     """The (red, green, blue) band indices of the false-colour image and a note saying how they were chosen.
 
-    Explicit ``bands`` win; else the bands nearest :data:`RGB_TARGETS_NM` when wavelengths are known;
+    Explicit ``bands`` win; else the bands nearest :data:`RGB_TARGETS_NM` when wavelengths are known (never
+    a band without a centre);
     else the bands at 3/4, 1/2 and 1/4 of the band range.
     """
     if bands is not None:
@@ -79,8 +81,8 @@ def pick_bands(num_bands: int, wavelengths: list[float] | None = None,
             raise InputError(f"band {bad[0]} is out of range; the scene has bands 0..{num_bands - 1}")
         return picked, "bands {}/{}/{} (chosen)".format(*picked)  # type: ignore[return-value]
     if wavelengths is not None:
-        wl = np.asarray(wavelengths, dtype=np.float64)
-        picked = tuple(int(np.argmin(np.abs(wl - t))) for t in RGB_TARGETS_NM)
+        wl = fmt.wavelength_array(wavelengths)
+        picked = tuple(int(np.nanargmin(np.abs(wl - t))) for t in RGB_TARGETS_NM)
         got = "/".join(f"{wl[i]:.0f}" for i in picked)
         return picked, ("bands {}/{}/{} nearest 640/550/460 nm".format(*picked)  # type: ignore[return-value]
                         + f" ({got} nm)")

@@ -153,9 +153,10 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict
 
 
 class Scene:
-    """A converted hyperspectral scene (an hsgds store, format v1, v2 or v3).
+    """A converted hyperspectral scene (an hsgds store, format v1 to v4).
 
-    Use :func:`open_scene`. Attributes: ``shape`` (H, W, B), ``dtype``, ``wavelengths`` (nm or None),
+    Use :func:`open_scene`. Attributes: ``shape`` (H, W, B), ``dtype``, ``wavelengths`` (nm, None for a band
+    without a centre; or None),
     ``band_names``, ``labels`` (H, W), ``stats`` ({"train": BandStats | None, "all": BandStats}),
     ``meta`` (the full :class:`hsgds.format.StoreMeta`), ``grid`` (tile geometry) and ``tile_paths``.
     """
@@ -382,7 +383,8 @@ class Scene:
     def to_xarray(self):
         """The cube as a lazily loaded ``xarray.DataArray`` with dims ``(y, x, band)``.
 
-        Coordinates: ``band`` (0..B-1), ``wavelength`` (nm, when the store knows them) and ``band_name``
+        Coordinates: ``band`` (0..B-1), ``wavelength`` (nm, when the store knows them; NaN for a band
+        without a centre) and ``band_name``
         (when known); for a georeferenced store, ``x`` / ``y`` map coordinates of the pixel centres (north-up
         transforms) and ``spatial_ref`` holding the CRS and transform (the rioxarray convention). Nothing is
         read until values are needed, and then only the tiles under the selected window

@@ -186,10 +186,11 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
 _FAR_WAVELENGTH = "raise wavelength_tolerance or drop that wavelength"
 
 
-def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequence[int] | None,
+def scene_bands(name: str, count: int, have: Sequence[float | None] | None, bands: Sequence[int] | None,
                 wavelengths: Sequence[float] | None, tolerance: float, far: str = _FAR_WAVELENGTH) -> np.ndarray:
-    """The stored band of scene ``name`` (``count`` bands at wavelengths ``have``) for each output band:
-    ``bands`` (indices) or, for ``wavelengths`` (nm), its band nearest each within ``tolerance`` nm.
+    """The stored band of scene ``name`` (``count`` bands at wavelengths ``have``, None for a band without a
+    centre) for each output band: ``bands`` (indices) or, for ``wavelengths`` (nm), its band nearest each
+    within ``tolerance`` nm, never one without a centre (PRISMA's unused bands).
     A one-line ConfigError says what does not fit and what to change (``far``: what, when a wavelength has
     no band near it; a saved model's selection cannot be changed as a loader's can)."""
     if bands is not None:
@@ -207,16 +208,18 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
         raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
     if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and tolerance >= 0):
         raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
-    if have is None:
+    nm = fmt.wavelength_array(() if have is None else have)
+    known = np.flatnonzero(~np.isnan(nm))  # the bands with a centre: only they can be nearest
+    if not known.size:
         raise ConfigError(f"scene {name!r} has no band wavelengths; convert it again with them (`hsgds convert "
                           "--wavelengths nm.txt`, or from an ENVI header that lists them) or select bands by index")
-    nm = np.asarray(have, dtype=np.float64)
-    if nm.min() < fmt.MIN_NM or nm.max() > fmt.MAX_NM:
+    lo, hi = nm[known].min(), nm[known].max()
+    if lo < fmt.MIN_NM or hi > fmt.MAX_NM:
         # a store an older converter wrote from a header's micrometres labelled as nanometres (0.4-2.5 "nm")
-        raise ConfigError(f"scene {name!r} records wavelengths {nm.min():g}-{nm.max():g}, which are no band centres "
+        raise ConfigError(f"scene {name!r} records wavelengths {lo:g}-{hi:g}, which are no band centres "
                           f"in nm ({fmt.MIN_NM:g}-{fmt.MAX_NM:g}); convert it again (`hsgds convert --wavelengths "
                           "nm.txt`) or select bands by index")
-    nearest = np.abs(nm[None, :] - want[:, None]).argmin(axis=1)
+    nearest = known[np.abs(nm[known][None, :] - want[:, None]).argmin(axis=1)]
     miss = np.abs(nm[nearest] - want) > tolerance
     if miss.any():
         i = int(np.flatnonzero(miss)[0])

@@ -1,4 +1,4 @@
-"""Source cube -> hsgds store (format v3): halo-padded aligned tiles, labels, samples, stats, splits.
+"""Source cube -> hsgds store (format v4): halo-padded aligned tiles, labels, samples, stats, splits.
 
 The conversion streams tile by tile (memory stays at a few tiles for memory-mappable sources), writes
 into a temporary directory beside the target and renames it into place only when everything, the
@@ -17,7 +17,7 @@ import shutil
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,7 +77,8 @@ class ConvertOptions:
     nodata_from: str = "--nodata"
     #: names of classes 1..K; None takes the label file's own (an ENVI Classification header's class names)
     class_names: tuple[str, ...] | None = None
-    wavelengths: tuple[float, ...] | None = None  # band centres (nm) for sources that do not record them
+    #: band centres (nm) for sources that do not record them; None for a band without one (an unused band)
+    wavelengths: tuple[float | None, ...] | None = None
     #: what gave ``wavelengths``, as messages name it: convert-many's come from a manifest column, not the option
     wavelengths_from: str = "--wavelengths"
     #: the store's sample type, when not the source's (scenes of several sensors loaded together need one)
@@ -122,14 +123,17 @@ class ConvertOptions:
             raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
         # refused whether or not a split is made: a value that means nothing is a mistake either way
         splitting.check_amounts(self.train, self.val)
-        if self.wavelengths is not None and (not self.wavelengths or not all(
-                math.isfinite(w) and w > 0 for w in self.wavelengths)):
-            raise ConfigError(f"{self.wavelengths_from} must be positive finite numbers (band centres in nm), got "
-                              f"{','.join(f'{w:g}' for w in self.wavelengths[:8]) or 'none'}")
-        if self.wavelengths is not None and not all(fmt.MIN_NM <= w <= fmt.MAX_NM for w in self.wavelengths):
+        given = None if self.wavelengths is None else fmt.centred(self.wavelengths)
+        if self.wavelengths and not given:
+            raise ConfigError(f"{self.wavelengths_from} gives no band a centre ({nm_text(self.wavelengths, 8)}); "
+                              "leave it out to record no wavelengths")
+        if given is not None and (not given or not all(math.isfinite(w) and w > 0 for w in given)):
+            raise ConfigError(f"{self.wavelengths_from} must be positive finite numbers (band centres in nm; none for "
+                              f"a band without one), got {nm_text(self.wavelengths or (), 8) or 'none'}")
+        if given is not None and not all(fmt.MIN_NM <= w <= fmt.MAX_NM for w in given):
             # 0.4-2.5 would be micrometres: stored as nm they would match no other scene's wavelengths
             raise ConfigError(f"{self.wavelengths_from} must be band centres in nm ({fmt.MIN_NM:g}-{fmt.MAX_NM:g}), "
-                              f"got {min(self.wavelengths):g}-{max(self.wavelengths):g}; give micrometres times 1000")
+                              f"got {min(given):g}-{max(given):g}; give micrometres times 1000")
         if self.dtype is not None and self.dtype not in fmt.DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(fmt.DTYPES)}, got {self.dtype!r}")
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
@@ -156,9 +160,20 @@ def nodata_option(text: str, where: str = "--nodata") -> float | str:
 MAX_WAVELENGTH_FILE = 1 << 20
 
 
-def wavelength_list(value: str | os.PathLike, where: str) -> tuple[float, ...]:
+#: how a band without a centre (an unused detector band) is written in a list of band centres: ``none``, or ``nan``
+#: as numpy's savetxt writes a missing value
+NO_CENTRE = ("none", "nan")
+
+
+def nm_text(wavelengths: Sequence[float | None], limit: int | None = None) -> str:
+    """Band centres as a user writes them ("400,410.5,none"), the first ``limit`` of them when given."""
+    return ",".join("none" if w is None else f"{w:g}" for w in list(wavelengths)[:limit])
+
+
+def wavelength_list(value: str | os.PathLike, where: str) -> tuple[float | None, ...]:
     """Band centres (nm) given inline ("400.5,410,...") or as the path of a text file of them (commas, spaces
-    or one per line; '#' starts a comment); a one-line ConfigError naming ``where`` otherwise."""
+    or one per line; '#' starts a comment), ``none`` (or ``nan``) for a band without one; a one-line
+    ConfigError naming ``where`` otherwise."""
     text, path = str(value), Path(value)
     try:
         is_file = path.is_file()
@@ -174,16 +189,19 @@ def wavelength_list(value: str | os.PathLike, where: str) -> tuple[float, ...]:
             raise ConfigError(f"{where}: cannot read {path} ({exc})") from None
         where = f"{where} {path}"
     words = text.replace(",", " ").split()
-    values = []
+    values: list[float | None] = []
     for word in words:
+        if word.lower().lstrip("+-") in NO_CENTRE:
+            values.append(None)
+            continue
         try:
             values.append(float(word))
         except ValueError:
             if not is_file and len(words) == 1:  # a file name with a typo, or a file not there yet
                 raise ConfigError(f"{where}: there is no file {path}, and it is not a number; check the path, or "
                                   "give band centres in nm, comma-separated") from None
-            raise ConfigError(f"{where}: {word!r} is not a number; give band centres in nm, comma-separated, or "
-                              "a text file of them") from None
+            raise ConfigError(f"{where}: {word!r} is not a number; give band centres in nm (none for a band "
+                              "without one), comma-separated, or a text file of them") from None
     return tuple(values)
 
 
@@ -334,22 +352,25 @@ def build_tile(cube: SourceCube, grid: fmt.TileGrid, padding: str, tile_id: int)
     return tile
 
 
-def _wavelengths(given: tuple[float, ...] | None, recorded: Any, bands: int, src: Path,
-                 named: str = "--wavelengths") -> list[float] | None:
-    """The store's band centres: the source's, or those given (``named``: the option or manifest column that
-    gave them) for a source that records none. Given for a source that records others, or a count other than
-    the bands', they are refused."""
+def _wavelengths(given: tuple[float | None, ...] | None, recorded: Any, bands: int, src: Path,
+                 named: str = "--wavelengths") -> list[float | None] | None:
+    """The store's band centres (None for a band without one): the source's, or those given (``named``: the
+    option or manifest column that gave them) for a source that records none. Given for a source that records
+    others, or a count other than the bands', they are refused; given where the source's own bands have no
+    centre (PRISMA's unused ones), they are taken when they agree with every centre it records."""
     if given is None:
-        return None if recorded is None else [float(w) for w in recorded]
+        return None if recorded is None else [None if w is None else float(w) for w in recorded]
     if len(given) != bands:
         raise InputError(f"{named} lists {len(given)} values but {src.name} has {bands} bands; give one "
-                         "centre (nm) per band, in band order")
-    if recorded is not None and not np.allclose(np.asarray(recorded, np.float64), given, rtol=0, atol=1e-6):
-        fix = f"drop {named}" if named.startswith("--") else "leave this scene's cell empty"  # an option, or a column
-        raise InputError(f"{src.name} records its own wavelengths ({min(map(float, recorded)):g}-"
-                         f"{max(map(float, recorded)):g} nm), "
-                         f"which {named} contradicts; {fix}")
-    return [float(w) for w in given]
+                         "centre (nm) per band, in band order (none for a band without one)")
+    if recorded is not None:
+        have, want = fmt.wavelength_array(recorded), fmt.wavelength_array(given)
+        known = ~np.isnan(have)
+        if not np.allclose(have[known], want[known], rtol=0, atol=1e-6):  # (a NaN given there: no centre, differs)
+            fix = f"drop {named}" if named.startswith("--") else "leave this scene's cell empty"  # an option, or a column
+            raise InputError(f"{src.name} records its own wavelengths ({min(have[known]):g}-{max(have[known]):g} "
+                             f"nm), which {named} contradicts; {fix}")
+    return [None if w is None else float(w) for w in given]
 
 
 def _check_nan_fill(value: float | None, dtype: np.dtype) -> None:

@@ -37,6 +37,7 @@ from hsgds.preprocess.convert import (
     CONVERT_WARNINGS,
     ConvertOptions,
     convert,
+    nm_text,
     nodata_option,
     remove_stale,
     wavelength_list,
@@ -61,7 +62,7 @@ class ManifestRow:
     labels: Path | None = None
     key: str | None = None
     labels_key: str | None = None
-    wavelengths: tuple[float, ...] | None = None  # band centres (nm) from the row's wavelengths file
+    wavelengths: tuple[float | None, ...] | None = None  # band centres (nm) from the row's wavelengths file
     line: int = 0
     wavelengths_file: Path | None = None  # that file, named by messages about them
     nodata: float | str | None = None  # the row's nodata value ("none": ignore the source's), over --nodata
@@ -239,7 +240,7 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
         shown = [",".join(n)[:60] if n else None for n in (want_names, meta.class_names)]
         return _differs("--class-names", *shown)
     if opts.wavelengths is not None and meta.wavelengths != list(opts.wavelengths):
-        shown = [",".join(f"{w:g}" for w in ws[:4]) + (",..." if len(ws) > 4 else "") if ws else None
+        shown = [nm_text(ws, 4) + (",..." if len(ws) > 4 else "") if ws else None
                  for ws in (opts.wavelengths, meta.wavelengths)]
         return _differs(opts.wavelengths_from, *shown)
     if opts.nodata is not None:  # given: the store must have applied this very value (or none)
@@ -348,14 +349,20 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
 
 
 def _same_wavelengths(a: Any, b: Any) -> bool:
+    """Whether two lists of band centres agree: the same bands without a centre (null), the others within
+    1e-6 nm."""
     if a is None or b is None:
         return a is None and b is None
-    return len(a) == len(b) and bool(np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0,
-                                                 atol=1e-6))
+    return len(a) == len(b) and bool(np.allclose(fmt.wavelength_array(a), fmt.wavelength_array(b), rtol=0,
+                                                 atol=1e-6, equal_nan=True))
 
 
 def _nm_range(wavelengths: Any) -> str:
-    return "none" if wavelengths is None else f"{min(wavelengths):g}-{max(wavelengths):g} nm"
+    if wavelengths is None:
+        return "none"
+    nm = fmt.centred(wavelengths)
+    missing = len(wavelengths) - len(nm)
+    return f"{min(nm):g}-{max(nm):g} nm" + (f" ({counted(missing, 'band')} without a centre)" if missing else "")
 
 
 def _label_files_differ(labels: Path, record: dict[str, Any]) -> str | None:

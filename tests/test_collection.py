@@ -116,6 +116,11 @@ def _doc(**scene):
     (_doc(shape=[4, 4]), r"scene 0 \('a'\): shape must be \[H, W, B\]"),
     (_doc(dtype="float99"), "dtype 'float99' is not a numpy type name"),
     (_doc(wavelengths=[400.0]), "wavelengths must be null or a list of 3 numbers"),
+    (_doc(wavelengths=[None, None, None]), r"wavelengths must be null or a list of 3 numbers \(nm; null for a band "
+                                           r"without a centre, not for all\)"),
+    (_doc(wavelengths=[None, "500", 600.0]), "wavelengths must be null or a list of 3 numbers"),
+    (_doc(wavelengths=[None, 500.0, 600.0], format_version=3),
+     "wavelengths has a band without a centre, but a format v3 store has a centre for every band"),
     (_doc(bands=4), "bands = 4 disagrees with shape"),
     (_doc(num_classes=-1), "num_classes must be a non-negative integer"),
     ({**_doc(), "scenes": [_doc()["scenes"][0]] * 2}, "scenes 0 and 1 are both named 'a'"),
@@ -133,6 +138,13 @@ def test_invalid_collection_json_is_one_line_error(tmp_path, doc, message):
     with pytest.raises(StoreError, match=message) as info:
         open_collection(tmp_path / COLLECTION_FILE)
     assert "\n" not in str(info.value)
+
+
+def test_an_entrys_band_without_a_centre_is_none(tmp_path):
+    """collection.json lists a band without a centre (PRISMA's unused bands) as null, as the store does: read
+    as None in its place, the other centres as listed."""
+    (tmp_path / COLLECTION_FILE).write_text(json.dumps(_doc(wavelengths=[None, 500, 600.5], format_version=4)))
+    assert open_collection(tmp_path).wavelengths == [(None, 500.0, 600.5)]
 
 
 def test_missing_collection(tmp_path):

@@ -63,6 +63,15 @@ def test_bands_nearest_640_550_460_nm():
         pick_bands(16, None, bands=(0, 1))
 
 
+def test_a_band_without_a_centre_is_never_picked():
+    """PRISMA's unused bands have no centre (None): the nearest band with one is picked, as numpy's nanargmin
+    over the centres there are picks it (NaN would otherwise be everyone's nearest)."""
+    nm = [None, None, 980.0, 640.5, 560.0, 455.0, None]
+    known = np.array([np.nan if w is None else w for w in nm])
+    want = tuple(int(np.nanargmin(np.abs(known - t))) for t in (640, 550, 460))
+    assert pick_bands(len(nm), nm) == (want, "bands 3/4/5 nearest 640/550/460 nm (640/560/455 nm)")
+
+
 def test_panels_are_exact(envi_store):
     path, cube, labels = envi_store
     scene = hsgds.open_scene(path)

@@ -78,6 +78,10 @@ _NAN = float("nan")
     ("checksums", {"0": 1}, "checksums = .*must be a list"),
     ("wavelengths", [400.0, 500.0], "wavelengths .* 4 finite numbers"),
     ("wavelengths", [400.0, 500.0, 600.0, _NAN], "wavelengths .* 4 finite numbers"),
+    ("wavelengths", [None, 500.0, "600", 700.0], r"wavelengths .* 4 finite numbers \(null for a band without a "
+                                                 r"centre\) or null"),
+    ("wavelengths", [None] * 4, r"wavelengths = \[None, None, None, None\] \(gives no band a centre, which is "
+                                r"written as null\)"),
     ("band_names", ["a", "b", "c", 4], "band_names .* list of strings"),
     ("band_names", ["a"], "band_names .* 4 entries"),
     ("class_names", "abc", "class_names .* list of strings"),
@@ -85,7 +89,7 @@ _NAN = float("nan")
     ("class_names", ["a", "b"], "class_names = .*must name each of the 3 classes"),
     ("num_classes", 10**12, r"num_classes .* classes 1\.\.65535 at most"),
     ("format", "other", "format = 'other' .must be 'hsgds'"),
-    ("format_version", 4, "format version 4; this hsgds reads versions 1 to 3"),
+    ("format_version", 5, "format version 5; this hsgds reads versions 1 to 4"),
     ("format_version", 1, r"device_checksums = .*\(a format v1 store has none\)"),
     ("device_checksums", ["0" * 32] * 3, "lists 3 device checksums for 4 tiles"),
     ("device_checksums", ["0" * 31] * 4, "device_checksums .* 32 lowercase hex digits"),
@@ -119,6 +123,17 @@ def test_invalid_root_metadata_is_a_store_error(store, key, value, message):
     with pytest.raises(StoreError, match=message) as caught:
         hsgds.open_scene(store)
     assert re.search(r"; .*(convert|upgrade|install)", str(caught.value)), caught.value  # and says what to do
+
+
+def test_a_band_without_a_centre_is_null_in_a_v4_store(store):
+    """Format v4: a band without a centre (PRISMA's unused bands) is null among the store's wavelengths, read as
+    None; a store of an older format, which has a centre for every band or none, holding one is refused."""
+    _set_attr(store, "wavelengths", [None, 500.0, 600, None])
+    assert hsgds.open_scene(store).wavelengths == [None, 500.0, 600, None]
+    _set_attr(store, "format_version", 3)
+    with pytest.raises(StoreError, match=r"wavelengths = \[None, 500.0, 600, None\] \(a format v3 store has a "
+                                         r"centre for every band\); convert the source again"):
+        hsgds.open_scene(store)
 
 
 def test_huge_tiles_are_refused_before_allocating(store):

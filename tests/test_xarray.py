@@ -60,6 +60,25 @@ def test_to_xarray_layout(store):
     np.testing.assert_array_equal(red.values, cube[..., 5])
 
 
+def test_a_band_without_a_centre_has_a_nan_wavelength(tmp_path):
+    """A store whose band has no centre (null: PRISMA's unused bands) gives that band's wavelength coordinate as
+    NaN, the others as recorded (read with zarr-python), in nm."""
+    import zarr
+
+    from hsgds.synthetic import make_scene
+
+    cube, _ = make_scene(20, 16, 4, classes=2, dtype="int16", seed=6)
+    np.save(tmp_path / "c.npy", cube)
+    out = convert(tmp_path / "c.npy", tmp_path / "c.zarr", ConvertOptions(max_patch=3,
+                                                                          wavelengths=(None, 640.5, 550.0, None)))
+    recorded = zarr.open_group(out, mode="r").attrs["hsgds"]["wavelengths"]
+    assert recorded == [None, 640.5, 550.0, None]
+    da = hsgds.open_scene(out).to_xarray()
+    np.testing.assert_array_equal(da["wavelength"].values, [np.nan, 640.5, 550.0, np.nan])
+    assert da["wavelength"].dtype == np.float64 and da["wavelength"].attrs["units"] == "nm"
+    np.testing.assert_array_equal(da.values, cube)
+
+
 def test_to_xarray_is_lazy(store, reads):
     path, cube, _ = store
     da = hsgds.open_scene(path).to_xarray()
@@ -105,7 +124,7 @@ def test_store_opens_with_plain_zarr(store):
     scene = hsgds.open_scene(path)
     g = zarr.open_group(path, mode="r")
     assert g.metadata.zarr_format == 3
-    assert g.attrs["hsgds"]["format_version"] == 3 and g.attrs["hsgds"]["wavelengths"] == scene.wavelengths
+    assert g.attrs["hsgds"]["format_version"] == 4 and g.attrs["hsgds"]["wavelengths"] == scene.wavelengths
     tiles = g["tiles"]
     assert tiles.metadata.dimension_names == ("tile_y", "tile_x", "y", "x", "band")
     assert tiles.shape == (scene.grid.nty, scene.grid.ntx, *scene.grid.tile_shape)

@@ -225,7 +225,8 @@ class SourceCube(Protocol):
 
     shape: tuple[int, int, int]
     dtype: np.dtype
-    wavelengths: list[float] | None
+    #: band centres in nm, None for a band without one (PRISMA's unused bands); None when the file lists none
+    wavelengths: list[float | None] | None
     band_names: list[str] | None
     files: list[Path]
     #: ``{"transform", "crs_wkt", "epsg"}`` (see :func:`hsgds.format.georeference_problem`) or None
@@ -252,7 +253,7 @@ class ArrayCube:
 
     array: Any
     axes: str = "HWB"
-    wavelengths: list[float] | None = None
+    wavelengths: list[float | None] | None = None
     band_names: list[str] | None = None
     files: list[Path] = field(default_factory=list)
     closer: Any = None

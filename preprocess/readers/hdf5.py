@@ -11,7 +11,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hsgds._wording import listed
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
@@ -203,7 +202,8 @@ def _attr_text(dataset: h5py.Dataset, name: str) -> str:
 _PRISMA_LISTS = {"vnir": ("List_Cw_Vnir", "List_Cw_Vnir_Flags"), "swir": ("List_Cw_Swir", "List_Cw_Swir_Flags")}
 
 
-def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) -> tuple[list[float] | None, str | None]:
+def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
+                    path: Path) -> tuple[list[float | None] | None, str | None]:
     """The band centres of a PRISMA cube (L1 or L2 HE5: ``VNIR_Cube``, ``SWIR_Cube`` and their error matrices,
     (rows, bands, columns)) from the file's root attribute ``List_Cw_Vnir`` or ``List_Cw_Swir``, taken by the
     detector the dataset's name holds: the product ties a list to its cube by name, not by length (a cube of
@@ -212,8 +212,8 @@ def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) ->
     without the list.
 
     A band flagged unused in ``List_Cw_*_Flags`` (or whose centre is 0 or not finite: PRISMA writes 0 for
-    the unused bands at the ends of each detector's range) has no centre, and a store records a centre for
-    every band or none."""
+    the unused bands at the ends of each detector's range) has no centre: None in its place (a store records
+    it as null), the others' centres as listed; a list without any centre is none."""
     leaf = cube.name.rsplit("/", 1)[-1].lower()
     detectors = [d for d in _PRISMA_LISTS if d in leaf]
     if len(detectors) != 1 or _PRISMA_LISTS[detectors[0]][0] not in f.attrs:
@@ -232,15 +232,20 @@ def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) ->
         if flags.size != bands or flags.dtype.kind not in "iub":
             return None, f"{where}: {flags_name} holds {flags.size} flags for the cube's {bands} bands"
         unused |= flags == 0
-    if unused.any():
-        missing = np.flatnonzero(unused).tolist()
-        several = len(missing) > 1
-        return None, (f"{where}: band{'s' * several} {listed(missing)} {'have' if several else 'has'} no centre "
-                      f"(unused: 0 in {flags_name} or as its centre)")
-    return wavelengths_in_nm(values.tolist(), "nm", where)
+    if unused.all():
+        return None, f"{where}: no band has a centre (every one unused: 0 in {flags_name} or as its centre)"
+    nm, note = wavelengths_in_nm(values[~unused].tolist(), "nm", where)
+    if nm is None:
+        return None, note
+    # the unused bands (all zeros in a real product) stay in the cube, without a centre to be selected by
+    centres: list[float | None] = [None] * bands
+    for i, w in zip(np.flatnonzero(~unused).tolist(), nm):
+        centres[i] = w
+    return centres, None
 
 
-def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path) -> tuple[list[float] | None, str | None]:
+def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
+                 path: Path) -> tuple[list[float | None] | None, str | None]:
     """The cube's band centres in nm from the file: the 1-D numeric dataset of ``bands`` values whose name
     holds "wavelength" (EMIT's ``sensor_band_parameters/wavelengths``, a netCDF coordinate variable), in its CF
     ``units`` (or guessed from magnitude), else PRISMA's root attribute of the cube's detector (see

@@ -657,8 +657,9 @@ def test_micrometres_labelled_as_nanometres_are_not_recorded_and_said_once(npy_s
 def test_a_prisma_cubes_band_centres_are_the_stores_in_its_own_descending_order(tmp_path, run_cli):
     """A PRISMA L2D file's VNIR_Cube, (rows, bands, columns), converted with --band-axis middle: the store (read
     with zarr-python) records the file's List_Cw_Vnir as they are, descending, and a loader's wavelengths=[...]
-    takes each one's nearest band; with the product's unused bands (flag 0, centre 0) the store records none,
-    the conversion says so in one line naming them and the fix, and `hsgds info` says the same."""
+    takes each one's nearest band; the product's unused bands (flag 0, centre 0) are null in the store, with no
+    warning, and `hsgds info` (store and source) names them after the span of the others; --wavelengths may
+    give them a centre but not contradict the file's."""
     from hsgds.synthetic import make_scene
     from tests.sensors import PRISMA_VNIR, write_prisma
 
@@ -684,17 +685,31 @@ def test_a_prisma_cubes_band_centres_are_the_stores_in_its_own_descending_order(
     code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "x.zarr", "--wavelengths", "400,500,600,700,800,900")
     assert code == 2 and "records its own wavelengths (410-960.5 nm), which --wavelengths contradicts" in err, err
 
+    # the product's unused bands (flag 0, centre 0): null in the store, the other bands' centres recorded
     write_prisma(src, vnir, swir, [0.0, 0.0, *nm[2:]], [2400.0, 2000.0, 1500.0, 1000.0], flags_vnir=[0, 0, 1, 1, 1, 1])
     code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "u.zarr")
-    assert code == 0, err
-    warned = [line for line in err.splitlines() if line.startswith("hsgds: warning:")]
-    assert warned == ["hsgds: warning: PRS_L2D_STD_0001.he5 attribute List_Cw_Vnir: bands 0, 1 have no centre "
-                      "(unused: 0 in List_Cw_Vnir_Flags or as its centre); the store records no wavelengths (to match "
-                      "bands by wavelength, give the band centres in nm with --wavelengths or fix the header)"], err
-    assert zarr.open_group(tmp_path / "u.zarr", mode="r").attrs["hsgds"]["wavelengths"] is None
+    assert code == 0 and "warning" not in err, err
+    record = zarr.open_group(tmp_path / "u.zarr", mode="r").attrs["hsgds"]
+    assert record["wavelengths"] == [None, None, *np.asarray(nm[2:], np.float32).astype(np.float64).tolist()]
+    assert record["format_version"] == 4  # (an older hsgds refuses it by its version, not as damaged metadata)
+    code, out, err = run_cli("info", tmp_path / "u.zarr")
+    assert code == 0 and "bands:      410.0-700.0 nm (descending); bands 0, 1 have no centre (unused)\n" in out, out
     code, out, err = run_cli("info", src, "--key", PRISMA_VNIR, "--band-axis", "middle")
-    assert code == 0 and ("bands:      6 bands, not recorded: bands 0, 1 have no centre (unused: 0 in "
-                          "List_Cw_Vnir_Flags or as its centre) (give them with --wavelengths") in out, out + err
+    assert code == 0 and ("bands:      6 bands, 410.0-700.0 nm (descending); bands 0, 1 have no centre "
+                          "(unused)\n") in out, out + err
+    # --wavelengths that agree with every centre the file records may give the unused bands one, or none
+    filled = "965,955,700,610,520.75,410"
+    code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "f.zarr", "--wavelengths", filled)
+    assert code == 0 and "warning" not in err, err
+    assert hsgds.open_scene(tmp_path / "f.zarr").wavelengths == [965.0, 955.0, 700.0, 610.0, 520.75, 410.0]
+    code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "n.zarr", "--wavelengths",
+                           "none,nan,700,610,520.75,410")
+    assert code == 0 and "warning" not in err, err
+    assert hsgds.open_scene(tmp_path / "n.zarr").wavelengths == [None, None, 700.0, 610.0, 520.75, 410.0]
+    for given in ("965,955,700,610,520.75,411", "965,955,none,610,520.75,410"):
+        code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "x.zarr", "--wavelengths", given)
+        assert code == 2 and err.strip().endswith("PRS_L2D_STD_0001.he5 records its own wavelengths (410-700 nm), "
+                                                  "which --wavelengths contradicts; drop --wavelengths"), err
 
 
 def test_an_enmap_images_metadata_file_gives_its_centres_and_is_part_of_its_source(tmp_path, run_cli):
@@ -789,9 +804,17 @@ def test_wavelengths_for_a_source_that_records_none(npy_scene, tmp_path, run_cli
             hsgds.PatchLoader(tmp_path / "f.zarr", patch_size=3, batch_size=16, bands=[1, 3], shuffle=False,
                               device="cpu", normalize=None) as by_index:
         assert all(np.array_equal(a[0], b[0]) for a, b in zip(by_nm, by_index))
+    # a band without a centre (an unused detector band): none, or nan as numpy's savetxt writes it; stored as null
+    nm.write_text("none\n410\nNaN  # unused\n430.25\n")
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "n.zarr", "--wavelengths", nm)
+    assert code == 0 and "warning" not in err, err
+    assert zarr.open_group(tmp_path / "n.zarr", mode="r").attrs["hsgds"]["wavelengths"] == [None, 410.0, None, 430.25]
     envi_src = write_envi(tmp_path / "e.hdr", cube, wavelengths=[500.0, 510.0, 520.0, 530.0])
     for args, message in [
         ((cp, "--wavelengths", "400,410,420"), "--wavelengths lists 3 values but cube0.npy has 4 bands"),
+        ((cp, "--wavelengths", "none,nan,None,NAN"), "--wavelengths gives no band a centre (none,none,none,none); "
+                                                     "leave it out to record no wavelengths"),
+        ((cp, "--wavelengths", "none,410,0.42,0.43"), "in nm (100-20000), got 0.42-410; give micrometres times 1000"),
         ((cp, "--wavelengths", "400,abc,420,430"), "'abc' is not a number"),
         # a mistyped file name was "'nmm.txt' is not a number"
         ((cp, "--wavelengths", tmp_path / "nmm.txt"), f"--wavelengths: there is no file {tmp_path / 'nmm.txt'}, and "

@@ -372,6 +372,21 @@ def test_given_wavelengths_are_compared_with_the_store(tmp_path):
     assert _options_differ(meta, replace(opts, wavelengths=None)) is None
     assert _options_differ(meta, replace(opts, wavelengths=(450.0, 560.0, 650.0))) == \
         "--wavelengths 450,560,650 differs from the store's (450,550,650)"
+    assert _options_differ(meta, replace(opts, wavelengths=(None, 550.0, 650.0))) == \
+        "--wavelengths none,550,650 differs from the store's (450,550,650)"
+
+
+def test_band_centres_without_a_centre_are_compared_by_position():
+    """A rerun compares the source's band centres with the store's band by band: a band without a centre (None,
+    null in the store) matches only one without, the others within 1e-6 nm; the reason shows each span and how
+    many bands have none."""
+    from hsgds.preprocess.convert_many import _nm_range, _same_wavelengths
+
+    assert _same_wavelengths([None, 500.0, 600.0], [None, 500.0000001, 600.0])
+    assert not _same_wavelengths([None, 500.0, 600.0], [500.0, None, 600.0])
+    assert not _same_wavelengths([None, 500.0, 600.0], [450.0, 500.0, 600.0])
+    assert not _same_wavelengths([None, 500.0, 600.0], None)
+    assert _nm_range([None, 600.0, None, 500.0]) == "500-600 nm (2 bands without a centre)"
 
 
 def test_a_wavelengths_column_gives_each_scene_its_band_centres(cluster, tmp_path, run_cli):
@@ -802,3 +817,92 @@ def test_a_store_recording_only_the_given_label_file_is_converted_once_more(tmp_
         again = convert_scene(row, out, opts)
         assert (again.status, again.reason) == outcome
         assert convert_scene(row, out, opts).status == "up to date"
+
+
+def test_a_prisma_scene_with_unused_bands_joins_a_collection_by_wavelength(tmp_path, run_cli):
+    """A PRISMA VNIR cube whose first three bands are unused (flag 0, centre 0, all zeros, as in every real
+    product) beside an EnMAP image with a centre for every band: the PRISMA store (read with zarr-python) and
+    collection.json hold null at the unused bands and the file's centres elsewhere; a loader over the collection
+    by wavelengths=[...] takes each scene's nearest band among those with a centre (a numpy reference leaving the
+    unused bands out) and its patches are the numpy cuts; a wavelength near no used band is a miss naming the
+    nearest used one; z-scored alone, the unused bands read 0; `hsgds info` spans the centres there are; and a
+    rerun finds both stores up to date (one an older hsgds wrote without centres is converted again)."""
+    import zarr
+
+    from hsgds.collection import write_collection
+    from hsgds.errors import ConfigError
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+    from tests.sensors import PRISMA_VNIR, enmap_xml, write_enmap, write_prisma
+
+    prisma, labels = make_scene(26, 22, 8, classes=3, dtype="uint16", seed=8, labelled_fraction=1.0)
+    prisma[..., :3] = 0  # the unused bands hold nothing
+    swir, _ = make_scene(26, 22, 4, classes=3, dtype="uint16", seed=9)
+    cw = [0.0, 0.0, 0.0, 760.0, 650.5, 560.25, 480.0, 410.0]  # descending, as PRISMA lists them
+    flags = [0, 0, 0, 1, 1, 1, 1, 1]
+    np.save(tmp_path / "gt.npy", labels)
+    src = write_prisma(tmp_path / "PRS_L2D_STD_0001.he5", prisma, swir, cw, [2400.0, 2000.0, 1500.0, 1000.0],
+                       flags_vnir=flags)
+    enmap, _ = make_scene(24, 20, 6, classes=3, dtype="int16", seed=10)
+    enmap_nm = [418.4, 484.0, 556.5, 655.0, 880.0, 1010.5]
+    enmap_src = write_enmap(tmp_path, enmap, enmap_xml([f"{w:g}" for w in enmap_nm]))
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = {"p": (ManifestRow(name="p", source=src, labels=tmp_path / "gt.npy", key=PRISMA_VNIR),
+                  ConvertOptions(max_patch=3, band_axis="middle", dtype="float32")),
+            "e": (ManifestRow(name="e", source=enmap_src), ConvertOptions(max_patch=3, dtype="float32"))}
+    results = [convert_scene(row, out, opts) for row, opts in rows.values()]
+    assert [(r.status, r.warnings) for r in results] == [("converted", ())] * 2
+    write_collection(out, [r.entry for r in results])
+
+    # as the file lists them (float32), null where a band has no centre
+    expected = [None if not f else float(np.float32(w)) for w, f in zip(cw, flags)]
+    assert zarr.open_group(out / "p.zarr", mode="r").attrs["hsgds"]["wavelengths"] == expected
+    listing = json.loads((out / "collection.json").read_text())["scenes"]
+    assert [s["wavelengths"] for s in listing] == [expected, enmap_nm]
+
+    want = [482, 558, 653]
+    known = np.where(np.asarray(flags) == 1, np.asarray(cw, np.float32).astype(np.float64), np.nan)
+    picked = [[int(np.nanargmin(np.abs(known - w))) for w in want], [int(np.argmin(np.abs(np.subtract(enmap_nm, w))))
+                                                                     for w in want]]
+    assert picked == [[6, 5, 4], [1, 2, 3]]
+    with hsgds.PatchLoader(out, patch_size=3, batch_size=64, pixels="all", wavelengths=want, normalize=None,
+                           shuffle=False, return_coords=True, device="cpu") as loader:
+        batches = [(p.numpy(), c.numpy()) for p, _, c in loader]
+    got, coords = np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+    assert len(got) == 26 * 22 + 24 * 20
+    for s, (cube, idx) in enumerate(zip((prisma, enmap), picked)):
+        rows_s = coords[:, 0] == s
+        padded = np.pad(cube.astype(np.float64), ((1, 1), (1, 1), (0, 0)), mode="reflect")
+        ref = np.stack([padded[y:y + 3, x:x + 3][..., idx] for y, x in coords[rows_s, 1:]])
+        np.testing.assert_array_equal(got[rows_s], ref.transpose(0, 3, 1, 2))
+    with pytest.raises(ConfigError, match=r"^scene 'p' has no band within 5 nm of 900 nm \(nearest: 760 nm\); "
+                                          r"raise wavelength_tolerance or drop that wavelength$"):
+        hsgds.PatchLoader(out, patch_size=3, batch_size=8, pixels="all", wavelengths=[482, 900], device="cpu")
+
+    # one PRISMA scene for training: its unused bands are constant, so z-scored they read 0, not NaN
+    scene = open_scene(out / "p.zarr")
+    y, x, _ = scene.samples("train")
+    train = prisma[y, x].astype(np.float64)
+    with hsgds.PatchLoader(out / "p.zarr", patch_size=3, batch_size=64, split="train", shuffle=False,
+                           return_coords=True, device="cpu") as loader:
+        batches = [(p.numpy(), c.numpy()) for p, _, c in loader]
+    got, coords = np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+    padded = np.pad(prisma.astype(np.float64), ((1, 1), (1, 1), (0, 0)), mode="reflect")
+    std = train.std(0)
+    ref = (np.stack([padded[y:y + 3, x:x + 3] for y, x in coords]) - train.mean(0)) / np.where(std > 0, std, 1)
+    assert (std[:3] == 0).all() and not np.any(got[:, :3]) and np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
+
+    code, text, err = run_cli("info", out)
+    assert code == 0 and "spectrum:   410.0-1010.5 nm\n" in text, text + err
+    code, text, err = run_cli("info", out / "p.zarr")
+    assert code == 0 and "bands:      410.0-760.0 nm (descending); bands 0, 1, 2 have no centre (unused)\n" in text
+
+    assert [convert_scene(row, out, opts).status for row, opts in rows.values()] == ["up to date"] * 2
+    meta = json.loads((out / "p.zarr" / "zarr.json").read_text())  # as an older hsgds wrote it: no centres, v3
+    meta["attributes"]["hsgds"].update(wavelengths=None, format_version=3)
+    (out / "p.zarr" / "zarr.json").write_text(json.dumps(meta))
+    again = convert_scene(rows["p"][0], out, rows["p"][1])
+    assert (again.status, again.reason) == ("converted", "band centres: the source records 410-760 nm (3 bands "
+                                                         "without a centre), the store none")
+    assert open_scene(out / "p.zarr").wavelengths == expected

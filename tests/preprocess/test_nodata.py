@@ -65,7 +65,7 @@ def train_mask_of(scene):
 def check_store(store, cube, gaps, padding, halo, labels=None):
     """Everything the store says about nodata, against numpy."""
     scene = hsgds.open_scene(store)
-    assert scene.meta.format_version == 3
+    assert scene.meta.format_version == 4
     record = scene.meta.nodata
     assert record["pixels"] == int(gaps.sum())
     np.testing.assert_array_equal(scene.nodata_every(1), gaps)

@@ -509,34 +509,46 @@ def test_prisma_band_centres_come_from_the_root_attribute_of_the_cubes_detector(
         assert (cube.wavelengths, cube.wavelengths_note) == (None, None)
 
 
-def test_prisma_bands_without_a_centre_leave_the_cube_without_wavelengths(tmp_path):
-    """A store records a centre for every band or none: PRISMA's unused bands (flag 0 in List_Cw_*_Flags, centre
-    0: the first three VNIR and last two SWIR bands of a real product) have none, so the cube records none and
-    the note names them; as does a list of another length than the cube's bands."""
+def test_prisma_bands_without_a_centre_are_none_among_the_cubes_centres(tmp_path):
+    """PRISMA's unused bands (flag 0 in List_Cw_*_Flags, or centre 0: the first three VNIR and last two SWIR
+    bands of a real product) have no centre: None in their place, the other bands' centres as the file lists
+    them, and no note (nothing is left unrecorded). A list where no band has a centre, or of another length
+    than the cube's bands, records none and the note says why."""
     from tests.sensors import PRISMA_SWIR, PRISMA_VNIR, write_prisma
 
     vnir, swir = make_cube("uint16", seed=28), make_cube("uint16", seed=29, shape=(H, W, 5))
     name = "PRS_L2D_STD_0001.he5"
+
+    def as_read(nm, missing):  # the file's float32 centres as float64, None at the bands without one
+        return [None if i in missing else float(np.float32(w)) for i, w in enumerate(nm)]
+
     real_vnir = [0.0, 0.0, 0.0, *PRISMA_VNIR_NM[3:]]
     cases = [
-        (PRISMA_VNIR, real_vnir, [0, 0, 0, 1, 1, 1, 1], PRISMA_SWIR_NM, None,
-         f"{name} attribute List_Cw_Vnir: bands 0, 1, 2 have no centre (unused: 0 in List_Cw_Vnir_Flags or as its "
-         "centre)"),
+        (PRISMA_VNIR, real_vnir, [0, 0, 0, 1, 1, 1, 1], PRISMA_SWIR_NM, None, as_read(real_vnir, {0, 1, 2})),
         (PRISMA_SWIR, PRISMA_VNIR_NM, None, [*PRISMA_SWIR_NM[:3], 0.0, 0.0], [1, 1, 1, 0, 0],
-         f"{name} attribute List_Cw_Swir: bands 3, 4 have no centre (unused: 0 in List_Cw_Swir_Flags or as its "
-         "centre)"),
+         as_read(PRISMA_SWIR_NM, {3, 4})),
         # flagged unused though it has a centre; a centre of 0 though flagged used
-        (PRISMA_VNIR, PRISMA_VNIR_NM, [1, 1, 0, 1, 1, 1, 1], PRISMA_SWIR_NM, None,
-         f"{name} attribute List_Cw_Vnir: band 2 has no centre (unused: 0 in List_Cw_Vnir_Flags or as its centre)"),
-        (PRISMA_SWIR, PRISMA_VNIR_NM, None, [*PRISMA_SWIR_NM[:4], 0.0], None,
-         f"{name} attribute List_Cw_Swir: band 4 has no centre (unused: 0 in List_Cw_Swir_Flags or as its centre)"),
-        (PRISMA_SWIR, PRISMA_VNIR_NM, None, PRISMA_SWIR_NM[:4], None,
-         f"{name} attribute List_Cw_Swir: it lists 4 band centres for the cube's 5 bands"),
+        (PRISMA_VNIR, PRISMA_VNIR_NM, [1, 1, 0, 1, 1, 1, 1], PRISMA_SWIR_NM, None, as_read(PRISMA_VNIR_NM, {2})),
+        (PRISMA_SWIR, PRISMA_VNIR_NM, None, [*PRISMA_SWIR_NM[:4], 0.0], None, as_read(PRISMA_SWIR_NM, {4})),
     ]
-    for key, cw_vnir, flags_vnir, cw_swir, flags_swir, note in cases:
+    for key, cw_vnir, flags_vnir, cw_swir, flags_swir, expected in cases:
         write_prisma(tmp_path / name, vnir, swir, cw_vnir, cw_swir, flags_vnir, flags_swir)
         with closing(open_cube(tmp_path / name, key=key, band_axis="middle")) as cube:
             check_cube(cube, vnir if key == PRISMA_VNIR else swir)
+            assert (cube.wavelengths, cube.wavelengths_note) == (expected, None)
+    unrecorded = [
+        (PRISMA_SWIR, PRISMA_SWIR_NM, [0] * 5,
+         f"{name} attribute List_Cw_Swir: no band has a centre (every one unused: 0 in List_Cw_Swir_Flags or as its "
+         "centre)"),
+        (PRISMA_SWIR, PRISMA_SWIR_NM[:4], None,
+         f"{name} attribute List_Cw_Swir: it lists 4 band centres for the cube's 5 bands"),
+        (PRISMA_SWIR, [0.0, 2.4, 2.0, 1.5, 1.0], None,  # micrometres: the bands with a centre are still checked
+         f"{name} attribute List_Cw_Swir: its wavelengths read as 1-2.4 nm (units nm), outside 100-20000 nm"),
+    ]
+    for key, cw_swir, flags_swir, note in unrecorded:
+        write_prisma(tmp_path / name, vnir, swir, PRISMA_VNIR_NM, cw_swir, None, flags_swir)
+        with closing(open_cube(tmp_path / name, key=key, band_axis="middle")) as cube:
+            check_cube(cube, swir)
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
