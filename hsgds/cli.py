@@ -258,9 +258,10 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
 @click.option("--threads", default=2, show_default=True, help="Threads writing tiles within each scene.")
 @click.option("--overwrite", is_flag=True, help="Convert every scene again, even those already up to date.")
 def convert_many(manifest, out, scheduler, workers, threads, overwrite, **options) -> None:
-    """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key,wavelengths,nodata]) on
-    Dask, one task per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are relative to the
-    manifest's folder; name defaults to the source's file stem; wavelengths names a text file of the scene's
+    """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key,band_axis,wavelengths,
+    nodata]) on Dask, one task per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are
+    relative to the manifest's folder; name defaults to the source's file stem; band_axis is the scene's
+    --band-axis (a PRISMA cube's middle beside GeoTIFF scenes); wavelengths names a text file of the scene's
     band centres (nm); nodata is the scene's nodata value (a number, nan or none), over --nodata. Rerunning
     converts only scenes that are missing, changed or damaged. Exit 1 when some scenes failed (each is named
     with its reason)."""

@@ -48,7 +48,10 @@ from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
 
-COLUMNS = ("source", "labels", "name", "key", "labels_key", "wavelengths", "nodata")
+COLUMNS = ("source", "labels", "name", "key", "labels_key", "band_axis", "wavelengths", "nodata")
+#: values of the band_axis column (as --band-axis): a PRISMA cube's (middle) beside GeoTIFF and ENVI scenes,
+#: which refuse the option, so it cannot be global in a manifest of several sensors
+BAND_AXES = ("first", "middle", "last")
 #: Largest manifest read (a million rows of long paths is ~500 MB; anything larger is not a manifest).
 MAX_MANIFEST_BYTES = 1 << 30
 
@@ -62,16 +65,19 @@ class ManifestRow:
     labels: Path | None = None
     key: str | None = None
     labels_key: str | None = None
+    band_axis: str | None = None
     wavelengths: tuple[float | None, ...] | None = None  # band centres (nm) from the row's wavelengths file
     line: int = 0
     wavelengths_file: Path | None = None  # that file, named by messages about them
     nodata: float | str | None = None  # the row's nodata value ("none": ignore the source's), over --nodata
 
     def options(self, opts: ConvertOptions) -> ConvertOptions:
-        """``opts`` for this scene: its labels, its keys where given, its wavelengths and nodata value where given
-        (wavelengths named as the manifest's, not as --wavelengths, which the user may not have passed)."""
+        """``opts`` for this scene: its labels, its keys and band axis where given, its wavelengths and nodata value
+        where given (wavelengths named as the manifest's, not as --wavelengths, which the user may not have
+        passed)."""
         opts = dataclasses.replace(opts, key=self.key or opts.key, labels=self.labels,
-                                   labels_key=self.labels_key or opts.labels_key)
+                                   labels_key=self.labels_key or opts.labels_key,
+                                   band_axis=self.band_axis or opts.band_axis)
         if self.nodata is not None:
             opts = dataclasses.replace(opts, nodata=self.nodata, nodata_from="the manifest's nodata column")
         if self.wavelengths is None:
@@ -93,7 +99,7 @@ def _check_name(name: str, where: str) -> None:
 
 def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
     """Read a CSV manifest with a header: ``source`` (required), ``labels``, ``name``, ``key``, ``labels_key``,
-    ``wavelengths`` (a text file of the scene's band centres in nm, for sources that do not record them),
+    ``band_axis`` (first, middle or last, over ``--band-axis``), ``wavelengths`` (a text file of the scene's band centres in nm, for sources that do not record them),
     ``nodata`` (the scene's nodata value, ``nan`` or ``none``, over ``--nodata``).
 
     Relative paths are relative to the manifest's folder; ``name`` defaults to the source's stem and must
@@ -161,13 +167,17 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
                 raise InputError(f"{where}: scene name {name!r} is already used on line {seen[folded]}; names must "
                                  "be unique (set the name column)")
             seen[folded] = line
+            axis = None if v.get("band_axis") is None else v["band_axis"].lower()
+            if axis is not None and axis not in BAND_AXES:
+                raise InputError(f"{where}: band_axis {v['band_axis']!r} is not one of {', '.join(BAND_AXES)}; "
+                                 "leave it empty for the default (last: H, W, B)")
             try:
                 nm = None if nm_file is None else wavelength_list(nm_file, "wavelengths")
                 nodata = None if v.get("nodata") is None else nodata_option(v["nodata"], "nodata")
             except ConfigError as exc:
                 raise InputError(f"{where}: {exc}") from None
             rows.append(ManifestRow(name=name, source=source, labels=labels, key=v.get("key"),
-                                    labels_key=v.get("labels_key"), wavelengths=nm, line=line,
+                                    labels_key=v.get("labels_key"), band_axis=axis, wavelengths=nm, line=line,
                                     wavelengths_file=nm_file, nodata=nodata))
     except csv.Error as exc:
         raise InputError(f"manifest {path} line {reader.line_num}: not valid CSV ({exc})") from None

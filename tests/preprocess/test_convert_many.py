@@ -226,6 +226,8 @@ def test_local_cluster_from_the_cli(tmp_path, run_cli):
     ("source,name\na.npy,../x\n", "name '../x' cannot be a store name"),
     ("source,name\na.npy\n", "line 2 has 1 fields, the header has 2"),
     ("source,name\n,x\n", "line 2: source is empty"),
+    ("source,band_axis\na.npy,sideways\n", "line 2: band_axis 'sideways' is not one of first, middle, last; leave "
+                                           "it empty"),
     ("source\n", "lists no scenes"),
     ("", "is empty"),
 ])
@@ -579,6 +581,33 @@ def test_another_key_or_band_axis_converts_the_scene_again(tmp_path):
     assert (again.status, again.reason) == ("converted", "the source (band axis first) is 16x6x20 int16, the "
                                                          "store's 20x16x6 int16")
     assert open_scene(out / "c.zarr").shape == (16, 6, 20)
+
+
+def test_a_band_axis_column_converts_prisma_beside_geotiff_scenes(tmp_path):
+    """A PRISMA cube is (rows, bands, columns) and needs --band-axis middle, which a GeoTIFF refuses: as a global
+    option no manifest could hold both. The band_axis column gives it to the PRISMA row alone; each store holds
+    its source's (H, W, B) cube (compared with numpy)."""
+    from hsgds.preprocess.convert_many import convert_scene, read_manifest
+    from tests.sensors import PRISMA_VNIR, enmap_xml, write_enmap, write_prisma
+
+    prisma, _ = make_scene(14, 12, 5, classes=2, dtype="uint16", seed=3)
+    swir, _ = make_scene(14, 12, 3, classes=2, dtype="uint16", seed=4)
+    src = write_prisma(tmp_path / "PRS_L2D_STD_0002.he5", prisma, swir, [800.0, 700.0, 600.0, 500.0, 450.0],
+                       [2400.0, 2000.0, 1500.0])
+    enmap, _ = make_scene(10, 9, 4, classes=2, dtype="int16", seed=5)
+    enmap_src = write_enmap(tmp_path, enmap, enmap_xml(["450", "550", "650", "850"]))
+    (tmp_path / "scenes.csv").write_text(f"source,name,key,band_axis\n{src.name},p,{PRISMA_VNIR},Middle\n"
+                                         f"{enmap_src.name},e,,\n")
+    rows = read_manifest(tmp_path / "scenes.csv")
+    assert [r.band_axis for r in rows] == ["middle", None]
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    assert [convert_scene(r, out, opts).status for r in rows] == ["converted"] * 2
+    for name, cube in (("p", prisma), ("e", enmap)):
+        h, w, _ = cube.shape
+        np.testing.assert_array_equal(open_scene(out / f"{name}.zarr").read(0, h, 0, w), cube)
+    assert [convert_scene(r, out, opts).status for r in rows] == ["up to date"] * 2
 
 
 def test_a_deleted_or_damaged_store_is_named_when_converted_again(cluster, tmp_path, run_cli):
