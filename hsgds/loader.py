@@ -333,6 +333,11 @@ class PatchLoader:
             raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
         if shuffle_window is not None:
             shuffle_window = as_count(shuffle_window, "shuffle_window (tiles)")
+        if ring_bytes is not None:  # a float (2e9) or a string reached torch.empty, True read as 1 byte
+            if not isinstance(ring_bytes, (int, np.integer)) or isinstance(ring_bytes, bool):
+                raise ConfigError(f"ring_bytes must be a whole number of bytes (e.g. 1 << 30), or None for the default; "
+                                  f"got {type(ring_bytes).__name__} {ring_bytes!r:.60}")
+            ring_bytes = int(ring_bytes)
         seed = as_count(seed, "seed", minimum=0)
         if seed >= 1 << 64:
             raise ConfigError(f"seed must be below 2**64, got {seed}")

@@ -501,6 +501,10 @@ def test_bad_loader_arguments_are_config_errors(border_scene):
         (dict(shuffle="yes"), "shuffle must be True or False"),
         (dict(return_coords=1), "return_coords must be True or False"),
         (dict(batch_size=True), "batch_size must be an integer >= 1, got True"),
+        # a float reached torch.empty (TypeError from deep inside torch, after the samples were built)
+        (dict(ring_bytes=2e6), "ring_bytes must be a whole number of bytes .*got float 2000000.0"),
+        (dict(ring_bytes="1GB"), "ring_bytes must be a whole number of bytes .*got str '1GB'"),
+        (dict(ring_bytes=True), "ring_bytes must be a whole number of bytes .*got bool True"),  # not 1 byte
     ]
     for kwargs, message in bad:
         with pytest.raises(ConfigError, match=message):
