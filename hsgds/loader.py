@@ -318,6 +318,8 @@ class PatchLoader:
             raise ConfigError("stride applies to pixels='all'; the labelled samples are taken as they are")
         if split is _UNSET:
             split = None if pixels == "all" else "train"
+        if split is not None:  # its name, here: over unlabelled scenes pixels="all" never looks it up
+            Scene.split_mask(np.zeros(0, np.uint8), split)  # the one-line unknown-split error
         footprint_guard = as_flag(footprint_guard, "footprint_guard")
         if footprint_guard and (pixels != "all" or split is None):
             raise ConfigError("footprint_guard keeps pixels='all' patches clear of other splits' labelled pixels: "

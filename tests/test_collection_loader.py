@@ -315,6 +315,23 @@ def test_pixels_all_split_and_mask_restrict_pixels(scenes):
         hsgds.PatchLoader(store, patch_size=3, batch_size=4, stride=2, device="cpu")
 
 
+def test_an_unknown_split_is_refused_over_unlabelled_scenes_too(tmp_path):
+    """pixels='all' looked the split's name up only in a labelled scene's sample table: over unlabelled
+    scenes a misspelt split was taken silently (the same call on a labelled store is refused)."""
+    from hsgds.errors import InputError
+    from hsgds.synthetic import make_scene
+
+    cube, _ = make_scene(20, 20, 4, classes=2, dtype="int16", seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    bare = convert(tmp_path / "c.npy", tmp_path / "bare.zarr", ConvertOptions(tile=28, max_patch=5))  # unlabelled
+    for store, more in ((bare, {}), (bare, {"stride": 2}), (bare, {"mask": np.ones((20, 20), bool)}),
+                        ([bare, bare], {})):
+        with pytest.raises(InputError, match="unknown split 'trian'; choose one of none, train, val, test"):
+            hsgds.PatchLoader(store, patch_size=3, batch_size=8, pixels="all", split="trian", device="cpu", **more)
+    with hsgds.PatchLoader(bare, patch_size=3, batch_size=8, pixels="all", split="train", device="cpu") as loader:
+        assert len(loader.samples) == 400  # a known split: every pixel of an unlabelled scene, as before
+
+
 @pytest.mark.parametrize("split,stride", [("train", 1), ("test", 2), ("val", 3)])
 def test_pixels_all_with_a_split_keeps_memory_per_labelled_pixel(scenes, split, stride):
     """One store, every s-th pixel but the other splits' labelled ones: computed per batch (GridSamples with
