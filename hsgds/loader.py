@@ -41,7 +41,7 @@ from hsgds.pixels import (
     sampled_labels,
 )
 from hsgds.ring import TileRing
-from hsgds.sampling import EpochPlan, Samples, SampleSet, check_ring, plan_epoch
+from hsgds.sampling import EpochPlan, Samples, SampleSet, check_ring, plan_epoch, share_sizes
 from hsgds.scene import BandStats, Scene
 from hsgds.scene_set import (
     NORM_SCOPES,
@@ -450,6 +450,12 @@ class PatchLoader:
         self._cursor: int | None = None  # the pass whose batches move (epoch, batch); None: set_epoch's
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
+        if drop_last and len(self.samples) >= self.world_size:  # (fewer samples than ranks: the plan says so)
+            share = min(share_sizes(len(self.samples), self.world_size))
+            if share < batch_size:  # every epoch would yield nothing, silently
+                of = "the epoch has" if self.world_size == 1 else f"each of the {self.world_size} ranks has"
+                raise ConfigError(f"batch_size={batch_size} with drop_last=True yields no batch: {of} {share} samples; "
+                                  f"lower batch_size to {share} or less, or pass drop_last=False")
         # a ring too small for a batch is reported now, before anything is allocated: for every epoch (a
         # shuffled order needs more tiles in some epochs than in others), from the samples per tile
         check_ring(self.samples.counts(), batch_size=batch_size, slots=self.slots, shuffle=shuffle,

@@ -523,6 +523,25 @@ def test_bad_loader_arguments_are_config_errors(border_scene):
                           shuffle=False)
 
 
+def test_drop_last_with_a_batch_larger_than_a_share_is_refused(border_scene):
+    """drop_last=True with batch_size above the epoch's samples (or a rank's share) made a loader of 0
+    batches: every epoch yielded nothing and training ran without a step, silently."""
+    store = border_scene[2]["edge"]
+    n = len(hsgds.open_scene(store).sample_set("train"))
+    settings = dict(patch_size=3, device="cpu", drop_last=True)
+    with pytest.raises(ConfigError, match=rf"batch_size={n + 1} with drop_last=True yields no batch: the epoch has "
+                                          rf"{n} samples; lower batch_size to {n} or less, or pass drop_last=False"):
+        hsgds.PatchLoader(store, batch_size=n + 1, **settings)
+    share = n // 3
+    with pytest.raises(ConfigError, match=rf"each of the 3 ranks has {share} samples; lower batch_size to {share}"):
+        hsgds.PatchLoader(store, batch_size=share + 1, rank=2, world_size=3, **settings)
+    for kwargs in (dict(batch_size=n), dict(batch_size=share, rank=2, world_size=3)):
+        with hsgds.PatchLoader(store, **kwargs, **settings) as loader:
+            assert len(loader) == 1 and [len(labels) for _, labels in loader] == [kwargs["batch_size"]]
+    with hsgds.PatchLoader(store, batch_size=n + 1, patch_size=3, device="cpu") as loader:  # without drop_last
+        assert [len(labels) for _, labels in loader] == [n]
+
+
 def test_a_ring_too_small_for_some_epoch_is_refused_when_the_loader_is_built(tile_store):
     """A shuffled order puts tiles with few samples together in some epochs only: here epochs 3 and 10 of
     this loader needed 5 tiles for a batch where epoch 0 needed 3, and the loader built with a ring of 3 raised
