@@ -164,6 +164,7 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
     """
     if bands is not None and wavelengths is not None:
         raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
+    _check_tolerance(tolerance)  # also unused (no wavelengths): the loader keeps it as a float
     counts = [s.shape[2] for s in ss.scenes]
     if wavelengths is None and len(set(counts)) > 1:
         each = listed((f"{n}: {c}" for n, c in zip(ss.names, counts)), _LISTED)
@@ -200,8 +201,7 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
         want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
         raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
-    if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and tolerance >= 0):
-        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
+    _check_tolerance(tolerance)
     if have is None:
         raise ConfigError(f"scene {name!r} has no band wavelengths; convert it again with them (`hsgds convert "
                           "--wavelengths nm.txt`, or from an ENVI header that lists them) or select bands by index")
@@ -218,6 +218,13 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
         raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
                           f"{nm[nearest[i]]:g} nm); {far}")
     return nearest.astype(np.int64)
+
+
+def _check_tolerance(tolerance: Any) -> None:
+    """A ConfigError unless ``tolerance`` is a real number >= 0 (Python's or numpy's, not a bool)."""
+    if not (isinstance(tolerance, (int, float, np.integer, np.floating)) and not isinstance(tolerance, bool)
+            and tolerance >= 0):
+        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
 
 
 def _train_count(scene: Scene) -> int:

@@ -166,6 +166,11 @@ def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
     with pytest.raises(ConfigError, match=r"within 60 nm"):
         hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, wavelengths=[500, 1000],
                           wavelength_tolerance=60, device="cpu")
+    # numpy's numbers are tolerances too (np.float32(5) was refused as "a number >= 0, got 5.0")
+    for tolerance in (np.float32(5), np.int64(5)):
+        with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, wavelengths=[502, 700],
+                               wavelength_tolerance=tolerance, device="cpu") as loader:
+            assert loader.wavelength_tolerance == 5.0
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -211,6 +216,8 @@ def test_band_indices_select_the_same_bands_of_every_scene(scenes):
     (dict(bands=["0"]), "bands must be a non-empty list of band indices"),
     (dict(bands=[0], wavelengths=[500]), "not both"),
     (dict(wavelengths=[500], wavelength_tolerance=True), "wavelength_tolerance must be a number"),
+    # checked without wavelengths too: float('x') raised a bare ValueError when the loader kept it
+    (dict(wavelength_tolerance="x"), "wavelength_tolerance must be a number >= 0 .nm., got 'x'"),
 ])
 def test_bad_band_selections_are_one_line_config_errors(scenes, kwargs, message):
     with pytest.raises(ConfigError, match=message):
