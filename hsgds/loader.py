@@ -575,7 +575,7 @@ class PatchLoader:
         the tile where a slot still holds it (``stats.tiles_loaded + stats.tiles_reused``); their files are
         ``loader.ring.reader.source.paths[i]``. For staging a store on faster storage in reading order,
         or timing raw reads of the same files."""
-        plan = self._plan(self._epoch if epoch is None else int(epoch))
+        plan = self._plan(self._epoch if epoch is None else as_count(epoch, "epoch", minimum=0))
         return [iv.tile for iv in plan.intervals]
 
     def set_epoch(self, epoch: int) -> None:

@@ -272,6 +272,9 @@ def test_read_order_is_the_order_the_ring_reads(border_scene):
         left = iter(order)
         assert all(t in left for t in read)  # the reads follow the order (a subsequence of it)
         assert loader.read_order(1) != order  # another epoch, another order
+        for bad in (-1, "1", 1.5):  # numpy's 'expected non-negative integer', int('x'), or 1.5 read as epoch 1
+            with pytest.raises(ConfigError, match="epoch must be an integer >= 0"):
+                loader.read_order(bad)
 
 
 def test_slow_reader_stall_is_counted(border_scene):
