@@ -191,16 +191,16 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
     if bands is not None:
         idx = np.asarray(bands)
         if idx.ndim != 1 or len(idx) == 0 or idx.dtype.kind not in "iu":
-            raise ConfigError(f"bands must be a non-empty list of band indices, got {bands!r}")
+            raise ConfigError(f"bands must be a non-empty list of band indices, got {_shown(bands)}")
         if idx.min() < 0 or idx.max() >= count:
-            raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {bands!r}")
+            raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {_shown(bands)}")
         return idx.astype(np.int64)
     try:
         want = np.asarray(wavelengths, dtype=np.float64)
     except (TypeError, ValueError):  # e.g. ["abc"], or a dict: not numbers
         want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
-        raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
+        raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {_shown(wavelengths)}")
     _check_tolerance(tolerance)
     if have is None:
         raise ConfigError(f"scene {name!r} has no band wavelengths; convert it again with them (`hsgds convert "
@@ -218,6 +218,12 @@ def scene_bands(name: str, count: int, have: Sequence[float] | None, bands: Sequ
         raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
                           f"{nm[nearest[i]]:g} nm); {far}")
     return nearest.astype(np.int64)
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` on one line, shortened: a numpy array's repr wraps, over many lines for a long one."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _check_tolerance(tolerance: Any) -> None:
