@@ -41,7 +41,7 @@ from hsgds.pixels import (
     sampled_labels,
 )
 from hsgds.ring import TileRing
-from hsgds.sampling import EpochPlan, Samples, SampleSet, check_ring, plan_epoch
+from hsgds.sampling import EpochPlan, Samples, SampleSet, check_ring, plan_epoch, share_sizes
 from hsgds.scene import BandStats, Scene
 from hsgds.scene_set import (
     NORM_SCOPES,
@@ -321,6 +321,8 @@ class PatchLoader:
             raise ConfigError("stride applies to pixels='all'; the labelled samples are taken as they are")
         if split is _UNSET:
             split = None if pixels == "all" else "train"
+        if split is not None:  # its name, here: over unlabelled scenes pixels="all" never looks it up
+            Scene.split_mask(np.zeros(0, np.uint8), split)  # the one-line unknown-split error
         footprint_guard = as_flag(footprint_guard, "footprint_guard")
         if footprint_guard and (pixels != "all" or split is None):
             raise ConfigError("footprint_guard keeps pixels='all' patches clear of other splits' labelled pixels: "
@@ -336,6 +338,11 @@ class PatchLoader:
             raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
         if shuffle_window is not None:
             shuffle_window = as_count(shuffle_window, "shuffle_window (tiles)")
+        if ring_bytes is not None:  # a float (2e9) or a string reached torch.empty, True read as 1 byte
+            if not isinstance(ring_bytes, (int, np.integer)) or isinstance(ring_bytes, bool):
+                raise ConfigError(f"ring_bytes must be a whole number of bytes (e.g. 1 << 30), or None for the default; "
+                                  f"got {type(ring_bytes).__name__} {ring_bytes!r:.60}")
+            ring_bytes = int(ring_bytes)
         seed = as_count(seed, "seed", minimum=0)
         if seed >= 1 << 64:
             raise ConfigError(f"seed must be below 2**64, got {seed}")
@@ -446,6 +453,12 @@ class PatchLoader:
         self._cursor: int | None = None  # the pass whose batches move (epoch, batch); None: set_epoch's
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
+        if drop_last and len(self.samples) >= self.world_size:  # (fewer samples than ranks: the plan says so)
+            share = min(share_sizes(len(self.samples), self.world_size))
+            if share < batch_size:  # every epoch would yield nothing, silently
+                of = "the epoch has" if self.world_size == 1 else f"each of the {self.world_size} ranks has"
+                raise ConfigError(f"batch_size={batch_size} with drop_last=True yields no batch: {of} {share} samples; "
+                                  f"lower batch_size to {share} or less, or pass drop_last=False")
         # a ring too small for a batch is reported now, before anything is allocated: for every epoch (a
         # shuffled order needs more tiles in some epochs than in others), from the samples per tile
         check_ring(self.samples.counts(), batch_size=batch_size, slots=self.slots, shuffle=shuffle,
@@ -565,7 +578,7 @@ class PatchLoader:
         the tile where a slot still holds it (``stats.tiles_loaded + stats.tiles_reused``); their files are
         ``loader.ring.reader.source.paths[i]``. For staging a store on faster storage in reading order,
         or timing raw reads of the same files."""
-        plan = self._plan(self._epoch if epoch is None else int(epoch))
+        plan = self._plan(self._epoch if epoch is None else as_count(epoch, "epoch", minimum=0))
         return [iv.tile for iv in plan.intervals]
 
     def set_epoch(self, epoch: int) -> None:

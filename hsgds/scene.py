@@ -505,7 +505,11 @@ def check_mask(mask: object, scene: Any, where: str) -> np.ndarray | None:
     if mask is None:
         return None
     to_host = getattr(mask, "cpu", None)  # a torch tensor (labels > 0 computed on the GPU has no host buffer)
-    arr = np.asarray(to_host() if callable(to_host) else mask)
+    try:
+        arr = np.asarray(to_host() if callable(to_host) else mask)
+    except (TypeError, ValueError):  # e.g. a ragged list of rows: numpy's own message names no mask
+        raise ConfigError(f"mask for {where} must be a boolean (H, W) array, got a {type(mask).__name__} numpy cannot "
+                          "read as one (rows of different lengths?); pass e.g. labels > 0") from None
     h, w = scene.shape[:2]
     if arr.dtype != bool:
         raise ConfigError(f"mask for {where} must be a boolean array, got dtype {arr.dtype}; pass e.g. labels > 0")

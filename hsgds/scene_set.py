@@ -169,6 +169,7 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
     """
     if bands is not None and wavelengths is not None:
         raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
+    _check_tolerance(tolerance)  # also unused (no wavelengths): the loader keeps it as a float
     counts = [s.shape[2] for s in ss.scenes]
     if wavelengths is None and len(set(counts)) > 1:
         each = listed((f"{n}: {c}" for n, c in zip(ss.names, counts)), _LISTED)
@@ -196,18 +197,17 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
     if bands is not None:
         idx = np.asarray(bands)
         if idx.ndim != 1 or len(idx) == 0 or idx.dtype.kind not in "iu":
-            raise ConfigError(f"bands must be a non-empty list of band indices, got {bands!r}")
+            raise ConfigError(f"bands must be a non-empty list of band indices, got {_shown(bands)}")
         if idx.min() < 0 or idx.max() >= count:
-            raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {bands!r}")
+            raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {_shown(bands)}")
         return idx.astype(np.int64)
     try:
         want = np.asarray(wavelengths, dtype=np.float64)
     except (TypeError, ValueError):  # e.g. ["abc"], or a dict: not numbers
         want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
-        raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {wavelengths!r}")
-    if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and tolerance >= 0):
-        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
+        raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {_shown(wavelengths)}")
+    _check_tolerance(tolerance)
     nm = fmt.wavelength_array(() if have is None else have)
     known = np.flatnonzero(~np.isnan(nm))  # the bands with a centre: only they can be nearest
     if not known.size:
@@ -226,6 +226,19 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
         raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
                           f"{nm[nearest[i]]:g} nm); {far}")
     return nearest.astype(np.int64)
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` on one line, shortened: a numpy array's repr wraps, over many lines for a long one."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _check_tolerance(tolerance: Any) -> None:
+    """A ConfigError unless ``tolerance`` is a real number >= 0 (Python's or numpy's, not a bool)."""
+    if not (isinstance(tolerance, (int, float, np.integer, np.floating)) and not isinstance(tolerance, bool)
+            and tolerance >= 0):
+        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
 
 
 def _train_count(scene: Scene) -> int:

@@ -166,6 +166,11 @@ def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
     with pytest.raises(ConfigError, match=r"within 60 nm"):
         hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, wavelengths=[500, 1000],
                           wavelength_tolerance=60, device="cpu")
+    # numpy's numbers are tolerances too (np.float32(5) was refused as "a number >= 0, got 5.0")
+    for tolerance in (np.float32(5), np.int64(5)):
+        with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, wavelengths=[502, 700],
+                               wavelength_tolerance=tolerance, device="cpu") as loader:
+            assert loader.wavelength_tolerance == 5.0
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -211,10 +216,17 @@ def test_band_indices_select_the_same_bands_of_every_scene(scenes):
     (dict(bands=["0"]), "bands must be a non-empty list of band indices"),
     (dict(bands=[0], wavelengths=[500]), "not both"),
     (dict(wavelengths=[500], wavelength_tolerance=True), "wavelength_tolerance must be a number"),
+    # checked without wavelengths too: float('x') raised a bare ValueError when the loader kept it
+    (dict(wavelength_tolerance="x"), "wavelength_tolerance must be a number >= 0 .nm., got 'x'"),
+    # numpy arrays: their repr wraps, and a long one spans many lines
+    (dict(bands=np.arange(300)), r"bands must be in 0..5 .*, got array\(\[ 0, 1, 2, .*\.\.\.$"),
+    (dict(bands=np.zeros((2, 2), int)), r"bands must be a non-empty list of band indices, got array\(\[\[0, 0\], \[0, 0\]\]\)"),
+    (dict(wavelengths=np.full(40, np.nan)), "wavelengths must be a non-empty list of numbers"),
 ])
 def test_bad_band_selections_are_one_line_config_errors(scenes, kwargs, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as raised:
         hsgds.PatchLoader([scenes["A"][2], scenes["C"][2]], patch_size=3, batch_size=4, device="cpu", **kwargs)
+    assert "\n" not in str(raised.value)
 
 
 @pytest.mark.parametrize("normalize", ["zscore", "minmax"])
@@ -313,6 +325,23 @@ def test_pixels_all_split_and_mask_restrict_pixels(scenes):
         hsgds.PatchLoader(store, patch_size=3, batch_size=4, pixels="all", mask=np.ones((3, 3), bool), device="cpu")
     with pytest.raises(ConfigError, match="stride"):
         hsgds.PatchLoader(store, patch_size=3, batch_size=4, stride=2, device="cpu")
+
+
+def test_an_unknown_split_is_refused_over_unlabelled_scenes_too(tmp_path):
+    """pixels='all' looked the split's name up only in a labelled scene's sample table: over unlabelled
+    scenes a misspelt split was taken silently (the same call on a labelled store is refused)."""
+    from hsgds.errors import InputError
+    from hsgds.synthetic import make_scene
+
+    cube, _ = make_scene(20, 20, 4, classes=2, dtype="int16", seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    bare = convert(tmp_path / "c.npy", tmp_path / "bare.zarr", ConvertOptions(tile=28, max_patch=5))  # unlabelled
+    for store, more in ((bare, {}), (bare, {"stride": 2}), (bare, {"mask": np.ones((20, 20), bool)}),
+                        ([bare, bare], {})):
+        with pytest.raises(InputError, match="unknown split 'trian'; choose one of none, train, val, test"):
+            hsgds.PatchLoader(store, patch_size=3, batch_size=8, pixels="all", split="trian", device="cpu", **more)
+    with hsgds.PatchLoader(bare, patch_size=3, batch_size=8, pixels="all", split="train", device="cpu") as loader:
+        assert len(loader.samples) == 400  # a known split: every pixel of an unlabelled scene, as before
 
 
 @pytest.mark.parametrize("split,stride", [("train", 1), ("test", 2), ("val", 3)])

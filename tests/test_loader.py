@@ -272,6 +272,9 @@ def test_read_order_is_the_order_the_ring_reads(border_scene):
         left = iter(order)
         assert all(t in left for t in read)  # the reads follow the order (a subsequence of it)
         assert loader.read_order(1) != order  # another epoch, another order
+        for bad in (-1, "1", 1.5):  # numpy's 'expected non-negative integer', int('x'), or 1.5 read as epoch 1
+            with pytest.raises(ConfigError, match="epoch must be an integer >= 0"):
+                loader.read_order(bad)
 
 
 def test_slow_reader_stall_is_counted(border_scene):
@@ -501,6 +504,10 @@ def test_bad_loader_arguments_are_config_errors(border_scene):
         (dict(shuffle="yes"), "shuffle must be True or False"),
         (dict(return_coords=1), "return_coords must be True or False"),
         (dict(batch_size=True), "batch_size must be an integer >= 1, got True"),
+        # a float reached torch.empty (TypeError from deep inside torch, after the samples were built)
+        (dict(ring_bytes=2e6), "ring_bytes must be a whole number of bytes .*got float 2000000.0"),
+        (dict(ring_bytes="1GB"), "ring_bytes must be a whole number of bytes .*got str '1GB'"),
+        (dict(ring_bytes=True), "ring_bytes must be a whole number of bytes .*got bool True"),  # not 1 byte
     ]
     for kwargs, message in bad:
         with pytest.raises(ConfigError, match=message):
@@ -517,6 +524,25 @@ def test_bad_loader_arguments_are_config_errors(border_scene):
     with pytest.raises(ConfigError, match="needs .* tiles resident but the ring has 1 slots"):
         hsgds.PatchLoader(store, patch_size=5, batch_size=900, split=None, ring_bytes=nbytes, device="cpu",
                           shuffle=False)
+
+
+def test_drop_last_with_a_batch_larger_than_a_share_is_refused(border_scene):
+    """drop_last=True with batch_size above the epoch's samples (or a rank's share) made a loader of 0
+    batches: every epoch yielded nothing and training ran without a step, silently."""
+    store = border_scene[2]["edge"]
+    n = len(hsgds.open_scene(store).sample_set("train"))
+    settings = dict(patch_size=3, device="cpu", drop_last=True)
+    with pytest.raises(ConfigError, match=rf"batch_size={n + 1} with drop_last=True yields no batch: the epoch has "
+                                          rf"{n} samples; lower batch_size to {n} or less, or pass drop_last=False"):
+        hsgds.PatchLoader(store, batch_size=n + 1, **settings)
+    share = n // 3
+    with pytest.raises(ConfigError, match=rf"each of the 3 ranks has {share} samples; lower batch_size to {share}"):
+        hsgds.PatchLoader(store, batch_size=share + 1, rank=2, world_size=3, **settings)
+    for kwargs in (dict(batch_size=n), dict(batch_size=share, rank=2, world_size=3)):
+        with hsgds.PatchLoader(store, **kwargs, **settings) as loader:
+            assert len(loader) == 1 and [len(labels) for _, labels in loader] == [kwargs["batch_size"]]
+    with hsgds.PatchLoader(store, batch_size=n + 1, patch_size=3, device="cpu") as loader:  # without drop_last
+        assert [len(labels) for _, labels in loader] == [n]
 
 
 def test_a_ring_too_small_for_some_epoch_is_refused_when_the_loader_is_built(tile_store):

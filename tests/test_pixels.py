@@ -112,10 +112,13 @@ def test_sample_set_checks_its_mask_like_the_loader(tile_store):
     half[: h // 2] = True
     kept = scene.sample_set(None, half)
     assert np.all(kept.scene_y < h // 2) and 0 < len(kept.label) < len(scene.sample_set(None).label)
+    ragged = [[True] * w] * (h - 1) + [[True] * (w - 1)]  # a row short: numpy's ValueError named no mask
     for bad, message in ((half.astype(np.int64), "must be a boolean array"), (np.ones((h + 1, w), bool), "has shape"),
-                         (np.True_, "has shape")):
+                         (np.True_, "has shape"), (ragged, "must be a boolean .H, W. array, got a list numpy cannot")):
         with pytest.raises(ConfigError, match=message):
             scene.sample_set(None, bad)
+    with pytest.raises(ConfigError, match="mask for scene .* got a list numpy cannot read as one"):
+        hsgds.PatchLoader(tile_store, patch_size=3, batch_size=8, mask=ragged, device="cpu")
 
 
 def test_window_and_tile_reads_check_their_arguments(tile_store):
