@@ -827,6 +827,33 @@ def test_an_enmap_metadata_file_that_cannot_give_the_centres_is_named(tmp_path):
             assert "\n" not in cube.wavelengths_note and cube.files == [path, tmp_path / xml]
 
 
+def test_an_enmap_band_number_that_int_refuses_is_named_not_raised(tmp_path):
+    """A bandID number or numberOfVNIRBands that str.isdigit accepts but int() refuses (a superscript digit, more
+    than 4300 digits) is a malformed metadata file like any other: a one-line note, not a ValueError traceback."""
+    from tests.sensors import ENMAP_L1B, ENMAP_L2A, enmap_xml, write_enmap
+
+    expected = make_cube("int16", seed=32, shape=(H, W, 7))
+    xml = f"{ENMAP_L2A}-METADATA.XML"
+    for number in ("\u00b2", "9" * 5000):
+        assert number.isdigit()  # what the reader checked before calling int()
+        with pytest.raises(ValueError):
+            int(number)
+        path = write_enmap(tmp_path, expected, enmap_xml(ENMAP_NM).replace('number="2"', f'number="{number}"'))
+        with closing(open_cube(path)) as cube:
+            check_cube(cube, expected)
+            assert cube.wavelengths is None
+            assert cube.wavelengths_note == f"{xml}: a bandID has no number, a repeated one or no wavelengthCenterOfBand"
+    l1b = tmp_path / "l1b"
+    l1b.mkdir()
+    text = enmap_xml(ENMAP_NM, vnir=4, level="L1B").replace("<numberOfVNIRBands>4<", "<numberOfVNIRBands>\u2074<")
+    image = write_enmap(l1b, expected[:, :, :4], text, name=ENMAP_L1B, image="SPECTRAL_IMAGE_VNIR")
+    with closing(open_cube(image)) as cube:
+        check_cube(cube, expected[:, :, :4])
+        assert cube.wavelengths is None
+        assert cube.wavelengths_note == (f"{ENMAP_L1B}-METADATA.XML: its numberOfVNIRBands (\u2074) does not split "
+                                         "its 7 bands")
+
+
 def test_tiff_labels_and_single_band_cube(tmp_path):
     labels = make_labels(seed=17)
     path = tmp_path / "gt.tif"
