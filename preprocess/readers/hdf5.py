@@ -229,7 +229,9 @@ def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
     unused = ~np.isfinite(values) | (values == 0)
     if flags_name in f.attrs:
         flags = np.asarray(f.attrs[flags_name]).reshape(-1)
-        if flags.size != bands or flags.dtype.kind not in "iub":
+        if flags.dtype.kind not in "iub":
+            return None, f"{where}: {flags_name} holds {flags.dtype.name} values, not integer flags"
+        if flags.size != bands:
             return None, f"{where}: {flags_name} holds {flags.size} flags for the cube's {bands} bands"
         unused |= flags == 0
     if unused.all():

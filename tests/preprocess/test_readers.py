@@ -552,6 +552,27 @@ def test_prisma_bands_without_a_centre_are_none_among_the_cubes_centres(tmp_path
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+def test_prisma_flags_that_are_no_integers_are_named_as_such(tmp_path):
+    """A List_Cw_*_Flags attribute of one flag per band that is not of integers (float32 0/1, text) is refused
+    for what it is: the note said "holds 5 flags for the cube's 5 bands", which names no problem; a flag list of
+    another length still says how many it holds."""
+    from tests.sensors import PRISMA_SWIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=28), make_cube("uint16", seed=29, shape=(H, W, 5))
+    path = write_prisma(tmp_path / "PRS.he5", vnir, swir, PRISMA_VNIR_NM, PRISMA_SWIR_NM)
+    where = "PRS.he5 attribute List_Cw_Swir: List_Cw_Swir_Flags"
+    for flags, note in ((np.array([1, 1, 1, 0, 0], np.float32), f"{where} holds float32 values, not integer flags"),
+                        (np.array([b"1"] * 5), f"{where} holds {np.dtype('S1').name} values, not integer flags"),
+                        (np.array([1, 1, 0], np.uint8), f"{where} holds 3 flags for the cube's 5 bands")):
+        with h5py.File(path, "a") as f:
+            f.attrs["List_Cw_Swir_Flags"] = flags
+        with h5py.File(path, "r") as f:  # as written (h5py as the reference)
+            assert np.asarray(f.attrs["List_Cw_Swir_Flags"]).shape == flags.shape
+        with closing(open_cube(path, key=PRISMA_SWIR, band_axis="middle")) as cube:
+            check_cube(cube, swir)
+            assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
+
+
 def test_hdf5_errors_and_labels(tmp_path):
     labels = make_labels(seed=14)
     path = tmp_path / "two.h5"
