@@ -552,6 +552,27 @@ def test_prisma_bands_without_a_centre_are_none_among_the_cubes_centres(tmp_path
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+def test_a_prisma_cube_read_without_its_band_axis_says_which_axis_the_centres_fit(tmp_path):
+    """PRISMA's cubes are (rows, bands, columns): opened without --band-axis middle the columns read as bands
+    and the band centres do not fit. The note said only that the counts differ, and the converter's warning then
+    advised --wavelengths (which fails: the cube has as many "bands" as columns); it now names the dataset's axis
+    that holds as many values as the list (h5py's shape as the reference) and the option that reads it so."""
+    from tests.sensors import PRISMA_SWIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=28), make_cube("uint16", seed=29, shape=(H, W, 5))
+    path = write_prisma(tmp_path / "PRS.he5", vnir, swir, PRISMA_VNIR_NM, PRISMA_SWIR_NM)
+    with h5py.File(path, "r") as f:
+        assert f[PRISMA_SWIR].shape == (H, 5, W)  # the band axis in the middle
+    with closing(open_cube(path, key=PRISMA_SWIR)) as cube:
+        assert cube.shape == (H, 5, W) and cube.wavelengths is None
+        assert cube.wavelengths_note == (
+            "PRS.he5 attribute List_Cw_Swir: it lists 5 band centres for the cube's 11 bands, as many as the "
+            "dataset's middle axis holds (PRISMA's cubes are rows, bands, columns: pass --band-axis middle)")
+    with closing(open_cube(path, key=PRISMA_SWIR, band_axis="middle")) as cube:  # as advised
+        check_cube(cube, swir)
+        assert cube.wavelengths == np.asarray(PRISMA_SWIR_NM, np.float32).astype(np.float64).tolist()
+
+
 def test_prisma_flags_that_are_no_integers_are_named_as_such(tmp_path):
     """A List_Cw_*_Flags attribute of one flag per band that is not of integers (float32 0/1, text) is refused
     for what it is: the note said "holds 5 flags for the cube's 5 bands", which names no problem; a flag list of
