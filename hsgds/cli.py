@@ -49,6 +49,16 @@ NO_TORCH = ("this command needs PyTorch, which is not installed: install the bui
             "(https://pytorch.org/get-started/locally/), or pip install 'hsgds[torch]' for the default one")
 
 
+def _torch_installed() -> bool:
+    """Whether torch can be found (its import may still fail: a broken build, a submodule it lacks)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a torch entry in sys.modules without a spec
+        return False
+
+
 def _fail(message: str) -> NoReturn:
     click.echo(f"hsgds: error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
@@ -854,8 +864,8 @@ def main(argv: list[str] | None = None) -> None:
     except HsgdsError as exc:
         _fail(str(exc))
     except ModuleNotFoundError as exc:  # torch is installed apart (its build matches the CUDA): a base install lacks it
-        if (exc.name or "").split(".")[0] != "torch":
-            raise
+        if (exc.name or "").split(".")[0] != "torch" or _torch_installed():
+            raise  # another module, or a submodule an installed torch lacks: not "PyTorch is not installed"
         _fail(NO_TORCH)
     except OSError as exc:  # a file we were pointed at cannot be used
         _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))

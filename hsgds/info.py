@@ -86,9 +86,11 @@ def leakage_line(leak: Leakage, guarded: int | None = None) -> str:
 
 
 def split_line(params: dict) -> str:
-    """The split parameters as ``key=value`` pairs; a block split's guard loss is spelled out."""
+    """The split parameters as ``key=value`` pairs; a block split's guard loss is spelled out, a mask split's
+    masks named without their sha256 (kept for convert-many reruns)."""
     shown = {k: v for k, v in params.items() if k not in ("guard_lost", "unsplit_classes", "block_origin",
-                                                          "adaptive_block_size", "guard_distance")}
+                                                          "adaptive_block_size", "guard_distance")
+             and not k.endswith("_sha256")}
     text = ", ".join(f"{k}={v}" for k, v in shown.items())
     if params.get("method") == "blocks" and "guard_lost" in params:
         adaptive = " (adaptive)" if params.get("adaptive_block_size") else ""

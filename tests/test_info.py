@@ -97,6 +97,30 @@ def test_info_without_labels(npy_scene, tmp_path, run_cli):
     assert "leakage:    no train/test split to compare (0 train, 0 test pixels)" in out
 
 
+def test_info_split_line_of_a_mask_split_names_the_masks_not_their_sha256(npy_scene, tmp_path, run_cli):
+    """A mask split records each mask's sha256 (for convert-many reruns, read here with zarr-python): the split
+    line printed every key, so two or three 64-digit hashes followed the mask names. The line names the masks;
+    the hashes stay in the store."""
+    import zarr
+
+    cp, lp, _, labels = npy_scene(b=3)
+    left = np.zeros(labels.shape, np.uint8)
+    left[:, ::2] = 1  # every other column: each class in both masks
+    np.save(tmp_path / "tm.npy", left)
+    np.save(tmp_path / "te.npy", 1 - left)
+    store = tmp_path / "m.zarr"
+    convert(cp, store, ConvertOptions(labels=lp, split="masks", train_mask=tmp_path / "tm.npy",
+                                      test_mask=tmp_path / "te.npy"))
+    split = zarr.open_group(store, mode="r").attrs["hsgds"]["split"]
+    assert {"train_mask_sha256", "test_mask_sha256"} <= set(split)
+    code, out, err = run_cli("info", store)
+    assert code == 0, err
+    line = next(t for t in out.splitlines() if t.startswith("split:"))
+    assert line == ("split:      method=masks, seed=0, train_mask=tm.npy, test_mask=te.npy; normalization stats "
+                    "from train pixels"), line
+    assert split["train_mask_sha256"] not in out and split["test_mask_sha256"] not in out
+
+
 def test_info_on_a_collection_reads_collection_json_alone(npy_scene, tmp_path, run_cli):
     """`hsgds info FOLDER` summarizes a collection from collection.json alone (its stores are removed
     first): scenes, bands, and each scene's labelled pixels per split, equal to the stores' own sample

@@ -173,3 +173,19 @@ def test_commands_on_a_base_install_without_torch_say_so_in_one_line(tmp_path):
     script = "import sys; sys.modules['zarr'] = None\nfrom hsgds.cli import main\nmain(['info', 'c.npy'])"
     run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "PyTorch" not in run.stderr
+
+
+def test_a_missing_torch_submodule_with_torch_installed_is_not_called_torch_not_installed(tmp_path):
+    """With torch installed, a ModuleNotFoundError for one of its submodules (a torch build that lacks it, an
+    hsgds bug naming a wrong module) is not "PyTorch, which is not installed": that would send the user to
+    install what they have. The error is shown as raised (its traceback names the module)."""
+    import importlib.util
+
+    assert importlib.util.find_spec("torch") is not None  # the suite's environment has torch
+    script = ("import hsgds.cli as c\n"
+              "def broken(*a, **k):\n    import torch.hsgds_no_such_module\n"
+              "c.cli.main = broken\nc.main(['info', 'x'])")
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "PyTorch" not in run.stderr
+    assert "No module named 'torch.hsgds_no_such_module'" in run.stderr.strip().splitlines()[-1]

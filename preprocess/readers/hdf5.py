@@ -225,11 +225,18 @@ def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
         return None, f"{where}: its band centres are not numbers"
     values = raw.astype(np.float64)
     if values.size != bands:
-        return None, f"{where}: it lists {values.size} band centres for the cube's {bands} bands"
+        # read without --band-axis middle, a PRISMA cube's columns are its "bands": name the axis the list fits
+        fits = [i for i, n in enumerate(cube.shape) if n == values.size]
+        hint = (f", as many as the dataset's {('first', 'middle', 'last')[fits[0]]} axis holds (PRISMA's cubes are "
+                f"rows, bands, columns: pass --band-axis {('first', 'middle', 'last')[fits[0]]})"
+                if len(cube.shape) == 3 and len(fits) == 1 else "")
+        return None, f"{where}: it lists {values.size} band centres for the cube's {bands} bands{hint}"
     unused = ~np.isfinite(values) | (values == 0)
     if flags_name in f.attrs:
         flags = np.asarray(f.attrs[flags_name]).reshape(-1)
-        if flags.size != bands or flags.dtype.kind not in "iub":
+        if flags.dtype.kind not in "iub":
+            return None, f"{where}: {flags_name} holds {flags.dtype.name} values, not integer flags"
+        if flags.size != bands:
             return None, f"{where}: {flags_name} holds {flags.size} flags for the cube's {bands} bands"
         unused |= flags == 0
     if unused.all():

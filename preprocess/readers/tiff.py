@@ -208,6 +208,9 @@ def _band_centres(text: str | None, bands: int, path: Path) -> tuple[list[float]
 _ENMAP_IMAGE = re.compile(r"(SPECTRAL_IMAGE)(_VNIR|_SWIR)?(_COG)?$", re.IGNORECASE)
 #: a metadata file larger than this is no EnMAP product's (theirs are a few hundred KB): it is not parsed
 _MAX_SIDECAR = 16 << 20
+#: a band number or count in the metadata file: ASCII digits, few enough for int() (str.isdigit also takes "²",
+#: which int() refuses, and int() refuses more than 4300 digits)
+_COUNT = re.compile(r"[0-9]{1,9}")
 
 
 def _enmap_metadata(path: Path) -> Path | None:
@@ -246,7 +249,7 @@ def _enmap_centres(path: Path, xml: Path, bands: int) -> tuple[list[float] | Non
     centres: dict[int, str] = {}
     for band in listing.findall("bandID"):
         number, text = (band.get("number") or "").strip(), band.findtext("wavelengthCenterOfBand")
-        if not number.isdigit() or text is None or int(number) in centres:
+        if not _COUNT.fullmatch(number) or text is None or int(number) in centres:
             return None, f"{where}: a bandID has no number, a repeated one or no wavelengthCenterOfBand"
         centres[int(number)] = text.strip()
     if not centres:
@@ -258,7 +261,7 @@ def _enmap_centres(path: Path, xml: Path, bands: int) -> tuple[list[float] | Non
     detector = ((found[2] if found else None) or "").upper()
     if detector:  # L1B: one detector's bands, VNIR's first
         vnir = (root.findtext("specific/numberOfVNIRBands") or "").strip()
-        if not vnir.isdigit() or int(vnir) > len(numbers):
+        if not _COUNT.fullmatch(vnir) or int(vnir) > len(numbers):
             return None, f"{where}: its numberOfVNIRBands ({vnir or 'missing'}) does not split its {len(numbers)} bands"
         numbers = numbers[:int(vnir)] if detector == "_VNIR" else numbers[int(vnir):]
     if len(numbers) != bands:

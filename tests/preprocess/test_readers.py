@@ -552,6 +552,48 @@ def test_prisma_bands_without_a_centre_are_none_among_the_cubes_centres(tmp_path
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+def test_a_prisma_cube_read_without_its_band_axis_says_which_axis_the_centres_fit(tmp_path):
+    """PRISMA's cubes are (rows, bands, columns): opened without --band-axis middle the columns read as bands
+    and the band centres do not fit. The note said only that the counts differ, and the converter's warning then
+    advised --wavelengths (which fails: the cube has as many "bands" as columns); it now names the dataset's axis
+    that holds as many values as the list (h5py's shape as the reference) and the option that reads it so."""
+    from tests.sensors import PRISMA_SWIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=28), make_cube("uint16", seed=29, shape=(H, W, 5))
+    path = write_prisma(tmp_path / "PRS.he5", vnir, swir, PRISMA_VNIR_NM, PRISMA_SWIR_NM)
+    with h5py.File(path, "r") as f:
+        assert f[PRISMA_SWIR].shape == (H, 5, W)  # the band axis in the middle
+    with closing(open_cube(path, key=PRISMA_SWIR)) as cube:
+        assert cube.shape == (H, 5, W) and cube.wavelengths is None
+        assert cube.wavelengths_note == (
+            "PRS.he5 attribute List_Cw_Swir: it lists 5 band centres for the cube's 11 bands, as many as the "
+            "dataset's middle axis holds (PRISMA's cubes are rows, bands, columns: pass --band-axis middle)")
+    with closing(open_cube(path, key=PRISMA_SWIR, band_axis="middle")) as cube:  # as advised
+        check_cube(cube, swir)
+        assert cube.wavelengths == np.asarray(PRISMA_SWIR_NM, np.float32).astype(np.float64).tolist()
+
+
+def test_prisma_flags_that_are_no_integers_are_named_as_such(tmp_path):
+    """A List_Cw_*_Flags attribute of one flag per band that is not of integers (float32 0/1, text) is refused
+    for what it is: the note said "holds 5 flags for the cube's 5 bands", which names no problem; a flag list of
+    another length still says how many it holds."""
+    from tests.sensors import PRISMA_SWIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=28), make_cube("uint16", seed=29, shape=(H, W, 5))
+    path = write_prisma(tmp_path / "PRS.he5", vnir, swir, PRISMA_VNIR_NM, PRISMA_SWIR_NM)
+    where = "PRS.he5 attribute List_Cw_Swir: List_Cw_Swir_Flags"
+    for flags, note in ((np.array([1, 1, 1, 0, 0], np.float32), f"{where} holds float32 values, not integer flags"),
+                        (np.array([b"1"] * 5), f"{where} holds {np.dtype('S1').name} values, not integer flags"),
+                        (np.array([1, 1, 0], np.uint8), f"{where} holds 3 flags for the cube's 5 bands")):
+        with h5py.File(path, "a") as f:
+            f.attrs["List_Cw_Swir_Flags"] = flags
+        with h5py.File(path, "r") as f:  # as written (h5py as the reference)
+            assert np.asarray(f.attrs["List_Cw_Swir_Flags"]).shape == flags.shape
+        with closing(open_cube(path, key=PRISMA_SWIR, band_axis="middle")) as cube:
+            check_cube(cube, swir)
+            assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
+
+
 def test_hdf5_errors_and_labels(tmp_path):
     labels = make_labels(seed=14)
     path = tmp_path / "two.h5"
@@ -825,6 +867,33 @@ def test_an_enmap_metadata_file_that_cannot_give_the_centres_is_named(tmp_path):
             check_cube(cube, expected)
             assert cube.wavelengths is None and cube.wavelengths_note.startswith(note), cube.wavelengths_note
             assert "\n" not in cube.wavelengths_note and cube.files == [path, tmp_path / xml]
+
+
+def test_an_enmap_band_number_that_int_refuses_is_named_not_raised(tmp_path):
+    """A bandID number or numberOfVNIRBands that str.isdigit accepts but int() refuses (a superscript digit, more
+    than 4300 digits) is a malformed metadata file like any other: a one-line note, not a ValueError traceback."""
+    from tests.sensors import ENMAP_L1B, ENMAP_L2A, enmap_xml, write_enmap
+
+    expected = make_cube("int16", seed=32, shape=(H, W, 7))
+    xml = f"{ENMAP_L2A}-METADATA.XML"
+    for number in ("\u00b2", "9" * 5000):
+        assert number.isdigit()  # what the reader checked before calling int()
+        with pytest.raises(ValueError):
+            int(number)
+        path = write_enmap(tmp_path, expected, enmap_xml(ENMAP_NM).replace('number="2"', f'number="{number}"'))
+        with closing(open_cube(path)) as cube:
+            check_cube(cube, expected)
+            assert cube.wavelengths is None
+            assert cube.wavelengths_note == f"{xml}: a bandID has no number, a repeated one or no wavelengthCenterOfBand"
+    l1b = tmp_path / "l1b"
+    l1b.mkdir()
+    text = enmap_xml(ENMAP_NM, vnir=4, level="L1B").replace("<numberOfVNIRBands>4<", "<numberOfVNIRBands>\u2074<")
+    image = write_enmap(l1b, expected[:, :, :4], text, name=ENMAP_L1B, image="SPECTRAL_IMAGE_VNIR")
+    with closing(open_cube(image)) as cube:
+        check_cube(cube, expected[:, :, :4])
+        assert cube.wavelengths is None
+        assert cube.wavelengths_note == (f"{ENMAP_L1B}-METADATA.XML: its numberOfVNIRBands (\u2074) does not split "
+                                         "its 7 bands")
 
 
 def test_tiff_labels_and_single_band_cube(tmp_path):
