@@ -159,7 +159,7 @@ _NORMALIZATIONS = ("zscore", "minmax", None)
 
 def _recipe_state(in_bands: int | None, settings: dict[str, Any]) -> dict[str, Any]:
     """The recipe as plain data, checked against the model's ``in_bands`` (None: not fixed by the model)."""
-    from hsgds.scene_set import checked_stats
+    from hsgds.scene_set import check_tolerance, checked_stats
 
     bands, wavelengths, norm_stats = settings["bands"], settings["wavelengths"], settings["norm_stats"]
     wavelength_tolerance = settings["wavelength_tolerance"]
@@ -177,8 +177,7 @@ def _recipe_state(in_bands: int | None, settings: dict[str, Any]) -> dict[str, A
         raise ConfigError(f"the model takes {in_bands} bands but {len(chosen)} "
                           f"{'band indices' if bands is not None else 'wavelengths'} were given; pass the "
                           "selection it was trained on")
-    if not isinstance(wavelength_tolerance, (int, float)) or not wavelength_tolerance >= 0:
-        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {wavelength_tolerance!r}")
+    check_tolerance(wavelength_tolerance)  # the loader's rule: numpy numbers too, not a bool
     stats = None
     if norm_stats is not None:  # of the model's bands: fixed by it, by the selection, or else by the statistics
         n = in_bands if in_bands is not None else len(chosen) if chosen is not None else np.size(

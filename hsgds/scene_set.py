@@ -169,7 +169,7 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
     """
     if bands is not None and wavelengths is not None:
         raise ConfigError("pass bands= (indices) or wavelengths= (nm), not both")
-    _check_tolerance(tolerance)  # also unused (no wavelengths): the loader keeps it as a float
+    check_tolerance(tolerance)  # also unused (no wavelengths): the loader keeps it as a float
     counts = [s.shape[2] for s in ss.scenes]
     if wavelengths is None and len(set(counts)) > 1:
         each = listed((f"{n}: {c}" for n, c in zip(ss.names, counts)), _LISTED)
@@ -207,7 +207,7 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
         want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
         raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {_shown(wavelengths)}")
-    _check_tolerance(tolerance)
+    check_tolerance(tolerance)
     nm = fmt.wavelength_array(() if have is None else have)
     known = np.flatnonzero(~np.isnan(nm))  # the bands with a centre: only they can be nearest
     if not known.size:
@@ -234,7 +234,7 @@ def _shown(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _check_tolerance(tolerance: Any) -> None:
+def check_tolerance(tolerance: Any) -> None:
     """A ConfigError unless ``tolerance`` is a real number >= 0 (Python's or numpy's, not a bool)."""
     if not (isinstance(tolerance, (int, float, np.integer, np.floating)) and not isinstance(tolerance, bool)
             and tolerance >= 0):

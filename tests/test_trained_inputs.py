@@ -453,3 +453,15 @@ def test_a_saved_models_far_wavelength_is_not_fixed_with_a_tolerance(scenes, tmp
     with pytest.raises(ConfigError, match=r"has no band within 5 nm of 1000 nm \(nearest: 900 nm\); raise "
                                           r"wavelength_tolerance or drop that wavelength$"):
         hsgds.PatchLoader(store, patch_size=P, batch_size=8, wavelengths=[500.0, 1000.0], device="cpu")
+
+
+def test_a_recipes_wavelength_tolerance_follows_the_loaders_rule(scenes, tmp_path):
+    """A numpy tolerance (what arithmetic on arrays gives) is taken as the loader takes it; a bool is no number
+    of nm (it was saved as 1.0 nm)."""
+    from hsgds.models import load_model
+
+    stats = _pooled_loader_stats(scenes)
+    ckpt, _ = _trained_checkpoint(tmp_path / "m.ckpt", stats, wavelengths=WANT, wavelength_tolerance=np.float32(7))
+    assert load_model(ckpt).wavelength_tolerance == 7.0
+    with pytest.raises(ConfigError, match=r"^wavelength_tolerance must be a number >= 0 \(nm\), got True$"):
+        _trained_checkpoint(tmp_path / "b.ckpt", stats, wavelengths=WANT, wavelength_tolerance=True)
