@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -391,7 +392,9 @@ def test_bench_cpu_roofline_tiny(tmp_path):
             "rounding loop in L1 (arithmetic alone, bfloat16 output bytes)",
             "bfloat16 NCHW from normalized tiles (copy_range, streamed)"} <= set(rows)
     assert all(r["GBps_1_thread"] > 0 and r["GBps_2_thread"] > 0 for r in rows.values())
-    assert doc["normalize_tile_s"] > 0
+    # a difference of two timings (normalize + restoring copy, less the copy): one round under load can come
+    # out below 0, so only its presence is checked, never its sign (no timed assertions in tests)
+    assert math.isfinite(doc["normalize_tile_s"])
     assert all(0 < doc["floor_ratios"][k]["q25"] <= doc["floor_ratios"][k]["median"] for k in ("plain", "streamed", "copy16"))
 
 
