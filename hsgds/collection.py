@@ -518,7 +518,7 @@ def open_collection(path: str | os.PathLike) -> Collection:
     version = doc.get("format_version")
     readable = f"this hsgds reads versions {READABLE_COLLECTION_VERSIONS[0]} to {READABLE_COLLECTION_VERSIONS[-1]}"
     if type(version) is int and version > COLLECTION_VERSION:
-        raise StoreError(f"{where} was written by a newer hsgds (collection format version {version}; {readable}): "
+        raise StoreError(f"{where} was written by a newer hsgds (collection format version {str(version)[:20]}; {readable}): "
                          "upgrade hsgds, or write it again with this version's `hsgds convert-many`")
     if version not in READABLE_COLLECTION_VERSIONS or isinstance(version, bool):
         raise StoreError(f"{where} has collection format version {str(version)[:20]}; {readable}: write it again "
