@@ -34,7 +34,12 @@ __all__ = ["COLLECTION_FILE", "Collection", "DeferredScene", "SceneEntry", "is_c
 
 COLLECTION_FILE = "collection.json"
 COLLECTION_FORMAT = "hsgds-collection"
-COLLECTION_VERSION = 1
+#: The newest collection.json version; a file records the oldest that describes it (:func:`collection_version`).
+#: Version 2 lets an entry's wavelengths hold a null (a band without a centre, store format v4); a version 1
+#: reader refuses such a file by its version instead of calling the null damaged.
+COLLECTION_VERSION = 2
+#: Versions this hsgds reads. Version 1 files written before version 2 existed may hold nulls too: read as such.
+READABLE_COLLECTION_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -511,9 +516,13 @@ def open_collection(path: str | os.PathLike) -> Collection:
         raise StoreError(f"{where} is not an hsgds collection (no \"format\": \"{COLLECTION_FORMAT}\"); "
                          "write it with `hsgds convert-many`")
     version = doc.get("format_version")
-    if version != COLLECTION_VERSION or isinstance(version, bool):
-        raise StoreError(f"{where} has collection format version {str(version)[:20]}; this hsgds reads version "
-                         f"{COLLECTION_VERSION}: write it again with `hsgds convert-many`")
+    readable = f"this hsgds reads versions {READABLE_COLLECTION_VERSIONS[0]} to {READABLE_COLLECTION_VERSIONS[-1]}"
+    if type(version) is int and version > COLLECTION_VERSION:
+        raise StoreError(f"{where} was written by a newer hsgds (collection format version {str(version)[:20]}; {readable}): "
+                         "upgrade hsgds, or write it again with this version's `hsgds convert-many`")
+    if version not in READABLE_COLLECTION_VERSIONS or isinstance(version, bool):
+        raise StoreError(f"{where} has collection format version {str(version)[:20]}; {readable}: write it again "
+                         "with `hsgds convert-many`")
     scenes = doc.get("scenes")
     if not isinstance(scenes, list):
         raise StoreError(f"{where}: \"scenes\" must be a list; write it again with `hsgds convert-many`")
@@ -524,6 +533,12 @@ def open_collection(path: str | os.PathLike) -> Collection:
             raise StoreError(f"{where}: scenes {seen[e.name]} and {i} are both named {e.name!r}; names must be unique")
         seen[e.name] = i
     return Collection(file, entries)
+
+
+def collection_version(entries: Sequence[SceneEntry]) -> int:
+    """The oldest collection.json version that describes ``entries``: 2 when a scene has a band without a
+    centre (a null among its wavelengths), else 1, which an hsgds older than version 2 reads too."""
+    return 2 if any(e.wavelengths is not None and None in e.wavelengths for e in entries) else 1
 
 
 def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry], name: str = COLLECTION_FILE) -> Path:
@@ -537,8 +552,8 @@ def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry], n
     if len(set(names)) != len(names):
         raise StoreError(f"{folder}: scene names must be unique in a collection")
     root = folder.resolve()
-    doc = {"format": COLLECTION_FORMAT, "format_version": COLLECTION_VERSION, "created_by": f"hsgds {__version__}",
-           "scenes": [e.to_json(root) for e in entries]}
+    doc = {"format": COLLECTION_FORMAT, "format_version": collection_version(entries),
+           "created_by": f"hsgds {__version__}", "scenes": [e.to_json(root) for e in entries]}
     out = folder / name
     try:
         with atomic_path(out, f".{name}.tmp-{secrets.token_hex(4)}") as tmp, open(tmp, "w", encoding="utf-8") as f:

@@ -21,10 +21,12 @@ from hsgds._wording import listed
 from hsgds.errors import ChecksumError, StoreError, TileReadError
 
 FORMAT_NAME = "hsgds"
+#: The newest store format version; the converter records the oldest one that describes a store
+#: (:meth:`StoreMeta.oldest_version`), so an older hsgds reads every store it can.
 FORMAT_VERSION = 4
 #: Versions this runtime reads. v1 stores have no device checksums: the kvikio reader checks their tiles on
 #: the host (with a warning); v1 and v2 stores record no source nodata (every pixel is data); v1 to v3 stores
-#: have a centre for every band, or none. Converting again writes v4.
+#: have a centre for every band, or none.
 READABLE_VERSIONS = (1, 2, 3, 4)
 
 #: Split codes stored per labelled pixel in ``samples/split``. 0 = labelled but in no split (e.g. a
@@ -247,6 +249,17 @@ class StoreMeta:
     def grid(self) -> TileGrid:
         h, w, b = self.shape
         return TileGrid(h, w, b, self.dtype, self.tile, self.halo)
+
+    def oldest_version(self) -> int:
+        """The oldest format version that describes this metadata, which the converter records: 4 when a band
+        has no centre (a null in ``wavelengths``), else 3 when there is a ``nodata`` record, else 2 (device
+        checksums; 1 without them). An hsgds that reads only older versions then refuses exactly the stores it
+        would misread: a v3 reader calls a null centre damaged, a v2 reader ignores the nodata record."""
+        if self.wavelengths is not None and None in self.wavelengths:
+            return 4
+        if self.nodata is not None:
+            return 3
+        return 1 if self.device_checksums is None else 2
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

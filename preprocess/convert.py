@@ -1,4 +1,5 @@
-"""Source cube -> hsgds store (format v4): halo-padded aligned tiles, labels, samples, stats, splits.
+"""Source cube -> hsgds store (format v2 to v4, the oldest that describes it): halo-padded aligned tiles, labels,
+samples, stats, splits.
 
 The conversion streams tile by tile (memory stays at a few tiles for memory-mappable sources), writes
 into a temporary directory beside the target and renames it into place only when everything, the
@@ -914,6 +915,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         georeference=getattr(cube, "georeference", None), nodata=nodata_record,
         labels_source=labels_source, split=split_params, converted_split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
+    meta.format_version = meta.oldest_version()  # an older hsgds then reads every store it can
     _check_unchanged(stamps)  # what was tiled and hashed is what the metadata will describe
     with _writing(out, "the store metadata"):
         root.attrs.update({fmt.FORMAT_NAME: meta.to_json()})  # written last: marks the store complete

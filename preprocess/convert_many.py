@@ -302,10 +302,10 @@ def _masks_differ(split: dict[str, Any], opts: ConvertOptions) -> str | None:
 def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | None:
     """Why a store must be converted again when no nodata value is given (``--nodata`` nor the manifest's
     column), so that the source's own applies: the store applied another, or none where the source records
-    one (a store written before format v3 ignored it; a v3 store was converted with ``--nodata`` since left
-    out). None: they agree, or a value is given, which :func:`_options_differ` compares. Only GeoTIFF, ENVI
-    and HDF5/netCDF (``_FillValue``) record a value; their headers are cheap next to the verification of
-    every tile that follows."""
+    one (a store written before format v3 ignored it; a later one was converted with ``--nodata`` since left
+    out, and is v2 when ``--nodata none`` left it without a nodata record). None: they agree, or a value is
+    given, which :func:`_options_differ` compares. Only GeoTIFF, ENVI and HDF5/netCDF (``_FillValue``) record a
+    value; their headers are cheap next to the verification of every tile that follows."""
     if opts.nodata is not None:
         return None
     had = None if meta.nodata is None else meta.nodata["value"]
@@ -324,8 +324,7 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
     want = None if value is None else fmt.nodata_value(value)
     if want == had:
         return None
-    if meta.format_version < 3:
-        return f"the source records nodata value {value:g}, which this format v{meta.format_version} store ignored"
+    # whatever the store's version: a v2 store without a record was converted before v3 or with --nodata none
     return (f"the source's nodata value ({fmt.nodata_text(want)}) differs from the store's ({fmt.nodata_text(had)}); "
             "no --nodata is given")
 

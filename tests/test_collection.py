@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -111,7 +112,13 @@ def _doc(**scene):
 @pytest.mark.parametrize("doc, message", [
     ("{not json", "cannot read it"),
     ([], "is not an hsgds collection"),
-    ({"format": "hsgds-collection", "format_version": 2, "scenes": []}, "collection format version 2"),
+    ({"format": "hsgds-collection", "format_version": 3, "scenes": []},
+     r"collection.json was written by a newer hsgds \(collection format version 3; this hsgds reads versions 1 to 2\): "
+     r"upgrade hsgds, or write it again with this version's `hsgds convert-many`$"),
+    ({"format": "hsgds-collection", "format_version": 0, "scenes": []},
+     r"has collection format version 0; this hsgds reads versions 1 to 2: write it again with `hsgds convert-many`$"),
+    ({"format": "hsgds-collection", "format_version": True, "scenes": []}, "has collection format version True"),
+    ({"format": "hsgds-collection", "format_version": "2", "scenes": []}, "has collection format version 2;"),
     ({"format": "hsgds-collection", "format_version": 1, "scenes": {}}, '"scenes" must be a list'),
     (_doc(shape=[4, 4]), r"scene 0 \('a'\): shape must be \[H, W, B\]"),
     (_doc(dtype="float99"), "dtype 'float99' is not a numpy type name"),
@@ -142,9 +149,26 @@ def test_invalid_collection_json_is_one_line_error(tmp_path, doc, message):
 
 def test_an_entrys_band_without_a_centre_is_none(tmp_path):
     """collection.json lists a band without a centre (PRISMA's unused bands) as null, as the store does: read
-    as None in its place, the other centres as listed."""
-    (tmp_path / COLLECTION_FILE).write_text(json.dumps(_doc(wavelengths=[None, 500, 600.5], format_version=4)))
-    assert open_collection(tmp_path).wavelengths == [(None, 500.0, 600.5)]
+    as None in its place, the other centres as listed; in a version 2 file, and in a version 1 file as hsgds
+    wrote them before version 2 existed."""
+    for version in (2, 1):
+        doc = {**_doc(wavelengths=[None, 500, 600.5], format_version=4), "format_version": version}
+        (tmp_path / COLLECTION_FILE).write_text(json.dumps(doc))
+        assert open_collection(tmp_path).wavelengths == [(None, 500.0, 600.5)]
+
+
+def test_collection_json_records_the_oldest_version_that_describes_it(three_stores, tmp_path):
+    """collection.json is version 2 exactly when an entry's wavelengths hold a null (a band without a centre),
+    which a version 1 reader would call damaged; otherwise version 1, which every hsgds reads (read back as
+    JSON, independently of the reader). Both open, entries as written."""
+    root, stores = three_stores
+    entries = [SceneEntry.of_scene(f"scene{i}", open_scene(p)) for i, p in enumerate(stores)]
+    centred = [replace(e, wavelengths=tuple(400.0 + 10 * b for b in range(e.bands))) for e in entries]
+    unused = replace(centred[1], wavelengths=(None, *centred[1].wavelengths[1:]), format_version=4)  # a v4 store's
+    for listed, version in ((entries, 1), (centred, 1), ([centred[0], unused, centred[2]], 2)):
+        file = write_collection(tmp_path, listed)
+        assert json.loads(file.read_text())["format_version"] == version
+        assert open_collection(file).wavelengths == [e.wavelengths for e in listed]
 
 
 def test_missing_collection(tmp_path):

@@ -119,6 +119,8 @@ _NAN = float("nan")
     ("nodata", {"value": -1, "pixels": 0, "labelled_dropped": 0, "fill": "train mean"}, "fill must be null"),
 ])
 def test_invalid_root_metadata_is_a_store_error(store, key, value, message):
+    if key != "format_version":  # the newest format, which may hold every field (the store is the oldest: v2)
+        _set_attr(store, "format_version", fmt.FORMAT_VERSION)
     _set_attr(store, key, value)
     with pytest.raises(StoreError, match=message) as caught:
         hsgds.open_scene(store)
@@ -129,11 +131,36 @@ def test_a_band_without_a_centre_is_null_in_a_v4_store(store):
     """Format v4: a band without a centre (PRISMA's unused bands) is null among the store's wavelengths, read as
     None; a store of an older format, which has a centre for every band or none, holding one is refused."""
     _set_attr(store, "wavelengths", [None, 500.0, 600, None])
+    _set_attr(store, "format_version", 4)
     assert hsgds.open_scene(store).wavelengths == [None, 500.0, 600, None]
     _set_attr(store, "format_version", 3)
     with pytest.raises(StoreError, match=r"wavelengths = \[None, 500.0, 600, None\] \(a format v3 store has a "
                                          r"centre for every band\); convert the source again"):
         hsgds.open_scene(store)
+
+
+@pytest.mark.parametrize("edit, oldest", [
+    ({}, 2),
+    ({"nodata": {"value": -1, "pixels": 0, "labelled_dropped": 0, "fill": None}}, 3),
+    ({"wavelengths": [None, 500.0, 600.0, 700.0]}, 4),
+    ({"wavelengths": [None, 500.0, 600.0, 700.0], "nodata": {"value": -1, "pixels": 0, "labelled_dropped": 0,
+                                                             "fill": None}}, 4),
+    ({"device_checksums": None, "device_checksum_algorithm": None}, 1),
+])
+def test_the_oldest_version_is_the_one_each_field_needs(store, edit, oldest):
+    """StoreMeta.oldest_version, which the converter records: 4 with a band without a centre, else 3 with a
+    nodata record, else 2 (1 without device checksums). The metadata is valid at that version and refused, by
+    the field, at the one before."""
+    doc = json.loads((store / "zarr.json").read_text())["attributes"]
+    doc["hsgds"].update(edit)
+    known = fmt.StoreMeta.__dataclass_fields__
+    assert fmt.StoreMeta(**{k: v for k, v in doc["hsgds"].items() if k in known}).oldest_version() == oldest
+    doc["hsgds"]["format_version"] = oldest
+    assert fmt.StoreMeta.from_json(doc, "s.zarr").format_version == oldest
+    if oldest > 1:
+        doc["hsgds"]["format_version"] = oldest - 1
+        with pytest.raises(StoreError, match=f"a format v{oldest - 1} store has"):
+            fmt.StoreMeta.from_json(doc, "s.zarr")
 
 
 def test_huge_tiles_are_refused_before_allocating(store):

@@ -52,7 +52,7 @@ def _dest(source, device):
 
 def test_store_carries_device_checksums_that_match_the_tiles(tile_store, zarr_tile):
     scene = open_scene(tile_store)
-    assert scene.meta.format_version == 4 and scene.meta.device_checksum_algorithm == "wsum64"
+    assert scene.meta.format_version == 2 and scene.meta.device_checksum_algorithm == "wsum64"
     for i in range(scene.grid.num_tiles):
         data = zarr_tile(tile_store, i)
         w = np.frombuffer(data, dtype="<u4").astype(np.uint64)

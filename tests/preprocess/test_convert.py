@@ -659,7 +659,8 @@ def test_a_prisma_cubes_band_centres_are_the_stores_in_its_own_descending_order(
     with zarr-python) records the file's List_Cw_Vnir as they are, descending, and a loader's wavelengths=[...]
     takes each one's nearest band; the product's unused bands (flag 0, centre 0) are null in the store, with no
     warning, and `hsgds info` (store and source) names them after the span of the others; --wavelengths may
-    give them a centre but not contradict the file's."""
+    give them a centre but not contradict the file's. A store records the oldest format that describes it: v4
+    with a band without a centre, else v2."""
     from hsgds.synthetic import make_scene
     from tests.sensors import PRISMA_VNIR, write_prisma
 
@@ -671,8 +672,11 @@ def test_a_prisma_cubes_band_centres_are_the_stores_in_its_own_descending_order(
     args = ("--key", PRISMA_VNIR, "--band-axis", "middle", "--labels", tmp_path / "gt.npy")
     code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "p.zarr")
     assert code == 0 and "warning" not in err, err
-    stored = zarr.open_group(tmp_path / "p.zarr", mode="r").attrs["hsgds"]["wavelengths"]
-    assert stored == np.asarray(nm, np.float32).astype(np.float64).tolist()
+    record = zarr.open_group(tmp_path / "p.zarr", mode="r").attrs["hsgds"]
+    assert record["wavelengths"] == np.asarray(nm, np.float32).astype(np.float64).tolist()
+    # every band has a centre (and no nodata record): format v2, the oldest that describes it, which an hsgds
+    # reading v1 to v3 reads
+    assert record["format_version"] == 2 and record["nodata"] is None
     assert np.array_equal(hsgds.open_scene(tmp_path / "p.zarr").read(0, 30, 0, 26), vnir)
     # nearest bands of 413, 607 and 957 nm: 5, 3 and 0
     with hsgds.PatchLoader(tmp_path / "p.zarr", patch_size=3, batch_size=16, wavelengths=[413, 607, 957],
@@ -692,6 +696,7 @@ def test_a_prisma_cubes_band_centres_are_the_stores_in_its_own_descending_order(
     record = zarr.open_group(tmp_path / "u.zarr", mode="r").attrs["hsgds"]
     assert record["wavelengths"] == [None, None, *np.asarray(nm[2:], np.float32).astype(np.float64).tolist()]
     assert record["format_version"] == 4  # (an older hsgds refuses it by its version, not as damaged metadata)
+    assert hsgds.open_scene(tmp_path / "u.zarr").verify() == []
     code, out, err = run_cli("info", tmp_path / "u.zarr")
     assert code == 0 and "bands:      410.0-700.0 nm (descending); bands 0, 1 have no centre (unused)\n" in out, out
     code, out, err = run_cli("info", src, "--key", PRISMA_VNIR, "--band-axis", "middle")
@@ -702,10 +707,12 @@ def test_a_prisma_cubes_band_centres_are_the_stores_in_its_own_descending_order(
     code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "f.zarr", "--wavelengths", filled)
     assert code == 0 and "warning" not in err, err
     assert hsgds.open_scene(tmp_path / "f.zarr").wavelengths == [965.0, 955.0, 700.0, 610.0, 520.75, 410.0]
+    assert zarr.open_group(tmp_path / "f.zarr", mode="r").attrs["hsgds"]["format_version"] == 2  # every band centred
     code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "n.zarr", "--wavelengths",
                            "none,nan,700,610,520.75,410")
     assert code == 0 and "warning" not in err, err
     assert hsgds.open_scene(tmp_path / "n.zarr").wavelengths == [None, None, 700.0, 610.0, 520.75, 410.0]
+    assert zarr.open_group(tmp_path / "n.zarr", mode="r").attrs["hsgds"]["format_version"] == 4
     for given in ("965,955,700,610,520.75,411", "965,955,none,610,520.75,410"):
         code, _, err = run_cli("convert", src, *args, "-o", tmp_path / "x.zarr", "--wavelengths", given)
         assert code == 2 and err.strip().endswith("PRS_L2D_STD_0001.he5 records its own wavelengths (410-700 nm), "
@@ -808,7 +815,9 @@ def test_wavelengths_for_a_source_that_records_none(npy_scene, tmp_path, run_cli
     nm.write_text("none\n410\nNaN  # unused\n430.25\n")
     code, _, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "n.zarr", "--wavelengths", nm)
     assert code == 0 and "warning" not in err, err
-    assert zarr.open_group(tmp_path / "n.zarr", mode="r").attrs["hsgds"]["wavelengths"] == [None, 410.0, None, 430.25]
+    record = zarr.open_group(tmp_path / "n.zarr", mode="r").attrs["hsgds"]
+    assert record["wavelengths"] == [None, 410.0, None, 430.25] and record["format_version"] == 4
+    assert zarr.open_group(tmp_path / "f.zarr", mode="r").attrs["hsgds"]["format_version"] == 2
     envi_src = write_envi(tmp_path / "e.hdr", cube, wavelengths=[500.0, 510.0, 520.0, 530.0])
     for args, message in [
         ((cp, "--wavelengths", "400,410,420"), "--wavelengths lists 3 values but cube0.npy has 4 bands"),

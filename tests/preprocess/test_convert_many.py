@@ -443,6 +443,44 @@ def test_a_store_cast_by_dtype_is_up_to_date_only_with_that_dtype(tmp_path):
     assert (again.status, again.reason) == ("converted", "--dtype int32 differs from the store's (uint16)")
 
 
+def test_a_store_written_as_v4_without_a_band_lacking_a_centre_is_kept(tmp_path, run_cli):
+    """A store records the oldest format that describes it (read with zarr-python): v2 when every band has a
+    centre. hsgds wrote such stores as v4 for a while: one opens and verifies, a rerun finds it up to date
+    instead of converting it again for its version number (and keeps it v4), and collection.json lists it as
+    the store's own v4 in a version 1 file, which opens; a freshly converted one stays v2 through reruns."""
+    import zarr
+
+    from hsgds.collection import write_collection
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, labels = make_scene(24, 20, 4, classes=3, dtype="int16", seed=12)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = [ManifestRow(name=name, source=tmp_path / "c.npy", labels=tmp_path / "g.npy") for name in ("old", "new")]
+    opts = ConvertOptions(max_patch=3, wavelengths=(450.0, 550.0, 650.0, 750.0))
+    assert [convert_scene(row, out, opts).status for row in rows] == ["converted"] * 2
+
+    def version(name: str) -> int:
+        return zarr.open_group(out / f"{name}.zarr", mode="r").attrs["hsgds"]["format_version"]
+
+    assert (version("old"), version("new")) == (2, 2)
+    doc = json.loads((out / "old.zarr" / "zarr.json").read_text())  # as that hsgds wrote it
+    doc["attributes"]["hsgds"]["format_version"] = 4
+    (out / "old.zarr" / "zarr.json").write_text(json.dumps(doc))
+    assert open_scene(out / "old.zarr").verify() == []
+    results = [convert_scene(row, out, opts) for row in rows]
+    assert [(r.status, r.reason) for r in results] == [("up to date", None)] * 2
+    assert (version("old"), version("new")) == (4, 2)
+    write_collection(out, [r.entry for r in results])
+    listing = json.loads((out / "collection.json").read_text())
+    assert listing["format_version"] == 1 and [s["format_version"] for s in listing["scenes"]] == [4, 2]
+    assert [s.meta.format_version for s in open_collection(out)] == [4, 2]
+    code, text, err = run_cli("verify", out)
+    assert code == 0 and text.startswith("ok: 2 scenes"), text + err
+
+
 def test_a_store_lacking_the_sources_own_wavelengths_is_converted_again(tmp_path):
     """Without wavelengths given, a store holds its source's own band centres: one an older hsgds wrote
     without them (it read none from HDF5), or with the micrometres a header labelled as nanometres, is
@@ -886,8 +924,11 @@ def test_a_prisma_scene_with_unused_bands_joins_a_collection_by_wavelength(tmp_p
     # as the file lists them (float32), null where a band has no centre
     expected = [None if not f else float(np.float32(w)) for w, f in zip(cw, flags)]
     assert zarr.open_group(out / "p.zarr", mode="r").attrs["hsgds"]["wavelengths"] == expected
-    listing = json.loads((out / "collection.json").read_text())["scenes"]
-    assert [s["wavelengths"] for s in listing] == [expected, enmap_nm]
+    listing = json.loads((out / "collection.json").read_text())
+    assert [s["wavelengths"] for s in listing["scenes"]] == [expected, enmap_nm]
+    # the oldest versions that describe them: the PRISMA store v4 (a band without a centre), the EnMAP store v2,
+    # and collection.json version 2 (an entry holds a null), which an hsgds reading version 1 refuses by version
+    assert [s["format_version"] for s in listing["scenes"]] == [4, 2] and listing["format_version"] == 2
 
     want = [482, 558, 653]
     known = np.where(np.asarray(flags) == 1, np.asarray(cw, np.float32).astype(np.float64), np.nan)
