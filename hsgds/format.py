@@ -278,9 +278,13 @@ class StoreMeta:
             raise StoreError(f"{where} is not a complete hsgds store (no 'hsgds' metadata); "
                              "convert the source again with `hsgds convert`")
         version = meta.get("format_version")
+        readable = f"this hsgds reads versions {READABLE_VERSIONS[0]} to {READABLE_VERSIONS[-1]}"
+        if type(version) is int and version > FORMAT_VERSION:
+            raise StoreError(f"{where} was written by a newer hsgds (store format version {str(version)[:20]}; "
+                             f"{readable}): upgrade hsgds, or convert the source again with this version")
         if version not in READABLE_VERSIONS or isinstance(version, bool):
-            raise StoreError(f"{where} has store format version {version!r}; this hsgds reads versions "
-                             f"{READABLE_VERSIONS[0]} to {READABLE_VERSIONS[-1]}: convert the source again with this version")
+            raise StoreError(f"{where} has store format version {repr(version)[:20]}; {readable}: convert the source "
+                             "again with this version")
         known = {f for f in cls.__dataclass_fields__}
         try:
             out = cls(**{k: v for k, v in meta.items() if k in known})
