@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -681,7 +681,7 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     before any work (exit 2); then a map per scene, a scene that fails named while the others are
     predicted (exit 1)."""
     from hsgds.collection import open_collection
-    from hsgds.inference import check_outputs
+    from hsgds.inference import RunInputs, check_outputs
     from hsgds.models import load_model
 
     for option, value in (("-o", out), ("--probabilities", probabilities)):
@@ -694,12 +694,18 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     loaded = load_model(model_path)
     _echo_recipe(model_path, loaded)
     sizes = []
+    def opened():
+        for i in range(len(coll)):
+            with suppress(StoreError):  # a missing or damaged store: its own run names it
+                yield coll.scene(i)
+
+    inputs = RunInputs(opened(), model_path)  # every scene's files: one scene's map must not replace another's source
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
         sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo))
         try:  # (a scene's source named by the pattern is refused here, before any scene is predicted)
             check_outputs(coll.scene(i), Path(out.replace("{name}", e.name)),
-                          Path(probabilities.replace("{name}", e.name)) if probabilities else False)
+                          Path(probabilities.replace("{name}", e.name)) if probabilities else False, inputs)
         except StoreError:
             pass  # a missing or damaged store: its own run names it while the others are predicted
         except HsgdsError as exc:

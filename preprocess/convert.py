@@ -916,7 +916,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         class_names=list(class_names) if class_names else None,
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
-        source={"name": src.name, "files": [p.name for p in cube.files], "size": size, "sha256": sha256,
+        # paths, as the ground truth's: `hsgds predict` never writes over a source file found there, also one whose
+        # companions are gone (an EnMAP image whose METADATA.XML was deleted: the total size no longer matches)
+        source={"name": src.name, "files": [p.name for p in cube.files],
+                "paths": [_relative_to(p, out.resolve().parent) for p in cube.files], "size": size, "sha256": sha256,
                 "dtype": cube.dtype.name},
         georeference=getattr(cube, "georeference", None), nodata=nodata_record,
         labels_source=labels_source, split=split_params, converted_split=split_params,
