@@ -693,13 +693,14 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     coll = open_collection(path)
     loaded = load_model(model_path)
     _echo_recipe(model_path, loaded)
-    sizes = []
+
     def opened():
         for i in range(len(coll)):
             with suppress(StoreError):  # a missing or damaged store: its own run names it
                 yield coll.scene(i)
 
     inputs = RunInputs(opened(), model_path)  # every scene's files: one scene's map must not replace another's source
+    sizes = []
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
         sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo))
