@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import click
 import numpy as np
 
+from hsgds._optional import pip_install
 from hsgds._version import __version__
 from hsgds._wording import counted, listed
 from hsgds.errors import HsgdsError, InputError, StoreError, one_line
@@ -46,7 +47,7 @@ class _Commands(click.Group):
 
 #: convert and verify checksum tiles with torch (wsum64), predict, bench and demo run models: a base install lacks it
 NO_TORCH = ("this command needs PyTorch, which is not installed: install the build for your CUDA "
-            "(https://pytorch.org/get-started/locally/), or pip install 'hsgds[torch]' for the default one")
+            f"(https://pytorch.org/get-started/locally/), or {pip_install('torch')} for the default one")
 
 
 def _torch_installed() -> bool:

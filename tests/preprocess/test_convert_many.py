@@ -274,7 +274,7 @@ def test_without_distributed_the_error_names_the_extra(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == ("hsgds: error: hsgds convert-many needs distributed, which is not installed; "
-                                   "install it with pip install 'hsgds[dask]'")
+                                   'install it with pip install "hsgds[dask]"')
 
 
 def test_bad_shared_option_is_refused_once_and_nothing_is_written(tmp_path, run_cli):
