@@ -108,21 +108,22 @@ class RunInputs:
     def refuse(self, targets: list[Path], scene: Scene | None = None) -> None:
         """InputError for the first of ``targets`` that is one of the run's inputs (``scene``'s own files are
         compared whatever the target's name: a hard link names a file otherwise)."""
+        own = [] if scene is None else [_MadeFrom.of(scene)]
         for target in targets:
             resolved = target.resolve()
             if self.model is not None and (resolved == self.model.resolve() or _same_file(resolved, self.model)):
                 raise InputError(f"cannot write {target}: it is the model file {self.model.name} this run reads; "
                                  "choose another output path")
-            own = None if scene is None else _MadeFrom.of(scene)
-            stores = {**self._stores, **({own.store: own} if own is not None else {})}
-            inside = next((stores[p] for p in (resolved, *resolved.parents) if p in stores), None)
+            stores = {m.store: m for m in own}
+            inside = next((self._stores.get(p) or stores[p] for p in (resolved, *resolved.parents)
+                           if p in self._stores or p in stores), None)
             if inside is not None:
                 raise InputError(f"cannot write {target}: it is inside the store {inside.path}; choose an output "
                                  "path outside it")
             if not resolved.is_file():
                 continue
             named = self._named.get(resolved.name.casefold(), []) + self._named.get(target.name.casefold(), [])
-            compared = {m.store: m for m in ([own] if own is not None else []) + named}
+            compared = {m.store: m for m in own + named}
             for made in compared.values():
                 made.refuse(target, resolved)
 
