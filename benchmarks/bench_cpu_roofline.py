@@ -23,7 +23,7 @@ NHWC, bfloat16 NCHW) in one process, each figure the median of ``--rounds`` time
   end) is what its arithmetic costs. The same copy in 16 x 16 blocks (32-byte stores, fewer shuffles per
   value) says whether wider blocks would move that floor.
 
-Prints GB/s of output per row; needs numba (``pip install 'hsgds[cpu]'``). Unlike the other benchmarks,
+Prints GB/s of output per row; needs numba (``pip install "hsgds[cpu]"``). Unlike the other benchmarks,
 this one is white-box on purpose: it times the kernel's own store instruction and entry point, not the
 loader, so it imports them from the engine's modules.
 """

@@ -741,7 +741,7 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log("matplotlib not installed: no plot (pip install 'hsgds[bench]')")
+        log('matplotlib not installed: no plot (pip install "hsgds[bench]")')
         return False
     rows = [r for r in doc["loader"] if r.get("status") == "ok" and "patches_per_s" in r and r["cache"] == "warm"]
     keys = sorted({(r["scene"], r["dtype"]) for r in rows})

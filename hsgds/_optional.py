@@ -7,11 +7,18 @@ from types import ModuleType
 
 from hsgds.errors import DependencyError, one_line
 
-__all__ = ["cuda_extra", "require"]
+__all__ = ["cuda_extra", "pip_install", "require"]
+
+
+def pip_install(extra: str) -> str:
+    """The command installing an hsgds extra, as messages suggest it: ``pip install "hsgds[geo]"``. Double quotes
+    keep the brackets from the shell in bash, zsh, PowerShell and Windows cmd.exe alike (cmd.exe passes single
+    quotes on as part of the argument)."""
+    return f'pip install "hsgds[{extra}]"'
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:
-    """Import ``module`` or raise :class:`~hsgds.errors.DependencyError` naming ``pip install 'hsgds[extra]'``.
+    """Import ``module`` or raise :class:`~hsgds.errors.DependencyError` naming ``pip install "hsgds[extra]"``.
 
     Parameters
     ----------
@@ -28,11 +35,10 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
         top = module.split(".")[0]
         missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == top
         what = "is not installed" if missing else f"cannot be imported ({one_line(exc)})"
-        raise DependencyError(f"{feature} needs {top}, which {what}; install it with "
-                              f"pip install 'hsgds[{extra}]'") from None
+        raise DependencyError(f"{feature} needs {top}, which {what}; install it with {pip_install(extra)}") from None
 
 
 def cuda_extra(cuda_runtime: str | None = None) -> str:
     """The pip command installing the GPU extra that matches a CUDA runtime version ("12.8" -> cu12)."""
     major = (cuda_runtime or "").split(".")[0]
-    return f"pip install 'hsgds[cu{major if major in ('12', '13') else '13'}]'"
+    return pip_install(f"cu{major if major in ('12', '13') else '13'}")

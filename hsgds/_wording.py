@@ -25,3 +25,15 @@ def clipped(text: str, limit: int) -> str:
     if len(line) <= limit:
         return line
     return line[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def drop(named: str) -> str:
+    """How to take back a setting that a message has just named: "drop --key" for an option, "leave this
+    scene's cell empty" for a manifest column (``named`` as "the key column of manifest m.csv line 3")."""
+    return f"drop {named}" if named.startswith("--") else "leave this scene's cell empty"
+
+
+def set_to(named: str, value: str) -> str:
+    """How to give a setting ``value``: "pass --band-axis first" for an option, "set the band_axis column of
+    manifest m.csv line 3 to first" for a manifest column."""
+    return f"pass {named} {value}" if named.startswith("--") else f"set {named} to {value}"

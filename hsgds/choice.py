@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hsgds import defaults
-from hsgds._optional import cuda_extra
+from hsgds._optional import cuda_extra, pip_install
 from hsgds.errors import ConfigError, DependencyError
 from hsgds.io import READERS as _READER_REGISTRY
 from hsgds.probe import DeviceReport
@@ -121,7 +121,7 @@ def _engine_for(report: DeviceReport, kind: str, engine: str, reasons: list[str]
         raise ConfigError("engine='dali' is not available on native Windows (DALI ships Linux wheels only); "
                           "use engine='torch', or run under WSL2")
     if engine == "dali" and not _dali_ok(report, kind):
-        extra = "pip install 'hsgds[dali]'" if kind == "cpu" else cuda_extra(report.cuda_runtime)
+        extra = pip_install("dali") if kind == "cpu" else cuda_extra(report.cuda_runtime)
         what = "DALI" if kind == "cpu" else "DALI's GPU backend"
         raise DependencyError(f"engine='dali' requested but {what} is not usable ({report.dali_reason}); "
                               f"install it with {extra}, or use engine='torch'")

@@ -8,13 +8,14 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 import numpy as np
 
+from hsgds._optional import pip_install
 from hsgds._version import __version__
 from hsgds._wording import counted, listed
 from hsgds.errors import HsgdsError, InputError, StoreError, one_line
@@ -46,7 +47,7 @@ class _Commands(click.Group):
 
 #: convert and verify checksum tiles with torch (wsum64), predict, bench and demo run models: a base install lacks it
 NO_TORCH = ("this command needs PyTorch, which is not installed: install the build for your CUDA "
-            "(https://pytorch.org/get-started/locally/), or pip install 'hsgds[torch]' for the default one")
+            f"(https://pytorch.org/get-started/locally/), or {pip_install('torch')} for the default one")
 
 
 def _torch_installed() -> bool:
@@ -681,7 +682,7 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     before any work (exit 2); then a map per scene, a scene that fails named while the others are
     predicted (exit 1)."""
     from hsgds.collection import open_collection
-    from hsgds.inference import check_outputs
+    from hsgds.inference import RunInputs, check_outputs
     from hsgds.models import load_model
 
     for option, value in (("-o", out), ("--probabilities", probabilities)):
@@ -693,13 +694,20 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     coll = open_collection(path)
     loaded = load_model(model_path)
     _echo_recipe(model_path, loaded)
+
+    def opened():
+        for i in range(len(coll)):
+            with suppress(StoreError):  # a missing or damaged store: its own run names it
+                yield coll.scene(i)
+
+    inputs = RunInputs(opened(), model_path)  # every scene's files: one scene's map must not replace another's source
     sizes = []
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
         sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo))
         try:  # (a scene's source named by the pattern is refused here, before any scene is predicted)
             check_outputs(coll.scene(i), Path(out.replace("{name}", e.name)),
-                          Path(probabilities.replace("{name}", e.name)) if probabilities else False)
+                          Path(probabilities.replace("{name}", e.name)) if probabilities else False, inputs)
         except StoreError:
             pass  # a missing or damaged store: its own run names it while the others are predicted
         except HsgdsError as exc:

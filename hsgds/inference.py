@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, on
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, check_mask, open_scene
 
-__all__ = ["check_outputs", "predict", "ring_bytes_for"]
+__all__ = ["RunInputs", "check_outputs", "predict", "ring_bytes_for"]
 
 
 def ring_bytes_for(scene: Scene, batch_size: int, mask: np.ndarray | None = None) -> int:
@@ -69,10 +70,12 @@ def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
     return ~nodata if mask is None else mask & ~nodata
 
 
-def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False) -> Path | None:
+def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False,
+                  inputs: RunInputs | None = None) -> Path | None:
     """Check, before any work, that predict can write the class map ``out`` and the probabilities (a path, or
-    True: beside ``out``) of ``scene``: known formats, writable folders, and none of the files the store was
-    made from or the store itself. Returns the probabilities path (None: none are written)."""
+    True: beside ``out``) of ``scene``: known formats, writable folders, and none of the files the run reads
+    (``inputs``; by default ``scene`` alone: the store itself and the files it was made from). Returns the
+    probabilities path (None: none are written)."""
     from hsgds import writers
 
     if out is not None:
@@ -80,49 +83,110 @@ def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False) ->
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
         writers.check_probability_output(prob_path)
-    _refuse_overwriting_inputs(scene, [*(writers.files_written(out) if out is not None else []),
-                                       *([prob_path] if prob_path is not None else [])])
+    (inputs or RunInputs([scene])).refuse([*(writers.files_written(out) if out is not None else []),
+                                           *([prob_path] if prob_path is not None else [])], scene)
     return prob_path
 
 
-def _refuse_overwriting_inputs(scene: Scene, targets: list[Path]) -> None:
-    """Refuse an output path that would replace the store itself or the cube (or ground truth) it was converted
-    from: an -o naming the source by mistake would destroy data a rerun cannot give back."""
-    store = scene.path.resolve()
-    h, w, b = scene.shape
-    cube_bytes = h * w * b * np.dtype(scene.meta.dtype).itemsize
-    records = [("source cube", scene.meta.source, cube_bytes), ("ground truth", scene.meta.labels_source, None)]
-    for target in targets:
-        resolved = target.resolve()
-        if resolved == store or store in resolved.parents:
-            raise InputError(f"cannot write {target}: it is inside the store {scene.path}; choose an output path "
-                             "outside it")
-        if not resolved.is_file():
-            continue
-        for what, record, data_bytes in records:
-            if record and _is_recorded_source(resolved, record, data_bytes, store.parent):
-                raise InputError(f"cannot write {target}: it is the {what} {scene.path.name} was converted from; "
+class RunInputs:
+    """What a predict run reads, which none of its outputs may replace: every scene's store and the cube (and
+    ground truth) it was converted from, and the model file. An -o naming one of them by mistake would destroy
+    data a rerun cannot give back: in a collection, one scene's map may be named as another scene's source."""
+
+    def __init__(self, scenes: Iterable[Scene], model: str | os.PathLike | None = None) -> None:
+        self.model = None if model is None else Path(model)
+        self._stores: dict[Path, _MadeFrom] = {}
+        # the scenes by the (case-folded) names of the files they were made from: those a target is compared with
+        # besides its own scene, so that a collection's check is not every output against every scene
+        self._named: dict[str, list[_MadeFrom]] = {}
+        for scene in scenes:  # (kept small: a collection's scenes are not all held open)
+            made = _MadeFrom.of(scene)
+            self._stores[made.store] = made
+            for name in made.names():
+                self._named.setdefault(name.casefold(), []).append(made)
+
+    def refuse(self, targets: list[Path], scene: Scene | None = None) -> None:
+        """InputError for the first of ``targets`` that is one of the run's inputs (``scene``'s own files are
+        compared whatever the target's name: a hard link names a file otherwise)."""
+        own = [] if scene is None else [_MadeFrom.of(scene)]
+        for target in targets:
+            resolved = target.resolve()
+            if self.model is not None and (resolved == self.model.resolve() or _same_file(resolved, self.model)):
+                raise InputError(f"cannot write {target}: it is the model file {self.model.name} this run reads; "
+                                 "choose another output path")
+            stores = {m.store: m for m in own}
+            inside = next((self._stores.get(p) or stores[p] for p in (resolved, *resolved.parents)
+                           if p in self._stores or p in stores), None)
+            if inside is not None:
+                raise InputError(f"cannot write {target}: it is inside the store {inside.path}; choose an output "
+                                 "path outside it")
+            if not resolved.is_file():
+                continue
+            named = self._named.get(resolved.name.casefold(), []) + self._named.get(target.name.casefold(), [])
+            compared = {m.store: m for m in own + named}
+            for made in compared.values():
+                made.refuse(target, resolved)
+
+
+@dataclass(frozen=True)
+class _MadeFrom:
+    """What a store was converted from, as its metadata records it: the source cube (with the bytes its pixels
+    fill) and the ground truth."""
+
+    path: Path  # the store, as given (for messages)
+    store: Path  # resolved
+    records: tuple[tuple[str, dict[str, Any], int | None], ...]
+
+    @classmethod
+    def of(cls, scene: Scene) -> _MadeFrom:
+        h, w, b = scene.shape
+        cube_bytes = h * w * b * np.dtype(scene.meta.dtype).itemsize
+        records = (("source cube", scene.meta.source, cube_bytes), ("ground truth", scene.meta.labels_source, None))
+        return cls(scene.path, scene.path.resolve(), tuple((what, r, n) for what, r, n in records if r))
+
+    def names(self) -> list[str]:
+        """The names of the files it was made from: as recorded (or, before they were, the one named), and the
+        last parts of their recorded paths (resolved: a symlink given to the converter names its target)."""
+        names: list[str] = []
+        for _, record, _ in self.records:
+            names += _recorded_names(record)
+            names += [Path(p).name for p in record.get("paths") or [] if isinstance(p, str) and p]
+        return names
+
+    def refuse(self, target: Path, resolved: Path) -> None:
+        """InputError when ``target`` (an existing file, ``resolved``) is its cube or ground truth."""
+        for what, record, data_bytes in self.records:
+            if _is_recorded_source(resolved, record, data_bytes, self.store.parent):
+                raise InputError(f"cannot write {target}: it is the {what} {self.path.name} was converted from; "
                                  "writing there would destroy it: choose another output path")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and os.path.samefile(a, b)
+
+
+def _recorded_names(record: dict[str, Any]) -> list[str]:
+    """The file names a source record lists: its files (or, written before they were, the one named)."""
+    return [str(n) for n in (record.get("files") or [record.get("name")]) if n]
 
 
 def _is_recorded_source(target: Path, record: dict[str, Any], data_bytes: int | None, base: Path) -> bool:
     """Whether ``target`` (resolved) is one of the files of a store's source ``record`` (its paths, names,
     total size, sha256).
 
-    A file at one of the recorded ``paths`` (the ground truth's, since they were recorded; relative to ``base``,
-    the store's folder) is, whatever it holds
+    A file at one of the recorded ``paths`` (relative to ``base``, the store's folder) is, whatever it holds
     now: the content may have changed since the conversion (an ENVI header edited by hand). Otherwise (an older
-    store, or files moved) the files are found beside the target by name, compared by identity (a
-    case-insensitive file system or a hard link names them otherwise). The cube is recognised by its size
+    store, or a store moved without its sources) the files are found beside the target by name, compared by
+    identity (a case-insensitive file system or a hard link names them otherwise); those no longer there (an
+    EnMAP image's METADATA.XML deleted since) leave the others recognised. The cube is recognised by its size
     alone: the recorded total, or a file holding all its pixels (``data_bytes``; an ENVI header edited by hand
     since changes the total), which no class map reaches; the ground truth, which a uint8 class map can match
     in size, by its sha256."""
     paths = [base / p for p in record.get("paths") or [] if isinstance(p, str) and p]
-    if any(target == p or (p.is_file() and os.path.samefile(target, p)) for p in paths):
+    if any(target == p or _same_file(target, p) for p in paths):
         return True
-    names = [str(n) for n in (record.get("files") or [record.get("name")]) if n]
-    beside = [target.parent / n for n in names]
-    if not beside or not all(p.is_file() for p in beside) or not any(os.path.samefile(target, p) for p in beside):
+    beside = [p for p in (target.parent / n for n in _recorded_names(record)) if p.is_file()]
+    if not any(os.path.samefile(target, p) for p in beside):
         return False
     sizes = [p.stat().st_size for p in beside]
     if data_bytes is not None:
@@ -343,12 +407,13 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
              "wavelengths": wavelengths, "wavelength_tolerance": wavelength_tolerance, "norm_stats": norm_stats}
     from_file = isinstance(model, (str, os.PathLike, LoadedModel))
     fixed = None  # the batch size of a program that takes no other (or no fewer): batches padded to it
+    model_file = None  # the model's file (an input no output may replace)
     class_names = scene.class_names  # the map's legend: the model's own names when its file carries them
     if from_file:
         loaded = model if isinstance(model, LoadedModel) else load_model(model)
         name = "the model" if isinstance(model, LoadedModel) else str(model)
         settings = _model_file_input(loaded, name, scene, given)
-        model, fixed = loaded.module, loaded.batch_size
+        model, fixed, model_file = loaded.module, loaded.batch_size, loaded.path
         class_names = loaded.class_names or class_names
         batch_size = _fixed_batch(name, fixed, batch_size, loaded.batch_range)
         if fixed is None and loaded.batch_range is not None and loaded.batch_range[0] > 1:
@@ -368,7 +433,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     tta = tta and patch_size != 1
     device, dtype = _placement(model, device, dtype, follow_model=not from_file)
     out = None if out is None else as_path(out, "out")
-    prob_path = check_outputs(scene, out, probabilities)
+    prob_path = check_outputs(scene, out, probabilities, RunInputs([scene], model_file))
     h, w = scene.shape[:2]
     mask = check_mask(mask, scene, str(scene.path))
     if mask is not None:

@@ -13,6 +13,7 @@ minute; on a GPU it is small enough that a slow loader shows up in the step time
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -413,6 +414,8 @@ class LoadedModel:
     # the batch sizes (lowest, highest or None) a program of a dynamic batch dimension takes when it was
     # exported bounded (Dim("n", min=..., max=...)); None: any
     batch_range: tuple[int, int | None] | None = None
+    #: the file it was loaded from (None: made otherwise): an input of predict, which its outputs never replace
+    path: Path | None = None
 
     def fitted_patch_size(self, name: str, given: int | None, option: str) -> int:
         """The patch size to feed the model ``name``: ``given`` or the one it fixes; a ConfigError that names
@@ -703,9 +706,8 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no model file {path}; pass a .pt2 program or a checkpoint saved by `hsgds demo`")
-    if path.suffix.lower() == ".pt2" or _is_export_archive(path):
-        return _load_export(path)
-    return _load_checkpoint(path)
+    loaded = _load_export(path) if path.suffix.lower() == ".pt2" or _is_export_archive(path) else _load_checkpoint(path)
+    return dataclasses.replace(loaded, path=path)
 
 
 def _is_export_archive(path: Path) -> bool:

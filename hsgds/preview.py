@@ -207,7 +207,7 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | li
                    dpi: int = 120) -> Path:
     """Write the preview image (format from the file suffix: .png, .pdf, .svg, ...) and return its path.
 
-    Needs matplotlib: ``pip install 'hsgds[preview]'`` (raises :class:`~hsgds.errors.DependencyError`
+    Needs matplotlib: ``pip install "hsgds[preview]"`` (raises :class:`~hsgds.errors.DependencyError`
     naming that extra when it is missing).
     """
     from hsgds.scene import Scene, open_scene

@@ -390,7 +390,7 @@ class Scene:
         read until values are needed, and then only the tiles under the selected window
         (``da.isel(y=slice(0, 64)).values`` reads one tile row; spectra picked at points, or lists of rows and
         columns, read the tiles where those rows and columns meet, not the span between them). No dask needed.
-        Needs ``pip install 'hsgds[xarray]'``; raises :class:`~hsgds.errors.DependencyError` otherwise.
+        Needs ``pip install "hsgds[xarray]"``; raises :class:`~hsgds.errors.DependencyError` otherwise.
         """
         from hsgds._xarray import scene_to_xarray
 

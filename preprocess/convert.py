@@ -34,6 +34,7 @@ from hsgds import format as fmt
 from hsgds._durable import fsync_dir, fsync_tree, rename_error
 from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
+from hsgds._wording import drop, set_to
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import detect_format, label_class_names, label_files, open_cube, read_labels
@@ -82,6 +83,11 @@ class ConvertOptions:
     wavelengths: tuple[float | None, ...] | None = None
     #: what gave ``wavelengths``, as messages name it: convert-many's come from a manifest column, not the option
     wavelengths_from: str = "--wavelengths"
+    #: what gave ``key``, ``labels_key`` and ``band_axis``, as messages name them: convert-many's may come from a
+    #: manifest row's columns, not the options
+    key_from: str = "--key"
+    labels_key_from: str = "--labels-key"
+    band_axis_from: str = "--band-axis"
     #: the store's sample type, when not the source's (scenes of several sensors loaded together need one)
     dtype: str | None = None
     overwrite: bool = False
@@ -242,7 +248,7 @@ def _load_labels(opts: ConvertOptions, src: Path, shape: tuple[int, int, int]) -
     if opts.labels is None:
         return np.zeros(hw, dtype=np.uint16)
     name = Path(opts.labels).name
-    labels = read_labels(opts.labels, key=opts.labels_key, key_option="--labels-key")
+    labels = read_labels(opts.labels, key=opts.labels_key, key_option=opts.labels_key_from)
     if labels.shape != hw:
         fix = "pass the ground truth of this scene"
         if detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
@@ -250,7 +256,7 @@ def _load_labels(opts: ConvertOptions, src: Path, shape: tuple[int, int, int]) -
             given = opts.band_axis or "last"
             others = [a for a in _band_axes_fitting(shape, opts.band_axis, labels.shape) if a != given]
             if others:
-                fix = f"if the cube's bands are its {others[0]} axis, pass --band-axis {others[0]}"
+                fix = f"if the cube's bands are its {others[0]} axis, {set_to(opts.band_axis_from, others[0])}"
         raise InputError(f"labels {name} have shape {labels.shape}, but the cube is {hw[0]}x{hw[1]}; {fix}")
     top = int(labels.max(initial=0))
     if top > fmt.MAX_LABEL:
@@ -368,9 +374,8 @@ def _wavelengths(given: tuple[float | None, ...] | None, recorded: Any, bands: i
         have, want = fmt.wavelength_array(recorded), fmt.wavelength_array(given)
         known = ~np.isnan(have)
         if not np.allclose(have[known], want[known], rtol=0, atol=1e-6):  # (a NaN given there: no centre, differs)
-            fix = f"drop {named}" if named.startswith("--") else "leave this scene's cell empty"  # an option, or a column
             raise InputError(f"{src.name} records its own wavelengths ({min(have[known]):g}-{max(have[known]):g} "
-                             f"nm), which {named} contradicts; {fix}")
+                             f"nm), which {named} contradicts; {drop(named)}")
     return [None if w is None else float(w) for w in given]
 
 
@@ -656,7 +661,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions
     tmp, lock = _make_tmp(out)
     cube = hashing = None
     try:
-        cube = open_cube(src, key=opts.key, band_axis=opts.band_axis)
+        cube = open_cube(src, key=opts.key, band_axis=opts.band_axis, key_option=opts.key_from,
+                         axis_option=opts.band_axis_from)
         stamps.update(source_stamps(cube.files))
         hashing = _SourceHash(cube.files)
         return _convert(cube, src, out, tmp, opts, progress, stamps, hashing)
@@ -747,7 +753,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if nodata is not None and dtype != cube.dtype and not _holds(dtype, nodata):
         raise ConfigError(f"--dtype {dtype.name} cannot hold the nodata value {nodata:g}, which the store's scene "
                           f"reads give at pixels without data; choose a --dtype that holds it (float32 holds any), "
-                          f"or pass --nodata none")
+                          f"or {set_to(opts.nodata_from, 'none')}")
     # True where the source has no data, filled in tile by tile (each tile writes its own core)
     gaps_map = None if nodata is None else np.zeros((H, W), bool)
 
@@ -834,13 +840,14 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         missing = int(np.count_nonzero(gaps_map))
         if missing == H * W:
             raise InputError(f"every pixel of {src.name} is nodata (all bands {nodata:g}); check the nodata value "
-                             "(pass --nodata VALUE, or --nodata none to convert every pixel)")
+                             f"({set_to(opts.nodata_from, 'VALUE')}, or none to convert every pixel)")
         dropped = int(np.count_nonzero(labels[gaps_map]))
         if dropped:  # a labelled pixel without data: its spectrum is the fill, not the class's
             labels = np.where(gaps_map, 0, labels).astype(labels.dtype)
             if not labels.any():
                 raise InputError(f"every labelled pixel of {Path(str(opts.labels)).name} is nodata in {src.name} "
-                                 f"(all bands {nodata:g}); check the labels' alignment and the nodata value (--nodata)")
+                                 f"(all bands {nodata:g}); check the labels' alignment and the nodata value "
+                                 f"({opts.nodata_from})")
             # split the labels that remain, as if they had been given so: shares and per-class minimums hold
             try:
                 split_map, split_params, split_warnings = _split_quietly(opts, labels)
@@ -910,7 +917,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         class_names=list(class_names) if class_names else None,
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
-        source={"name": src.name, "files": [p.name for p in cube.files], "size": size, "sha256": sha256,
+        # paths, as the ground truth's: `hsgds predict` never writes over a source file found there, also one whose
+        # companions are gone (an EnMAP image whose METADATA.XML was deleted: the total size no longer matches)
+        source={"name": src.name, "files": [p.name for p in cube.files],
+                "paths": [_relative_to(p, out.resolve().parent) for p in cube.files], "size": size, "sha256": sha256,
                 "dtype": cube.dtype.name},
         georeference=getattr(cube, "georeference", None), nodata=nodata_record,
         labels_source=labels_source, split=split_params, converted_split=split_params,

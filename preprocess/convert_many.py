@@ -70,16 +70,28 @@ class ManifestRow:
     line: int = 0
     wavelengths_file: Path | None = None  # that file, named by messages about them
     nodata: float | str | None = None  # the row's nodata value ("none": ignore the source's), over --nodata
+    manifest: Path | None = None  # the manifest file, as given: messages name the row as "manifest PATH line N"
+
+    def column(self, name: str) -> str:
+        """This row's cell of column ``name``, as messages name it: "the key column of manifest m.csv line 3"."""
+        where = "the manifest" if self.manifest is None else f"manifest {self.manifest}"
+        return f"the {name} column of {where} line {self.line}"
 
     def options(self, opts: ConvertOptions) -> ConvertOptions:
         """``opts`` for this scene: its labels, its keys and band axis where given, its wavelengths and nodata value
-        where given (wavelengths named as the manifest's, not as --wavelengths, which the user may not have
-        passed)."""
-        opts = dataclasses.replace(opts, key=self.key or opts.key, labels=self.labels,
-                                   labels_key=self.labels_key or opts.labels_key,
-                                   band_axis=self.band_axis or opts.band_axis)
+        where given, each named in messages as its column and row, not as the option (which the user may not have
+        passed); a key or band axis given by neither is suggested as the column too (a global option would apply
+        to every scene, and GeoTIFF and ENVI scenes refuse them)."""
+        def named(column: str, own: Any, shared: Any, option: str) -> str:
+            return self.column(column) if own is not None or shared is None else option
+
+        opts = dataclasses.replace(
+            opts, key=self.key or opts.key, labels=self.labels, labels_key=self.labels_key or opts.labels_key,
+            band_axis=self.band_axis or opts.band_axis, key_from=named("key", self.key, opts.key, opts.key_from),
+            labels_key_from=named("labels_key", self.labels_key, opts.labels_key, opts.labels_key_from),
+            band_axis_from=named("band_axis", self.band_axis, opts.band_axis, opts.band_axis_from))
         if self.nodata is not None:
-            opts = dataclasses.replace(opts, nodata=self.nodata, nodata_from="the manifest's nodata column")
+            opts = dataclasses.replace(opts, nodata=self.nodata, nodata_from=self.column("nodata"))
         if self.wavelengths is None:
             # what a scene's messages suggest when it records no wavelengths: its column, or --wavelengths if given
             return opts if opts.wavelengths is not None else dataclasses.replace(
@@ -178,7 +190,7 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
                 raise InputError(f"{where}: {exc}") from None
             rows.append(ManifestRow(name=name, source=source, labels=labels, key=v.get("key"),
                                     labels_key=v.get("labels_key"), band_axis=axis, wavelengths=nm, line=line,
-                                    wavelengths_file=nm_file, nodata=nodata))
+                                    wavelengths_file=nm_file, nodata=nodata, manifest=path))
     except csv.Error as exc:
         raise InputError(f"manifest {path} line {reader.line_num}: not valid CSV ({exc})") from None
     if not rows:
@@ -312,7 +324,8 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
     value = None
     try:
         if detect_format(source) in ("tiff", "envi", "hdf5"):
-            cube = open_cube(source, key=opts.key, band_axis=opts.band_axis)
+            cube = open_cube(source, key=opts.key, band_axis=opts.band_axis, key_option=opts.key_from,
+                             axis_option=opts.band_axis_from)
             try:
                 value = recorded_nodata(cube)
             finally:
@@ -336,7 +349,8 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
     cube reads its header only. A source that no longer opens so is converted again, and that conversion
     names the problem."""
     try:
-        cube = open_cube(source, key=opts.key, band_axis=opts.band_axis)
+        cube = open_cube(source, key=opts.key, band_axis=opts.band_axis, key_option=opts.key_from,
+                         axis_option=opts.band_axis_from)
     except (HsgdsError, OSError) as exc:
         return f"the source cannot be opened as given ({clipped(_one_line(exc), 160)})"
     try:

@@ -154,9 +154,9 @@ def test_cufile_log_kept_out_of_the_working_directory(monkeypatch):
 
 
 def test_cuda_extra():
-    assert cuda_extra("13.0") == "pip install 'hsgds[cu13]'"
-    assert cuda_extra("12.8") == "pip install 'hsgds[cu12]'"
-    assert cuda_extra(None) == "pip install 'hsgds[cu13]'"
+    assert cuda_extra("13.0") == 'pip install "hsgds[cu13]"'
+    assert cuda_extra("12.8") == 'pip install "hsgds[cu12]"'
+    assert cuda_extra(None) == 'pip install "hsgds[cu13]"'
 
 
 # ------------------------------------------------------------------------------------------ choose
@@ -187,7 +187,7 @@ def test_choose_cuda_without_kvikio_native_windows():
     choice = choose(windows)
     assert (choice.device, choice.reader) == ("cuda:0", "posix-pinned")
     assert any("native Windows" in r for r in choice.reasons)
-    with pytest.raises(DependencyError, match=r"pip install 'hsgds\[cu13\]'"):
+    with pytest.raises(DependencyError, match=r'pip install "hsgds\[cu13\]"'):
         choose(windows, reader="kvikio")
 
 
@@ -203,7 +203,7 @@ def test_choose_explicit_readers_on_cuda():
     assert choose(GPU, reader="posix").reader == "posix"
     assert choose(GPU, reader="kvikio").reader == "kvikio"
     broken = dataclasses.replace(GPU, kvikio_usable=False, kvikio_reason="libcufile.so.0 not found")
-    with pytest.raises(DependencyError, match=r"libcufile.*pip install 'hsgds\[cu13\]'"):
+    with pytest.raises(DependencyError, match=r'libcufile.*pip install "hsgds\[cu13\]"'):
         choose(broken, reader="kvikio")
     assert choose(broken).reader == "posix-pinned"
 
@@ -218,7 +218,7 @@ def test_choose_kvikio_on_cpu_is_a_clear_error():
 @pytest.mark.parametrize("report, extra", [(CPU, "dali"), (GPU, "cu13"),
                                            (dataclasses.replace(GPU, cuda_runtime="12.8"), "cu12")])
 def test_choose_dali_without_dali_names_the_extra(report, extra):
-    with pytest.raises(DependencyError, match=rf"engine='dali'.*pip install 'hsgds\[{extra}\]'"):
+    with pytest.raises(DependencyError, match=rf"engine='dali'.*pip install \"hsgds\[{extra}\]\""):
         choose(report, engine="dali")
 
 
@@ -284,7 +284,7 @@ def test_doctor_says_whether_the_fused_cpu_cut_runs(monkeypatch, hsgds_env):
     monkeypatch.delitem(sys.modules, "hsgds.engines._cpu_kernel", raising=False)
     monkeypatch.setattr(cpu_cut, "_state", {})
     line = cpu_cut_status()
-    assert line.startswith("no   torch ops cut on the CPU: ") and "pip install 'hsgds[cpu]'" in line
+    assert line.startswith("no   torch ops cut on the CPU: ") and 'pip install "hsgds[cpu]"' in line
     assert cpu_cut.cache_folder() is None
 
 
@@ -367,7 +367,7 @@ def test_wsl_doctor_says_compat_mode_and_where_data_goes():
                                     kvikio_reason="kvikio is not installed")
     choice = choose(no_kvikio)
     assert choice.reader == "posix-pinned"
-    assert any("pip install 'hsgds[cu13]' adds kvikio on Linux/WSL2" in r for r in choice.reasons)
+    assert any('pip install "hsgds[cu13]" adds kvikio on Linux/WSL2' in r for r in choice.reasons)
     assert "WSL2: reader posix-pinned" in doctor_report(no_kvikio)
     # no usable GPU under WSL2: the CPU path, and no pinned-memory advice
     cpu_text = doctor_report(dataclasses.replace(CPU, wsl=True))

@@ -21,7 +21,7 @@ def _ruff() -> str | None:
 def test_ruff_passes():
     ruff = _ruff()
     if ruff is None:
-        pytest.skip("ruff is not installed (pip install -e '.[lint]'; make installs it)")
+        pytest.skip('ruff is not installed (pip install -e ".[lint]"; make installs it)')
     out = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -102,15 +102,32 @@ def test_docker_torch_version_is_read(ce):
 
 def test_extras_named_in_messages_exist(ce):
     """Every `hsgds[NAME]` a message tells users to install, and every extra passed to
-    hsgds._optional.require(), in the runtime and the converter, is an extra of pyproject.toml."""
+    hsgds._optional.require() or pip_install(), in the runtime and the converter, is an extra of pyproject.toml."""
     extras = set(ce.load_extras())
     named = set()
     for path in [*(ROOT / "hsgds").rglob("*.py"), *(ROOT / "preprocess").rglob("*.py")]:
         text = path.read_text(encoding="utf-8")
         named |= set(re.findall(r"hsgds\[(\w+)\]", text)) - {"extra"}  # _optional's docstring
         named |= set(re.findall(r"require\(\s*\"[\w.]+\",\s*\"(\w+)\"", text))
+        named |= set(re.findall(r"pip_install\(\s*[\"'](\w+)[\"']\)", text))  # the hint _optional makes
     assert {"cpu", "cu13", "preview", "xarray", "geo", "dask"} <= named
     assert named <= extras, f"messages name extras that do not exist: {sorted(named - extras)}"
+
+
+def test_install_hints_quote_the_extra_for_every_shell():
+    """An install hint in a message or a doc is pasted into whatever shell the user has: single quotes, as in
+    pip install 'hsgds[geo]', reach pip as part of the name in Windows cmd.exe (docs/windows.md), while double
+    quotes keep the brackets from the shell in bash, zsh, PowerShell and cmd.exe alike. hsgds._optional makes
+    the hint the messages give; no code or doc writes one with single quotes."""
+    from hsgds._optional import cuda_extra, pip_install
+
+    assert pip_install("geo") == 'pip install "hsgds[geo]"' and cuda_extra("12.4") == 'pip install "hsgds[cu12]"'
+    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "benchmarks" / "README.md"]
+    texts += [p for folder in ("hsgds", "preprocess", "benchmarks") for p in (ROOT / folder).rglob("*.py")]
+    single = [f"{p.relative_to(ROOT)}:{i}" for p in texts
+              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+              if re.search(r"pip install (-e )?'|`'\.\[", line)]
+    assert not single, f"install hints in single quotes (cmd.exe keeps them): {single}"
 
 
 def test_converter_is_installed_as_hsgds_preprocess(tmp_path):
@@ -165,7 +182,7 @@ def test_commands_on_a_base_install_without_torch_say_so_in_one_line(tmp_path):
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 2 and len(lines) == 1, (args, run.stderr[-2000:])
         assert lines[0].startswith("hsgds: error: this command needs PyTorch, which is not installed") and \
-            "pip install 'hsgds[torch]'" in lines[0], lines
+            'pip install "hsgds[torch]"' in lines[0], lines
         if args[0] == "convert":
             assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy"]  # no store, no temporary folder
             (tmp_path / "c.zarr").mkdir()  # for the next commands: they fail on torch before they read it

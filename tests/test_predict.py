@@ -497,6 +497,99 @@ def test_a_collection_pattern_naming_its_sources_is_refused_before_any_scene(tmp
     assert "wrote" not in out and {p.name: p.read_bytes() for p in raw.iterdir()} == before
 
 
+def test_an_output_naming_the_model_file_or_the_other_output_is_refused(store, tmp_path, run_cli):
+    """The model file is an input of the run too: a checkpoint named model.npy (any name loads) was replaced by
+    `-o model.npy` after it was read. Refused as -o or --probabilities, as is -o equal to --probabilities: exit 2,
+    one line, nothing written, the model's bytes as they were."""
+    from hsgds.models import SpectralSpatialCNN, load_model, save_checkpoint
+
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "model.npy", SpectralSpatialCNN(B, 4, 5, reduce=4, width=8), patch_size=5)
+    before = ckpt.read_bytes()
+    refused = [(("-o", ckpt), f"cannot write {ckpt}: it is the model file model.npy this run reads; choose another "
+                              "output path"),
+               (("-o", tmp_path / "map.npy", "--probabilities", ckpt), f"cannot write {ckpt}: it is the model file"),
+               (("-o", tmp_path / "map.npy", "--probabilities", tmp_path / "map.npy"),
+                f"probabilities and the class map would both be written to {tmp_path / 'map.npy'}")]
+    for args, message in refused:
+        code, _, err = run_cli("predict", store, "--model", ckpt, *args)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith(f"hsgds: error: {message}"), err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["model.npy"] and ckpt.read_bytes() == before
+    for model in (ckpt, load_model(ckpt)):  # the API, given the file or the model loaded from it
+        with pytest.raises(InputError, match="it is the model file model.npy this run reads"):
+            predict(store, model, device="cpu", out=ckpt)
+    assert ckpt.read_bytes() == before
+
+
+def test_a_collection_map_naming_another_scenes_source_is_refused_before_any_scene(tmp_path, run_cli):
+    """Each scene's outputs were compared with its own inputs only: with scene x converted from raw/y.npy and
+    scene y from raw/z.npy, -o raw/{name}.npy wrote x's map and then y's over raw/y.npy, x's source. Every
+    output is compared with every scene's store, source and ground truth: exit 2 naming the scene, before any
+    scene is predicted."""
+    from hsgds.preprocess.convert_many import convert_many
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i, name in enumerate(("y", "z")):
+        cube, labels = coordinate_cube(seed=30 + i)
+        np.save(raw / f"{name}.npy", cube)
+        np.save(raw / f"gt_{name}.npy", labels)
+    (tmp_path / "m.csv").write_text("source,labels,name\nraw/y.npy,raw/gt_y.npy,x\nraw/z.npy,,y\n")
+    convert_many(tmp_path / "m.csv", tmp_path / "coll", ConvertOptions(max_patch=5), workers=1)
+    before = {p.name: p.read_bytes() for p in raw.iterdir()}
+    checkpoint, _ = _checkpoint(tmp_path, p=3)
+    code, out, err = run_cli("predict", tmp_path / "coll", "--model", checkpoint, "-o", raw / "{name}.npy")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"hsgds: error: y: cannot write {raw / 'y.npy'}: it is the source cube x.zarr was converted from; "
+        "writing there would destroy it: choose another output path"), err
+    code, out, err = run_cli("predict", tmp_path / "coll", "--model", checkpoint, "-o", tmp_path / "{name}.npy",
+                             "--probabilities", raw / "gt_{name}.npy")
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
+        f"hsgds: error: y: cannot write {raw / 'gt_y.npy'}: it is the ground truth x.zarr was converted from"), err
+    assert "wrote" not in out and {p.name: p.read_bytes() for p in raw.iterdir()} == before
+    assert not list(tmp_path.glob("*.npy"))
+    code, out, err = run_cli("predict", tmp_path / "coll", "--model", checkpoint, "-o", tmp_path / "{name}.npy")
+    assert code == 0 and sorted(p.name for p in tmp_path.glob("*.npy")) == ["x.npy", "y.npy"], err
+
+
+def test_an_enmap_image_whose_metadata_file_was_deleted_is_still_refused(tmp_path, run_cli):
+    """An EnMAP store records the image and its METADATA.XML as its source files; once the XML was deleted the
+    image was no longer recognised (the files beside it no longer matched) and `-o IMAGE.TIF` replaced it. The
+    store records where its source files lay (as the ground truth's: relative to its folder, read here with
+    zarr-python), and a file there is refused whatever is left beside it; a store without those paths (an
+    older one, or one moved without its sources) still recognises the image by its name and size."""
+    import json
+    import shutil
+
+    import zarr
+
+    from tests.sensors import enmap_xml, write_enmap
+
+    cube, _ = coordinate_cube(seed=9)
+    image = write_enmap(tmp_path, cube, enmap_xml([str(450 + 10 * i) for i in range(B)]))
+    xml = next(tmp_path.glob("*-METADATA.XML"))
+    store = convert(image, tmp_path / "e.zarr", ConvertOptions())
+    record = zarr.open_group(store, mode="r").attrs["hsgds"]["source"]
+    assert record["files"] == record["paths"] == [image.name, xml.name]
+    xml.unlink()
+    checkpoint, _ = _checkpoint(tmp_path, p=3)
+    before = image.read_bytes()
+    code, out, err = run_cli("predict", store, "--model", checkpoint, "-o", image)
+    assert code == 2 and err == (f"hsgds: error: cannot write {image}: it is the source cube e.zarr was converted "
+                                 "from; writing there would destroy it: choose another output path\n"), err
+    assert image.read_bytes() == before and not image.with_name(image.name + ".aux.xml").exists()
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    shutil.copytree(store, moved / "e.zarr")  # the store alone: its recorded paths now name nothing
+    doc = json.loads((store / "zarr.json").read_text())
+    del doc["attributes"]["hsgds"]["source"]["paths"]  # as an older store
+    (store / "zarr.json").write_text(json.dumps(doc))
+    for s in (store, moved / "e.zarr"):
+        with pytest.raises(InputError, match="it is the source cube e.zarr was converted from"):
+            predict(s, RandomConv(3), patch_size=3, device="cpu", out=image)
+    assert image.read_bytes() == before
+
+
 # -- the command ---------------------------------------------------------------------------------------------
 
 def _checkpoint(tmp_path, bands=B, classes=4, p=5):

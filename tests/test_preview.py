@@ -177,7 +177,7 @@ def test_missing_matplotlib_names_the_extra(envi_store, tmp_path, monkeypatch, r
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(DependencyError, match=r"matplotlib, which is not installed; .*pip install 'hsgds\[preview\]'"):
+    with pytest.raises(DependencyError, match=r'matplotlib, which is not installed; .*pip install "hsgds\[preview\]"'):
         render_preview(envi_store[0], tmp_path / "x.png")
     code, _, err = run_cli("preview", envi_store[0], "-o", tmp_path / "x.png")
     assert code == 2 and "hsgds[preview]" in err

@@ -220,11 +220,11 @@ def test_missing_rasterio_is_named(tmp_path, monkeypatch, classmap):
 
     monkeypatch.setattr(builtins, "__import__", fake)
     monkeypatch.delitem(__import__("sys").modules, "rasterio", raising=False)
-    with pytest.raises(DependencyError, match=r"needs rasterio.*pip install 'hsgds\[geo\]'"):
+    with pytest.raises(DependencyError, match=r'needs rasterio.*pip install "hsgds\[geo\]"'):
         writers.check_output(tmp_path / "m.tif")
     # a probabilities GeoTIFF is named as what it is (it said "writing a GeoTIFF class map (p.tif)")
     with pytest.raises(DependencyError, match=r"^writing a GeoTIFF per-class probabilities file \(p\.tif\) needs "
-                                              r"rasterio, which is not installed; install it with pip install 'hsgds\[geo\]'$"):
+                                              r'rasterio, which is not installed; install it with pip install "hsgds\[geo\]"$'):
         writers.check_probability_output(tmp_path / "p.tif")
 
 

@@ -112,7 +112,7 @@ def test_to_xarray_without_xarray_names_the_extra(store, monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "xarray", None)
     with pytest.raises(DependencyError, match=r"xarray, which is not installed; install it with "
-                                              r"pip install 'hsgds\[xarray\]'"):
+                                              r'pip install "hsgds\[xarray\]"'):
         hsgds.open_scene(store[0]).to_xarray()
 
 

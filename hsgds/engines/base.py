@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hsgds._optional import pip_install
 from hsgds.errors import ConfigError, DependencyError, InputError
 from hsgds.format import DTYPES
 
@@ -19,7 +20,7 @@ try:
     import torch
 except ImportError as exc:  # torch is an extra: users install the build matching their CUDA
     raise DependencyError(
-        "the patch engines need PyTorch: install the build for your CUDA, or pip install 'hsgds[torch]'"
+        f"the patch engines need PyTorch: install the build for your CUDA, or {pip_install('torch')}"
     ) from exc
 
 __all__ = ["LAYOUTS", "OUT_DTYPES", "TORCH_DTYPES", "PatchEngine", "PatchSpec", "SceneTables", "check_coords",

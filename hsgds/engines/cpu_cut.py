@@ -21,7 +21,7 @@ loader has each tile rewritten in place as the output's values as it lands in th
 transforms and dropout, no arithmetic). Each value is then computed once per tile load instead of once
 for every patch that reads it (up to p*p times). The same bits either way.
 
-numba compiles the kernel (``pip install 'hsgds[cpu]'``); :func:`available` says whether it can run,
+numba compiles the kernel (``pip install "hsgds[cpu]"``); :func:`available` says whether it can run,
 and :func:`unavailable_reason` why not. Compiled code is cached on disk (numba's ``cache=True``: next to
 this file, or in numba's per-user cache directory when the package folder is read-only, or in a private
 folder of the temporary directory when both are: :mod:`hsgds._numba_cache`), so only the first process on
@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hsgds._numba_cache import NoCacheFolder, import_kernels
+from hsgds._optional import pip_install
 
 __all__ = ["MODES", "STREAM_BYTES", "Noise", "Tables", "available", "band_blocks", "cache_folder", "copy_range", "cut_range", "make_noise",
            "make_tables", "normalize_tile", "normalizes_tiles", "patch_starts", "should_stream", "unavailable_reason",
@@ -77,7 +78,7 @@ def _kernel() -> Any:
                 except ImportError as exc:
                     _state["kernel"] = None
                     _state["reason"] = (f"the fused CPU kernel needs numba ({' '.join(str(exc).split())}); "
-                                        "pip install 'hsgds[cpu]'")
+                                        f"{pip_install('cpu')}")
     return _state["kernel"]
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from hsgds import defaults
+from hsgds._optional import pip_install
 from hsgds.engines.base import PatchEngine, PatchSpec, check_coords, check_dihedral, check_storage
 from hsgds.errors import ConfigError, DependencyError
 
@@ -55,8 +56,8 @@ def _import_dali() -> tuple[Any, Any, Any]:
         import nvidia.dali.types as types
     except ImportError as exc:
         raise DependencyError(
-            "the 'dali' engine needs NVIDIA DALI: pip install 'hsgds[cu13]' (or 'hsgds[cu12]'); "
-            "for the CPU pipeline only: pip install 'hsgds[dali]'"
+            f"the 'dali' engine needs NVIDIA DALI: {pip_install('cu13')} (or \"hsgds[cu12]\"); "
+            f"for the CPU pipeline only: {pip_install('dali')}"
         ) from exc
     return dali, fn, types
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hsgds._wording import drop
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
 from hsgds.preprocess.readers.envi import envi_class_names, find_pair, open_envi, read_envi_labels
@@ -113,17 +114,19 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 
 
 def _only_for_arrays(fmt: str, path: Path, key: str | None, band_axis: str | None,
-                     key_option: str | None = "--key") -> None:
-    """Refuse options that a self-describing format cannot honour, rather than silently ignoring them."""
+                     key_option: str | None = "--key", axis_option: str = "--band-axis") -> None:
+    """Refuse options that a self-describing format cannot honour, rather than silently ignoring them (named as
+    what gave them: the option, or convert-many's manifest column)."""
     if key is not None and fmt in ("envi", "tiff", "npy"):
         raise InputError(f"{key_option} selects a variable in .mat or HDF5 files; {path.name} is {FORMATS[fmt]}, "
-                         f"drop {key_option}")
+                         f"{drop(str(key_option))}")
     if band_axis is not None and fmt in ("envi", "tiff"):
-        raise InputError(f"--band-axis applies to .npy, HDF5 and .mat arrays; {path.name} is {FORMATS[fmt]}, "
-                         "whose band layout is recorded in the file, drop --band-axis")
+        raise InputError(f"{axis_option} applies to .npy, HDF5 and .mat arrays; {path.name} is {FORMATS[fmt]}, "
+                         f"whose band layout is recorded in the file, {drop(axis_option)}")
 
 
-def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: str | None = None) -> SourceCube:
+def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: str | None = None,
+              key_option: str = "--key", axis_option: str = "--band-axis") -> SourceCube:
     """Open a hyperspectral cube without reading it whole.
 
     Parameters
@@ -137,6 +140,8 @@ def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: s
         For .npy, HDF5 and .mat arrays: "last" (default) for (H, W, B), "first" for (B, H, W), "middle" for
         (H, B, W) (PRISMA's line-interleaved cubes).
         ENVI and TIFF record their layout, so it must be None for them.
+    key_option, axis_option
+        How messages name what gave ``key`` and ``band_axis``: the options, or convert-many's manifest columns.
 
     Returns
     -------
@@ -154,7 +159,7 @@ def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: s
     if band_axis is not None:
         band_axes(band_axis)  # validate the value before touching the file
     fmt, pair = _detect(path)
-    _only_for_arrays(fmt, path, key, band_axis)
+    _only_for_arrays(fmt, path, key, band_axis, key_option, axis_option)
     if fmt == "envi":
         return open_envi(*pair)
     if fmt == "tiff":
@@ -162,10 +167,10 @@ def open_cube(path: str | os.PathLike[str], key: str | None = None, band_axis: s
     if fmt == "npy":
         return open_npy(path, band_axis)
     if fmt == "hdf5":
-        return open_hdf5(path, key, band_axis)
+        return open_hdf5(path, key, band_axis, key_option, axis_option)
     if fmt == "mat73":
-        return open_mat73(path, key, band_axis)
-    return open_mat(path, key, band_axis)
+        return open_mat73(path, key, band_axis, key_option)
+    return open_mat(path, key, band_axis, key_option)
 
 
 def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option: str | None = "--key",

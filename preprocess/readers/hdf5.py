@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hsgds._wording import set_to
 from hsgds.errors import InputError
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
@@ -202,8 +203,8 @@ def _attr_text(dataset: h5py.Dataset, name: str) -> str:
 _PRISMA_LISTS = {"vnir": ("List_Cw_Vnir", "List_Cw_Vnir_Flags"), "swir": ("List_Cw_Swir", "List_Cw_Swir_Flags")}
 
 
-def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
-                    path: Path) -> tuple[list[float | None] | None, str | None]:
+def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path,
+                    axis_option: str = "--band-axis") -> tuple[list[float | None] | None, str | None]:
     """The band centres of a PRISMA cube (L1 or L2 HE5: ``VNIR_Cube``, ``SWIR_Cube`` and their error matrices,
     (rows, bands, columns)) from the file's root attribute ``List_Cw_Vnir`` or ``List_Cw_Swir``, taken by the
     detector the dataset's name holds: the product ties a list to its cube by name, not by length (a cube of
@@ -227,8 +228,9 @@ def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
     if values.size != bands:
         # read without --band-axis middle, a PRISMA cube's columns are its "bands": name the axis the list fits
         fits = [i for i, n in enumerate(cube.shape) if n == values.size]
-        hint = (f", as many as the dataset's {('first', 'middle', 'last')[fits[0]]} axis holds (PRISMA's cubes are "
-                f"rows, bands, columns: pass --band-axis {('first', 'middle', 'last')[fits[0]]})"
+        axis = ("first", "middle", "last")[fits[0]] if len(fits) == 1 else ""
+        hint = (f", as many as the dataset's {axis} axis holds (PRISMA's cubes are rows, bands, columns: "
+                f"{set_to(axis_option, axis)})"
                 if len(cube.shape) == 3 and len(fits) == 1 else "")
         return None, f"{where}: it lists {values.size} band centres for the cube's {bands} bands{hint}"
     unused = ~np.isfinite(values) | (values == 0)
@@ -251,8 +253,8 @@ def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
     return centres, None
 
 
-def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
-                 path: Path) -> tuple[list[float | None] | None, str | None]:
+def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path,
+                 axis_option: str = "--band-axis") -> tuple[list[float | None] | None, str | None]:
     """The cube's band centres in nm from the file: the 1-D numeric dataset of ``bands`` values whose name
     holds "wavelength" (EMIT's ``sensor_band_parameters/wavelengths``, a netCDF coordinate variable), in its CF
     ``units`` (or guessed from magnitude), else PRISMA's root attribute of the cube's detector (see
@@ -266,7 +268,7 @@ def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
              and d.dtype.kind in "iuf" and d.name != cube.name}
     found = {name: v for name, v in found.items() if not np.isin(v, (0, 1)).all()}
     if not found:
-        return _prisma_centres(f, cube, bands, path)
+        return _prisma_centres(f, cube, bands, path, axis_option)
     name, first = next(iter(found.items()))
     if any(not np.array_equal(v, first, equal_nan=True) for v in found.values()):
         exact = [n for n in found if n.rsplit("/", 1)[-1].lower() in ("wavelength", "wavelengths")]
@@ -281,7 +283,8 @@ def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int,
     return wavelengths_in_nm(first.tolist(), _attr_text(f[name], "units"), where)
 
 
-def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
+def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, key_option: str = "--key",
+              axis_option: str = "--band-axis") -> ArrayCube:
     """Open one 3-D dataset of an HDF5 file as a cube; the file stays open until ``close()``.
 
     ``key`` is the dataset path; without it the file must hold exactly one 3-D numeric dataset.
@@ -292,7 +295,8 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
     try:
         def select() -> h5py.Dataset:
             datasets = list_datasets(f)
-            name = choose_variable({n: d.shape for n, d in datasets.items()}, 3, _strip(key), path.name, "dataset")
+            name = choose_variable({n: d.shape for n, d in datasets.items()}, 3, _strip(key), path.name, "dataset",
+                                   key_option)
             dataset = datasets[name]
             check_dtype(dataset.dtype, f"dataset {name!r} in {path.name}")
             check_dataset(dataset, name, path, whole=False)
@@ -306,7 +310,7 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None) 
             nodata_error = str(exc)
         bands = dataset.shape[axes.index("B")]
         try:
-            wavelengths, note = guarded(path, "HDF5", lambda: band_centres(f, dataset, bands, path))
+            wavelengths, note = guarded(path, "HDF5", lambda: band_centres(f, dataset, bands, path, axis_option))
         except InputError as exc:  # a damaged or odd wavelength dataset: said, not fatal (--wavelengths gives them)
             wavelengths, note = None, str(exc)
         return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close,

@@ -88,14 +88,14 @@ def _load_v5(path: Path, name: str) -> np.ndarray:
         raise parse_failure(path, f"a MATLAB file (variable {name!r})", exc, _RESAVE) from None
 
 
-def open_mat(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
+def open_mat(path: Path, key: str | None = None, band_axis: str | None = None, key_option: str = "--key") -> ArrayCube:
     """Open a v4/v5/v7 .mat cube: the variable ``key``, or the file's only 3-D numeric variable.
 
     scipy cannot map these files, so the chosen variable is loaded whole (the others are not).
     ``band_axis`` "last" (default) means the MATLAB array is (H, W, B), "first" (B, H, W), "middle" (H, B, W).
     """
     axes = band_axes(band_axis)
-    name = choose_variable(_variables_v5(path), 3, key, path.name, "variable")
+    name = choose_variable(_variables_v5(path), 3, key, path.name, "variable", key_option)
     array = _load_v5(path, name)
     check_dtype(array.dtype, f"variable {name!r} in {path.name}")
     return ArrayCube(array, axes=axes, files=[path])
@@ -145,7 +145,8 @@ def _open_73(path: Path) -> h5py.File:
         raise parse_failure(path, "a MATLAB v7.3 file", exc, "check that the file is complete") from None
 
 
-def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None) -> ArrayCube:
+def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None,
+               key_option: str = "--key") -> ArrayCube:
     """Open a v7.3 (HDF5) .mat cube lazily; the file stays open until ``close()``.
 
     ``band_axis`` refers to the MATLAB shape, exactly as for ``open_mat``.
@@ -155,7 +156,8 @@ def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None)
     try:
         def select() -> h5py.Dataset:
             datasets, shapes = _variables_73(f)
-            name = choose_variable(shapes, 3, None if key is None else key.strip("/"), path.name, "variable")
+            name = choose_variable(shapes, 3, None if key is None else key.strip("/"), path.name, "variable",
+                                   key_option)
             check_dtype(datasets[name].dtype, f"variable {name!r} in {path.name}")
             check_dataset(datasets[name], name, path, whole=False)
             return datasets[name]

@@ -19,6 +19,7 @@ import numpy as np
 import tifffile
 
 from hsgds import format as fmt
+from hsgds._optional import pip_install
 from hsgds.errors import DependencyError, InputError
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
@@ -44,7 +45,7 @@ _FIX = "check that the file is complete"
 
 #: the two ways out of a codec tifffile cannot decode without imagecodecs; [geo] installs it, as GDAL's COG
 #: default (LZW) is the compression GeoTIFFs most often arrive with
-_CODEC_FIX = ("install it with pip install 'hsgds[geo]', or re-save the file uncompressed or with deflate "
+_CODEC_FIX = (f"install it with {pip_install('geo')}, or re-save the file uncompressed or with deflate "
               "(gdal_translate -co COMPRESS=DEFLATE)")
 
 
@@ -152,7 +153,7 @@ def _georeference(tif: tifffile.TiffFile, path: Path) -> dict[str, Any] | None:
             import rasterio
         except ImportError:
             warnings.warn(f"{path.name} has a user-defined coordinate reference system; recording it needs "
-                          "rasterio (pip install 'hsgds[geo]'), so the store keeps its transform only",
+                          f"rasterio ({pip_install('geo')}), so the store keeps its transform only",
                           stacklevel=3)
         else:
             with warnings.catch_warnings():

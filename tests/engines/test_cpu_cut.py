@@ -361,7 +361,7 @@ def test_without_numba_the_engine_falls_back_and_says_why(monkeypatch):
     spec = PatchSpec(3, 1, 2, 6, "NCHW", torch.bfloat16, np.zeros(2), np.ones(2))
     engine = TorchEngine(spec)
     assert len(engine.reasons) == 1 and "torch ops" in engine.reasons[0]
-    assert "pip install 'hsgds[cpu]'" in engine.reasons[0]
+    assert 'pip install "hsgds[cpu]"' in engine.reasons[0]
     storage = torch.arange(72, dtype=torch.int16).view(1, 6, 6, 2)
     one = torch.ones(1, dtype=torch.int64)
     out = engine.cut(storage, one * 0, one * 2, one * 3)

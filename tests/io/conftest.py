@@ -43,7 +43,7 @@ requires_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA dr
 @pytest.fixture
 def kvikio_ok():
     if not kvikio_importable():
-        pytest.skip("kvikio not installed: pip install 'hsgds[cu13]'")
+        pytest.skip('kvikio not installed: pip install "hsgds[cu13]"')
 
 
 def make_tiles(root: Path, count: int, nbytes: int, seed: int = 0) -> tuple[TileSource, list[bytes]]:

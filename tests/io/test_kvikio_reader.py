@@ -123,7 +123,7 @@ def test_fake_kvikio_verify(fake_kvikio, tiles):
 def test_kvikio_reader_without_kvikio_names_the_extra(monkeypatch, tiles):
     monkeypatch.setitem(sys.modules, "kvikio", None)
     source, _ = tiles(count=1)
-    with pytest.raises(DependencyError, match=r"pip install 'hsgds\[cu1[23]\]'"):
+    with pytest.raises(DependencyError, match=r'pip install "hsgds\[cu1[23]\]"'):
         KvikioReader(source)
 
 

@@ -274,7 +274,7 @@ def test_without_distributed_the_error_names_the_extra(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == ("hsgds: error: hsgds convert-many needs distributed, which is not installed; "
-                                   "install it with pip install 'hsgds[dask]'")
+                                   'install it with pip install "hsgds[dask]"')
 
 
 def test_bad_shared_option_is_refused_once_and_nothing_is_written(tmp_path, run_cli):
@@ -707,6 +707,58 @@ def test_wavelengths_from_the_manifest_are_named_as_its_column(cluster, tmp_path
     assert code == 2 and stderr.startswith(f"hsgds: error: manifest {tmp_path / 'scenes.csv'} line 2: the manifest's "
                                            "wavelengths column (um.txt) must be band centres in nm"), stderr
     assert "--wavelengths" not in stderr
+
+
+def test_manifest_columns_are_named_as_columns_not_options(cluster, tmp_path, run_cli):
+    """A key, labels_key, band_axis or nodata a manifest row gives is named in a scene's failure as its column and
+    row, not as --key, --band-axis, ... (which the user never passed: "drop --key" fixed nothing); a key or band
+    axis that neither gives is suggested as the column too (a global one would reach every scene), and one that
+    the global option gave is named as the option, as `hsgds convert` names its own."""
+    import h5py
+    import tifffile
+
+    cube, labels = make_scene(12, 10, 3, classes=2, dtype="int16", seed=2)
+    tifffile.imwrite(tmp_path / "g.tif", cube, photometric="minisblack", planarconfig="contig")
+    np.save(tmp_path / "gt.npy", labels)
+    np.save(tmp_path / "bhw.npy", cube.transpose(2, 0, 1))  # (B, H, W), read as (H, W, B) without a band axis
+    np.save(tmp_path / "zeros.npy", np.zeros_like(cube))
+    with h5py.File(tmp_path / "two.h5", "w") as f:
+        f["a"], f["b"] = cube, cube
+    manifest = tmp_path / "scenes.csv"
+    manifest.write_text("source,labels,name,key,labels_key,band_axis,nodata\n"
+                        "g.tif,,g_key,radiance,,,\n"
+                        "g.tif,,g_axis,,,first,\n"
+                        "two.h5,,two,,,,\n"
+                        "bhw.npy,gt.npy,bhw,,,,\n"
+                        "g.tif,gt.npy,gt_key,,gt,,\n"
+                        "zeros.npy,,zeros,,,,0\n")
+    args = ("convert-many", manifest, "-o", tmp_path / "out", "--max-patch", "3", "--scheduler",
+            cluster.scheduler_address)
+    code, _, stderr = run_cli(*args)
+    assert code == 1, stderr
+    failed = sorted(line for line in stderr.splitlines() if line.startswith("hsgds: failed: "))
+    row = f"manifest {manifest} line"
+    assert failed == sorted([
+        f"hsgds: failed: g_key: the key column of {row} 2 selects a variable in .mat or HDF5 files; g.tif is "
+        "GeoTIFF/TIFF, leave this scene's cell empty",
+        f"hsgds: failed: g_axis: the band_axis column of {row} 3 applies to .npy, HDF5 and .mat arrays; g.tif is "
+        "GeoTIFF/TIFF, whose band layout is recorded in the file, leave this scene's cell empty",
+        "hsgds: failed: two: two.h5 holds several 3-D arrays (a (12, 10, 3), b (12, 10, 3)); choose one with the "
+        f"key column of {row} 4",
+        "hsgds: failed: bhw: labels gt.npy have shape (12, 10), but the cube is 3x12; if the cube's bands are its "
+        f"first axis, set the band_axis column of {row} 5 to first",
+        f"hsgds: failed: gt_key: the labels_key column of {row} 6 selects a variable in .mat or HDF5 files; gt.npy "
+        "is NumPy .npy, leave this scene's cell empty",
+        "hsgds: failed: zeros: every pixel of zeros.npy is nodata (all bands 0); check the nodata value (set the "
+        f"nodata column of {row} 7 to VALUE, or none to convert every pixel)"]), stderr
+    # given by the global option, the option is named (as `hsgds convert` names its own)
+    manifest.write_text("source\ng.tif\n")
+    code, _, stderr = run_cli(*args, "--band-axis", "first")
+    assert code == 1 and "hsgds: failed: g: --band-axis applies to .npy, HDF5 and .mat arrays; g.tif is GeoTIFF/TIFF, " \
+        "whose band layout is recorded in the file, drop --band-axis" in stderr, stderr
+    code, _, stderr = run_cli("convert", tmp_path / "g.tif", "-o", tmp_path / "g.zarr", "--key", "radiance")
+    assert code == 2 and stderr == ("hsgds: error: --key selects a variable in .mat or HDF5 files; g.tif is "
+                                    "GeoTIFF/TIFF, drop --key\n"), stderr
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to a process group")

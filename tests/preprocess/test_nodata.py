@@ -353,7 +353,8 @@ def test_convert_many_names_the_manifests_nodata_column(tmp_path):
                                     ConvertOptions(max_patch=3, nodata=-9999.0))).meta
     (tmp_path / "m.csv").write_text("source,nodata\nc.npy,-9998\n")
     opts = read_manifest(tmp_path / "m.csv")[0].options(ConvertOptions(max_patch=3))
-    assert _options_differ(meta, opts) == "the manifest's nodata column -9998 differs from the store's (-9999)"
+    assert _options_differ(meta, opts) == (f"the nodata column of manifest {tmp_path / 'm.csv'} line 2 -9998 differs "
+                                           "from the store's (-9999)")
     assert _options_differ(meta, ConvertOptions(max_patch=3, nodata="none")) == "--nodata none differs from the store's (-9999)"
 
 

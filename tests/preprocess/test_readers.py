@@ -738,7 +738,7 @@ def test_codec_tifffile_lacks_is_named_with_the_geo_extra(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout, done.stderr
     results = json.loads(done.stdout.splitlines()[0])
-    fix = ("needs the imagecodecs package; install it with pip install 'hsgds[geo]', or re-save the file "
+    fix = ('needs the imagecodecs package; install it with pip install "hsgds[geo]", or re-save the file '
            "uncompressed or with deflate (gdal_translate -co COMPRESS=DEFLATE)")
     for name, what in needs.items():
         for read in ("open_cube", "read_labels"):
