@@ -22,7 +22,7 @@ import torch
 from hsgds import defaults
 from hsgds._gc import gc_paused
 from hsgds._unset import Unset
-from hsgds.augment import Augment, AugmentBatch, Augmenter, draw
+from hsgds.augment import MAX_EPOCH, Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.collection import DeferredScene
 from hsgds.engines import cpu_cut, make_engine
@@ -62,8 +62,6 @@ NORMALIZATIONS = ("zscore", "minmax", None)
 # named a position in an order this version no longer makes; 3: ranks share the samples equally, a tile
 # on a cut read by two ranks (a version-2 state of one rank is the same position)
 STATE_VERSION = 3
-#: epochs are keyed on 32 bits (augmentation draws): a larger one would repeat an earlier epoch
-MAX_EPOCH = 1 << 32
 
 
 _HOST_WINDOW = 1024  # batches kept for the host-time medians
@@ -614,7 +612,7 @@ class PatchLoader:
         """
         epoch = as_count(epoch, "epoch", minimum=0)
         if epoch >= MAX_EPOCH:
-            raise ConfigError(f"epoch must be below 2**32 (augmentation is keyed on 32 bits of it), got {epoch}")
+            raise ConfigError(f"epoch must be below 2**62 (augmentation keys on 62 bits of it), got {epoch}")
         if self._resume and epoch == self._epoch:
             return
         self._epoch, self._batch, self._resume = epoch, 0, False

@@ -186,7 +186,7 @@ def test_resume_refuses_a_state_of_other_samples(border_scene, tmp_path, run_cli
             with pytest.raises(ConfigError, match=message):
                 d.load_state_dict(bad)
         for epoch, message in ((1.7, "epoch must be an integer >= 0"), ("3", "epoch must be an integer"),
-                               (1 << 32, "below 2..32")):
+                               (1 << 62, "below 2..62")):
             with pytest.raises(ConfigError, match=message):
                 d.set_epoch(epoch)
 
