@@ -47,7 +47,7 @@ import torch
 
 from hsgds import defaults
 from hsgds._numba_cache import import_kernels
-from hsgds.errors import ConfigError, as_flag
+from hsgds.errors import ConfigError, as_flag, shown
 
 __all__ = ["Augment", "AugmentBatch", "apply_after_cut", "dihedral_batch", "dihedral_offsets", "draw", "philox4x32"]
 
@@ -160,18 +160,18 @@ class Augment:
         for name in ("radiation_noise", "mixture_noise", "band_dropout"):
             value = getattr(self, name)
             if not _real(value) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r:.60}")
+                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {shown(value)}")
             object.__setattr__(self, name, float(value) + 0.0)  # + 0.0: -0.0 is 0.0 (repr is in the state)
         scale = self.radiation_scale
         if isinstance(scale, np.ndarray) and scale.shape == (2,):  # (a numpy pair, as numpy scalars are taken)
             scale = tuple(scale.tolist())
         if (not isinstance(scale, (tuple, list)) or len(scale) != 2
                 or not all(_finite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
-            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {scale!r:.60}")
+            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {shown(scale)}")
         object.__setattr__(self, "radiation_scale", (float(scale[0]), float(scale[1])))
         std = self.noise_std
         if not _finite(std) or not std >= 0:
-            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r:.60}")
+            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {shown(std)}")
         object.__setattr__(self, "noise_std", float(std) + 0.0)
 
     @property

@@ -27,7 +27,7 @@ from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.collection import DeferredScene
 from hsgds.engines import cpu_cut, make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec, resolve_out_dtype
-from hsgds.errors import ConfigError, HsgdsError, as_count, as_flag
+from hsgds.errors import ConfigError, HsgdsError, as_count, as_flag, shown
 from hsgds.io import make_reader
 from hsgds.pixels import (
     PIXELS,
@@ -202,7 +202,7 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, chec
 def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.ndarray, np.ndarray]:
     """Per-band (offset, scale) the loader uses for one scene: out = (x - offset) * scale."""
     if normalize not in NORMALIZATIONS:
-        raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
+        raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {shown(normalize)}")
     offset, scale, _ = normalization(open_scene_set(scene), normalize, None)
     return offset[0], scale[0]
 
@@ -228,8 +228,8 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
     if rank is None or world_size is None:  # every process that forgot one would read the same shard
-        raise ConfigError(f"pass both rank and world_size (or neither, to take torch.distributed's), got rank={rank}, "
-                          f"world_size={world_size}")
+        raise ConfigError(f"pass both rank and world_size (or neither, to take torch.distributed's), got rank={shown(rank)}, "
+                          f"world_size={shown(world_size)}")
     rank, world_size = as_count(rank, "rank", minimum=0), as_count(world_size, "world_size")
     if not rank < world_size:
         raise ConfigError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
@@ -332,7 +332,7 @@ class PatchLoader:
             raise ConfigError(f"augment must be an hsgds.Augment(...) or None, got {type(augment).__name__}")
         self.augment = augment
         if pixels not in PIXELS:
-            raise ConfigError(f"pixels must be 'labelled' or 'all', got {pixels!r}")
+            raise ConfigError(f"pixels must be 'labelled' or 'all', got {shown(pixels)}")
         stride = as_count(stride, "stride (pixels between patch centres)")
         if stride != 1 and pixels != "all":
             raise ConfigError("stride applies to pixels='all'; the labelled samples are taken as they are")
@@ -349,23 +349,25 @@ class PatchLoader:
         self.scene = self.scenes.scenes[0]
         grid = self.scene.grid
         batch_size = as_count(batch_size, "batch_size")
+        if batch_size >= 1 << 63:  # batch numbers are int64 (numpy raised OverflowError past it)
+            raise ConfigError(f"batch_size must be below 2**63, got {batch_size}")
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
         return_coords = as_flag(return_coords, "return_coords")
         if normalize not in NORMALIZATIONS:
-            raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
+            raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {shown(normalize)}")
         if shuffle_window is not None:
             shuffle_window = as_count(shuffle_window, "shuffle_window (tiles)")
         if ring_bytes is not None:  # a float (2e9) or a string reached torch.empty, True read as 1 byte
             if not isinstance(ring_bytes, (int, np.integer)) or isinstance(ring_bytes, bool):
                 raise ConfigError(f"ring_bytes must be a whole number of bytes (e.g. 1 << 30), or None for the default; "
-                                  f"got {type(ring_bytes).__name__} {ring_bytes!r:.60}")
+                                  f"got {type(ring_bytes).__name__} {shown(ring_bytes)}")
             ring_bytes = int(ring_bytes)
         seed = as_count(seed, "seed", minimum=0)
         if seed >= 1 << 64:
             raise ConfigError(f"seed must be below 2**64, got {seed}")
         selection = band_selection(self.scenes, bands, wavelengths, wavelength_tolerance)
         if norm_scope not in NORM_SCOPES:
-            raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {norm_scope!r}")
+            raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {shown(norm_scope)}")
         if normalize is None and norm_stats is not None:
             raise ConfigError("norm_stats applies with normalize='zscore' or 'minmax', not normalize=None")
         #: the statistics every scene is normalized with, when they are one set (pooled, given, or the only

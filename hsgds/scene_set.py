@@ -22,7 +22,7 @@ from hsgds._wording import listed
 from hsgds.augment import Augment
 from hsgds.collection import Collection, DeferredScene, is_collection_path, open_collection
 from hsgds.engines.base import SceneTables
-from hsgds.errors import ConfigError
+from hsgds.errors import ConfigError, shown
 from hsgds.io.base import TileSource
 from hsgds.scene import BandStats, Scene, open_scene
 
@@ -238,7 +238,7 @@ def check_tolerance(tolerance: Any) -> None:
     """A ConfigError unless ``tolerance`` is a real number >= 0 (Python's or numpy's, not a bool)."""
     if not (isinstance(tolerance, (int, float, np.integer, np.floating)) and not isinstance(tolerance, bool)
             and tolerance >= 0):
-        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
+        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {shown(tolerance)}")
 
 
 def _train_count(scene: Scene) -> int:
