@@ -658,7 +658,7 @@ class PatchLoader:
                               "pass a state made by PatchLoader.state_dict()")
         saved_mask = state.get("mask", self._mask_key)  # (absent in older states)
         if saved_mask != self._mask_key:  # the same counts per tile can be other pixels
-            saved_as, mine_as = ("no mask" if k is None else f"mask {k!r}" for k in (saved_mask, self._mask_key))
+            saved_as, mine_as = ("no mask" if k is None else f"mask {shown(k)}" for k in (saved_mask, self._mask_key))
             raise ConfigError(f"loader state was saved with {saved_as} but this loader has {mine_as} (fingerprints "
                               "of the masks' bits): its rest of the epoch would be other pixels; build the loader "
                               "with the same mask, or start the next epoch (loader.set_epoch(epoch + 1))")
