@@ -162,9 +162,10 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", dev
     DependencyError
         An explicitly requested library is missing or unusable; the message names the pip extra.
     """
-    if reader not in ("auto", *READERS):
+    # (an array compared with the names would raise numpy's ambiguity error, not this one)
+    if not isinstance(reader, str) or reader not in ("auto", *READERS):
         raise ConfigError(f"unknown reader {shown(reader)}; use one of: auto, {', '.join(READERS)}")
-    if engine not in ("auto", *ENGINES):
+    if not isinstance(engine, str) or engine not in ("auto", *ENGINES):
         raise ConfigError(f"unknown engine {shown(engine)}; use one of: auto, {', '.join(ENGINES)}")
     reasons: list[str] = []
     requested = None if device is None else str(device)

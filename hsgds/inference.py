@@ -178,12 +178,12 @@ def _placement(model: nn.Module, device: Any, dtype: Any, follow_model: bool) ->
         dtype = floats.pop() if len(floats) == 1 and next(iter(floats)) in OUT_DTYPES else torch.float32
     where = devices.pop() if len(devices) == 1 else None
     if follow_model and where is not None and where.type in ("cpu", "cuda"):
-        if device is None or device == "auto":
+        if device is None or (isinstance(device, str) and device == "auto"):  # (an array: no == here)
             device = str(where)
         else:
             try:
                 wanted = torch.device(device)
-            except (RuntimeError, TypeError):
+            except (RuntimeError, TypeError, ValueError):  # (ValueError: an index past int64)
                 raise ConfigError(f"device={shown(device)} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
             if wanted.type != where.type or (wanted.index is not None and wanted.index != (where.index or 0)):
                 raise ConfigError(f"the model is on {where} but device={shown(str(device))}; move it there "
@@ -364,7 +364,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     patch_size, layout = settings["patch_size"], settings["layout"]
     batch_size, tta = as_count(batch_size, "batch_size"), as_flag(tta, "tta")
     if batch_size >= 1 << 63:  # pixel offsets are int64 (numpy raised OverflowError past it)
-        raise ConfigError(f"batch_size must be below 2**63, got {batch_size}")
+        raise ConfigError(f"batch_size must be below 2**63, got {shown(batch_size)}")
     # the 8 variants of a 1x1 patch are the patch itself: 7 more model calls would add nothing (!= rather
     # than >: the loader checks patch_size's type)
     tta = tta and patch_size != 1

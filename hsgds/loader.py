@@ -201,7 +201,7 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, chec
 
 def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.ndarray, np.ndarray]:
     """Per-band (offset, scale) the loader uses for one scene: out = (x - offset) * scale."""
-    if normalize not in NORMALIZATIONS:
+    if normalize is not None and (not isinstance(normalize, str) or normalize not in NORMALIZATIONS):
         raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {shown(normalize)}")
     offset, scale, _ = normalization(open_scene_set(scene), normalize, None)
     return offset[0], scale[0]
@@ -331,7 +331,7 @@ class PatchLoader:
         if augment is not None and not isinstance(augment, Augment):
             raise ConfigError(f"augment must be an hsgds.Augment(...) or None, got {type(augment).__name__}")
         self.augment = augment
-        if pixels not in PIXELS:
+        if not isinstance(pixels, str) or pixels not in PIXELS:  # (an array: numpy's ambiguity error)
             raise ConfigError(f"pixels must be 'labelled' or 'all', got {shown(pixels)}")
         stride = as_count(stride, "stride (pixels between patch centres)")
         if stride != 1 and pixels != "all":
@@ -350,10 +350,10 @@ class PatchLoader:
         grid = self.scene.grid
         batch_size = as_count(batch_size, "batch_size")
         if batch_size >= 1 << 63:  # batch numbers are int64 (numpy raised OverflowError past it)
-            raise ConfigError(f"batch_size must be below 2**63, got {batch_size}")
+            raise ConfigError(f"batch_size must be below 2**63, got {shown(batch_size)}")
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
         return_coords = as_flag(return_coords, "return_coords")
-        if normalize not in NORMALIZATIONS:
+        if normalize is not None and (not isinstance(normalize, str) or normalize not in NORMALIZATIONS):
             raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {shown(normalize)}")
         if shuffle_window is not None:
             shuffle_window = as_count(shuffle_window, "shuffle_window (tiles)")
@@ -364,9 +364,9 @@ class PatchLoader:
             ring_bytes = int(ring_bytes)
         seed = as_count(seed, "seed", minimum=0)
         if seed >= 1 << 64:
-            raise ConfigError(f"seed must be below 2**64, got {seed}")
+            raise ConfigError(f"seed must be below 2**64, got {shown(seed)}")
         selection = band_selection(self.scenes, bands, wavelengths, wavelength_tolerance)
-        if norm_scope not in NORM_SCOPES:
+        if not isinstance(norm_scope, str) or norm_scope not in NORM_SCOPES:
             raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {shown(norm_scope)}")
         if normalize is None and norm_stats is not None:
             raise ConfigError("norm_stats applies with normalize='zscore' or 'minmax', not normalize=None")

@@ -114,7 +114,7 @@ def _check_amount(name: str, value: Any, *, allow_zero: bool, allow_count: bool)
         if value < 1:
             raise InputError(f"{name} pixel count must be >= 1, got {value}")
         if value >= 1 << 63:  # counts are int64 (numpy raised OverflowError past it)
-            raise InputError(f"{name} pixel count must be below 2**63, got {value}")
+            raise InputError(f"{name} pixel count must be below 2**63, got {shown(value)}")
         return
     if allow_count:
         raise InputError(

@@ -42,7 +42,7 @@ def resolve_out_dtype(value: Any) -> torch.dtype:
         When ``value`` is not one of :data:`OUT_DTYPES`.
     """
     dtype = getattr(torch, value, None) if isinstance(value, str) else value
-    if dtype not in OUT_DTYPES:
+    if not isinstance(dtype, torch.dtype) or dtype not in OUT_DTYPES:  # (an array compared would be ambiguous)
         names = ", ".join(str(d).removeprefix("torch.") for d in OUT_DTYPES)
         raise ConfigError(f"dtype must be a torch floating dtype ({names}), got {shown(value)}")
     return dtype
@@ -134,7 +134,7 @@ class PatchSpec:
             raise ConfigError(f"bands must be >= 1, got {bands}")
         if self.tile_side < p:
             raise ConfigError(f"tile_side {self.tile_side} is smaller than patch_size {p}")
-        if self.layout not in LAYOUTS:
+        if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {shown(self.layout)}")
         set_field = object.__setattr__  # frozen: store the normalized forms once, here
         set_field(self, "out_dtype", resolve_out_dtype(self.out_dtype))
