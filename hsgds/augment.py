@@ -1,7 +1,8 @@
 """Seeded augmentation: a pure function of (seed, epoch, sample index) -> per-sample parameters.
 
 Every random number comes from Philox4x32-10 (Salmon et al., SC'11), a counter-based generator: the
-counter is (sample index, epoch, purpose) and the key is the loader's seed, so a sample draws the same
+counter is (sample index, epoch, purpose) (words: index low, index high, epoch low, purpose + 4 * epoch
+high, so that epochs up to 2^62 never repeat one another's draws) and the key is the loader's seed, so a sample draws the same
 parameters whatever the batch size, world size, ring size or resume point (all but mixture noise's
 partner, taken from the sample's batch: see below), and nothing carries state from one batch to the next. Parameters are computed on the host per batch with exact uint64 numpy
 arithmetic (a few hundred microseconds for a batch of 256) and applied on the device:
@@ -46,7 +47,7 @@ import torch
 
 from hsgds import defaults
 from hsgds._numba_cache import import_kernels
-from hsgds.errors import ConfigError, as_flag
+from hsgds.errors import ConfigError, as_flag, shown
 
 __all__ = ["Augment", "AugmentBatch", "apply_after_cut", "dihedral_batch", "dihedral_offsets", "draw", "philox4x32"]
 
@@ -54,8 +55,11 @@ _MASK = np.uint64(0xFFFFFFFF)
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
 
-# what a Philox call is for (the counter's last word), so streams never overlap
+# what a Philox call is for (the counter's last word, below the epoch's high word), so streams never overlap
 _SCALARS, _MIXTURE, _BANK, _BANDS = 0, 1, 2, 3
+_PURPOSE_BITS = 2
+#: epochs draw distinct parameters below this: their high word shares the last counter word with the purpose
+MAX_EPOCH = 1 << (64 - _PURPOSE_BITS)
 BANK_SIZE = 1 << 20
 BANK_STEP = 64  # granularity of a noise window's start in the bank
 ROTATIONS = np.array([0, 6, 3, 5], dtype=np.int8)  # 0, 90, 180, 270 degrees in the code convention
@@ -107,13 +111,16 @@ def _uniform(words: np.ndarray) -> np.ndarray:
 
 
 def _counters(index: np.ndarray, epoch: int, purpose: int) -> np.ndarray:
-    """(..., 4) uint32 Philox counters (index low word, index high word, epoch, purpose)."""
+    """(..., 4) uint32 Philox counters (index low word, index high word, epoch low word, purpose + 4 * epoch
+    high word): epochs below 2^32 keep the counters they always had, and epoch e + 2^32 is not epoch e."""
+    if not 0 <= epoch < MAX_EPOCH:
+        raise ConfigError(f"epoch must be in 0..2**62-1 (augmentation keys on 62 bits of it), got {epoch}")
     index = np.asarray(index, dtype=np.uint64)
     out = np.empty(index.shape + (4,), dtype=np.uint32)
     out[..., 0] = index  # the low 32 bits (an unsafe cast keeps them)
     out[..., 1] = index >> np.uint64(32)
     out[..., 2] = epoch & 0xFFFFFFFF
-    out[..., 3] = purpose
+    out[..., 3] = purpose | (epoch >> 32) << _PURPOSE_BITS
     return out
 
 
@@ -153,18 +160,18 @@ class Augment:
         for name in ("radiation_noise", "mixture_noise", "band_dropout"):
             value = getattr(self, name)
             if not _real(value) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {value!r:.60}")
+                raise ConfigError(f"Augment.{name} is a probability in [0, 1], got {shown(value)}")
             object.__setattr__(self, name, float(value) + 0.0)  # + 0.0: -0.0 is 0.0 (repr is in the state)
         scale = self.radiation_scale
         if isinstance(scale, np.ndarray) and scale.shape == (2,):  # (a numpy pair, as numpy scalars are taken)
             scale = tuple(scale.tolist())
         if (not isinstance(scale, (tuple, list)) or len(scale) != 2
                 or not all(_finite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
-            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {scale!r:.60}")
+            raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {shown(scale)}")
         object.__setattr__(self, "radiation_scale", (float(scale[0]), float(scale[1])))
         std = self.noise_std
         if not _finite(std) or not std >= 0:
-            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {std!r:.60}")
+            raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {shown(std)}")
         object.__setattr__(self, "noise_std", float(std) + 0.0)
 
     @property

@@ -11,7 +11,7 @@ from typing import Any
 
 from hsgds import defaults
 from hsgds._optional import cuda_extra, pip_install
-from hsgds.errors import ConfigError, DependencyError
+from hsgds.errors import ConfigError, DependencyError, shown
 from hsgds.io import READERS as _READER_REGISTRY
 from hsgds.probe import DeviceReport
 
@@ -40,7 +40,7 @@ class Choice:
 
 def _device_for(report: DeviceReport, reasons: list[str], requested: str | None = None) -> str:
     setting = report.device_setting if requested is None else requested
-    said = defaults.given_as("device", setting) if requested is None else f"device={setting!r}"
+    said = defaults.given_as("device", setting) if requested is None else f"device={shown(setting)}"
     if setting == "cpu":
         reasons.append(f"device cpu: {said} forces the CPU path")
         return "cpu"
@@ -162,10 +162,11 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", dev
     DependencyError
         An explicitly requested library is missing or unusable; the message names the pip extra.
     """
-    if reader not in ("auto", *READERS):
-        raise ConfigError(f"unknown reader {reader!r}; use one of: auto, {', '.join(READERS)}")
-    if engine not in ("auto", *ENGINES):
-        raise ConfigError(f"unknown engine {engine!r}; use one of: auto, {', '.join(ENGINES)}")
+    # (an array compared with the names would raise numpy's ambiguity error, not this one)
+    if not isinstance(reader, str) or reader not in ("auto", *READERS):
+        raise ConfigError(f"unknown reader {shown(reader)}; use one of: auto, {', '.join(READERS)}")
+    if not isinstance(engine, str) or engine not in ("auto", *ENGINES):
+        raise ConfigError(f"unknown engine {shown(engine)}; use one of: auto, {', '.join(ENGINES)}")
     reasons: list[str] = []
     requested = None if device is None else str(device)
     if requested is None:

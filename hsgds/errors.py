@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -21,6 +22,7 @@ __all__ = [
     "as_fraction",
     "as_path",
     "one_line",
+    "shown",
 ]
 
 
@@ -68,19 +70,37 @@ def one_line(exc: BaseException, limit: int = 300, *, with_type: bool = False) -
     return text
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """``value`` for an error message: its repr on one line and at most ``limit`` characters (numpy and torch
+    wrap an array's repr over several lines); an array or tensor as its type, shape, dtype and first values."""
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) and shape and hasattr(value, "dtype") and hasattr(value, "tolist"):
+        kind = "numpy array" if isinstance(value, np.ndarray) else type(value).__name__  # (torch: no import here)
+        size = math.prod(shape)
+        # the first row's first values: no copy of a large or strided array
+        first = value[(0,) * (len(shape) - 1)][:3].tolist() if size else []  # type: ignore[index]
+        more = ", ..." if size > len(first) else ""
+        dtype = str(value.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
+        text = f"{kind} of shape {tuple(shape)} {dtype} [{', '.join(map(repr, first))}{more}]"
+    else:
+        text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def as_path(value: object, what: str) -> Path:
     """``value`` (a str or os.PathLike) as a Path; a one-line ConfigError naming ``what`` otherwise, rather
     than pathlib's TypeError."""
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
         return Path(value)
-    raise ConfigError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__} {value!r:.60}")
+    raise ConfigError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__} {shown(value)}")
 
 
 def as_flag(value: object, what: str) -> bool:
     """``value`` (a bool, or numpy's) as a bool; a ConfigError otherwise: a string such as "no" would be true."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise ConfigError(f"{what} must be True or False, got {type(value).__name__} {value!r:.60}")
+    raise ConfigError(f"{what} must be True or False, got {type(value).__name__} {shown(value)}")
 
 
 def as_count(value: object, what: str, minimum: int = 1) -> int:
@@ -89,7 +109,7 @@ def as_count(value: object, what: str, minimum: int = 1) -> int:
         number = int(value)
         if number >= minimum:
             return number
-    raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r:.60}")
+    raise ConfigError(f"{what} must be an integer >= {minimum}, got {shown(value)}")
 
 
 def as_fraction(value: object, what: str) -> float:
@@ -99,4 +119,4 @@ def as_fraction(value: object, what: str) -> float:
         number = float(value)
         if 0.0 <= number < 1.0:
             return number
-    raise ConfigError(f"{what} must be a number in [0, 1), got {value!r:.60}")
+    raise ConfigError(f"{what} must be a number in [0, 1), got {shown(value)}")

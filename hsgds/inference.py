@@ -27,7 +27,7 @@ from hsgds._sha256 import sha256_of
 from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
 from hsgds.engines.base import OUT_DTYPES
-from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line
+from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line, shown
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, check_mask, open_scene
 
@@ -204,7 +204,7 @@ def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
         return out.with_name(out.stem + (".probabilities.tif" if out.suffix.lower() in (".tif", ".tiff") else
                                          ".probabilities.npy"))
     if not isinstance(probabilities, (str, os.PathLike)):
-        raise ConfigError(f"probabilities must be True, False or a .npy or .tif path, got {probabilities!r}")
+        raise ConfigError(f"probabilities must be True, False or a .npy or .tif path, got {shown(probabilities)}")
     path = Path(probabilities)
     if out is not None and path.resolve() == out.resolve():
         raise ConfigError(f"probabilities and the class map would both be written to {path}; name another file")
@@ -242,15 +242,15 @@ def _placement(model: nn.Module, device: Any, dtype: Any, follow_model: bool) ->
         dtype = floats.pop() if len(floats) == 1 and next(iter(floats)) in OUT_DTYPES else torch.float32
     where = devices.pop() if len(devices) == 1 else None
     if follow_model and where is not None and where.type in ("cpu", "cuda"):
-        if device is None or device == "auto":
+        if device is None or (isinstance(device, str) and device == "auto"):  # (an array: no == here)
             device = str(where)
         else:
             try:
                 wanted = torch.device(device)
-            except (RuntimeError, TypeError):
-                raise ConfigError(f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+            except (RuntimeError, TypeError, ValueError):  # (ValueError: an index past int64)
+                raise ConfigError(f"device={shown(device)} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
             if wanted.type != where.type or (wanted.index is not None and wanted.index != (where.index or 0)):
-                raise ConfigError(f"the model is on {where} but device={str(device)!r}; move it there "
+                raise ConfigError(f"the model is on {where} but device={shown(str(device))}; move it there "
                                   f"(model.to({str(wanted)!r})) or leave device unset")
     return device, dtype
 
@@ -428,6 +428,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                           f"got {type(model).__name__}")
     patch_size, layout = settings["patch_size"], settings["layout"]
     batch_size, tta = as_count(batch_size, "batch_size"), as_flag(tta, "tta")
+    if batch_size >= 1 << 63:  # pixel offsets are int64 (numpy raised OverflowError past it)
+        raise ConfigError(f"batch_size must be below 2**63, got {shown(batch_size)}")
     # the 8 variants of a 1x1 patch are the patch itself: 7 more model calls would add nothing (!= rather
     # than >: the loader checks patch_size's type)
     tta = tta and patch_size != 1

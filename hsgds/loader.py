@@ -22,12 +22,12 @@ import torch
 from hsgds import defaults
 from hsgds._gc import gc_paused
 from hsgds._unset import Unset
-from hsgds.augment import Augment, AugmentBatch, Augmenter, draw
+from hsgds.augment import MAX_EPOCH, Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.collection import DeferredScene
 from hsgds.engines import cpu_cut, make_engine
 from hsgds.engines.base import TORCH_DTYPES, PatchSpec, resolve_out_dtype
-from hsgds.errors import ConfigError, HsgdsError, as_count, as_flag
+from hsgds.errors import ConfigError, HsgdsError, as_count, as_flag, shown
 from hsgds.io import make_reader
 from hsgds.pixels import (
     PIXELS,
@@ -62,8 +62,6 @@ NORMALIZATIONS = ("zscore", "minmax", None)
 # named a position in an order this version no longer makes; 3: ranks share the samples equally, a tile
 # on a cut read by two ranks (a version-2 state of one rank is the same position)
 STATE_VERSION = 3
-#: epochs are keyed on 32 bits (augmentation draws): a larger one would repeat an earlier epoch
-MAX_EPOCH = 1 << 32
 
 
 _HOST_WINDOW = 1024  # batches kept for the host-time medians
@@ -139,9 +137,8 @@ def describe_stats(stats: dict[str, Any]) -> str:
 _UNSET: Any = Unset("'train'; None with pixels='all'")  # split's default depends on ``pixels``
 
 
-def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask: Any, guard: int = 0) -> Samples:
-    """The samples of every scene, with global tile ids (scene's first tile id + tile id); ``guard`` r: with
-    pixels="all" and a split, no centre within r of another split's labelled pixel."""
+def _scene_masks(ss: SceneSet, mask: Any) -> list[np.ndarray | None]:
+    """The loader's ``mask`` as one checked boolean (H, W) array (or None) per scene."""
     if mask is not None and ss.is_collection:
         if not isinstance(mask, (list, tuple)) or len(mask) != len(ss):
             raise ConfigError(f"for a collection, mask must be a list of {len(ss)} boolean (H, W) arrays (or None "
@@ -149,7 +146,26 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
         masks = list(mask)
     else:
         masks = [mask] * len(ss)
-    checked = [check_mask(m, scene, f"scene {name!r}") for m, scene, name in zip(masks, ss.scenes, ss.names)]
+    return [check_mask(m, scene, f"scene {name!r}") for m, scene, name in zip(masks, ss.scenes, ss.names)]
+
+
+def _masks_digest(masks: list[np.ndarray | None]) -> str | None:
+    """A fingerprint of the masks (their bits, scene by scene), None without any: a saved position is only
+    the same pixels' under the same masks, which the samples digest cannot tell for several scenes. Packed
+    bits, hashed once at start-up: ~0.07 s for 1,000 masks of 512x512."""
+    if all(m is None for m in masks):
+        return None
+    h = hashlib.sha256()
+    for m in masks:
+        h.update(b"-" if m is None else np.array(m.shape, dtype=np.int64).tobytes() + np.packbits(m).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, checked: list[np.ndarray | None],
+                 guard: int = 0) -> Samples:
+    """The samples of every scene, with global tile ids (scene's first tile id + tile id), inside its mask in
+    ``checked`` (:func:`_scene_masks`); ``guard`` r: with pixels="all" and a split, no centre within r of
+    another split's labelled pixel."""
     unmasked = all(m is None for m in checked)
     split_all = pixels == "all" and split is not None and any(scene.num_samples for scene in ss.scenes)
     # (a scene of a collection whose listing counts nodata pixels: GridSamples would open it for its map)
@@ -185,8 +201,8 @@ def _sample_sets(ss: SceneSet, pixels: str, stride: int, split: str | None, mask
 
 def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.ndarray, np.ndarray]:
     """Per-band (offset, scale) the loader uses for one scene: out = (x - offset) * scale."""
-    if normalize not in NORMALIZATIONS:
-        raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
+    if normalize is not None and (not isinstance(normalize, str) or normalize not in NORMALIZATIONS):
+        raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {shown(normalize)}")
     offset, scale, _ = normalization(open_scene_set(scene), normalize, None)
     return offset[0], scale[0]
 
@@ -195,7 +211,8 @@ def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
     """What a saved position is a position in: the scenes (in order) and their samples per tile, and for one
     scene's sample table which pixels those are. A re-split or replaced store changes it. (Several scenes'
     pixels are left out: a collection's loader may list them from collection.json, never reading them,
-    and its state must resume in a loader that opened the same stores.)"""
+    and its state must resume in a loader that opened the same stores; masks are told apart by
+    :func:`_masks_digest`.)"""
     h = hashlib.sha256("\0".join(names).encode())
     h.update(np.ascontiguousarray(samples.counts(), dtype=np.int64).tobytes())
     if isinstance(samples, SampleSet) and len(names) == 1:  # which pixels, not only how many in each tile
@@ -211,8 +228,8 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
     if rank is None or world_size is None:  # every process that forgot one would read the same shard
-        raise ConfigError(f"pass both rank and world_size (or neither, to take torch.distributed's), got rank={rank}, "
-                          f"world_size={world_size}")
+        raise ConfigError(f"pass both rank and world_size (or neither, to take torch.distributed's), got rank={shown(rank)}, "
+                          f"world_size={shown(world_size)}")
     rank, world_size = as_count(rank, "rank", minimum=0), as_count(world_size, "world_size")
     if not rank < world_size:
         raise ConfigError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
@@ -275,7 +292,7 @@ class PatchLoader:
         split is evaluated). Default False: centres are never other splits' pixels, but footprints may
         include them.
     mask : a boolean (H, W) array (for several scenes, a list with one array or None per scene): only
-        pixels where it is True are yielded.
+        pixels where it is True are yielded. A saved state resumes only in a loader with the same mask.
     bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands).
     wavelengths : wavelengths in nm; each scene contributes its band nearest each one, within
         ``wavelength_tolerance`` nm (default 5), never a band without a centre (PRISMA's unused bands).
@@ -314,8 +331,8 @@ class PatchLoader:
         if augment is not None and not isinstance(augment, Augment):
             raise ConfigError(f"augment must be an hsgds.Augment(...) or None, got {type(augment).__name__}")
         self.augment = augment
-        if pixels not in PIXELS:
-            raise ConfigError(f"pixels must be 'labelled' or 'all', got {pixels!r}")
+        if not isinstance(pixels, str) or pixels not in PIXELS:  # (an array: numpy's ambiguity error)
+            raise ConfigError(f"pixels must be 'labelled' or 'all', got {shown(pixels)}")
         stride = as_count(stride, "stride (pixels between patch centres)")
         if stride != 1 and pixels != "all":
             raise ConfigError("stride applies to pixels='all'; the labelled samples are taken as they are")
@@ -332,23 +349,25 @@ class PatchLoader:
         self.scene = self.scenes.scenes[0]
         grid = self.scene.grid
         batch_size = as_count(batch_size, "batch_size")
+        if batch_size >= 1 << 63:  # batch numbers are int64 (numpy raised OverflowError past it)
+            raise ConfigError(f"batch_size must be below 2**63, got {shown(batch_size)}")
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
         return_coords = as_flag(return_coords, "return_coords")
-        if normalize not in NORMALIZATIONS:
-            raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
+        if normalize is not None and (not isinstance(normalize, str) or normalize not in NORMALIZATIONS):
+            raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {shown(normalize)}")
         if shuffle_window is not None:
             shuffle_window = as_count(shuffle_window, "shuffle_window (tiles)")
         if ring_bytes is not None:  # a float (2e9) or a string reached torch.empty, True read as 1 byte
             if not isinstance(ring_bytes, (int, np.integer)) or isinstance(ring_bytes, bool):
                 raise ConfigError(f"ring_bytes must be a whole number of bytes (e.g. 1 << 30), or None for the default; "
-                                  f"got {type(ring_bytes).__name__} {ring_bytes!r:.60}")
+                                  f"got {type(ring_bytes).__name__} {shown(ring_bytes)}")
             ring_bytes = int(ring_bytes)
         seed = as_count(seed, "seed", minimum=0)
         if seed >= 1 << 64:
-            raise ConfigError(f"seed must be below 2**64, got {seed}")
+            raise ConfigError(f"seed must be below 2**64, got {shown(seed)}")
         selection = band_selection(self.scenes, bands, wavelengths, wavelength_tolerance)
-        if norm_scope not in NORM_SCOPES:
-            raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {norm_scope!r}")
+        if not isinstance(norm_scope, str) or norm_scope not in NORM_SCOPES:
+            raise ConfigError(f"norm_scope must be one of {', '.join(NORM_SCOPES)}, got {shown(norm_scope)}")
         if normalize is None and norm_stats is not None:
             raise ConfigError("norm_stats applies with normalize='zscore' or 'minmax', not normalize=None")
         #: the statistics every scene is normalized with, when they are one set (pooled, given, or the only
@@ -429,7 +448,9 @@ class PatchLoader:
         if fused_cpu:
             # numba's import and the kernel's load (~0.65 s) overlap the sample lookup and planning below
             cpu_cut.warm_up(grid.dtype, out_name, self._normalize_tiles)
-        self.samples = _sample_sets(self.scenes, pixels, int(stride), split, mask,
+        masks = _scene_masks(self.scenes, mask)
+        self._mask_key = _masks_digest(masks)  # what a saved state's mask must be (load_state_dict)
+        self.samples = _sample_sets(self.scenes, pixels, int(stride), split, masks,
                                     patch_size // 2 if footprint_guard else 0)
         if len(self.samples) == 0:
             where = f"{self.scene.path} has" if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes have"
@@ -593,7 +614,7 @@ class PatchLoader:
         """
         epoch = as_count(epoch, "epoch", minimum=0)
         if epoch >= MAX_EPOCH:
-            raise ConfigError(f"epoch must be below 2**32 (augmentation is keyed on 32 bits of it), got {epoch}")
+            raise ConfigError(f"epoch must be below 2**62 (augmentation keys on 62 bits of it), got {epoch}")
         if self._resume and epoch == self._epoch:
             return
         self._epoch, self._batch, self._resume = epoch, 0, False
@@ -611,7 +632,8 @@ class PatchLoader:
                 "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots,
                 "pixels": self.pixels, "stride": self.stride, "footprint_guard": self.footprint_guard,
                 "scenes": len(self.scenes),
-                "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_key()}
+                "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_key(),
+                "mask": self._mask_key}
 
     def _samples_key(self) -> str:
         """What a saved position is a position in (:func:`_samples_digest`); hashed once, not at start-up."""
@@ -634,6 +656,12 @@ class PatchLoader:
         if state.get("version") not in (2, STATE_VERSION):  # one rank plans as in version 2
             raise ConfigError(f"loader state has version {state.get('version')!r}, expected {STATE_VERSION}; "
                               "pass a state made by PatchLoader.state_dict()")
+        saved_mask = state.get("mask", self._mask_key)  # (absent in older states)
+        if saved_mask != self._mask_key:  # the same counts per tile can be other pixels
+            saved_as, mine_as = ("no mask" if k is None else f"mask {shown(k)}" for k in (saved_mask, self._mask_key))
+            raise ConfigError(f"loader state was saved with {saved_as} but this loader has {mine_as} (fingerprints "
+                              "of the masks' bits): its rest of the epoch would be other pixels; build the loader "
+                              "with the same mask, or start the next epoch (loader.set_epoch(epoch + 1))")
         mine = self.state_dict()
         # states saved before these settings existed
         older = {"pixels": "labelled", "stride": 1, "scenes": 1, "footprint_guard": False}

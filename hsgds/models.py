@@ -31,7 +31,7 @@ from torch import nn
 
 from hsgds._unset import Unset
 from hsgds._wording import clipped
-from hsgds.errors import ConfigError, InputError, as_count, as_fraction, as_path, one_line
+from hsgds.errors import ConfigError, InputError, as_count, as_fraction, as_path, one_line, shown
 from hsgds.scene import BandStats
 
 __all__ = ["CHECKPOINT_FORMAT", "MIN_BANDS", "MODELS", "Hamida3D", "LoadedModel", "SpectralSpatialCNN",
@@ -382,9 +382,9 @@ def _check_loader_fits(settings: dict[str, Any], in_bands: int | None, side: int
 
 def _check_settings(patch_size: Any, normalize: Any, norm_stats: Any) -> None:
     if not isinstance(patch_size, int) or isinstance(patch_size, bool) or patch_size < 1 or patch_size % 2 == 0:
-        raise ConfigError(f"patch_size must be a positive odd integer, got {patch_size!r}")
+        raise ConfigError(f"patch_size must be a positive odd integer, got {shown(patch_size)}")
     if not _normalization_ok(normalize):
-        raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {normalize!r}")
+        raise ConfigError(f"normalize must be 'zscore', 'minmax' or None, got {shown(normalize)}")
     if normalize is None and norm_stats is not None:
         raise ConfigError("norm_stats applies with normalize='zscore' or 'minmax', not normalize=None")
 

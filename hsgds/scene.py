@@ -12,7 +12,7 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds._wording import counted, listed
-from hsgds.errors import ConfigError, InputError, StoreError, TileReadError, as_count, as_path
+from hsgds.errors import ConfigError, InputError, StoreError, TileReadError, as_count, as_path, shown
 from hsgds.sampling import SampleSet
 
 __all__ = ["BandStats", "Scene", "check_mask", "open_scene", "samples_at"]
@@ -313,7 +313,7 @@ class Scene:
         if split is None:
             return np.ones(len(codes), dtype=bool)
         if not isinstance(split, str) or split not in fmt.SPLIT_CODES:  # a list is unhashable: checked first
-            raise InputError(f"unknown split {split!r}; choose one of {', '.join(fmt.SPLIT_CODES)} (one name), "
+            raise InputError(f"unknown split {shown(split)}; choose one of {', '.join(fmt.SPLIT_CODES)} (one name), "
                              "or None for every labelled pixel")
         return codes == fmt.SPLIT_CODES[split]
 

@@ -22,7 +22,7 @@ from hsgds._wording import listed
 from hsgds.augment import Augment
 from hsgds.collection import Collection, DeferredScene, is_collection_path, open_collection
 from hsgds.engines.base import SceneTables
-from hsgds.errors import ConfigError
+from hsgds.errors import ConfigError, shown
 from hsgds.io.base import TileSource
 from hsgds.scene import BandStats, Scene, open_scene
 
@@ -195,7 +195,10 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
     A one-line ConfigError says what does not fit and what to change (``far``: what, when a wavelength has
     no band near it; a saved model's selection cannot be changed as a loader's can)."""
     if bands is not None:
-        idx = np.asarray(bands)
+        try:
+            idx = np.asarray(bands)
+        except (TypeError, ValueError):  # e.g. a ragged list: numpy's message names no option
+            idx = np.empty(0)
         if idx.ndim != 1 or len(idx) == 0 or idx.dtype.kind not in "iu":
             raise ConfigError(f"bands must be a non-empty list of band indices, got {_shown(bands)}")
         if idx.min() < 0 or idx.max() >= count:
@@ -203,7 +206,7 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
         return idx.astype(np.int64)
     try:
         want = np.asarray(wavelengths, dtype=np.float64)
-    except (TypeError, ValueError):  # e.g. ["abc"], or a dict: not numbers
+    except (TypeError, ValueError, OverflowError):  # e.g. ["abc"], a dict, an int past float: not numbers
         want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
         raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {_shown(wavelengths)}")
@@ -234,11 +237,20 @@ def _shown(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _fits_a_float(value: Any) -> bool:
+    """Whether float(value) works (the loader keeps the tolerance as one: an int past it raised OverflowError)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
 def check_tolerance(tolerance: Any) -> None:
     """A ConfigError unless ``tolerance`` is a real number >= 0 (Python's or numpy's, not a bool)."""
     if not (isinstance(tolerance, (int, float, np.integer, np.floating)) and not isinstance(tolerance, bool)
-            and tolerance >= 0):
-        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {tolerance!r}")
+            and tolerance >= 0 and _fits_a_float(tolerance)):
+        raise ConfigError(f"wavelength_tolerance must be a number >= 0 (nm), got {shown(tolerance)}")
 
 
 def _train_count(scene: Scene) -> int:

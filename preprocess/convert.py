@@ -35,7 +35,7 @@ from hsgds._durable import fsync_dir, fsync_tree, rename_error
 from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
 from hsgds._wording import drop, set_to
-from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError
+from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, as_flag, as_path, shown
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import detect_format, label_class_names, label_files, open_cube, read_labels
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
@@ -98,22 +98,51 @@ class ConvertOptions:
         return (self.max_patch - 1) // 2
 
     def check(self) -> None:
+        # types first: an array or tensor compared below raises numpy's or torch's own ambiguity error
+        for flag, value in (("--max-patch", self.max_patch), ("--tile", self.tile), ("--block-size", self.block_size),
+                            ("--workers", self.workers)):
+            if (value is not None or flag in ("--max-patch", "--workers")) and (
+                    isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral)):
+                raise ConfigError(f"{flag} must be a whole number, got {shown(value)}")
+        if self.nan_fill is not None and (isinstance(self.nan_fill, (bool, np.bool_))
+                                          or not isinstance(self.nan_fill, numbers.Real)):
+            raise ConfigError(f"--nan-fill must be a finite number, got {shown(self.nan_fill)}")
+        as_flag(self.overwrite, "overwrite")
+        if self.class_names is not None and (not isinstance(self.class_names, (tuple, list))
+                                             or not all(isinstance(n, str) for n in self.class_names)):
+            raise ConfigError(f"--class-names must be a sequence of names (str), got {shown(self.class_names)}")
+        for flag, path in (("--labels", self.labels), ("--train-mask", self.train_mask),
+                           ("--val-mask", self.val_mask), ("--test-mask", self.test_mask)):
+            if path is not None:
+                as_path(path, flag)
+        for flag, name in (("--padding", self.padding), ("--split", self.split), ("--dtype", self.dtype)):
+            if name is not None and not isinstance(name, str):
+                raise ConfigError(f"{flag} must be a name (str), got {shown(name)}")
+        if self.wavelengths is not None and (not isinstance(self.wavelengths, (tuple, list)) or not all(
+                w is None or (isinstance(w, numbers.Real) and not isinstance(w, (bool, np.bool_)))
+                for w in self.wavelengths)):
+            raise ConfigError(f"{self.wavelengths_from} must be a list of band centres in nm (None for a band without "
+                              f"one; an array's .tolist()), got {shown(self.wavelengths)}")
         if self.max_patch < 1 or self.max_patch % 2 == 0:
             raise ConfigError(f"--max-patch must be a positive odd number (patches are pixel-centred), "
-                              f"got {self.max_patch}")
+                              f"got {shown(self.max_patch)}")
         if self.halo > fmt.MAX_HALO:
             raise ConfigError(f"--max-patch {self.max_patch} is larger than a store can serve "
                               f"({2 * fmt.MAX_HALO + 1}); use a smaller patch")
         if not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
+            raise ConfigError(f"--seed must be a non-negative integer, got {shown(self.seed)}")
         if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"--block-size must be a positive number of pixels, got {self.block_size}")
         if self.padding not in fmt.PADDING_MODES:
-            raise ConfigError(f"--padding must be one of {', '.join(fmt.PADDING_MODES)}, got {self.padding!r}")
+            raise ConfigError(f"--padding must be one of {', '.join(fmt.PADDING_MODES)}, got {shown(self.padding)}")
         if self.split not in SPLIT_METHODS:
-            raise ConfigError(f"--split must be one of {', '.join(SPLIT_METHODS)}, got {self.split!r}")
+            raise ConfigError(f"--split must be one of {', '.join(SPLIT_METHODS)}, got {shown(self.split)}")
         if self.tile is not None and self.tile < 1:
-            raise ConfigError(f"--tile must be a positive number of pixels, got {self.tile}")
+            raise ConfigError(f"--tile must be a positive number of pixels, got {shown(self.tile)}")
+        # past any size the source's own suggestion names (_tile_size), an integer too long to print whole
+        if self.tile is not None and self.tile > fmt.MAX_TILE_BYTES:
+            raise ConfigError(f"--tile must be at most {math.isqrt(fmt.MAX_TILE_BYTES)} pixels (a tile holds at most "
+                              f"{fmt.MAX_TILE_BYTES >> 30} GiB), got {shown(self.tile)}")
         if self.split == "masks" and (self.train_mask is None or self.test_mask is None):
             raise ConfigError("--split masks needs --train-mask and --test-mask (and optionally --val-mask)")
         if self.split != "masks" and any(m is not None for m in (self.train_mask, self.val_mask, self.test_mask)):
@@ -123,11 +152,11 @@ class ConvertOptions:
         # any real number (numpy's too, which are no float), so an infinity is refused here, not in the store
         n = self.nodata
         if n is not None and not (isinstance(n, str) and n == "none") and (
-                isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Real) or math.isinf(float(n))):
+                isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Real) or math.isinf(_float(n))):
             raise ConfigError(f"nodata must be a number (float('nan') for NaN, not infinite) or 'none', got "
-                              f"{self.nodata!r}")
-        if self.nan_fill is not None and not np.isfinite(self.nan_fill):
-            raise ConfigError(f"--nan-fill must be a finite number, got {self.nan_fill}")
+                              f"{shown(self.nodata)}")
+        if self.nan_fill is not None and not math.isfinite(_float(self.nan_fill)):
+            raise ConfigError(f"--nan-fill must be a finite number, got {shown(self.nan_fill)}")
         # refused whether or not a split is made: a value that means nothing is a mistake either way
         splitting.check_amounts(self.train, self.val)
         given = None if self.wavelengths is None else fmt.centred(self.wavelengths)
@@ -142,10 +171,18 @@ class ConvertOptions:
             raise ConfigError(f"{self.wavelengths_from} must be band centres in nm ({fmt.MIN_NM:g}-{fmt.MAX_NM:g}), "
                               f"got {min(given):g}-{max(given):g}; give micrometres times 1000")
         if self.dtype is not None and self.dtype not in fmt.DTYPES:
-            raise ConfigError(f"--dtype must be one of {', '.join(fmt.DTYPES)}, got {self.dtype!r}")
+            raise ConfigError(f"--dtype must be one of {', '.join(fmt.DTYPES)}, got {shown(self.dtype)}")
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
+
+
+def _float(value: numbers.Real) -> float:
+    """``value`` as a float, an int too large for one as an infinity (float() raised OverflowError)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def nodata_option(text: str, where: str = "--nodata") -> float | str:

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from scipy.ndimage import maximum_filter
 
-from hsgds.errors import InputError
+from hsgds.errors import InputError, shown
 from hsgds.format import SPLIT_CODES, SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL, split_class_counts
 
 __all__ = [
@@ -113,12 +113,14 @@ def _check_amount(name: str, value: Any, *, allow_zero: bool, allow_count: bool)
     if _is_int(value) and allow_count:
         if value < 1:
             raise InputError(f"{name} pixel count must be >= 1, got {value}")
+        if value >= 1 << 63:  # counts are int64 (numpy raised OverflowError past it)
+            raise InputError(f"{name} pixel count must be below 2**63, got {shown(value)}")
         return
     if allow_count:
         raise InputError(
-            f"{name} must be a fraction in (0, 1) or a per-class pixel count >= 1, got {value!r}"
+            f"{name} must be a fraction in (0, 1) or a per-class pixel count >= 1, got {shown(value)}"
         )
-    raise InputError(f"{name} must be a fraction in (0, 1) of the labelled pixels, got {value!r}")
+    raise InputError(f"{name} must be a fraction in (0, 1) of the labelled pixels, got {shown(value)}")
 
 
 def _check_fraction_sum(train: Any, val: Any) -> None:

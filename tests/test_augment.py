@@ -138,6 +138,38 @@ def test_parameters_depend_on_the_sample_not_the_batch():
         whole.dihedral, other_seed.dihedral)
 
 
+def _batch_digest(batch):
+    import hashlib
+
+    h = hashlib.sha256()
+    for field in ("dihedral", "radiated", "alpha", "bank_start", "mixed", "partner", "weight", "dropped"):
+        h.update(np.ascontiguousarray(getattr(batch, field)).tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+def test_epochs_past_2_32_draw_their_own_parameters_and_earlier_ones_are_unchanged(compiled):
+    """Epochs 0..3 draw exactly what they drew when the counter held 32 bits of the epoch (digests pinned
+    from that code); epoch e + 2**32 no longer repeats epoch e, and its scalar draws are Philox of the
+    documented counter (index low, index high, epoch low, purpose + 4 * epoch high) in plain numpy."""
+    if compiled:
+        pytest.importorskip("numba")
+    aug = Augment(flip=True, rot90=True, radiation_noise=0.5, mixture_noise=0.5, band_dropout=0.3)
+    index = np.r_[np.arange(0, 200, 3), (1 << 33) + np.arange(5)]
+    label = np.arange(len(index)) % 3
+    pinned = ["7452a59b67eb3ff5", "083f477f43ae4b91", "bd11f37c8554fcb2", "bad02340ca49f8d7"]
+    with defaults.set(numba=compiled):
+        digests = [_batch_digest(draw(aug, 11, e, index, label, bands=13, patch_size=5))
+                   for e in (0, 1, 2, 3, 1 << 32, (1 << 32) + 1, (1 << 62) - 1)]
+        assert digests[:4] == pinned
+        assert len(set(digests)) == len(digests)  # 2**32 is not 0, 2**32 + 1 not 1
+        late = draw(Augment(flip=True, rot90=True), 11, (5 << 32) + 3, index, None, bands=13, patch_size=5)
+        with pytest.raises(ConfigError, match=r"epoch must be in 0\.\.2\*\*62-1"):
+            draw(aug, 11, 1 << 62, index, label, bands=13, patch_size=5)
+    counter = np.stack([index & 0xFFFFFFFF, index >> 32, np.full_like(index, 3), np.full_like(index, 0 + 4 * 5)], 1)
+    np.testing.assert_array_equal(late.dihedral, (philox4x32_numpy(counter.astype(np.uint64), (11, 0))[:, 0] & 7))
+
+
 def test_rates_within_binomial_intervals():
     n, bands = 20_000, 10
     aug = Augment(radiation_noise=0.1, band_dropout=0.05, mixture_noise=0.2)

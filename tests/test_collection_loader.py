@@ -385,6 +385,26 @@ def test_pixels_all_over_a_collection_with_masks(scenes):
                           mask=masks[1], device="cpu")
 
 
+def test_the_mask_fingerprint_is_of_the_bits_of_every_scene():
+    """A thousand scenes' masks: the same bits in any layout give the same fingerprint, one pixel of the last
+    scene or a reshape changes it, an all-False mask is not None (the loader refuses it anyway), no mask
+    at all is None."""
+    from hsgds.loader import _masks_digest
+
+    rng = np.random.default_rng(0)
+    masks = [rng.random((23, 41)) < 0.3 for _ in range(1000)]
+    key = _masks_digest(masks)
+    assert key == _masks_digest([np.asfortranarray(m) for m in masks])
+    assert key == _masks_digest([np.frombuffer(np.ascontiguousarray(m).view(np.uint8) * 7, bool).reshape(m.shape)
+                                 for m in masks])  # bytes other than 1 that numpy reads as True
+    flipped = [m.copy() for m in masks]
+    flipped[999][22, 40] = not flipped[999][22, 40]
+    assert _masks_digest(flipped) != key
+    assert _masks_digest(masks[:999] + [masks[999].reshape(41, 23)]) != key
+    assert _masks_digest(masks[:999] + [None]) != _masks_digest(masks[:999] + [np.zeros((23, 41), bool)]) != key
+    assert _masks_digest([None] * 1000) is None
+
+
 def _coord_batches(loader, limit=None):
     out = []
     for i, (_, _, c) in enumerate(loader):
@@ -412,6 +432,45 @@ def test_collection_resumes_exactly(scenes, stop_after):
     assert got == expected
     with hsgds.PatchLoader(stores[:2], **opts) as other, pytest.raises(ConfigError):
         other.load_state_dict(state)
+
+
+def test_a_collection_resumes_only_under_the_same_masks(scenes):
+    """Two masks selecting as many pixels in every tile (so the same sample counts) but other pixels: a state
+    saved under one is refused by a loader under the other, which would yield other pixels for the rest of
+    the epoch; the same masks (other arrays, a torch tensor, Fortran order) resume exactly; a state saved
+    before states recorded the mask (no "mask" key) still loads."""
+    stores = [scenes[n][2] for n in "AB"]
+    one = [np.zeros(scenes[n][1].shape, bool) for n in "AB"]
+    other = [m.copy() for m in one]
+    one[0][2:16, 3], other[0][2:16, 4] = True, True  # scene A's first tile (18 px): 14 pixels either way
+    one[1][:, 0] = other[1][:, 0] = True
+    opts = dict(patch_size=5, batch_size=6, pixels="all", return_coords=True, device="cpu", seed=3,
+                ring_bytes=4 * hsgds.open_scene(stores[0]).grid.tile_nbytes)
+    with hsgds.PatchLoader(stores, mask=one, **opts) as full:
+        expected = _coord_batches(full)
+    with hsgds.PatchLoader(stores, mask=one, **opts) as first:
+        it = iter(first)
+        got = [tuple(map(tuple, next(it)[2].numpy())) for _ in range(3)]
+        state = first.state_dict()
+    with hsgds.PatchLoader(stores, mask=other, **opts) as wrong:
+        assert wrong.samples.counts().tolist() == first.samples.counts().tolist()  # counts cannot tell them apart
+        with pytest.raises(ConfigError) as refused:
+            wrong.load_state_dict(state)
+        message = str(refused.value)
+        assert "saved with mask" in message and "build the loader with the same mask" in message
+        assert "\n" not in message
+        wrong.load_state_dict({k: v for k, v in state.items() if k != "mask"})  # a state saved before masks counted
+    with hsgds.PatchLoader(stores, mask=None, **opts) as unmasked:
+        with pytest.raises(ConfigError, match="saved with mask .* this loader has no mask"):
+            unmasked.load_state_dict(state)
+    same = [np.asfortranarray(one[0]), torch.from_numpy(one[1].copy())]
+    with hsgds.PatchLoader(stores, mask=same, **opts) as second:
+        second.load_state_dict(state)
+        got += _coord_batches(second)
+    assert got == expected
+    # where the mask keeps exactly these pixels, against numpy
+    want = {(s, int(y), int(x)) for s, m in enumerate(one) for y, x in zip(*np.nonzero(m))}
+    assert {row[:3] for batch in got for row in batch} == want
 
 
 def test_collection_shards_across_two_ranks(scenes):

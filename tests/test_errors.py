@@ -1,8 +1,17 @@
-"""errors.one_line: the one helper that puts another library's message into an hsgds one-line error."""
+"""errors.one_line and errors.shown: the helpers that keep hsgds errors on one line, and a sweep of the public
+options given arrays, tensors and odd values where scalars are expected."""
 
 from __future__ import annotations
 
-from hsgds.errors import one_line
+import inspect
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import hsgds
+from hsgds.errors import HsgdsError, one_line, shown
 
 
 def test_one_line_collapses_whitespace_and_cuts_long_messages():
@@ -17,3 +26,91 @@ def test_one_line_with_the_type_for_messages_that_say_little():
     assert one_line(KeyError("tile"), with_type=True) == "KeyError: 'tile'"
     assert one_line(StopIteration(), with_type=True) == "StopIteration"  # no text: the type alone
     assert one_line(ValueError("a\nb" + "c" * 400), 50, with_type=True) == "ValueError: a b" + "c" * 44 + "..."
+
+
+def test_shown_puts_arrays_and_long_values_on_one_short_line():
+    """numpy and torch wrap an array's repr over several lines: a message shows its kind, shape, dtype and
+    first values instead (written out here by hand), anything else its repr with whitespace collapsed."""
+    assert shown(np.arange(12).reshape(3, 4)) == "numpy array of shape (3, 4) int64 [0, 1, 2, ...]"
+    assert shown(np.arange(10).reshape(2, 5).T) == "numpy array of shape (5, 2) int64 [0, 5, ...]"
+    assert shown(torch.zeros(50, 50)) == "Tensor of shape (50, 50) float32 [0.0, 0.0, 0.0, ...]"
+    assert shown(np.array([1.5, np.nan, np.inf])) == "numpy array of shape (3,) float64 [1.5, nan, inf]"
+    assert shown(np.ones((0, 3))) == "numpy array of shape (0, 3) float64 []"
+    assert shown(np.array(5)) == "array(5)" and shown("a\nb") == "'a\\nb'" and shown(7) == "7"
+    assert shown({"a": np.arange(30).reshape(5, 6)}, 40) == "{'a': array([[ 0, 1, 2, 3, 4, 5], [ 6..."
+    assert shown("x" * 1000) == "'" + "x" * 56 + "..."
+
+
+# values a user may pass where a scalar, a name or a flag is expected
+_ODD_VALUES = {
+    "int 2-D array": np.arange(12).reshape(3, 4), "float32 3-D array": np.zeros((2, 2, 2), np.float32),
+    "nan array": np.array([1.5, np.nan, np.inf]), "large 2-D array": np.ones((50, 50)),
+    "str array": np.array(["a", "b"]), "bool array": np.array([[True, False], [False, True]]),
+    "0-d array": np.array(5), "numpy scalars": [np.int64(1), np.int64(2)], "nested list": [[1, 2], [3, 4]],
+    "nan": float("nan"), "inf": float("inf"), "-inf": -float("inf"), "huge int": 10**30, "-huge int": -10**30, "int past float": 10**400,
+    "2**64": 2**64, "float32 nan": np.float32("nan"), "tensor": torch.arange(12).reshape(3, 4),
+    "large tensor": torch.zeros(50, 50), "newline": "a\nb", "long str": "x" * 1000,
+    "dict of an array": {"a": np.arange(30).reshape(5, 6)}, "tuple with an array": (np.arange(6).reshape(2, 3), 1),
+}
+
+
+def _messages(call, options, paths=()):
+    """Each option given each odd value: the (option, value, error) of every error that is not one short
+    line of hsgds's own (numpy's "truth value of an array is ambiguous" names no option). (Values it accepts
+    are fine: it may take a numpy integer where it wants an integer.) Options in
+    ``paths`` are not given strings: a path is printed as given, however long, a newline in it included."""
+    bad = []
+    for option in options:
+        for name, value in _ODD_VALUES.items():
+            if option in paths and isinstance(value, str):
+                continue
+            try:
+                call(**{option: value})
+            except Exception as exc:
+                message = str(exc)
+                if not isinstance(exc, HsgdsError) or "\n" in message or len(message) >= 400:
+                    bad.append(f"{option}={name}: {type(exc).__name__}: {message[:120]!r}")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def small_store(synthetic_store):
+    return synthetic_store(20, 20, 4, classes=3, seed=1, labelled_fraction=1.0, tile=26, max_patch=7)
+
+
+def test_loader_and_augment_options_fail_on_one_short_line(small_store):
+    store = small_store[0]
+
+    def loader(**kw):
+        with hsgds.PatchLoader(store, **{"patch_size": 3, "batch_size": 8, "device": "cpu", **kw}):
+            pass
+
+    options = [p for p in inspect.signature(hsgds.PatchLoader).parameters if p != "store"]
+    assert _messages(loader, options) == []
+    assert _messages(hsgds.Augment, list(inspect.signature(hsgds.Augment).parameters)) == []
+
+
+def test_predict_options_fail_on_one_short_line(small_store):
+    store = small_store[0]
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4 * 9, 3))
+
+    def predict(**kw):
+        hsgds.predict(store, model, **{"patch_size": 3, "batch_size": 64, "device": "cpu", **kw})
+
+    options = [p for p in inspect.signature(hsgds.predict).parameters
+               if p not in ("store", "model", "progress")]
+    assert _messages(predict, options, paths={"out", "probabilities"}) == []
+
+
+def test_convert_options_fail_on_one_short_line(small_store, tmp_path):
+    from hsgds.preprocess.convert import ConvertOptions, convert
+
+    src = small_store[0].parent / "cube.npy"
+
+    def converted(**kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            convert(src, tmp_path / "o.zarr", ConvertOptions(**{"tile": 26, "max_patch": 7, "overwrite": True, **kw}))
+
+    options = list(inspect.signature(ConvertOptions).parameters)
+    assert _messages(converted, options, paths={"labels", "train_mask", "val_mask", "test_mask"}) == []

@@ -186,9 +186,24 @@ def test_resume_refuses_a_state_of_other_samples(border_scene, tmp_path, run_cli
             with pytest.raises(ConfigError, match=message):
                 d.load_state_dict(bad)
         for epoch, message in ((1.7, "epoch must be an integer >= 0"), ("3", "epoch must be an integer"),
-                               (1 << 32, "below 2..32")):
+                               (1 << 62, "below 2..62")):
             with pytest.raises(ConfigError, match=message):
                 d.set_epoch(epoch)
+
+
+def test_resume_under_another_mask_names_the_mask(border_scene):
+    """One scene: masks keeping as many pixels of each tile but other ones are refused with a message that
+    names the mask (its samples digest alone said "other samples")."""
+    store = border_scene[2]["reflect"]
+    one, other = np.zeros((40, 35), bool), np.zeros((40, 35), bool)
+    one[:18, 0], other[:18, 1] = True, True
+    with _loader(store, mask=one, split=None) as a, _loader(store, mask=other, split=None) as b:
+        assert a.samples.counts().tolist() == b.samples.counts().tolist()
+        with pytest.raises(ConfigError, match=r"^loader state was saved with mask '[0-9a-f]{16}' but this loader has "
+                                              r"mask '[0-9a-f]{16}' .*build the loader with the same mask"):
+            b.load_state_dict(a.state_dict())
+    with _loader(store, mask=one, split=None) as a, _loader(store, mask=one.copy(), split=None) as b:
+        b.load_state_dict(a.state_dict())
 
 
 def test_rank_and_world_size_are_given_together_and_checked(border_scene):

@@ -165,6 +165,29 @@ def test_fused_and_after_cut_paths_agree(scene):
     np.testing.assert_allclose(fused[0], after[0], rtol=1e-6, atol=1e-6)
 
 
+def test_epoch_2_32_is_not_epoch_0_on_either_noise_path(scene, noise_path):
+    """The loader takes epochs past 2**32 (augmentation keys on 62 bits of the epoch): epoch 2**32 yields the
+    same unshuffled pixels as epoch 0 but turns them its own way, the fused kernel and the after-cut path
+    alike (each patch one dihedral variant of the plain one); its state resumes there."""
+    aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.5)
+    plain, _, cp = _run(scene, None, shuffle=False)
+    flips = hsgds.Augment(flip=True, rot90=True)
+    turned, _, ct = _run(scene, flips, shuffle=False)
+    codes0 = _codes(plain, turned, cp, ct)
+    late, _, cl = _run(scene, flips, shuffle=False, epoch=1 << 32)
+    codes_late = _codes(plain, late, cp, cl)
+    assert codes_late.keys() == codes0.keys() and codes_late != codes0
+    first, wrapped = (_run(scene, aug, shuffle=False, epoch=e)[0] for e in (0, 1 << 32))
+    assert not np.array_equal(first, wrapped)
+    with hsgds.PatchLoader(scene, patch_size=P, batch_size=64, augment=aug, device="cpu") as a, \
+            hsgds.PatchLoader(scene, patch_size=P, batch_size=64, augment=aug, device="cpu") as b:
+        a.set_epoch((1 << 62) - 1)
+        b.load_state_dict(a.state_dict())
+        assert b.epoch == (1 << 62) - 1
+        with pytest.raises(hsgds.ConfigError, match=r"epoch must be below 2\*\*62"):
+            a.set_epoch(1 << 62)
+
+
 def test_bad_augment_is_a_config_error(scene):
     with pytest.raises(hsgds.ConfigError, match="augment must be an hsgds.Augment"):
         hsgds.PatchLoader(scene, patch_size=P, batch_size=8, device="cpu", augment={"flip": True})

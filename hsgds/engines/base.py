@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hsgds._optional import pip_install
-from hsgds.errors import ConfigError, DependencyError, InputError
+from hsgds.errors import ConfigError, DependencyError, InputError, shown
 from hsgds.format import DTYPES
 
 try:
@@ -43,9 +43,9 @@ def resolve_out_dtype(value: Any) -> torch.dtype:
         When ``value`` is not one of :data:`OUT_DTYPES`.
     """
     dtype = getattr(torch, value, None) if isinstance(value, str) else value
-    if dtype not in OUT_DTYPES:
+    if not isinstance(dtype, torch.dtype) or dtype not in OUT_DTYPES:  # (an array compared would be ambiguous)
         names = ", ".join(str(d).removeprefix("torch.") for d in OUT_DTYPES)
-        raise ConfigError(f"dtype must be a torch floating dtype ({names}), got {value}")
+        raise ConfigError(f"dtype must be a torch floating dtype ({names}), got {shown(value)}")
     return dtype
 
 
@@ -124,7 +124,7 @@ class PatchSpec:
     def __post_init__(self) -> None:
         p, halo, bands = self.patch_size, self.halo, self.bands
         if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1 or p % 2 == 0:
-            raise ConfigError(f"patch_size must be a positive odd integer (patches are pixel-centred), got {p!r}")
+            raise ConfigError(f"patch_size must be a positive odd integer (patches are pixel-centred), got {shown(p)}")
         if halo < 0:
             raise ConfigError(f"halo must be >= 0, got {halo}")
         if p // 2 > halo:
@@ -135,8 +135,8 @@ class PatchSpec:
             raise ConfigError(f"bands must be >= 1, got {bands}")
         if self.tile_side < p:
             raise ConfigError(f"tile_side {self.tile_side} is smaller than patch_size {p}")
-        if self.layout not in LAYOUTS:
-            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {shown(self.layout)}")
         set_field = object.__setattr__  # frozen: store the normalized forms once, here
         set_field(self, "out_dtype", resolve_out_dtype(self.out_dtype))
         if self.tables is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from hsgds.errors import ConfigError
+from hsgds.errors import ConfigError, shown
 from hsgds.io.base import ChunkReader, TileSource
 from hsgds.io.posix import PinnedPosixReader, PosixReader
 
@@ -25,7 +25,7 @@ def reader_class(name: str) -> type[ChunkReader]:
     """The ChunkReader class registered as ``name``; ConfigError naming the known ones otherwise."""
     target = READERS.get(name)
     if target is None:
-        raise ConfigError(f"unknown reader {name!r}; choose one of {', '.join(READERS)}")
+        raise ConfigError(f"unknown reader {shown(name)}; choose one of {', '.join(READERS)}")
     module, cls = target.split(":")
     return getattr(import_module(module), cls)
 

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from hsgds._wording import set_to
-from hsgds.errors import InputError
+from hsgds.errors import InputError, shown
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
     ArrayCube,
@@ -56,7 +56,7 @@ def band_axes(band_axis: str | None) -> str:
     if isinstance(band_axis, str) and band_axis in BAND_AXES:
         return BAND_AXES[band_axis]
     raise InputError(f"band_axis must be 'first' (B, H, W), 'middle' (H, B, W) or 'last' (H, W, B), "
-                     f"got {band_axis!r}")
+                     f"got {shown(band_axis)}")
 
 
 def _describe(entries: dict[str, tuple[int, ...]]) -> str:
