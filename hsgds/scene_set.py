@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hsgds import format as fmt
-from hsgds._wording import listed
+from hsgds._wording import counted, listed
 from hsgds.augment import Augment
 from hsgds.collection import Collection, DeferredScene, is_collection_path, open_collection
 from hsgds.engines.base import SceneTables
@@ -75,7 +75,8 @@ class SceneSet:
         with the band selection; tile geometries may differ.)"""
         if len(self.scenes) == 1:
             return
-        _same(self, "dtype", lambda s: str(s.dtype), "convert them with one --dtype (e.g. hsgds convert --dtype float32)")
+        _same(self, "dtype", lambda s: str(s.dtype), "convert them with one --dtype (e.g. hsgds convert --dtype float32; "
+              "a collection: the same hsgds convert-many command with --dtype float32)")
         labelled = [(n, s) for n, s in zip(self.names, self.scenes) if s.class_names or s.num_classes]
         if labelled:
             # each scene's own key (names, or the count of a scene without names): a scene with names and
@@ -106,11 +107,21 @@ def _short(value: Any) -> str:
     return text if len(text) < 120 else text[:117] + "..."
 
 
+def _each(names: Sequence[str], values: Sequence[Any]) -> str:
+    """Each scene's value; over more than ``_LISTED`` scenes, each value with its scenes' count and first names,
+    so that every value is named whatever the order (41 int16 scenes listed first hid the 10 uint16 ones)."""
+    if len(names) <= _LISTED:
+        return listed((f"{n}: {v}" for n, v in zip(names, values)), _LISTED)
+    groups: dict[str, list[str]] = {}
+    for n, v in zip(names, values):
+        groups.setdefault(str(v), []).append(n)
+    return listed((f"{v} in {counted(len(ns), 'scene')} ({listed(ns, 3)})" for v, ns in groups.items()), _LISTED)
+
+
 def _same(ss: SceneSet, what: str, key, fix: str) -> None:
     values = [key(s) for s in ss.scenes]
     if len(set(values)) > 1:
-        raise ConfigError(f"scenes have different {what} ({listed((f'{n}: {v}' for n, v in zip(ss.names, values)), _LISTED)}); "
-                          f"{fix}")
+        raise ConfigError(f"scenes have different {what} ({_each(ss.names, values)}); {fix}")
 
 
 def _scene_name(path: Path) -> str:
@@ -172,8 +183,7 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
     check_tolerance(tolerance)  # also unused (no wavelengths): the loader keeps it as a float
     counts = [s.shape[2] for s in ss.scenes]
     if wavelengths is None and len(set(counts)) > 1:
-        each = listed((f"{n}: {c}" for n, c in zip(ss.names, counts)), _LISTED)
-        raise ConfigError(f"scenes have different band counts ({each}); pass wavelengths=[...] (nm) to "
+        raise ConfigError(f"scenes have different band counts ({_each(ss.names, counts)}); pass wavelengths=[...] (nm) to "
                           "take each scene's band nearest each wavelength")
     if bands is None and wavelengths is None:
         return None

@@ -257,6 +257,28 @@ def test_mismatched_collections_are_refused_naming_the_scenes(scenes):
                           device="cpu")
 
 
+def test_a_mismatch_among_many_scenes_names_every_value(scenes, tmp_path):
+    """Over more scenes than a message lists one by one, each value is named with its scenes' count: a float32
+    scene after twelve int16 ones (an archive of two sensors, listed sensor by sensor) was hidden in "and 1 more",
+    so the message did not say which scenes differ."""
+    cube, labels, _ = scenes["A"]
+    np.save(tmp_path / "gt.npy", labels)
+    opts = ConvertOptions(labels=tmp_path / "gt.npy", tile=18, max_patch=15, train=0.3, val=0.2,
+                          class_names=CLASSES, dtype="float32")
+    wide = convert_quietly(write_envi(tmp_path / "cube", cube, [400 + 100 * k for k in range(6)]),
+                           tmp_path / "W.zarr", opts)
+    many = [scenes["A"][2]] * 12
+    assert hsgds.open_scene(wide).dtype == np.float32 and hsgds.open_scene(many[0]).dtype == np.int16
+    with pytest.raises(ConfigError, match=r"^scenes have different dtype \(int16 in 12 scenes \(0:A, 1:A, 2:A "
+                                          r"and 9 more\), float32 in 1 scene \(12:W\)\); convert them with one "
+                                          r"--dtype \(e\.g\. hsgds convert --dtype float32; a collection: the same "
+                                          r"hsgds convert-many command with --dtype float32\)$"):
+        hsgds.PatchLoader([*many, wide], patch_size=3, batch_size=4, device="cpu")
+    with pytest.raises(ConfigError, match=r"^scenes have different band counts \(6 in 12 scenes \(0:A, 1:A, 2:A "
+                                          r"and 9 more\), 8 in 1 scene \(12:E\)\); pass wavelengths="):
+        hsgds.PatchLoader([*many, scenes["E"][2]], patch_size=3, batch_size=4, device="cpu")
+
+
 def test_scenes_with_and_without_class_names_are_refused_in_either_order(scenes, tmp_path):
     """Class names are compared whichever scene comes first: a scene without names beside one with them
     is a one-line ConfigError, not a TypeError (names first) or a silent pass (names second)."""
