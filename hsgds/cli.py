@@ -312,7 +312,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
             bar.update(done - bar.pos)
 
     try:
-        r = run_many(manifest, out, opts, scheduler=scheduler, workers=workers, force=overwrite, progress=progress)
+        r = run_many(manifest, out, opts, scheduler=scheduler, workers=workers, force=overwrite, progress=progress,
+                     notice=lambda line: click.echo(f"hsgds: {line}", err=True))
     finally:
         if bar is not None:
             bar.render_finish()
