@@ -208,6 +208,11 @@ def describe_collection(coll: Collection) -> str:
     lines = [f"collection: {coll.path} ({counted(len(entries), 'scene')}, {pixels:,} pixels, {raw / 2**30:.2f} GiB of cube data)",
              f"dtype:      {_tally([e.dtype for e in entries])}",
              f"bands:      {_tally([e.bands for e in entries])}"]
+    # what a loader over the whole collection will ask for, said before the user builds one
+    if len({e.dtype for e in entries}) > 1:
+        lines[1] += "; a loader reads one dtype: run the same convert-many command with --dtype float32"
+    if len({e.bands for e in entries}) > 1:
+        lines[2] += "; a loader over every scene selects bands with wavelengths=[...] (nm)"
     listed = [e.wavelengths for e in entries if e.wavelengths]
     if listed:
         # (PRISMA lists its bands descending, and has bands without a centre)

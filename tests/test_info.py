@@ -181,8 +181,10 @@ def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
         entry("a", 3, "int16", (400.0, 500.0, 600.0)), entry("b", 3, "uint16", (450.0, 550.0, 900.0)),
         entry("c", 2, "int16", None)]))
     assert "(3 scenes, 60 pixels," in text
-    assert "dtype:      int16 (2 scenes), uint16 (1 scene)" in text
-    assert "bands:      3 (2 scenes), 2 (1 scene)" in text
+    # with what a loader over all of them needs (it refuses several dtypes, and band counts without wavelengths)
+    assert ("dtype:      int16 (2 scenes), uint16 (1 scene); a loader reads one dtype: run the same convert-many "
+            "command with --dtype float32\n") in text
+    assert "bands:      3 (2 scenes), 2 (1 scene); a loader over every scene selects bands with wavelengths=[...] (nm)\n" in text
     assert "spectrum:   400.0-900.0 nm (1 scene without wavelengths)" in text
     # a sensor listing its bands descending (PRISMA): the span is still lowest to highest
     falling = describe_collection(Collection(tmp_path / "collection.json", [
@@ -190,7 +192,7 @@ def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
     assert "spectrum:   400.0-950.0 nm" in falling
     assert text.endswith("classes:    none (no scene has labels)")
     one = describe_collection(Collection(tmp_path / "collection.json", [entry("a", 3, "int16", None)]))
-    assert "(1 scene, 20 pixels," in one
+    assert "(1 scene, 20 pixels," in one and "a loader" not in one
 
 
 def test_info_of_a_missing_model_file_names_it(tmp_path, run_cli):
