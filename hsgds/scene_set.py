@@ -87,9 +87,13 @@ class SceneSet:
             first = key(labelled[0][1])
             bad = [n for n, s in labelled if key(s) != first]
             if bad:
-                named = {bool(s.class_names) for _, s in labelled}
-                fix = ("convert the scenes without class names again with --class-names" if len(named) > 1
-                       else "load scenes with the same classes together")
+                names = next((s.class_names for _, s in labelled if s.class_names), None)
+                fix = "load scenes with the same classes together"
+                if names is not None and any(not s.class_names for _, s in labelled):
+                    # the names to give, ready to paste (unless a name holds the list's own comma)
+                    given = f" {','.join(names)}" if not any("," in n for n in names) else ""
+                    fix = (f"convert the scenes without class names again with --class-names{given} (a collection: "
+                           "the same convert-many command with it)")
                 raise ConfigError(f"scenes disagree on their classes: {_names(bad)} differ from "
                                   f"{labelled[0][0]!r} ({_short(first)}); {fix}")
 

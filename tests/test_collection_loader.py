@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import zarr
 
 import hsgds
 from hsgds.errors import ConfigError, StoreError, TileReadError
@@ -287,7 +288,11 @@ def test_scenes_with_and_without_class_names_are_refused_in_either_order(scenes,
                               ConvertOptions(labels=d / "A_gt.npy", tile=18, max_patch=15, train=0.3, val=0.2))
     assert hsgds.open_scene(unnamed).class_names is None
     for stores, bad, first in (([scenes["A"][2], unnamed], "A2", "A"), ([unnamed, scenes["A"][2]], "A", "A2")):
-        with pytest.raises(ConfigError, match=rf"classes: '{bad}' differ from '{first}' .*--class-names"):
+        # the fix names the names to give, those the named scene has (zarr-python reads them from its metadata)
+        names = zarr.open_group(scenes["A"][2], mode="r").attrs["hsgds"]["class_names"]
+        with pytest.raises(ConfigError, match=rf"classes: '{bad}' differ from '{first}' .*; convert the scenes "
+                                              rf"without class names again with --class-names {','.join(names)} "
+                                              r"\(a collection: the same convert-many command with it\)$"):
             hsgds.PatchLoader(stores, patch_size=3, batch_size=4, device="cpu")
 
 
