@@ -193,8 +193,31 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
         return None
     if bands is not None:  # same-sensor scenes: one check, one array
         return [scene_bands(ss.names[0], counts[0], None, bands, None, tolerance)] * len(ss)
-    return [scene_bands(name, s.shape[2], s.wavelengths, bands, wavelengths, tolerance)
-            for name, s in zip(ss.names, ss.scenes)]
+    picked = []
+    for name, s in zip(ss.names, ss.scenes):
+        try:
+            picked.append(scene_bands(name, s.shape[2], s.wavelengths, bands, wavelengths, tolerance))
+        except ConfigError as exc:
+            if len(ss) == 1 or not str(exc).endswith(_FAR_WAVELENGTH):
+                raise
+            # over an archive, raising the tolerance to pass this scene only meets the next: say what passes all
+            raise ConfigError(f"{exc} ({_tolerance_for_all(ss, wavelengths, tolerance)})") from None
+    return picked
+
+
+def _tolerance_for_all(ss: SceneSet, wavelengths: Sequence[float], tolerance: float) -> str:
+    """How many scenes lack a band within ``tolerance`` of some wavelength, and the tolerance that gives every
+    scene (with band centres) a band near each: the farthest any nearest band is, rounded up to 0.1 nm."""
+    want = np.asarray(wavelengths, dtype=np.float64)
+    far = []
+    for s in ss.scenes:
+        nm = fmt.wavelength_array(() if s.wavelengths is None else s.wavelengths)
+        known = nm[~np.isnan(nm)]
+        if known.size:
+            far.append(float(np.abs(known[None, :] - want[:, None]).min(axis=1).max()))
+    missing = sum(f > tolerance for f in far)
+    return (f"{missing} of {counted(len(ss), 'scene')} lack a band within {tolerance:g} nm of one; "
+            f"wavelength_tolerance={np.ceil(max(far) * 10) / 10:g} gives each scene a band near every one")
 
 
 #: what a loader's user can do about a wavelength a scene has no band near

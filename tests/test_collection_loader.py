@@ -248,6 +248,33 @@ def test_collection_norm_scope_pools_train_pixels_exactly(scenes, normalize):
         hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, norm_scope="global", device="cpu")
 
 
+def test_a_wavelength_far_from_some_scenes_names_the_tolerance_that_serves_them_all(scenes):
+    """Over several scenes, a wavelength too far from a scene's bands named that scene alone: raising the
+    tolerance past it met the next scene, one error at a time over an archive. The message also counts the
+    scenes that lack a band and names the tolerance that serves them all: numpy's farthest nearest band over the
+    band centres zarr-python reads, rounded up to 0.1 nm, with which the loader is built (and 0.1 nm less fails)."""
+    names, want = ["A", "C", "E"], np.array([455.0, 905.0])
+    far = []
+    for n in names:
+        nm = np.asarray(zarr.open_group(scenes[n][2], mode="r").attrs["hsgds"]["wavelengths"], np.float64)
+        far.append(np.abs(nm[None, :] - want[:, None]).min(axis=1).max())
+    need = np.ceil(max(far) * 10) / 10
+    missing = sum(f > 50 for f in far)
+    assert (need, missing) == (105, 1)  # C (300..800 nm) is 105 nm from 905; A and E have 900 nm
+    stores = [scenes[n][2] for n in names]
+    with pytest.raises(ConfigError, match=r"^scene 'C' has no band within 50 nm of 905 nm \(nearest: 800 nm\); raise "
+                                          r"wavelength_tolerance or drop that wavelength \(1 of 3 scenes lack a band "
+                                          r"within 50 nm of one; wavelength_tolerance=105 gives each scene a band near "
+                                          r"every one\)$"):
+        hsgds.PatchLoader(stores, patch_size=5, batch_size=8, wavelengths=want.tolist(), wavelength_tolerance=50,
+                          device="cpu")
+    hsgds.PatchLoader(stores, patch_size=5, batch_size=8, wavelengths=want.tolist(), wavelength_tolerance=need,
+                      device="cpu").close()
+    with pytest.raises(ConfigError, match="lack a band"):
+        hsgds.PatchLoader(stores, patch_size=5, batch_size=8, wavelengths=want.tolist(),
+                          wavelength_tolerance=need - 0.1, device="cpu")
+
+
 def test_mismatched_collections_are_refused_naming_the_scenes(scenes):
     with pytest.raises(ConfigError, match=r"classes: 'D' differ from 'A'"):
         hsgds.PatchLoader([scenes["A"][2], scenes["D"][2]], patch_size=3, batch_size=4, device="cpu")

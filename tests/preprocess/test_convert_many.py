@@ -1028,7 +1028,9 @@ def test_a_prisma_scene_with_unused_bands_joins_a_collection_by_wavelength(tmp_p
         ref = np.stack([padded[y:y + 3, x:x + 3][..., idx] for y, x in coords[rows_s, 1:]])
         np.testing.assert_array_equal(got[rows_s], ref.transpose(0, 3, 1, 2))
     with pytest.raises(ConfigError, match=r"^scene 'p' has no band within 5 nm of 900 nm \(nearest: 760 nm\); "
-                                          r"raise wavelength_tolerance or drop that wavelength$"):
+                                          r"raise wavelength_tolerance or drop that wavelength \(2 of 2 scenes lack "
+                                          r"a band within 5 nm of one; wavelength_tolerance=140 gives each scene a "
+                                          r"band near every one\)$"):  # 900 nm: 760 (used) in p, 880 in e
         hsgds.PatchLoader(out, patch_size=3, batch_size=8, pixels="all", wavelengths=[482, 900], device="cpu")
 
     # one PRISMA scene for training: its unused bands are constant, so z-scored they read 0, not NaN
