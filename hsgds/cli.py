@@ -688,8 +688,10 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
 
     for option, value in (("-o", out), ("--probabilities", probabilities)):
         if value is not None and "{name}" not in value:
+            given = Path(value)  # the example is the user's own path with {name} in it (not -o's for --probabilities)
+            example = given.with_name(f"{given.stem}_{{name}}{given.suffix}")
             _fail(f"{option} {value} would be written once per scene of the collection; name each scene's file "
-                  "with {name}, e.g. maps/{name}.tif")
+                  f"with {{name}}, e.g. {example}")
     if probabilities is not None and Path(probabilities).resolve() == Path(out).resolve():
         _fail(f"--probabilities and -o would both write {out}; name another file")
     coll = open_collection(path)
