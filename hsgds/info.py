@@ -241,17 +241,17 @@ def describe_collection(coll: Collection) -> str:
     totals = dict.fromkeys(splits, 0)
     # labelled scenes first when not all fit: theirs are the counts the table is for (an archive's few labelled
     # scenes, listed after its unlabelled tiles, were hidden in "... and N more"); collection order otherwise
-    shown = set(sorted(range(len(entries)), key=lambda i: (not entries[i].num_samples, i))[:LISTED_SCENES])
+    rows = set(sorted(range(len(entries)), key=lambda i: (not entries[i].num_samples, i))[:LISTED_SCENES])
     for i, e in enumerate(entries):
         counts = {s: sum((e.tile_samples or {}).get(s, ())) for s in splits}
         for s in splits:
             totals[s] += counts[s]
-        if i in shown:
+        if i in rows:
             shape = "x".join(str(n) for n in e.shape)
             lines.append(f"{e.name[:24]:<24} {shape:>16} {e.dtype:>8}"
                          + ("".join(f"{counts[s]:>9}" for s in splits) if per_split else "") + f"{e.num_samples:>10}")
     if len(entries) > LISTED_SCENES:
-        hidden_labelled = any(e.num_samples for i, e in enumerate(entries) if i not in shown)
+        hidden_labelled = any(e.num_samples for i, e in enumerate(entries) if i not in rows)
         lines.append(f"... and {len(entries) - LISTED_SCENES} more scenes" + ("" if hidden_labelled else " (unlabelled)"))
     lines.append(f"{'all':<24} {'':>16} {'':>8}" + ("".join(f"{totals[s]:>9}" for s in splits) if per_split else "")
                  + f"{sum(e.num_samples for e in entries):>10}")

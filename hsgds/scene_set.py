@@ -201,7 +201,7 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
             if len(ss) == 1 or not str(exc).endswith(_FAR_WAVELENGTH):
                 raise
             # over an archive, raising the tolerance to pass this scene only meets the next: say what passes all
-            raise ConfigError(f"{exc} ({_tolerance_for_all(ss, wavelengths, tolerance)})") from None
+            raise ConfigError(f"{exc} ({_tolerance_for_all(ss, wavelengths or (), tolerance)})") from None
     return picked
 
 
