@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -105,10 +106,12 @@ DEFAULT_PATCH = 13
 def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 256, split: str | None = "train",
                 steps: int = 10, warmup: int = 2, device: Any = None, dtype: torch.dtype = torch.float32,
                 engine: str = "auto", reader: str = "auto", seed: int = 0, log: Any = None,
-                pixels: str = "labelled") -> BenchReport:
+                pixels: str = "labelled", wavelengths: Sequence[float] | None = None,
+                wavelength_tolerance: float = 5.0) -> BenchReport:
     """Measure t_io, t_compute and the end-to-end loop for the demo model on ``store``; ``patch_size`` None:
     13, or the largest the store serves when that is smaller. ``pixels``: the loader's ("all": every pixel,
-    unlabelled ones trained as class 0)."""
+    unlabelled ones trained as class 0). ``wavelengths`` (nm) and ``wavelength_tolerance``: the loader's band
+    selection, which scenes of several sensors (different band counts) need; the model then takes that many."""
     from hsgds.loader import PatchLoader
     from hsgds.models import SpectralSpatialCNN
     from hsgds.scene_set import open_scene_set
@@ -128,7 +131,8 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
 
     def loader(**kw: Any) -> PatchLoader:
         return PatchLoader(store, patch_size=patch_size, batch_size=batch_size, split=split, device=device,
-                           dtype=dtype, engine=engine, reader=reader, seed=seed, pixels=pixels, **kw)
+                           dtype=dtype, engine=engine, reader=reader, seed=seed, pixels=pixels,
+                           wavelengths=wavelengths, wavelength_tolerance=wavelength_tolerance, **kw)
 
     def targets(y: torch.Tensor) -> torch.Tensor:
         # cross-entropy refuses label -1 (an unlabelled pixel); class 0 costs the step what a label would
@@ -171,14 +175,15 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
             if len(resident) == 4:
                 break
         names = (ld.stats.reader, ld.stats.engine)
+        bands = scene.shape[2] if wavelengths is None else len(wavelengths)
     torch.manual_seed(seed)
-    model = SpectralSpatialCNN(scene.shape[2], classes, patch_size).to(dev)
+    model = SpectralSpatialCNN(bands, classes, patch_size).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ceiling = compute_only(model, resident, opt, steps=steps, warmup=warmup)
     del resident
     say(f"t_compute: {1e3 * ceiling.step_s:.1f} ms per step on resident batches")
     torch.manual_seed(seed)
-    model = SpectralSpatialCNN(scene.shape[2], classes, patch_size).to(dev)
+    model = SpectralSpatialCNN(bands, classes, patch_size).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def batches():

@@ -312,7 +312,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
             bar.update(done - bar.pos)
 
     try:
-        r = run_many(manifest, out, opts, scheduler=scheduler, workers=workers, force=overwrite, progress=progress)
+        r = run_many(manifest, out, opts, scheduler=scheduler, workers=workers, force=overwrite, progress=progress,
+                     notice=lambda line: click.echo(f"hsgds: {line}", err=True))
     finally:
         if bar is not None:
             bar.render_finish()
@@ -687,8 +688,10 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
 
     for option, value in (("-o", out), ("--probabilities", probabilities)):
         if value is not None and "{name}" not in value:
+            given = Path(value)  # the example is the user's own path with {name} in it (not -o's for --probabilities)
+            example = given.with_name(f"{given.stem}_{{name}}{given.suffix}")
             _fail(f"{option} {value} would be written once per scene of the collection; name each scene's file "
-                  "with {name}, e.g. maps/{name}.tif")
+                  f"with {{name}}, e.g. {example}")
     if probabilities is not None and Path(probabilities).resolve() == Path(out).resolve():
         _fail(f"--probabilities and -o would both write {out}; name another file")
     coll = open_collection(path)
@@ -850,19 +853,29 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--engine", default="auto", show_default=True)
 @click.option("--reader", default="auto", show_default=True)
+@click.option("--wavelengths", help="Band centres in nm, comma-separated: each scene's nearest band to each (a "
+                                    "collection of scenes with different band counts needs them), as "
+                                    "PatchLoader(wavelengths=[...]).")
+@click.option("--wavelength-tolerance", default=5.0, show_default=True,
+              help="Largest distance in nm from a wavelength to the band taken for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
-def bench(store, patch_size, batch_size, split, pixels, steps, dtype, device, engine, reader, as_json) -> None:
-    """Measure t_io (reading STORE), t_compute (the demo's model on resident batches) and the end-to-end loop;
-    say whether training is input-bound and the best possible speed-up."""
+def bench(store, patch_size, batch_size, split, pixels, steps, dtype, device, engine, reader, wavelengths,
+          wavelength_tolerance, as_json) -> None:
+    """Measure t_io (reading STORE: a store, or a collection folder), t_compute (the demo's model on resident
+    batches) and the end-to-end loop; say whether training is input-bound and the best possible speed-up."""
     import json
 
     import torch
 
     from hsgds.bench import bench_store, format_report
 
+    nm = None
+    if wavelengths is not None:  # any count of numbers: the loader checks them against each scene's bands
+        nm = _floats(wavelengths, len([w for w in wavelengths.split(",") if w.strip()]), "band centres in nm")
     r = bench_store(store, patch_size=patch_size, batch_size=batch_size, split=None if split == "all" else split,
                     steps=steps, device=device, dtype=getattr(torch, _DTYPES[dtype]), engine=engine, reader=reader,
-                    pixels=pixels, log=None if as_json else (lambda msg: click.echo(msg, err=True)))
+                    pixels=pixels, wavelengths=nm, wavelength_tolerance=wavelength_tolerance,
+                    log=None if as_json else (lambda msg: click.echo(msg, err=True)))
     click.echo(json.dumps(r.as_dict(), indent=1) if as_json else format_report(r))
 
 

@@ -208,6 +208,11 @@ def describe_collection(coll: Collection) -> str:
     lines = [f"collection: {coll.path} ({counted(len(entries), 'scene')}, {pixels:,} pixels, {raw / 2**30:.2f} GiB of cube data)",
              f"dtype:      {_tally([e.dtype for e in entries])}",
              f"bands:      {_tally([e.bands for e in entries])}"]
+    # what a loader over the whole collection will ask for, said before the user builds one
+    if len({e.dtype for e in entries}) > 1:
+        lines[1] += "; a loader reads one dtype: run the same convert-many command with --dtype float32"
+    if len({e.bands for e in entries}) > 1:
+        lines[2] += "; a loader over every scene selects bands with wavelengths=[...] (nm)"
     listed = [e.wavelengths for e in entries if e.wavelengths]
     if listed:
         # (PRISMA lists its bands descending, and has bands without a centre)
@@ -234,16 +239,20 @@ def describe_collection(coll: Collection) -> str:
     header = f"{'scene':<24} {'shape':>16} {'dtype':>8}"
     lines.append(header + ("".join(f"{s:>9}" for s in splits) if per_split else "") + f"{'labelled':>10}")
     totals = dict.fromkeys(splits, 0)
+    # labelled scenes first when not all fit: theirs are the counts the table is for (an archive's few labelled
+    # scenes, listed after its unlabelled tiles, were hidden in "... and N more"); collection order otherwise
+    rows = set(sorted(range(len(entries)), key=lambda i: (not entries[i].num_samples, i))[:LISTED_SCENES])
     for i, e in enumerate(entries):
         counts = {s: sum((e.tile_samples or {}).get(s, ())) for s in splits}
         for s in splits:
             totals[s] += counts[s]
-        if i < LISTED_SCENES:
+        if i in rows:
             shape = "x".join(str(n) for n in e.shape)
             lines.append(f"{e.name[:24]:<24} {shape:>16} {e.dtype:>8}"
                          + ("".join(f"{counts[s]:>9}" for s in splits) if per_split else "") + f"{e.num_samples:>10}")
     if len(entries) > LISTED_SCENES:
-        lines.append(f"... and {len(entries) - LISTED_SCENES} more scenes")
+        hidden_labelled = any(e.num_samples for i, e in enumerate(entries) if i not in rows)
+        lines.append(f"... and {len(entries) - LISTED_SCENES} more scenes" + ("" if hidden_labelled else " (unlabelled)"))
     lines.append(f"{'all':<24} {'':>16} {'':>8}" + ("".join(f"{totals[s]:>9}" for s in splits) if per_split else "")
                  + f"{sum(e.num_samples for e in entries):>10}")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hsgds import format as fmt
-from hsgds._wording import listed
+from hsgds._wording import counted, listed
 from hsgds.augment import Augment
 from hsgds.collection import Collection, DeferredScene, is_collection_path, open_collection
 from hsgds.engines.base import SceneTables
@@ -75,7 +75,8 @@ class SceneSet:
         with the band selection; tile geometries may differ.)"""
         if len(self.scenes) == 1:
             return
-        _same(self, "dtype", lambda s: str(s.dtype), "convert them with one --dtype (e.g. hsgds convert --dtype float32)")
+        _same(self, "dtype", lambda s: str(s.dtype), "convert them with one --dtype (e.g. hsgds convert --dtype float32; "
+              "a collection: the same hsgds convert-many command with --dtype float32)")
         labelled = [(n, s) for n, s in zip(self.names, self.scenes) if s.class_names or s.num_classes]
         if labelled:
             # each scene's own key (names, or the count of a scene without names): a scene with names and
@@ -86,9 +87,13 @@ class SceneSet:
             first = key(labelled[0][1])
             bad = [n for n, s in labelled if key(s) != first]
             if bad:
-                named = {bool(s.class_names) for _, s in labelled}
-                fix = ("convert the scenes without class names again with --class-names" if len(named) > 1
-                       else "load scenes with the same classes together")
+                names = next((s.class_names for _, s in labelled if s.class_names), None)
+                fix = "load scenes with the same classes together"
+                if names is not None and any(not s.class_names for _, s in labelled):
+                    # the names to give, ready to paste (unless a name holds the list's own comma)
+                    given = f" {','.join(names)}" if not any("," in n for n in names) else ""
+                    fix = (f"convert the scenes without class names again with --class-names{given} (a collection: "
+                           "the same convert-many command with it)")
                 raise ConfigError(f"scenes disagree on their classes: {_names(bad)} differ from "
                                   f"{labelled[0][0]!r} ({_short(first)}); {fix}")
 
@@ -106,11 +111,21 @@ def _short(value: Any) -> str:
     return text if len(text) < 120 else text[:117] + "..."
 
 
+def _each(names: Sequence[str], values: Sequence[Any]) -> str:
+    """Each scene's value; over more than ``_LISTED`` scenes, each value with its scenes' count and first names,
+    so that every value is named whatever the order (41 int16 scenes listed first hid the 10 uint16 ones)."""
+    if len(names) <= _LISTED:
+        return listed((f"{n}: {v}" for n, v in zip(names, values)), _LISTED)
+    groups: dict[str, list[str]] = {}
+    for n, v in zip(names, values):
+        groups.setdefault(str(v), []).append(n)
+    return listed((f"{v} in {counted(len(ns), 'scene')} ({listed(ns, 3)})" for v, ns in groups.items()), _LISTED)
+
+
 def _same(ss: SceneSet, what: str, key, fix: str) -> None:
     values = [key(s) for s in ss.scenes]
     if len(set(values)) > 1:
-        raise ConfigError(f"scenes have different {what} ({listed((f'{n}: {v}' for n, v in zip(ss.names, values)), _LISTED)}); "
-                          f"{fix}")
+        raise ConfigError(f"scenes have different {what} ({_each(ss.names, values)}); {fix}")
 
 
 def _scene_name(path: Path) -> str:
@@ -172,15 +187,37 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
     check_tolerance(tolerance)  # also unused (no wavelengths): the loader keeps it as a float
     counts = [s.shape[2] for s in ss.scenes]
     if wavelengths is None and len(set(counts)) > 1:
-        each = listed((f"{n}: {c}" for n, c in zip(ss.names, counts)), _LISTED)
-        raise ConfigError(f"scenes have different band counts ({each}); pass wavelengths=[...] (nm) to "
+        raise ConfigError(f"scenes have different band counts ({_each(ss.names, counts)}); pass wavelengths=[...] (nm) to "
                           "take each scene's band nearest each wavelength")
     if bands is None and wavelengths is None:
         return None
     if bands is not None:  # same-sensor scenes: one check, one array
         return [scene_bands(ss.names[0], counts[0], None, bands, None, tolerance)] * len(ss)
-    return [scene_bands(name, s.shape[2], s.wavelengths, bands, wavelengths, tolerance)
-            for name, s in zip(ss.names, ss.scenes)]
+    picked = []
+    for name, s in zip(ss.names, ss.scenes):
+        try:
+            picked.append(scene_bands(name, s.shape[2], s.wavelengths, bands, wavelengths, tolerance))
+        except ConfigError as exc:
+            if len(ss) == 1 or not str(exc).endswith(_FAR_WAVELENGTH):
+                raise
+            # over an archive, raising the tolerance to pass this scene only meets the next: say what passes all
+            raise ConfigError(f"{exc} ({_tolerance_for_all(ss, wavelengths or (), tolerance)})") from None
+    return picked
+
+
+def _tolerance_for_all(ss: SceneSet, wavelengths: Sequence[float], tolerance: float) -> str:
+    """How many scenes lack a band within ``tolerance`` of some wavelength, and the tolerance that gives every
+    scene (with band centres) a band near each: the farthest any nearest band is, rounded up to 0.1 nm."""
+    want = np.asarray(wavelengths, dtype=np.float64)
+    far = []
+    for s in ss.scenes:
+        nm = fmt.wavelength_array(() if s.wavelengths is None else s.wavelengths)
+        known = nm[~np.isnan(nm)]
+        if known.size:
+            far.append(float(np.abs(known[None, :] - want[:, None]).min(axis=1).max()))
+    missing = sum(f > tolerance for f in far)
+    return (f"{missing} of {counted(len(ss), 'scene')} lack a band within {tolerance:g} nm of one; "
+            f"wavelength_tolerance={np.ceil(max(far) * 10) / 10:g} gives each scene a band near every one")
 
 
 #: what a loader's user can do about a wavelength a scene has no band near

@@ -591,7 +591,8 @@ def _ctrl_c_ignored() -> Iterator[None]:
 
 def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: ConvertOptions = ConvertOptions(),
                  *, scheduler: str | None = None, workers: int = 2, force: bool = False,
-                 progress: Callable[[SceneResult, int, int], None] | None = None) -> ManyResult:
+                 progress: Callable[[SceneResult, int, int], None] | None = None,
+                 notice: Callable[[str], None] | None = None) -> ManyResult:
     """Convert every scene of ``manifest`` into ``out_dir/<name>.zarr`` on Dask; write ``collection.json``.
 
     Parameters
@@ -609,6 +610,9 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
         same paths; None starts a ``LocalCluster`` with ``workers`` processes on this machine.
     progress
         Called on this machine as each scene finishes: ``progress(result, done, total)``.
+    notice
+        Called with a line to show the user while the run waits: a ``scheduler`` without workers (the tasks
+        wait for workers to join; without the line the command sat silent).
 
     Returns
     -------
@@ -635,6 +639,11 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
         raise InputError(f"{out} exists and is not a folder; choose another -o")
     distributed = require("distributed", "dask", "hsgds convert-many")
     client, cluster = _client(scheduler, workers)  # before the folder: an unreachable cluster leaves nothing
+    if scheduler is not None and notice is not None and not client.scheduler_info().get("workers"):
+        # an autoscaled cluster may add workers later, so wait for them, but say so
+        notice(f"the Dask scheduler at {scheduler} has no workers yet; waiting for them (start them with "
+               f"`dask worker {scheduler} --nthreads 1` where the manifest's paths and {out} are reachable, "
+               "or press Ctrl-C)")
     results: dict[str, SceneResult] = {}
     try:
         try:

@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import zarr
 
 import hsgds
 from hsgds.errors import ConfigError, StoreError, TileReadError
@@ -247,6 +248,33 @@ def test_collection_norm_scope_pools_train_pixels_exactly(scenes, normalize):
         hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, norm_scope="global", device="cpu")
 
 
+def test_a_wavelength_far_from_some_scenes_names_the_tolerance_that_serves_them_all(scenes):
+    """Over several scenes, a wavelength too far from a scene's bands named that scene alone: raising the
+    tolerance past it met the next scene, one error at a time over an archive. The message also counts the
+    scenes that lack a band and names the tolerance that serves them all: numpy's farthest nearest band over the
+    band centres zarr-python reads, rounded up to 0.1 nm, with which the loader is built (and 0.1 nm less fails)."""
+    names, want = ["A", "C", "E"], np.array([455.0, 905.0])
+    far = []
+    for n in names:
+        nm = np.asarray(zarr.open_group(scenes[n][2], mode="r").attrs["hsgds"]["wavelengths"], np.float64)
+        far.append(np.abs(nm[None, :] - want[:, None]).min(axis=1).max())
+    need = np.ceil(max(far) * 10) / 10
+    missing = sum(f > 50 for f in far)
+    assert (need, missing) == (105, 1)  # C (300..800 nm) is 105 nm from 905; A and E have 900 nm
+    stores = [scenes[n][2] for n in names]
+    with pytest.raises(ConfigError, match=r"^scene 'C' has no band within 50 nm of 905 nm \(nearest: 800 nm\); raise "
+                                          r"wavelength_tolerance or drop that wavelength \(1 of 3 scenes lack a band "
+                                          r"within 50 nm of one; wavelength_tolerance=105 gives each scene a band near "
+                                          r"every one\)$"):
+        hsgds.PatchLoader(stores, patch_size=5, batch_size=8, wavelengths=want.tolist(), wavelength_tolerance=50,
+                          device="cpu")
+    hsgds.PatchLoader(stores, patch_size=5, batch_size=8, wavelengths=want.tolist(), wavelength_tolerance=need,
+                      device="cpu").close()
+    with pytest.raises(ConfigError, match="lack a band"):
+        hsgds.PatchLoader(stores, patch_size=5, batch_size=8, wavelengths=want.tolist(),
+                          wavelength_tolerance=need - 0.1, device="cpu")
+
+
 def test_mismatched_collections_are_refused_naming_the_scenes(scenes):
     with pytest.raises(ConfigError, match=r"classes: 'D' differ from 'A'"):
         hsgds.PatchLoader([scenes["A"][2], scenes["D"][2]], patch_size=3, batch_size=4, device="cpu")
@@ -257,6 +285,28 @@ def test_mismatched_collections_are_refused_naming_the_scenes(scenes):
                           device="cpu")
 
 
+def test_a_mismatch_among_many_scenes_names_every_value(scenes, tmp_path):
+    """Over more scenes than a message lists one by one, each value is named with its scenes' count: a float32
+    scene after twelve int16 ones (an archive of two sensors, listed sensor by sensor) was hidden in "and 1 more",
+    so the message did not say which scenes differ."""
+    cube, labels, _ = scenes["A"]
+    np.save(tmp_path / "gt.npy", labels)
+    opts = ConvertOptions(labels=tmp_path / "gt.npy", tile=18, max_patch=15, train=0.3, val=0.2,
+                          class_names=CLASSES, dtype="float32")
+    wide = convert_quietly(write_envi(tmp_path / "cube", cube, [400 + 100 * k for k in range(6)]),
+                           tmp_path / "W.zarr", opts)
+    many = [scenes["A"][2]] * 12
+    assert hsgds.open_scene(wide).dtype == np.float32 and hsgds.open_scene(many[0]).dtype == np.int16
+    with pytest.raises(ConfigError, match=r"^scenes have different dtype \(int16 in 12 scenes \(0:A, 1:A, 2:A "
+                                          r"and 9 more\), float32 in 1 scene \(12:W\)\); convert them with one "
+                                          r"--dtype \(e\.g\. hsgds convert --dtype float32; a collection: the same "
+                                          r"hsgds convert-many command with --dtype float32\)$"):
+        hsgds.PatchLoader([*many, wide], patch_size=3, batch_size=4, device="cpu")
+    with pytest.raises(ConfigError, match=r"^scenes have different band counts \(6 in 12 scenes \(0:A, 1:A, 2:A "
+                                          r"and 9 more\), 8 in 1 scene \(12:E\)\); pass wavelengths="):
+        hsgds.PatchLoader([*many, scenes["E"][2]], patch_size=3, batch_size=4, device="cpu")
+
+
 def test_scenes_with_and_without_class_names_are_refused_in_either_order(scenes, tmp_path):
     """Class names are compared whichever scene comes first: a scene without names beside one with them
     is a one-line ConfigError, not a TypeError (names first) or a silent pass (names second)."""
@@ -265,7 +315,11 @@ def test_scenes_with_and_without_class_names_are_refused_in_either_order(scenes,
                               ConvertOptions(labels=d / "A_gt.npy", tile=18, max_patch=15, train=0.3, val=0.2))
     assert hsgds.open_scene(unnamed).class_names is None
     for stores, bad, first in (([scenes["A"][2], unnamed], "A2", "A"), ([unnamed, scenes["A"][2]], "A", "A2")):
-        with pytest.raises(ConfigError, match=rf"classes: '{bad}' differ from '{first}' .*--class-names"):
+        # the fix names the names to give, those the named scene has (zarr-python reads them from its metadata)
+        names = zarr.open_group(scenes["A"][2], mode="r").attrs["hsgds"]["class_names"]
+        with pytest.raises(ConfigError, match=rf"classes: '{bad}' differ from '{first}' .*; convert the scenes "
+                                              rf"without class names again with --class-names {','.join(names)} "
+                                              r"\(a collection: the same convert-many command with it\)$"):
             hsgds.PatchLoader(stores, patch_size=3, batch_size=4, device="cpu")
 
 

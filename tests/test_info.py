@@ -181,8 +181,10 @@ def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
         entry("a", 3, "int16", (400.0, 500.0, 600.0)), entry("b", 3, "uint16", (450.0, 550.0, 900.0)),
         entry("c", 2, "int16", None)]))
     assert "(3 scenes, 60 pixels," in text
-    assert "dtype:      int16 (2 scenes), uint16 (1 scene)" in text
-    assert "bands:      3 (2 scenes), 2 (1 scene)" in text
+    # with what a loader over all of them needs (it refuses several dtypes, and band counts without wavelengths)
+    assert ("dtype:      int16 (2 scenes), uint16 (1 scene); a loader reads one dtype: run the same convert-many "
+            "command with --dtype float32\n") in text
+    assert "bands:      3 (2 scenes), 2 (1 scene); a loader over every scene selects bands with wavelengths=[...] (nm)\n" in text
     assert "spectrum:   400.0-900.0 nm (1 scene without wavelengths)" in text
     # a sensor listing its bands descending (PRISMA): the span is still lowest to highest
     falling = describe_collection(Collection(tmp_path / "collection.json", [
@@ -190,7 +192,32 @@ def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
     assert "spectrum:   400.0-950.0 nm" in falling
     assert text.endswith("classes:    none (no scene has labels)")
     one = describe_collection(Collection(tmp_path / "collection.json", [entry("a", 3, "int16", None)]))
-    assert "(1 scene, 20 pixels," in one
+    assert "(1 scene, 20 pixels," in one and "a loader" not in one
+
+
+def test_collection_summary_lists_labelled_scenes_before_unlabelled_ones(tmp_path):
+    """An archive of 24 unlabelled tiles listed before its 2 labelled scenes: the table of the first 20 scenes
+    showed only unlabelled rows of zeros. Labelled scenes come first when not every scene fits, the rest in
+    collection order, and the line for the others says they are unlabelled."""
+    from hsgds.collection import Collection, SceneEntry
+    from hsgds.info import LISTED_SCENES, describe_collection
+
+    def entry(name, samples):
+        return SceneEntry(name=name, path=tmp_path / f"{name}.zarr", shape=(4, 5, 3), dtype="int16",
+                          wavelengths=None, band_names=None, num_classes=2 if samples else 0, class_names=None,
+                          num_samples=samples, source_sha256="")
+
+    entries = [entry(f"tile_{i:02d}", 0) for i in range(24)] + [entry("site_a", 7), entry("site_b", 5)]
+    rows = [line.split()[0] for line in describe_collection(Collection(tmp_path / "collection.json", entries))
+            .splitlines() if line.startswith(("tile_", "site_", "..."))]
+    assert LISTED_SCENES == 20
+    assert rows == [f"tile_{i:02d}" for i in range(18)] + ["site_a", "site_b", "..."]
+    text = describe_collection(Collection(tmp_path / "collection.json", entries))
+    assert "... and 6 more scenes (unlabelled)\n" in text and text.endswith(f"{12:>10}")
+    # all fit: collection order, no line for more
+    few = describe_collection(Collection(tmp_path / "collection.json", entries[:3] + entries[-1:]))
+    assert [line.split()[0] for line in few.splitlines() if line.startswith(("tile_", "site_"))] == [
+        "tile_00", "tile_01", "tile_02", "site_b"] and "more scenes" not in few
 
 
 def test_info_of_a_missing_model_file_names_it(tmp_path, run_cli):

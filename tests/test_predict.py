@@ -1169,6 +1169,12 @@ def test_cli_predict_a_collection_writes_a_map_per_scene(store, tmp_path, run_cl
 
     code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", tmp_path / "one.npy")
     assert code == 2 and "{name}" in err and len(err.strip().splitlines()) == 1, err
+    # the example is that option's own path with {name} in it (it offered maps/{name}.tif for --probabilities too)
+    assert err.endswith(f"e.g. {tmp_path / 'one_{name}.npy'}\n"), err
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--probabilities",
+                             maps / "p.npy")
+    assert code == 2 and err == (f"hsgds: error: --probabilities {maps / 'p.npy'} would be written once per scene of "
+                                 f"the collection; name each scene's file with {{name}}, e.g. {maps / 'p_{name}.npy'}\n")
     code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", tmp_path / "nowhere" / "{name}.npy")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     other_bands, _ = _checkpoint(tmp_path / "..", bands=B + 1)

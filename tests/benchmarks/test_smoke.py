@@ -212,6 +212,43 @@ def test_hsgds_bench_over_several_stores_reports_them_and_their_bytes(tmp_path, 
     assert code == 0 and f"store:        {tmp_path}\n" in out and f"to read {expected_tiles} tiles" in out, err
 
 
+def test_hsgds_bench_over_scenes_of_two_sensors_selects_bands_by_wavelength(tmp_path, run_cli):
+    """A collection of two sensors (8 and 6 bands) could not be benched: the loader asked for wavelengths=[...],
+    which the command had no option for. --wavelengths selects each scene's nearest band, the demo model takes
+    that many, and every tile holding train samples (zarr-python's sample table) is read."""
+    import numpy as np
+    import zarr
+
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    stores = []
+    for name, bands, first, seed in (("a", 8, 400.0, 4), ("b", 6, 405.0, 5)):
+        cube, gt = make_scene(30, 28, bands, classes=3, dtype="int16", seed=seed)
+        np.save(tmp_path / f"{name}.npy", cube)
+        np.save(tmp_path / f"{name}_gt.npy", gt)
+        nm = tuple(first + 50.0 * k for k in range(bands))
+        stores.append(convert(tmp_path / f"{name}.npy", tmp_path / f"{name}.zarr",
+                              ConvertOptions(labels=tmp_path / f"{name}_gt.npy", max_patch=5, train=0.5,
+                                             wavelengths=nm)))
+    write_collection(tmp_path, [SceneEntry.of_scene(s.stem, hsgds.open_scene(s)) for s in stores])
+    expected_tiles = 0
+    for store in stores:
+        tiles = zarr.open_array(store / "samples" / "tile", mode="r")[:]
+        split = zarr.open_array(store / "samples" / "split", mode="r")[:]
+        expected_tiles += len(np.unique(tiles[split == 1]))
+    args = ("bench", tmp_path, "--patch-size", "5", "--batch-size", "32", "--steps", "1", "--device", "cpu")
+    code, out, err = run_cli(*args)
+    assert code == 2 and "scenes have different band counts (a: 8, b: 6)" in err, err
+    code, out, err = run_cli(*args, "--wavelengths", "450, 552,650", "--wavelength-tolerance", "6")
+    assert code == 0 and f"to read {expected_tiles} tiles" in out, err
+    code, out, err = run_cli(*args, "--wavelengths", "450,552,650", "--wavelength-tolerance", "3")
+    assert code == 2 and "scene 'b' has no band within 3 nm of 450 nm (nearest: 455 nm)" in err, err
+    code, out, err = run_cli(*args, "--wavelengths", "450,x")
+    assert code == 2 and "'450,x': give 2 comma-separated numbers (band centres in nm)" in err
+
+
 def _report(**times):
     fields = dict(store="s", device="cpu", reader="posix", engine="torch", patch_size=5, batch_size=32,
                   dtype="float32", tiles=4, tile_bytes=1000, t_io_s=0.1, io_GBps=4e-5, loader_batch_s=0.01,

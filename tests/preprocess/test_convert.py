@@ -163,7 +163,8 @@ def test_scenes_of_several_dtypes_load_together_after_dtype(npy_scene, tmp_path,
                                *extra)
         assert code == 0, err
     with pytest.raises(hsgds.ConfigError, match=r"scenes have different dtype \(a: uint16, b: float32\); convert them "
-                                                r"with one --dtype \(e\.g\. hsgds convert --dtype float32\)"):
+                                                r"with one --dtype \(e\.g\. hsgds convert --dtype float32; a collection: "
+                                                r"the same hsgds convert-many command with --dtype float32\)$"):
         hsgds.PatchLoader([tmp_path / "a.zarr", tmp_path / "b.zarr"], patch_size=3, batch_size=8, device="cpu")
     with hsgds.PatchLoader([tmp_path / "a32.zarr", tmp_path / "b.zarr"], patch_size=1, batch_size=64, device="cpu",
                            normalize=None, return_coords=True, split=None) as loader:

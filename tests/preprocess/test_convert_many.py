@@ -308,6 +308,36 @@ def test_unreachable_scheduler_leaves_no_folder(tmp_path, run_cli, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_scheduler_without_workers_is_said_and_waited_for(tmp_path):
+    """A --scheduler whose workers are not started yet (or were forgotten): the command sat silent for ever.
+    It says so in one line, naming the command that starts one, and waits: a worker that joins then converts
+    every scene (each store holds its source exactly)."""
+    arrays = make_sources(tmp_path, n=2)
+    lines: list[str] = []
+    said = threading.Event()
+    done: dict = {}
+    with distributed.LocalCluster(n_workers=0, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                  silence_logs=50) as empty:
+        address = empty.scheduler_address
+
+        def run() -> None:
+            done["result"] = convert_many(tmp_path / "scenes.csv", tmp_path / "out", OPTS, scheduler=address,
+                                          notice=lambda line: (lines.append(line), said.set()))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert said.wait(60), "no line said that the scheduler has no workers"
+        assert not (tmp_path / "out" / "collection.json").exists()  # it waits: nothing converted without a worker
+        empty.scale(1)
+        thread.join(120)
+        assert not thread.is_alive()
+    assert lines == [f"the Dask scheduler at {address} has no workers yet; waiting for them (start them with "
+                     f"`dask worker {address} --nthreads 1` where the manifest's paths and {tmp_path / 'out'} "
+                     "are reachable, or press Ctrl-C)"]
+    assert [r.status for r in done["result"].scenes] == ["converted"] * 2
+    check_collection(tmp_path / "out", arrays, tmp_path)
+
+
 def test_rerun_keeps_a_resplit_and_says_why_it_converts_again(cluster, tmp_path, run_cli):
     """convert-many, then a collection-wide resplit, then the same convert-many again: the re-split stores
     are up to date (converted with the command's options); other split options convert them again, saying
@@ -998,7 +1028,9 @@ def test_a_prisma_scene_with_unused_bands_joins_a_collection_by_wavelength(tmp_p
         ref = np.stack([padded[y:y + 3, x:x + 3][..., idx] for y, x in coords[rows_s, 1:]])
         np.testing.assert_array_equal(got[rows_s], ref.transpose(0, 3, 1, 2))
     with pytest.raises(ConfigError, match=r"^scene 'p' has no band within 5 nm of 900 nm \(nearest: 760 nm\); "
-                                          r"raise wavelength_tolerance or drop that wavelength$"):
+                                          r"raise wavelength_tolerance or drop that wavelength \(2 of 2 scenes lack "
+                                          r"a band within 5 nm of one; wavelength_tolerance=140 gives each scene a "
+                                          r"band near every one\)$"):  # 900 nm: 760 (used) in p, 880 in e
         hsgds.PatchLoader(out, patch_size=3, batch_size=8, pixels="all", wavelengths=[482, 900], device="cpu")
 
     # one PRISMA scene for training: its unused bands are constant, so z-scored they read 0, not NaN
