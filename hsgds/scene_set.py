@@ -237,16 +237,16 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
         except (TypeError, ValueError):  # e.g. a ragged list: numpy's message names no option
             idx = np.empty(0)
         if idx.ndim != 1 or len(idx) == 0 or idx.dtype.kind not in "iu":
-            raise ConfigError(f"bands must be a non-empty list of band indices, got {_shown(bands)}")
+            raise ConfigError(f"bands must be a non-empty list of band indices, got {shown(bands, 120)}")
         if idx.min() < 0 or idx.max() >= count:
-            raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {_shown(bands)}")
+            raise ConfigError(f"bands must be in 0..{count - 1} (scene {name!r} has {count} bands), got {shown(bands, 120)}")
         return idx.astype(np.int64)
     try:
         want = np.asarray(wavelengths, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):  # e.g. ["abc"], a dict, an int past float: not numbers
         want = np.empty(0)
     if want.ndim != 1 or len(want) == 0 or not np.all(np.isfinite(want)):
-        raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {_shown(wavelengths)}")
+        raise ConfigError(f"wavelengths must be a non-empty list of numbers (nm), got {shown(wavelengths, 120)}")
     check_tolerance(tolerance)
     nm = fmt.wavelength_array(() if have is None else have)
     known = np.flatnonzero(~np.isnan(nm))  # the bands with a centre: only they can be nearest
@@ -266,12 +266,6 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
         raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
                           f"{nm[nearest[i]]:g} nm); {far}")
     return nearest.astype(np.int64)
-
-
-def _shown(value: Any, limit: int = 120) -> str:
-    """``repr(value)`` on one line, shortened: a numpy array's repr wraps, over many lines for a long one."""
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _fits_a_float(value: Any) -> bool:
