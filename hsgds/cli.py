@@ -100,8 +100,8 @@ _AMOUNT = _Amount()
 @contextmanager
 def _split_warnings(prefix: str = ""):
     """Show a split's warnings (classes that could not be split, a train share far from --train) and the
-    converter's (labelled pixels without data, wavelengths not recorded) as one line each on stderr, after
-    ``prefix`` (a collection's scene name)."""
+    converter's (labelled pixels without data, wavelengths or a georeference not recorded) as one line each on
+    stderr, after ``prefix`` (a collection's scene name)."""
     from hsgds.preprocess.convert import CONVERT_WARNINGS as ours
 
     shown: list[warnings.WarningMessage] = []
