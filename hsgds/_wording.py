@@ -10,6 +10,18 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
+def duration(seconds: float) -> str:
+    """A time span as a log line reads it, to the second under an hour, to the minute above: "42s", "5m07s",
+    "1h13m", "26h40m" (at least "1s": "about 0s left" would say nothing is left)."""
+    total = max(1, round(seconds))
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m{total % 60:02d}s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
 def listed(items: Iterable[object], limit: int = 5) -> str:
     """The first ``limit`` items, comma separated, and how many more: "'a', 'b' and 3 more" (items as
     given: pass reprs or formatted strings for quoting)."""

@@ -6,6 +6,7 @@ no CUDA GPU would be used; 130 when interrupted (Ctrl-C)."""
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, suppress
@@ -17,7 +18,7 @@ import numpy as np
 
 from hsgds._optional import pip_install
 from hsgds._version import __version__
-from hsgds._wording import counted, listed
+from hsgds._wording import counted, duration, listed
 from hsgds.errors import HsgdsError, InputError, StoreError, one_line
 
 EXIT_BAD_INPUT = 2
@@ -100,8 +101,8 @@ _AMOUNT = _Amount()
 @contextmanager
 def _split_warnings(prefix: str = ""):
     """Show a split's warnings (classes that could not be split, a train share far from --train) and the
-    converter's (labelled pixels without data, wavelengths not recorded) as one line each on stderr, after
-    ``prefix`` (a collection's scene name)."""
+    converter's (labelled pixels without data, wavelengths or a georeference not recorded) as one line each on
+    stderr, after ``prefix`` (a collection's scene name)."""
     from hsgds.preprocess.convert import CONVERT_WARNINGS as ours
 
     shown: list[warnings.WarningMessage] = []
@@ -132,6 +133,33 @@ def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
             bar.update(done - bar.pos)
 
     return bar, progress
+
+
+class _LogProgress:
+    """Progress for a stderr that is not a terminal (a batch job's log, SLURM, nohup), where no bar is drawn:
+    a line as an item finishes, at most once every ``progress_log_s`` seconds (setting), and one when the last
+    finishes: how many are done and failed, the mean time per item so far (wall clock since the command
+    started, so workers running side by side count) and the time left at that pace."""
+
+    def __init__(self, command: str, noun: str) -> None:
+        from hsgds import defaults
+
+        self.command, self.noun = command, noun
+        self.interval = defaults.get("progress_log_s")
+        self.start = self.said = time.monotonic()
+
+    def update(self, done: int, total: int, failed: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self.said < self.interval:
+            return
+        self.said = now
+        each = (now - self.start) / max(done, 1)
+        line = (f"hsgds: {self.command}: {done:,} of {total:,} {self.noun}s done"
+                + (f" ({failed:,} failed)" if failed else "")
+                + f", {f'{each:.3g}' if each < 100 else f'{each:.0f}'} s per {self.noun}")
+        if done < total:
+            line += f", about {duration(each * (total - done))} left"
+        click.echo(line, err=True)
 
 
 def _echo_nodata(store) -> None:
@@ -275,7 +303,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     --band-axis (a PRISMA cube's middle beside GeoTIFF scenes); wavelengths names a text file of the scene's
     band centres (nm); nodata is the scene's nodata value (a number, nan or none), over --nodata. Rerunning
     converts only scenes that are missing, changed or damaged. Exit 1 when some scenes failed (each is named
-    with its reason)."""
+    with its reason). Progress: a bar on a terminal; in a log, a line as a scene finishes, at most every 30 s
+    (HSGDS_PROGRESS_LOG_S), and at the end."""
     import logging
 
     from hsgds.preprocess.convert_many import NEW
@@ -293,11 +322,13 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     bar: Any = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
                             item_show_func=lambda tiles: None if tiles is None else f"{tiles} tiles"
                             ) if sys.stderr.isatty() else None
-    tiles = 0
+    log = _LogProgress("convert-many", "scene") if bar is None else None  # a batch job's log: lines, not a bar
+    tiles = failed = 0
 
     def progress(result, done: int, total: int) -> None:
-        nonlocal tiles
+        nonlocal tiles, failed
         tiles += result.tiles
+        failed += result.status == "failed"
         for said in result.warnings:  # recorded on the worker: shown here, as `hsgds convert` shows them
             click.echo(f"{chr(10) if bar else ''}hsgds: warning: {result.name}: {said}", err=True)
         if result.status == "failed":
@@ -310,6 +341,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
             bar.length = total
             bar.current_item = tiles
             bar.update(done - bar.pos)
+        if log is not None:
+            log.update(done, total, failed)
 
     try:
         r = run_many(manifest, out, opts, scheduler=scheduler, workers=workers, force=overwrite, progress=progress,

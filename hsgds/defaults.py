@@ -56,14 +56,14 @@ def _integer(minimum: int) -> Callable[[Any], int]:
     return parse
 
 
-def _number(low: float, high: float) -> Callable[[Any], float]:
-    """A float in the interval (low, high]."""
+def _number(low: float, high: float, closed: bool = False) -> Callable[[Any], float]:
+    """A float in the interval (low, high], or [low, high] when ``closed``."""
 
     def parse(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ValueError
         number = float(value)
-        if not low < number <= high:
+        if not (low <= number if closed else low < number) or not number <= high:
             raise ValueError
         return number
 
@@ -121,6 +121,9 @@ _SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("max_open_scenes", "HSGDS_MAX_OPEN_SCENES", 64, _integer(1), "an integer >= 1"),
     # a loader over several scenes keeps their label maps / sample sets up to this many bytes (LRU)
     Setting("sample_cache_bytes", "HSGDS_SAMPLE_CACHE_BYTES", 256 << 20, _integer(0), "a number of bytes >= 0"),
+    # stderr not a terminal (a batch job's log): a progress line at most this often (and at the end); 0: every item
+    Setting("progress_log_s", "HSGDS_PROGRESS_LOG_S", 30.0, _number(0.0, 86400.0, closed=True),
+            "seconds in [0, 86400]"),
     # most tiles the ring reads at once (one batched read_many for kvikio, one thread each for POSIX)
     Setting("read_inflight", "HSGDS_READ_INFLIGHT", 4, _integer(1), "an integer >= 1"),
     # ring_bytes=None: the ring holds the whole split, capped to this many bytes on the CPU ...

@@ -47,7 +47,7 @@ try:
 except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
     fcntl = None
 
-__all__ = ["CONVERT_WARNINGS", "ConvertOptions", "NodataWarning", "WavelengthWarning", "convert", "lock_folder", "nodata_option", "remove_stale", "wavelength_list", "write_error"]
+__all__ = ["CONVERT_WARNINGS", "ConvertOptions", "GeoreferenceWarning", "NodataWarning", "WavelengthWarning", "convert", "lock_folder", "nodata_option", "remove_stale", "wavelength_list", "write_error"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
 
@@ -515,8 +515,14 @@ class WavelengthWarning(UserWarning):
     outside MIN_NM-MAX_NM nm): the store records none, and the conversion goes on."""
 
 
+class GeoreferenceWarning(UserWarning):
+    """The source carries a map grid that cannot be recorded (a PRISMA L2D file's corners missing or not spanning
+    its pixels): the store records no georeference, and the conversion goes on."""
+
+
 #: the converter's own warnings: the CLI shows each as one line, convert-many returns them per scene
-CONVERT_WARNINGS: tuple[type[Warning], ...] = (NodataWarning, splitting.SplitWarning, WavelengthWarning)
+CONVERT_WARNINGS: tuple[type[Warning], ...] = (GeoreferenceWarning, NodataWarning, splitting.SplitWarning,
+                                               WavelengthWarning)
 
 
 def _nodata_of(opts: ConvertOptions, cube: SourceCube) -> float | None:
@@ -761,6 +767,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if wavelengths is None and note is not None:
         warnings.warn(f"{note}; the store records no wavelengths (to match bands by wavelength, give the band "
                       f"centres in nm with {opts.wavelengths_from} or fix the header)", WavelengthWarning, stacklevel=2)
+    geo_note = getattr(cube, "georeference_note", None)
+    if getattr(cube, "georeference", None) is None and geo_note is not None:
+        warnings.warn(f"{geo_note}; the store records no georeference (maps predicted from it carry no coordinates)",
+                      GeoreferenceWarning, stacklevel=2)
     # every file the labels are read from (an ENVI header and its binary, whichever --labels names) is
     # stamped before the read and recorded: a change to the one not named is a change to the labels
     label_paths = [] if opts.labels is None else label_files(opts.labels)

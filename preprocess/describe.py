@@ -70,9 +70,10 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         lines.append(f"bands:      {counted(b, 'band')}, " + (
             fmt.describe_wavelengths(wl) + (f" (from {sidecar.name})" if sidecar else "") if wl else
             f"{why} (give them with --wavelengths to select bands by nm)"))
-        geo = cube.georeference
-        lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else "none (maps predicted from it carry "
-                                                                                  "no coordinates)"))
+        geo, geo_note = cube.georeference, getattr(cube, "georeference_note", None)
+        lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else (
+            f"not recorded: {geo_note.split(': ', 1)[-1]}" if geo_note else "none") + " (maps predicted from it carry "
+                                                                                      "no coordinates)"))
         try:
             value = recorded_nodata(cube)
             nodata = (f"{value:g} ({_NODATA_FIELD.get(kind, 'recorded')}): a pixel with every band at it is left "

@@ -15,11 +15,34 @@ PRISMA_FIELDS = "HDFEOS/SWATHS/PRS_L2D_HCO/Data Fields"
 PRISMA_VNIR, PRISMA_SWIR = f"{PRISMA_FIELDS}/VNIR_Cube", f"{PRISMA_FIELDS}/SWIR_Cube"
 
 
+#: the map coordinates (EPSG:32632, UTM 32N) of the upper-left pixel's centre of the L2D files written here
+PRISMA_EPSG, PRISMA_UL = 32632, (500015.0, 5000985.0)
+
+
+def prisma_corners(height: int, width: int, ul: tuple[float, float] = PRISMA_UL, pixel: float = 30.0
+                   ) -> dict[str, float]:
+    """The corner root attributes of a PRISMA L2D grid of ``height`` x ``width`` ``pixel``-metre pixels whose
+    upper-left pixel is centred at ``ul``: each corner pixel's centre, as ASI's products give them (EnMAP-Box's
+    and prismaread's L2D importers put the grid's outer edge half a pixel beyond them)."""
+    (x0, y0), x1, y1 = ul, ul[0] + (width - 1) * pixel, ul[1] - (height - 1) * pixel
+    return {f"Product_{corner}corner_{axis}": value
+            for corner, (x, y) in {"UL": (x0, y0), "UR": (x1, y0), "LL": (x0, y1), "LR": (x1, y1)}.items()
+            for axis, value in (("easting", x), ("northing", y))}
+
+
 def write_prisma(path: Path, vnir: np.ndarray, swir: np.ndarray, cw_vnir: list[float], cw_swir: list[float],
-                 flags_vnir: list[int] | None = None, flags_swir: list[int] | None = None) -> Path:
+                 flags_vnir: list[int] | None = None, flags_swir: list[int] | None = None,
+                 grid: dict[str, object] | None = None) -> Path:
     """A PRISMA L2D-shaped HE5 file: ``vnir`` and ``swir`` (H, W, B) stored as PRISMA does, (H, B, W) uint16,
     with the root attributes listing each detector's band centres (float32, nm, band i of the cube at element
-    i), their flags (uint8, 1 = used; all 1 unless given) and FWHMs, and the error matrix beside each cube."""
+    i), their flags (uint8, 1 = used; all 1 unless given) and FWHMs, the error matrix beside each cube, and the
+    map grid: ``Epsg_Code`` (int32) and the corner pixels' centres (float64 easting / northing, see
+    :func:`prisma_corners`, beside latitude / longitude corners); ``grid`` replaces those attributes (None: not
+    written)."""
+    attrs: dict[str, object] = {"Epsg_Code": np.int32(PRISMA_EPSG), **prisma_corners(*vnir.shape[:2])}
+    attrs.update({"Product_ULcorner_lat": 45.14, "Product_ULcorner_long": 9.0,  # (not read: the grid is in metres)
+                  "Product_LRcorner_lat": 45.13, "Product_LRcorner_long": 9.01})
+    attrs.update(grid or {})
     with h5py.File(path, "w") as f:
         for name, cube in (("VNIR", vnir), ("SWIR", swir)):
             f[f"{PRISMA_FIELDS}/{name}_Cube"] = cube.transpose(0, 2, 1).astype(np.uint16)
@@ -30,7 +53,9 @@ def write_prisma(path: Path, vnir: np.ndarray, swir: np.ndarray, cw_vnir: list[f
             f.attrs[f"List_Cw_{name}_Flags"] = np.asarray([1] * len(cw) if flags is None else flags, np.uint8)
             f.attrs[f"List_Fwhm_{name}"] = np.where(np.asarray(cw) > 0, 12.5, 0).astype(np.float32)
         f.attrs["L2ScaleVnirMin"], f.attrs["L2ScaleVnirMax"] = np.float32(0), np.float32(1)
-        f.attrs["Epsg_Code"] = np.int32(32632)
+        for name, value in attrs.items():
+            if value is not None:
+                f.attrs[name] = value
     return path
 
 

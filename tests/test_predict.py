@@ -368,6 +368,43 @@ def test_envi_source_to_georeferenced_class_map(tmp_path):
     assert np.array_equal(data, out)
 
 
+def test_prisma_l2d_source_to_georeferenced_class_map(tmp_path, run_cli):
+    """A PRISMA L2D HE5 file (written by h5py in PRISMA's layout, its grid in root attributes: Epsg_Code and the
+    centres of its corner pixels) converted and predicted with the commands: the map, as rasterio reads it, is in
+    the file's EPSG code on the 30 m grid whose corner pixels are centred where the file says (the transform
+    computed here from the attributes as h5py reads them), and `hsgds info` describes the source's grid as a
+    GeoTIFF's."""
+    rasterio = pytest.importorskip("rasterio")
+    import h5py
+    from rasterio.crs import CRS
+    from rasterio.transform import Affine
+
+    from tests.sensors import PRISMA_VNIR, write_prisma
+
+    cube, _ = coordinate_cube(seed=7)
+    swir, _ = coordinate_cube(b=4, seed=8)
+    src = write_prisma(tmp_path / "PRS_L2D_STD_20231229050902_20231229050907_0001.he5", cube, swir,
+                       [900.0 - 50 * i for i in range(B)], [2400.0, 2000.0, 1500.0, 1000.0])
+    with h5py.File(src, "r") as f:
+        epsg = int(f.attrs["Epsg_Code"])
+        ul = float(f.attrs["Product_ULcorner_easting"]), float(f.attrs["Product_ULcorner_northing"])
+        lr = float(f.attrs["Product_LRcorner_easting"]), float(f.attrs["Product_LRcorner_northing"])
+    expected = Affine.translation(ul[0] - 15, ul[1] + 15) @ Affine.scale(30, -30)
+    read = ("--key", PRISMA_VNIR, "--band-axis", "middle")
+    code, out, err = run_cli("info", src, *read)
+    assert code == 0 and (f"georef:     EPSG:{epsg}; origin ({ul[0] - 15:.10g}, {ul[1] + 15:.10g}), pixel 30 x -30\n"
+                          in out), out + err
+    code, _, err = run_cli("convert", src, *read, "-o", tmp_path / "p.zarr")
+    assert code == 0 and "warning" not in err, err
+    checkpoint, _ = _checkpoint(tmp_path, p=3)
+    code, _, err = run_cli("predict", tmp_path / "p.zarr", "--model", checkpoint, "-o", tmp_path / "map.tif")
+    assert code == 0, err
+    with rasterio.open(tmp_path / "map.tif") as ds:
+        assert ds.crs == CRS.from_epsg(epsg) and ds.transform == expected and ds.shape == (H, W)
+        # the corner pixels' centres, as rasterio places them, are the file's corners
+        assert ds.xy(0, 0) == ul and ds.xy(H - 1, W - 1) == lr
+
+
 def test_an_output_naming_the_source_or_the_store_is_refused_and_nothing_changes(tmp_path, run_cli):
     """-o naming the cube a store was converted from (a GeoTIFF, an ENVI header whose .img would be replaced),
     its ground truth, or a path inside the store: refused before any work, the files byte for byte as they

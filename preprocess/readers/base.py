@@ -266,6 +266,9 @@ class ArrayCube:
     wavelengths_note: str | None = None
     #: the file beside the cube that ``wavelengths`` were read from (an EnMAP product's metadata file), or None
     wavelengths_file: Path | None = None
+    #: why the file's map grid is not recorded as ``georeference`` (a PRISMA L2D file's corners missing or not
+    #: spanning its pixels); the converter warns with it
+    georeference_note: str | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

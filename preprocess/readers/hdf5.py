@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hsgds import format as fmt
 from hsgds._wording import set_to
 from hsgds.errors import InputError, shown
 from hsgds.preprocess.readers.base import (
@@ -26,7 +27,7 @@ from hsgds.preprocess.readers.base import (
 )
 
 __all__ = ["BAND_AXES", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "declared_nodata", "list_datasets",
-           "open_hdf5", "read_hdf5_labels"]
+           "open_hdf5", "prisma_georeference", "read_hdf5_labels"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
@@ -253,6 +254,79 @@ def _prisma_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path,
     return centres, None
 
 
+#: PRISMA L2D's root attributes giving its map grid: the EPSG code of its UTM zone and the map coordinates of the
+#: centres of the upper-left and lower-right pixels (as EnMAP-Box's and prismaread's L2D importers read them)
+_PRISMA_GRID = ("Epsg_Code", "Product_ULcorner_easting", "Product_ULcorner_northing", "Product_LRcorner_easting",
+                "Product_LRcorner_northing")
+#: PRISMA's VNIR and SWIR ground sampling distance (m); the L2D grid's spacing is checked against it
+PRISMA_PIXEL_M = 30.0
+#: how far (a share of PRISMA_PIXEL_M) the spacing the corners give may stray from it (corners rounded in the file)
+_PRISMA_PIXEL_SLACK = 0.01
+
+
+def _attr_number(value: object) -> float | None:
+    """A root attribute holding one number (as h5py reads it: a scalar, a one-element array, or its text), else None."""
+    value = np.asarray(value).reshape(-1)
+    if value.size != 1:
+        return None
+    item = value[0]
+    try:
+        return float(item.decode() if isinstance(item, bytes) else item)
+    except (TypeError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _grid_spacing(span: float, pixels: int) -> float | None:
+    """The spacing of ``pixels`` pixel centres whose first and last lie ``span`` metres apart, or None when it is not
+    PRISMA's 30 m (within the slack); one pixel has no spacing of its own: its corners must coincide."""
+    slack = _PRISMA_PIXEL_SLACK * PRISMA_PIXEL_M
+    if pixels == 1:
+        return PRISMA_PIXEL_M if abs(span) <= slack else None
+    spacing = span / (pixels - 1)
+    return spacing if abs(spacing - PRISMA_PIXEL_M) <= slack else None
+
+
+def prisma_georeference(f: h5py.File, cube: h5py.Dataset, axes: str, path: Path,
+                        axis_option: str = "--band-axis") -> tuple[dict | None, str | None]:
+    """The map grid of a PRISMA L2D cube (a dataset in a ``PRS_L2D_*`` swath, read with axis letters ``axes``) from
+    the file's root attributes (see ``_PRISMA_GRID``), as the ``georeference`` record; and None, or None and why it
+    is not recorded (attributes missing or no numbers, corners that do not span the cube's pixels at PRISMA's
+    30 m). (None, None) for any other dataset: L1, L2B and L2C products are not geocoded (their per-pixel
+    latitude / longitude are no regular grid).
+
+    The corner attributes are the centres of the corner pixels, so the grid's outer corner lies half a pixel
+    beyond the upper-left one, and the spacing is their distance over one pixel fewer than the cube holds."""
+    if "/PRS_L2D_" not in cube.name:
+        return None, None
+    where = f"{path.name} (PRISMA L2D)"
+    missing = [name for name in _PRISMA_GRID if name not in f.attrs]
+    if missing:
+        return None, f"{where}: no root attribute {', '.join(missing)}, so its map grid is unknown"
+    read = {name: _attr_number(f.attrs[name]) for name in _PRISMA_GRID}
+    values = {name: v for name, v in read.items() if v is not None and np.isfinite(v)}
+    if len(values) < len(read):
+        bad = [name for name in read if name not in values]
+        return None, f"{where}: root attribute {', '.join(bad)} holds no number"
+    epsg = values["Epsg_Code"]
+    if not (epsg.is_integer() and 0 < epsg < 1 << 20):
+        return None, f"{where}: root attribute Epsg_Code holds {epsg:g}, no EPSG code"
+    ul_x, ul_y = values["Product_ULcorner_easting"], values["Product_ULcorner_northing"]
+    east, south = values["Product_LRcorner_easting"] - ul_x, ul_y - values["Product_LRcorner_northing"]
+    height, width = (cube.shape[axes.index(a)] for a in "HW")
+    dx, dy = _grid_spacing(east, width), _grid_spacing(south, height)
+    if dx is None or dy is None:
+        # read without --band-axis middle, a PRISMA cube's bands are its "columns": name the axis that fits
+        fits = axes != BAND_AXES["middle"] and None not in (_grid_spacing(east, cube.shape[2]),
+                                                            _grid_spacing(south, cube.shape[0]))
+        hint = f" (PRISMA's cubes are rows, bands, columns: {set_to(axis_option, 'middle')})" if fits else ""
+        return None, (f"{where}: its corner pixels' centres lie {east:.10g} m east and {south:.10g} m south of each "
+                      f"other, where the cube's {height}x{width} pixels of {PRISMA_PIXEL_M:g} m span "
+                      f"{(width - 1) * PRISMA_PIXEL_M:g} m and {(height - 1) * PRISMA_PIXEL_M:g} m{hint}")
+    geo = fmt.make_georeference([ul_x - dx / 2, dx, 0.0, ul_y + dy / 2, 0.0, -dy], None, int(epsg))
+    why = fmt.georeference_problem(geo)
+    return (None, f"{where}: unusable map grid ({why})") if why else (geo, None)
+
+
 def band_centres(f: h5py.File, cube: h5py.Dataset, bands: int, path: Path,
                  axis_option: str = "--band-axis") -> tuple[list[float | None] | None, str | None]:
     """The cube's band centres in nm from the file: the 1-D numeric dataset of ``bands`` values whose name
@@ -313,9 +387,14 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
             wavelengths, note = guarded(path, "HDF5", lambda: band_centres(f, dataset, bands, path, axis_option))
         except InputError as exc:  # a damaged or odd wavelength dataset: said, not fatal (--wavelengths gives them)
             wavelengths, note = None, str(exc)
+        try:
+            geo, geo_note = guarded(path, "HDF5", lambda: prisma_georeference(f, dataset, axes, path, axis_option))
+        except InputError as exc:  # a damaged attribute: said, not fatal (the map just carries no coordinates)
+            geo, geo_note = None, str(exc)
         return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close,
                                                         nodata=nodata, nodata_error=nodata_error,
-                                                        wavelengths=wavelengths, wavelengths_note=note))
+                                                        wavelengths=wavelengths, wavelengths_note=note,
+                                                        georeference=geo, georeference_note=geo_note))
     except BaseException:
         f.close()
         raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,6 +204,64 @@ def test_failing_scene_is_named_and_the_others_complete(cluster, tmp_path, run_c
     assert "hsgds: error: 1 of 4 scenes failed (broken)" in stderr
     assert "3 converted" in stdout and "1 failed of 4 scenes" in stdout
     check_collection(out, arrays, tmp_path)  # broken is neither listed nor left half-written
+
+
+#: a progress line of convert-many in a log: scenes done of all, those failed, seconds per scene, time left
+PROGRESS_LINE = re.compile(r"^hsgds: convert-many: (?P<done>[\d,]+) of (?P<total>[\d,]+) scenes done"
+                           r"(?: \((?P<failed>[\d,]+) failed\))?, [\d.]+ s per scene(?P<left>, about \S+ left)?$")
+
+
+def test_a_batch_jobs_log_gets_progress_lines_at_most_every_interval(cluster, tmp_path, run_cli, hsgds_env):
+    """On a stderr that is not a terminal (captured here, as in a batch job's log) no bar is drawn, and the command
+    said nothing until the end: it now writes a line as a scene finishes, at most every HSGDS_PROGRESS_LOG_S
+    seconds, and one when the last finishes. At 0 a line per scene (never per tile: the scenes have several
+    tiles), counting the scenes done of the manifest's, and as failed as many as the "hsgds: failed:" lines
+    before it; the last says no time left. At a day only the last line. A bad value is one line."""
+    make_sources(tmp_path, n=3)
+    (tmp_path / "data/broken.npy").write_bytes(np.lib.format.MAGIC_PREFIX + b"\x01\x00garbage")
+    with open(tmp_path / "scenes.csv", "a") as f:
+        f.write("data/broken.npy,,\n")
+    scenes = len(read_manifest(tmp_path / "scenes.csv"))
+    assert scenes == 4
+    args = ("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "out", "--max-patch", "5", "--tile", "28",
+            "--class-names", ",".join(CLASSES), "--scheduler", cluster.scheduler_address)
+
+    def progress_lines(stderr: str) -> list[tuple[int, int, int, bool]]:
+        """(done, total, failed, time left said) of each progress line, checking each line's failed count
+        against the failures named before it."""
+        found, failures = [], 0
+        for line in stderr.splitlines():
+            failures += line.startswith("hsgds: failed: ")
+            m = PROGRESS_LINE.match(line)
+            if m:
+                failed = int((m["failed"] or "0").replace(",", ""))
+                assert failed == failures, stderr
+                found.append((int(m["done"]), int(m["total"]), failed, m["left"] is not None))
+        return found
+
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "0")
+    code, stdout, stderr = run_cli(*args)
+    assert code == 1 and "3 converted" in stdout, stderr
+    assert sum(len(open_scene(tmp_path / "out" / f"{n}.zarr").tile_paths) for n in ("cube0", "flight_1", "cube2")) > 4
+    lines = progress_lines(stderr)
+    assert [(done, total) for done, total, _, _ in lines] == [(k, scenes) for k in range(1, scenes + 1)], stderr
+    assert lines[-1][2] == 1 and [left for *_, left in lines] == [True] * (scenes - 1) + [False], stderr
+
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "86400")  # the run takes less than a day: the last line alone
+    code, stdout, stderr = run_cli(*args)
+    assert code == 1 and "3 up to date, 1 failed" in stdout, stderr
+    assert progress_lines(stderr) == [(scenes, scenes, 1, False)], stderr
+
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "-1")
+    code, _, stderr = run_cli(*args)
+    assert code == 2 and stderr.count("\n") == 1 and "HSGDS_PROGRESS_LOG_S='-1' is not seconds in [0, 86400]" in stderr
+
+
+def test_time_left_reads_as_seconds_minutes_or_hours():
+    from hsgds._wording import duration
+
+    assert [duration(s) for s in (0.2, 42.4, 59.6, 307, 3599.4, 4380, 96000)] == [
+        "1s", "42s", "1m00s", "5m07s", "59m59s", "1h13m", "26h40m"]
 
 
 def test_local_cluster_from_the_cli(tmp_path, run_cli):

@@ -195,3 +195,33 @@ def test_compressed_geotiff_converts_to_the_same_store(tmp_path, run_cli, dtype,
     assert scene.dtype == np.dtype(dtype)
     geo = scene.meta.georeference
     assert stored_crs(geo) == UTM16N and geo["transform"] == list(transform.to_gdal())
+
+
+def test_a_prisma_l2d_grid_that_does_not_fit_is_one_warning_line_and_no_georeference(tmp_path, run_cli):
+    """A PRISMA L2D file whose lower-right corner does not lie where its cube's 30 m pixels put it: `hsgds convert`
+    goes on with one warning line naming the distances, the store (read with zarr-python) records no
+    georeference, `hsgds info SOURCE` says why, and convert-many returns the same line with the scene."""
+    import zarr
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+    from tests.sensors import PRISMA_UL, PRISMA_VNIR, write_prisma
+
+    vnir = np.random.default_rng(2).integers(0, 1000, (9, 8, 4)).astype(np.uint16)
+    src = write_prisma(tmp_path / "PRS_L2D_STD_0001.he5", vnir, vnir[..., :2], [800.0, 700.0, 600.0, 500.0],
+                       [2000.0, 1500.0], grid={"Product_LRcorner_easting": PRISMA_UL[0] + 7 * 30 + 45})
+    why = ("PRS_L2D_STD_0001.he5 (PRISMA L2D): its corner pixels' centres lie 255 m east and 240 m south of each "
+           "other, where the cube's 9x8 pixels of 30 m span 210 m and 240 m")
+    read = ("--key", PRISMA_VNIR, "--band-axis", "middle")
+    code, out, err = run_cli("convert", src, *read, "-o", tmp_path / "p.zarr")
+    assert code == 0 and err.splitlines() == [f"hsgds: warning: {why}; the store records no georeference (maps "
+                                              "predicted from it carry no coordinates)"], err
+    assert zarr.open_group(tmp_path / "p.zarr", mode="r").attrs["hsgds"]["georeference"] is None
+    code, out, err = run_cli("info", src, *read)
+    assert code == 0 and (f"georef:     not recorded: {why.split(': ', 1)[1]} (maps predicted from it carry no "
+                          "coordinates)\n") in out, out + err
+    out_dir = tmp_path / "many"
+    out_dir.mkdir()
+    result = convert_scene(ManifestRow(name="p", source=src, key=PRISMA_VNIR), out_dir,
+                           ConvertOptions(band_axis="middle"))
+    assert result.status == "converted" and result.warnings == (
+        f"{why}; the store records no georeference (maps predicted from it carry no coordinates)",)

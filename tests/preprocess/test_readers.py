@@ -594,6 +594,80 @@ def test_prisma_flags_that_are_no_integers_are_named_as_such(tmp_path):
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+def test_a_prisma_l2d_cube_takes_its_grid_from_the_corner_pixels_centres(tmp_path):
+    """A PRISMA L2D file gives its map grid in root attributes: Epsg_Code and the centres of its upper-left and
+    lower-right pixels (Product_ULcorner_easting / _northing, Product_LRcorner_easting / _northing; EnMAP-Box's and
+    prismaread's importers take them as centres). Each 30 m cube of the file (VNIR, SWIR, an error matrix) is
+    georeferenced with its outer corner half a pixel beyond the upper-left centre (the GDAL transform computed
+    here by hand); the same file as an L2C product (not geocoded: its swath named so) records none, silently."""
+    from tests.sensors import PRISMA_EPSG, PRISMA_FIELDS, PRISMA_SWIR, PRISMA_UL, PRISMA_VNIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=30), make_cube("uint16", seed=31, shape=(H, W, 5))
+    path = write_prisma(tmp_path / "PRS_L2D_STD_0001.he5", vnir, swir, PRISMA_VNIR_NM, PRISMA_SWIR_NM)
+    with h5py.File(path, "r") as f:  # as written (h5py as the reference): the corners 30 m a pixel apart
+        assert f.attrs["Product_LRcorner_easting"] - f.attrs["Product_ULcorner_easting"] == (W - 1) * 30
+        assert f.attrs["Product_ULcorner_northing"] - f.attrs["Product_LRcorner_northing"] == (H - 1) * 30
+    x0, y0 = PRISMA_UL[0] - 15, PRISMA_UL[1] + 15
+    for key in (PRISMA_VNIR, PRISMA_SWIR, f"{PRISMA_FIELDS}/SWIR_PIXEL_L2_ERR_MATRIX"):
+        with closing(open_cube(path, key=key, band_axis="middle")) as cube:
+            assert cube.georeference == {"transform": [x0, 30.0, 0.0, y0, 0.0, -30.0], "crs_wkt": None,
+                                         "epsg": PRISMA_EPSG}
+            assert cube.georeference_note is None
+    with h5py.File(path, "a") as f:
+        f.move("HDFEOS/SWATHS/PRS_L2D_HCO", "HDFEOS/SWATHS/PRS_L2C_HCO")
+    with closing(open_cube(path, key=PRISMA_VNIR.replace("L2D", "L2C"), band_axis="middle")) as cube:
+        check_cube(cube, vnir)
+        assert (cube.georeference, cube.georeference_note) == (None, None)
+
+
+def test_a_prisma_l2d_file_whose_grid_is_missing_or_does_not_fit_records_none_and_says_why(tmp_path):
+    """Corners or an EPSG code missing, not numbers, or corners that do not span the cube's pixels at PRISMA's
+    30 m: no georeference, and one note naming the attribute or the distances (a cube read without --band-axis
+    middle, its bands taken for columns, is told to pass it). Corners given as text (a file re-saved by another
+    tool) or of a one-column cube (which must coincide) are read."""
+    from tests.sensors import PRISMA_EPSG, PRISMA_UL, PRISMA_VNIR, write_prisma
+
+    vnir, swir = make_cube("uint16", seed=32), make_cube("uint16", seed=33, shape=(H, W, 5))
+    name = "PRS_L2D_STD_0001.he5"
+    where = f"{name} (PRISMA L2D)"
+    spans = f"where the cube's {H}x{W} pixels of 30 m span {(W - 1) * 30} m and {(H - 1) * 30} m"
+    cases = [
+        ({"Product_LRcorner_northing": None}, "middle",
+         f"{where}: no root attribute Product_LRcorner_northing, so its map grid is unknown"),
+        ({"Epsg_Code": None, "Product_ULcorner_easting": None}, "middle",
+         f"{where}: no root attribute Epsg_Code, Product_ULcorner_easting, so its map grid is unknown"),
+        ({"Product_ULcorner_northing": b"north"}, "middle", f"{where}: root attribute Product_ULcorner_northing "
+                                                           "holds no number"),
+        ({"Product_LRcorner_easting": np.nan}, "middle", f"{where}: root attribute Product_LRcorner_easting holds no "
+                                                         "number"),
+        ({"Epsg_Code": 32632.5}, "middle", f"{where}: root attribute Epsg_Code holds 32632.5, no EPSG code"),
+        ({"Product_LRcorner_easting": PRISMA_UL[0] + (W - 1) * 60}, "middle",  # 60 m pixels
+         f"{where}: its corner pixels' centres lie {(W - 1) * 60} m east and {(H - 1) * 30} m south of each other, "
+         f"{spans}"),
+        ({"Product_LRcorner_northing": PRISMA_UL[1] + (H - 1) * 30}, "middle",  # lower-right north of upper-left
+         f"{where}: its corner pixels' centres lie {(W - 1) * 30} m east and {-(H - 1) * 30} m south of each other, "
+         f"{spans}"),
+        ({}, None, f"{where}: its corner pixels' centres lie {(W - 1) * 30} m east and {(H - 1) * 30} m south of each "
+                   f"other, where the cube's {H}x{B} pixels of 30 m span {(B - 1) * 30} m and {(H - 1) * 30} m "
+                   "(PRISMA's cubes are rows, bands, columns: pass --band-axis middle)"),
+    ]
+    for grid, band_axis, note in cases:
+        write_prisma(tmp_path / name, vnir, swir, PRISMA_VNIR_NM, PRISMA_SWIR_NM, grid=grid)
+        with closing(open_cube(tmp_path / name, key=PRISMA_VNIR, band_axis=band_axis)) as cube:
+            assert (cube.georeference, cube.georeference_note) == (None, note), grid
+    # corners as text, an EPSG code as a float: read; a one-column cube's corners coincide
+    text = {"Epsg_Code": np.float64(PRISMA_EPSG), "Product_ULcorner_easting": np.bytes_(f"{PRISMA_UL[0]}"),
+            "Product_LRcorner_easting": np.array([f"{PRISMA_UL[0] + (W - 1) * 30}"], dtype="S")}
+    write_prisma(tmp_path / name, vnir, swir, PRISMA_VNIR_NM, PRISMA_SWIR_NM, grid=text)
+    with closing(open_cube(tmp_path / name, key=PRISMA_VNIR, band_axis="middle")) as cube:
+        assert cube.georeference_note is None
+        assert cube.georeference["transform"] == [PRISMA_UL[0] - 15, 30.0, 0.0, PRISMA_UL[1] + 15, 0.0, -30.0]
+    write_prisma(tmp_path / name, vnir[:, :1], swir[:, :1], PRISMA_VNIR_NM, PRISMA_SWIR_NM)
+    with closing(open_cube(tmp_path / name, key=PRISMA_VNIR, band_axis="middle")) as cube:
+        assert cube.shape == (H, 1, B) and cube.georeference_note is None
+        assert cube.georeference["transform"] == [PRISMA_UL[0] - 15, 30.0, 0.0, PRISMA_UL[1] + 15, 0.0, -30.0]
+
+
 def test_hdf5_errors_and_labels(tmp_path):
     labels = make_labels(seed=14)
     path = tmp_path / "two.h5"
