@@ -131,9 +131,9 @@ def _is_recorded_source(target: Path, record: dict[str, Any], data_bytes: int | 
 
 
 def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
-    if probabilities is False or probabilities is None:
+    if probabilities is None or isinstance(probabilities, (bool, np.bool_)) and not probabilities:
         return None
-    if probabilities is True:
+    if isinstance(probabilities, (bool, np.bool_)):  # (numpy's too, as for tta: a flag read from an array)
         if out is None:
             raise ConfigError("probabilities=True writes beside `out`; pass out=... or a path for the probabilities")
         # beside a GeoTIFF map, a GeoTIFF (a GIS opens both); beside any other, the .npy
@@ -363,6 +363,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                           f"got {type(model).__name__}")
     patch_size, layout = settings["patch_size"], settings["layout"]
     batch_size, tta = as_count(batch_size, "batch_size"), as_flag(tta, "tta")
+    if progress is not None and not callable(progress):  # (it is first called after the first batch)
+        raise ConfigError(f"progress must be a function of (pixels predicted, pixels to predict) or None, got "
+                          f"{type(progress).__name__} {progress!r:.60}")
     # the 8 variants of a 1x1 patch are the patch itself: 7 more model calls would add nothing (!= rather
     # than >: the loader checks patch_size's type)
     tta = tta and patch_size != 1

@@ -202,6 +202,9 @@ def test_bad_inputs_write_nothing(store, tmp_path):
         (dict(batch_size="64"), "batch_size must be an integer >= 1, got '64'"),
         (dict(tta="no"), "tta must be True or False"),
         (dict(device="banana"), "device='banana' is not a device"),
+        # (it was first called after the first batch: a TypeError once the model had run)
+        (dict(progress=5), "progress must be a function of \\(pixels predicted, pixels to predict\\) or None, "
+                           "got int 5"),
     ]
     for kwargs, message in bad_arguments:
         with pytest.raises(ConfigError, match=message):
@@ -209,6 +212,19 @@ def test_bad_inputs_write_nothing(store, tmp_path):
     with pytest.raises(ConfigError, match="a store must be a path"):
         predict(None, RandomConv(3), patch_size=3)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_probabilities_takes_numpy_bools_as_tta_does(store, tmp_path):
+    """probabilities=np.True_ (a flag read from an array) writes beside `out` as True does, np.False_ writes
+    nothing: both were refused as "must be True, False or a .npy or .tif path" (tta= took them)."""
+    model = RandomConv(3, k=4, seed=2)
+    want = predict(store, model, patch_size=3, device="cpu", probabilities=tmp_path / "want.npy")
+    got = predict(store, model, patch_size=3, device="cpu", probabilities=np.True_, out=tmp_path / "m.npy")
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.load(tmp_path / "m.probabilities.npy", allow_pickle=False),
+                                  np.load(tmp_path / "want.npy", allow_pickle=False))
+    predict(store, model, patch_size=3, device="cpu", probabilities=np.False_, out=tmp_path / "n.npy")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npy", "m.probabilities.npy", "n.npy", "want.npy"]
 
 
 def test_model_mode_restored(store):
