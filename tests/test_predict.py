@@ -341,6 +341,28 @@ def test_geotiff_source_to_georeferenced_class_map(tmp_path):
     assert np.array_equal(data, out)
 
 
+def test_a_geotiff_source_without_a_crs_gives_a_map_on_its_grid(tmp_path):
+    """A source GeoTIFF with a transform but no CRS (GDAL writes no geokeys for it): the map and the probabilities
+    are on the source's grid as rasterio reads it, without a CRS, as from an ENVI source's map info without one
+    (the store had dropped the transform)."""
+    rasterio = pytest.importorskip("rasterio")
+    from rasterio.transform import Affine
+
+    cube, _ = coordinate_cube(seed=12)
+    src = tmp_path / "cube.tif"
+    with rasterio.open(src, "w", driver="GTiff", height=H, width=W, count=B, dtype="int16",
+                       transform=Affine(2.5, 0, 1000.0, 0, -2.5, 5000.0)) as dst:
+        dst.write(cube.transpose(2, 0, 1))
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    out = predict(store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "map.tif", probabilities=True)
+    src_crs, src_transform, _ = _gdal(src)
+    assert src_crs is None and src_transform == Affine(2.5, 0, 1000.0, 0, -2.5, 5000.0)
+    for written in ("map.tif", "map.probabilities.tif"):
+        crs, transform, data = _gdal(tmp_path / written)
+        assert crs is None and transform == src_transform, written
+    assert np.array_equal(_gdal(tmp_path / "map.tif")[2], out)
+
+
 def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
     """probabilities=*.tif: a float32 GeoTIFF of K bands on the source's grid (CRS and transform as GDAL reads
     the source), each band the class's probability exactly as the .npy holds it, named after its class; the
