@@ -71,8 +71,9 @@ def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
 
 def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False) -> Path | None:
     """Check, before any work, that predict can write the class map ``out`` and the probabilities (a path, or
-    True: beside ``out``) of ``scene``: known formats, writable folders, and none of the files the store was
-    made from or the store itself. Returns the probabilities path (None: none are written)."""
+    True: beside ``out``) of ``scene``: known formats, writable folders, a CRS a GeoTIFF can be written with,
+    and none of the files the store was made from or the store itself. Returns the probabilities path (None:
+    none are written)."""
     from hsgds import writers
 
     if out is not None:
@@ -80,6 +81,9 @@ def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False) ->
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
         writers.check_probability_output(prob_path)
+    for path in (out, prob_path):  # a CRS GDAL cannot read would fail the GeoTIFF only after the whole scene
+        if path is not None and path.suffix.lower() in (".tif", ".tiff"):
+            writers.geotiff_crs(scene.meta.georeference, path)
     _refuse_overwriting_inputs(scene, [*(writers.files_written(out) if out is not None else []),
                                        *([prob_path] if prob_path is not None else [])])
     return prob_path

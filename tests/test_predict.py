@@ -363,6 +363,33 @@ def test_a_geotiff_source_without_a_crs_gives_a_map_on_its_grid(tmp_path):
     assert np.array_equal(_gdal(tmp_path / "map.tif")[2], out)
 
 
+def test_a_crs_gdal_cannot_read_is_refused_before_any_work(tmp_path, run_cli):
+    """An ENVI source whose coordinate system string GDAL cannot read (the store records it as given): -o
+    map.tif (or probabilities as a GeoTIFF) failed with rasterio's CRSError once the whole scene was predicted,
+    after a probabilities .npy was already written, and the command showed a traceback. Now one line before
+    the model runs, nothing written; an ENVI map keeps the string as the source had it."""
+    envi = pytest.importorskip("spectral.io.envi")
+    cube, _ = coordinate_cube(seed=13)
+    envi.save_image(str(tmp_path / "cube.hdr"), cube, interleave="bil", ext=".img",
+                    metadata={"map info": ["Arbitrary", "1", "1", "1000", "5000", "30", "30"],
+                              "coordinate system string": "garbage"})
+    store = convert(tmp_path / "cube.hdr", tmp_path / "s.zarr", ConvertOptions())
+    assert hsgds.open_scene(store).meta.georeference["crs_wkt"] == "garbage"
+    model = CentreCoordinates()
+    (tmp_path / "maps").mkdir()
+    for outputs in ({"out": tmp_path / "maps" / "m.tif", "probabilities": tmp_path / "maps" / "p.npy"},
+                    {"out": tmp_path / "maps" / "m.npy", "probabilities": tmp_path / "maps" / "p.tif"}):
+        with pytest.raises(InputError, match="as a GeoTIFF: GDAL cannot read the coordinate reference system"):
+            predict(store, model, patch_size=3, device="cpu", normalize=None, **outputs)
+    assert model.seen.sum() == 0 and list((tmp_path / "maps").iterdir()) == []
+    ckpt, _ = _checkpoint(tmp_path, p=3)
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "maps" / "m.tif")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "GDAL cannot read" in err, err
+    assert list((tmp_path / "maps").iterdir()) == []
+    predict(store, model, patch_size=3, device="cpu", normalize=None, out=tmp_path / "maps" / "m.hdr")
+    assert "coordinate system string = {garbage}" in (tmp_path / "maps" / "m.hdr").read_text()
+
+
 def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
     """probabilities=*.tif: a float32 GeoTIFF of K bands on the source's grid (CRS and transform as GDAL reads
     the source), each band the class's probability exactly as the .npy holds it, named after its class; the
