@@ -35,7 +35,7 @@ from hsgds._durable import atomic_path, check_writable, fsync_dir, fsync_file, p
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
 from hsgds.errors import InputError
-from hsgds.preview import UNLABELLED, class_colours
+from hsgds.preview import UNLABELLED, class_colours, texts_as_written
 
 __all__ = [
     "FORMATS",
@@ -360,6 +360,7 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
         axes[-1].legend(handles=[patch(CORRECT_COLOUR, "right"), patch(ERROR_COLOUR, "wrong"),
                                  patch(UNLABELLED, "unlabelled or not predicted")], loc="upper center",
                         bbox_to_anchor=(0.5, -0.02), fontsize=6.5, frameon=False, handlelength=1.2)
+    texts_as_written(fig)  # class and store names: "$5-$10" is no TeX math
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         fig.savefig(f, format="png", bbox_inches="tight")
     return Path(path)

@@ -176,6 +176,18 @@ def test_png_panels_decoded_by_matplotlib(tmp_path, classmap):
     assert tuple(writers.ERROR_COLOUR) in colours
 
 
+def test_png_with_dollar_signs_in_class_names_is_written(tmp_path, classmap):
+    """matplotlib reads the text between two $ as TeX math: class names "a$x^$" or "$\\frac$" (no valid TeX)
+    failed the whole PNG with a multi-line ValueError (in predict, after the whole scene). Texts are drawn as
+    written now (tests/test_preview.py reads them back from an SVG)."""
+    image = pytest.importorskip("matplotlib.image")
+    names = ["a$x^$", "$\\frac$", "$5-$10", "plain"]
+    out = writers.write_class_map(tmp_path / "m.png", classmap, class_names=names, title="scene $x^$.zarr",
+                                  ground_truth=classmap)
+    assert image.imread(out).ndim == 3
+    assert leftovers(tmp_path) == []
+
+
 def test_png_error_map_judges_only_the_pixels_predicted(tmp_path, classmap):
     """A labelled pixel left 0 (outside predict's mask) is not an error: a map right wherever it predicts
     shows no red pixel in its error panel (as many red pixels as a map right everywhere: the legend's), and
