@@ -82,6 +82,10 @@ def check_output(path: str | os.PathLike, what: str = "class map") -> str:
     if module is not None and extra is not None:  # both set, or neither
         require(module, extra, f"writing a {name} {what} ({p.name})")
     check_writable(p)
+    for companion in files_written(p)[1:]:  # an ENVI map's binary, a GeoTIFF's sidecar: renamed into place too
+        if companion.is_dir():
+            raise InputError(f"cannot write {p}: the {companion.name} written beside it is a directory there; name "
+                             "another file")
     return suffix
 
 

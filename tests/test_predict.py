@@ -227,6 +227,22 @@ def test_probabilities_takes_numpy_bools_as_tta_does(store, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npy", "m.probabilities.npy", "n.npy", "want.npy"]
 
 
+def test_a_folder_where_a_map_writes_its_companion_file_is_refused_before_any_work(store, tmp_path):
+    """-o m.hdr beside a folder m.img (the ENVI binary's name), or -o m.tif beside a folder m.tif.aux.xml (its
+    category sidecar): an IsADirectoryError once the whole scene was predicted. Now one line before the model
+    runs; the folders stay as they were."""
+    (tmp_path / "m.img").mkdir()
+    (tmp_path / "m.tif.aux.xml").mkdir()
+    model = CentreCoordinates()
+    for out, companion in (("m.hdr", "m.img"), ("m.tif", "m.tif.aux.xml")):
+        with pytest.raises(InputError, match=f"^cannot write {tmp_path / out}: the {companion} written beside it is a "
+                                             "directory there; name another file$"):
+            predict(store, model, patch_size=3, device="cpu", normalize=None, out=tmp_path / out)
+    assert model.seen.sum() == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.img", "m.tif.aux.xml"]
+    assert all(p.is_dir() and not any(p.iterdir()) for p in tmp_path.iterdir())
+
+
 def test_model_mode_restored(store):
     model = RandomConv(3)
     model.train()
