@@ -25,7 +25,7 @@ from torch import nn
 from hsgds._sha256 import sha256_of
 from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
-from hsgds.engines.base import OUT_DTYPES
+from hsgds.engines.base import OUT_DTYPES, resolve_out_dtype
 from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, check_mask, open_scene
@@ -297,7 +297,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         ``torch.inference_mode()``, where its parameters are (``device`` must agree). A model file
         (``.pt2`` program or checkpoint, as ``hsgds predict --model`` takes) is fed the input it was saved
         with: its patch size, layout, normalization, band selection and statistics (passing any of them too
-        is refused, except the same ``patch_size``), and runs on ``device`` (default: CUDA when usable).
+        is refused, except the same ``patch_size``), and runs on ``device`` (default: CUDA when usable) in
+        ``dtype`` (default float32).
     device, dtype
         Where the patches are cut and in which floating dtype; by default where the module's parameters are
         and in their dtype (float32 when they are not all of one).
@@ -396,8 +397,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                          engine=engine, reader=reader, **settings,
                          ring_bytes=_ring_bytes(scene, batch_size, keep) if ring_bytes is None else ring_bytes) as loader:
             dev = loader.device
-            if from_file:  # a module loaded here (on the CPU) runs where the loader cuts
-                model.to(dev)
+            if from_file:  # a module loaded here (on the CPU, float32) runs where the loader cuts, in its dtype
+                model.to(dev, resolve_out_dtype(dtype))
             classmap = torch.zeros((h, w), dtype=torch.int32, device=dev)
             classes = None
             done = 0

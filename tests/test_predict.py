@@ -704,6 +704,29 @@ def test_cli_predict_scores_the_map_on_the_stores_test_split(store, tmp_path, ru
     assert code == 0 and "wrote" in out and "test split" not in out, out + err
 
 
+def test_a_model_file_runs_in_the_dtype_asked_for(store, tmp_path):
+    """dtype= with a model file: the patches were cut in that dtype but the module loaded from the file stayed
+    float32, so every dtype but float32 failed on the first batch ("Input type (double) and bias type (float)
+    should be the same; check that it takes 8 bands"). The module now runs in the patches' dtype: float64 gives
+    the map of the model in float64 over PatchLoader's float64 batches."""
+    import copy
+
+    ckpt, model = _checkpoint(tmp_path, p=3)
+    model.eval()
+    torch.export.save(torch.export.export(model, (torch.randn(8, B, 3, 3),),
+                                          dynamic_shapes=({0: torch.export.Dim("n")},)), tmp_path / "m.pt2")
+    reference = np.zeros((H, W), np.int64)
+    double = copy.deepcopy(model).double()
+    with hsgds.PatchLoader(store, patch_size=3, batch_size=100, pixels="all", split=None, shuffle=False,
+                           return_coords=True, device="cpu", dtype=torch.float64) as loader, torch.inference_mode():
+        for x, _, yx in loader:
+            reference[yx[:, 0], yx[:, 1]] = double(x).argmax(1).numpy() + 1
+    for path in (ckpt, tmp_path / "m.pt2"):
+        np.testing.assert_array_equal(predict(store, path, device="cpu", dtype=torch.float64), reference)
+        for dtype in (torch.float16, "bfloat16"):  # (rounded patches: a few pixels may change class)
+            assert (predict(store, path, device="cpu", dtype=dtype) == reference).mean() > 0.9
+
+
 def test_a_program_of_a_fixed_batch_size_gets_its_last_batch_padded(store, tmp_path, run_cli):
     """torch.export without dynamic_shapes fixes the batch size: every batch is that size, the last one (37 x 29
     = 1073 pixels = 67 x 16 + 1) padded, and the padding's outputs dropped; another batch size is refused."""
