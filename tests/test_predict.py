@@ -262,6 +262,41 @@ def test_patches_follow_the_model_dtype_and_device(store):
     with pytest.raises(ConfigError, match=r"the model is on cpu but device='cuda:1'; move it there \(model.to"):
         predict(store, RandomConv(3), patch_size=3, device="cuda:1")
 
+def test_a_constant_float64_band_reads_0_as_documented(tmp_path):
+    """A float64 band holding one value: its mean and std, accumulated tile by tile, carried float64 rounding
+    (a std of 1e-12 about 608.6395...), and z-scoring divided by it: the band read an arbitrary value (another
+    in another scene) where a constant band reads 0. The store records its mean as the value and std 0
+    (read with zarr-python), and the model is fed 0 there, the other bands numpy's z-score."""
+    import zarr
+
+    rng = np.random.default_rng(3)
+    cube = rng.random((H, W, 4)) * 1000
+    cube[:, :, 2] = 608.6395289271209
+    labels = rng.integers(0, 4, (H, W)).astype(np.uint8)
+    np.save(tmp_path / "cube.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    store = convert(tmp_path / "cube.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.npy", tile=14,
+                                                                                max_patch=3, train=0.5))
+    g = zarr.open_group(str(store), mode="r")
+    for which in ("all", "train"):
+        assert g[f"stats/{which}/std"][2] == 0 and g[f"stats/{which}/mean"][2] == 608.6395289271209
+
+    fed = []
+
+    class Keep(nn.Module):
+        def forward(self, x):
+            fed.append(x.clone())
+            return x.flatten(1)[:, :3]
+
+    predict(store, Keep(), patch_size=1, device="cpu", dtype=torch.float64)
+    x = torch.cat(fed).numpy()[:, :, 0, 0]
+    assert (x[:, 2] == 0).all()
+    st = hsgds.open_scene(store).norm_stats
+    other = [0, 1, 3]
+    np.testing.assert_allclose(np.sort(x[:, other], 0), np.sort((cube.reshape(-1, 4)[:, other] - st.mean[other]) /
+                                                                st.std[other], 0), rtol=1e-12)
+
+
 def test_float16_patches_that_would_overflow_are_refused_before_predicting(store, tmp_path):
     """A float16 model given statistics that normalize band 2 (values 0..999) past float16's 65504 is
     refused before anything is written; its own statistics are fine."""
