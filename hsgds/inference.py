@@ -26,7 +26,7 @@ from torch import nn
 from hsgds._sha256 import sha256_of
 from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
-from hsgds.engines.base import OUT_DTYPES
+from hsgds.engines.base import OUT_DTYPES, resolve_out_dtype
 from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line, shown
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, check_mask, open_scene
@@ -73,9 +73,9 @@ def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
 def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False,
                   inputs: RunInputs | None = None) -> Path | None:
     """Check, before any work, that predict can write the class map ``out`` and the probabilities (a path, or
-    True: beside ``out``) of ``scene``: known formats, writable folders, and none of the files the run reads
-    (``inputs``; by default ``scene`` alone: the store itself and the files it was made from). Returns the
-    probabilities path (None: none are written)."""
+    True: beside ``out``) of ``scene``: known formats, writable folders, a CRS a GeoTIFF can be written with,
+    and none of the files the run reads (``inputs``; by default ``scene`` alone: the store itself and the files
+    it was made from). Returns the probabilities path (None: none are written)."""
     from hsgds import writers
 
     if out is not None:
@@ -83,6 +83,9 @@ def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False,
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
         writers.check_probability_output(prob_path)
+    for path in (out, prob_path):  # a CRS GDAL cannot read would fail the GeoTIFF only after the whole scene
+        if path is not None and path.suffix.lower() in (".tif", ".tiff"):
+            writers.geotiff_crs(scene.meta.georeference, path)
     (inputs or RunInputs([scene])).refuse([*(writers.files_written(out) if out is not None else []),
                                            *([prob_path] if prob_path is not None else [])], scene)
     return prob_path
@@ -195,9 +198,9 @@ def _is_recorded_source(target: Path, record: dict[str, Any], data_bytes: int | 
 
 
 def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
-    if probabilities is False or probabilities is None:
+    if probabilities is None or isinstance(probabilities, (bool, np.bool_)) and not probabilities:
         return None
-    if probabilities is True:
+    if isinstance(probabilities, (bool, np.bool_)):  # (numpy's too, as for tta: a flag read from an array)
         if out is None:
             raise ConfigError("probabilities=True writes beside `out`; pass out=... or a path for the probabilities")
         # beside a GeoTIFF map, a GeoTIFF (a GIS opens both); beside any other, the .npy
@@ -357,7 +360,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         ``torch.inference_mode()``, where its parameters are (``device`` must agree). A model file
         (``.pt2`` program or checkpoint, as ``hsgds predict --model`` takes) is fed the input it was saved
         with: its patch size, layout, normalization, band selection and statistics (passing any of them too
-        is refused, except the same ``patch_size``), and runs on ``device`` (default: CUDA when usable).
+        is refused, except the same ``patch_size``), and runs on ``device`` (default: CUDA when usable) in
+        ``dtype`` (default float32).
     device, dtype
         Where the patches are cut and in which floating dtype; by default where the module's parameters are
         and in their dtype (float32 when they are not all of one).
@@ -430,6 +434,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     batch_size, tta = as_count(batch_size, "batch_size"), as_flag(tta, "tta")
     if batch_size >= 1 << 63:  # pixel offsets are int64 (numpy raised OverflowError past it)
         raise ConfigError(f"batch_size must be below 2**63, got {shown(batch_size)}")
+    if progress is not None and not callable(progress):  # (it is first called after the first batch)
+        raise ConfigError(f"progress must be a function of (pixels predicted, pixels to predict) or None, got "
+                          f"{type(progress).__name__} {shown(progress)}")
     # the 8 variants of a 1x1 patch are the patch itself: 7 more model calls would add nothing (!= rather
     # than >: the loader checks patch_size's type)
     tta = tta and patch_size != 1
@@ -456,8 +463,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                          engine=engine, reader=reader, **settings,
                          ring_bytes=_ring_bytes(scene, batch_size, keep) if ring_bytes is None else ring_bytes) as loader:
             dev = loader.device
-            if from_file:  # a module loaded here (on the CPU) runs where the loader cuts
-                model.to(dev)
+            if from_file:  # a module loaded here (on the CPU, float32) runs where the loader cuts, in its dtype
+                model.to(dev, resolve_out_dtype(dtype))
             classmap = torch.zeros((h, w), dtype=torch.int32, device=dev)
             classes = None
             done = 0

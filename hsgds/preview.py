@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ __all__ = [
     "pick_bands",
     "preview_panels",
     "render_preview",
+    "texts_as_written",
 ]
 
 #: Band centres used for the false-colour red, green and blue when the store knows its wavelengths.
@@ -62,6 +64,16 @@ def class_colours(num_classes: int) -> np.ndarray:
         r, g, b = colorsys.hsv_to_rgb((k * 0.618033988749895) % 1.0, 0.75, 0.95 if k % 2 else 0.7)
         table.append((round(r * 255), round(g * 255), round(b * 255)))
     return np.array(table, dtype=np.uint8)
+
+
+def texts_as_written(fig: Any) -> None:
+    """Show every text of matplotlib figure ``fig`` as written. matplotlib typesets the text between two $ signs
+    as TeX math: a class or store name such as "$5-$10" came out typeset, and one that is not valid TeX
+    ("a$x^$") failed the whole image with a multi-line ValueError."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
 
 
 def pick_bands(num_bands: int, wavelengths: Sequence[float | None] | None = None,
@@ -260,6 +272,7 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | li
                      handlelength=1.2, columnspacing=0.8)
     axes[1].legend(handles=class_handles, ncol=2 if len(class_handles) > 6 else 1, **legend_kw)
     axes[2].legend(handles=split_handles, ncol=1, **legend_kw)
+    texts_as_written(fig)
     # written beside the target and renamed over it: a write that fails (disk full) or is interrupted leaves
     # no truncated image, and a preview already there stays as it was
     try:

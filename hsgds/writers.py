@@ -7,7 +7,8 @@ leaves at most a hidden ``.<name>.*.partial`` file, never a file at the target t
 Class maps follow the store's label convention: 0 = not predicted / unlabelled (nodata), k = class k.
 
 - ``.tif`` / ``.tiff``: GeoTIFF, uint8 (uint16 beyond 255 classes), one band with a colour table,
-  nodata 0, and the source's CRS and geotransform when the store has them (rasterio, ``hsgds[geo]``);
+  nodata 0, and the source's CRS and geotransform when the store has them (rasterio, ``hsgds[geo]``; a CRS
+  GDAL cannot read is refused, by predict before any work);
   the class names in its GDAL sidecar ``<name>.tif.aux.xml``.
 - ``.png``: the colour map with a legend; with ground truth also the ground truth and an error map
   (matplotlib, ``hsgds[preview]``).
@@ -32,9 +33,9 @@ import numpy as np
 
 from hsgds._durable import atomic_path, check_writable, fsync_dir, fsync_file, partial_path, remove_stale_partials
 from hsgds._optional import require
-from hsgds._wording import counted
+from hsgds._wording import clipped, counted
 from hsgds.errors import InputError
-from hsgds.preview import UNLABELLED, class_colours
+from hsgds.preview import UNLABELLED, class_colours, texts_as_written
 
 __all__ = [
     "FORMATS",
@@ -44,6 +45,7 @@ __all__ = [
     "check_output",
     "check_probability_output",
     "error_panel",
+    "geotiff_crs",
     "write_class_map",
     "write_envi",
     "write_geotiff",
@@ -80,6 +82,10 @@ def check_output(path: str | os.PathLike, what: str = "class map") -> str:
     if module is not None and extra is not None:  # both set, or neither
         require(module, extra, f"writing a {name} {what} ({p.name})")
     check_writable(p)
+    for companion in files_written(p)[1:]:  # an ENVI map's binary, a GeoTIFF's sidecar: renamed into place too
+        if companion.is_dir():
+            raise InputError(f"cannot write {p}: the {companion.name} written beside it is a directory there; name "
+                             "another file")
     return suffix
 
 
@@ -140,7 +146,7 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     a = _check_map(classmap)
     k = _num_classes(a, num_classes, class_names)
     dtype = _map_dtype(k)
-    profile = _geotiff_profile(georeference, a.shape[0], a.shape[1], 1, dtype.name)
+    profile = _geotiff_profile(georeference, a.shape[0], a.shape[1], 1, dtype.name, path)
     profile.update(nodata=0, compress="deflate", photometric="palette")
     lut = class_colours(k)
     names = _names(k, class_names)
@@ -172,20 +178,38 @@ def _pam_categories(names: list[str]) -> str:
             "  </PAMRasterBand>\n</PAMDataset>\n")
 
 
+def geotiff_crs(georeference: dict[str, Any] | None, path: str | os.PathLike) -> Any:
+    """The rasterio CRS a GeoTIFF at ``path`` gets from the store's ``georeference`` (its WKT, else its EPSG
+    code; None without either). A CRS GDAL cannot read (an ENVI header's coordinate system string is recorded
+    as the header gives it) is a one-line InputError, which predict raises before any work."""
+    if georeference is None or not (georeference.get("crs_wkt") or georeference.get("epsg")):
+        return None
+    rasterio = require("rasterio", "geo", f"writing the GeoTIFF {Path(path).name}")
+    from rasterio.crs import CRS
+
+    wkt, epsg = georeference.get("crs_wkt"), georeference.get("epsg")
+    try:
+        with rasterio.Env():  # GDAL's error goes to logging, not printed to stderr beside ours
+            return CRS.from_wkt(wkt) if wkt else CRS.from_epsg(epsg)
+    except rasterio.errors.CRSError as exc:
+        raise InputError(f"cannot write {Path(path).name} as a GeoTIFF: GDAL cannot read the coordinate reference "
+                         f"system the store recorded from its source ({clipped(wkt or f'EPSG:{epsg}', 60)!r}: "
+                         f"{' '.join(str(exc).split())}); write .hdr or .npy instead, or convert a source whose "
+                         "CRS GDAL reads") from None
+
+
 def _geotiff_profile(georeference: dict[str, Any] | None, height: int, width: int, count: int,
-                     dtype: str) -> dict[str, Any]:
-    """rasterio's creation profile of a GeoTIFF on the store's pixel grid, with its CRS and transform when it
-    has them."""
+                     dtype: str, path: str | os.PathLike) -> dict[str, Any]:
+    """rasterio's creation profile of a GeoTIFF at ``path`` on the store's pixel grid, with its CRS and
+    transform when it has them."""
     profile: dict[str, Any] = dict(driver="GTiff", height=height, width=width, count=count, dtype=dtype)
     if georeference is not None:
-        from rasterio.crs import CRS
         from rasterio.transform import Affine
 
         profile["transform"] = Affine.from_gdal(*georeference["transform"])
-        if georeference.get("crs_wkt"):
-            profile["crs"] = CRS.from_wkt(georeference["crs_wkt"])
-        elif georeference.get("epsg"):
-            profile["crs"] = CRS.from_epsg(georeference["epsg"])
+        crs = geotiff_crs(georeference, path)
+        if crs is not None:
+            profile["crs"] = crs
     return profile
 
 
@@ -340,6 +364,7 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
         axes[-1].legend(handles=[patch(CORRECT_COLOUR, "right"), patch(ERROR_COLOUR, "wrong"),
                                  patch(UNLABELLED, "unlabelled or not predicted")], loc="upper center",
                         bbox_to_anchor=(0.5, -0.02), fontsize=6.5, frameon=False, handlelength=1.2)
+    texts_as_written(fig)  # class and store names: "$5-$10" is no TeX math
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         fig.savefig(f, format="png", bbox_inches="tight")
     return Path(path)
@@ -466,7 +491,7 @@ class ProbabilityFile:
 
         h, w, k = self.shape
         probs = np.load(self._tmp, mmap_mode="r", allow_pickle=False)
-        profile = _geotiff_profile(self._georeference, h, w, k, "float32")
+        profile = _geotiff_profile(self._georeference, h, w, k, "float32", self.path)
         # pixels not predicted are NaN, declared nodata: a GIS tells them from probabilities of 0 (a predicted
         # pixel's probabilities sum to 1, so it never reads 0 in every band of the temporary)
         profile.update(nodata=float("nan"), compress="deflate", predictor=3, tiled=True, blockxsize=256, blockysize=256,

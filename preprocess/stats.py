@@ -58,7 +58,13 @@ class BandAccumulator:
         if self.count == 0:
             return None
         with np.errstate(over="ignore", invalid="ignore"):
-            return {"mean": self.mean, "std": np.sqrt(self.m2 / self.count), "min": self.min, "max": self.max}
+            std = np.sqrt(self.m2 / self.count)
+        # a band of one value: its running mean and M2 carry float64 rounding (a std of 2e-13 about a float64
+        # band's 608.6395...), which z-scoring divides by, blowing the rounding up into an arbitrary value where
+        # a constant band is meant to read 0; its mean is that value and its std 0
+        constant = self.min == self.max
+        return {"mean": np.where(constant, self.min, self.mean), "std": np.where(constant, 0.0, std), "min": self.min,
+                "max": self.max}
 
 
 def check_finite(stats: dict[str, np.ndarray], pixels: str, fix: str) -> None:

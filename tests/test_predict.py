@@ -202,6 +202,9 @@ def test_bad_inputs_write_nothing(store, tmp_path):
         (dict(batch_size="64"), "batch_size must be an integer >= 1, got '64'"),
         (dict(tta="no"), "tta must be True or False"),
         (dict(device="banana"), "device='banana' is not a device"),
+        # (it was first called after the first batch: a TypeError once the model had run)
+        (dict(progress=5), "progress must be a function of \\(pixels predicted, pixels to predict\\) or None, "
+                           "got int 5"),
     ]
     for kwargs, message in bad_arguments:
         with pytest.raises(ConfigError, match=message):
@@ -209,6 +212,35 @@ def test_bad_inputs_write_nothing(store, tmp_path):
     with pytest.raises(ConfigError, match="a store must be a path"):
         predict(None, RandomConv(3), patch_size=3)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_probabilities_takes_numpy_bools_as_tta_does(store, tmp_path):
+    """probabilities=np.True_ (a flag read from an array) writes beside `out` as True does, np.False_ writes
+    nothing: both were refused as "must be True, False or a .npy or .tif path" (tta= took them)."""
+    model = RandomConv(3, k=4, seed=2)
+    want = predict(store, model, patch_size=3, device="cpu", probabilities=tmp_path / "want.npy")
+    got = predict(store, model, patch_size=3, device="cpu", probabilities=np.True_, out=tmp_path / "m.npy")
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.load(tmp_path / "m.probabilities.npy", allow_pickle=False),
+                                  np.load(tmp_path / "want.npy", allow_pickle=False))
+    predict(store, model, patch_size=3, device="cpu", probabilities=np.False_, out=tmp_path / "n.npy")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npy", "m.probabilities.npy", "n.npy", "want.npy"]
+
+
+def test_a_folder_where_a_map_writes_its_companion_file_is_refused_before_any_work(store, tmp_path):
+    """-o m.hdr beside a folder m.img (the ENVI binary's name), or -o m.tif beside a folder m.tif.aux.xml (its
+    category sidecar): an IsADirectoryError once the whole scene was predicted. Now one line before the model
+    runs; the folders stay as they were."""
+    (tmp_path / "m.img").mkdir()
+    (tmp_path / "m.tif.aux.xml").mkdir()
+    model = CentreCoordinates()
+    for out, companion in (("m.hdr", "m.img"), ("m.tif", "m.tif.aux.xml")):
+        with pytest.raises(InputError, match=f"^cannot write {tmp_path / out}: the {companion} written beside it is a "
+                                             "directory there; name another file$"):
+            predict(store, model, patch_size=3, device="cpu", normalize=None, out=tmp_path / out)
+    assert model.seen.sum() == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.img", "m.tif.aux.xml"]
+    assert all(p.is_dir() and not any(p.iterdir()) for p in tmp_path.iterdir())
 
 
 def test_model_mode_restored(store):
@@ -229,6 +261,41 @@ def test_patches_follow_the_model_dtype_and_device(store):
         predict(store, model, patch_size=3, dtype=torch.float32)
     with pytest.raises(ConfigError, match=r"the model is on cpu but device='cuda:1'; move it there \(model.to"):
         predict(store, RandomConv(3), patch_size=3, device="cuda:1")
+
+def test_a_constant_float64_band_reads_0_as_documented(tmp_path):
+    """A float64 band holding one value: its mean and std, accumulated tile by tile, carried float64 rounding
+    (a std of 1e-12 about 608.6395...), and z-scoring divided by it: the band read an arbitrary value (another
+    in another scene) where a constant band reads 0. The store records its mean as the value and std 0
+    (read with zarr-python), and the model is fed 0 there, the other bands numpy's z-score."""
+    import zarr
+
+    rng = np.random.default_rng(3)
+    cube = rng.random((H, W, 4)) * 1000
+    cube[:, :, 2] = 608.6395289271209
+    labels = rng.integers(0, 4, (H, W)).astype(np.uint8)
+    np.save(tmp_path / "cube.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    store = convert(tmp_path / "cube.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.npy", tile=14,
+                                                                                max_patch=3, train=0.5))
+    g = zarr.open_group(str(store), mode="r")
+    for which in ("all", "train"):
+        assert g[f"stats/{which}/std"][2] == 0 and g[f"stats/{which}/mean"][2] == 608.6395289271209
+
+    fed = []
+
+    class Keep(nn.Module):
+        def forward(self, x):
+            fed.append(x.clone())
+            return x.flatten(1)[:, :3]
+
+    predict(store, Keep(), patch_size=1, device="cpu", dtype=torch.float64)
+    x = torch.cat(fed).numpy()[:, :, 0, 0]
+    assert (x[:, 2] == 0).all()
+    st = hsgds.open_scene(store).norm_stats
+    other = [0, 1, 3]
+    np.testing.assert_allclose(np.sort(x[:, other], 0), np.sort((cube.reshape(-1, 4)[:, other] - st.mean[other]) /
+                                                                st.std[other], 0), rtol=1e-12)
+
 
 def test_float16_patches_that_would_overflow_are_refused_before_predicting(store, tmp_path):
     """A float16 model given statistics that normalize band 2 (values 0..999) past float16's 65504 is
@@ -323,6 +390,55 @@ def test_geotiff_source_to_georeferenced_class_map(tmp_path):
     src_crs, src_transform, _ = _gdal(src)
     assert crs == src_crs and transform == src_transform
     assert np.array_equal(data, out)
+
+
+def test_a_geotiff_source_without_a_crs_gives_a_map_on_its_grid(tmp_path):
+    """A source GeoTIFF with a transform but no CRS (GDAL writes no geokeys for it): the map and the probabilities
+    are on the source's grid as rasterio reads it, without a CRS, as from an ENVI source's map info without one
+    (the store had dropped the transform)."""
+    rasterio = pytest.importorskip("rasterio")
+    from rasterio.transform import Affine
+
+    cube, _ = coordinate_cube(seed=12)
+    src = tmp_path / "cube.tif"
+    with rasterio.open(src, "w", driver="GTiff", height=H, width=W, count=B, dtype="int16",
+                       transform=Affine(2.5, 0, 1000.0, 0, -2.5, 5000.0)) as dst:
+        dst.write(cube.transpose(2, 0, 1))
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    out = predict(store, RandomConv(3), patch_size=3, device="cpu", out=tmp_path / "map.tif", probabilities=True)
+    src_crs, src_transform, _ = _gdal(src)
+    assert src_crs is None and src_transform == Affine(2.5, 0, 1000.0, 0, -2.5, 5000.0)
+    for written in ("map.tif", "map.probabilities.tif"):
+        crs, transform, data = _gdal(tmp_path / written)
+        assert crs is None and transform == src_transform, written
+    assert np.array_equal(_gdal(tmp_path / "map.tif")[2], out)
+
+
+def test_a_crs_gdal_cannot_read_is_refused_before_any_work(tmp_path, run_cli):
+    """An ENVI source whose coordinate system string GDAL cannot read (the store records it as given): -o
+    map.tif (or probabilities as a GeoTIFF) failed with rasterio's CRSError once the whole scene was predicted,
+    after a probabilities .npy was already written, and the command showed a traceback. Now one line before
+    the model runs, nothing written; an ENVI map keeps the string as the source had it."""
+    envi = pytest.importorskip("spectral.io.envi")
+    cube, _ = coordinate_cube(seed=13)
+    envi.save_image(str(tmp_path / "cube.hdr"), cube, interleave="bil", ext=".img",
+                    metadata={"map info": ["Arbitrary", "1", "1", "1000", "5000", "30", "30"],
+                              "coordinate system string": "garbage"})
+    store = convert(tmp_path / "cube.hdr", tmp_path / "s.zarr", ConvertOptions())
+    assert hsgds.open_scene(store).meta.georeference["crs_wkt"] == "garbage"
+    model = CentreCoordinates()
+    (tmp_path / "maps").mkdir()
+    for outputs in ({"out": tmp_path / "maps" / "m.tif", "probabilities": tmp_path / "maps" / "p.npy"},
+                    {"out": tmp_path / "maps" / "m.npy", "probabilities": tmp_path / "maps" / "p.tif"}):
+        with pytest.raises(InputError, match="as a GeoTIFF: GDAL cannot read the coordinate reference system"):
+            predict(store, model, patch_size=3, device="cpu", normalize=None, **outputs)
+    assert model.seen.sum() == 0 and list((tmp_path / "maps").iterdir()) == []
+    ckpt, _ = _checkpoint(tmp_path, p=3)
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "maps" / "m.tif")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "GDAL cannot read" in err, err
+    assert list((tmp_path / "maps").iterdir()) == []
+    predict(store, model, patch_size=3, device="cpu", normalize=None, out=tmp_path / "maps" / "m.hdr")
+    assert "coordinate system string = {garbage}" in (tmp_path / "maps" / "m.hdr").read_text()
 
 
 def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
@@ -751,6 +867,29 @@ def test_cli_predict_scores_the_map_on_the_stores_test_split(store, tmp_path, ru
     unlabelled = convert(os.path.join(os.path.dirname(store), "cube.npy"), tmp_path / "u.zarr", ConvertOptions(tile=18, max_patch=15))
     code, out, err = run_cli("predict", unlabelled, "--model", ckpt, "-o", tmp_path / "u.npy")
     assert code == 0 and "wrote" in out and "test split" not in out, out + err
+
+
+def test_a_model_file_runs_in_the_dtype_asked_for(store, tmp_path):
+    """dtype= with a model file: the patches were cut in that dtype but the module loaded from the file stayed
+    float32, so every dtype but float32 failed on the first batch ("Input type (double) and bias type (float)
+    should be the same; check that it takes 8 bands"). The module now runs in the patches' dtype: float64 gives
+    the map of the model in float64 over PatchLoader's float64 batches."""
+    import copy
+
+    ckpt, model = _checkpoint(tmp_path, p=3)
+    model.eval()
+    torch.export.save(torch.export.export(model, (torch.randn(8, B, 3, 3),),
+                                          dynamic_shapes=({0: torch.export.Dim("n")},)), tmp_path / "m.pt2")
+    reference = np.zeros((H, W), np.int64)
+    double = copy.deepcopy(model).double()
+    with hsgds.PatchLoader(store, patch_size=3, batch_size=100, pixels="all", split=None, shuffle=False,
+                           return_coords=True, device="cpu", dtype=torch.float64) as loader, torch.inference_mode():
+        for x, _, yx in loader:
+            reference[yx[:, 0], yx[:, 1]] = double(x).argmax(1).numpy() + 1
+    for path in (ckpt, tmp_path / "m.pt2"):
+        np.testing.assert_array_equal(predict(store, path, device="cpu", dtype=torch.float64), reference)
+        for dtype in (torch.float16, "bfloat16"):  # (rounded patches: a few pixels may change class)
+            assert (predict(store, path, device="cpu", dtype=dtype) == reference).mean() > 0.9
 
 
 def test_a_program_of_a_fixed_batch_size_gets_its_last_batch_padded(store, tmp_path, run_cli):

@@ -184,6 +184,24 @@ def test_missing_matplotlib_names_the_extra(envi_store, tmp_path, monkeypatch, r
     assert preview_panels(envi_store[0]).rgb.size  # the panels need numpy only
 
 
+def test_class_names_with_dollar_signs_are_drawn_as_written(tmp_path):
+    """matplotlib reads the text between two $ as TeX math: a store's class name "a$x^$" (no valid TeX) failed
+    the preview with a multi-line ValueError, and "$5-$10" came out typeset. The SVG's texts (written as text,
+    svg.fonttype "none") hold the names as written."""
+    import matplotlib
+
+    cube, labels = np.random.default_rng(1).integers(0, 1000, (20, 16, 3)).astype("int16"), np.zeros((20, 16), "uint8")
+    labels[:10], labels[10:] = 1, 2
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    store = convert_quietly(tmp_path / "c.npy", tmp_path / "s.zarr",
+                            ConvertOptions(labels=tmp_path / "gt.npy", class_names=("a$x^$", "$5-$10")))
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        out = render_preview(store, tmp_path / "p.svg")
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", out.read_text())
+    assert "1 a$x^$ (160)" in texts and "2 $5-$10 (160)" in texts, texts
+
+
 def test_unlabelled_single_band_scene(tmp_path):
     cube = np.random.default_rng(0).integers(0, 1000, (40, 30, 1)).astype("float32")
     np.save(tmp_path / "u.npy", cube)

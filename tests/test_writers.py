@@ -95,6 +95,28 @@ def test_geotiff_uint16_beyond_255_classes_and_without_georeference(tmp_path):
             assert ds.dtypes == ("uint16",) and np.array_equal(ds.read(1), a) and ds.crs is None
 
 
+@pytest.mark.parametrize("crs", [{"crs_wkt": "garbage", "epsg": None}, {"crs_wkt": 'PROJCS["x",GEOGCS["y"]]', "epsg": None},
+                                 {"crs_wkt": None, "epsg": 1234}])
+def test_a_crs_gdal_cannot_read_is_one_line_and_leaves_nothing(tmp_path, classmap, crs, capfd):
+    """A georeference whose CRS GDAL cannot read (an ENVI header's coordinate system string is recorded as
+    given): rasterio's CRSError, with GDAL's own "ERROR 1" lines on stderr, was what the GeoTIFF writers
+    raised. One InputError naming the file; nothing written."""
+    pytest.importorskip("rasterio")
+    geo = {"transform": GEO["transform"], **crs}
+    for write in (lambda: writers.write_class_map(tmp_path / "m.tif", classmap, georeference=geo),
+                  lambda: writers.geotiff_crs(geo, tmp_path / "m.tif")):
+        with pytest.raises(InputError, match=r"^cannot write m.tif as a GeoTIFF: GDAL cannot read the coordinate "
+                                             r"reference system the store recorded from its source") as info:
+            write()
+        assert "\n" not in str(info.value)
+    probs = writers.ProbabilityFile(tmp_path / "p.tif", (23, 31, 2), georeference=geo)
+    probs.write(np.array([0]), np.array([0]), np.array([[0.25, 0.75]], np.float16))
+    with pytest.raises(InputError, match="cannot write p.tif as a GeoTIFF"):
+        probs.commit()
+    assert list(tmp_path.iterdir()) == []
+    assert "ERROR" not in capfd.readouterr().err
+
+
 def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
     envi = pytest.importorskip("spectral.io.envi")
     out = writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=NAMES, georeference=GEO)
@@ -152,6 +174,18 @@ def test_png_panels_decoded_by_matplotlib(tmp_path, classmap):
     colours = {tuple(c) for c in rgb}
     assert all(tuple(int(v) for v in c) in colours for c in class_colours(4)[1:])
     assert tuple(writers.ERROR_COLOUR) in colours
+
+
+def test_png_with_dollar_signs_in_class_names_is_written(tmp_path, classmap):
+    """matplotlib reads the text between two $ as TeX math: class names "a$x^$" or "$\\frac$" (no valid TeX)
+    failed the whole PNG with a multi-line ValueError (in predict, after the whole scene). Texts are drawn as
+    written now (tests/test_preview.py reads them back from an SVG)."""
+    image = pytest.importorskip("matplotlib.image")
+    names = ["a$x^$", "$\\frac$", "$5-$10", "plain"]
+    out = writers.write_class_map(tmp_path / "m.png", classmap, class_names=names, title="scene $x^$.zarr",
+                                  ground_truth=classmap)
+    assert image.imread(out).ndim == 3
+    assert leftovers(tmp_path) == []
 
 
 def test_png_error_map_judges_only_the_pixels_predicted(tmp_path, classmap):

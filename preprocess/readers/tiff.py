@@ -130,17 +130,27 @@ def _geo_transform(tags: dict[str, Any]) -> list[float] | None:
     return t
 
 
+def _transform_tags(page: Any) -> dict[str, Any]:
+    """The transform tags of a TIFF page without geokeys, named and shaped as tifffile's ``geotiff_tags``."""
+    tags = {}
+    for code, name in ((33550, "ModelPixelScale"), (33922, "ModelTiepoint"), (34264, "ModelTransformation")):
+        value = page.tags.valueof(code)
+        if value is not None:
+            tags[name] = list(value)
+    return tags
+
+
 def _georeference(tif: tifffile.TiffFile, path: Path) -> dict[str, Any] | None:
-    """CRS and transform of a GeoTIFF from its geokeys, or None when it carries none.
+    """CRS and transform of a GeoTIFF from its geokeys (the transform alone from a TIFF that has its transform
+    tags but no geokeys, as GDAL writes a grid without a CRS), or None when it carries none.
 
     A CRS given by EPSG code is kept as that code. A user-defined CRS (parameters spelled out in the
     geokeys) is turned into WKT by rasterio/GDAL, the field's reference implementation, when it is
     installed (``hsgds[geo]``); without it only the transform is kept, with a warning.
     """
     page = tif.pages[0]
-    if not getattr(page, "is_geotiff", False):
-        return None
-    tags = page.geotiff_tags or {}
+    # GDAL writes a grid without a CRS as its transform tags alone, without geokeys: the transform is kept
+    tags = (page.geotiff_tags or {}) if getattr(page, "is_geotiff", False) else _transform_tags(page)
     transform = _geo_transform(tags)
     if transform is None or fmt.georeference_problem(fmt.make_georeference(transform)):
         return None

@@ -53,6 +53,9 @@ def cube():
     (CRS.from_epsg(4326), Affine(0.001, 0.0, -86.5, 0.0, -0.001, 40.5)),
     (ALBERS, Affine(30.0, 0.0, 100.0, 0.0, -30.0, 200.0)),  # user-defined CRS: WKT through rasterio
     (UTM16N, Affine.translation(620000, 4000000) @ Affine.rotation(20) @ Affine.scale(30, -20)),  # ModelTransformation
+    # a grid without a CRS: GDAL writes the transform tags without geokeys (the transform was dropped)
+    (None, Affine(30.0, 0.0, 100.0, 0.0, -30.0, 200.0)),
+    (None, Affine.translation(620000, 4000000) @ Affine.rotation(20) @ Affine.scale(30, -20)),
 ])
 def test_geotiff_georeference_matches_gdal(tmp_path, cube, crs, transform):
     src = write_geotiff(tmp_path / "c.tif", cube, crs, transform)
