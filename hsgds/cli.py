@@ -737,6 +737,7 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
                 yield coll.scene(i)
 
     inputs = RunInputs(opened(), model_path)  # every scene's files: one scene's map must not replace another's source
+    _refuse_shared_outputs(coll.names, out, probabilities)
     sizes = []
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
@@ -761,6 +762,25 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
                    f"{listed(failed)}); fix them and run the same "
                    "command again", err=True)
         sys.exit(EXIT_SOME_FAILED)
+
+
+def _refuse_shared_outputs(names: Sequence[str], out: str, probabilities: str | None) -> None:
+    """Exit 2 when two scenes' outputs would be one file (scenes x and x.p with -o {name}.npy and
+    --probabilities {name}.p.npy; an ENVI map's .img, a GeoTIFF's sidecar): the later scene would replace
+    the earlier one's output without a word."""
+    import os
+
+    from hsgds.writers import files_written
+
+    writer: dict[str, str] = {}
+    for name in names:
+        paths = [*files_written(out.replace("{name}", name)),
+                 *([Path(probabilities.replace("{name}", name))] if probabilities else [])]
+        for p in paths:
+            first = writer.setdefault(os.path.normcase(p.resolve()), name)
+            if first != name:
+                _fail(f"scenes {first!r} and {name!r} would both write {p}; name the outputs so that each scene's "
+                      "differ (e.g. -o maps/{name}.tif --probabilities probs/{name}.npy)")
 
 
 def demo_store(refresh: bool = False) -> Path:

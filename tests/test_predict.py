@@ -1373,3 +1373,33 @@ def test_cli_predict_a_collection_writes_a_map_per_scene(store, tmp_path, run_cl
     code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy")
     assert code == 1 and "hsgds: failed: north: " in err and "is missing" in err
     assert np.array_equal(np.load(maps / "south.npy", allow_pickle=False), want)
+
+
+def test_two_scenes_whose_outputs_are_one_file_are_refused_before_any_work(store, tmp_path, run_cli):
+    """Scenes x and x.p with ``-o maps/{name}.npy --probabilities maps/{name}.p.npy``: x's probabilities and
+    x.p's map are one file, and the later scene would replace the earlier's output without a word. Refused in
+    one line, exit 2, nothing written; outputs named apart are written."""
+    import shutil
+
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.scene import open_scene
+
+    ckpt, _ = _checkpoint(tmp_path)
+    coll = tmp_path / "coll"
+    coll.mkdir()
+    names = ("x", "x.p")
+    for name in names:
+        shutil.copytree(store, coll / f"{name}.zarr")
+    write_collection(coll, [SceneEntry.of_scene(n, open_scene(coll / f"{n}.zarr")) for n in names])
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    code, _, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--probabilities",
+                           maps / "{name}.p.npy")
+    assert code == 2 and err == (f"hsgds: error: scenes 'x' and 'x.p' would both write {maps / 'x.p.npy'}; name the "
+                                 "outputs so that each scene's differ (e.g. -o maps/{name}.tif --probabilities "
+                                 "probs/{name}.npy)\n"), err
+    assert not any(maps.iterdir())
+    code, _, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--probabilities",
+                           maps / "p_{name}.npy")
+    assert code == 0, err
+    assert sorted(p.name for p in maps.iterdir()) == ["p_x.npy", "p_x.p.npy", "x.npy", "x.p.npy"]
