@@ -48,6 +48,11 @@ def ring_bytes_for(scene: Scene, batch_size: int, mask: np.ndarray | None = None
 
 def _ring_bytes(scene: Scene, batch_size: int, keep: np.ndarray | None) -> int:
     """:func:`ring_bytes_for` with the pixels to predict known (None: every pixel)."""
+    return max(4, 2 * _span(_tile_counts(scene, keep), batch_size)) * scene.grid.tile_nbytes
+
+
+def _tile_counts(scene: Scene, keep: np.ndarray | None) -> np.ndarray:
+    """The pixels to predict in each tile that holds any, in tile order (``keep`` None: every pixel)."""
     g = scene.grid
     counts: np.ndarray = np.zeros((g.nty, g.ntx), np.int64)
     for ty in range(g.nty):
@@ -55,11 +60,46 @@ def _ring_bytes(scene: Scene, batch_size: int, keep: np.ndarray | None) -> int:
             y0, y1, x0, x1 = g.core_window(ty * g.ntx + tx)
             counts[ty, tx] = (y1 - y0) * (x1 - x0) if keep is None else int(keep[y0:y1, x0:x1].sum())
     counts = counts.reshape(-1)
-    counts = counts[counts > 0]
+    return counts[counts > 0]
+
+
+def _span(counts: np.ndarray, batch_size: int) -> int:
+    """The most tiles one batch of ``batch_size`` pixels spans when pixels come tile by tile (``counts``)."""
     ends = np.cumsum(counts)
     last = np.minimum(np.searchsorted(ends, ends + batch_size - 1, side="left"), len(ends) - 1)
-    span = int((last - np.arange(len(ends))).max(initial=0)) + 1
-    return max(4, 2 * span) * g.tile_nbytes
+    return int((last - np.arange(len(ends))).max(initial=0)) + 1
+
+
+def _batch_in_budget(scene: Scene, batch_size: int, keep: np.ndarray | None, budget: int) -> tuple[int, int]:
+    """(the loader's batch size, its ring bytes) for inference within ``budget`` bytes of ring: ``batch_size``
+    with :func:`ring_bytes_for`'s ring when that fits, else the largest smaller batch whose ring does. A sparse
+    mask (a few pixels in each of many tiles) spreads one batch over many tiles, and its ring, resident all at
+    once, could otherwise reach the whole scene (device memory on a GPU). The map does not depend on it: the
+    model runs in eval mode, each pixel on its own."""
+    counts, nbytes = _tile_counts(scene, keep), scene.grid.tile_nbytes
+    fits = max(4, budget // nbytes)  # tiles (4: the least ring_bytes_for gives)
+    if 2 * _span(counts, batch_size) <= fits:
+        return batch_size, max(4, 2 * _span(counts, batch_size)) * nbytes
+    low, high = 1, batch_size  # the span grows with the batch: the largest batch with 2 * span <= fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if 2 * _span(counts, mid) <= fits else (low, mid - 1)
+    return low, max(4, 2 * _span(counts, low)) * nbytes
+
+
+def _ring_budget(device: Any) -> int:
+    """The most ring bytes predict sizes itself for: a loader's cap with ring_bytes=None (a fraction of the free
+    GPU memory on a CUDA device given as such; else HSGDS_RING_CPU_BYTES, also for a device left to the loader)."""
+    from hsgds import defaults
+
+    try:
+        wanted = None if device is None or isinstance(device, str) and device == "auto" else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):  # the loader names a bad device
+        wanted = None
+    if wanted is not None and wanted.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(wanted)
+        return int(free * defaults.get("ring_gpu_fraction"))
+    return int(defaults.get("ring_cpu_bytes"))
 
 
 def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
@@ -370,6 +410,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         the settings the model was trained with. ``patch_size`` is required with a module. A program exported
         with a fixed batch size takes batches of exactly that size (the last one padded, the padding dropped);
         one whose dynamic batch dimension was bounded at export, batches in its range (likewise padded).
+        Without ``ring_bytes``, the ring holds twice the tiles a batch spans, within the loader's cap
+        (``HSGDS_RING_CPU_BYTES``, or ``HSGDS_RING_GPU_FRACTION`` of the free memory of a CUDA ``device``):
+        where a sparse ``mask`` spreads a batch over more tiles than that, the model gets smaller batches.
     bands, wavelengths, wavelength_tolerance, norm_stats
         As for :class:`~hsgds.PatchLoader`: the bands the model takes (indices, or each wavelength's nearest
         band of this scene) and the statistics to normalize with. By default the scene is normalized with
@@ -457,11 +500,15 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     was_training = model.training
     _set_mode(model, False)
     probs = None
+    # the model is called on the loader's batches: smaller than batch_size only when a sparse mask's ring would
+    # outgrow the budget (a fixed-batch program gets them padded)
+    cut = batch_size
+    if ring_bytes is None:
+        cut, ring_bytes = _batch_in_budget(scene, batch_size, keep, _ring_budget(device))
     try:
-        with PatchLoader(scene, batch_size=batch_size, split=None, pixels="all",
+        with PatchLoader(scene, batch_size=cut, split=None, pixels="all",
                          shuffle=False, return_coords=True, mask=mask, device=device, dtype=dtype,
-                         engine=engine, reader=reader, **settings,
-                         ring_bytes=_ring_bytes(scene, batch_size, keep) if ring_bytes is None else ring_bytes) as loader:
+                         engine=engine, reader=reader, **settings, ring_bytes=ring_bytes) as loader:
             dev = loader.device
             if from_file:  # a module loaded here (on the CPU, float32) runs where the loader cuts, in its dtype
                 model.to(dev, resolve_out_dtype(dtype))

@@ -1403,3 +1403,50 @@ def test_two_scenes_whose_outputs_are_one_file_are_refused_before_any_work(store
                            maps / "p_{name}.npy")
     assert code == 0, err
     assert sorted(p.name for p in maps.iterdir()) == ["p_x.npy", "p_x.p.npy", "x.npy", "x.p.npy"]
+
+
+def test_a_sparse_mask_keeps_the_ring_within_its_budget(store):
+    """A mask of one pixel in each tile spreads a batch over every tile, all resident at once: predict then
+    cuts smaller batches so that its ring stays within the loader's cap (HSGDS_RING_CPU_BYTES on the CPU), and
+    the map is the same. (Before, the ring grew to twice the tiles a batch spans, however many.)"""
+    from hsgds import defaults
+    from hsgds.scene import open_scene
+
+    tile = open_scene(store).grid.tile_nbytes
+    mask = np.zeros((H, W), bool)
+    for y in (3, 21, 36):  # one pixel in each of the 3 x 2 tiles of 18 x 18
+        for x in (5, 23):
+            mask[y, x] = True
+    full = predict(store, CentreCoordinates(), patch_size=5, batch_size=100, device="cpu", normalize=None)
+    calls: list[tuple[int, int]] = []
+    with defaults.set(ring_cpu_bytes=4 * tile):  # 4 tiles: batches spanning 2 tiles, read ahead by 2 more
+        got = predict(store, CentreCoordinates(), patch_size=5, batch_size=100, device="cpu", normalize=None,
+                      mask=mask, progress=lambda done, total: calls.append((done, total)))
+    assert np.array_equal(got, np.where(mask, full, 0))
+    assert calls == [(2, 6), (4, 6), (6, 6)]
+    calls.clear()
+    predict(store, CentreCoordinates(), patch_size=5, batch_size=100, device="cpu", normalize=None, mask=mask,
+            progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(6, 6)]  # room for the batch asked for: one batch
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_batch_in_budget_is_the_largest_whose_span_fits(seed):
+    """_batch_in_budget against brute force: the tiles a batch covers, counted pixel by pixel from every start."""
+    from types import SimpleNamespace
+
+    from hsgds.inference import _batch_in_budget
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 6, rng.integers(1, 15))
+    owner = np.repeat(np.arange(len(counts)), counts)  # the tile of each pixel, in predict's order
+
+    def span(b):
+        return max(len(set(owner[i:i + b])) for i in range(len(owner)))
+
+    g = SimpleNamespace(nty=1, ntx=len(counts), tile_nbytes=4096, core_window=lambda t: (0, 1, 0, int(counts[t])))
+    scene = SimpleNamespace(grid=g)
+    batch, fits = int(rng.integers(1, 40)), int(rng.integers(4, 12))
+    got, ring = _batch_in_budget(scene, batch, None, fits * 4096)
+    assert got == max(b for b in range(1, batch + 1) if 2 * span(b) <= fits)  # (span(1) is 1; fits >= 4)
+    assert ring == max(4, 2 * span(got)) * 4096
