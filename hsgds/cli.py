@@ -278,7 +278,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     with its reason)."""
     import logging
 
-    from hsgds.preprocess.convert_many import NEW
+    from hsgds.preprocess.convert_many import NEW, RENAMED
     from hsgds.preprocess.convert_many import convert_many as run_many
 
     opts = _convert_options(**options, workers=threads)
@@ -306,6 +306,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         elif result.status == "converted" and result.reason not in (NEW, "--overwrite"):
             # a store replaced (e.g. a re-split undone by other split options) or deleted since: say why
             click.echo(f"{chr(10) if bar else ''}{result.name}: re-converted: {result.reason}")
+        elif result.status == RENAMED:  # the tiles kept, the names rewritten: say which
+            click.echo(f"{chr(10) if bar else ''}{result.name}: {RENAMED}: {result.reason}")
         if bar is not None:
             bar.length = total
             bar.current_item = tiles
@@ -318,7 +320,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if bar is not None:
             bar.render_finish()
     mb = sum(s.source_bytes for s in r.converted) / 1e6
-    click.echo(f"{len(r.converted)} converted ({sum(s.tiles for s in r.converted)} tiles, {mb:.1f} MB), "
+    renamed = f"{len(r.renamed)} {RENAMED}, " if r.renamed else ""
+    click.echo(f"{len(r.converted)} converted ({sum(s.tiles for s in r.converted)} tiles, {mb:.1f} MB), {renamed}"
                f"{len(r.up_to_date)} up to date, {len(r.failed)} failed of {len(r.scenes)} scenes in "
                f"{r.seconds:.1f} s; wrote {r.collection}")
     if r.failed:

@@ -189,6 +189,81 @@ def test_rerun_converts_only_missing_changed_or_damaged(cluster, tmp_path):
     assert {open_scene(out / f"{n}.zarr").meta.halo for n in arrays} == {3}
 
 
+def _kept_files(out: Path) -> dict[Path, tuple[int, int, int]]:
+    """(inode, mtime_ns, size) of every file of every store in ``out`` but the stores' root zarr.json (their
+    metadata): tile chunks, labels, samples, statistics and the arrays' own zarr.json."""
+    return {p: (st.st_ino, st.st_mtime_ns, st.st_size) for store in out.glob("*.zarr") for p in store.rglob("*")
+            if p.is_file() and p != store / "zarr.json" for st in [p.stat()]}
+
+
+def test_a_rerun_changing_only_class_names_rewrites_only_the_metadata(cluster, tmp_path, run_cli):
+    """An archive converted without --class-names (unlabelled scenes for pretraining beside labelled ones),
+    then the same command with them: each store's metadata is rewritten with the names (and, for a labelled
+    scene, the classes they name), no file of any store is written again, zarr-python reads the new names, the
+    stores verify and load together; names that do not name a labelled scene's classes fail that scene alone,
+    with the conversion's one-line reason."""
+    import zarr
+
+    arrays = make_sources(tmp_path, n=4)  # cube0, cube2 labelled (classes 1..3); flight_1, flight_3 not
+    assert all(int(gt.max()) == 3 for _, gt in arrays.values() if gt is not None)
+    out = tmp_path / "out"
+    first = convert_many(tmp_path / "scenes.csv", out, ConvertOptions(max_patch=5, workers=2),
+                         scheduler=cluster.scheduler_address)
+    assert [r.status for r in first.scenes] == ["converted"] * 4
+    kept = _kept_files(out)
+    roots = {n: json.loads((out / f"{n}.zarr/zarr.json").read_text()) for n in arrays}
+    names = (*CLASSES, "road")  # a campaign's list: more classes than these scenes hold
+    args = ("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "5", "--scheduler",
+            cluster.scheduler_address, "--class-names")
+    code, stdout, stderr = run_cli(*args, ",".join(names))
+    assert code == 0, stderr
+    for n in arrays:
+        assert (f"{n}: metadata updated (class names): --class-names soil,grass,water,road differs from the "
+                "store's (not given)") in stdout
+    assert "0 converted (0 tiles, 0.0 MB), 4 metadata updated (class names), 0 up to date, 0 failed of 4" in stdout
+    assert _kept_files(out) == kept  # nothing re-tiled, nothing else rewritten
+    for n, (_, gt) in arrays.items():
+        doc = json.loads((out / f"{n}.zarr/zarr.json").read_text())
+        attrs = zarr.open_group(out / f"{n}.zarr", mode="r").attrs["hsgds"]
+        assert attrs["class_names"] == list(names) and attrs["num_classes"] == (0 if gt is None else 4)
+        for d in (doc, roots[n]):  # all else as converted
+            del d["attributes"]["hsgds"]["class_names"], d["attributes"]["hsgds"]["num_classes"]
+        assert doc == roots[n]
+    listed = json.loads((out / "collection.json").read_text())["scenes"]
+    assert [s["class_names"] for s in listed] == [list(names)] * 4
+    code, text, err = run_cli("verify", out)
+    assert code == 0, err
+    code, text, err = run_cli("info", out / "cube0.zarr")  # its classes named in the per-class table
+    present = np.unique(arrays["cube0"][1][arrays["cube0"][1] > 0])
+    assert code == 0 and all(f"{c:>5}  {names[c - 1]:<28}" in text for c in present), text
+    code, text, err = run_cli("info", out / "flight_1.zarr")
+    assert code == 0 and ("classes:    none (converted without --labels; the collection's class names: soil, grass, "
+                          "water, road)\n") in text, text
+    # the collection loads as one (every scene now has the same classes); labels as the label maps hold them
+    order = [e.name for e in open_collection(out).entries]
+    with hsgds.PatchLoader(out, patch_size=5, batch_size=64, split=None, return_coords=True, device="cpu") as ld:
+        got = [(lb.numpy(), c.numpy()) for _, lb, c in ld]
+    labels, coords = np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+    expected = {(i, y, x) for i, n in enumerate(order) if arrays[n][1] is not None
+                for y, x in zip(*np.nonzero(arrays[n][1]))}
+    assert len(coords) == len(expected) and set(map(tuple, coords.tolist())) == expected
+    np.testing.assert_array_equal(labels, [arrays[order[i]][1][y, x] - 1 for i, y, x in coords])  # class k: k-1
+
+    again = convert_many(tmp_path / "scenes.csv", out, ConvertOptions(max_patch=5, class_names=names, workers=2),
+                         scheduler=cluster.scheduler_address)
+    assert [r.status for r in again.scenes] == ["up to date"] * 4
+    # two names cannot name the labelled scenes' three classes: those fail as a conversion would, untouched
+    code, stdout, stderr = run_cli(*args, "soil,grass")
+    assert code == 1 and "0 converted (0 tiles, 0.0 MB), 2 metadata updated (class names), 0 up to date, 2 failed" \
+        in stdout, stderr
+    for n in ("cube0", "cube2"):
+        assert (f"hsgds: failed: {n}: --class-names lists 2 names but the labels hold class 3; give one name per "
+                "class, in label order\n") in stderr
+        assert open_scene(out / f"{n}.zarr").class_names == list(names)
+    assert [open_scene(out / f"{n}.zarr").class_names for n in ("flight_1", "flight_3")] == [["soil", "grass"]] * 2
+    assert _kept_files(out) == kept
+
+
 def test_failing_scene_is_named_and_the_others_complete(cluster, tmp_path, run_cli):
     arrays = make_sources(tmp_path, n=3)
     (tmp_path / "data/broken.npy").write_bytes(np.lib.format.MAGIC_PREFIX + b"\x01\x00garbage")
