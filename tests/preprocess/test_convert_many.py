@@ -463,6 +463,48 @@ def test_store_without_converted_split_is_compared_as_before(cluster, tmp_path):
     assert [(r.status, r.reason) for r in again.scenes] == [("converted", "--train 0.1 differs from the store's (0.3)")]
 
 
+def test_class_names_are_not_written_over_a_store_rewritten_meanwhile(tmp_path):
+    """convert-many rewrites a store's class names under the lock `hsgds resplit` takes, and only over the
+    metadata it compared: a store re-split between the comparison and the commit fails the scene (the next run
+    compares again), its re-split kept; one whose lock is held fails with the lock's one-line reason; then a
+    rerun renames it, its split as re-split."""
+    import fcntl
+
+    from hsgds.errors import StoreError
+    from hsgds.preprocess.convert_many import RENAMED, ManifestRow, _rename_classes, _renamed, convert_scene
+    from hsgds.preprocess.resplit import resplit
+
+    cube, gt = make_scene(24, 20, 4, classes=3, seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", gt)
+    row, out = ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy"), tmp_path / "out"
+    out.mkdir()
+    assert convert_scene(row, out, ConvertOptions(max_patch=3)).status == "converted"
+    store, named = out / "c.zarr", ConvertOptions(max_patch=3, labels=row.labels, class_names=CLASSES)
+    checked = open_scene(store)
+    _, renamed = _renamed(checked, named)
+    assert renamed is not None and renamed.class_names == list(CLASSES)
+    resplit(store, "random", train=0.3, seed=1)
+    resplit_meta = json.loads((store / "zarr.json").read_text())
+    with pytest.raises(StoreError, match=r"changed while its class names were compared .*; run the same command "
+                                         r"again$"):
+        _rename_classes(store, checked.meta, renamed)
+    assert json.loads((store / "zarr.json").read_text()) == resplit_meta
+    fd = os.open(store, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        locked = convert_scene(row, out, ConvertOptions(max_patch=3, class_names=CLASSES))
+    finally:
+        os.close(fd)
+    assert (locked.status, locked.reason) == ("failed", f"another `hsgds resplit` or `hsgds convert-many` is "
+                                                         f"rewriting {store}; wait for it to finish")
+    done = convert_scene(row, out, ConvertOptions(max_patch=3, class_names=CLASSES))
+    assert done.status == RENAMED
+    meta = open_scene(store).meta
+    assert meta.class_names == list(CLASSES) and meta.split["train"] == 0.3 and meta.split_generation == 1
+    assert [p.name for p in store.glob(".zarr.json*")] == []
+
+
 def test_given_wavelengths_are_compared_with_the_store(tmp_path):
     """--wavelengths given to a rerun: a store converted with others is converted again, and the reason says so;
     not given, the store's (e.g. a source's own) are kept."""
