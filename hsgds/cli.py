@@ -73,8 +73,8 @@ def _in_cli_words(message: str, options: dict[str, str]) -> str:
     underscore (never a word of prose) also where it stands alone. Only whole names after a space or at the start:
     a Python call shown as an example (``PatchLoader(wavelengths=[...])``) stays as it is."""
     for name, option in options.items():
-        message = re.sub(rf"(?<!\S){name}=(\[\.\.\.\]|)", lambda m: f"{option} " + ("..." if m.group(1) else ""),
-                         message)
+        message = re.sub(rf"(?<!\S){name}=\[\.\.\.\]", f"{option} ...", message)
+        message = re.sub(rf"(?<!\S){name}=", f"{option} ", message)
         if "_" in name:
             message = re.sub(rf"(?<!\S){name}\b(?!=)", option, message)
     return message
