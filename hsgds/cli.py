@@ -5,6 +5,8 @@ no CUDA GPU would be used; 130 when interrupted (Ctrl-C)."""
 
 from __future__ import annotations
 
+import functools
+import re
 import sys
 import time
 import warnings
@@ -64,6 +66,34 @@ def _torch_installed() -> bool:
 def _fail(message: str) -> NoReturn:
     click.echo(f"hsgds: error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _in_cli_words(message: str, options: dict[str, str]) -> str:
+    """``message``, a library error, naming ``options`` (parameter name -> the option that sets it 1:1) as the
+    user typed them: ``name=VALUE`` as ``--name VALUE`` (``name=[...]`` as ``--name ...``), and a name with an
+    underscore (never a word of prose) also where it stands alone. Only whole names after a space or at the start:
+    a Python call shown as an example (``PatchLoader(wavelengths=[...])``) stays as it is."""
+    for name, option in options.items():
+        message = re.sub(rf"(?<!\S){name}=\[\.\.\.\]", f"{option} ...", message)
+        message = re.sub(rf"(?<!\S){name}=", f"{option} ", message)
+        if "_" in name:
+            message = re.sub(rf"(?<!\S){name}\b(?!=)", option, message)
+    return message
+
+
+def _errors_in_cli_words(command: Callable[..., Any]) -> Callable[..., Any]:
+    """A command whose options set the library's parameters of the same names (bench, predict): its library
+    errors name those options (``--batch-size``), not the Python parameters (``batch_size``)."""
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except HsgdsError as exc:
+            params = click.get_current_context().command.params
+            options = {p.name: f"--{p.name.replace('_', '-')}" for p in params if isinstance(p, click.Option)
+                       and p.name and f"--{p.name.replace('_', '-')}" in p.opts}
+            _fail(_in_cli_words(str(exc), options))
+    return run
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -307,7 +337,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     (HSGDS_PROGRESS_LOG_S), and at the end."""
     import logging
 
-    from hsgds.preprocess.convert_many import NEW
+    from hsgds.preprocess.convert_many import NEW, RENAMED
     from hsgds.preprocess.convert_many import convert_many as run_many
 
     opts = _convert_options(**options, workers=threads)
@@ -337,6 +367,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         elif result.status == "converted" and result.reason not in (NEW, "--overwrite"):
             # a store replaced (e.g. a re-split undone by other split options) or deleted since: say why
             click.echo(f"{chr(10) if bar else ''}{result.name}: re-converted: {result.reason}")
+        elif result.status == RENAMED:  # the tiles kept, the names rewritten: say which
+            click.echo(f"{chr(10) if bar else ''}{result.name}: {RENAMED}: {result.reason}")
         if bar is not None:
             bar.length = total
             bar.current_item = tiles
@@ -351,7 +383,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if bar is not None:
             bar.render_finish()
     mb = sum(s.source_bytes for s in r.converted) / 1e6
-    click.echo(f"{len(r.converted)} converted ({sum(s.tiles for s in r.converted)} tiles, {mb:.1f} MB), "
+    renamed = f"{len(r.renamed)} {RENAMED}, " if r.renamed else ""
+    click.echo(f"{len(r.converted)} converted ({sum(s.tiles for s in r.converted)} tiles, {mb:.1f} MB), {renamed}"
                f"{len(r.up_to_date)} up to date, {len(r.failed)} failed of {len(r.scenes)} scenes in "
                f"{r.seconds:.1f} s; wrote {r.collection}")
     if r.failed:
@@ -619,6 +652,7 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
 @click.option("--tta", is_flag=True, help="Test-time augmentation: average the model's probabilities over the "
                                           "8 flips / quarter turns of each patch (8x the model's work; none more at "
                                           "patch size 1, whose 8 are the patch).")
+@_errors_in_cli_words
 def predict(store, model_path, out, patch_size, batch_size, probabilities, device, tta) -> None:
     """Classify every pixel of STORE with a model and write the class map (georeferenced when the source was).
     For a collection (a folder holding collection.json, or that file): a map per scene. Each scene is
@@ -912,6 +946,7 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
 @click.option("--wavelength-tolerance", default=5.0, show_default=True,
               help="Largest distance in nm from a wavelength to the band taken for it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
+@_errors_in_cli_words
 def bench(store, patch_size, batch_size, split, pixels, steps, dtype, device, engine, reader, wavelengths,
           wavelength_tolerance, as_json) -> None:
     """Measure t_io (reading STORE: a store, or a collection folder), t_compute (the demo's model on resident

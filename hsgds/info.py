@@ -171,8 +171,11 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     counts = split_class_counts(scene)
     total: Any = sum(counts.values())  # per class, over the splits
     n_classes = int(np.count_nonzero(total[1:]))
+    # an unlabelled scene of a collection keeps the collection's names (convert-many --class-names): shown, as a
+    # loader over the collection compares them
+    shared = f"; the collection's class names: {', '.join(scene.class_names)}" if scene.class_names else ""
     lines.append(f"classes:    {n_classes} (labels 1..{scene.num_classes}), {m.num_samples} labelled pixels"
-                 if scene.num_classes else "classes:    none (converted without --labels)")
+                 if scene.num_classes else f"classes:    none (converted without --labels{shared})")
     if m.num_samples:
         names = [s for s in ("train", "val", "test", "none") if counts[s].sum()]
         lines.append("")

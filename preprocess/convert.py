@@ -47,7 +47,8 @@ try:
 except ImportError:  # Windows: no advisory locks; stale temporary folders are then left for the user
     fcntl = None
 
-__all__ = ["CONVERT_WARNINGS", "ConvertOptions", "GeoreferenceWarning", "NodataWarning", "WavelengthWarning", "convert", "lock_folder", "nodata_option", "remove_stale", "wavelength_list", "write_error"]
+__all__ = ["CONVERT_WARNINGS", "ConvertOptions", "GeoreferenceWarning", "NodataWarning", "WavelengthWarning",
+           "class_names_of", "convert", "lock_folder", "nodata_option", "remove_stale", "wavelength_list", "write_error"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
 
@@ -613,6 +614,23 @@ def _check_unchanged(stamps: dict[Path, tuple[int, int]]) -> None:
                              "convert again once it is complete")
 
 
+def class_names_of(opts: ConvertOptions, largest: int) -> tuple[tuple[str, ...] | None, int]:
+    """The class names and class count a store converted with ``opts`` records, its labels' largest class being
+    ``largest``: the names given, else the label file's own (an ENVI Classification's header), else none;
+    classes 1..K are every named one (a scene may lack some), else up to the largest label, and 0 without labels.
+    Also what ``hsgds convert-many`` writes when it rewrites a store's class names alone."""
+    # names may outnumber the scene's labels: a scene of a collection holds some of its classes (convert-many
+    # shares the names), an unlabelled one none
+    if opts.labels is not None and opts.class_names is not None and len(opts.class_names) < largest:
+        raise InputError(f"--class-names lists {len(opts.class_names)} names but the labels hold class {largest}; "
+                         "give one name per class, in label order")
+    class_names = opts.class_names
+    if class_names is None and opts.labels is not None:  # names given win over the file's
+        class_names = label_class_names(opts.labels, largest)
+    num_classes = max(largest, len(class_names or ())) if opts.labels is not None else 0
+    return class_names, num_classes
+
+
 def _is_store(path: Path) -> bool:
     """Whether ``path`` is a (complete) hsgds store of any format version: the only thing --overwrite replaces."""
     import json
@@ -779,23 +797,13 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     except OSError as exc:
         raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
     labels = _load_labels(opts, src, cube.shape)
-    # names may outnumber the scene's labels: a scene of a collection holds some of its classes (convert-many
-    # shares the names), an unlabelled one none
-    largest = int(labels.max(initial=0))
-    if opts.labels is not None and opts.class_names is not None and len(opts.class_names) < largest:
-        raise InputError(f"--class-names lists {len(opts.class_names)} names but the labels hold class {largest}; "
-                         "give one name per class, in label order")
-    class_names = opts.class_names
-    if class_names is None and opts.labels is not None:  # names given win over the file's
-        class_names = label_class_names(opts.labels, largest)
+    class_names, num_classes = class_names_of(opts, int(labels.max(initial=0)))
     dtype = np.dtype(opts.dtype or cube.dtype.name)  # the store's: the source's unless --dtype says otherwise
     grid = fmt.TileGrid(H, W, B, dtype.name, _tile_size(opts, cube.shape, dtype.itemsize), opts.halo)
     grid.check()
     # held back until the labels are final: labelled nodata pixels (found while tiling) mean a new split
     split_map, split_params, split_warnings = _split_quietly(opts, labels)
     table = _sample_table(labels, split_map, grid)
-    # classes 1..K: all those named (a scene may lack some), else up to the largest label
-    num_classes = max(largest, len(class_names or ())) if opts.labels is not None else 0
     nodata = _nodata_of(opts, cube)
     if nodata is not None and dtype != cube.dtype and not _holds(dtype, nodata):
         raise ConfigError(f"--dtype {dtype.name} cannot hold the nodata value {nodata:g}, which the store's scene "

@@ -5,7 +5,8 @@ absent), so the orchestration here only decides *which* scenes need converting, 
 ``dask.distributed`` cluster (a given scheduler, or a ``LocalCluster`` of worker processes), collects
 one result per scene, and finally writes ``collection.json`` listing exactly the scenes that are
 converted and valid. A worker that dies mid-scene is replaced and its task rescheduled by Dask; a rerun
-of the same command converts only what is missing, changed or damaged.
+of the same command converts only what is missing, changed or damaged, and of a store whose class names alone
+differ rewrites only the metadata.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import json
 import logging
 import os
 import secrets
@@ -36,6 +38,7 @@ from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_li
 from hsgds.preprocess.convert import (
     CONVERT_WARNINGS,
     ConvertOptions,
+    class_names_of,
     convert,
     nm_text,
     nodata_option,
@@ -44,6 +47,7 @@ from hsgds.preprocess.convert import (
 )
 from hsgds.preprocess.readers import detect_format, label_class_names, label_files, open_cube
 from hsgds.preprocess.readers.base import recorded_nodata, source_stamps
+from hsgds.preprocess.rewrite import commit_metadata, lock_store, remove_stale_commits
 from hsgds.scene import open_scene
 
 __all__ = ["ManifestRow", "ManyResult", "SceneResult", "convert_many", "convert_scene", "read_manifest"]
@@ -202,11 +206,12 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
 
 @dataclass(frozen=True)
 class SceneResult:
-    """What happened to one scene: ``status`` is ``converted``, ``up to date`` or ``failed``."""
+    """What happened to one scene: ``status`` is ``converted``, ``up to date``, ``failed`` or
+    ``metadata updated (class names)`` (:data:`RENAMED`: only they differed; the tiles were kept)."""
 
     name: str
     status: str
-    reason: str | None = None  # why it was (re)converted, or why it failed
+    reason: str | None = None  # why it was (re)converted or its metadata updated, or why it failed
     entry: SceneEntry | None = None
     tiles: int = 0
     source_bytes: int = 0
@@ -229,9 +234,33 @@ def _differs(option: str, want: Any, had: Any) -> str:
     return f"{option} {show(want)} differs from the store's ({show(had)})"
 
 
-def _options_differ(meta, opts: ConvertOptions) -> str | None:
+def _class_names_differ(meta, opts: ConvertOptions, largest: int | None = None) -> str | None:
+    """How the store's class names differ from those a conversion with ``opts`` records, said as the option and
+    both values (None: they agree); ``largest``: the labels' largest class, where known (else the class count,
+    which names may exceed)."""
+    want_names = list(opts.class_names) if opts.class_names else None
+    if want_names is None and opts.labels is not None:
+        # without --class-names a conversion takes the label file's own (an ENVI Classification's): the store
+        # made so is up to date; its header is read again, cheap next to verifying the tiles
+        try:
+            own = label_class_names(opts.labels, meta.num_classes if largest is None else largest)
+        except (HsgdsError, OSError) as exc:
+            return f"the class names of {Path(opts.labels).name} cannot be used ({one_line(exc)})"
+        if own is not None:
+            want_names = list(own)
+            if meta.class_names != want_names:
+                shown = [",".join(n)[:60] if n else "none" for n in (want_names, meta.class_names)]
+                return f"the class names of {Path(opts.labels).name} ({shown[0]}) differ from the store's ({shown[1]})"
+    if meta.class_names != want_names:
+        shown = [",".join(n)[:60] if n else None for n in (want_names, meta.class_names)]
+        return _differs("--class-names", *shown)
+    return None
+
+
+def _options_differ(meta, opts: ConvertOptions, names: bool = True) -> str | None:
     """Which requested option the existing store was not converted with, said as the option and both values
-    (None: it matches). A split is compared with the one the store was converted with, so a store re-split
+    (None: it matches); ``names``: the class names too (whose difference alone needs no conversion, see
+    :func:`_renamed`). A split is compared with the one the store was converted with, so a store re-split
     since (``hsgds resplit``) stays as it is; a store without that record (written before it existed) is
     compared with its current split, as before."""
     if meta.halo != opts.halo:
@@ -245,22 +274,8 @@ def _options_differ(meta, opts: ConvertOptions) -> str | None:
         return _differs("--tile", opts.tile, meta.tile)
     if (meta.labels_source is None) != (opts.labels is None):
         return "labels added" if opts.labels is not None else "labels removed"
-    want_names = list(opts.class_names) if opts.class_names else None
-    if want_names is None and opts.labels is not None:
-        # without --class-names a conversion takes the label file's own (an ENVI Classification's): the store
-        # made so is up to date; its header is read again, cheap next to verifying the tiles
-        try:
-            own = label_class_names(opts.labels, meta.num_classes)
-        except (HsgdsError, OSError) as exc:
-            return f"the class names of {Path(opts.labels).name} cannot be used ({one_line(exc)})"
-        if own is not None:
-            want_names = list(own)
-            if meta.class_names != want_names:
-                shown = [",".join(n)[:60] if n else "none" for n in (want_names, meta.class_names)]
-                return f"the class names of {Path(opts.labels).name} ({shown[0]}) differ from the store's ({shown[1]})"
-    if meta.class_names != want_names:
-        shown = [",".join(n)[:60] if n else None for n in (want_names, meta.class_names)]
-        return _differs("--class-names", *shown)
+    if names and (why := _class_names_differ(meta, opts)):
+        return why
     if opts.wavelengths is not None and meta.wavelengths != list(opts.wavelengths):
         shown = [nm_text(ws, 4) + (",..." if len(ws) > 4 else "") if ws else None
                  for ws in (opts.wavelengths, meta.wavelengths)]
@@ -415,7 +430,8 @@ GONE = "its store was missing"
 def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: dict[str, tuple[int, int]] | None,
                  listed: bool = False) -> tuple[str | None, dict[str, tuple[int, int]]]:
     """Why ``store`` must be (re)converted, or None when it is complete, verified and made from this very
-    source with these options; also the current (size, mtime) stamps of its source and label files.
+    source with these options, its class names aside (:func:`_renamed` compares those); also the current
+    (size, mtime) stamps of its source and label files.
     ``listed``: the previous ``collection.json`` lists the scene (a missing store was deleted, not new).
 
     Sources are compared by their recorded size and, unless their stamps equal those recorded in the
@@ -429,7 +445,7 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
     meta = scene.meta
     if meta.source.get("name") != row.source.name:
         return f"source {meta.source.get('name')} -> {row.source.name}", {}
-    differ = (_options_differ(meta, opts) or _source_array_differs(meta, opts, row.source)
+    differ = (_options_differ(meta, opts, names=False) or _source_array_differs(meta, opts, row.source)
               or _source_nodata_differs(meta, opts, row.source))
     if differ:
         return differ, {}
@@ -461,6 +477,70 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
     return None, now
 
 
+#: the status of a scene whose class names alone differed: its metadata was rewritten, its tiles kept
+RENAMED = "metadata updated (class names)"
+
+
+def _largest_label(scene) -> int | None:
+    """The largest class of the labels ``scene`` was converted from (0: none), which its class count records
+    unless names outnumbered it, and its label map holds unless labelled pixels were dropped as nodata (a class
+    may have gone with them): then None, unknown."""
+    meta = scene.meta
+    if meta.labels_source is None:
+        return 0
+    if meta.num_classes > len(meta.class_names or ()):
+        return meta.num_classes
+    if (meta.nodata or {}).get("labelled_dropped"):
+        return None
+    return int(scene.labels.max(initial=0))
+
+
+def _renamed(scene, opts: ConvertOptions) -> tuple[str | None, fmt.StoreMeta | None]:
+    """For a store that matches the source and every other option (:func:`_why_convert` said None): how its
+    class names differ from those ``opts`` asks for, and its metadata naming them as a conversion with ``opts``
+    would (names and class count; the tiles, labels, samples and statistics do not depend on them). (None, None):
+    they agree; (why, None): it must be converted again, as the labels' largest class is unknown or the label
+    file's own names cannot name it (the conversion names that problem). Names that do not name each labelled
+    class raise the conversion's one-line error."""
+    meta = scene.meta
+    largest = _largest_label(scene)
+    why = _class_names_differ(meta, opts, largest)
+    if why is None:
+        return None, None
+    if largest is None:
+        return why, None
+    try:
+        names, num_classes = class_names_of(opts, largest)
+    except (HsgdsError, OSError):
+        if opts.class_names is not None:
+            raise  # names given that do not name every class: the conversion would refuse them alike
+        return why, None
+    new = dataclasses.replace(meta, class_names=list(names) if names else None, num_classes=num_classes)
+    # checked as a reader checks it, before it is written
+    return why, fmt.StoreMeta.from_json({fmt.FORMAT_NAME: new.to_json()}, str(scene.path))
+
+
+def _rename_classes(store: Path, checked: fmt.StoreMeta, renamed: fmt.StoreMeta) -> None:
+    """Replace ``store``'s metadata ``checked`` (from which ``renamed`` was made) by ``renamed``,
+    atomically and under the lock ``hsgds resplit`` takes; a store whose metadata changed since it was checked (a
+    re-split meanwhile) is left as it is, and the scene fails (the next run checks it again)."""
+    lock = lock_store(store)
+    try:
+        remove_stale_commits(store)
+        try:
+            now = json.loads((store / "zarr.json").read_text())
+            same = fmt.StoreMeta.from_json(now.get("attributes", {}), str(store)) == checked
+        except (HsgdsError, OSError, ValueError, AttributeError, RecursionError):
+            same = False
+        if not same:
+            raise StoreError(f"{store} changed while its class names were compared (another command rewrote it); "
+                             "run the same command again")
+        commit_metadata(store, renamed, "run the same `hsgds convert-many` again")
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, HsgdsError):
         return str(exc)
@@ -484,9 +564,15 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
     try:
         remove_stale(store)  # temporary folders a killed worker left behind
         reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps, listed)
+        renamed = None
+        if reason is None:  # everything else matches: class names that differ need new metadata, no tiles
+            current = open_scene(store)
+            reason, renamed = _renamed(current, opts)
+            if renamed is not None:
+                _rename_classes(store, current.meta, renamed)
         started_ns = time.time_ns()
         said: tuple[str, ...] = ()
-        if reason is not None:
+        if reason is not None and renamed is None:
             # recorded, not printed on the worker (a worker runs one task at a time, so the warnings are this
             # scene's; on a cluster whose workers run several threads another scene's could be caught here)
             with warnings.catch_warnings(record=True) as caught:
@@ -498,7 +584,7 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
                 if not issubclass(w.category, CONVERT_WARNINGS):
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         scene = open_scene(store)
-        if reason is not None:
+        if reason is not None and renamed is None:
             # convert() refused sources that changed while it ran; files touched since it started may
             # differ from what was hashed, so their stamps are not recorded (the next run hashes them)
             files = [row.source.parent / f for f in scene.meta.source.get("files", [])]
@@ -507,7 +593,7 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
             now = _stamps(files)
             if any(mtime >= started_ns for _, mtime in now.values()):
                 now = {}
-        status = "up to date" if reason is None else "converted"
+        status = "up to date" if reason is None else RENAMED if renamed is not None else "converted"
         source_bytes = int(scene.meta.source.get("size", 0))
         return SceneResult(row.name, status, reason, SceneEntry.of_scene(row.name, scene, now or None),
                            tiles=scene.grid.num_tiles if status == "converted" else 0,
@@ -535,6 +621,11 @@ class ManyResult:
     @property
     def converted(self) -> list[SceneResult]:
         return [r for r in self.scenes if r.status == "converted"]
+
+    @property
+    def renamed(self) -> list[SceneResult]:
+        """The scenes whose metadata was rewritten with new class names, their tiles kept."""
+        return [r for r in self.scenes if r.status == RENAMED]
 
     @property
     def up_to_date(self) -> list[SceneResult]:
@@ -617,7 +708,7 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
     Returns
     -------
     ManyResult
-        Per-scene results; ``collection.json`` lists exactly the scenes converted or up to date in this run.
+        Per-scene results; ``collection.json`` lists exactly the scenes that did not fail in this run.
     """
     t0 = time.perf_counter()
     if opts.workers < 1:  # the tile-writing threads of each scene: --threads here, not convert's --workers

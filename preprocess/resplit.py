@@ -10,8 +10,9 @@ refers to yet; they are flushed to disk, and only then is the root metadata repl
 rename, by metadata naming generation ``g``. A reader that read the old metadata keeps reading the
 previous generation, which is kept until the next re-split; one killed at any point leaves the store as
 it was before (or, past the rename, as it is after). Leftovers of a killed re-split are removed by the
-next one. Two re-splits of one store exclude each other with an advisory lock (``flock``), except on
-Windows, which has none: there nothing stops two re-splits of one store at once (docs/windows.md).
+next one. Two re-splits of one store (or a re-split and convert-many's rewrite of its class names) exclude
+each other with an advisory lock (``flock``, :mod:`hsgds.preprocess.rewrite`, which also commits the metadata),
+except on Windows, which has none: there nothing stops two re-splits of one store at once (docs/windows.md).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,23 +30,16 @@ import numpy as np
 import zarr
 
 from hsgds import format as fmt
-from hsgds._durable import atomic_path, fsync_dir, fsync_tree, rename_error
+from hsgds._durable import fsync_dir, fsync_tree
 from hsgds.errors import HsgdsError, InputError, StoreError, one_line
 from hsgds.preprocess import splits as splitting
-from hsgds.preprocess.convert import lock_folder, write_error
+from hsgds.preprocess.convert import write_error
+from hsgds.preprocess.rewrite import commit_metadata, lock_store, remove_stale_commits
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
 __all__ = ["resplit"]
 
 RESPLIT_METHODS = ("random", "blocks")
-
-
-def _lock_store(path: Path) -> int | None:
-    """Exclusive advisory lock on the store folder, held until the returned descriptor is closed."""
-    try:
-        return lock_folder(path)
-    except OSError:
-        raise InputError(f"another `hsgds resplit` is rewriting {path}; wait for it to finish") from None
 
 
 class _Store:
@@ -160,21 +153,7 @@ def _write_generation(store: Path, generation: int, codes: np.ndarray, stats: di
 
 def _commit(store: Path, meta: fmt.StoreMeta) -> None:
     """Replace the root metadata in one atomic rename (the commit point of a re-split)."""
-    root_json = store / "zarr.json"
-    try:
-        doc = json.loads(root_json.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise StoreError(f"{store}: cannot read zarr.json ({one_line(exc)}); convert the source again") from None
-    doc.setdefault("attributes", {})[fmt.FORMAT_NAME] = meta.to_json()
-    try:
-        # the temporary's name is one _remove_generations removes, should this process be killed
-        with atomic_path(root_json, f".zarr.json.resplit-{secrets.token_hex(4)}") as tmp, open(tmp, "w") as f:
-            json.dump(doc, f, indent=2)
-    except PermissionError as exc:  # on Windows: a program reading the store holds zarr.json open
-        raise rename_error(exc, f"replace {root_json}", RETRY) from None
-    except OSError as exc:
-        raise write_error(exc, f"the new metadata of {store}", RETRY,
-                          f"the store is not writable: check its permissions, then {RETRY}") from None
+    commit_metadata(store, meta, RETRY)
 
 
 _GENERATED = {fmt.SAMPLES: re.compile(r"split-(\d+)"), fmt.STATS: re.compile(r"train-(\d+)")}
@@ -194,9 +173,7 @@ def _remove_generations(store: Path, drop: Callable[[int], bool]) -> None:
         for name in (fmt.split_array(0), fmt.train_stats_group(0)):
             if (store / name).is_dir():
                 shutil.rmtree(store / name, ignore_errors=True)
-    for tmp in store.glob(".zarr.json.resplit-*"):
-        with contextlib.suppress(OSError):  # a leftover is harmless; the next re-split tries again
-            tmp.unlink()
+    remove_stale_commits(store)
 
 
 def resplit(store: str | os.PathLike, split: str = "random", *, train: float | int = 0.1, val: float | int = 0.0,
@@ -218,7 +195,7 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
     path = Path(store)
     if not path.is_dir():
         raise StoreError(f"{path} is not a store directory; create one with `hsgds convert`")
-    lock = _lock_store(path)
+    lock = lock_store(path)
     try:
         src = _Store(path)  # read under the lock: the metadata the new generation follows
         meta = src.meta

@@ -674,6 +674,22 @@ def test_an_output_naming_the_model_file_or_the_other_output_is_refused(store, t
     assert ckpt.read_bytes() == before
 
 
+def test_predict_errors_name_the_command_line_options(store, tmp_path, run_cli):
+    """A library error about a parameter that an option of `hsgds predict` sets is said with the option
+    (--batch-size, --device), not the Python parameter (batch_size, device=) the user never typed."""
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "m.ckpt", SpectralSpatialCNN(B, 4, 5, reduce=4, width=8), patch_size=5)
+    for args, message in ((("--batch-size", "0"), "--batch-size must be an integer >= 1, got 0"),
+                          (("--device", "gpu9"), "--device 'gpu9' is not a device; use 'auto', 'cpu', 'cuda' or "
+                                                 "'cuda:N'")):
+        code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "map.npy", *args)
+        assert code == 2 and err == f"hsgds: error: {message}\n", err
+    with pytest.raises(ConfigError, match="^batch_size must be an integer >= 1, got 0$"):  # the API's own words
+        predict(store, ckpt, device="cpu", batch_size=0)
+
+
 def test_a_collection_map_naming_another_scenes_source_is_refused_before_any_scene(tmp_path, run_cli):
     """Each scene's outputs were compared with its own inputs only: with scene x converted from raw/y.npy and
     scene y from raw/z.npy, -o raw/{name}.npy wrote x's map and then y's over raw/y.npy, x's source. Every

@@ -249,6 +249,40 @@ def test_hsgds_bench_over_scenes_of_two_sensors_selects_bands_by_wavelength(tmp_
     assert code == 2 and "'450,x': give 2 comma-separated numbers (band centres in nm)" in err
 
 
+def test_hsgds_bench_errors_name_the_command_line_options(tmp_path, run_cli):
+    """The loader's errors about a parameter that an option of `hsgds bench` sets name the option, as typed
+    (--wavelengths, --wavelength-tolerance 5, --batch-size), not the Python parameter (wavelengths=[...],
+    wavelength_tolerance=5, batch_size); the rest of the message stays the loader's."""
+    import numpy as np
+
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.synthetic import make_scene
+
+    stores = []
+    for name, bands, first, seed in (("a", 8, 400.0, 4), ("b", 6, 405.0, 5)):
+        cube, gt = make_scene(30, 28, bands, classes=3, dtype="int16", seed=seed)
+        np.save(tmp_path / f"{name}.npy", cube)
+        np.save(tmp_path / f"{name}_gt.npy", gt)
+        stores.append(convert(tmp_path / f"{name}.npy", tmp_path / f"{name}.zarr",
+                              ConvertOptions(labels=tmp_path / f"{name}_gt.npy", max_patch=5, train=0.5,
+                                             wavelengths=tuple(first + 50.0 * k for k in range(bands)))))
+    write_collection(tmp_path, [SceneEntry.of_scene(s.stem, hsgds.open_scene(s)) for s in stores])
+    args = ("bench", tmp_path, "--patch-size", "5", "--steps", "1", "--device", "cpu")
+    for given, message in (
+            ((), "scenes have different band counts (a: 8, b: 6); pass --wavelengths ... (nm) to take each scene's "
+                 "band nearest each wavelength"),
+            (("--wavelengths", "450,552,650", "--wavelength-tolerance", "3"),
+             "scene 'b' has no band within 3 nm of 450 nm (nearest: 455 nm); raise --wavelength-tolerance or drop "
+             "that wavelength (1 of 2 scenes lack a band within 3 nm of one; --wavelength-tolerance 5 gives each "
+             "scene a band near every one)"),
+            (("--wavelengths", "450", "--wavelength-tolerance", "-1"),
+             "--wavelength-tolerance must be a number >= 0 (nm), got -1.0"),
+            (("--wavelengths", "450", "--batch-size", "0"), "--batch-size must be an integer >= 1, got 0")):
+        code, _, err = run_cli(*args, *given)
+        assert code == 2 and err == f"hsgds: error: {message}\n", err
+
+
 def _report(**times):
     fields = dict(store="s", device="cpu", reader="posix", engine="torch", patch_size=5, batch_size=32,
                   dtype="float32", tiles=4, tile_bytes=1000, t_io_s=0.1, io_GBps=4e-5, loader_batch_s=0.01,

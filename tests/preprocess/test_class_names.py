@@ -155,8 +155,9 @@ def test_header_names_that_cannot_name_every_class(tmp_path, run_cli, names, mes
 def test_convert_many_keeps_a_store_named_from_its_labels_up_to_date(tmp_path):
     """convert-many compares a store's names with those a conversion would give: without --class-names,
     the label file's own. A store named from its ENVI header is up to date; one written before the header
-    named its classes (or with other names) is converted again, and says why."""
-    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+    named its classes is converted again (the header changed); other names given, or the header's again, are
+written into its metadata alone, its tiles kept, and it says why."""
+    from hsgds.preprocess.convert_many import RENAMED, ManifestRow, convert_scene
 
     cp, labels = scene(tmp_path)
     gt = write_classification(tmp_path / "gt.hdr", labels, ["classes = 5"])
@@ -168,10 +169,16 @@ def test_convert_many_keeps_a_store_named_from_its_labels_up_to_date(tmp_path):
     assert stored_names(out / "s.zarr") is None
     write_classification(gt, labels, ["classes = 5", "class names = {" + ", ".join(NAMES) + "}"])
     again = convert_scene(row, out, opts)
-    assert (again.status, again.reason) == ("converted", "the class names of gt.hdr (Corn-notill,Grass/Pasture,"
-                                                         "Woods,Soybean mintill) differ from the store's (none)")
+    # the header is one of the files the labels are read from: changed, the scene is converted again
+    assert (again.status, again.reason) == ("converted", "labels changed (sha256)")
     assert stored_names(out / "s.zarr") == NAMES[1:]
     assert convert_scene(row, out, opts).status == "up to date"
-    given = convert_scene(row, out, ConvertOptions(max_patch=3, class_names=("a", "b", "c", "d")))
-    assert given.status == "converted" and given.reason.startswith("--class-names a,b,c,d differs")
-    assert stored_names(out / "s.zarr") == ["a", "b", "c", "d"]
+    given = convert_scene(row, out, ConvertOptions(max_patch=3, class_names=("a", "b", "c", "d", "e")))
+    assert given.status == RENAMED and given.reason.startswith("--class-names a,b,c,d,e differs")
+    assert stored_names(out / "s.zarr") == ["a", "b", "c", "d", "e"] and hsgds.open_scene(out / "s.zarr").num_classes == 5
+    # back to the header's: the classes again those the labels hold (4), as a conversion gives them
+    back = convert_scene(row, out, opts)
+    assert (back.status, back.reason) == (RENAMED, "the class names of gt.hdr (Corn-notill,Grass/Pasture,Woods,"
+                                                   "Soybean mintill) differ from the store's (a,b,c,d,e)")
+    assert stored_names(out / "s.zarr") == NAMES[1:] and hsgds.open_scene(out / "s.zarr").num_classes == 4
+    assert hsgds.open_scene(out / "s.zarr").verify() == []

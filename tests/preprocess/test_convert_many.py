@@ -190,6 +190,81 @@ def test_rerun_converts_only_missing_changed_or_damaged(cluster, tmp_path):
     assert {open_scene(out / f"{n}.zarr").meta.halo for n in arrays} == {3}
 
 
+def _kept_files(out: Path) -> dict[Path, tuple[int, int, int]]:
+    """(inode, mtime_ns, size) of every file of every store in ``out`` but the stores' root zarr.json (their
+    metadata): tile chunks, labels, samples, statistics and the arrays' own zarr.json."""
+    return {p: (st.st_ino, st.st_mtime_ns, st.st_size) for store in out.glob("*.zarr") for p in store.rglob("*")
+            if p.is_file() and p != store / "zarr.json" for st in [p.stat()]}
+
+
+def test_a_rerun_changing_only_class_names_rewrites_only_the_metadata(cluster, tmp_path, run_cli):
+    """An archive converted without --class-names (unlabelled scenes for pretraining beside labelled ones),
+    then the same command with them: each store's metadata is rewritten with the names (and, for a labelled
+    scene, the classes they name), no file of any store is written again, zarr-python reads the new names, the
+    stores verify and load together; names that do not name a labelled scene's classes fail that scene alone,
+    with the conversion's one-line reason."""
+    import zarr
+
+    arrays = make_sources(tmp_path, n=4)  # cube0, cube2 labelled (classes 1..3); flight_1, flight_3 not
+    assert all(int(gt.max()) == 3 for _, gt in arrays.values() if gt is not None)
+    out = tmp_path / "out"
+    first = convert_many(tmp_path / "scenes.csv", out, ConvertOptions(max_patch=5, workers=2),
+                         scheduler=cluster.scheduler_address)
+    assert [r.status for r in first.scenes] == ["converted"] * 4
+    kept = _kept_files(out)
+    roots = {n: json.loads((out / f"{n}.zarr/zarr.json").read_text()) for n in arrays}
+    names = (*CLASSES, "road")  # a campaign's list: more classes than these scenes hold
+    args = ("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "5", "--scheduler",
+            cluster.scheduler_address, "--class-names")
+    code, stdout, stderr = run_cli(*args, ",".join(names))
+    assert code == 0, stderr
+    for n in arrays:
+        assert (f"{n}: metadata updated (class names): --class-names soil,grass,water,road differs from the "
+                "store's (not given)") in stdout
+    assert "0 converted (0 tiles, 0.0 MB), 4 metadata updated (class names), 0 up to date, 0 failed of 4" in stdout
+    assert _kept_files(out) == kept  # nothing re-tiled, nothing else rewritten
+    for n, (_, gt) in arrays.items():
+        doc = json.loads((out / f"{n}.zarr/zarr.json").read_text())
+        attrs = zarr.open_group(out / f"{n}.zarr", mode="r").attrs["hsgds"]
+        assert attrs["class_names"] == list(names) and attrs["num_classes"] == (0 if gt is None else 4)
+        for d in (doc, roots[n]):  # all else as converted
+            del d["attributes"]["hsgds"]["class_names"], d["attributes"]["hsgds"]["num_classes"]
+        assert doc == roots[n]
+    listed = json.loads((out / "collection.json").read_text())["scenes"]
+    assert [s["class_names"] for s in listed] == [list(names)] * 4
+    code, text, err = run_cli("verify", out)
+    assert code == 0, err
+    code, text, err = run_cli("info", out / "cube0.zarr")  # its classes named in the per-class table
+    present = np.unique(arrays["cube0"][1][arrays["cube0"][1] > 0])
+    assert code == 0 and all(f"{c:>5}  {names[c - 1]:<28}" in text for c in present), text
+    code, text, err = run_cli("info", out / "flight_1.zarr")
+    assert code == 0 and ("classes:    none (converted without --labels; the collection's class names: soil, grass, "
+                          "water, road)\n") in text, text
+    # the collection loads as one (every scene now has the same classes); labels as the label maps hold them
+    order = [e.name for e in open_collection(out).entries]
+    with hsgds.PatchLoader(out, patch_size=5, batch_size=64, split=None, return_coords=True, device="cpu") as ld:
+        got = [(lb.numpy(), c.numpy()) for _, lb, c in ld]
+    labels, coords = np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+    expected = {(i, y, x) for i, n in enumerate(order) if arrays[n][1] is not None
+                for y, x in zip(*np.nonzero(arrays[n][1]))}
+    assert len(coords) == len(expected) and set(map(tuple, coords.tolist())) == expected
+    np.testing.assert_array_equal(labels, [arrays[order[i]][1][y, x] - 1 for i, y, x in coords])  # class k: k-1
+
+    again = convert_many(tmp_path / "scenes.csv", out, ConvertOptions(max_patch=5, class_names=names, workers=2),
+                         scheduler=cluster.scheduler_address)
+    assert [r.status for r in again.scenes] == ["up to date"] * 4
+    # two names cannot name the labelled scenes' three classes: those fail as a conversion would, untouched
+    code, stdout, stderr = run_cli(*args, "soil,grass")
+    assert code == 1 and "0 converted (0 tiles, 0.0 MB), 2 metadata updated (class names), 0 up to date, 2 failed" \
+        in stdout, stderr
+    for n in ("cube0", "cube2"):
+        assert (f"hsgds: failed: {n}: --class-names lists 2 names but the labels hold class 3; give one name per "
+                "class, in label order\n") in stderr
+        assert open_scene(out / f"{n}.zarr").class_names == list(names)
+    assert [open_scene(out / f"{n}.zarr").class_names for n in ("flight_1", "flight_3")] == [["soil", "grass"]] * 2
+    assert _kept_files(out) == kept
+
+
 def test_failing_scene_is_named_and_the_others_complete(cluster, tmp_path, run_cli):
     arrays = make_sources(tmp_path, n=3)
     (tmp_path / "data/broken.npy").write_bytes(np.lib.format.MAGIC_PREFIX + b"\x01\x00garbage")
@@ -445,6 +520,48 @@ def test_store_without_converted_split_is_compared_as_before(cluster, tmp_path):
     resplit(store, "random", train=0.3)
     again = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
     assert [(r.status, r.reason) for r in again.scenes] == [("converted", "--train 0.1 differs from the store's (0.3)")]
+
+
+def test_class_names_are_not_written_over_a_store_rewritten_meanwhile(tmp_path):
+    """convert-many rewrites a store's class names under the lock `hsgds resplit` takes, and only over the
+    metadata it compared: a store re-split between the comparison and the commit fails the scene (the next run
+    compares again), its re-split kept; one whose lock is held fails with the lock's one-line reason; then a
+    rerun renames it, its split as re-split."""
+    import fcntl
+
+    from hsgds.errors import StoreError
+    from hsgds.preprocess.convert_many import RENAMED, ManifestRow, _rename_classes, _renamed, convert_scene
+    from hsgds.preprocess.resplit import resplit
+
+    cube, gt = make_scene(24, 20, 4, classes=3, seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", gt)
+    row, out = ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy"), tmp_path / "out"
+    out.mkdir()
+    assert convert_scene(row, out, ConvertOptions(max_patch=3)).status == "converted"
+    store, named = out / "c.zarr", ConvertOptions(max_patch=3, labels=row.labels, class_names=CLASSES)
+    checked = open_scene(store)
+    _, renamed = _renamed(checked, named)
+    assert renamed is not None and renamed.class_names == list(CLASSES)
+    resplit(store, "random", train=0.3, seed=1)
+    resplit_meta = json.loads((store / "zarr.json").read_text())
+    with pytest.raises(StoreError, match=r"changed while its class names were compared .*; run the same command "
+                                         r"again$"):
+        _rename_classes(store, checked.meta, renamed)
+    assert json.loads((store / "zarr.json").read_text()) == resplit_meta
+    fd = os.open(store, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        locked = convert_scene(row, out, ConvertOptions(max_patch=3, class_names=CLASSES))
+    finally:
+        os.close(fd)
+    assert (locked.status, locked.reason) == ("failed", f"another `hsgds resplit` or `hsgds convert-many` is "
+                                                         f"rewriting {store}; wait for it to finish")
+    done = convert_scene(row, out, ConvertOptions(max_patch=3, class_names=CLASSES))
+    assert done.status == RENAMED
+    meta = open_scene(store).meta
+    assert meta.class_names == list(CLASSES) and meta.split["train"] == 0.3 and meta.split_generation == 1
+    assert [p.name for p in store.glob(".zarr.json*")] == []
 
 
 def test_given_wavelengths_are_compared_with_the_store(tmp_path):

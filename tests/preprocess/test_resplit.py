@@ -242,7 +242,7 @@ def test_resplit_refuses_while_another_runs(ip_copy, run_cli):
         code, _, err = run_cli("resplit", ip_copy, "--split", "random")
     finally:
         os.close(fd)
-    assert code == 2 and "another `hsgds resplit` is rewriting" in err and err.count("\n") == 1
+    assert code == 2 and "another `hsgds resplit` or `hsgds convert-many` is rewriting" in err and err.count("\n") == 1
     assert hsgds.open_scene(ip_copy).meta.split_generation == 0
 
 
