@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hsgds.errors import ConfigError
+from hsgds.errors import ConfigError, shown
 from hsgds.train import synchronize
 
 __all__ = ["BenchReport", "bench_store", "format_report"]
@@ -118,8 +118,10 @@ def bench_store(store: Any, *, patch_size: int | None = None, batch_size: int = 
     from hsgds.train import compute_only, train_steps
 
     say = log or (lambda msg: None)
-    if steps < 1 or warmup < 0:
-        raise ConfigError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {shown(steps)}")
+    if warmup < 0:
+        raise ConfigError(f"warmup must be >= 0, got {shown(warmup)}")
     ss = open_scene_set(store)
     if pixels == "labelled" and not any(s.num_samples for s in ss.scenes):
         # the loader would say "no train pixels": true, but the fix for an unlabelled scene is to time every pixel

@@ -207,6 +207,14 @@ def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.nda
     return offset[0], scale[0]
 
 
+def _same_setting(saved: Any, mine: Any) -> bool:
+    """Whether a state's setting is this loader's (an array in a damaged state is not: == would not say)."""
+    try:
+        return bool(saved == mine)
+    except (ValueError, TypeError):
+        return False
+
+
 def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
     """What a saved position is a position in: the scenes (in order) and their samples per tile, and for one
     scene's sample table which pixels those are. A re-split or replaced store changes it. (Several scenes'
@@ -667,9 +675,9 @@ class PatchLoader:
         older = {"pixels": "labelled", "stride": 1, "scenes": 1, "footprint_guard": False}
         for key in ("seed", "batch_size", "split", "world_size", "footprint_guard", "num_samples", "shuffle",
                     "drop_last", "shuffle_window", "pixels", "stride", "scenes", "augment"):
-            if state.get(key, older.get(key)) != mine[key]:
-                raise ConfigError(f"loader state was saved with {key}={state.get(key)!r} but this loader has "
-                                  f"{key}={mine[key]!r}; resume with the same settings")
+            if not _same_setting(state.get(key, older.get(key)), mine[key]):
+                raise ConfigError(f"loader state was saved with {key}={shown(state.get(key), 200)} but this loader "
+                                  f"has {key}={shown(mine[key], 200)}; resume with the same settings")
         if state.get("samples", self._samples_key()) != self._samples_key():  # (absent in older states)
             raise ConfigError("loader state was saved over other samples (another store or scene order, or the "
                               "store was re-split or replaced since): its rest of the epoch is not this loader's; "

@@ -206,6 +206,17 @@ def test_resume_under_another_mask_names_the_mask(border_scene):
         b.load_state_dict(a.state_dict())
 
 
+def test_a_damaged_states_settings_are_refused_on_one_short_line(border_scene):
+    """A state whose settings hold a long or odd value (a damaged file, an array) names it on one short line."""
+    store = border_scene[2]["reflect"]
+    with _loader(store) as a, _loader(store) as b:
+        for value in (np.arange(10_000), "x" * 5_000, list(range(3_000))):
+            state = {**a.state_dict(), "seed": value}
+            with pytest.raises(ConfigError, match="^loader state was saved with seed=") as info:
+                b.load_state_dict(state)
+            assert "\n" not in str(info.value) and len(str(info.value)) < 400, str(info.value)
+
+
 def test_rank_and_world_size_are_given_together_and_checked(border_scene):
     store = border_scene[2]["reflect"]
     for kwargs, message in ((dict(world_size=2), "pass both rank and world_size"),

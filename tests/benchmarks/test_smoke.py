@@ -278,7 +278,8 @@ def test_hsgds_bench_errors_name_the_command_line_options(tmp_path, run_cli):
              "scene a band near every one)"),
             (("--wavelengths", "450", "--wavelength-tolerance", "-1"),
              "--wavelength-tolerance must be a number >= 0 (nm), got -1.0"),
-            (("--wavelengths", "450", "--batch-size", "0"), "--batch-size must be an integer >= 1, got 0")):
+            (("--wavelengths", "450", "--batch-size", "0"), "--batch-size must be an integer >= 1, got 0"),
+            (("--wavelengths", "450", "--steps", "0"), "steps must be >= 1, got 0")):  # (warmup is no option)
         code, _, err = run_cli(*args, *given)
         assert code == 2 and err == f"hsgds: error: {message}\n", err
 
