@@ -300,7 +300,8 @@ def _given_label_options() -> list[str]:
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @click.option("--workers", default=4, show_default=True, help="Threads writing tiles.")
 def convert(src, out, labels, overwrite, workers, **options) -> None:
-    """Convert a cube (.mat v5/v7.3, ENVI, GeoTIFF, HDF5, .npy) into an hsgds store."""
+    """Convert a cube (.mat v5/v7.3, ENVI, GeoTIFF, HDF5, .npy) into an hsgds store. Progress: a bar on a
+    terminal; in a log, a line as tiles finish, at most every 30 s (HSGDS_PROGRESS_LOG_S), and at the end."""
     from hsgds.preprocess.convert import convert as run_convert
 
     opts = _convert_options(**options, labels=labels, overwrite=overwrite, workers=workers)
@@ -664,7 +665,8 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     For a collection (a folder holding collection.json, or that file): a map per scene. Each scene is
     normalized with its own train statistics (as a loader over the collection does by default), or with
     the statistics a checkpoint carries; a checkpoint's band selection (indices or wavelengths) is applied
-    to every scene."""
+    to every scene. Progress: a bar on a terminal; in a log, a line as pixels (and scenes) finish, at most
+    every 30 s (HSGDS_PROGRESS_LOG_S), and at the end."""
     from hsgds import writers
     from hsgds.collection import is_collection_path
     from hsgds.models import load_model
