@@ -152,15 +152,19 @@ def _split_warnings(prefix: str = ""):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def _progress_bar(label: str) -> tuple[Any, Callable[[int, int], None]]:
+def _progress_bar(label: str, command: str, noun: str) -> tuple[Any, Callable[[int, int], None]]:
     """A progress bar on stderr when it is a terminal (else None; ``render_finish`` it when done) and the
-    ``(done, total)`` callback that draws it."""
+    ``(done, total)`` callback that draws it; on any other stderr (a batch job's log) the callback writes
+    `_LogProgress` lines about ``command``'s ``noun``s instead."""
     bar = click.progressbar(length=1, label=label, file=sys.stderr) if sys.stderr.isatty() else None
+    log = _LogProgress(command, noun) if bar is None else None
 
     def progress(done: int, total: int) -> None:
         if bar is not None:
             bar.length = total
             bar.update(done - bar.pos)
+        if log is not None:
+            log.update(done, total, 0)
 
     return bar, progress
 
@@ -184,9 +188,11 @@ class _LogProgress:
             return
         self.said = now
         each = (now - self.start) / max(done, 1)
+        # pixels or tiles come thousands a second: a rate reads better than 1.2e-05 s per pixel
+        pace = (f"{1 / each:,.0f} {self.noun}s per s" if each < 0.01 else
+                f"{f'{each:.3g}' if each < 100 else f'{each:.0f}'} s per {self.noun}")
         line = (f"hsgds: {self.command}: {done:,} of {total:,} {self.noun}s done"
-                + (f" ({failed:,} failed)" if failed else "")
-                + f", {f'{each:.3g}' if each < 100 else f'{each:.0f}'} s per {self.noun}")
+                + (f" ({failed:,} failed)" if failed else "") + f", {pace}")
         if done < total:
             line += f", about {duration(each * (total - done))} left"
         click.echo(line, err=True)
@@ -294,7 +300,8 @@ def _given_label_options() -> list[str]:
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @click.option("--workers", default=4, show_default=True, help="Threads writing tiles.")
 def convert(src, out, labels, overwrite, workers, **options) -> None:
-    """Convert a cube (.mat v5/v7.3, ENVI, GeoTIFF, HDF5, .npy) into an hsgds store."""
+    """Convert a cube (.mat v5/v7.3, ENVI, GeoTIFF, HDF5, .npy) into an hsgds store. Progress: a bar on a
+    terminal; in a log, a line as tiles finish, at most every 30 s (HSGDS_PROGRESS_LOG_S), and at the end."""
     from hsgds.preprocess.convert import convert as run_convert
 
     opts = _convert_options(**options, labels=labels, overwrite=overwrite, workers=workers)
@@ -303,7 +310,7 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
     if labels is None and given:  # they would be ignored: an unlabelled store has no split and no classes
         _fail(f"{given[0]} needs --labels (splits and class names are about labelled pixels); pass the ground "
               f"truth with --labels, or drop {' '.join(given)}")
-    bar, progress = _progress_bar("tiles")
+    bar, progress = _progress_bar("tiles", "convert", "tile")
     try:
         with _split_warnings():
             path = run_convert(src, out, opts, progress)
@@ -658,7 +665,8 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     For a collection (a folder holding collection.json, or that file): a map per scene. Each scene is
     normalized with its own train statistics (as a loader over the collection does by default), or with
     the statistics a checkpoint carries; a checkpoint's band selection (indices or wavelengths) is applied
-    to every scene."""
+    to every scene. Progress: a bar on a terminal; in a log, a line as pixels (and scenes) finish, at most
+    every 30 s (HSGDS_PROGRESS_LOG_S), and at the end."""
     from hsgds import writers
     from hsgds.collection import is_collection_path
     from hsgds.models import load_model
@@ -710,7 +718,8 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
                    device: str | None, tta: bool) -> None:
     from hsgds.inference import predict as run_predict
 
-    bar, progress = _progress_bar(f"{Path(scene.path).name} pixels")  # a large scene takes minutes
+    name = Path(scene.path).name
+    bar, progress = _progress_bar(f"{name} pixels", f"predict: {name}", "pixel")  # a large scene takes minutes
     try:
         # the model file's input (layout, normalization, bands, statistics); the patch size checked above
         classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
@@ -784,6 +793,7 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
         except HsgdsError as exc:
             _fail(f"{e.name}: {exc}")
     failed = []
+    log = None if sys.stderr.isatty() else _LogProgress("predict", "scene")  # a batch job's log: scenes done
     for i, e in enumerate(coll.entries):
         try:
             _predict_scene(coll.scene(i), loaded, out.replace("{name}", e.name), sizes[i], batch_size,
@@ -791,6 +801,8 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
         except (HsgdsError, OSError) as exc:  # (an output file system's error too: the other scenes go on)
             failed.append(e.name)
             click.echo(f"hsgds: failed: {e.name}: {one_line(exc)}", err=True)
+        if log is not None:
+            log.update(i + 1, len(coll), len(failed))
     if failed:
         click.echo(f"hsgds: error: {len(failed)} of {len(coll)} scenes could not be predicted ("
                    f"{listed(failed)}); fix them and run the same "

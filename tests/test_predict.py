@@ -822,6 +822,7 @@ def test_cli_predict_draws_a_progress_bar_on_a_terminal(store, tmp_path):
     assert proc.returncode == 0
     text = shown.decode(errors="replace")
     assert f"{os.path.basename(store)} pixels" in text and "100%" in text, text
+    assert "pixels done" not in text, text  # a batch job's log lines are for a stderr that is not a terminal
     assert "wrote" in proc.stdout and (tmp_path / "map.npy").is_file()
 
 
@@ -1466,3 +1467,91 @@ def test_the_batch_in_budget_is_the_largest_whose_span_fits(seed):
     got, ring = _batch_in_budget(scene, batch, None, fits * 4096)
     assert got == max(b for b in range(1, batch + 1) if 2 * span(b) <= fits)  # (span(1) is 1; fits >= 4)
     assert ring == max(4, 2 * span(got)) * 4096
+
+
+#: a progress line of predict in a log: a scene's pixels, or over a collection its scenes, done of all
+PROGRESS_LINE = __import__("re").compile(
+    r"^hsgds: predict: (?:(?P<scene>\S+): )?(?P<done>[\d,]+) of (?P<total>[\d,]+) (?P<noun>pixel|scene)s done"
+    r"(?: \((?P<failed>[\d,]+) failed\))?, (?:[\d,]+ (?:pixel|scene)s per s|[\d.]+ s per (?:pixel|scene))"
+    r"(?P<left>, about \S+ left)?$")
+
+
+def _progress_lines(stderr: str) -> list[tuple]:
+    """(scene or None, done, total, noun, failed, time left said) of each progress line."""
+    return [(m["scene"], int(m["done"].replace(",", "")), int(m["total"].replace(",", "")), m["noun"],
+             int((m["failed"] or "0").replace(",", "")), m["left"] is not None)
+            for m in map(PROGRESS_LINE.match, stderr.splitlines()) if m]
+
+
+def test_a_batch_jobs_log_gets_pixel_progress_lines_at_most_every_interval(store, tmp_path, run_cli, hsgds_env):
+    """On a stderr that is not a terminal (captured here, as in a batch job's log) no bar is drawn, and a big
+    scene's prediction said nothing for minutes: it now writes a line as batches finish, at most every
+    HSGDS_PROGRESS_LOG_S seconds, and one when the last finishes. At 0 a line per batch of 100, counting up to
+    the pixels of the labels zarr-python reads; at a day only the last line."""
+    import zarr
+
+    ckpt, _ = _checkpoint(tmp_path)
+    pixels = int(np.prod(zarr.open_group(store, mode="r")["labels"].shape))
+    assert pixels == H * W
+    name = os.path.basename(store)
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "0")
+    code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "a.npy", "--batch-size", "100",
+                           "--device", "cpu")
+    assert code == 0, err
+    done = [*range(100, pixels, 100), pixels]
+    assert _progress_lines(err) == [(name, k, pixels, "pixel", 0, k < pixels) for k in done], err
+
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "86400")  # the prediction takes less than a day: the last line alone
+    code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "b.npy", "--batch-size", "100",
+                           "--device", "cpu")
+    assert code == 0, err
+    assert _progress_lines(err) == [(name, pixels, pixels, "pixel", 0, False)], err
+
+
+def test_a_batch_jobs_log_gets_a_line_per_scene_of_a_collection(store, tmp_path, run_cli, hsgds_env):
+    """Over a collection, in a log, a line as a scene finishes (at most every HSGDS_PROGRESS_LOG_S): the scenes
+    done of the collection's, with those failed as many as the "hsgds: failed:" lines before it; each scene's
+    own pixel lines come before its scene line. At a day: each scene's last pixel line and the last scene line."""
+    import shutil
+
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.scene import open_scene
+
+    ckpt, _ = _checkpoint(tmp_path)
+    coll = tmp_path / "coll"
+    coll.mkdir()
+    names = ("east", "north", "south")
+    for name in names:
+        shutil.copytree(store, coll / f"{name}.zarr")
+    write_collection(coll, [SceneEntry.of_scene(n, open_scene(coll / f"{n}.zarr")) for n in names])
+    shutil.rmtree(coll / "east.zarr")  # fails, named, while the others are predicted
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    pixels = H * W
+
+    def lines_with_failures(err: str) -> list[tuple]:
+        """The progress lines, and a ("failed", name) entry where a scene's failure is named."""
+        found = []
+        for line in err.splitlines():
+            if line.startswith("hsgds: failed: "):
+                found.append(("failed", line.split(":")[2].strip()))
+            found += _progress_lines(line)
+        return found
+
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "0")
+    code, _, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--batch-size", "500",
+                           "--device", "cpu")
+    assert code == 1, err
+    per_scene = [(k, pixels, "pixel", 0, k < pixels) for k in (500, 1000, pixels)]
+    assert lines_with_failures(err) == [
+        ("failed", "east"), (None, 1, 3, "scene", 1, True),
+        *[("north.zarr", *line) for line in per_scene], (None, 2, 3, "scene", 1, True),
+        *[("south.zarr", *line) for line in per_scene], (None, 3, 3, "scene", 1, False)], err
+
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "86400")
+    code, _, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--batch-size", "500",
+                           "--device", "cpu")
+    assert code == 1, err
+    assert lines_with_failures(err) == [
+        ("failed", "east"), ("north.zarr", pixels, pixels, "pixel", 0, False),
+        ("south.zarr", pixels, pixels, "pixel", 0, False), (None, 3, 3, "scene", 1, False)], err

@@ -303,7 +303,8 @@ def _bad(tmp_path, run_cli, *args, match):
     code, out, err = run_cli("convert", *args)
     assert code == 2, (out, err)
     assert "Traceback" not in err
-    lines = err.strip().splitlines()
+    # (a progress line comes first where the tiles were written before the error: stderr is a log here)
+    lines = [line for line in err.strip().splitlines() if not line.startswith("hsgds: convert: ")]
     assert len(lines) == 1 and lines[0].startswith(("hsgds: error:", "Error:")), err
     assert match in err, err
     assert set(tmp_path.iterdir()) == before, "bad input must leave nothing behind"
@@ -449,7 +450,8 @@ def test_statistics_that_overflow_float64_are_refused(npy_scene, tmp_path, run_c
         assert "too large for float64 band statistics); rescale the cube" in run_cli("convert", *args)[2]
         return
     code, _, err = run_cli("convert", *args)
-    assert code == 0 and err == "", err  # no overflow warning either
+    # no overflow warning either: the progress line alone (stderr is a log here)
+    assert code == 0 and err.startswith("hsgds: convert: 1 of 1 tiles done") and err.count("\n") == 1, err
     stats = hsgds.open_scene(tmp_path / "o.zarr").stats["all"]
     np.testing.assert_allclose(stats.std, big.reshape(-1, 3).std(axis=0), rtol=1e-12)
 
@@ -859,3 +861,34 @@ def test_labels_source_records_every_file_the_labels_were_read_from(tmp_path):
         record = zarr.open_group(store, mode="r").attrs["hsgds"]["labels_source"]
         assert record == {"name": given, "files": files, "paths": files,
                           "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_a_batch_jobs_log_gets_tile_progress_lines_at_most_every_interval(npy_scene, tmp_path, run_cli, hsgds_env):
+    """On a stderr that is not a terminal (captured here, as in a batch job's log) no bar is drawn, and a big
+    scene's conversion said nothing for minutes: it now writes a line as tiles finish, at most every
+    HSGDS_PROGRESS_LOG_S seconds, and one when the last finishes. At 0 a line per tile, counting up to the
+    tiles of the chunk grid zarr-python reads; at a day only the last line."""
+    import re
+
+    line = re.compile(r"^hsgds: convert: (?P<done>[\d,]+) of (?P<total>[\d,]+) tiles done, "
+                      r"(?:[\d,]+ tiles per s|[\d.]+ s per tile)(?P<left>, about \S+ left)?$")
+
+    def progress_lines(stderr: str) -> list[tuple[int, int, bool]]:
+        """(done, total, time left said) of each progress line."""
+        return [(int(m["done"].replace(",", "")), int(m["total"].replace(",", "")), m["left"] is not None)
+                for m in map(line.match, stderr.splitlines()) if m]
+
+    cp, lp, _, _ = npy_scene(h=37, w=29, b=8, seed=6)  # 16x16x8 int16 tiles of 12 + 2 * 2: 4096 bytes
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "0")
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "a.zarr", "--max-patch", "5",
+                           "--tile", "12")
+    assert code == 0, err
+    tiles = zarr.open_group(tmp_path / "a.zarr", mode="r")["tiles"].nchunks
+    assert tiles == 4 * 3  # ceil(37 / 12) x ceil(29 / 12)
+    assert progress_lines(err) == [(k, tiles, k < tiles) for k in range(1, tiles + 1)], err
+
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "86400")  # the conversion takes less than a day: the last line alone
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "b.zarr", "--max-patch", "5",
+                           "--tile", "12")
+    assert code == 0, err
+    assert progress_lines(err) == [(tiles, tiles, False)], err
