@@ -111,15 +111,17 @@ def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
 
 
 def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False,
-                  inputs: RunInputs | None = None) -> Path | None:
+                  inputs: RunInputs | None = None, class_names: list[str] | None = None) -> Path | None:
     """Check, before any work, that predict can write the class map ``out`` and the probabilities (a path, or
     True: beside ``out``) of ``scene``: known formats, writable folders, a CRS a GeoTIFF can be written with,
     and none of the files the run reads (``inputs``; by default ``scene`` alone: the store itself and the files
-    it was made from). Returns the probabilities path (None: none are written)."""
+    it was made from), and class names (``class_names``, else the scene's) the map's format can hold. Returns
+    the probabilities path (None: none are written)."""
     from hsgds import writers
 
     if out is not None:
         writers.check_output(out)
+        writers.check_class_names(out, class_names if class_names is not None else scene.class_names)
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
         writers.check_probability_output(prob_path)
@@ -485,7 +487,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     tta = tta and patch_size != 1
     device, dtype = _placement(model, device, dtype, follow_model=not from_file)
     out = None if out is None else as_path(out, "out")
-    prob_path = check_outputs(scene, out, probabilities, RunInputs([scene], model_file))
+    prob_path = check_outputs(scene, out, probabilities, RunInputs([scene], model_file), class_names)
     h, w = scene.shape[:2]
     mask = check_mask(mask, scene, str(scene.path))
     if mask is not None:

@@ -35,7 +35,8 @@ from hsgds._durable import fsync_dir, fsync_tree, rename_error
 from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
 from hsgds._wording import drop, set_to
-from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, as_flag, as_path, shown
+from hsgds.errors import (ConfigError, HsgdsError, InputError, StoreError, as_flag, as_path, control_character,
+                          shown)
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import detect_format, label_class_names, label_files, open_cube, read_labels
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
@@ -176,6 +177,10 @@ class ConvertOptions:
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
+        for k, name in enumerate(self.class_names or (), start=1):
+            if (ch := control_character(name)) is not None:
+                raise ConfigError(f"--class-names: the name of class {k} ({shown(name)}) holds the control character "
+                                  f"{ch}; give names without newlines, tabs or other control characters")
 
 
 def _float(value: numbers.Real) -> float:

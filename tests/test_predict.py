@@ -243,6 +243,21 @@ def test_a_folder_where_a_map_writes_its_companion_file_is_refused_before_any_wo
     assert all(p.is_dir() and not any(p.iterdir()) for p in tmp_path.iterdir())
 
 
+def test_class_names_an_envi_map_cannot_hold_are_refused_before_any_work(store, tmp_path):
+    """A model's class name holding a comma cannot be listed in an ENVI header (SPy would read it back as two
+    names; hsgds wrote it with a ';' without a word): refused on one line before the model runs, nothing
+    written; a GeoTIFF holds it."""
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8)
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", model, patch_size=5, class_names=["a", "b, c", "d", "e"])
+    calls = []
+    with pytest.raises(ConfigError, match=r"^cannot write m\.hdr: the name of class 2 \('b, c'\) holds a comma, "
+                                          r".*rename the class, or write a \.tif$"):
+        predict(store, ckpt, device="cpu", out=tmp_path / "m.hdr", progress=lambda *a: calls.append(a))
+    assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
+
+
 def test_model_mode_restored(store):
     model = RandomConv(3)
     model.train()
@@ -1165,6 +1180,7 @@ def test_package_attribute_is_the_function():
     ({"class_names": "abcd"}, "class names are not a list of non-empty strings"),
     ({"class_names": [1, 2, 3, 4]}, "class names are not a list"),
     ({"class_names": ["a", "", "c", "d"]}, "class names are not a list"),
+    ({"class_names": ["a", "b\nc", "c", "d"]}, "the name of its class 2 holds the control character '\\\\n'"),
     ({"class_names": ["a", "b"]}, "2 class names for the model's 4 classes"),
     ({"class_names": list("abcdefghi")}, "9 class names for the model's 4 classes"),
 ])
@@ -1188,7 +1204,9 @@ def test_class_names_are_one_per_class_when_saved_and_loaded(tmp_path):
              (["a", "b"], "returns 4 classes but 2 class names were given"),
              (list("abcdef"), "returns 4 classes but 6 class names were given"),
              (["a", "", "c", "d"], "class_names must be non-empty strings"),
-             (["a", 2, "c", "d"], "class_names must be non-empty strings")]
+             (["a", 2, "c", "d"], "class_names must be non-empty strings"),
+             (["a", "b", "c\td", "e"], r"class_names: the name of class 3 \('c\\td'\) holds the control character "
+                                        "'.t'; give names without")]
     for names, message in cases:
         with pytest.raises(ConfigError, match=message):
             save_checkpoint(tmp_path / "m.ckpt", model, patch_size=5, class_names=names)

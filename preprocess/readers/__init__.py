@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from hsgds._wording import drop
-from hsgds.errors import InputError
+from hsgds.errors import InputError, control_character
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
 from hsgds.preprocess.readers.envi import envi_class_names, find_pair, open_envi, read_envi_labels
 from hsgds.preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
@@ -266,6 +266,10 @@ def label_class_names(path: str | os.PathLike[str], largest: int) -> tuple[str, 
     if empty:
         raise InputError(f"ENVI header {header} gives class {empty[0]} an empty name in 'class names'; name it in "
                          "the header, or pass --class-names")
+    for k in range(1, len(names)):
+        if (ch := control_character(names[k])) is not None:
+            raise InputError(f"ENVI header {header} gives class {k} a name holding the control character {ch} in "
+                             "'class names'; rename it in the header, or pass --class-names")
     return tuple(names[1:])
 
 
