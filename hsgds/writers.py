@@ -31,7 +31,8 @@ from xml.sax.saxutils import escape as xml_escape
 
 import numpy as np
 
-from hsgds._durable import atomic_path, check_writable, fsync_dir, fsync_file, partial_path, remove_stale_partials
+from hsgds._durable import (atomic_path, check_writable, fsync_dir, fsync_file, not_regular, partial_path,
+                            remove_stale_partials)
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
 from hsgds.errors import ConfigError, InputError, shown, shown_path
@@ -84,8 +85,9 @@ def check_output(path: str | os.PathLike, what: str = "class map") -> str:
         require(module, extra, f"writing a {name} {what} ({p.name})")
     check_writable(p)
     for companion in files_written(p)[1:]:  # an ENVI map's binary, a GeoTIFF's sidecar: renamed into place too
-        if companion.is_dir():
-            raise InputError(f"cannot write {p}: the {companion.name} written beside it is a directory there; name "
+        kind = "a directory" if companion.is_dir() else not_regular(companion)
+        if kind is not None:
+            raise InputError(f"cannot write {p}: the {companion.name} written beside it is {kind} there; name "
                              "another file")
     return suffix
 

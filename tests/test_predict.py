@@ -258,6 +258,42 @@ def test_class_names_an_envi_map_cannot_hold_are_refused_before_any_work(store, 
     assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_symlink_or_fifo_at_an_output_path_is_refused_before_any_work(store, tmp_path, kind):
+    """A symbolic link or a FIFO where predict writes the map, a companion file (an ENVI map's .img, a
+    GeoTIFF's .aux.xml) or the probabilities was replaced by a regular file once the whole scene was predicted
+    (the link's target left stale, a pipe's reader waiting). Now one line before the model runs; the link, its
+    target and the FIFO stay as they were."""
+    target = tmp_path / "target.txt"
+    target.write_text("kept")
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    described = {"symlink": "a symbolic link", "fifo": r"a FIFO \(named pipe\)"}[kind]
+    model = CentreCoordinates()
+    cases = [("m.npy", "m.npy", None, f"^cannot write {maps / 'm.npy'}: it is {described}, which writing would "
+                                      "replace with a file; choose another output path$"),
+             ("m.hdr", "m.img", None, f"^cannot write {maps / 'm.hdr'}: the m.img written beside it is {described} "
+                                      "there; name another file$"),
+             ("m.tif", "m.tif.aux.xml", None, f"the m.tif.aux.xml written beside it is {described} there"),
+             ("m.npy", "p.npy", maps / "p.npy", f"^cannot write {maps / 'p.npy'}: it is {described}"),
+             ("m.npy", "m.probabilities.npy", True, f"^cannot write {maps / 'm.probabilities.npy'}: it is {described}")]
+    for out, special, probabilities, message in cases:
+        if kind == "symlink":
+            (maps / special).symlink_to(target)
+        else:
+            os.mkfifo(maps / special)
+        with pytest.raises(InputError, match=message):
+            predict(store, model, patch_size=3, device="cpu", normalize=None, out=maps / out,
+                    probabilities=probabilities or False)
+        assert model.seen.sum() == 0
+        st_mode = os.lstat(maps / special).st_mode
+        assert stat.S_ISLNK(st_mode) if kind == "symlink" else stat.S_ISFIFO(st_mode)
+        assert sorted(p.name for p in maps.iterdir()) == [special]
+        (maps / special).unlink()
+    assert target.read_text() == "kept"
+
+
 def test_model_mode_restored(store):
     model = RandomConv(3)
     model.train()
