@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from hsgds.errors import InputError, StoreError
+from hsgds.errors import InputError, StoreError, one_line, shown_path
 
 __all__ = ["atomic_path", "check_writable", "fsync_dir", "fsync_file", "fsync_tree", "not_regular", "partial_path",
            "remove_stale_partials", "rename_error"]
@@ -152,18 +152,25 @@ def check_writable(path: Path) -> None:
     the rename into place would replace it), or its folder is not writable (a file is created and removed
     there now: os.access says yes to root, and knows nothing of read-only mounts)."""
     folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"cannot write {path}: the folder {folder} does not exist; create it first")
+    try:
+        exists = folder.is_dir()
+    except OSError as exc:  # a name longer than the file system allows (pathlib raised it from is_dir)
+        raise InputError(f"cannot write {shown_path(path)}: {exc.strerror or one_line(exc)}; choose another output "
+                         "path") from None
+    if not exists:
+        raise InputError(f"cannot write {shown_path(path)}: the folder {shown_path(folder)} does not exist; create it "
+                         "first")
     kind = not_regular(path)
     if kind is not None:
-        raise InputError(f"cannot write {path}: it is {kind}, which writing would replace with a file; choose "
-                         "another output path")
+        raise InputError(f"cannot write {shown_path(path)}: it is {kind}, which writing would replace with a "
+                         "file; choose another output path")
     if path.is_dir():
-        raise InputError(f"cannot write {path}: it is a directory; name a file")
+        raise InputError(f"cannot write {shown_path(path)}: it is a directory; name a file")
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
     except OSError as exc:
-        raise InputError(f"cannot write {path}: the folder {folder} is not writable ({exc.strerror}); choose "
+        raise InputError(f"cannot write {shown_path(path)}: the folder {shown_path(folder)} is not writable "
+                         f"({exc.strerror}); choose "
                          "another output path") from None
     os.close(fd)
     with contextlib.suppress(OSError):

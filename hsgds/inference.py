@@ -27,7 +27,7 @@ from hsgds._sha256 import sha256_of
 from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
 from hsgds.engines.base import OUT_DTYPES, resolve_out_dtype
-from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line, shown
+from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line, shown, shown_path
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, check_mask, open_scene
 
@@ -157,14 +157,14 @@ class RunInputs:
         for target in targets:
             resolved = target.resolve()
             if self.model is not None and (resolved == self.model.resolve() or _same_file(resolved, self.model)):
-                raise InputError(f"cannot write {target}: it is the model file {self.model.name} this run reads; "
-                                 "choose another output path")
+                raise InputError(f"cannot write {shown_path(target)}: it is the model file {self.model.name} this run "
+                                 "reads; choose another output path")
             stores = {m.store: m for m in own}
             inside = next((self._stores.get(p) or stores[p] for p in (resolved, *resolved.parents)
                            if p in self._stores or p in stores), None)
             if inside is not None:
-                raise InputError(f"cannot write {target}: it is inside the store {inside.path}; choose an output "
-                                 "path outside it")
+                raise InputError(f"cannot write {shown_path(target)}: it is inside the store {inside.path}; choose an "
+                                 "output path outside it")
             if not resolved.is_file():
                 continue
             named = self._named.get(resolved.name.casefold(), []) + self._named.get(target.name.casefold(), [])
@@ -202,8 +202,8 @@ class _MadeFrom:
         """InputError when ``target`` (an existing file, ``resolved``) is its cube or ground truth."""
         for what, record, data_bytes in self.records:
             if _is_recorded_source(resolved, record, data_bytes, self.store.parent):
-                raise InputError(f"cannot write {target}: it is the {what} {self.path.name} was converted from; "
-                                 "writing there would destroy it: choose another output path")
+                raise InputError(f"cannot write {shown_path(target)}: it is the {what} {self.path.name} was converted "
+                                 "from; writing there would destroy it: choose another output path")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -252,7 +252,8 @@ def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
         raise ConfigError(f"probabilities must be True, False or a .npy or .tif path, got {shown(probabilities)}")
     path = Path(probabilities)
     if out is not None and path.resolve() == out.resolve():
-        raise ConfigError(f"probabilities and the class map would both be written to {path}; name another file")
+        raise ConfigError(f"probabilities and the class map would both be written to {shown_path(path)}; name another "
+                          "file")
     return path
 
 

@@ -31,8 +31,7 @@ from torch import nn
 
 from hsgds._unset import Unset
 from hsgds._wording import clipped
-from hsgds.errors import (ConfigError, InputError, as_count, as_fraction, as_path, control_character, one_line,
-                          shown)
+from hsgds.errors import ConfigError, InputError, as_count, as_fraction, as_path, control_character, one_line, shown
 from hsgds.scene import BandStats
 
 __all__ = ["CHECKPOINT_FORMAT", "MIN_BANDS", "MODELS", "Hamida3D", "LoadedModel", "SpectralSpatialCNN",

@@ -31,8 +31,15 @@ from xml.sax.saxutils import escape as xml_escape
 
 import numpy as np
 
-from hsgds._durable import (atomic_path, check_writable, fsync_dir, fsync_file, not_regular, partial_path,
-                            remove_stale_partials)
+from hsgds._durable import (
+    atomic_path,
+    check_writable,
+    fsync_dir,
+    fsync_file,
+    not_regular,
+    partial_path,
+    remove_stale_partials,
+)
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
 from hsgds.errors import ConfigError, InputError, shown, shown_path
@@ -78,17 +85,18 @@ def check_output(path: str | os.PathLike, what: str = "class map") -> str:
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in FORMATS:
-        raise InputError(f"cannot write a {what} as {p.name!r}: unknown suffix {p.suffix or '(none)'!r}; "
+        raise InputError(f"cannot write a {what} as '{shown_path(p.name)}': unknown suffix "
+                         f"'{shown_path(p.suffix or '(none)', 40)}'; "
                          f"use one of {', '.join(FORMATS)}")
     name, module, extra = FORMATS[suffix]
     if module is not None and extra is not None:  # both set, or neither
-        require(module, extra, f"writing a {name} {what} ({p.name})")
+        require(module, extra, f"writing a {name} {what} ({shown_path(p.name)})")
     check_writable(p)
     for companion in files_written(p)[1:]:  # an ENVI map's binary, a GeoTIFF's sidecar: renamed into place too
         kind = "a directory" if companion.is_dir() else not_regular(companion)
         if kind is not None:
-            raise InputError(f"cannot write {p}: the {companion.name} written beside it is {kind} there; name "
-                             "another file")
+            raise InputError(f"cannot write {shown_path(p)}: the {shown_path(companion.name)} written beside it is "
+                             f"{kind} there; name another file")
     return suffix
 
 

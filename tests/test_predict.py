@@ -294,6 +294,28 @@ def test_a_symlink_or_fifo_at_an_output_path_is_refused_before_any_work(store, t
     assert target.read_text() == "kept"
 
 
+def test_output_paths_with_a_newline_or_thousands_of_characters_are_shown_on_one_short_line(store, tmp_path):
+    """An -o or probabilities path holding a newline made a two-line error, one of thousands of characters as
+    long a one: shown escaped and clipped in the middle, the file name kept; the model never runs."""
+    import re
+
+    model = CentreCoordinates()
+    long_folder = tmp_path / ("d" * 3000)
+    cases = [({"out": tmp_path / "no\nsuch" / "m.npy"},
+              re.escape(f"cannot write {tmp_path}/no\\nsuch/m.npy: the folder {tmp_path}/no\\nsuch does not exist")),
+             ({"out": long_folder / "m.npy"}, r"^cannot write /.*d\.\.\.m\.npy: File name too long; choose another "),
+             ({"out": tmp_path.joinpath(*["d" * 200] * 15, "m.npy")},
+              r"^cannot write /.*d\.\.\.m\.npy: the folder /.*dd does not exist"),
+             ({"out": tmp_path / "m.npy", "probabilities": tmp_path / "p\nq" / "p.npy"},
+              re.escape(f"cannot write {tmp_path}/p\\nq/p.npy: the folder")),
+             ({"out": tmp_path / "m\n.xyz"}, re.escape("cannot write a class map as 'm\\n.xyz': unknown suffix '.xyz'"))]
+    for kwargs, want in cases:
+        with pytest.raises(InputError, match=want) as caught:
+            predict(store, model, patch_size=3, device="cpu", normalize=None, **kwargs)
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < 400, caught.value
+    assert model.seen.sum() == 0 and list(tmp_path.iterdir()) == []
+
+
 def test_model_mode_restored(store):
     model = RandomConv(3)
     model.train()
