@@ -9,14 +9,15 @@ import glob
 import os
 import secrets
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from hsgds.errors import InputError, StoreError
+from hsgds.errors import InputError, StoreError, one_line, shown_path
 
-__all__ = ["atomic_path", "check_writable", "fsync_dir", "fsync_file", "fsync_tree", "partial_path", "remove_stale_partials",
-           "rename_error"]
+__all__ = ["atomic_path", "check_writable", "fsync_dir", "fsync_file", "fsync_tree", "not_regular", "partial_path",
+           "remove_stale_partials", "rename_error"]
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -130,19 +131,46 @@ def atomic_path(path: str | os.PathLike, tmp_name: str | None = None) -> Iterato
     fsync_dir(target.parent)
 
 
+def not_regular(path: Path) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a folder ("a symbolic link", "a FIFO
+    (named pipe)", ...), else None. The atomic rename of an output would replace it (a link by a file, its
+    target left as it was; a pipe a reader waits on by a file), which is not what was asked for."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device file" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file")
+
+
 def check_writable(path: Path) -> None:
     """Refuse, before the work that makes it, an output file ``path`` that cannot be written: its folder is
-    missing, it is a folder, or its folder is not writable (a file is created and removed there now: os.access
-    says yes to root, and knows nothing of read-only mounts)."""
+    missing, it is a folder, it exists as something other than a regular file (a symbolic link, a FIFO, ...:
+    the rename into place would replace it), or its folder is not writable (a file is created and removed
+    there now: os.access says yes to root, and knows nothing of read-only mounts)."""
     folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"cannot write {path}: the folder {folder} does not exist; create it first")
+    try:
+        exists = folder.is_dir()
+    except OSError as exc:  # a name longer than the file system allows (pathlib raised it from is_dir)
+        raise InputError(f"cannot write {shown_path(path)}: {exc.strerror or one_line(exc)}; choose another output "
+                         "path") from None
+    if not exists:
+        raise InputError(f"cannot write {shown_path(path)}: the folder {shown_path(folder)} does not exist; create it "
+                         "first")
+    kind = not_regular(path)
+    if kind is not None:
+        raise InputError(f"cannot write {shown_path(path)}: it is {kind}, which writing would replace with a "
+                         "file; choose another output path")
     if path.is_dir():
-        raise InputError(f"cannot write {path}: it is a directory; name a file")
+        raise InputError(f"cannot write {shown_path(path)}: it is a directory; name a file")
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
     except OSError as exc:
-        raise InputError(f"cannot write {path}: the folder {folder} is not writable ({exc.strerror}); choose "
+        raise InputError(f"cannot write {shown_path(path)}: the folder {shown_path(folder)} is not writable "
+                         f"({exc.strerror}); choose "
                          "another output path") from None
     os.close(fd)
     with contextlib.suppress(OSError):

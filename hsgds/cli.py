@@ -787,7 +787,8 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
         sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo))
         try:  # (a scene's source named by the pattern is refused here, before any scene is predicted)
             check_outputs(coll.scene(i), Path(out.replace("{name}", e.name)),
-                          Path(probabilities.replace("{name}", e.name)) if probabilities else False, inputs)
+                          Path(probabilities.replace("{name}", e.name)) if probabilities else False, inputs,
+                          loaded.class_names)
         except StoreError:
             pass  # a missing or damaged store: its own run names it while the others are predicted
         except HsgdsError as exc:

@@ -21,8 +21,10 @@ __all__ = [
     "as_flag",
     "as_fraction",
     "as_path",
+    "control_character",
     "one_line",
     "shown",
+    "shown_path",
 ]
 
 
@@ -86,6 +88,28 @@ def shown(value: object, limit: int = 60) -> str:
         text = repr(value)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def control_character(text: str) -> str | None:
+    """The first control character (U+0000-U+001F, U+007F) in ``text`` as its escaped repr (``'\\n'``), or
+    None: a name holding one would break an XML sidecar, an ENVI header's list or a one-line message."""
+    for ch in text:
+        if ch < " " or ch == "\x7f":
+            return repr(ch)
+    return None
+
+
+def shown_path(path: object, limit: int = 160) -> str:
+    """A user-given path for an error message, on one line: control characters escaped as in a repr, and
+    a path longer than ``limit`` clipped in the middle, its file name kept."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
+    if isinstance(text, bytes):
+        text = text.decode(errors="backslashreplace")
+    text = "".join(repr(ch)[1:-1] if ch < " " or ch == "\x7f" else ch for ch in text)
+    if len(text) <= limit:
+        return text
+    name = text.rsplit("/", 1)[-1][-(limit // 2):]
+    return text[:max(limit - len(name) - 3, 8)] + "..." + name
 
 
 def as_path(value: object, what: str) -> Path:

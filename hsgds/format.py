@@ -18,7 +18,7 @@ import numpy as np
 
 from hsgds import checksum
 from hsgds._wording import listed
-from hsgds.errors import ChecksumError, StoreError, TileReadError
+from hsgds.errors import ChecksumError, StoreError, TileReadError, control_character
 
 FORMAT_NAME = "hsgds"
 #: The newest store format version; the converter records the oldest one that describes a store
@@ -357,6 +357,9 @@ class StoreMeta:
         # collection's names (convert-many --class-names) with no class of its own, so more names are fine
         if self.class_names is not None and len(self.class_names) < self.num_classes:
             raise bad("class_names", f"must name each of the {self.num_classes} classes")
+        for k, text in enumerate(self.class_names or (), start=1):  # they go into XML sidecars and ENVI headers
+            if (ch := control_character(text)) is not None:
+                raise bad("class_names", f"the name of class {k} holds the control character {ch}")
         str_list("band_names", b)
         if self.wavelengths is not None:
             why = wavelengths_problem(self.wavelengths, b)

@@ -27,7 +27,7 @@ from hsgds._sha256 import sha256_of
 from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
 from hsgds.engines.base import OUT_DTYPES, resolve_out_dtype
-from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line, shown
+from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line, shown, shown_path
 from hsgds.models import LoadedModel, load_model
 from hsgds.scene import Scene, check_mask, open_scene
 
@@ -111,15 +111,17 @@ def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
 
 
 def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False,
-                  inputs: RunInputs | None = None) -> Path | None:
+                  inputs: RunInputs | None = None, class_names: list[str] | None = None) -> Path | None:
     """Check, before any work, that predict can write the class map ``out`` and the probabilities (a path, or
     True: beside ``out``) of ``scene``: known formats, writable folders, a CRS a GeoTIFF can be written with,
     and none of the files the run reads (``inputs``; by default ``scene`` alone: the store itself and the files
-    it was made from). Returns the probabilities path (None: none are written)."""
+    it was made from), and class names (``class_names``, else the scene's) the map's format can hold. Returns
+    the probabilities path (None: none are written)."""
     from hsgds import writers
 
     if out is not None:
         writers.check_output(out)
+        writers.check_class_names(out, class_names if class_names is not None else scene.class_names)
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
         writers.check_probability_output(prob_path)
@@ -155,14 +157,14 @@ class RunInputs:
         for target in targets:
             resolved = target.resolve()
             if self.model is not None and (resolved == self.model.resolve() or _same_file(resolved, self.model)):
-                raise InputError(f"cannot write {target}: it is the model file {self.model.name} this run reads; "
-                                 "choose another output path")
+                raise InputError(f"cannot write {shown_path(target)}: it is the model file {self.model.name} this run "
+                                 "reads; choose another output path")
             stores = {m.store: m for m in own}
             inside = next((self._stores.get(p) or stores[p] for p in (resolved, *resolved.parents)
                            if p in self._stores or p in stores), None)
             if inside is not None:
-                raise InputError(f"cannot write {target}: it is inside the store {inside.path}; choose an output "
-                                 "path outside it")
+                raise InputError(f"cannot write {shown_path(target)}: it is inside the store {inside.path}; choose an "
+                                 "output path outside it")
             if not resolved.is_file():
                 continue
             named = self._named.get(resolved.name.casefold(), []) + self._named.get(target.name.casefold(), [])
@@ -200,8 +202,8 @@ class _MadeFrom:
         """InputError when ``target`` (an existing file, ``resolved``) is its cube or ground truth."""
         for what, record, data_bytes in self.records:
             if _is_recorded_source(resolved, record, data_bytes, self.store.parent):
-                raise InputError(f"cannot write {target}: it is the {what} {self.path.name} was converted from; "
-                                 "writing there would destroy it: choose another output path")
+                raise InputError(f"cannot write {shown_path(target)}: it is the {what} {self.path.name} was converted "
+                                 "from; writing there would destroy it: choose another output path")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -250,7 +252,8 @@ def _probability_path(probabilities: Any, out: Path | None) -> Path | None:
         raise ConfigError(f"probabilities must be True, False or a .npy or .tif path, got {shown(probabilities)}")
     path = Path(probabilities)
     if out is not None and path.resolve() == out.resolve():
-        raise ConfigError(f"probabilities and the class map would both be written to {path}; name another file")
+        raise ConfigError(f"probabilities and the class map would both be written to {shown_path(path)}; name another "
+                          "file")
     return path
 
 
@@ -485,7 +488,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     tta = tta and patch_size != 1
     device, dtype = _placement(model, device, dtype, follow_model=not from_file)
     out = None if out is None else as_path(out, "out")
-    prob_path = check_outputs(scene, out, probabilities, RunInputs([scene], model_file))
+    prob_path = check_outputs(scene, out, probabilities, RunInputs([scene], model_file), class_names)
     h, w = scene.shape[:2]
     mask = check_mask(mask, scene, str(scene.path))
     if mask is not None:

@@ -31,7 +31,7 @@ from torch import nn
 
 from hsgds._unset import Unset
 from hsgds._wording import clipped
-from hsgds.errors import ConfigError, InputError, as_count, as_fraction, as_path, one_line, shown
+from hsgds.errors import ConfigError, InputError, as_count, as_fraction, as_path, control_character, one_line, shown
 from hsgds.scene import BandStats
 
 __all__ = ["CHECKPOINT_FORMAT", "MIN_BANDS", "MODELS", "Hamida3D", "LoadedModel", "SpectralSpatialCNN",
@@ -355,6 +355,10 @@ def _given_names(names: Any) -> list[str] | None:
                           f"{names!r:.60}")
     if not all(isinstance(n, str) and n.strip() for n in names):
         raise ConfigError(f"class_names must be non-empty strings, got {list(names)!r:.80}")
+    for k, name in enumerate(names, start=1):
+        if (ch := control_character(name)) is not None:
+            raise ConfigError(f"class_names: the name of class {k} ({shown(name)}) holds the control character {ch}; "
+                              "give names without newlines, tabs or other control characters")
     return [str(n) for n in names]
 
 
@@ -662,6 +666,9 @@ def _class_names(path: Path, names: Any, classes: int | None) -> list[str] | Non
         return None
     if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
         raise _bad(path, f"its class names are not a list of non-empty strings ({names!r:.60})")
+    for k, name in enumerate(names, start=1):
+        if (ch := control_character(name)) is not None:
+            raise _bad(path, f"the name of its class {k} holds the control character {ch}")
     if classes is not None and len(names) != classes:
         raise _bad(path, f"it has {len(names)} class names for the model's {classes} classes")
     return list(names)

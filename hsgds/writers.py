@@ -31,10 +31,18 @@ from xml.sax.saxutils import escape as xml_escape
 
 import numpy as np
 
-from hsgds._durable import atomic_path, check_writable, fsync_dir, fsync_file, partial_path, remove_stale_partials
+from hsgds._durable import (
+    atomic_path,
+    check_writable,
+    fsync_dir,
+    fsync_file,
+    not_regular,
+    partial_path,
+    remove_stale_partials,
+)
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
-from hsgds.errors import InputError
+from hsgds.errors import ConfigError, InputError, shown, shown_path
 from hsgds.preview import UNLABELLED, class_colours, texts_as_written
 
 __all__ = [
@@ -42,6 +50,7 @@ __all__ = [
     "PROBABILITY_SUFFIXES",
     "ProbabilityFile",
     "atomic_path",
+    "check_class_names",
     "check_output",
     "check_probability_output",
     "error_panel",
@@ -76,17 +85,32 @@ def check_output(path: str | os.PathLike, what: str = "class map") -> str:
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in FORMATS:
-        raise InputError(f"cannot write a {what} as {p.name!r}: unknown suffix {p.suffix or '(none)'!r}; "
+        raise InputError(f"cannot write a {what} as '{shown_path(p.name)}': unknown suffix "
+                         f"'{shown_path(p.suffix or '(none)', 40)}'; "
                          f"use one of {', '.join(FORMATS)}")
     name, module, extra = FORMATS[suffix]
     if module is not None and extra is not None:  # both set, or neither
-        require(module, extra, f"writing a {name} {what} ({p.name})")
+        require(module, extra, f"writing a {name} {what} ({shown_path(p.name)})")
     check_writable(p)
     for companion in files_written(p)[1:]:  # an ENVI map's binary, a GeoTIFF's sidecar: renamed into place too
-        if companion.is_dir():
-            raise InputError(f"cannot write {p}: the {companion.name} written beside it is a directory there; name "
-                             "another file")
+        kind = "a directory" if companion.is_dir() else not_regular(companion)
+        if kind is not None:
+            raise InputError(f"cannot write {shown_path(p)}: the {shown_path(companion.name)} written beside it is "
+                             f"{kind} there; name another file")
     return suffix
+
+
+def check_class_names(path: str | os.PathLike, class_names: list[str] | None) -> None:
+    """Refuse, before any work, class names an ENVI class map ``path`` (a ``.hdr``) cannot hold: its
+    ``class names = {a, b}`` list is split on commas, so a name holding one would come back as two (SPy, GDAL
+    and hsgds's reader alike; other formats hold any name)."""
+    if Path(path).suffix.lower() != ".hdr":
+        return
+    for k, name in enumerate(class_names or (), start=1):
+        if "," in name:
+            raise ConfigError(f"cannot write {shown_path(Path(path).name)}: the name of class {k} ({shown(name)}) "
+                              "holds a comma, which an ENVI header's comma-separated 'class names' list cannot hold; rename "
+                              "the class, or write a .tif")
 
 
 def files_written(path: str | os.PathLike) -> list[Path]:
@@ -239,6 +263,7 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
     cannot express: write a GeoTIFF for those) and the CRS as ``coordinate system string`` when it is WKT.
     """
     a = _check_map(classmap)
+    check_class_names(path, class_names)
     k = _num_classes(a, num_classes, class_names)
     dtype = _map_dtype(k)
     header = Path(path)
@@ -249,7 +274,7 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
              "bands = 1", "header offset = 0", "file type = ENVI Classification",
              f"data type = {1 if dtype == np.uint8 else 12}", "interleave = bsq", "byte order = 0",
              f"classes = {k + 1}",
-             "class names = {" + ", ".join(n.replace(",", ";").replace("}", ")") for n in names) + "}",
+             "class names = {" + ", ".join(names) + "}",
              "class lookup = {" + ", ".join(str(int(v)) for v in lut.reshape(-1)) + "}",
              "band names = {class}",
              "data ignore value = 0"]  # unclassified: nodata to GDAL, as the GeoTIFF's nodata 0

@@ -35,7 +35,17 @@ from hsgds._durable import fsync_dir, fsync_tree, rename_error
 from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
 from hsgds._wording import drop, set_to
-from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, as_flag, as_path, shown
+from hsgds.errors import (
+    ConfigError,
+    HsgdsError,
+    InputError,
+    StoreError,
+    as_flag,
+    as_path,
+    control_character,
+    shown,
+    shown_path,
+)
 from hsgds.preprocess import splits as splitting
 from hsgds.preprocess.readers import detect_format, label_class_names, label_files, open_cube, read_labels
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
@@ -176,6 +186,10 @@ class ConvertOptions:
         if self.class_names is not None and (not self.class_names or any(not n.strip() for n in self.class_names)):
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
+        for k, name in enumerate(self.class_names or (), start=1):
+            if (ch := control_character(name)) is not None:
+                raise ConfigError(f"--class-names: the name of class {k} ({shown(name)}) holds the control character "
+                                  f"{ch}; give names without newlines, tabs or other control characters")
 
 
 def _float(value: numbers.Real) -> float:
@@ -707,17 +721,17 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions
     opts.check()
     src, out = Path(src), Path(out)
     if out.exists() and not opts.overwrite:
-        raise InputError(f"{out} already exists; pass --overwrite to replace it")
+        raise InputError(f"{shown_path(out)} already exists; pass --overwrite to replace it")
     if out.exists() and not _is_store(out):
-        raise InputError(f"{out} exists and is not an hsgds store; --overwrite only replaces stores: "
+        raise InputError(f"{shown_path(out)} exists and is not an hsgds store; --overwrite only replaces stores: "
                          "remove it yourself or choose another -o")
     if not out.parent.is_dir():
-        raise InputError(f"output folder {out.parent} does not exist; create it first")
+        raise InputError(f"output folder {shown_path(out.parent)} does not exist; create it first")
     side = [Path(p) for p in (opts.labels, opts.train_mask, opts.val_mask, opts.test_mask) if p is not None]
     try:
         stamps = source_stamps(side)
     except OSError as exc:
-        raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
+        raise InputError(f"cannot read {shown_path(exc.filename)} ({exc.strerror}); check the path") from None
     remove_stale(out)
     tmp, lock = _make_tmp(out)
     cube = hashing = None
@@ -795,7 +809,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     try:
         stamps.update({p: st for p, st in source_stamps(label_paths).items() if p not in stamps})
     except OSError as exc:
-        raise InputError(f"cannot read {exc.filename} ({exc.strerror}); check the path") from None
+        raise InputError(f"cannot read {shown_path(exc.filename)} ({exc.strerror}); check the path") from None
     labels = _load_labels(opts, src, cube.shape)
     class_names, num_classes = class_names_of(opts, int(labels.max(initial=0)))
     dtype = np.dtype(opts.dtype or cube.dtype.name)  # the store's: the source's unless --dtype says otherwise

@@ -114,3 +114,17 @@ def test_convert_options_fail_on_one_short_line(small_store, tmp_path):
 
     options = list(inspect.signature(ConvertOptions).parameters)
     assert _messages(converted, options, paths={"labels", "train_mask", "val_mask", "test_mask"}) == []
+
+
+def test_shown_path_puts_a_path_on_one_short_line_keeping_its_file_name():
+    from pathlib import Path
+
+    from hsgds.errors import shown_path
+
+    assert shown_path(Path("/data/run 1/map.tif")) == "/data/run 1/map.tif"  # an ordinary path as it is
+    assert shown_path("a\nb\tc\x00d\x7f.tif") == "a\\nb\\tc\\x00d\\x7f.tif"  # escaped as a repr escapes them
+    long = "/x/" + "d" * 5000 + "/the-map.tif"
+    text = shown_path(long)
+    assert len(text) <= 160 and text.startswith("/x/ddd") and text.endswith("...the-map.tif")
+    name = "n" * 5000 + ".tif"  # a file name alone too long: its end is kept
+    assert len(shown_path(name)) <= 160 and shown_path(name).endswith("nnn.tif")

@@ -243,6 +243,79 @@ def test_a_folder_where_a_map_writes_its_companion_file_is_refused_before_any_wo
     assert all(p.is_dir() and not any(p.iterdir()) for p in tmp_path.iterdir())
 
 
+def test_class_names_an_envi_map_cannot_hold_are_refused_before_any_work(store, tmp_path):
+    """A model's class name holding a comma cannot be listed in an ENVI header (SPy would read it back as two
+    names; hsgds wrote it with a ';' without a word): refused on one line before the model runs, nothing
+    written; a GeoTIFF holds it."""
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8)
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", model, patch_size=5, class_names=["a", "b, c", "d", "e"])
+    calls = []
+    with pytest.raises(ConfigError, match=r"^cannot write m\.hdr: the name of class 2 \('b, c'\) holds a comma, "
+                                          r".*rename the class, or write a \.tif$"):
+        predict(store, ckpt, device="cpu", out=tmp_path / "m.hdr", progress=lambda *a: calls.append(a))
+    assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_symlink_or_fifo_at_an_output_path_is_refused_before_any_work(store, tmp_path, kind):
+    """A symbolic link or a FIFO where predict writes the map, a companion file (an ENVI map's .img, a
+    GeoTIFF's .aux.xml) or the probabilities was replaced by a regular file once the whole scene was predicted
+    (the link's target left stale, a pipe's reader waiting). Now one line before the model runs; the link, its
+    target and the FIFO stay as they were."""
+    target = tmp_path / "target.txt"
+    target.write_text("kept")
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    described = {"symlink": "a symbolic link", "fifo": r"a FIFO \(named pipe\)"}[kind]
+    model = CentreCoordinates()
+    cases = [("m.npy", "m.npy", None, f"^cannot write {maps / 'm.npy'}: it is {described}, which writing would "
+                                      "replace with a file; choose another output path$"),
+             ("m.hdr", "m.img", None, f"^cannot write {maps / 'm.hdr'}: the m.img written beside it is {described} "
+                                      "there; name another file$"),
+             ("m.tif", "m.tif.aux.xml", None, f"the m.tif.aux.xml written beside it is {described} there"),
+             ("m.npy", "p.npy", maps / "p.npy", f"^cannot write {maps / 'p.npy'}: it is {described}"),
+             ("m.npy", "m.probabilities.npy", True, f"^cannot write {maps / 'm.probabilities.npy'}: it is {described}")]
+    for out, special, probabilities, message in cases:
+        if kind == "symlink":
+            (maps / special).symlink_to(target)
+        else:
+            os.mkfifo(maps / special)
+        with pytest.raises(InputError, match=message):
+            predict(store, model, patch_size=3, device="cpu", normalize=None, out=maps / out,
+                    probabilities=probabilities or False)
+        assert model.seen.sum() == 0
+        st_mode = os.lstat(maps / special).st_mode
+        assert stat.S_ISLNK(st_mode) if kind == "symlink" else stat.S_ISFIFO(st_mode)
+        assert sorted(p.name for p in maps.iterdir()) == [special]
+        (maps / special).unlink()
+    assert target.read_text() == "kept"
+
+
+def test_output_paths_with_a_newline_or_thousands_of_characters_are_shown_on_one_short_line(store, tmp_path):
+    """An -o or probabilities path holding a newline made a two-line error, one of thousands of characters as
+    long a one: shown escaped and clipped in the middle, the file name kept; the model never runs."""
+    import re
+
+    model = CentreCoordinates()
+    long_folder = tmp_path / ("d" * 3000)
+    cases = [({"out": tmp_path / "no\nsuch" / "m.npy"},
+              re.escape(f"cannot write {tmp_path}/no\\nsuch/m.npy: the folder {tmp_path}/no\\nsuch does not exist")),
+             ({"out": long_folder / "m.npy"}, r"^cannot write /.*d\.\.\.m\.npy: File name too long; choose another "),
+             ({"out": tmp_path.joinpath(*["d" * 200] * 15, "m.npy")},
+              r"^cannot write /.*d\.\.\.m\.npy: the folder /.*dd does not exist"),
+             ({"out": tmp_path / "m.npy", "probabilities": tmp_path / "p\nq" / "p.npy"},
+              re.escape(f"cannot write {tmp_path}/p\\nq/p.npy: the folder")),
+             ({"out": tmp_path / "m\n.xyz"}, re.escape("cannot write a class map as 'm\\n.xyz': unknown suffix '.xyz'"))]
+    for kwargs, want in cases:
+        with pytest.raises(InputError, match=want) as caught:
+            predict(store, model, patch_size=3, device="cpu", normalize=None, **kwargs)
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < 400, caught.value
+    assert model.seen.sum() == 0 and list(tmp_path.iterdir()) == []
+
+
 def test_model_mode_restored(store):
     model = RandomConv(3)
     model.train()
@@ -1166,6 +1239,7 @@ def test_package_attribute_is_the_function():
     ({"class_names": "abcd"}, "class names are not a list of non-empty strings"),
     ({"class_names": [1, 2, 3, 4]}, "class names are not a list"),
     ({"class_names": ["a", "", "c", "d"]}, "class names are not a list"),
+    ({"class_names": ["a", "b\nc", "c", "d"]}, "the name of its class 2 holds the control character '\\\\n'"),
     ({"class_names": ["a", "b"]}, "2 class names for the model's 4 classes"),
     ({"class_names": list("abcdefghi")}, "9 class names for the model's 4 classes"),
 ])
@@ -1189,7 +1263,9 @@ def test_class_names_are_one_per_class_when_saved_and_loaded(tmp_path):
              (["a", "b"], "returns 4 classes but 2 class names were given"),
              (list("abcdef"), "returns 4 classes but 6 class names were given"),
              (["a", "", "c", "d"], "class_names must be non-empty strings"),
-             (["a", 2, "c", "d"], "class_names must be non-empty strings")]
+             (["a", 2, "c", "d"], "class_names must be non-empty strings"),
+             (["a", "b", "c\td", "e"], r"class_names: the name of class 3 \('c\\td'\) holds the control character "
+                                        "'.t'; give names without")]
     for names, message in cases:
         with pytest.raises(ConfigError, match=message):
             save_checkpoint(tmp_path / "m.ckpt", model, patch_size=5, class_names=names)

@@ -301,3 +301,27 @@ def test_a_read_only_folder_is_named_before_the_preview_is_made(envi_store, tmp_
     assert proc.stderr.strip() == (f"hsgds: error: cannot write {ro / 'x.png'}: the folder {ro} is not writable "
                                    "(Permission denied); choose another output path")
     assert list(ro.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_symlink_or_fifo_at_the_preview_path_is_refused(envi_store, tmp_path, run_cli, kind):
+    """The image's atomic rename replaced a symbolic link (its target left stale) or a FIFO at -o with a
+    file; refused now in one line before a tile is read, the link, its target and the FIFO as they were."""
+    import os
+    import stat
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("needs FIFOs (POSIX)")
+    out, target = tmp_path / "p.png", tmp_path / "target.png"
+    target.write_bytes(b"kept")
+    if kind == "symlink":
+        out.symlink_to(target)
+    else:
+        os.mkfifo(out)
+    code, stdout, err = run_cli("preview", envi_store[0], "-o", out)
+    described = {"symlink": "a symbolic link", "fifo": "a FIFO (named pipe)"}[kind]
+    assert code == 2 and err == (f"hsgds: error: cannot write {out}: it is {described}, which writing would replace "
+                                 "with a file; choose another output path\n"), err
+    mode = os.lstat(out).st_mode
+    assert stat.S_ISLNK(mode) if kind == "symlink" else stat.S_ISFIFO(mode)
+    assert target.read_bytes() == b"kept" and sorted(p.name for p in tmp_path.iterdir()) == ["p.png", "target.png"]

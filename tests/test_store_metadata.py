@@ -87,6 +87,8 @@ _NAN = float("nan")
     ("class_names", "abc", "class_names .* list of strings"),
     ("class_names", ["a"], "class_names = .*must name each of the 3 classes"),
     ("class_names", ["a", "b"], "class_names = .*must name each of the 3 classes"),
+    ("class_names", ["a", "b\nc", "d"], r"class_names = .*\(the name of class 2 holds the control character '\\n'\)"),
+    ("class_names", ["a", "b", "d\x7f"], "the name of class 3 holds the control character '.x7f'"),
     ("num_classes", 10**12, r"num_classes .* classes 1\.\.65535 at most"),
     ("format", "other", "format = 'other' .must be 'hsgds'"),
     ("format_version", 5, r"was written by a newer hsgds \(store format version 5; this hsgds reads versions 1 to 4\): upgrade hsgds"),

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from hsgds import writers
-from hsgds.errors import DependencyError, InputError
+from hsgds.errors import ConfigError, DependencyError, InputError
 from hsgds.preview import class_colours
 
 NAMES = ["corn", "soy, late", "woods", "water"]
+ENVI_NAMES = ["corn", "soy; late", "woods", "water"]  # (an ENVI list cannot hold a comma)
 GEO = {"transform": [620000.5, 30.0, 0.0, 4000000.25, 0.0, -20.0], "crs_wkt": None, "epsg": 32616}
 
 
@@ -119,10 +120,11 @@ def test_a_crs_gdal_cannot_read_is_one_line_and_leaves_nothing(tmp_path, classma
 
 def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
     envi = pytest.importorskip("spectral.io.envi")
-    out = writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=NAMES, georeference=GEO)
+    names = ["corn", "soy {late}", "woods", "water"]  # braces inside a name read back as they are
+    out = writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=names, georeference=GEO)
     img = envi.open(str(out))
     assert img.metadata["file type"] == "ENVI Classification"
-    assert img.metadata["class names"] == ["Unclassified", "corn", "soy; late", "woods", "water"]
+    assert img.metadata["class names"] == ["Unclassified", *names]
     assert [int(v) for v in img.metadata["class lookup"]] == class_colours(4).reshape(-1).tolist()
     assert np.array_equal(np.asarray(img.read_band(0)), classmap)
     assert img.metadata["map info"][3:7] == ["620000.5", "4000000.25", "30.0", "20.0"]
@@ -131,6 +133,26 @@ def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
     with rasterio.open(tmp_path / "m.img") as ds:  # GDAL's ENVI driver sees the same georeference
         assert ds.crs.to_epsg() == 32616 and ds.transform.to_gdal() == pytest.approx(tuple(GEO["transform"]))
         assert ds.nodata == 0  # unclassified pixels are nodata to GDAL, as in the GeoTIFF
+
+
+@pytest.mark.parametrize("name", ["soy, late", "soy,"])
+def test_envi_class_names_with_a_comma_are_refused_not_renamed(tmp_path, classmap, name):
+    # SPy splits the header's list on commas: "soy, late" would read back as two classes, and hsgds used to
+    # write "soy; late" without a word; the map is refused before anything is written, other formats hold it
+    envi = pytest.importorskip("spectral.io.envi")
+    hand = tmp_path / "hand.hdr"  # what such a header would be read back as
+    hand.write_text("ENVI\nsamples = 1\nlines = 1\nbands = 1\nheader offset = 0\nfile type = ENVI Classification\n"
+                    "data type = 1\ninterleave = bsq\nbyte order = 0\nclasses = 2\n"
+                    f"class names = {{Unclassified, {name}}}\n")
+    (tmp_path / "hand.img").write_bytes(b"\0")
+    assert envi.open(str(hand)).metadata["class names"] != ["Unclassified", name]
+    with pytest.raises(ConfigError, match=r"^cannot write m\.hdr: the name of class 2 .* holds a comma, .*"
+                                          r"rename the class, or write a \.tif$") as caught:
+        writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=["corn", name, "woods", "water"])
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "m.hdr").exists() and not (tmp_path / "m.img").exists() and leftovers(tmp_path) == []
+    out = writers.write_class_map(tmp_path / "m.tif", classmap, class_names=["corn", name, "woods", "water"])
+    assert gdal_category_names(out)[2] == name
 
 
 def test_envi_header_is_utf8_whatever_the_locale(tmp_path):
@@ -275,14 +297,16 @@ def test_a_writer_failing_mid_way_leaves_nothing(tmp_path, monkeypatch, classmap
 
     monkeypatch.setattr(os, "fsync", dying_fsync)
     with pytest.raises(OSError, match="injected"):
-        writers.write_class_map(target, classmap, class_names=NAMES, georeference=GEO)
+        writers.write_class_map(target, classmap, class_names=ENVI_NAMES if suffix == ".hdr" else NAMES,
+                                georeference=GEO)
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert list(tmp_path.iterdir()) == []
     # an existing output is left as it was
     target.write_bytes(b"old")
     monkeypatch.setattr(os, "fsync", dying_fsync)
     with pytest.raises(OSError, match="injected"):
-        writers.write_class_map(target, classmap, class_names=NAMES, georeference=GEO)
+        writers.write_class_map(target, classmap, class_names=ENVI_NAMES if suffix == ".hdr" else NAMES,
+                                georeference=GEO)
     assert target.read_bytes() == b"old" and leftovers(tmp_path) == []
 
 
@@ -290,7 +314,7 @@ def test_an_envi_pair_failing_at_its_header_leaves_the_existing_pair_as_it_was(t
     """The header's temporary is written and flushed before the binary replaces the old one: a failure there
     leaves the earlier pair byte for byte (not a new uint16 binary under the old uint8 header)."""
     target = tmp_path / "m.hdr"
-    writers.write_class_map(target, classmap, class_names=NAMES)
+    writers.write_class_map(target, classmap, class_names=ENVI_NAMES)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     real_fsync, calls = os.fsync, []
 

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from hsgds._wording import drop
-from hsgds.errors import InputError
+from hsgds.errors import InputError, control_character, shown_path
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
 from hsgds.preprocess.readers.envi import envi_class_names, find_pair, open_envi, read_envi_labels
 from hsgds.preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
@@ -50,14 +50,14 @@ _EXTENSIONS = {
 def _head(path: Path, size: int = 4096, what: str = "cube") -> bytes:
     """The first bytes of ``path``, after checking that it is an existing regular file."""
     if not path.exists():
-        raise InputError(f"no such file: {path}; check the path")
+        raise InputError(f"no such file: {shown_path(path)}; check the path")
     if not path.is_file():
-        raise InputError(f"{path} is not a regular file; pass the {what} file itself")
+        raise InputError(f"{shown_path(path)} is not a regular file; pass the {what} file itself")
     try:
         with path.open("rb") as f:
             return f.read(size)
     except OSError as exc:
-        raise InputError(f"cannot read {path} ({exc.strerror}); check its permissions") from None
+        raise InputError(f"cannot read {shown_path(path)} ({exc.strerror}); check its permissions") from None
 
 
 def _is_hdf5(path: Path, head: bytes) -> bool:
@@ -266,6 +266,10 @@ def label_class_names(path: str | os.PathLike[str], largest: int) -> tuple[str, 
     if empty:
         raise InputError(f"ENVI header {header} gives class {empty[0]} an empty name in 'class names'; name it in "
                          "the header, or pass --class-names")
+    for k in range(1, len(names)):
+        if (ch := control_character(names[k])) is not None:
+            raise InputError(f"ENVI header {header} gives class {k} a name holding the control character {ch} in "
+                             "'class names'; rename it in the header, or pass --class-names")
     return tuple(names[1:])
 
 

@@ -134,6 +134,9 @@ def test_a_class_above_the_header_classes_is_refused(tmp_path, run_cli):
                                  "add the missing names to the header, or pass --class-names"),
     (["Unclassified", "a", "", "c", "d"], "ENVI header gt.hdr gives class 2 an empty name in 'class names'; name it "
                                           "in the header, or pass --class-names"),
+    (["Unclassified", "a", "b\tc", "c", "d"], "ENVI header gt.hdr gives class 2 a name holding the control "
+                                             "character '\\t' in 'class names'; rename it in the header, or pass "
+                                             "--class-names"),
 ])
 def test_header_names_that_cannot_name_every_class(tmp_path, run_cli, names, message):
     """SPy writes `classes` to cover the values but the names it is given, however few; without
@@ -150,6 +153,23 @@ def test_header_names_that_cannot_name_every_class(tmp_path, run_cli, names, mes
                            "--class-names", "w,x,y,z")
     assert code == 0, err
     assert stored_names(tmp_path / "s.zarr") == ["w", "x", "y", "z"]
+
+
+@pytest.mark.parametrize("name", ["b\nc", "b\tc", "b\x00", "b\x7f"])
+def test_class_names_with_control_characters_are_refused_before_any_work(tmp_path, run_cli, name):
+    """A control character in a class name would make the GeoTIFF category sidecar invalid XML and break an
+    ENVI header's list and one-line messages: refused on one line, by the CLI and ConvertOptions, nothing
+    written."""
+    cp, labels = scene(tmp_path)
+    np.save(tmp_path / "gt.npy", labels)
+    code, _, err = run_cli("convert", cp, "--labels", tmp_path / "gt.npy", "-o", tmp_path / "s.zarr",
+                           "--max-patch", "3", "--class-names", f"a,{name},x,y")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (f"hsgds: error: --class-names: the name of class 2 ({name!r}) holds the control character "
+                   f"{name[1]!r}; give names without newlines, tabs or other control characters\n")
+    with pytest.raises(hsgds.ConfigError, match="the name of class 2 .* holds the control character"):
+        convert(cp, tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.npy", class_names=("a", name, "x", "y")))
+    assert not (tmp_path / "s.zarr").exists()
 
 
 def test_convert_many_keeps_a_store_named_from_its_labels_up_to_date(tmp_path):

@@ -892,3 +892,23 @@ def test_a_batch_jobs_log_gets_tile_progress_lines_at_most_every_interval(npy_sc
                            "--tile", "12")
     assert code == 0, err
     assert progress_lines(err) == [(tiles, tiles, False)], err
+
+
+def test_paths_with_a_newline_or_thousands_of_characters_are_shown_on_one_short_line(tmp_path, run_cli):
+    """A --labels or -o path holding a newline made a two-line error, one of 3,000 characters a 3,000-character
+    one: each is shown escaped and clipped in the middle, its file name kept; nothing is written."""
+    import re
+
+    np.save(tmp_path / "c.npy", np.ones((8, 8, 3), np.int16))
+    long_folder = "/x/" + "d" * 3000
+    for args, want in [
+        (("--labels", tmp_path / "no\nsuch.npy", "-o", tmp_path / "s.zarr"),
+         re.escape(f"cannot read {tmp_path}/no\\nsuch.npy (No such file or directory); check the path")),
+        (("--labels", f"{long_folder}/gt.npy", "-o", tmp_path / "s.zarr"), r"cannot read /x/d+\.\.\.gt\.npy \(No such"),
+        (("-o", tmp_path / "bad\ndir" / "s.zarr"),
+         re.escape(f"output folder {tmp_path}/bad\\ndir does not exist; create it first")),
+    ]:
+        code, _, err = run_cli("convert", tmp_path / "c.npy", *args)
+        assert code == 2 and err.count("\n") == 1 and len(err) < 300, err
+        assert re.search(want, err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy"]
