@@ -99,9 +99,10 @@ def control_character(text: str) -> str | None:
     return None
 
 
-def shown_path(path: object, limit: int = 160) -> str:
+def shown_path(path: object, limit: int = 400) -> str:
     """A user-given path for an error message, on one line: control characters escaped as in a repr, and
-    a path longer than ``limit`` clipped in the middle, its file name kept."""
+    a path longer than ``limit`` clipped in the middle, its file name kept (the limit is well past real paths:
+    a cluster's scratch folder and an EnMAP product's 90-character name are shown whole)."""
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
     if isinstance(text, bytes):
         text = text.decode(errors="backslashreplace")

@@ -125,6 +125,8 @@ def test_shown_path_puts_a_path_on_one_short_line_keeping_its_file_name():
     assert shown_path("a\nb\tc\x00d\x7f.tif") == "a\\nb\\tc\\x00d\\x7f.tif"  # escaped as a repr escapes them
     long = "/x/" + "d" * 5000 + "/the-map.tif"
     text = shown_path(long)
-    assert len(text) <= 160 and text.startswith("/x/ddd") and text.endswith("...the-map.tif")
+    assert len(text) <= 400 and text.startswith("/x/ddd") and text.endswith("...the-map.tif")
     name = "n" * 5000 + ".tif"  # a file name alone too long: its end is kept
-    assert len(shown_path(name)) <= 160 and shown_path(name).endswith("nnn.tif")
+    assert len(shown_path(name)) <= 400 and shown_path(name).endswith("nnn.tif")
+    real = "/scratch/project_2001234/enmap/" + "ENMAP01-____L2A-DT0000001867_20220724T104526Z_008_V010302_" * 3 + ".TIF"
+    assert shown_path(real) == real  # a real path, however deep, as it is
