@@ -563,11 +563,18 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         _set_mode(model, was_training)
     k = max(classes or 1, scene.num_classes)
     result = result.astype(np.uint8 if k <= 255 else np.uint16)
+    # the map first, the probabilities committed only once it is written: a map that cannot be written (a full
+    # disk, its folder gone) leaves no new probabilities beside an old map
+    if out is not None:
+        try:
+            writers.write_class_map(out, result, num_classes=k, class_names=class_names,
+                                    georeference=scene.meta.georeference,
+                                    ground_truth=scene.labels if scene.meta.num_samples else None,
+                                    title=f"{scene.path.name}: predicted classes")
+        except BaseException:
+            if probs is not None:
+                probs.abort()
+            raise
     if probs is not None:
         probs.commit()
-    if out is not None:
-        writers.write_class_map(out, result, num_classes=k, class_names=class_names,
-                                georeference=scene.meta.georeference,
-                                ground_truth=scene.labels if scene.meta.num_samples else None,
-                                title=f"{scene.path.name}: predicted classes")
     return result

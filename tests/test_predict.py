@@ -1631,3 +1631,25 @@ def test_a_batch_jobs_log_gets_a_line_per_scene_of_a_collection(store, tmp_path,
     assert lines_with_failures(err) == [
         ("failed", "east"), ("north.zarr", pixels, pixels, "pixel", 0, False),
         ("south.zarr", pixels, pixels, "pixel", 0, False), (None, 3, 3, "scene", 1, False)], err
+
+
+def test_a_map_that_cannot_be_written_leaves_no_new_probabilities(store, tmp_path):
+    """The map's folder is replaced by a file while the scene is predicted: the map cannot be written, and the
+    probabilities (in another folder) are not committed either, so the old pair stays as it was, never new
+    probabilities beside an old map."""
+    maps, probs = tmp_path / "maps", tmp_path / "probs"
+    maps.mkdir()
+    probs.mkdir()
+    old = np.zeros((2, 2, 2), np.float16)
+    np.save(probs / "p.npy", old)
+
+    def folder_gone(done, total):
+        if done == total:
+            maps.rmdir()
+            maps.write_text("not a folder")
+
+    with pytest.raises((InputError, OSError)):
+        predict(store, CentreCoordinates(), patch_size=3, batch_size=200, device="cpu", normalize=None,
+                out=maps / "m.npy", probabilities=probs / "p.npy", progress=folder_gone)
+    assert np.array_equal(np.load(probs / "p.npy"), old)  # the previous probabilities, untouched
+    assert sorted(p.name for p in probs.iterdir()) == ["p.npy"]  # and no temporary file left
