@@ -93,10 +93,11 @@ def shown(value: object, limit: int = 60) -> str:
 def control_character(text: str) -> str | None:
     """The first control character (U+0000-U+001F, U+007F) in ``text`` as its escaped repr (``'\\n'``), or
     None: a name holding one would break an XML sidecar, an ENVI header's list or a one-line message."""
-    for ch in text:
-        if ch < " " or ch == "\x7f":
-            return repr(ch)
-    return None
+    return next((repr(ch) for ch in text if _is_control(ch)), None)
+
+
+def _is_control(ch: str) -> bool:
+    return ch < " " or ch == "\x7f"
 
 
 def shown_path(path: object, limit: int = 400) -> str:
@@ -106,7 +107,7 @@ def shown_path(path: object, limit: int = 400) -> str:
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
     if isinstance(text, bytes):
         text = text.decode(errors="backslashreplace")
-    text = "".join(repr(ch)[1:-1] if ch < " " or ch == "\x7f" else ch for ch in text)
+    text = "".join(repr(ch)[1:-1] if _is_control(ch) else ch for ch in text)
     if len(text) <= limit:
         return text
     name = text.rsplit("/", 1)[-1][-(limit // 2):]

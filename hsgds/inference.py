@@ -78,9 +78,9 @@ def _batch_in_budget(scene: Scene, batch_size: int, keep: np.ndarray | None, bud
     model runs in eval mode, each pixel on its own."""
     counts, nbytes = _tile_counts(scene, keep), scene.grid.tile_nbytes
     fits = max(4, budget // nbytes)  # tiles (4: the least ring_bytes_for gives)
-    if 2 * _span(counts, batch_size) <= fits:
-        return batch_size, max(4, 2 * _span(counts, batch_size)) * nbytes
     low, high = 1, batch_size  # the span grows with the batch: the largest batch with 2 * span <= fits
+    if 2 * _span(counts, batch_size) <= fits:
+        low = high
     while low < high:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if 2 * _span(counts, mid) <= fits else (low, mid - 1)
@@ -88,18 +88,16 @@ def _batch_in_budget(scene: Scene, batch_size: int, keep: np.ndarray | None, bud
 
 
 def _ring_budget(device: Any) -> int:
-    """The most ring bytes predict sizes itself for: a loader's cap with ring_bytes=None (a fraction of the free
-    GPU memory on a CUDA device given as such; else HSGDS_RING_CPU_BYTES, also for a device left to the loader)."""
-    from hsgds import defaults
+    """The most ring bytes predict sizes itself for: the loader's default cap (:func:`~hsgds.loader.ring_cap`) on a
+    CUDA device given as such, else on the CPU (also for a device left to the loader)."""
+    from hsgds.loader import ring_cap
 
     try:
         wanted = None if device is None or isinstance(device, str) and device == "auto" else torch.device(device)
     except (RuntimeError, TypeError, ValueError):  # the loader names a bad device
         wanted = None
-    if wanted is not None and wanted.type == "cuda" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(wanted)
-        return int(free * defaults.get("ring_gpu_fraction"))
-    return int(defaults.get("ring_cpu_bytes"))
+    cuda = wanted is not None and wanted.type == "cuda" and torch.cuda.is_available()
+    return ring_cap(wanted if cuda and wanted is not None else torch.device("cpu"))
 
 
 def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:

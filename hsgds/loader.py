@@ -207,6 +207,15 @@ def normalization_constants(scene: Scene, normalize: str | None) -> tuple[np.nda
     return offset[0], scale[0]
 
 
+def ring_cap(device: torch.device) -> int:
+    """The most bytes a ring sized by default (``ring_bytes=None``) takes on ``device``: a fraction of the GPU
+    memory free now on CUDA (HSGDS_RING_GPU_FRACTION), else HSGDS_RING_CPU_BYTES."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * defaults.get("ring_gpu_fraction"))
+    return int(defaults.get("ring_cpu_bytes"))
+
+
 def _same_setting(saved: Any, mine: Any) -> bool:
     """Whether a state's setting is this loader's (an array in a damaged state is not: == would not say)."""
     try:
@@ -553,12 +562,7 @@ class PatchLoader:
     def _slots(self, ring_bytes: int | None, needed: int) -> int:
         nbytes = self._tile_nbytes
         if ring_bytes is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                cap = int(free * defaults.get("ring_gpu_fraction"))
-            else:
-                cap = int(defaults.get("ring_cpu_bytes"))
-            return max(2, min(needed, cap // nbytes))
+            return max(2, min(needed, ring_cap(self.device) // nbytes))
         if ring_bytes < nbytes:
             raise ConfigError(f"ring_bytes={ring_bytes} is smaller than one tile ({nbytes} bytes); "
                               f"use at least {nbytes}, or {2 * nbytes} so that reading overlaps cutting")
