@@ -21,7 +21,7 @@ import numpy as np
 from hsgds._optional import pip_install
 from hsgds._version import __version__
 from hsgds._wording import counted, duration, listed
-from hsgds.errors import HsgdsError, InputError, StoreError, one_line
+from hsgds.errors import HsgdsError, InputError, StoreError, escaped, one_line
 
 EXIT_BAD_INPUT = 2
 EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor --require-gpu: no GPU)
@@ -63,8 +63,14 @@ def _torch_installed() -> bool:
         return False
 
 
+def _say(line: str) -> None:
+    """One line on stderr: control characters a message echoes (a path's newline, an escape sequence in a
+    file name) escaped, so that an error, warning or failure stays one line and never drives the terminal."""
+    click.echo(escaped(line), err=True)
+
+
 def _fail(message: str) -> NoReturn:
-    click.echo(f"hsgds: error: {message}", err=True)
+    _say(f"hsgds: error: {message}")
     sys.exit(EXIT_BAD_INPUT)
 
 
@@ -89,11 +95,16 @@ def _errors_in_cli_words(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except HsgdsError as exc:
-            params = click.get_current_context().command.params
-            options = {p.name: f"--{p.name.replace('_', '-')}" for p in params if isinstance(p, click.Option)
-                       and p.name and f"--{p.name.replace('_', '-')}" in p.opts}
-            _fail(_in_cli_words(str(exc), options))
+            _fail(_in_command_words(str(exc)))
     return run
+
+
+def _in_command_words(message: str) -> str:
+    """``message`` naming the running command's options as typed (:func:`_in_cli_words`)."""
+    params = click.get_current_context().command.params
+    options = {p.name: f"--{p.name.replace('_', '-')}" for p in params if isinstance(p, click.Option)
+               and p.name and f"--{p.name.replace('_', '-')}" in p.opts}
+    return _in_cli_words(message, options)
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -147,7 +158,7 @@ def _split_warnings(prefix: str = ""):
     finally:  # after the recording ends: a warning re-raised inside it would be recorded again, for ever
         for w in shown:
             if issubclass(w.category, ours):
-                click.echo(f"hsgds: warning: {prefix}{w.message}", err=True)
+                _say(f"hsgds: warning: {prefix}{w.message}")
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
@@ -367,10 +378,13 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         tiles += result.tiles
         failed += result.status == "failed"
         for said in result.warnings:  # recorded on the worker: shown here, as `hsgds convert` shows them
-            click.echo(f"{chr(10) if bar else ''}hsgds: warning: {result.name}: {said}", err=True)
+            if bar:
+                click.echo("", err=True)  # off the bar's line
+            _say(f"hsgds: warning: {result.name}: {said}")
         if result.status == "failed":
-            click.echo(f"\nhsgds: failed: {result.name}: {result.reason}" if bar else
-                       f"hsgds: failed: {result.name}: {result.reason}", err=True)
+            if bar:
+                click.echo("", err=True)
+            _say(f"hsgds: failed: {result.name}: {result.reason}")
         elif result.status == "converted" and result.reason not in (NEW, "--overwrite"):
             # a store replaced (e.g. a re-split undone by other split options) or deleted since: say why
             click.echo(f"{chr(10) if bar else ''}{result.name}: re-converted: {result.reason}")
@@ -521,7 +535,7 @@ def _resplit_collection(path: str, split: str, train: float, val: float, block_s
                     click.echo(f"{e.name}: {line}")
             except HsgdsError as exc:
                 failed.append(e.name)
-                click.echo(f"hsgds: failed: {e.name}: {exc}", err=True)
+                _say(f"hsgds: failed: {e.name}: {exc}")
     finally:
         # also when the loop is cut short (Ctrl-C, an unexpected error): the stores re-split so far keep their
         # new split, so collection.json must list it
@@ -758,9 +772,12 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     """``hsgds predict`` over a collection: every scene checked against the model and every output path
     before any work (exit 2); then a map per scene, a scene that fails named while the others are
     predicted (exit 1)."""
+    from hsgds.choice import choose
     from hsgds.collection import open_collection
+    from hsgds.errors import as_count
     from hsgds.inference import RunInputs, check_outputs
     from hsgds.models import load_model
+    from hsgds.probe import probe
 
     for option, value in (("-o", out), ("--probabilities", probabilities)):
         if value is not None and "{name}" not in value:
@@ -770,6 +787,10 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
                   f"with {{name}}, e.g. {example}")
     if probabilities is not None and Path(probabilities).resolve() == Path(out).resolve():
         _fail(f"--probabilities and -o would both write {out}; name another file")
+    # options wrong for every scene (exit 2 once, as for one store, not a failure per scene)
+    if batch_size is not None:
+        as_count(batch_size, "batch_size")
+    choose(probe(), device=device)
     coll = open_collection(path)
     loaded = load_model(model_path)
     _echo_recipe(model_path, loaded)
@@ -801,7 +822,7 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
                            probabilities.replace("{name}", e.name) if probabilities else None, device, tta)
         except (HsgdsError, OSError) as exc:  # (an output file system's error too: the other scenes go on)
             failed.append(e.name)
-            click.echo(f"hsgds: failed: {e.name}: {one_line(exc)}", err=True)
+            _say(f"hsgds: failed: {e.name}: {_in_command_words(one_line(exc))}")
         if log is not None:
             log.update(i + 1, len(coll), len(failed))
     if failed:

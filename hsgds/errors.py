@@ -22,6 +22,7 @@ __all__ = [
     "as_fraction",
     "as_path",
     "control_character",
+    "escaped",
     "one_line",
     "shown",
     "shown_path",
@@ -100,6 +101,12 @@ def _is_control(ch: str) -> bool:
     return ch < " " or ch == "\x7f"
 
 
+def escaped(text: str) -> str:
+    """``text`` with its control characters escaped as a repr escapes them (``\\n``): a message that echoes a
+    user's path or name stays one line on a terminal, and no escape sequence reaches it."""
+    return "".join(repr(ch)[1:-1] if _is_control(ch) else ch for ch in text)
+
+
 def shown_path(path: object, limit: int = 400) -> str:
     """A user-given path for an error message, on one line: control characters escaped as in a repr, and
     a path longer than ``limit`` clipped in the middle, its file name kept (the limit is well past real paths:
@@ -107,7 +114,7 @@ def shown_path(path: object, limit: int = 400) -> str:
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
     if isinstance(text, bytes):
         text = text.decode(errors="backslashreplace")
-    text = "".join(repr(ch)[1:-1] if _is_control(ch) else ch for ch in text)
+    text = escaped(text)
     if len(text) <= limit:
         return text
     name = text.rsplit("/", 1)[-1][-(limit // 2):]

@@ -130,3 +130,24 @@ def test_shown_path_puts_a_path_on_one_short_line_keeping_its_file_name():
     assert len(shown_path(name)) <= 400 and shown_path(name).endswith("nnn.tif")
     real = "/scratch/project_2001234/enmap/" + "ENMAP01-____L2A-DT0000001867_20220724T104526Z_008_V010302_" * 3 + ".TIF"
     assert shown_path(real) == real  # a real path, however deep, as it is
+
+
+def test_cli_errors_warnings_and_failures_are_one_line_whatever_the_paths_hold(run_cli, tmp_path):
+    """A message that echoes a file name holding a newline or an escape sequence (sites that print a path
+    as given) is still one line on stderr, the characters escaped as a repr escapes them: the CLI escapes
+    every error, warning and failure line it writes."""
+    odd = tmp_path / "scene\nred\x1b[31m.xyz"  # an unknown format: the reader names the file as given
+    odd.write_bytes(b"not a cube")
+    code, out, err = run_cli("convert", odd, "-o", tmp_path / "o.zarr")
+    assert code == 2 and err.count("\n") == 1 and "\x1b" not in err, err
+    assert err.startswith("hsgds: error: ") and "scene\\nred\\x1b[31m.xyz" in err, err
+    assert not (tmp_path / "o.zarr").exists()
+
+    pytest.importorskip("distributed")
+    odd = tmp_path / "scene\x1b[31m.xyz"  # (a CSV row holds no newline)
+    odd.write_bytes(b"not a cube")
+    (tmp_path / "scenes.csv").write_text(f"source,name\n{odd.name},odd\n")
+    code, out, err = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "coll", "--workers", "1")
+    failed = [line for line in err.splitlines() if line.startswith("hsgds: failed: ")]
+    assert code == 1 and "\x1b" not in err, err
+    assert len(failed) == 1 and failed[0].startswith("hsgds: failed: odd: ") and "scene\\x1b[31m" in failed[0], err

@@ -749,16 +749,29 @@ def test_an_output_naming_the_model_file_or_the_other_output_is_refused(store, t
 
 def test_predict_errors_name_the_command_line_options(store, tmp_path, run_cli):
     """A library error about a parameter that an option of `hsgds predict` sets is said with the option
-    (--batch-size, --device), not the Python parameter (batch_size, device=) the user never typed."""
+    (--batch-size, --device), not the Python parameter (batch_size, device=) the user never typed; over a
+    collection once, before any scene (it was a failure per scene, exit 1, in the parameter's words)."""
+    import shutil
+
+    from hsgds.collection import SceneEntry, write_collection
     from hsgds.models import SpectralSpatialCNN, save_checkpoint
+    from hsgds.scene import open_scene
 
     torch.manual_seed(0)
     ckpt = save_checkpoint(tmp_path / "m.ckpt", SpectralSpatialCNN(B, 4, 5, reduce=4, width=8), patch_size=5)
+    coll = tmp_path / "coll"
+    coll.mkdir()
+    for name in ("north", "south"):
+        shutil.copytree(store, coll / f"{name}.zarr")
+    write_collection(coll, [SceneEntry.of_scene(n, open_scene(coll / f"{n}.zarr")) for n in ("north", "south")])
     for args, message in ((("--batch-size", "0"), "--batch-size must be an integer >= 1, got 0"),
                           (("--device", "gpu9"), "--device 'gpu9' is not a device; use 'auto', 'cpu', 'cuda' or "
                                                  "'cuda:N'")):
         code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "map.npy", *args)
         assert code == 2 and err == f"hsgds: error: {message}\n", err
+        code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", tmp_path / "{name}.npy", *args)
+        assert code == 2 and err == f"hsgds: error: {message}\n", err
+    assert not list(tmp_path.glob("*.npy"))
     with pytest.raises(ConfigError, match="^batch_size must be an integer >= 1, got 0$"):  # the API's own words
         predict(store, ckpt, device="cpu", batch_size=0)
 
