@@ -748,9 +748,38 @@ def _echo_test_scores(scene, classmap: np.ndarray) -> None:
     if not scored.any():
         return
     k = max(scene.meta.num_classes, int(predicted.max()))
-    m = classification_metrics(label[scored] - 1, predicted[scored] - 1, k)
+    _, _, train_label = scene.samples("train")
+    m = classification_metrics(label[scored] - 1, predicted[scored] - 1, k,
+                               train_pixels=np.bincount(train_label.astype(np.int64) - 1, minlength=k))
     click.echo(f"test split: {counted(int(scored.sum()), 'pixel')} of the store's labels: OA {m.oa:.2%}, AA {m.aa:.2%}, "
                f"kappa {m.kappa:.4f}")
+    names = list(scene.class_names or ())
+    if m.untested:
+        click.echo(f"test split: AA averages {len(m.per_class) - len(m.untested)} of {counted(len(m.per_class), 'class', 'classes')}; "
+                   f"{_classes_named(m.untested, names)} {'has' if len(m.untested) == 1 else 'have'} no test pixels")
+    untrained = _scored_untrained(m)
+    if untrained:
+        click.echo(f"test split: {_aa_trained(m)}; {_classes_named(untrained, names)} "
+                   f"{'has' if len(untrained) == 1 else 'have'} no train pixels in the store's split: scored, never "
+                   "trained on")
+
+
+def _scored_untrained(m) -> tuple[int, ...]:
+    """The classes (indices) a Metrics scored without their having train pixels: guaranteed errors in AA."""
+    return tuple(i for i in m.untrained if m.test_pixels[i] > 0)
+
+
+def _aa_trained(m) -> str:
+    """"AA over the 14 trained classes 91.20%": AA without the classes that had no train pixels."""
+    n = len(m.trained_scored)
+    value = "n/a" if n == 0 else f"{m.aa_trained:.2%}"
+    return f"AA over the {counted(n, 'trained class', 'trained classes')} {value}"
+
+
+def _classes_named(indices: Sequence[int], names: Sequence[str]) -> str:
+    """"classes 1 (Alfalfa), 9 (Oats)": class indices as the label map numbers them, with their names."""
+    shown = [f"{i + 1} ({names[i]})" if i < len(names) else str(i + 1) for i in indices]
+    return f"{'class' if len(shown) == 1 else 'classes'} {listed(shown, limit=8)}"
 
 
 def _predict_collection(path: str, model_path: str, out: str, patch_size: int | None, batch_size: int | None,
@@ -916,8 +945,17 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
                 f"{'has' if untested == 1 else 'have'} no test pixels)") if untested else ""
     click.echo(f"\ntest split ({r['test_pixels']} pixels):  OA {100 * m.oa:.2f}%   AA {100 * m.aa:.2f}%{averaged}   "
                f"kappa {m.kappa:.4f}")
-    click.echo("per class:  " + ", ".join(f"{n} {100 * v:.0f}%" if v == v else f"{n} (no test pixels)"
-                                          for n, v in zip(names, m.per_class)))
+    untrained = _scored_untrained(m)
+    if untrained:  # guaranteed errors: AA without them is what the model learned
+        click.echo(f"            {_aa_trained(m)}; {_classes_named(untrained, names)} "
+                   f"{'has' if len(untrained) == 1 else 'have'} no train pixels: scored, never trained on")
+
+    def scored(i: int, name: str, recall: float) -> str:
+        if recall != recall:  # NaN recall: the class has no test pixel
+            return f"{name} (no train or test pixels)" if i in m.untrained else f"{name} (no test pixels)"
+        return f"{name} {100 * recall:.0f}%" + (" (no train pixels)" if i in m.untrained else "")
+
+    click.echo("per class:  " + ", ".join(scored(i, n, v) for i, (n, v) in enumerate(zip(names, m.per_class))))
     click.echo(f"training:   {t.steps} steps in {t.elapsed_s:.1f} s ({t.steps_per_s:.1f} steps/s, "
                f"{t.samples / max(t.elapsed_s, 1e-9):.0f} patches/s), {100 * t.stall_fraction:.1f}% of it waiting "
                f"for data; evaluation {r['eval_s']:.1f} s; whole-scene prediction {r['predict_s']:.1f} s")
