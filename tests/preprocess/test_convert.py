@@ -396,6 +396,22 @@ def test_mask_split(npy_scene, tmp_path, run_cli):
          "--train-mask", tmp_path / "train.npy", match="--test-mask")
 
 
+@pytest.mark.parametrize("values, match", [
+    (np.array([-1, 1]), "train mask train.npy holds negative values (min -1); a mask holds 0 outside the split and 1 "
+                        "(any positive whole number) in it"),
+    (np.array([0.0, np.nan]), "train mask train.npy holds NaN or infinity (replace them with 0); a mask holds 0"),
+    (np.array([0.0, 0.5]), "train mask train.npy holds non-integer values (e.g. 0.5); a mask holds 0"),
+])
+def test_a_bad_mask_is_named_as_a_mask(npy_scene, tmp_path, run_cli, values, match):
+    """A mask's bad values were reported as "labels in train.npy ... class ids must be >= 0 (0 = unlabeled)":
+    the error now names the mask and says what a mask holds."""
+    cp, lp, _, labels = npy_scene(b=3)
+    np.save(tmp_path / "train.npy", values[(labels > 0).astype(int)])  # the second value on the labelled pixels
+    np.save(tmp_path / "test.npy", (labels > 0).astype(np.uint8))
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "masks",
+         "--train-mask", tmp_path / "train.npy", "--test-mask", tmp_path / "test.npy", match=match)
+
+
 def test_cli_usage_error_exit_2(run_cli):
     code, _, err = run_cli("convert")
     assert code == 2 and "Missing argument" in err
