@@ -284,6 +284,17 @@ def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split
 _LABEL_OPTIONS = ("split", "train", "val", "block_size", "train_mask", "val_mask", "test_mask", "seed", "class_names")
 
 
+def _check_split_options(split: str, given: list[str]) -> None:
+    """Exit 2 on a split option the split method would ignore (``--train`` with ``--split masks``, ``--block-size``
+    without ``--split blocks``): the user meant a split other than the one that would be made."""
+    from hsgds.preprocess.splits import check_split_options
+
+    try:
+        check_split_options(split, given)
+    except HsgdsError as exc:
+        _fail(str(exc))
+
+
 def _given_label_options() -> list[str]:
     """The label options the user gave on the command line (not their defaults), as options (--train)."""
     ctx = click.get_current_context()
@@ -305,8 +316,10 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
     from hsgds.preprocess.convert import convert as run_convert
 
     opts = _convert_options(**options, labels=labels, overwrite=overwrite, workers=workers)
-    opts.check()  # a bad value is named as such, with or without --labels
     given = _given_label_options()
+    if labels is not None:  # every option the split ignores named at once (opts.check can tell of some only)
+        _check_split_options(opts.split, given)
+    opts.check()  # a bad value is named as such, with or without --labels
     if labels is None and given:  # they would be ignored: an unlabelled store has no split and no classes
         _fail(f"{given[0]} needs --labels (splits and class names are about labelled pixels); pass the ground "
               f"truth with --labels, or drop {' '.join(given)}")
@@ -355,6 +368,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if not any(row.labels is not None for row in read_manifest(manifest)):
             _fail(f"{given[0]} needs labelled scenes, and {manifest} lists none (no labels column values); add "
                   f"the ground truth in its labels column, or drop {' '.join(given)}")
+    _check_split_options(opts.split, given)
     logging.getLogger("distributed").setLevel(logging.ERROR)  # worker restarts are reported per scene below
     bar: Any = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
                             item_show_func=lambda tiles: None if tiles is None else f"{tiles} tiles"
@@ -455,6 +469,7 @@ def resplit(store, split, train, val, block_size, seed) -> None:
     from hsgds.collection import is_collection_path
     from hsgds.preprocess.resplit import resplit as run_resplit
 
+    _check_split_options(split, _given_label_options())  # (resplit makes random and block splits only)
     if is_collection_path(store):
         _resplit_collection(store, split, train, val, block_size, seed)
         return
