@@ -295,6 +295,17 @@ def _convert_options(key, labels_key, band_axis, max_patch, tile, padding, split
 _LABEL_OPTIONS = ("split", "train", "val", "block_size", "train_mask", "val_mask", "test_mask", "seed", "class_names")
 
 
+def _check_split_options(split: str, given: list[str]) -> None:
+    """Exit 2 on a split option the split method would ignore (``--train`` with ``--split masks``, ``--block-size``
+    without ``--split blocks``): the user meant a split other than the one that would be made."""
+    from hsgds.preprocess.splits import check_split_options
+
+    try:
+        check_split_options(split, given)
+    except HsgdsError as exc:
+        _fail(str(exc))
+
+
 def _given_label_options() -> list[str]:
     """The label options the user gave on the command line (not their defaults), as options (--train)."""
     ctx = click.get_current_context()
@@ -316,8 +327,10 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
     from hsgds.preprocess.convert import convert as run_convert
 
     opts = _convert_options(**options, labels=labels, overwrite=overwrite, workers=workers)
-    opts.check()  # a bad value is named as such, with or without --labels
     given = _given_label_options()
+    if labels is not None:  # every option the split ignores named at once (opts.check can tell of some only)
+        _check_split_options(opts.split, given)
+    opts.check()  # a bad value is named as such, with or without --labels
     if labels is None and given:  # they would be ignored: an unlabelled store has no split and no classes
         _fail(f"{given[0]} needs --labels (splits and class names are about labelled pixels); pass the ground "
               f"truth with --labels, or drop {' '.join(given)}")
@@ -366,6 +379,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if not any(row.labels is not None for row in read_manifest(manifest)):
             _fail(f"{given[0]} needs labelled scenes, and {manifest} lists none (no labels column values); add "
                   f"the ground truth in its labels column, or drop {' '.join(given)}")
+    _check_split_options(opts.split, given)
     logging.getLogger("distributed").setLevel(logging.ERROR)  # worker restarts are reported per scene below
     bar: Any = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
                             item_show_func=lambda tiles: None if tiles is None else f"{tiles} tiles"
@@ -469,6 +483,7 @@ def resplit(store, split, train, val, block_size, seed) -> None:
     from hsgds.collection import is_collection_path
     from hsgds.preprocess.resplit import resplit as run_resplit
 
+    _check_split_options(split, _given_label_options())  # (resplit makes random and block splits only)
     if is_collection_path(store):
         _resplit_collection(store, split, train, val, block_size, seed)
         return
@@ -762,9 +777,38 @@ def _echo_test_scores(scene, classmap: np.ndarray) -> None:
     if not scored.any():
         return
     k = max(scene.meta.num_classes, int(predicted.max()))
-    m = classification_metrics(label[scored] - 1, predicted[scored] - 1, k)
+    _, _, train_label = scene.samples("train")
+    m = classification_metrics(label[scored] - 1, predicted[scored] - 1, k,
+                               train_pixels=np.bincount(train_label.astype(np.int64) - 1, minlength=k))
     click.echo(f"test split: {counted(int(scored.sum()), 'pixel')} of the store's labels: OA {m.oa:.2%}, AA {m.aa:.2%}, "
                f"kappa {m.kappa:.4f}")
+    names = list(scene.class_names or ())
+    if m.untested:
+        click.echo(f"test split: AA averages {len(m.per_class) - len(m.untested)} of {counted(len(m.per_class), 'class', 'classes')}; "
+                   f"{_classes_named(m.untested, names)} {'has' if len(m.untested) == 1 else 'have'} no test pixels")
+    untrained = _scored_untrained(m)
+    if untrained:
+        click.echo(f"test split: {_aa_trained(m)}; {_classes_named(untrained, names)} "
+                   f"{'has' if len(untrained) == 1 else 'have'} no train pixels in the store's split: scored, never "
+                   "trained on")
+
+
+def _scored_untrained(m) -> tuple[int, ...]:
+    """The classes (indices) a Metrics scored without their having train pixels: guaranteed errors in AA."""
+    return tuple(i for i in m.untrained if m.test_pixels[i] > 0)
+
+
+def _aa_trained(m) -> str:
+    """"AA over the 14 trained classes 91.20%": AA without the classes that had no train pixels."""
+    n = len(m.trained_scored)
+    value = "n/a" if n == 0 else f"{m.aa_trained:.2%}"
+    return f"AA over the {counted(n, 'trained class', 'trained classes')} {value}"
+
+
+def _classes_named(indices: Sequence[int], names: Sequence[str]) -> str:
+    """"classes 1 (Alfalfa), 9 (Oats)": class indices as the label map numbers them, with their names."""
+    shown = [f"{i + 1} ({names[i]})" if i < len(names) else str(i + 1) for i in indices]
+    return f"{'class' if len(shown) == 1 else 'classes'} {listed(shown, limit=8)}"
 
 
 def _predict_collection(path: str, model_path: str, out: str, patch_size: int | None, batch_size: int | None,
@@ -937,8 +981,17 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
                 f"{'has' if untested == 1 else 'have'} no test pixels)") if untested else ""
     click.echo(f"\ntest split ({r['test_pixels']} pixels):  OA {100 * m.oa:.2f}%   AA {100 * m.aa:.2f}%{averaged}   "
                f"kappa {m.kappa:.4f}")
-    click.echo("per class:  " + ", ".join(f"{n} {100 * v:.0f}%" if v == v else f"{n} (no test pixels)"
-                                          for n, v in zip(names, m.per_class)))
+    untrained = _scored_untrained(m)
+    if untrained:  # guaranteed errors: AA without them is what the model learned
+        click.echo(f"            {_aa_trained(m)}; {_classes_named(untrained, names)} "
+                   f"{'has' if len(untrained) == 1 else 'have'} no train pixels: scored, never trained on")
+
+    def scored(i: int, name: str, recall: float) -> str:
+        if recall != recall:  # NaN recall: the class has no test pixel
+            return f"{name} (no train or test pixels)" if i in m.untrained else f"{name} (no test pixels)"
+        return f"{name} {100 * recall:.0f}%" + (" (no train pixels)" if i in m.untrained else "")
+
+    click.echo("per class:  " + ", ".join(scored(i, n, v) for i, (n, v) in enumerate(zip(names, m.per_class))))
     click.echo(f"training:   {t.steps} steps in {t.elapsed_s:.1f} s ({t.steps_per_s:.1f} steps/s, "
                f"{t.samples / max(t.elapsed_s, 1e-9):.0f} patches/s), {100 * t.stall_fraction:.1f}% of it waiting "
                f"for data; evaluation {r['eval_s']:.1f} s; whole-scene prediction {r['predict_s']:.1f} s")

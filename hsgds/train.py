@@ -2,7 +2,10 @@
 
 Metrics follow the hyperspectral literature: overall accuracy (OA, the fraction of test pixels right),
 average accuracy (AA, the mean of the per-class recalls over the classes present in the test split) and
-Cohen's kappa (agreement corrected for chance, from the confusion matrix).
+Cohen's kappa (agreement corrected for chance, from the confusion matrix). Given the train pixels per class,
+AA is also averaged over the classes that had train pixels (``aa_trained``): a class a split left without
+train pixels (a block split's unsplittable class, docs/splits.md) is scored but never trained on, a
+guaranteed error that drags AA down whatever the model.
 
 The timed loops separate the time the training loop waits for its next batch (``data_wait_s``) from the
 rest of the step, so that a slow input pipeline shows up as a stall fraction rather than hiding in the
@@ -57,25 +60,70 @@ def confusion_matrix(y_true: Any, y_pred: Any, num_classes: int) -> np.ndarray:
 @dataclass(frozen=True)
 class Metrics:
     """Overall accuracy, average (per-class) accuracy, Cohen's kappa, per-class recall (NaN for a class
-    absent from the test split) and the confusion matrix."""
+    absent from the test split) and the confusion matrix; with the train pixels per class (``train_pixels``),
+    also AA over the classes that had train pixels (``aa_trained``)."""
 
     oa: float
     aa: float
     kappa: float
     per_class: tuple[float, ...]
     confusion: np.ndarray = field(repr=False, compare=False)
+    train_pixels: tuple[int, ...] | None = None
+
+    @property
+    def test_pixels(self) -> tuple[int, ...]:
+        """Test pixels of each class (the confusion matrix's row sums)."""
+        return tuple(int(v) for v in self.confusion.sum(axis=1))
+
+    @property
+    def untested(self) -> tuple[int, ...]:
+        """The classes (indices) without test pixels: not in AA."""
+        return tuple(i for i, n in enumerate(self.test_pixels) if n == 0)
+
+    @property
+    def untrained(self) -> tuple[int, ...]:
+        """The classes (indices) without train pixels (none when the train pixels are not known)."""
+        return () if self.train_pixels is None else tuple(i for i, n in enumerate(self.train_pixels) if n == 0)
+
+    @property
+    def trained_scored(self) -> tuple[int, ...]:
+        """The classes (indices) with test pixels and train pixels: those ``aa_trained`` averages."""
+        return tuple(i for i, n in enumerate(self.test_pixels) if n > 0 and i not in self.untrained)
+
+    @property
+    def aa_trained(self) -> float | None:
+        """AA over the classes that had train pixels (NaN when none of the scored classes had any; None when
+        the train pixels are not known): what the model learned, without the classes it never saw."""
+        if self.train_pixels is None:
+            return None
+        scored = self.trained_scored
+        return float(np.mean([self.per_class[i] for i in scored])) if scored else float("nan")
 
     def as_dict(self) -> dict[str, Any]:
+        aa_trained = self.aa_trained
         return {"oa": self.oa, "aa": self.aa, "kappa": self.kappa,
-                "per_class": [None if np.isnan(v) else v for v in self.per_class]}
+                "per_class": [None if np.isnan(v) else v for v in self.per_class],
+                "aa_classes": len(self.per_class) - len(self.untested),
+                "aa_trained": None if aa_trained is None or np.isnan(aa_trained) else aa_trained,
+                "aa_trained_classes": None if self.train_pixels is None else len(self.trained_scored),
+                "test_pixels_per_class": list(self.test_pixels),
+                "train_pixels_per_class": None if self.train_pixels is None else list(self.train_pixels)}
 
 
-def classification_metrics(y_true: Any, y_pred: Any, num_classes: int) -> Metrics:
-    """OA, AA and kappa of predictions ``y_pred`` against labels ``y_true`` (class indices 0..K-1)."""
+def classification_metrics(y_true: Any, y_pred: Any, num_classes: int, train_pixels: Any = None) -> Metrics:
+    """OA, AA and kappa of predictions ``y_pred`` against labels ``y_true`` (class indices 0..K-1).
+    ``train_pixels``: the train pixels of each class (e.g. ``PatchLoader.class_counts()`` of the training
+    loader), for AA over the classes that had any (:attr:`Metrics.aa_trained`)."""
     cm = confusion_matrix(y_true, y_pred, num_classes).astype(np.float64)
     n = cm.sum()
     if n == 0:
         raise ValueError("no samples to score")
+    trained = None
+    if train_pixels is not None:
+        counts = np.asarray(train_pixels, dtype=np.int64).reshape(-1)
+        if counts.size > num_classes or (counts < 0).any():
+            raise ValueError(f"train_pixels must be at most {num_classes} counts, each >= 0; got {counts.tolist()}")
+        trained = tuple(int(v) for v in np.pad(counts, (0, num_classes - counts.size)))  # (classes past it: none)
     oa = float(np.trace(cm) / n)
     support = cm.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -83,7 +131,8 @@ def classification_metrics(y_true: Any, y_pred: Any, num_classes: int) -> Metric
     aa = float(np.nanmean(recall))
     pe = float((cm.sum(axis=0) * support).sum() / (n * n))  # agreement expected by chance
     kappa = 1.0 if pe == 1.0 else float((oa - pe) / (1.0 - pe))
-    return Metrics(oa=oa, aa=aa, kappa=kappa, per_class=tuple(float(v) for v in recall), confusion=cm.astype(np.int64))
+    return Metrics(oa=oa, aa=aa, kappa=kappa, per_class=tuple(float(v) for v in recall), confusion=cm.astype(np.int64),
+                   train_pixels=trained)
 
 
 # ------------------------------------------------------------------------------------------- loops
@@ -311,7 +360,8 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
         log(f"training SpectralSpatialCNN ({sum(p.numel() for p in model.parameters())} parameters) on {dev}: "
             f"{len(train.samples)} train pixels, {epochs} epochs of {len(train)} batches of {batch_size}, "
             f"{patch_size}x{patch_size} patches; {train.stats.reader} reader, {train.stats.engine} engine")
-        weight = class_weights(train.class_counts(), class_balance) if class_balance else None
+        train_counts = train.class_counts()
+        weight = class_weights(train_counts, class_balance) if class_balance else None
         times = train_epochs(model, train, optimizer, epochs=epochs, device=dev, step_scheduler=per_step, log=log,
                              log_every=max(1, epochs // 8), class_weight=weight)
         train_stats = train.stats.as_dict()
@@ -324,7 +374,8 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
         y_true, y_pred = evaluate(model, test, device=dev)
         eval_s = time.perf_counter() - t0
         test_stats = test.stats.as_dict()
-    metrics = classification_metrics(y_true, y_pred, classes)
+    # the pixels the model was trained on, per class: AA is also given over the classes that had any
+    metrics = classification_metrics(y_true, y_pred, classes, train_pixels=train_counts)
     result = {"metrics": metrics, "train": times, "eval_s": eval_s, "test_pixels": int(len(y_true)),
               "train_loader": train_stats, "test_loader": test_stats, "device": str(dev),
               "class_names": scene.class_names, "model": "SpectralSpatialCNN",

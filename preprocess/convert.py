@@ -170,6 +170,11 @@ class ConvertOptions:
             raise ConfigError(f"--nan-fill must be a finite number, got {shown(self.nan_fill)}")
         # refused whether or not a split is made: a value that means nothing is a mistake either way
         splitting.check_amounts(self.train, self.val)
+        if self.labels is not None:  # (without labels there is no split: the commands say so)
+            # (the commands also refuse --train and --seed with masks: only they know whether those were given)
+            splitting.check_split_options(self.split, [flag for flag, given in (
+                ("--block-size", self.block_size is not None), ("--val", self.split == "masks" and self.val != 0))
+                if given])
         given = None if self.wavelengths is None else fmt.centred(self.wavelengths)
         if self.wavelengths and not given:
             raise ConfigError(f"{self.wavelengths_from} gives no band a centre ({nm_text(self.wavelengths, 8)}); "

@@ -192,6 +192,7 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
         raise InputError(f"--seed must be a non-negative integer, got {seed!r}")
     if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
         raise InputError(f"--block-size must be a positive number of pixels, got {block_size}")
+    splitting.check_split_options(split, ["--block-size"] if block_size is not None else [])
     path = Path(store)
     if not path.is_dir():
         raise StoreError(f"{path} is not a store directory; create one with `hsgds convert`")

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from scipy.ndimage import maximum_filter
 
-from hsgds.errors import InputError, shown
+from hsgds.errors import ConfigError, InputError, shown
 from hsgds.format import SPLIT_CODES, SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL, split_class_counts
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "candidate_block_sizes",
     "check_amounts",
     "check_has_train",
+    "check_split_options",
     "default_block_size",
     "make_split",
     "mask_split",
@@ -137,6 +138,24 @@ def check_amounts(train: Any, val: Any, names: tuple[str, str] = ("--train", "--
     _check_amount(names[0], train, allow_zero=False, allow_count=True)
     _check_amount(names[1], val, allow_zero=True, allow_count=True)
     _check_fraction_sum(train, val)
+
+
+#: the options a split method does not read: given with it, they would be ignored without a word
+_UNUSED_OPTIONS = {"random": ("--block-size",), "masks": ("--train", "--val", "--block-size", "--seed")}
+
+
+def check_split_options(method: str, given: Any) -> None:
+    """Refuse options (``given``: the ones the user set, as flags) that split ``method`` would ignore:
+    ``--block-size`` without ``--split blocks`` (a random split, with every test patch overlapping train
+    patches, where blocks were meant), or ``--train``/``--val``/``--seed`` with ``--split masks``."""
+    unused = [flag for flag in _UNUSED_OPTIONS.get(method, ()) if flag in given]
+    if not unused:
+        return
+    if method == "masks":
+        raise ConfigError(f"{' '.join(unused)} {'means' if len(unused) == 1 else 'mean'} nothing with --split masks: "
+                         f"the masks decide the split (a val split: --val-mask); drop {' '.join(unused)}")
+    raise ConfigError(f"--block-size means nothing with --split {method} (only --split blocks cuts the scene into "
+                     "blocks); pass --split blocks, or drop --block-size")
 
 
 def check_has_train(codes: np.ndarray, method: str, block_size: int | None = None) -> None:

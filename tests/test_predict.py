@@ -972,6 +972,49 @@ def test_cli_predict_scores_the_map_on_the_stores_test_split(store, tmp_path, ru
     assert code == 0 and "wrote" in out and "test split" not in out, out + err
 
 
+def test_cli_predict_gives_aa_over_the_trained_classes_of_a_mask_split(tmp_path, run_cli):
+    """A mask split leaving class 3 without train pixels (test only) and class 4 without test pixels: the
+    command's AA is numpy's over the 4 classes with test pixels, as before, and a second number is numpy's
+    over the 3 of them that had train pixels, naming the class scored but never trained on and the class
+    without test pixels. (Before, AA was the only number, with the untrained class's guaranteed error in it.)"""
+    import re
+
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+    from hsgds.scene import open_scene
+
+    rng = np.random.default_rng(11)
+    cube = rng.integers(0, 1000, (H, W, B)).astype(np.int16)
+    labels = rng.integers(0, 6, (H, W)).astype(np.uint8)  # classes 1..5, 0 unlabelled
+    draw = rng.random((H, W))
+    train = (labels > 0) & (draw < 0.3) & (labels != 3)
+    test = (labels > 0) & ~train & (labels != 4)
+    for name, a in (("cube", cube), ("gt", labels), ("train", train.astype(np.uint8)), ("test", test.astype(np.uint8))):
+        np.save(tmp_path / f"{name}.npy", a)
+    names = ["a", "b", "c", "d", "e"]
+    with pytest.warns(UserWarning, match="mask split: classes 3 .* 4 .* missing from some split"):
+        store = convert(tmp_path / "cube.npy", tmp_path / "m.zarr",
+                        ConvertOptions(labels=tmp_path / "gt.npy", tile=18, max_patch=15, split="masks",
+                                       train_mask=tmp_path / "train.npy", test_mask=tmp_path / "test.npy",
+                                       class_names=names))
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", SpectralSpatialCNN(B, 5, 5, reduce=4, width=8), patch_size=5,
+                           class_names=names)
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "map.npy")
+    assert code == 0, err
+    pred = np.load(tmp_path / "map.npy")[test]
+    truth = labels[test]
+    assert open_scene(store).samples("test")[2].size == test.sum()  # the store holds the masks' split
+    recall = {c: np.mean(pred[truth == c] == c) for c in (1, 2, 3, 5)}
+    line = re.search(r"^test split: (\d+) pixels of the store's labels: OA ([\d.]+)%, AA ([\d.]+)%, kappa", out, re.M)
+    assert line and int(line[1]) == test.sum(), out
+    assert float(line[3]) == round(100 * np.mean(list(recall.values())), 2)
+    assert "test split: AA averages 4 of 5 classes; class 4 (d) has no test pixels" in out, out
+    trained = re.search(r"^test split: AA over the 3 trained classes ([\d.]+)%; class 3 \(c\) has no train pixels in "
+                        r"the store's split: scored, never trained on$", out, re.M)
+    assert trained, out
+    assert float(trained[1]) == round(100 * np.mean([recall[c] for c in (1, 2, 5)]), 2)
+
+
 def test_a_model_file_runs_in_the_dtype_asked_for(store, tmp_path):
     """dtype= with a model file: the patches were cut in that dtype but the module loaded from the file stayed
     float32, so every dtype but float32 failed on the first batch ("Input type (double) and bias type (float)

@@ -42,6 +42,36 @@ def test_metrics_perfect_chance_and_absent_classes():
     assert m.as_dict()["per_class"] == [1.0, 0.0]
 
 
+def test_aa_over_the_trained_classes_against_numpy():
+    """A class a split left without train pixels is scored but never trained on: AA is also given over the
+    classes that had train pixels, against numpy's recalls over those classes; classes without test pixels
+    are in neither average; the report's per-class counts are numpy's."""
+    rng = np.random.default_rng(7)
+    k = 6
+    t = rng.choice([0, 1, 2, 3, 5], 400)  # class 4 has no test pixel
+    p = np.where(rng.random(400) < 0.7, t, rng.integers(0, k, 400))
+    train = np.array([30, 0, 12, 0, 9, 4])  # classes 1 and 3: test only; class 4: train only
+    m = classification_metrics(t, p, k, train_pixels=train)
+    recall = {c: np.mean(p[t == c] == c) for c in np.unique(t)}
+    assert m.aa == pytest.approx(np.mean(list(recall.values())))  # as before: every class with test pixels
+    assert m.aa_trained == pytest.approx(np.mean([recall[c] for c in (0, 2, 5)]))
+    assert m.untrained == (1, 3) and m.untested == (4,) and m.trained_scored == (0, 2, 5)
+    d = m.as_dict()
+    assert (d["aa_classes"], d["aa_trained_classes"]) == (5, 3)
+    assert d["aa_trained"] == pytest.approx(m.aa_trained) and d["aa"] == m.aa
+    assert d["test_pixels_per_class"] == np.bincount(t, minlength=k).tolist()
+    assert d["train_pixels_per_class"] == train.tolist()
+    # without the train pixels the new fields say so; with every class trained, the two averages agree
+    plain = classification_metrics(t, p, k).as_dict()
+    assert plain["aa_trained"] is None and plain["train_pixels_per_class"] is None and plain["aa"] == m.aa
+    assert classification_metrics(t, p, k, train_pixels=np.ones(k)).aa_trained == pytest.approx(m.aa)
+    # no scored class was trained: no number, rather than NaN in report.json
+    none = classification_metrics(t, p, k, train_pixels=[0, 0, 0, 0, 5, 0])
+    assert np.isnan(none.aa_trained) and none.as_dict()["aa_trained"] is None
+    with pytest.raises(ValueError, match="train_pixels must be at most 6 counts, each >= 0"):
+        classification_metrics(t, p, k, train_pixels=[1, -1, 0, 0, 0, 0])
+
+
 def test_metrics_against_an_independent_loop():
     rng = np.random.default_rng(3)
     t = rng.integers(0, 7, 500)
@@ -274,6 +304,57 @@ def test_demo_names_classes_without_test_pixels_and_records_the_split(tmp_path, 
     # the block split keeps 15x15 footprints apart, so none of the 3x3 test patches overlaps a train patch
     assert split["leakage"] == {"patch_size": 3, "test_pixels": report["test_pixels"],
                                 "test_pixels_overlapping_train": 0}
+
+
+def test_demo_reports_aa_over_the_trained_classes_of_a_mask_split(tmp_path, hsgds_env, indian_pines_arrays, run_cli):
+    """Indian Pines split by masks that give Alfalfa (1) and Oats (9) no train pixel and Grass-pasture-mowed (7)
+    no test pixel: the printout marks them per class and gives AA over the 13 trained classes beside AA over
+    the 15 tested ones; report.json keeps its keys and adds the per-class train and test counts (numpy's, from
+    the masks) and aa_trained, numpy's mean over the trained classes of the recalls that the checkpoint's map
+    (`hsgds predict`) gives on the test pixels."""
+    import json
+
+    from hsgds.datasets import INDIAN_PINES_CLASSES
+    from hsgds.preprocess.convert import ConvertOptions, convert
+
+    cube, labels = indian_pines_arrays
+    draw = np.random.default_rng(0).random(labels.shape)
+    train = (labels > 0) & (draw < 0.1) & ~np.isin(labels, [1, 9])
+    test = (labels > 0) & ~train & (labels != 7)
+    for name, a in (("cube", cube), ("gt", labels), ("train", train), ("test", test)):
+        np.save(tmp_path / f"{name}.npy", a)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with pytest.warns(UserWarning, match="mask split"):
+        convert(tmp_path / "cube.npy", cache / "indian_pines.zarr",
+                ConvertOptions(labels=tmp_path / "gt.npy", class_names=INDIAN_PINES_CLASSES, split="masks",
+                               train_mask=tmp_path / "train.npy", test_mask=tmp_path / "test.npy"))
+    hsgds_env("HSGDS_CACHE_DIR", str(cache))
+    code, out, err = run_cli("demo", "--epochs", "1", "--patch-size", "3", "--batch-size", "256", "--device", "cpu",
+                             "-o", tmp_path / "out")
+    assert code == 0, err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    metrics = report["metrics"]
+    assert {"oa", "aa", "kappa", "per_class"} <= set(metrics)  # the keys before, kept
+    assert metrics["train_pixels_per_class"] == np.bincount(labels[train], minlength=17)[1:].tolist()
+    assert metrics["test_pixels_per_class"] == np.bincount(labels[test], minlength=17)[1:].tolist()
+    assert (metrics["aa_classes"], metrics["aa_trained_classes"]) == (15, 13)
+    # the recalls against the checkpoint's map, by numpy
+    code, _, err = run_cli("predict", cache / "indian_pines.zarr", "--model", tmp_path / "out" / "model.ckpt", "-o",
+                           tmp_path / "map.npy")
+    assert code == 0, err
+    pred, truth = np.load(tmp_path / "map.npy")[test], labels[test]
+    recall = {c: np.mean(pred[truth == c] == c) for c in range(1, 17) if c != 7}
+    assert metrics["per_class"] == pytest.approx([recall.get(c) for c in range(1, 17)], abs=1e-12)
+    assert metrics["aa"] == pytest.approx(np.mean(list(recall.values())))
+    assert metrics["aa_trained"] == pytest.approx(np.mean([v for c, v in recall.items() if c not in (1, 9)]))
+    assert f"AA {100 * metrics['aa']:.2f}% (15 of 16 classes; 1 has no test pixels)" in out, out
+    assert (f"AA over the 13 trained classes {metrics['aa_trained']:.2%}; classes 1 (Alfalfa), 9 (Oats) have no train "
+            "pixels: scored, never trained on") in out, out
+    per_class = next(line for line in out.splitlines() if line.startswith("per class:"))
+    assert re.search(r"Alfalfa \d+% \(no train pixels\)", per_class) and re.search(r"Oats \d+% \(no train pixels\)",
+                                                                                    per_class), per_class
+    assert "Grass-pasture-mowed (no test pixels)" in per_class and per_class.count("no train") == 2
 
 
 def test_demo_with_an_unusable_cache_folder_is_one_line(tmp_path, hsgds_env, run_cli):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import h5py
 import numpy as np
@@ -213,7 +214,7 @@ def read_labels(path: str | os.PathLike[str], key: str | None = None, key_option
         raw = read_mat73_labels(path, key, key_option)
     else:
         raw = read_mat_labels(path, key, key_option)
-    return _as_labels(np.asarray(raw), path)
+    return _as_labels(np.asarray(raw), path, what)
 
 
 def label_files(path: str | os.PathLike[str], what: str = "label map") -> list[Path]:
@@ -273,30 +274,41 @@ def label_class_names(path: str | os.PathLike[str], largest: int) -> tuple[str, 
     return tuple(names[1:])
 
 
-def _as_labels(raw: np.ndarray, path: Path) -> np.ndarray:
-    """Validate class ids and return them as a C-contiguous int64 (H, W) array."""
-    where = f"labels in {path.name}"
+def _as_labels(raw: np.ndarray, path: Path, what: str = "label map") -> np.ndarray:
+    """Validate class ids (a mask's values, when ``what`` names a mask) and return them as a C-contiguous
+    int64 (H, W) array."""
+    mask = "mask" in what  # a train/val/test mask: its messages say what a mask holds, not what class ids are
+    where = f"{what} {path.name}" if mask else f"labels in {path.name}"
+
+    def refuse(as_labels: str, as_mask: str) -> NoReturn:
+        raise InputError(f"{where} {as_mask}; a mask holds 0 outside the split and 1 (any positive whole number) "
+                         "in it" if mask else f"{where} {as_labels}")
+
     if raw.ndim != 2:
-        raise InputError(f"{where} have shape {raw.shape}; a label map needs 2 dimensions (H, W)")
+        refuse(f"have shape {raw.shape}; a label map needs 2 dimensions (H, W)", f"has shape {raw.shape}, not (H, W)")
     if raw.size == 0:
-        raise InputError(f"{where} are empty (shape {raw.shape}); pass a non-empty label map")
-    check_fits_in_memory(raw.size * 8, f"{where} as int64", "pass a smaller label map")
+        refuse(f"are empty (shape {raw.shape}); pass a non-empty label map", f"is empty (shape {raw.shape})")
+    check_fits_in_memory(raw.size * 8, f"{where} as int64", f"pass a smaller {what}")
     kind = raw.dtype.kind
     if kind == "b":
         return np.ascontiguousarray(raw, dtype=np.int64)
     if kind not in "iuf":
-        raise InputError(f"{where} have dtype {raw.dtype}; class ids must be integers (or whole-number floats)")
+        refuse(f"have dtype {raw.dtype}; class ids must be integers (or whole-number floats)", f"has dtype {raw.dtype}")
     if kind == "f":
         if not np.isfinite(raw).all():
-            raise InputError(f"{where} contain NaN or infinity; replace them with 0 (unlabeled) or a class id")
+            refuse("contain NaN or infinity; replace them with 0 (unlabeled) or a class id",
+                   "holds NaN or infinity (replace them with 0)")
         fractional = raw != np.floor(raw)
         if fractional.any():
             example = raw[fractional].flat[0]
-            raise InputError(f"{where} hold non-integer values (e.g. {example:g}); class ids must be whole numbers")
+            refuse(f"hold non-integer values (e.g. {example:g}); class ids must be whole numbers",
+                   f"holds non-integer values (e.g. {example:g})")
     low, high = raw.min(), raw.max()
     if low < 0:
-        raise InputError(f"{where} contain negative values (min {low:g}); class ids must be >= 0 (0 = unlabeled)")
+        refuse(f"contain negative values (min {low:g}); class ids must be >= 0 (0 = unlabeled)",
+               f"holds negative values (min {low:g})")
     # uint64 and float values above int64's range would wrap silently on conversion.
     if high >= 2**63:
-        raise InputError(f"{where} hold a value too large for int64 (max {high:g}); class ids must be small integers")
+        refuse(f"hold a value too large for int64 (max {high:g}); class ids must be small integers",
+               f"holds a value too large for int64 (max {high:g})")
     return np.ascontiguousarray(raw, dtype=np.int64)

@@ -396,6 +396,22 @@ def test_mask_split(npy_scene, tmp_path, run_cli):
          "--train-mask", tmp_path / "train.npy", match="--test-mask")
 
 
+@pytest.mark.parametrize("values, match", [
+    (np.array([-1, 1]), "train mask train.npy holds negative values (min -1); a mask holds 0 outside the split and 1 "
+                        "(any positive whole number) in it"),
+    (np.array([0.0, np.nan]), "train mask train.npy holds NaN or infinity (replace them with 0); a mask holds 0"),
+    (np.array([0.0, 0.5]), "train mask train.npy holds non-integer values (e.g. 0.5); a mask holds 0"),
+])
+def test_a_bad_mask_is_named_as_a_mask(npy_scene, tmp_path, run_cli, values, match):
+    """A mask's bad values were reported as "labels in train.npy ... class ids must be >= 0 (0 = unlabeled)":
+    the error now names the mask and says what a mask holds."""
+    cp, lp, _, labels = npy_scene(b=3)
+    np.save(tmp_path / "train.npy", values[(labels > 0).astype(int)])  # the second value on the labelled pixels
+    np.save(tmp_path / "test.npy", (labels > 0).astype(np.uint8))
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "masks",
+         "--train-mask", tmp_path / "train.npy", "--test-mask", tmp_path / "test.npy", match=match)
+
+
 def test_cli_usage_error_exit_2(run_cli):
     code, _, err = run_cli("convert")
     assert code == 2 and "Missing argument" in err
@@ -513,6 +529,34 @@ def test_label_options_without_labels_or_bad_values(npy_scene, tmp_path, run_cli
     np.save(tmp_path / "m.npy", np.ones((37, 29), np.uint8))
     args = [str(tmp_path / a) if a == "m.npy" else a for a in args]
     _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", *args, match=match)
+
+
+@pytest.mark.parametrize("args, match", [
+    # a random split (every test patch overlapping train patches) where blocks were meant
+    (("--block-size", "8"), "--block-size means nothing with --split random (only --split blocks cuts the scene "
+                            "into blocks); pass --split blocks, or drop --block-size"),
+    (("--split", "masks", "{masks}", "--train", "0.3"), "--train means nothing with --split masks: the masks decide "
+                                                        "the split (a val split: --val-mask); drop --train"),
+    (("--split", "masks", "{masks}", "--val", "0.1"), "--val means nothing with --split masks"),  # no val split made
+    (("--split", "masks", "{masks}", "--seed", "3", "--block-size", "8"), "--block-size --seed mean nothing with "
+                                                                         "--split masks"),
+])
+def test_split_options_the_split_would_ignore_are_refused(npy_scene, tmp_path, run_cli, args, match):
+    """Options the split method does not read were ignored without a word; they are refused in one line, naming
+    every such option, before anything is written."""
+    cp, lp, _, labels = npy_scene(b=3)
+    np.save(tmp_path / "train.npy", (labels > 0) & (np.arange(labels.shape[1]) < 10))
+    np.save(tmp_path / "test.npy", (labels > 0) & (np.arange(labels.shape[1]) >= 10))
+    masks = ("--train-mask", tmp_path / "train.npy", "--test-mask", tmp_path / "test.npy")
+    args = [x for a in args for x in (masks if a == "{masks}" else (a,))]
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", *args, match=match)
+    # the converter's own options say so too, for what they can tell was given
+    for opts in (ConvertOptions(labels=lp, block_size=8),
+                 ConvertOptions(labels=lp, split="masks", train_mask=tmp_path / "train.npy",
+                                test_mask=tmp_path / "test.npy", val=0.1)):
+        with pytest.raises(hsgds.errors.ConfigError, match="means nothing with --split"):
+            opts.check()
+    ConvertOptions(block_size=8).check()  # no labels, no split: the command says "--block-size needs --labels"
 
 
 def test_defaults_equal_to_given_values_are_not_label_options(npy_scene, tmp_path, run_cli):

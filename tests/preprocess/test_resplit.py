@@ -255,6 +255,9 @@ def test_resplit_refuses_while_another_runs(ip_copy, run_cli):
         (("--split", "blocks", "--block-size", "0"), "--block-size must be a positive"),
         (("--split", "blocks", "--block-size", "2"), r"block_size \(2\) must be at least 4 for guard 7"),
         (("--split", "random", "--seed", "-1"), "--seed must be a non-negative"),
+        # a random split made where blocks were meant: the block size used to be ignored without a word
+        (("--split", "random", "--block-size", "8"), r"--block-size means nothing with --split random \(only --split "
+                                                     r"blocks cuts the scene into blocks\); pass --split blocks"),
     ],
 )
 def test_resplit_bad_arguments(ip_copy, run_cli, args, match):
@@ -275,6 +278,22 @@ def test_resplit_bad_store(tmp_path, run_cli, npy_scene):
     assert code == 2 and "has no labelled pixels" in err
     with pytest.raises(InputError, match="for resplit"):
         resplit(store, "masks")
+
+
+def test_resplit_of_a_collection_refuses_a_block_size_without_blocks(tmp_path, run_cli, npy_scene):
+    """Over a collection too, before any scene is re-split: --block-size with --split random was ignored."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    cp, lp, _, _ = npy_scene(b=3)
+    store = convert(cp, tmp_path / "a.zarr", ConvertOptions(labels=lp, max_patch=5))
+    write_collection(tmp_path, [SceneEntry.of_scene("a", hsgds.open_scene(store))])
+    before = tree_digest(tmp_path)
+    code, out, err = run_cli("resplit", tmp_path, "--split", "random", "--block-size", "8")
+    assert code == 2 and err == ("hsgds: error: --block-size means nothing with --split random (only --split blocks "
+                                 "cuts the scene into blocks); pass --split blocks, or drop --block-size\n"), err
+    assert tree_digest(tmp_path) == before
+    with pytest.raises(hsgds.errors.ConfigError, match="--block-size means nothing with --split random"):
+        resplit(store, "random", block_size=8)
 
 
 def test_split_generation_metadata_is_validated(ip_copy):
