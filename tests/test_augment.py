@@ -82,6 +82,24 @@ def test_integers_too_large_for_a_float_are_config_errors(kwargs, message):
     assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"noise_std": 1e300}, r"noise_std must be at most float32's largest value 3\.403e\+38 .*got 1e\+300"),
+    ({"noise_std": 3.5e38}, r"noise_std must be at most float32's largest value"),
+    ({"radiation_scale": (0.9, 1e300)}, r"radiation_scale must lie in float32's range, 1\.175e-38 <= low <= high <= 3\.403e\+38"),
+    ({"radiation_scale": (1e-300, 1e-300)}, r"radiation_scale must lie in float32's range"),
+    ({"radiation_scale": (1e-39, 1.0)}, r"radiation_scale must lie in float32's range"),
+], ids=["std-1e300", "std-past-max", "high-1e300", "low-1e-300", "low-subnormal"])
+def test_radiation_parameters_beyond_float32_are_config_errors(kwargs, message):
+    """alpha and noise_std are applied as float32, to float64 patches too: beyond float32's range they turned
+    into inf (float64 patches of inf, silently) or 0 (an alpha of 0: patches wiped). Refused in one line;
+    float32's own extremes are taken."""
+    with pytest.raises(ConfigError, match=message) as caught:
+        Augment(**kwargs)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
+    tiny, big = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+    assert Augment(radiation_scale=(tiny, big), noise_std=big).radiation_scale == (tiny, big)
+
+
 def test_numpy_scalars_are_accepted_as_plain_values():
     aug = Augment(flip=np.True_, radiation_noise=np.float32(0.5), band_dropout=np.float64(0.25))
     assert aug == Augment(flip=True, radiation_noise=0.5, band_dropout=0.25)

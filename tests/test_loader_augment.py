@@ -212,6 +212,25 @@ def test_radiation_noise_that_would_overflow_float16_is_refused(scene):
         assert all(torch.isfinite(p).all() for p, _ in loader)
 
 
+def test_float64_patches_get_radiation_parameters_within_float32s_range(scene, noise_path):
+    """alpha and noise_std are float32 on both noise paths, float64 patches included: noise_std=1e300 gave
+    float64 patches of inf (after a RuntimeWarning), radiation_scale (1e-300, 1e-300) an alpha of 0, silently;
+    the float32 overflow message even advised dtype=float64. Augment refuses them now; large values within
+    float32's range give float64 patches that follow the rule, alpha * x + noise_std * N(0, 1), against the
+    plain float64 patches in numpy."""
+    for bad in ({"noise_std": 1e300}, {"radiation_scale": (1e300, 1e300)}, {"radiation_scale": (1e-300, 1e-300)}):
+        with pytest.raises(hsgds.ConfigError, match=r"^Augment\.(noise_std|radiation_scale) must .*float32"):
+            hsgds.Augment(radiation_noise=1.0, **bad)
+    kw = dict(dtype=torch.float64, shuffle=False)
+    plain, _, cp = _run(scene, None, **kw)
+    aug = hsgds.Augment(radiation_noise=1.0, radiation_scale=(1e30, 1e30), noise_std=1e37)
+    noisy, _, cn = _run(scene, aug, **kw)
+    np.testing.assert_array_equal(cp, cn)
+    assert np.isfinite(noisy).all()
+    residual = (noisy - float(np.float32(1e30)) * plain) / float(np.float32(1e37))  # the N(0, 1) draws
+    assert np.std(residual) == pytest.approx(1.0, rel=0.05) and abs(np.mean(residual)) < 0.05
+
+
 def test_negative_zero_settings_resume_as_zero(scene):
     """Augment(band_dropout=-0.0) == Augment(): a state saved with one resumes with the other (the state
     holds repr(augment), which said '-0.0': 'loader state was saved with augment=...band_dropout=-0.0'
