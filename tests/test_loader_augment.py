@@ -191,6 +191,10 @@ def test_epoch_2_32_is_not_epoch_0_on_either_noise_path(scene, noise_path):
 def test_bad_augment_is_a_config_error(scene):
     with pytest.raises(hsgds.ConfigError, match="augment must be an hsgds.Augment"):
         hsgds.PatchLoader(scene, patch_size=P, batch_size=8, device="cpu", augment={"flip": True})
+    # the class itself (parentheses forgotten) is named as such, with the call to make (it said "got type")
+    with pytest.raises(hsgds.ConfigError, match=r"^augment must be an hsgds.Augment\(\.\.\.\) or None, got the class "
+                                                r"itself: create one, e.g. augment=hsgds.Augment\(flip=True\)$"):
+        hsgds.PatchLoader(scene, patch_size=P, batch_size=8, device="cpu", augment=hsgds.Augment)
 
 
 def test_radiation_noise_that_would_overflow_float16_is_refused(scene):
