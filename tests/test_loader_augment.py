@@ -128,7 +128,6 @@ def test_radiation_noise_without_normalize_is_in_the_stored_units(scene, noise_p
     assert np.std(residual) == pytest.approx(5.0, rel=0.05) and abs(np.mean(residual)) < 0.2
 
 
-@pytest.mark.parametrize("mixture", [0.3, 0.0], ids=["mixture", "no-mixture"])
 def _reference_batches(scene, aug, dtype, layout, seed=0, **kw):
     """(got, want) per batch, NHWC float64: the loader's augmented batches, and the documented rules applied in
     numpy to its plain float64 patches, with each sample's parameters drawn by its index in the sample set:
@@ -185,6 +184,7 @@ def test_patches_follow_the_documented_rules(scene, noise_path, dtype, rtol, lay
             assert (got[want == 0] == 0).all()  # dropped bands exactly 0
 
 
+@pytest.mark.parametrize("mixture", [0.3, 0.0], ids=["mixture", "no-mixture"])
 def test_resume_mid_epoch_is_bit_identical(scene, noise_path, mixture):
     aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.3, mixture_noise=mixture, band_dropout=0.1)
     kw = dict(patch_size=P, batch_size=32, augment=aug, device="cpu", seed=4)
