@@ -25,7 +25,8 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
   spectrum of another sample of the same class in the same batch (every sample of a batch is resident
   in the ring). The partner is the next sample of that class when the batch's samples of the class are
   ordered by a per-sample Philox key; a sample alone of its class in its batch is left unmixed, and so is
-  an unlabelled one (label -1 with ``pixels="all"``: it has no class). This
+  an unlabelled one (label -1 with ``pixels="all"``: it has no class). A sample twice in a batch (a rank's
+  share padded with its first sample, when it fits in one batch) counts once: both copies get its partner. This
   is the one choice that depends on the batch's composition (whether to mix and the weights do not).
 - band dropout (probability ``band_dropout`` per band): the band is zeroed after normalization and
   after the noises above, so a dropped band is exactly 0.
@@ -250,17 +251,23 @@ def draw(aug: Augment, seed: int, epoch: int, index: np.ndarray, label: np.ndarr
         m = philox4x32(_counters(index, epoch, _MIXTURE), key)
         um = _uniform(m[:, :3])
         label = np.asarray(label, dtype=np.int64)
+        # a sample twice in the batch (a rank's share padded with its first sample again) counts once: both
+        # copies take the partner of its first copy, another sample (the copies, of equal keys, were each
+        # other's partners: mixed with itself)
+        _, first_at, copy_of = np.unique(index, return_index=True, return_inverse=True)
+        distinct = np.sort(first_at)  # each sample's first position, in batch order
+        k = len(distinct)
         # group by class, order inside a class by a per-sample key; partner = next in the group (cyclic)
-        order = np.lexsort((m[:, 3], label))
+        order = distinct[np.lexsort((m[distinct, 3], label[distinct]))]
         lab = label[order]
         first = np.r_[True, lab[1:] != lab[:-1]]
-        group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+        group_start = np.maximum.accumulate(np.where(first, np.arange(k), 0))
         last = np.r_[lab[1:] != lab[:-1], True]
-        nxt = np.where(last, group_start, np.arange(n) + 1)
-        partner_sorted = order[nxt]
+        nxt = np.where(last, group_start, np.arange(k) + 1)
         partner_of = np.empty(n, np.int64)
-        partner_of[order] = partner_sorted
-        alone = partner_of == np.arange(n)
+        partner_of[order] = order[nxt]
+        partner_of = partner_of[first_at[copy_of]]
+        alone = index[partner_of] == index
         mixed = np.flatnonzero((um[:, 0] < aug.mixture_noise) & ~alone & (label >= 0))
         partner = partner_of[mixed]
         a1 = 0.01 + 0.99 * um[mixed, 1]

@@ -156,6 +156,26 @@ def test_parameters_depend_on_the_sample_not_the_batch():
         whole.dihedral, other_seed.dihedral)
 
 
+def test_a_sample_twice_in_a_batch_is_never_its_own_mixture_partner():
+    """A rank pads its share by repeating its first sample; when the share fits in one batch, both copies are in
+    it. Their per-sample keys are equal, so each copy was the other's partner: the sample mixed with itself
+    (left as it was), against the rule's 'another sample of the same class'. The rule as documented: both
+    copies take the partner the sample has in the batch without its second copy (weights per sample)."""
+    aug = Augment(mixture_noise=1.0)
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        index = rng.choice(10_000, int(rng.integers(2, 30)), replace=False)
+        label = rng.integers(0, 3, len(index))
+        twice = int(rng.integers(len(index)))
+        at = int(rng.integers(len(index) + 1))
+        index2, label2 = np.insert(index, at, index[twice]), np.insert(label, at, label[twice])
+        once, both = draw(aug, 5, 1, index, label, bands=4, patch_size=3), draw(aug, 5, 1, index2, label2, bands=4, patch_size=3)
+        want = {int(index[m]): (int(index[q]), float(w)) for m, q, w in zip(once.mixed, once.partner, once.weight)}
+        got = [(int(index2[m]), int(index2[q]), float(w)) for m, q, w in zip(both.mixed, both.partner, both.weight)]
+        assert all(i != j for i, j, _ in got)
+        assert sorted(got) == sorted((i, *want[i]) for i in index2.tolist() if i in want)
+
+
 def _batch_digest(batch):
     import hashlib
 

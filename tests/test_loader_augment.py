@@ -291,6 +291,32 @@ def test_float64_patches_get_radiation_parameters_within_float32s_range(scene, n
     assert np.std(residual) == pytest.approx(1.0, rel=0.05) and abs(np.mean(residual)) < 0.05
 
 
+def test_a_ranks_repeated_sample_is_mixed_with_another_sample(scene):
+    """Two ranks over 5 pixels of one class: rank 0's share of 2 is padded with its first sample again, so
+    its one batch holds that sample twice. Under mixture_noise=1.0 both copies are mixed with another pixel
+    of the class: equal patches, each with its centre spectrum changed and every other pixel the plain one's
+    (the two copies were each other's partners: one came out unmixed, the other mixed)."""
+    labels = np.load(scene.parent / "gt.npy")
+    ys, xs = np.nonzero(labels == 1)
+    pick = np.linspace(0, len(ys) - 1, 5).astype(int)
+    mask = np.zeros(labels.shape, bool)
+    mask[ys[pick], xs[pick]] = True
+    kw = dict(pixels="all", split=None, mask=mask, shuffle=False)
+    plain, _, cp = _run(scene, None, batch_size=8, **kw)
+    ref = _by_coord(plain, cp)
+    got, lab, coords = _run(scene, hsgds.Augment(mixture_noise=1.0), batch_size=8, rank=0, world_size=2, **kw)
+    keys = [(int(y), int(x)) for y, x in coords]
+    assert len(keys) == 3 and len(set(keys)) == 2 and (lab == 0).all()  # one batch: a sample, another, the first again
+    first = [k for k, key in enumerate(keys) if key == keys[0]]
+    np.testing.assert_array_equal(got[first[0]], got[first[1]])
+    r = P // 2
+    for patch, key in zip(got, keys):
+        changed = np.zeros((P, P), bool)
+        changed[r, r] = True
+        np.testing.assert_array_equal(patch[:, ~changed], ref[key][:, ~changed])
+        assert np.abs(patch[:, r, r] - ref[key][:, r, r]).max() > 1e-3
+
+
 def test_negative_zero_settings_resume_as_zero(scene):
     """Augment(band_dropout=-0.0) == Augment(): a state saved with one resumes with the other (the state
     holds repr(augment), which said '-0.0': 'loader state was saved with augment=...band_dropout=-0.0'
