@@ -25,7 +25,8 @@ arithmetic (a few hundred microseconds for a batch of 256) and applied on the de
   spectrum of another sample of the same class in the same batch (every sample of a batch is resident
   in the ring). The partner is the next sample of that class when the batch's samples of the class are
   ordered by a per-sample Philox key; a sample alone of its class in its batch is left unmixed, and so is
-  an unlabelled one (label -1 with ``pixels="all"``: it has no class). This
+  an unlabelled one (label -1 with ``pixels="all"``: it has no class). A sample twice in a batch (a rank's
+  share padded with its first sample, when it fits in one batch) counts once: both copies get its partner. This
   is the one choice that depends on the batch's composition (whether to mix and the weights do not).
 - band dropout (probability ``band_dropout`` per band): the band is zeroed after normalization and
   after the noises above, so a dropped band is exactly 0.
@@ -63,6 +64,7 @@ MAX_EPOCH = 1 << (64 - _PURPOSE_BITS)
 BANK_SIZE = 1 << 20
 BANK_STEP = 64  # granularity of a noise window's start in the bank
 ROTATIONS = np.array([0, 6, 3, 5], dtype=np.int8)  # 0, 90, 180, 270 degrees in the code convention
+_F32_MAX, _F32_TINY = float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)
 
 
 def philox4x32(counter: np.ndarray, key: tuple[int, int]) -> np.ndarray:
@@ -137,11 +139,12 @@ class Augment:
     flip : random horizontal and vertical flips.
     rot90 : random quarter turns. With ``flip`` every patch gets one of the 8 dihedral variants.
     radiation_noise : probability of x <- alpha * x + noise_std * N(0, 1), alpha ~ U(radiation_scale).
-    radiation_scale : (low, high) of alpha.
+    radiation_scale : (low, high) of alpha, within float32's range (alpha is drawn and applied as float32,
+        to float64 patches too).
     noise_std : standard deviation of the additive noise, in the units of the values the loader yields:
         normalized when it normalizes (its default), the stored values with ``normalize=None`` (e.g.
         reflectance already in 0..1). The default 1/25 is meant for normalized values: over raw integer
-        counts it is a fraction of one count, so give it in counts there.
+        counts it is a fraction of one count, so give it in counts there. At most float32's largest value.
     mixture_noise : probability of mixing the centre spectrum with a same-class sample's.
     band_dropout : probability of zeroing each band of a patch.
     """
@@ -168,10 +171,18 @@ class Augment:
         if (not isinstance(scale, (tuple, list)) or len(scale) != 2
                 or not all(_finite(v) for v in scale) or not 0 < scale[0] <= scale[1]):
             raise ConfigError(f"Augment.radiation_scale must be (low, high) with 0 < low <= high, got {shown(scale)}")
+        # alpha and noise_std are applied as float32 (AugmentBatch, the kernels), float64 patches included:
+        # beyond float32's range they became inf or 0 there, silently
+        if not scale[0] >= _F32_TINY or not scale[1] <= _F32_MAX:
+            raise ConfigError(f"Augment.radiation_scale must lie in float32's range, {_F32_TINY:.4g} <= low <= high <= "
+                              f"{_F32_MAX:.4g} (alpha is drawn as float32), got {shown(scale)}")
         object.__setattr__(self, "radiation_scale", (float(scale[0]), float(scale[1])))
         std = self.noise_std
         if not _finite(std) or not std >= 0:
             raise ConfigError(f"Augment.noise_std must be a finite number >= 0, got {shown(std)}")
+        if not std <= _F32_MAX:
+            raise ConfigError(f"Augment.noise_std must be at most float32's largest value {_F32_MAX:.4g} (the noise is "
+                              f"applied in float32), got {shown(std)}")
         object.__setattr__(self, "noise_std", float(std) + 0.0)
 
     @property
@@ -240,17 +251,23 @@ def draw(aug: Augment, seed: int, epoch: int, index: np.ndarray, label: np.ndarr
         m = philox4x32(_counters(index, epoch, _MIXTURE), key)
         um = _uniform(m[:, :3])
         label = np.asarray(label, dtype=np.int64)
+        # a sample twice in the batch (a rank's share padded with its first sample again) counts once: both
+        # copies take the partner of its first copy, another sample (the copies, of equal keys, were each
+        # other's partners: mixed with itself)
+        _, first_at, copy_of = np.unique(index, return_index=True, return_inverse=True)
+        distinct = np.sort(first_at)  # each sample's first position, in batch order
+        k = len(distinct)
         # group by class, order inside a class by a per-sample key; partner = next in the group (cyclic)
-        order = np.lexsort((m[:, 3], label))
+        order = distinct[np.lexsort((m[distinct, 3], label[distinct]))]
         lab = label[order]
         first = np.r_[True, lab[1:] != lab[:-1]]
-        group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+        group_start = np.maximum.accumulate(np.where(first, np.arange(k), 0))
         last = np.r_[lab[1:] != lab[:-1], True]
-        nxt = np.where(last, group_start, np.arange(n) + 1)
-        partner_sorted = order[nxt]
+        nxt = np.where(last, group_start, np.arange(k) + 1)
         partner_of = np.empty(n, np.int64)
-        partner_of[order] = partner_sorted
-        alone = partner_of == np.arange(n)
+        partner_of[order] = order[nxt]
+        partner_of = partner_of[first_at[copy_of]]
+        alone = index[partner_of] == index
         mixed = np.flatnonzero((um[:, 0] < aug.mixture_noise) & ~alone & (label >= 0))
         partner = partner_of[mixed]
         a1 = 0.01 + 0.99 * um[mixed, 1]

@@ -346,7 +346,10 @@ class PatchLoader:
                  augment: Augment | None = None, footprint_guard: bool = False) -> None:
         self._closed = True  # until fully built, so close() in __del__ is safe
         if augment is not None and not isinstance(augment, Augment):
-            raise ConfigError(f"augment must be an hsgds.Augment(...) or None, got {type(augment).__name__}")
+            # (the class itself, its parentheses forgotten, read "got type")
+            got = ("the class itself: create one, e.g. augment=hsgds.Augment(flip=True)"
+                   if isinstance(augment, type) and issubclass(augment, Augment) else type(augment).__name__)
+            raise ConfigError(f"augment must be an hsgds.Augment(...) or None, got {got}")
         self.augment = augment
         if not isinstance(pixels, str) or pixels not in PIXELS:  # (an array: numpy's ambiguity error)
             raise ConfigError(f"pixels must be 'labelled' or 'all', got {shown(pixels)}")

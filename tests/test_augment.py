@@ -82,6 +82,24 @@ def test_integers_too_large_for_a_float_are_config_errors(kwargs, message):
     assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"noise_std": 1e300}, r"noise_std must be at most float32's largest value 3\.403e\+38 .*got 1e\+300"),
+    ({"noise_std": 3.5e38}, r"noise_std must be at most float32's largest value"),
+    ({"radiation_scale": (0.9, 1e300)}, r"radiation_scale must lie in float32's range, 1\.175e-38 <= low <= high <= 3\.403e\+38"),
+    ({"radiation_scale": (1e-300, 1e-300)}, r"radiation_scale must lie in float32's range"),
+    ({"radiation_scale": (1e-39, 1.0)}, r"radiation_scale must lie in float32's range"),
+], ids=["std-1e300", "std-past-max", "high-1e300", "low-1e-300", "low-subnormal"])
+def test_radiation_parameters_beyond_float32_are_config_errors(kwargs, message):
+    """alpha and noise_std are applied as float32, to float64 patches too: beyond float32's range they turned
+    into inf (float64 patches of inf, silently) or 0 (an alpha of 0: patches wiped). Refused in one line;
+    float32's own extremes are taken."""
+    with pytest.raises(ConfigError, match=message) as caught:
+        Augment(**kwargs)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
+    tiny, big = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+    assert Augment(radiation_scale=(tiny, big), noise_std=big).radiation_scale == (tiny, big)
+
+
 def test_numpy_scalars_are_accepted_as_plain_values():
     aug = Augment(flip=np.True_, radiation_noise=np.float32(0.5), band_dropout=np.float64(0.25))
     assert aug == Augment(flip=True, radiation_noise=0.5, band_dropout=0.25)
@@ -136,6 +154,26 @@ def test_parameters_depend_on_the_sample_not_the_batch():
     other_seed = draw(aug, 4, 2, index, None, bands=6, patch_size=3)
     assert not np.array_equal(whole.dihedral, other_epoch.dihedral) or not np.array_equal(
         whole.dihedral, other_seed.dihedral)
+
+
+def test_a_sample_twice_in_a_batch_is_never_its_own_mixture_partner():
+    """A rank pads its share by repeating its first sample; when the share fits in one batch, both copies are in
+    it. Their per-sample keys are equal, so each copy was the other's partner: the sample mixed with itself
+    (left as it was), against the rule's 'another sample of the same class'. The rule as documented: both
+    copies take the partner the sample has in the batch without its second copy (weights per sample)."""
+    aug = Augment(mixture_noise=1.0)
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        index = rng.choice(10_000, int(rng.integers(2, 30)), replace=False)
+        label = rng.integers(0, 3, len(index))
+        twice = int(rng.integers(len(index)))
+        at = int(rng.integers(len(index) + 1))
+        index2, label2 = np.insert(index, at, index[twice]), np.insert(label, at, label[twice])
+        once, both = draw(aug, 5, 1, index, label, bands=4, patch_size=3), draw(aug, 5, 1, index2, label2, bands=4, patch_size=3)
+        want = {int(index[m]): (int(index[q]), float(w)) for m, q, w in zip(once.mixed, once.partner, once.weight)}
+        got = [(int(index2[m]), int(index2[q]), float(w)) for m, q, w in zip(both.mixed, both.partner, both.weight)]
+        assert all(i != j for i, j, _ in got)
+        assert sorted(got) == sorted((i, *want[i]) for i in index2.tolist() if i in want)
 
 
 def _batch_digest(batch):

@@ -128,6 +128,62 @@ def test_radiation_noise_without_normalize_is_in_the_stored_units(scene, noise_p
     assert np.std(residual) == pytest.approx(5.0, rel=0.05) and abs(np.mean(residual)) < 0.2
 
 
+def _reference_batches(scene, aug, dtype, layout, seed=0, **kw):
+    """(got, want) per batch, NHWC float64: the loader's augmented batches, and the documented rules applied in
+    numpy to its plain float64 patches, with each sample's parameters drawn by its index in the sample set:
+    dihedral code (output pixel (i, j) reads source (a, b) = (j, i) if t else (i, j), then a = p-1-a if v,
+    b = p-1-b if h), then x <- alpha x + noise_std n (n the bank read pixel-major from the sample's start),
+    then the centre spectrum mixed with the partner's, then dropped bands zeroed."""
+    from hsgds.augment import BANK_SIZE, draw, noise_bank
+
+    common = dict(patch_size=P, batch_size=48, device="cpu", return_coords=True, seed=seed, **kw)
+    with hsgds.PatchLoader(scene, dtype=torch.float64, layout="NHWC", **common) as plain_loader:
+        plain = {(int(y), int(x)): p for batch, _, c in plain_loader for p, (y, x) in zip(batch.numpy(), c.numpy())}
+    got_want = []
+    with hsgds.PatchLoader(scene, augment=aug, dtype=dtype, layout=layout, **common) as loader:
+        take = loader.samples.take(np.arange(len(loader.samples)))
+        index = {(int(y), int(x)): i for i, (y, x) in enumerate(zip(take[4], take[5]))}
+        bank, bands = noise_bank(seed).astype(np.float64), loader.out_bands
+        i, j = np.meshgrid(np.arange(P), np.arange(P), indexing="ij")
+        for batch, labels, coords in loader:
+            got = batch.to(torch.float64).numpy()
+            got = got.transpose(0, 2, 3, 1) if layout == "NCHW" else got
+            keys = [(int(y), int(x)) for y, x in coords.numpy()]
+            d = draw(aug, seed, 0, np.array([index[k] for k in keys]), labels.numpy(), bands, P)
+            want = np.stack([plain[k] for k in keys])
+            for n, code in enumerate(d.dihedral):
+                t, v, h = code >> 2 & 1, code >> 1 & 1, code & 1
+                a, b = (j, i) if t else (i, j)
+                want[n] = want[n][P - 1 - a if v else a, P - 1 - b if h else b]
+            for n, alpha, start in zip(d.radiated, d.alpha, d.bank_start):
+                window = bank[(start + np.arange(P * P * bands)) % BANK_SIZE].reshape(P, P, bands)
+                want[n] = float(alpha) * want[n] + float(np.float32(aug.noise_std)) * window
+            centre = want[:, P // 2, P // 2].copy()
+            for m, q, w in zip(d.mixed, d.partner, d.weight):
+                assert labels[m] == labels[q] >= 0 and m != q
+                want[m, P // 2, P // 2] = float(w) * centre[m] + (1 - float(w)) * centre[q]
+            for n, band in d.dropped:
+                want[n, :, :, band] = 0
+            got_want.append((got, want))
+    return got_want
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-6), (torch.float16, 2e-3), (torch.float64, 1e-12)],
+                         ids=["float32", "float16", "float64"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_patches_follow_the_documented_rules(scene, noise_path, dtype, rtol, layout):
+    """Every augmented patch equals the rules of hsgds.augment applied in numpy to the plain patch (within the
+    output dtype's rounding), on the fused and after-cut paths, with all four steps at once and with band
+    dropout fused (no mixture, no radiation: 16-bit tiles normalized in the ring)."""
+    for aug in (hsgds.Augment(flip=True, rot90=True, radiation_noise=0.5, mixture_noise=0.5, band_dropout=0.2),
+                hsgds.Augment(flip=True, rot90=True, band_dropout=0.3)):
+        batches = _reference_batches(scene, aug, dtype, layout, seed=7)
+        assert len(batches) > 10
+        for got, want in batches:
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+            assert (got[want == 0] == 0).all()  # dropped bands exactly 0
+
+
 @pytest.mark.parametrize("mixture", [0.3, 0.0], ids=["mixture", "no-mixture"])
 def test_resume_mid_epoch_is_bit_identical(scene, noise_path, mixture):
     aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.3, mixture_noise=mixture, band_dropout=0.1)
@@ -191,6 +247,10 @@ def test_epoch_2_32_is_not_epoch_0_on_either_noise_path(scene, noise_path):
 def test_bad_augment_is_a_config_error(scene):
     with pytest.raises(hsgds.ConfigError, match="augment must be an hsgds.Augment"):
         hsgds.PatchLoader(scene, patch_size=P, batch_size=8, device="cpu", augment={"flip": True})
+    # the class itself (parentheses forgotten) is named as such, with the call to make (it said "got type")
+    with pytest.raises(hsgds.ConfigError, match=r"^augment must be an hsgds.Augment\(\.\.\.\) or None, got the class "
+                                                r"itself: create one, e.g. augment=hsgds.Augment\(flip=True\)$"):
+        hsgds.PatchLoader(scene, patch_size=P, batch_size=8, device="cpu", augment=hsgds.Augment)
 
 
 def test_radiation_noise_that_would_overflow_float16_is_refused(scene):
@@ -210,6 +270,51 @@ def test_radiation_noise_that_would_overflow_float16_is_refused(scene):
             assert all(torch.isfinite(p).all() for p, _ in loader)
     with hsgds.PatchLoader(scene, augment=hsgds.Augment(radiation_noise=1.0, noise_std=1000.0), **opts) as loader:
         assert all(torch.isfinite(p).all() for p, _ in loader)
+
+
+def test_float64_patches_get_radiation_parameters_within_float32s_range(scene, noise_path):
+    """alpha and noise_std are float32 on both noise paths, float64 patches included: noise_std=1e300 gave
+    float64 patches of inf (after a RuntimeWarning), radiation_scale (1e-300, 1e-300) an alpha of 0, silently;
+    the float32 overflow message even advised dtype=float64. Augment refuses them now; large values within
+    float32's range give float64 patches that follow the rule, alpha * x + noise_std * N(0, 1), against the
+    plain float64 patches in numpy."""
+    for bad in ({"noise_std": 1e300}, {"radiation_scale": (1e300, 1e300)}, {"radiation_scale": (1e-300, 1e-300)}):
+        with pytest.raises(hsgds.ConfigError, match=r"^Augment\.(noise_std|radiation_scale) must .*float32"):
+            hsgds.Augment(radiation_noise=1.0, **bad)
+    kw = dict(dtype=torch.float64, shuffle=False)
+    plain, _, cp = _run(scene, None, **kw)
+    aug = hsgds.Augment(radiation_noise=1.0, radiation_scale=(1e30, 1e30), noise_std=1e37)
+    noisy, _, cn = _run(scene, aug, **kw)
+    np.testing.assert_array_equal(cp, cn)
+    assert np.isfinite(noisy).all()
+    residual = (noisy - float(np.float32(1e30)) * plain) / float(np.float32(1e37))  # the N(0, 1) draws
+    assert np.std(residual) == pytest.approx(1.0, rel=0.05) and abs(np.mean(residual)) < 0.05
+
+
+def test_a_ranks_repeated_sample_is_mixed_with_another_sample(scene):
+    """Two ranks over 5 pixels of one class: rank 0's share of 2 is padded with its first sample again, so
+    its one batch holds that sample twice. Under mixture_noise=1.0 both copies are mixed with another pixel
+    of the class: equal patches, each with its centre spectrum changed and every other pixel the plain one's
+    (the two copies were each other's partners: one came out unmixed, the other mixed)."""
+    labels = np.load(scene.parent / "gt.npy")
+    ys, xs = np.nonzero(labels == 1)
+    pick = np.linspace(0, len(ys) - 1, 5).astype(int)
+    mask = np.zeros(labels.shape, bool)
+    mask[ys[pick], xs[pick]] = True
+    kw = dict(pixels="all", split=None, mask=mask, shuffle=False)
+    plain, _, cp = _run(scene, None, batch_size=8, **kw)
+    ref = _by_coord(plain, cp)
+    got, lab, coords = _run(scene, hsgds.Augment(mixture_noise=1.0), batch_size=8, rank=0, world_size=2, **kw)
+    keys = [(int(y), int(x)) for y, x in coords]
+    assert len(keys) == 3 and len(set(keys)) == 2 and (lab == 0).all()  # one batch: a sample, another, the first again
+    first = [k for k, key in enumerate(keys) if key == keys[0]]
+    np.testing.assert_array_equal(got[first[0]], got[first[1]])
+    r = P // 2
+    for patch, key in zip(got, keys):
+        changed = np.zeros((P, P), bool)
+        changed[r, r] = True
+        np.testing.assert_array_equal(patch[:, ~changed], ref[key][:, ~changed])
+        assert np.abs(patch[:, r, r] - ref[key][:, r, r]).max() > 1e-3
 
 
 def test_negative_zero_settings_resume_as_zero(scene):
