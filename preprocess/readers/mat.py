@@ -75,11 +75,15 @@ def _load_v5(path: Path, name: str) -> np.ndarray:
     if _version(path) == 1:
         return matv5.load_variable(path, matv5.list_variables(path)[name])
     shape, cls = _listing_v5(path)[name]
+    # scipy lists every v4 matrix as "double", but v4 stores it as double, single, int32, int16, uint16 or
+    # uint8 (scipy writes the array's own type): the file must hold at least a byte per element, and
+    # loading it takes at most the class's size per element
     nbytes = math.prod(shape) * _ITEMSIZE[cls]
+    stored = math.prod(shape)
     size = path.stat().st_size
-    if nbytes > size:  # v4 files are never compressed: the data must be in the file
-        raise InputError(f"variable {name!r} in {path} claims shape {shape} ({nbytes} bytes) but the file has "
-                         f"{size} bytes; the file is damaged, {_RESAVE}")
+    if stored > size:  # v4 files are never compressed: the data must be in the file
+        raise InputError(f"variable {name!r} in {path} claims shape {shape} (at least {stored} bytes) but the file "
+                         f"has {size} bytes; the file is damaged, {_RESAVE}")
     check_fits_in_memory(nbytes, f"variable {name!r} in {path.name} (loaded whole)",
                          "save it with save(..., '-v7.3'), which is read in windows")
     try:

@@ -306,6 +306,18 @@ def test_mat_v5_labels(tmp_path):
     np.testing.assert_array_equal(read_labels(two, key="test"), labels)
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "uint16", "int32", "float32", "float64"])
+def test_mat_v4_labels_of_every_stored_type(tmp_path, dtype):
+    """A v4 file stores a matrix as double, single, int32, int16, uint16 or uint8 (scipy writes the array's own
+    type), though scipy lists every one as "double": a uint8 map of 143 bytes was refused as damaged because it
+    was not the 1144 bytes of doubles its listing implied."""
+    labels = make_labels(seed=30)
+    path = tmp_path / "gt_v4.mat"
+    scipy.io.savemat(path, {"gt": labels.astype(dtype)}, format="4")
+    assert detect_format(path) == "mat"
+    np.testing.assert_array_equal(read_labels(path), scipy.io.loadmat(path)["gt"])
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32", "uint16", "int16"])
 def test_mat73_roundtrip(tmp_path, dtype):
     expected = make_cube(dtype, seed=9)
