@@ -27,7 +27,7 @@ from hsgds.preprocess.readers.base import (
 )
 
 __all__ = ["BAND_AXES", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "declared_nodata", "list_datasets",
-           "open_hdf5", "prisma_georeference", "read_hdf5_labels"]
+           "open_hdf5", "prisma_georeference", "read_hdf5_labels", "refuse_complex"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
@@ -69,6 +69,12 @@ def _describe(entries: dict[str, tuple[int, ...]]) -> str:
     return shown or "none"
 
 
+def _fits(shape: tuple[int, ...], ndim: int) -> bool:
+    """Whether an array of ``shape`` can be chosen as the ``ndim``-D array without a key. MATLAB stores scalars
+    and vectors as 2-D (1, n) arrays; they are never label maps."""
+    return len(shape) == ndim and (ndim != 2 or min(shape) > 1)
+
+
 def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | None, where: str, noun: str,
                     option: str | None = "--key") -> str:
     """Pick the array to read: ``key`` if given, else the only ``ndim``-D array in ``entries``.
@@ -106,8 +112,7 @@ def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | N
             want = "a cube needs 3 dimensions (H, W, B)" if ndim == 3 else "a label map needs 2 dimensions (H, W)"
             raise InputError(f"{noun} {key!r} in {where} has shape {entries[key]}; {want}")
         return key
-    # MATLAB stores scalars and vectors as 2-D (1, n) arrays; they are never label maps.
-    candidates = [n for n, s in entries.items() if len(s) == ndim and (ndim != 2 or min(s) > 1)]
+    candidates = [n for n, s in entries.items() if _fits(s, ndim)]
     if len(candidates) == 1:
         return candidates[0]
     if candidates:
@@ -132,6 +137,38 @@ def list_datasets(group: h5py.Group, skip: tuple[str, ...] = ()) -> dict[str, h5
 
     group.visititems(visit)
     return found
+
+
+def _is_complex(dtype: np.dtype) -> bool:
+    """numpy's complex types (h5py stores them as a compound of floats ``r``, ``i``) and MATLAB's v7.3 complex
+    arrays (a compound of ``real``, ``imag``)."""
+    if dtype.kind == "c":
+        return True
+    names = tuple(n.lower() for n in dtype.names or ())
+    return names in (("r", "i"), ("real", "imag")) and all(dtype[n].kind in "iuf" for n in dtype.names)
+
+
+def refuse_complex(group: h5py.Group, numeric: dict[str, tuple[int, ...]], ndim: int, key: str | None, where: str,
+                   noun: str, skip: tuple[str, ...] = (), column_major: bool = False) -> None:
+    """Name a complex array as such when ``key`` chooses it, or when it is what the file holds of ``ndim``-D
+    arrays (none of the ``numeric`` ones fits): it is no numeric array to choose, but "no such array" would
+    leave the user looking for the one they can see. ``column_major``: shapes as MATLAB reports them."""
+    found: dict[str, tuple[int, ...]] = {}
+
+    def visit(name: str, obj: object) -> None:
+        if name.split("/", 1)[0] not in skip and isinstance(obj, h5py.Dataset) and _is_complex(obj.dtype):
+            found[name] = tuple(reversed(obj.shape)) if column_major else tuple(obj.shape)
+
+    group.visititems(visit)
+    if key is not None:
+        chosen = [key] if key in found else []
+    elif not any(_fits(s, ndim) for s in numeric.values()):
+        chosen = sorted(n for n, s in found.items() if _fits(s, ndim))
+    else:
+        chosen = []
+    if chosen:
+        raise InputError(f"{noun} {chosen[0]!r} in {where} is complex, which is unsupported; save its magnitude or "
+                         "real part")
 
 
 def _open(path: Path) -> h5py.File:
@@ -369,8 +406,9 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
     try:
         def select() -> h5py.Dataset:
             datasets = list_datasets(f)
-            name = choose_variable({n: d.shape for n, d in datasets.items()}, 3, _strip(key), path.name, "dataset",
-                                   key_option)
+            shapes = {n: d.shape for n, d in datasets.items()}
+            refuse_complex(f, shapes, 3, _strip(key), path.name, "dataset")
+            name = choose_variable(shapes, 3, _strip(key), path.name, "dataset", key_option)
             dataset = datasets[name]
             check_dtype(dataset.dtype, f"dataset {name!r} in {path.name}")
             check_dataset(dataset, name, path, whole=False)
@@ -406,8 +444,9 @@ def read_hdf5_labels(path: Path, key: str | None = None, key_option: str | None 
     with _open(path) as f:
         def read() -> np.ndarray:
             datasets = list_datasets(f)
-            name = choose_variable({n: d.shape for n, d in datasets.items()}, 2, _strip(key), path.name, "dataset",
-                                   key_option)
+            shapes = {n: d.shape for n, d in datasets.items()}
+            refuse_complex(f, shapes, 2, _strip(key), path.name, "dataset")
+            name = choose_variable(shapes, 2, _strip(key), path.name, "dataset", key_option)
             check_dataset(datasets[name], name, path, whole=True)
             try:
                 nodata = declared_nodata(datasets[name], name, path)

@@ -17,7 +17,14 @@ import scipy.io
 from hsgds.errors import InputError
 from hsgds.preprocess.readers import matv5
 from hsgds.preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
-from hsgds.preprocess.readers.hdf5 import band_axes, check_dataset, choose_variable, guarded, list_datasets
+from hsgds.preprocess.readers.hdf5 import (
+    band_axes,
+    check_dataset,
+    choose_variable,
+    guarded,
+    list_datasets,
+    refuse_complex,
+)
 
 __all__ = ["column_major_hdf5", "open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]
 
@@ -160,8 +167,9 @@ def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None,
     try:
         def select() -> h5py.Dataset:
             datasets, shapes = _variables_73(f)
-            name = choose_variable(shapes, 3, None if key is None else key.strip("/"), path.name, "variable",
-                                   key_option)
+            chosen = None if key is None else key.strip("/")
+            refuse_complex(f, shapes, 3, chosen, path.name, "variable", _MATLAB_INTERNALS, column_major=True)
+            name = choose_variable(shapes, 3, chosen, path.name, "variable", key_option)
             check_dtype(datasets[name].dtype, f"variable {name!r} in {path.name}")
             check_dataset(datasets[name], name, path, whole=False)
             return datasets[name]
@@ -178,8 +186,9 @@ def read_mat73_labels(path: Path, key: str | None = None, key_option: str | None
     with _open_73(path) as f:
         def read() -> np.ndarray:
             datasets, shapes = _variables_73(f)
-            name = choose_variable(shapes, 2, None if key is None else key.strip("/"), path.name, "variable",
-                                   key_option)
+            chosen = None if key is None else key.strip("/")
+            refuse_complex(f, shapes, 2, chosen, path.name, "variable", _MATLAB_INTERNALS, column_major=True)
+            name = choose_variable(shapes, 2, chosen, path.name, "variable", key_option)
             check_dataset(datasets[name], name, path, whole=True)
             return datasets[name][()].T
 
