@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import h5py
 import numpy as np
@@ -17,13 +17,14 @@ import numpy as np
 from hsgds._wording import drop
 from hsgds.errors import InputError, control_character, shown_path
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
-from hsgds.preprocess.readers.envi import envi_class_names, find_pair, open_envi, read_envi_labels
+from hsgds.preprocess.readers.envi import envi_class_names, envi_georeference, find_pair, open_envi, read_envi_labels
 from hsgds.preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
 from hsgds.preprocess.readers.mat import column_major_hdf5, open_mat, open_mat73, read_mat73_labels, read_mat_labels
 from hsgds.preprocess.readers.npy import open_npy, read_npy_labels
-from hsgds.preprocess.readers.tiff import open_tiff, read_tiff_labels
+from hsgds.preprocess.readers.tiff import open_tiff, read_tiff_labels, tiff_georeference
 
-__all__ = ["FORMATS", "detect_format", "label_class_names", "label_files", "open_cube", "read_labels"]
+__all__ = ["FORMATS", "detect_format", "label_class_names", "label_files", "label_georeference", "open_cube",
+           "read_labels"]
 
 #: Format names ``detect_format`` returns, with how messages describe them.
 FORMATS = {
@@ -229,6 +230,24 @@ def label_files(path: str | os.PathLike[str], what: str = "label map") -> list[P
     path = Path(path)
     fmt, pair = _detect(path, what)
     return list(pair) if fmt == "envi" and pair is not None else [path]
+
+
+def label_georeference(path: str | os.PathLike[str], what: str = "label map") -> dict[str, Any] | None:
+    """The map grid a label file records (a GeoTIFF's geokeys, an ENVI header's ``map info``) as a
+    ``georeference`` value, or None: a format that records none, or a grid that cannot be read.
+
+    Raises
+    ------
+    InputError
+        As :func:`read_labels`: the file is missing, or in none of the supported formats.
+    """
+    path = Path(path)
+    fmt, pair = _detect(path, what)
+    if fmt == "tiff":
+        return tiff_georeference(path)
+    if fmt == "envi" and pair is not None:
+        return envi_georeference(pair[1])
+    return None
 
 
 def label_class_names(path: str | os.PathLike[str], largest: int) -> tuple[str, ...] | None:

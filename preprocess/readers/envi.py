@@ -17,7 +17,8 @@ from hsgds.preprocess.readers.base import (
     wavelengths_in_nm,
 )
 
-__all__ = ["DATA_SUFFIXES", "envi_class_names", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
+__all__ = ["DATA_SUFFIXES", "envi_class_names", "envi_georeference", "find_pair", "open_envi", "parse_header",
+           "read_envi_labels"]
 
 #: ENVI "data type" codes this reader maps to numpy; complex codes (6, 9) are deliberately absent.
 _DATA_TYPES = {
@@ -394,3 +395,12 @@ def envi_class_names(header_path: Path) -> list[str] | None:
     if "class names" not in header:
         return None
     return _split_list(header["class names"], keep_empty=True)
+
+
+def envi_georeference(header_path: Path) -> dict | None:
+    """The georeference of an ENVI label map or mask (its header's ``map info``), or None when it has none or
+    it cannot be read (nothing then to compare with the cube's grid)."""
+    try:
+        return _georeference(parse_header(header_path), header_path)
+    except InputError:
+        return None

@@ -33,7 +33,7 @@ from hsgds.preprocess.readers.base import (
     wavelengths_in_nm,
 )
 
-__all__ = ["open_tiff", "read_tiff_labels"]
+__all__ = ["open_tiff", "read_tiff_labels", "tiff_georeference"]
 
 # tifffile logs every repair it attempts on a damaged file; with no logging configured Python would print
 # them all to stderr ahead of hsgds's own one-line error. A NullHandler keeps them silent unless the
@@ -415,3 +415,15 @@ def read_tiff_labels(path: Path) -> np.ndarray:
             f"{path.name} has shape {array.shape} (axes {axes}); a label map needs a single-band (H, W) image"
         )
     return unlabelled_at_nodata(np.array(array, dtype=array.dtype.newbyteorder("=")), geo.get("nodata"))
+
+
+def tiff_georeference(path: Path) -> dict[str, Any] | None:
+    """The georeference of a TIFF label map or mask (see :func:`_georeference`), or None when it has none or it
+    cannot be read (nothing then to compare with the cube's grid)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a user-defined CRS without rasterio: the transform alone is compared
+            with tifffile.TiffFile(path) as tif:
+                return _georeference(tif, path)
+    except Exception:  # the label reader names a damaged file; this is only the grid it may record
+        return None

@@ -5,6 +5,7 @@ converter stored; `hsgds info` shows it; old stores without it still open."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -229,3 +230,58 @@ def test_a_prisma_l2d_grid_that_does_not_fit_is_one_warning_line_and_no_georefer
                            ConvertOptions(band_axis="middle"))
     assert result.status == "converted" and result.warnings == (
         f"{why}; the store records no georeference (maps predicted from it carry no coordinates)",)
+
+
+GRID = Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0)
+
+
+@pytest.mark.parametrize("what,crs,transform,why", [
+    ("shifted", UTM16N, Affine(30.0, 0.0, 623000.0, 0.0, -30.0, 4000000.0),
+     r"pixel \(0, 0\) lies at \(623000, 4000000\) in it, at \(620000, 4000000\) in the cube"),
+    ("finer", UTM16N, Affine(10.0, 0.0, 620000.0, 0.0, -10.0, 4000000.0),
+     r"pixel \(31, 0\) lies at \(620310, 4000000\) in it, at \(620930, 4000000\) in the cube"),
+    ("half a pixel off", UTM16N, Affine(30.0, 0.0, 620015.0, 0.0, -30.0, 4000000.0),
+     r"pixel \(0, 0\) lies at \(620015, 4000000\) in it, at \(620000, 4000000\) in the cube"),
+    ("another CRS", CRS.from_epsg(4326), Affine(0.001, 0.0, -86.5, 0.0, -0.001, 40.5),
+     r"its CRS is EPSG:4326, the cube's EPSG:32616"),
+])
+def test_labels_on_another_map_grid_than_the_cube_are_refused(tmp_path, cube, run_cli, what, crs, transform, why):
+    """A GeoTIFF ground truth of the cube's shape but on another map grid (a neighbouring scene's, another
+    resolution, half a pixel off, another CRS) labels other ground: refused in one line, exit 2, nothing written.
+    It used to be taken as the cube's, pixel for pixel, silently."""
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, GRID)
+    gt = np.random.default_rng(2).integers(0, 4, (1, *cube.shape[1:])).astype(np.uint8)
+    labels = write_geotiff(tmp_path / "gt.tif", gt, crs, transform)
+    code, _, err = run_cli("convert", src, "-o", tmp_path / "s.zarr", "--labels", labels)
+    assert code == 2, (what, err)
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert re.search(rf"labels gt\.tif: its map grid is not the cube's \({why}\), so its pixels label other "
+                     r"ground; resample it onto the cube's grid \(gdalwarp -r near\)", line), line
+    assert not (tmp_path / "s.zarr").exists()
+    # a train mask is checked the same way
+    write_geotiff(tmp_path / "gt_same.tif", gt, UTM16N, GRID)
+    with pytest.raises(hsgds.InputError, match=rf"^train mask gt\.tif: its map grid is not the cube's \({why}\)"):
+        convert(src, tmp_path / "m.zarr", ConvertOptions(labels=tmp_path / "gt_same.tif", split="masks",
+                                                         train_mask=labels, test_mask=tmp_path / "gt_same.tif"))
+
+
+def test_labels_on_the_cubes_grid_or_on_none_are_taken(tmp_path, cube):
+    """Labels on the cube's grid (an ENVI ground truth whose map info GDAL reads as the GeoTIFF's grid, rounding
+    in the last digit), and labels without a map grid (a plain TIFF, GDAL's default geotransform, a .npy) are
+    the cube's pixels, as before."""
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, GRID)
+    gt = np.random.default_rng(3).integers(0, 4, cube.shape[1:]).astype(np.uint8)
+    envi.save_image(str(tmp_path / "gt.hdr"), gt[:, :, None], ext=".img", metadata={
+        "map info": ["UTM", "1", "1", "620000.0000001", "4000000", "30.0", "30.0", "16", "North", "WGS-84"]})
+    assert gdal_view(tmp_path / "gt.img")[0] == UTM16N
+    import tifffile
+
+    tifffile.imwrite(tmp_path / "plain.tif", gt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # rasterio's NotGeoreferencedWarning
+        write_geotiff(tmp_path / "identity.tif", gt[None], None, Affine.identity())
+    np.save(tmp_path / "gt.npy", gt)
+    for name in ("gt.hdr", "plain.tif", "identity.tif", "gt.npy"):
+        store = convert(src, tmp_path / f"{name}.zarr", ConvertOptions(labels=tmp_path / name))
+        np.testing.assert_array_equal(hsgds.open_scene(store).labels, gt)
