@@ -7,6 +7,7 @@ shares (MATLAB v7.3 files are HDF5 files).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -27,7 +28,7 @@ from hsgds.preprocess.readers.base import (
 )
 
 __all__ = ["BAND_AXES", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "declared_nodata", "list_datasets",
-           "open_hdf5", "prisma_georeference", "read_hdf5_labels", "refuse_complex"]
+           "open_hdf5", "packing", "prisma_georeference", "read_hdf5_labels", "refuse_complex"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
@@ -227,6 +228,45 @@ def declared_nodata(dataset: h5py.Dataset, name: str, path: Path) -> float | Non
     return None
 
 
+class Unpacked:
+    """A CF-packed variable (``scale_factor`` / ``add_offset``) read as netCDF readers give it: ``packed *
+    scale_factor + add_offset``, in the floating type of the packed values and the attributes (float32 for 8- and
+    16-bit integers packed by float32 attributes, as xarray gives them). Slicing reads only the window."""
+
+    def __init__(self, dataset: h5py.Dataset, scale: np.ndarray, offset: np.ndarray) -> None:
+        dtype = np.result_type(dataset.dtype, scale.dtype, offset.dtype)
+        self.dataset, self.dtype = dataset, dtype if dtype.kind == "f" else np.dtype(np.float64)
+        self.scale, self.offset = self.dtype.type(scale[0]), self.dtype.type(offset[0])
+        self.shape = dataset.shape
+
+    def unpack(self, packed: np.ndarray) -> np.ndarray:
+        return np.asarray(packed).astype(self.dtype) * self.scale + self.offset
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return self.unpack(self.dataset[index])
+
+
+def packing(dataset: h5py.Dataset, name: str, path: Path) -> Unpacked | None:
+    """The CF packing of a variable (its ``scale_factor`` and ``add_offset`` attributes: a netCDF product's
+    int16 reflectance times 0.0001), or None when it has none, or one that leaves the values as they are.
+
+    Raises
+    ------
+    InputError
+        An attribute holds no single finite number.
+    """
+    found = {}
+    for attr, default in (("scale_factor", 1.0), ("add_offset", 0.0)):
+        value = np.asarray(dataset.attrs[attr] if attr in dataset.attrs else np.float32(default)).reshape(-1)
+        if value.size != 1 or value.dtype.kind not in "iuf" or not np.isfinite(value[0]):
+            raise InputError(f"dataset {name!r} in {path.name}: attribute {attr} holds {value.tolist()[:4]}, not one "
+                             "number; fix it (netCDF readers unpack the values with it)")
+        found[attr] = value
+    if found["scale_factor"][0] == 1 and found["add_offset"][0] == 0:
+        return None
+    return Unpacked(dataset, found["scale_factor"], found["add_offset"])
+
+
 def _attr_text(dataset: h5py.Dataset, name: str) -> str:
     """A string attribute (bytes, str or a one-element array of either) as text; "" when absent."""
     value = dataset.attrs.get(name)
@@ -415,11 +455,16 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
             return dataset
 
         dataset = guarded(path, "HDF5", select)
+        name = dataset.name.lstrip("/")
+        unpacked = guarded(path, "HDF5", lambda: packing(dataset, name, path))
         nodata, nodata_error = None, None
         try:
-            nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, dataset.name.lstrip("/"), path))
+            nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, name, path))
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
+        if unpacked is not None and nodata is not None and _holds(dataset.dtype, nodata):
+            # CF's _FillValue is a packed value: the pixels holding it read as it unpacks
+            nodata = float(unpacked.unpack(np.array([nodata], dataset.dtype))[0])
         bands = dataset.shape[axes.index("B")]
         try:
             wavelengths, note = guarded(path, "HDF5", lambda: band_centres(f, dataset, bands, path, axis_option))
@@ -429,13 +474,22 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
             geo, geo_note = guarded(path, "HDF5", lambda: prisma_georeference(f, dataset, axes, path, axis_option))
         except InputError as exc:  # a damaged attribute: said, not fatal (the map just carries no coordinates)
             geo, geo_note = None, str(exc)
-        return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close,
+        return guarded(path, "HDF5", lambda: ArrayCube(dataset if unpacked is None else unpacked, axes=axes,
+                                                        files=[path], closer=f.close,
                                                         nodata=nodata, nodata_error=nodata_error,
                                                         wavelengths=wavelengths, wavelengths_note=note,
                                                         georeference=geo, georeference_note=geo_note))
     except BaseException:
         f.close()
         raise
+
+
+def _holds(dtype: np.dtype, value: float) -> bool:
+    """Whether ``dtype`` holds ``value`` exactly (NaN: float types only)."""
+    if dtype.kind == "f":
+        return True
+    info = np.iinfo(dtype)
+    return value.is_integer() and info.min <= value <= info.max
 
 
 def read_hdf5_labels(path: Path, key: str | None = None, key_option: str | None = "--key") -> np.ndarray:

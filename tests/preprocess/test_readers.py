@@ -732,6 +732,80 @@ def test_hdf5_errors_and_labels(tmp_path):
     np.testing.assert_array_equal(read_labels(path), labels.astype(bool))
 
 
+@pytest.mark.parametrize(("packed", "scale", "offset", "unpacked"), [
+    ("int16", np.float32(1e-4), np.float32(0.0), "float32"),  # a netCDF product's reflectance
+    ("uint16", np.float32(2e-5), np.float32(-0.1), "float32"),  # Landsat Collection 2's
+    ("uint8", np.float64(0.5), None, "float64"),  # attributes of double type unpack to double
+    ("int32", np.float32(0.01), np.float32(5.0), "float64"),  # as numpy (and xarray) promote int32 with float32
+])
+def test_cf_packed_hdf5_variables_are_read_unpacked(tmp_path, packed, scale, offset, unpacked):
+    """A netCDF / HDF5 variable packed by CF's scale_factor and add_offset is read as every netCDF reader gives it,
+    packed * scale_factor + add_offset, in floats; its _FillValue (a packed value) marks the same pixels, as the
+    value they unpack to. The packed integers used to be stored as they are, the attributes ignored."""
+    raw = make_cube(packed, seed=33)
+    raw[0, 0, :] = fill = np.iinfo(packed).min + 1
+    path = tmp_path / "packed.nc"
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("reflectance", data=raw, chunks=(4, 4, B), compression="gzip")
+        ds.attrs["_FillValue"] = np.array(fill, packed)
+        ds.attrs["scale_factor"] = scale
+        if offset is not None:
+            ds.attrs["add_offset"] = offset
+    dtype = np.dtype(unpacked)
+    expected = raw.astype(dtype) * dtype.type(scale) + dtype.type(0 if offset is None else offset)
+    with closing(open_cube(path)) as cube:
+        check_cube(cube, expected)
+        assert cube.nodata == float(expected[0, 0, 0])
+    from hsgds.preprocess.describe import describe_source
+
+    assert f"{H}x{W}x{B} {unpacked} (rows x columns x bands, unpacked from {packed} by its scale_factor" in \
+        describe_source(path)  # what hsgds info says of the source
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.scene import open_scene
+
+    scene = open_scene(convert(path, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
+    assert scene.dtype == dtype and scene.meta.nodata["pixels"] == 1
+    np.testing.assert_array_equal(scene.read(0, H, 0, W), expected)  # the nodata pixel reads its value again
+
+
+def test_cf_packing_read_as_netcdf4_reads_it(tmp_path):
+    """The same, against netCDF4-python's own (masked, unpacked) read of a file it wrote."""
+    netCDF4 = pytest.importorskip("netCDF4")
+    raw = make_cube("int16", seed=34)
+    raw[2, 3, :] = -9999
+    path = tmp_path / "written_by_netcdf4.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        for name, n in zip("yxb", raw.shape):
+            ds.createDimension(name, n)
+        var = ds.createVariable("reflectance", "i2", ("y", "x", "b"), fill_value=-9999, zlib=True)
+        var.scale_factor, var.add_offset = np.float32(1e-4), np.float32(0.05)
+        var.set_auto_maskandscale(False)
+        var[:] = raw
+    with netCDF4.Dataset(path) as ds:
+        reference = ds["reflectance"][:]
+    with closing(open_cube(path)) as cube:
+        window = cube.read(0, H, 0, W)
+        assert window.dtype == reference.dtype
+        np.testing.assert_array_equal(window[~reference.mask], reference.data[~reference.mask])
+        assert (window[2, 3] == np.float32(cube.nodata)).all()
+
+
+def test_cf_packing_that_changes_nothing_keeps_the_type_and_a_bad_one_is_one_line(tmp_path):
+    expected = make_cube("int16", seed=35)
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        f["cube"] = expected
+        f["cube"].attrs["scale_factor"], f["cube"].attrs["add_offset"] = np.float32(1), np.float32(0)
+    with closing(open_cube(path)) as cube:
+        assert isinstance(cube.array, h5py.Dataset)
+        check_cube(cube, expected)
+    with h5py.File(path, "a") as f:
+        f["cube"].attrs["scale_factor"] = np.bytes_("0.0001")
+    with pytest.raises(InputError, match=r"^dataset 'cube' in x\.h5: attribute scale_factor holds \[b'0\.0001'\], "
+                                         r"not one number; fix it \(netCDF readers unpack the values with it\)$"):
+        open_cube(path)
+
+
 # --------------------------------------------------------------------------------------------- TIFF
 
 
