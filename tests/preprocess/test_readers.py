@@ -306,6 +306,33 @@ def test_mat_v5_labels(tmp_path):
     np.testing.assert_array_equal(read_labels(two, key="test"), labels)
 
 
+def test_mat_v5_dimensions_as_miuint32_and_names_as_miutf8_are_read(tmp_path):
+    """Some writers store a matrix's dimensions as miUINT32 rather than miINT32 and its name as miUTF8 rather
+    than miINT8; MATLAB and scipy read such files, which were refused as damaged."""
+    import struct
+
+    expected = make_cube("uint16", seed=36)
+    gt = make_labels(seed=36).astype(np.float64)
+    written = tmp_path / "scipy.mat"
+    scipy.io.savemat(written, {"indian_pines": expected, "ground_truth": gt})
+    raw = written.read_bytes()
+    for shape in (expected.shape, gt.shape):  # the dimensions sub-element of each: miINT32, 4 bytes a dimension
+        dims = struct.pack("<II", 5, 4 * len(shape)) + struct.pack(f"<{len(shape)}i", *shape)
+        assert raw.count(dims) == 1
+        raw = raw.replace(dims, struct.pack("<II", 6, 4 * len(shape)) + dims[8:])
+    for name in (b"indian_pines", b"ground_truth"):  # the name sub-element: miINT8
+        tag = struct.pack("<II", 1, len(name)) + name
+        assert raw.count(tag) == 1
+        raw = raw.replace(tag, struct.pack("<II", 16, len(name)) + name)
+    path = tmp_path / "other_writer.mat"
+    path.write_bytes(raw)
+    reference = scipy.io.loadmat(path)
+    np.testing.assert_array_equal(reference["indian_pines"], expected)
+    with closing(open_cube(path)) as cube:
+        check_cube(cube, reference["indian_pines"])
+    np.testing.assert_array_equal(read_labels(path, key="ground_truth"), reference["ground_truth"])
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "uint16", "int32", "float32", "float64"])
 def test_mat_v4_labels_of_every_stored_type(tmp_path, dtype):
     """A v4 file stores a matrix as double, single, int32, int16, uint16 or uint8 (scipy writes the array's own
