@@ -27,8 +27,9 @@ from hsgds.preprocess.readers.base import (
     wavelengths_in_nm,
 )
 
-__all__ = ["BAND_AXES", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "declared_nodata", "list_datasets",
-           "open_hdf5", "packing", "prisma_georeference", "read_hdf5_labels", "refuse_complex"]
+__all__ = ["BAND_AXES", "COMPLEX", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "complex_arrays",
+           "declared_nodata", "fits_rank", "list_datasets", "open_hdf5", "packing", "prisma_georeference",
+           "read_hdf5_labels", "refuse_unsupported"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
@@ -70,7 +71,7 @@ def _describe(entries: dict[str, tuple[int, ...]]) -> str:
     return shown or "none"
 
 
-def _fits(shape: tuple[int, ...], ndim: int) -> bool:
+def fits_rank(shape: tuple[int, ...], ndim: int) -> bool:
     """Whether an array of ``shape`` can be chosen as the ``ndim``-D array without a key. MATLAB stores scalars
     and vectors as 2-D (1, n) arrays; they are never label maps."""
     return len(shape) == ndim and (ndim != 2 or min(shape) > 1)
@@ -113,7 +114,7 @@ def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | N
             want = "a cube needs 3 dimensions (H, W, B)" if ndim == 3 else "a label map needs 2 dimensions (H, W)"
             raise InputError(f"{noun} {key!r} in {where} has shape {entries[key]}; {want}")
         return key
-    candidates = [n for n, s in entries.items() if _fits(s, ndim)]
+    candidates = [n for n, s in entries.items() if fits_rank(s, ndim)]
     if len(candidates) == 1:
         return candidates[0]
     if candidates:
@@ -149,27 +150,39 @@ def _is_complex(dtype: np.dtype) -> bool:
     return names in (("r", "i"), ("real", "imag")) and all(dtype[n].kind in "iuf" for n in dtype.names)
 
 
-def refuse_complex(group: h5py.Group, numeric: dict[str, tuple[int, ...]], ndim: int, key: str | None, where: str,
-                   noun: str, skip: tuple[str, ...] = (), column_major: bool = False) -> None:
-    """Name a complex array as such when ``key`` chooses it, or when it is what the file holds of ``ndim``-D
-    arrays (none of the ``numeric`` ones fits): it is no numeric array to choose, but "no such array" would
-    leave the user looking for the one they can see. ``column_major``: shapes as MATLAB reports them."""
-    found: dict[str, tuple[int, ...]] = {}
+#: why a complex array is not read, and what to do instead
+COMPLEX = "is complex, which is unsupported; save its magnitude or real part"
+
+
+def complex_arrays(group: h5py.Group, skip: tuple[str, ...] = (),
+                   column_major: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The complex datasets below ``group`` by path (ignoring top-level names in ``skip``), each with its shape
+    (``column_major``: as MATLAB reports it, h5py's reversed) and why it is not read, for
+    :func:`refuse_unsupported`."""
+    found: dict[str, tuple[tuple[int, ...], str]] = {}
 
     def visit(name: str, obj: object) -> None:
         if name.split("/", 1)[0] not in skip and isinstance(obj, h5py.Dataset) and _is_complex(obj.dtype):
-            found[name] = tuple(reversed(obj.shape)) if column_major else tuple(obj.shape)
+            found[name] = (tuple(reversed(obj.shape)) if column_major else tuple(obj.shape), COMPLEX)
 
     group.visititems(visit)
+    return found
+
+
+def refuse_unsupported(unsupported: dict[str, tuple[tuple[int, ...], str]], numeric: dict[str, tuple[int, ...]],
+                       ndim: int, key: str | None, where: str, noun: str) -> None:
+    """Name an array the reader cannot read (``unsupported``: name to its shape and why, e.g. :data:`COMPLEX`) as
+    such when ``key`` chooses it, or when it is what the file holds of ``ndim``-D arrays (none of the ``numeric``
+    ones fits): it is no numeric array to choose, but "no such array" would leave the user looking for the one
+    they can see."""
     if key is not None:
-        chosen = [key] if key in found else []
-    elif not any(_fits(s, ndim) for s in numeric.values()):
-        chosen = sorted(n for n, s in found.items() if _fits(s, ndim))
+        chosen = [key] if key in unsupported else []
+    elif not any(fits_rank(s, ndim) for s in numeric.values()):
+        chosen = sorted(n for n, (s, _) in unsupported.items() if fits_rank(s, ndim))
     else:
         chosen = []
     if chosen:
-        raise InputError(f"{noun} {chosen[0]!r} in {where} is complex, which is unsupported; save its magnitude or "
-                         "real part")
+        raise InputError(f"{noun} {chosen[0]!r} in {where} {unsupported[chosen[0]][1]}")
 
 
 def _open(path: Path) -> h5py.File:
@@ -447,7 +460,7 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
         def select() -> h5py.Dataset:
             datasets = list_datasets(f)
             shapes = {n: d.shape for n, d in datasets.items()}
-            refuse_complex(f, shapes, 3, _strip(key), path.name, "dataset")
+            refuse_unsupported(complex_arrays(f), shapes, 3, _strip(key), path.name, "dataset")
             name = choose_variable(shapes, 3, _strip(key), path.name, "dataset", key_option)
             dataset = datasets[name]
             check_dtype(dataset.dtype, f"dataset {name!r} in {path.name}")
@@ -499,7 +512,7 @@ def read_hdf5_labels(path: Path, key: str | None = None, key_option: str | None 
         def read() -> np.ndarray:
             datasets = list_datasets(f)
             shapes = {n: d.shape for n, d in datasets.items()}
-            refuse_complex(f, shapes, 2, _strip(key), path.name, "dataset")
+            refuse_unsupported(complex_arrays(f), shapes, 2, _strip(key), path.name, "dataset")
             name = choose_variable(shapes, 2, _strip(key), path.name, "dataset", key_option)
             check_dataset(datasets[name], name, path, whole=True)
             try:

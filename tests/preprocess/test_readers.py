@@ -333,6 +333,38 @@ def test_mat_v5_dimensions_as_miuint32_and_names_as_miutf8_are_read(tmp_path):
     np.testing.assert_array_equal(read_labels(path, key="ground_truth"), reference["ground_truth"])
 
 
+def test_mat_variables_that_are_no_numeric_array_are_named_as_what_they_are(tmp_path):
+    """A sparse ground truth (MATLAB's sparse(gt), in v4, v5 or v7.3) is named as sparse with the fix, when --key
+    chooses it or it is the file's only 2-D array; a char or cell variable chosen by --key is named as such. They
+    used to be "no numeric variable 'gt' (variables: none)", or in v7.3 its parts (gt/data, gt/ir, gt/jc)."""
+    import scipy.sparse
+
+    gt = np.zeros((H, W))
+    gt[3, 4], gt[5, 6] = 2, 1
+    sparse_gt = scipy.sparse.csc_matrix(gt)
+    v5, v4 = tmp_path / "sparse_v5.mat", tmp_path / "sparse_v4.mat"
+    scipy.io.savemat(v5, {"gt": sparse_gt, "names": np.array(["grass", "roads"]), "info": np.array([[1, 2]], object)})
+    scipy.io.savemat(v4, {"gt": sparse_gt}, format="4")
+    matlab = tmp_path / "sparse_v73.mat"
+    save_mat73(matlab, {"names": np.zeros((2, 5), np.uint16)}, matlab_class={"names": "char"})
+    with h5py.File(matlab, "a") as f:  # as MATLAB writes sparse(gt): a group of its nonzeros, marked with its rows
+        group = f.create_group("gt")
+        group.attrs["MATLAB_class"], group.attrs["MATLAB_sparse"] = np.bytes_("double"), np.uint64(H)
+        group["data"], group["ir"] = sparse_gt.data, sparse_gt.indices.astype(np.uint64)
+        group["jc"] = sparse_gt.indptr.astype(np.uint64)
+    for path in (v5, v4):
+        assert scipy.sparse.issparse(scipy.io.loadmat(path)["gt"])  # sparse as scipy reads it
+    for path in (v5, v4, matlab):
+        for key in (None, "gt"):
+            with pytest.raises(InputError, match=rf"^variable 'gt' in {path.name} is a sparse matrix, which is "
+                                                 r"unsupported; save it full \(gt = full\(gt\)\)$"):
+                read_labels(path, key=key)
+    for path, key, cls in ((v5, "names", "char"), (v5, "info", "cell"), (matlab, "names", "char")):
+        with pytest.raises(InputError, match=rf"^variable '{key}' in {path.name} is a {cls} array, not a numeric one; "
+                                             "choose a numeric variable with --labels-key$"):
+            read_labels(path, key=key, key_option="--labels-key")
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "uint16", "int32", "float32", "float64"])
 def test_mat_v4_labels_of_every_stored_type(tmp_path, dtype):
     """A v4 file stores a matrix as double, single, int32, int16, uint16 or uint8 (scipy writes the array's own
