@@ -14,7 +14,7 @@ import numpy as np
 
 from hsgds import format as fmt
 from hsgds._wording import set_to
-from hsgds.errors import InputError, shown
+from hsgds.errors import DependencyError, InputError, shown
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
     ArrayCube,
@@ -200,15 +200,42 @@ def guarded(path: Path, what: str, fn):
     raise RuntimeError, KeyError, OSError, ValueError...: report any of them as an InputError naming the file."""
     try:
         return fn()
-    except (InputError, MemoryError):
+    except (InputError, DependencyError, MemoryError):
         raise
     except Exception as exc:
         raise parse_failure(path, what, exc, "check that the file is complete") from None
 
 
+#: HDF5 filters that h5py's own build lacks, by their registered ids (hdf5plugin provides them)
+_PLUGIN_FILTERS = {307: "bzip2", 32001: "Blosc", 32004: "LZ4", 32008: "Bitshuffle", 32013: "ZFP", 32015: "Zstandard",
+                   32017: "SZ", 32018: "FCIDECOMP", 32024: "SZ3", 32026: "Blosc2"}
+
+
+def _check_filters(dataset: h5py.Dataset, name: str, path: Path) -> None:
+    """Refuse, before any read, a dataset compressed with an HDF5 filter that no loaded plugin decodes (netCDF
+    4.9 writes Zstandard, Blosc or bzip2 on request): its reads would fail as if the file were damaged. The
+    filters of hdf5plugin, when it is installed, are registered by importing it."""
+    plist = dataset.id.get_create_plist()
+    codes = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    missing = [c for c in codes if not h5py.h5z.filter_avail(c)]
+    if missing:
+        try:
+            import hdf5plugin  # noqa: F401  (registers its filters with HDF5)
+        except ImportError:
+            pass
+        missing = [c for c in missing if not h5py.h5z.filter_avail(c)]
+    if missing:
+        code = missing[0]
+        raise DependencyError(f"cannot decode dataset {name!r} in {path.name}: it is compressed with the HDF5 filter "
+                              f"{code}{f' ({_PLUGIN_FILTERS[code]})' if code in _PLUGIN_FILTERS else ''}, which this "
+                              "h5py has no plugin for; install one (pip install hdf5plugin), or re-save it with gzip")
+
+
 def check_dataset(dataset: h5py.Dataset, name: str, path: Path, *, whole: bool) -> None:
-    """Refuse, before any read, a dataset whose declared chunk (read even for a one-pixel window) or, when
-    it is loaded whole (``whole``), whose full size would not fit in memory."""
+    """Refuse, before any read, a dataset compressed with a filter no plugin decodes, or whose declared chunk
+    (read even for a one-pixel window) or, when it is loaded whole (``whole``), whose full size would not fit
+    in memory."""
+    _check_filters(dataset, name, path)
     itemsize = dataset.dtype.itemsize
     if dataset.chunks is not None:
         check_fits_in_memory(int(np.prod(dataset.chunks, dtype=object)) * itemsize,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from contextlib import closing
 from pathlib import Path
@@ -15,7 +16,7 @@ import tifffile
 # SPy writes the ENVI fixtures; it is in the [test] extra (absent on the bare GPU check machine)
 spy_envi = pytest.importorskip("spectral.io.envi")
 
-from hsgds.errors import InputError  # noqa: E402 - after the importorskip above
+from hsgds.errors import DependencyError, InputError  # noqa: E402 - after the importorskip above
 from hsgds.preprocess.readers import FORMATS, detect_format, open_cube, read_labels  # noqa: E402
 
 # Odd, distinct sizes so a swapped axis cannot go unnoticed.
@@ -789,6 +790,47 @@ def test_hdf5_errors_and_labels(tmp_path):
                                          r"mask \(13, 11\), x \(3, 4, 5\)\)"):
         open_cube(path, key="z")
     np.testing.assert_array_equal(read_labels(path), labels.astype(bool))
+
+
+def _with_filter(path: Path, data: np.ndarray, code: int, matlab: bool = False) -> Path:
+    """``data`` written by h5py gzip-compressed, then its filter pipeline's id rewritten to ``code``: a dataset as
+    compressed by a filter this h5py has no plugin for (netCDF 4.9's Blosc, say). h5py's default (earliest)
+    format writes pipeline message version 1, where the id is a plain 2-byte field before the filter's name."""
+    import struct
+
+    with h5py.File(path, "w", userblock_size=512 if matlab else 0) as f:
+        f.create_dataset("cube", data=data, chunks=(4, 4, data.shape[2]), compression="gzip")
+        if matlab:
+            f["cube"].attrs["MATLAB_class"] = np.bytes_("uint16")
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"deflate\0") - 8  # id, name length, flags, number of values, then the name
+    assert struct.unpack("<HHHH", raw[at:at + 8]) == (1, 8, 1, 1)
+    raw[at:at + 2] = struct.pack("<H", code)
+    if matlab:
+        raw[:19] = b"MATLAB 7.3 MAT-file"
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def test_a_dataset_compressed_by_a_filter_without_plugin_is_named_not_called_damaged(tmp_path, run_cli):
+    """A dataset compressed with an HDF5 filter h5py has no plugin for (Blosc, id 32001) is named with the filter
+    and the plugin package before any read, for a cube, a v7.3 .mat and `hsgds convert` (exit 2, one line, no
+    store); it used to fail on its first window as "the file is damaged or truncated"."""
+    if h5py.h5z.filter_avail(32001):
+        pytest.skip("a Blosc plugin is loaded here")
+    expected = make_cube("uint16", seed=37)
+    path = _with_filter(tmp_path / "blosc.h5", expected, 32001)
+    with h5py.File(path) as f, pytest.raises(OSError):  # h5py itself cannot decode it, though the file is intact
+        f["cube"][()]
+    message = (r"cannot decode dataset 'cube' in {}: it is compressed with the HDF5 filter 32001 \(Blosc\), which "
+               r"this h5py has no plugin for; install one \(pip install hdf5plugin\), or re-save it with gzip$")
+    with pytest.raises(DependencyError, match="^" + message.format(r"blosc\.h5")):
+        open_cube(path)
+    with pytest.raises(DependencyError, match=message.format(r"blosc\.mat")):
+        open_cube(_with_filter(tmp_path / "blosc.mat", expected, 32001, matlab=True))
+    code, _, err = run_cli("convert", path, "-o", tmp_path / "s.zarr")
+    assert code == 2 and re.fullmatch("hsgds: error: " + message.format(r"blosc\.h5") + "\n", err), err
+    assert not (tmp_path / "s.zarr").exists()
 
 
 @pytest.mark.parametrize(("packed", "scale", "offset", "unpacked"), [
