@@ -269,18 +269,32 @@ def declared_nodata(dataset: h5py.Dataset, name: str, path: Path) -> float | Non
 
 
 class Unpacked:
-    """A CF-packed variable (``scale_factor`` / ``add_offset``) read as netCDF readers give it: ``packed *
-    scale_factor + add_offset``, in the floating type of the packed values and the attributes (float32 for 8- and
-    16-bit integers packed by float32 attributes, as xarray gives them). Slicing reads only the window."""
+    """A CF-packed variable read as netCDF readers give it: its integers taken as unsigned when its ``_Unsigned``
+    attribute says so (netCDF-3's way to store uint8 / uint16 in its signed types), then, with ``scale_factor`` /
+    ``add_offset``, ``packed * scale_factor + add_offset`` in the floating type of the packed values and the
+    attributes (float32 for 8- and 16-bit integers packed by float32 attributes, as xarray gives them). Slicing
+    reads only the window."""
 
-    def __init__(self, dataset: h5py.Dataset, scale: np.ndarray, offset: np.ndarray) -> None:
-        dtype = np.result_type(dataset.dtype, scale.dtype, offset.dtype)
-        self.dataset, self.dtype = dataset, dtype if dtype.kind == "f" else np.dtype(np.float64)
+    def __init__(self, dataset: h5py.Dataset, unsigned: bool, scale: np.ndarray | None,
+                 offset: np.ndarray | None) -> None:
+        stored = np.dtype(dataset.dtype)
+        self.view = np.dtype(f"u{stored.itemsize}").newbyteorder(stored.byteorder) if unsigned else None
+        stored = stored if self.view is None else self.view
+        self.dataset, self.shape, self.scale, self.offset = dataset, dataset.shape, None, None
+        if scale is None or offset is None:
+            self.dtype = stored.newbyteorder("=")
+            return
+        dtype = np.result_type(stored, scale.dtype, offset.dtype)
+        self.dtype = dtype if dtype.kind == "f" else np.dtype(np.float64)
         self.scale, self.offset = self.dtype.type(scale[0]), self.dtype.type(offset[0])
-        self.shape = dataset.shape
 
     def unpack(self, packed: np.ndarray) -> np.ndarray:
-        return np.asarray(packed).astype(self.dtype) * self.scale + self.offset
+        values = np.asarray(packed)
+        if self.view is not None:
+            values = values.view(self.view.newbyteorder(values.dtype.byteorder))
+        if self.scale is None:
+            return values.astype(self.dtype)
+        return values.astype(self.dtype) * self.scale + self.offset
 
     def __getitem__(self, index: Any) -> np.ndarray:
         return self.unpack(self.dataset[index])
@@ -288,7 +302,8 @@ class Unpacked:
 
 def packing(dataset: h5py.Dataset, name: str, path: Path) -> Unpacked | None:
     """The CF packing of a variable (its ``scale_factor`` and ``add_offset`` attributes: a netCDF product's
-    int16 reflectance times 0.0001), or None when it has none, or one that leaves the values as they are.
+    int16 reflectance times 0.0001; its ``_Unsigned`` attribute on signed integers), or None when it has none,
+    or one that leaves the values as they are.
 
     Raises
     ------
@@ -302,9 +317,11 @@ def packing(dataset: h5py.Dataset, name: str, path: Path) -> Unpacked | None:
             raise InputError(f"dataset {name!r} in {path.name}: attribute {attr} holds {value.tolist()[:4]}, not one "
                              "number; fix it (netCDF readers unpack the values with it)")
         found[attr] = value
-    if found["scale_factor"][0] == 1 and found["add_offset"][0] == 0:
+    unsigned = dataset.dtype.kind == "i" and _attr_text(dataset, "_Unsigned").strip().lower() == "true"
+    scaled = not (found["scale_factor"][0] == 1 and found["add_offset"][0] == 0)
+    if not (unsigned or scaled):
         return None
-    return Unpacked(dataset, found["scale_factor"], found["add_offset"])
+    return Unpacked(dataset, unsigned, found["scale_factor"] if scaled else None, found["add_offset"] if scaled else None)
 
 
 def _attr_text(dataset: h5py.Dataset, name: str) -> str:

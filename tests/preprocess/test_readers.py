@@ -895,6 +895,36 @@ def test_cf_packing_read_as_netcdf4_reads_it(tmp_path):
         assert (window[2, 3] == np.float32(cube.nodata)).all()
 
 
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_cf_unsigned_integers_are_read_unsigned(tmp_path, order):
+    """netCDF-3's convention for uint16 data in its signed short, ``_Unsigned = "true"``, is read as netCDF
+    readers give it: the same bits as uint16 (before any scale_factor), its _FillValue -1 as 65535. Values above
+    32767 used to come out negative."""
+    expected = make_cube("uint16", seed=38)
+    expected[1, 2, :] = 65535
+    path = tmp_path / "unsigned.nc"
+    with h5py.File(path, "w") as f:
+        f["plain"] = expected.view(np.int16).astype(f"{order}i2")
+        f["scaled"] = f["plain"][()]
+        for name in ("plain", "scaled"):
+            f[name].attrs["_Unsigned"], f[name].attrs["_FillValue"] = np.bytes_("true"), np.int16(-1)
+        f["scaled"].attrs["scale_factor"] = np.float32(1e-4)
+    with closing(open_cube(path, key="plain")) as cube:
+        check_cube(cube, expected)
+        assert cube.nodata == 65535
+    with closing(open_cube(path, key="scaled")) as cube:
+        check_cube(cube, expected.astype(np.float32) * np.float32(1e-4))
+        assert cube.nodata == float(np.float32(65535) * np.float32(1e-4))
+    netCDF4 = pytest.importorskip("netCDF4")
+    with netCDF4.Dataset(path) as ds:  # netCDF4-python's own reading (masked at the fill value)
+        for name in ("plain", "scaled"):
+            reference = ds[name][:]
+            with closing(open_cube(path, key=name)) as cube:
+                window = cube.read(0, H, 0, W)
+                assert window.dtype == reference.dtype.newbyteorder("=")
+                np.testing.assert_array_equal(window[~reference.mask], reference.data[~reference.mask])
+
+
 def test_cf_packing_that_changes_nothing_keeps_the_type_and_a_bad_one_is_one_line(tmp_path):
     expected = make_cube("int16", seed=35)
     path = tmp_path / "x.h5"
