@@ -63,8 +63,11 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
     try:
         h, w, b = cube.shape
         packed = getattr(cube, "array", None)
-        unpacked = (f", unpacked from {packed.dataset.dtype} by its scale_factor {packed.scale:g} and add_offset "
-                    f"{packed.offset:g}" if isinstance(packed, Unpacked) else "")
+        unpacked = ""
+        if isinstance(packed, Unpacked):
+            how = ([] if packed.view is None else ["_Unsigned"]) + (
+                [] if packed.scale is None else [f"scale_factor {packed.scale:g} and add_offset {packed.offset:g}"])
+            unpacked = f", unpacked from {packed.dataset.dtype.name} by its {' then '.join(how)}"
         lines.append(f"cube:       {h}x{w}x{b} {cube.dtype} (rows x columns x bands{unpacked})")
         wl = cube.wavelengths
         note = getattr(cube, "wavelengths_note", None)

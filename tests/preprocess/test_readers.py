@@ -915,6 +915,12 @@ def test_cf_unsigned_integers_are_read_unsigned(tmp_path, order):
     with closing(open_cube(path, key="scaled")) as cube:
         check_cube(cube, expected.astype(np.float32) * np.float32(1e-4))
         assert cube.nodata == float(np.float32(65535) * np.float32(1e-4))
+    from hsgds.preprocess.describe import describe_source
+
+    # what hsgds info says of each (it raised a TypeError for the unsigned one without a scale_factor)
+    assert "uint16 (rows x columns x bands, unpacked from int16 by its _Unsigned)" in describe_source(path, "plain")
+    assert ("float32 (rows x columns x bands, unpacked from int16 by its _Unsigned then scale_factor 0.0001 and "
+            "add_offset 0)") in describe_source(path, "scaled")
     netCDF4 = pytest.importorskip("netCDF4")
     with netCDF4.Dataset(path) as ds:  # netCDF4-python's own reading (masked at the fill value)
         for name in ("plain", "scaled"):
