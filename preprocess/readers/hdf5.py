@@ -519,9 +519,7 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
             nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, name, path))
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
-        if unpacked is not None and nodata is not None and _holds(dataset.dtype, nodata):
-            # CF's _FillValue is a packed value: the pixels holding it read as it unpacks
-            nodata = float(unpacked.unpack(np.array([nodata], dataset.dtype))[0])
+        nodata = _unpacked_nodata(unpacked, dataset, nodata)
         bands = dataset.shape[axes.index("B")]
         try:
             wavelengths, note = guarded(path, "HDF5", lambda: band_centres(f, dataset, bands, path, axis_option))
@@ -539,6 +537,13 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
     except BaseException:
         f.close()
         raise
+
+
+def _unpacked_nodata(unpacked: Unpacked | None, dataset: h5py.Dataset, nodata: float | None) -> float | None:
+    """The nodata value as the pixels holding it read: CF's _FillValue is a packed value, unpacked as they are."""
+    if unpacked is None or nodata is None or not _holds(dataset.dtype, nodata):
+        return nodata
+    return float(unpacked.unpack(np.array([nodata], dataset.dtype))[0])
 
 
 def _holds(dtype: np.dtype, value: float) -> bool:
@@ -563,7 +568,9 @@ def read_hdf5_labels(path: Path, key: str | None = None, key_option: str | None 
                 nodata = declared_nodata(datasets[name], name, path)
             except InputError as exc:  # (--nodata is the cube's: a label file's value can only be fixed)
                 raise InputError(str(exc).replace(f", {OVERRIDE_NODATA}", "")) from None
-            return unlabelled_at_nodata(datasets[name][()], nodata)
+            unpacked = packing(datasets[name], name, path)  # (a netCDF-3 class map's uint8 kept as _Unsigned bytes)
+            raw = datasets[name][()] if unpacked is None else unpacked.unpack(datasets[name][()])
+            return unlabelled_at_nodata(raw, _unpacked_nodata(unpacked, datasets[name], nodata))
 
         return guarded(path, "HDF5", read)
 

@@ -931,6 +931,19 @@ def test_cf_unsigned_integers_are_read_unsigned(tmp_path, order):
                 np.testing.assert_array_equal(window[~reference.mask], reference.data[~reference.mask])
 
 
+def test_a_netcdf3_class_map_of_unsigned_bytes_reads_its_classes(tmp_path):
+    """A class map of uint8 classes kept in netCDF-3's signed byte with ``_Unsigned = "true"`` (and its _FillValue
+    -1, i.e. 255, unlabelled) reads classes 128-254 as themselves; they used to be refused as negative."""
+    gt = np.random.default_rng(39).integers(0, 255, (H, W)).astype(np.uint8)
+    gt[0, 0] = 255
+    path = tmp_path / "classes.nc"
+    with h5py.File(path, "w") as f:
+        f["classes"] = gt.view(np.int8)
+        f["classes"].attrs["_Unsigned"], f["classes"].attrs["_FillValue"] = np.bytes_("true"), np.int8(-1)
+    expected = np.where(gt == 255, 0, gt)
+    np.testing.assert_array_equal(read_labels(path), expected)
+
+
 def test_cf_packing_that_changes_nothing_keeps_the_type_and_a_bad_one_is_one_line(tmp_path):
     expected = make_cube("int16", seed=35)
     path = tmp_path / "x.h5"
