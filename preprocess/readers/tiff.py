@@ -214,6 +214,23 @@ def _band_centres(text: str | None, bands: int, path: Path) -> tuple[list[float]
     return wavelengths_in_nm(values, units, path.name)
 
 
+def _band_descriptions(text: str | None, bands: int) -> list[str] | None:
+    """Band names from GDAL's metadata tag: each band's ``DESCRIPTION`` item (what gdal_translate keeps of an ENVI
+    header's band names, and rasterio's ``descriptions``), or None unless every band has one."""
+    if not text:
+        return None
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return None  # (_band_centres names the unreadable tag)
+    names = {int(item.get("sample") or ""): (item.text or "").strip() for item in root.iter("Item")
+             if (item.get("name") or "").upper() == "DESCRIPTION" and (item.get("sample") or "").isdigit()
+             and (item.get("role") or "description") == "description"}
+    if sorted(names) != list(range(bands)) or not all(names.values()):
+        return None
+    return [names[b] for b in range(bands)]
+
+
 #: the part of an EnMAP image file's name (``ENMAP01-____L2A-DT...Z-SPECTRAL_IMAGE.TIF``; L1B's ``..._VNIR`` and
 #: ``..._SWIR``; EOLab's ``..._COG.tiff``) that its metadata file's name (``...Z-METADATA.XML``) has in its place
 _ENMAP_IMAGE = re.compile(r"(SPECTRAL_IMAGE)(_VNIR|_SWIR)?(_COG)?$", re.IGNORECASE)
@@ -394,6 +411,7 @@ def open_tiff(path: Path) -> ArrayCube:
                 # to it is a changed source (a store's record of what it was made from names both)
                 files.append(sidecar)
     cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=geo.get("nodata"),
+                     band_names=_band_descriptions(geo.get("gdal_metadata"), bands),
                      nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,
                      wavelengths_file=None if wavelengths is None else sidecar)
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.

@@ -1149,6 +1149,32 @@ def test_tiff_band_centres_from_gdal_metadata(tmp_path):
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+def test_tiff_band_names_from_gdal_band_descriptions(tmp_path):
+    """GDAL keeps an ENVI header's band names as its bands' descriptions when it converts the file to GeoTIFF
+    (rasterio's ``descriptions``): they are the cube's band names, as the ENVI file's were (they used to be
+    dropped). Names for only some bands are none."""
+    rasterio = pytest.importorskip("rasterio")
+    gdal_copy = pytest.importorskip("rasterio.shutil").copy
+
+    expected = make_cube("uint16", seed=40, shape=(H, W, 4))
+    names = ["Band 1 (blue)", "green", "red edge 705 nm", "NIR"]
+    hdr = save_envi(tmp_path / "scene", expected, interleave="bil", ext=".img", metadata={"band names": names})
+    gdal_copy(str(tmp_path / "scene.img"), str(tmp_path / "scene.tif"), driver="GTiff")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(tmp_path / "scene.tif") as ds:
+            described = list(ds.descriptions)
+        with closing(open_cube(hdr)) as envi_cube, closing(open_cube(tmp_path / "scene.tif")) as cube:
+            check_cube(cube, expected)
+            assert cube.band_names == described == envi_cube.band_names == names
+        with rasterio.open(tmp_path / "partial.tif", "w", driver="GTiff", height=H, width=W, count=4,
+                           dtype="uint16") as dst:
+            dst.write(expected.transpose(2, 0, 1))
+            dst.set_band_description(2, "green")
+        with closing(open_cube(tmp_path / "partial.tif")) as cube:
+            assert cube.band_names is None
+
+
 ENMAP_NM = ["418.416", "423.874", "429.291", "434.669", "1001.2", "1014.7", "2445.53"]
 
 
