@@ -43,12 +43,17 @@ DATA_SUFFIXES = ("", ".img", ".dat", ".raw", ".bsq", ".bil", ".bip")
 #: Headers are a few KB of text (tens of KB with thousands of band names); anything larger is not one.
 MAX_HEADER_BYTES = 16 << 20
 
+#: the byte-order mark some Windows editors put before a text file saved as UTF-8
+_BOM = b"\xef\xbb\xbf"
+
+
 def _is_header(path: Path) -> bool:
-    """Whether ``path`` is a readable file whose text starts with the ENVI signature."""
+    """Whether ``path`` is a readable file whose text starts with the ENVI signature (after a UTF-8 byte-order
+    mark, which a header edited in Notepad may carry)."""
     if not path.is_file():
         return False
     with path.open("rb") as f:
-        return f.read(4) == b"ENVI"
+        return f.read(7).removeprefix(_BOM)[:4] == b"ENVI"
 
 
 def find_pair(path: Path) -> tuple[Path, Path] | None:
@@ -116,7 +121,7 @@ def parse_header(path: Path) -> dict[str, str]:
         if size > MAX_HEADER_BYTES:
             raise InputError(f"{path} is {size} bytes, too large for an ENVI header (text of at most "
                              f"{MAX_HEADER_BYTES >> 20} MiB); pass the .hdr file, not the binary")
-        text = path.read_bytes().decode("utf-8", errors="replace")
+        text = path.read_bytes().removeprefix(_BOM).decode("utf-8", errors="replace")
     except OSError as exc:
         raise InputError(f"cannot read ENVI header {path} ({exc.strerror}); check its permissions") from None
     lines = text.splitlines()

@@ -179,6 +179,22 @@ def test_envi_handwritten_header(tmp_path):
         check_cube(cube, expected)
 
 
+def test_envi_header_saved_with_a_byte_order_mark(tmp_path):
+    """A header edited in a Windows editor that saves UTF-8 with a byte-order mark still starts with ENVI as its
+    user sees it: it is read as without the mark (it used to be "does not start with 'ENVI'", and its binary
+    "cannot tell the format")."""
+    expected = make_cube("int16", seed=41, shape=(H, W, 3))
+    hdr = save_envi(tmp_path / "scene", expected, interleave="bil", ext=".img",
+                    metadata={"wavelength": [450.0, 550.0, 650.0], "wavelength units": "Nanometers"})
+    reference = spy_envi.open(str(hdr))  # SPy's reading, before the mark is added
+    hdr.write_bytes(b"\xef\xbb\xbf" + hdr.read_bytes())
+    for given in (hdr, tmp_path / "scene.img"):
+        assert detect_format(given) == "envi"
+        with closing(open_cube(given)) as cube:
+            check_cube(cube, reference.open_memmap(interleave="bip"))
+            assert cube.wavelengths == [float(w) for w in reference.bands.centers]
+
+
 def _write_raw_envi(tmp_path: Path, fields: dict[str, object], data: bytes) -> Path:
     header = {"samples": W, "lines": H, "bands": B, "header offset": 0, "data type": 4, "interleave": "bsq",
               "byte order": 0}
