@@ -41,6 +41,9 @@ _SUPPORTED = "ENVI (.hdr + binary), MATLAB .mat (v5, v7.3), HDF5, GeoTIFF/TIFF o
 _NPY_MAGIC = b"\x93NUMPY"
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
+#: formats named in the error when a file is one of them: netCDF-3 (classic, 64-bit offset, CDF-5) and HDF4
+_NETCDF3_MAGICS = (b"CDF\x01", b"CDF\x02", b"CDF\x05")
+_HDF4_MAGIC = b"\x0e\x03\x13\x01"
 
 #: Extensions that promise a format, used only to explain why a file was not recognised.
 _EXTENSIONS = {
@@ -96,6 +99,12 @@ def _detect(path: Path, what: str = "cube") -> tuple[str, tuple[Path, Path] | No
         raise InputError(f"{path} has a .hdr extension but does not start with 'ENVI'; pass a valid ENVI header")
     if not head:
         raise InputError(f"{path} is empty; re-export the {what}")
+    if head[:4] in _NETCDF3_MAGICS:
+        raise InputError(f"{path} is a netCDF-3 (classic) file, which hsgds does not read; convert it to netCDF-4 "
+                         f"first (nccopy -k nc4 {path.name} {path.stem}_nc4.nc)")
+    if head.startswith(_HDF4_MAGIC):
+        raise InputError(f"{path} is an HDF4 file (as Hyperion's and MODIS's), which hsgds does not read; convert it "
+                         "to HDF5 first (h4toh5), or its dataset to GeoTIFF (gdal_translate)")
     if suffix in _EXTENSIONS:
         raise InputError(
             f"{path} is named like {FORMATS[_EXTENSIONS[suffix]]} but does not start with that format's signature "

@@ -1165,6 +1165,32 @@ def test_tiff_band_centres_from_gdal_metadata(tmp_path):
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_netcdf3_and_hdf4_files_are_named_as_such(tmp_path, run_cli, version):
+    """A netCDF-3 file (scipy's writer, classic or 64-bit offset: what xarray writes without netCDF4) and an HDF4
+    file (Hyperion's L1R, by its signature) are named as what they are, with the conversion that makes them
+    readable, for a cube, a label map and `hsgds convert` (exit 2, one line, no store); the netCDF-3 file used to
+    be "cannot tell the format", the HDF4 one "named like HDF5 ... truncated or mislabelled"."""
+    classic = tmp_path / "scene.nc"
+    with scipy.io.netcdf_file(classic, "w", version=version) as f:
+        for name, n in zip("yxb", (H, W, B)):
+            f.createDimension(name, n)
+        f.createVariable("reflectance", "h", ("y", "x", "b"))[:] = make_cube("int16", seed=42)
+    hdf4 = tmp_path / "EO1H0370412009263110KF.L1R"  # the HDF4 signature (HDF 4.2 specification) before its DDs
+    hdf4.write_bytes(b"\x0e\x03\x13\x01" + bytes(512))
+    for path, message in (
+            (classic, r"scene\.nc is a netCDF-3 \(classic\) file, which hsgds does not read; convert it to netCDF-4 "
+                      r"first \(nccopy -k nc4 scene\.nc scene_nc4\.nc\)"),
+            (hdf4, r"EO1H0370412009263110KF\.L1R is an HDF4 file \(as Hyperion's and MODIS's\), which hsgds does "
+                   r"not read; convert it to HDF5 first \(h4toh5\), or its dataset to GeoTIFF \(gdal_translate\)")):
+        for read in (open_cube, read_labels):
+            with pytest.raises(InputError, match=message + "$"):
+                read(path)
+        code, _, err = run_cli("convert", path, "-o", tmp_path / "s.zarr")
+        assert code == 2 and re.fullmatch(r"hsgds: error: \S+" + message + "\n", err), err
+        assert not (tmp_path / "s.zarr").exists()
+
+
 def test_tiff_band_names_from_gdal_band_descriptions(tmp_path):
     """GDAL keeps an ENVI header's band names as its bands' descriptions when it converts the file to GeoTIFF
     (rasterio's ``descriptions``): they are the cube's band names, as the ENVI file's were (they used to be
