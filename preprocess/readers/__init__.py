@@ -335,8 +335,9 @@ def _as_labels(raw: np.ndarray, path: Path, what: str = "label map") -> np.ndarr
     if low < 0:
         refuse(f"contain negative values (min {low:g}); class ids must be >= 0 (0 = unlabeled)",
                f"holds negative values (min {low:g})")
-    # uint64 and float values above int64's range would wrap silently on conversion.
-    if high >= 2**63:
+    # uint64 and float values above int64's range would wrap silently on conversion. (Compared as a Python int:
+    # 2**63 cast to a float16 map's type overflows, with a RuntimeWarning.)
+    if int(high) >= 2**63:
         refuse(f"hold a value too large for int64 (max {high:g}); class ids must be small integers",
                f"holds a value too large for int64 (max {high:g})")
     return np.ascontiguousarray(raw, dtype=np.int64)

@@ -1422,6 +1422,8 @@ def test_unknown_missing_and_mislabelled_files(tmp_path):
         (np.array([[0.0, 1.0], [2.0, 16.0]], np.float32), [[0, 1], [2, 16]]),
         (np.array([[True, False], [False, True]]), [[1, 0], [0, 1]]),
         (np.array([[0, 1], [2, 2**40]], np.uint64), [[0, 1], [2, 2**40]]),
+        # a float16 map (pytest makes warnings errors: its range check overflowed with a RuntimeWarning)
+        (np.array([[0.0, 1.0], [2.0, 300.0]], np.float16), [[0, 1], [2, 300]]),
     ],
 )
 def test_labels_accepted(tmp_path, values, expected):
