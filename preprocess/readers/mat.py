@@ -80,7 +80,10 @@ def _unsupported(name: str, shape: tuple[int, ...], cls: str, key_option: str | 
     if cls == "sparse":
         return shape, f"is a sparse matrix, which is unsupported; save it full ({name} = full({name}))"
     option = f" with {key_option}" if key_option else ""
-    return (), f"is a {cls} array, not a numeric one; choose a numeric variable{option}"
+    # (a v5 file's fields and cells are no variables of their own: only MATLAB can take the array out)
+    held = {"struct": f"x = {name}.field", "cell": f"x = {name}{{1}}"}.get(cls)
+    out = f"save the array it holds as a variable of its own ({held}), or " if held else ""
+    return (), f"is a {cls} array, not a numeric one; {out}choose a numeric variable{option}"
 
 
 def _choose_v5(path: Path, ndim: int, key: str | None, key_option: str | None) -> str:

@@ -360,7 +360,8 @@ def test_mat_variables_that_are_no_numeric_array_are_named_as_what_they_are(tmp_
     gt[3, 4], gt[5, 6] = 2, 1
     sparse_gt = scipy.sparse.csc_matrix(gt)
     v5, v4 = tmp_path / "sparse_v5.mat", tmp_path / "sparse_v4.mat"
-    scipy.io.savemat(v5, {"gt": sparse_gt, "names": np.array(["grass", "roads"]), "info": np.array([[1, 2]], object)})
+    scipy.io.savemat(v5, {"gt": sparse_gt, "names": np.array(["grass", "roads"]), "info": np.array([[1, 2]], object),
+                          "meta": {"cube": make_cube(shape=(3, 3, 2))}})
     scipy.io.savemat(v4, {"gt": sparse_gt}, format="4")
     matlab = tmp_path / "sparse_v73.mat"
     save_mat73(matlab, {"names": np.zeros((2, 5), np.uint16)}, matlab_class={"names": "char"})
@@ -376,9 +377,11 @@ def test_mat_variables_that_are_no_numeric_array_are_named_as_what_they_are(tmp_
             with pytest.raises(InputError, match=rf"^variable 'gt' in {path.name} is a sparse matrix, which is "
                                                  r"unsupported; save it full \(gt = full\(gt\)\)$"):
                 read_labels(path, key=key)
-    for path, key, cls in ((v5, "names", "char"), (v5, "info", "cell"), (matlab, "names", "char")):
+    held = r"save the array it holds as a variable of its own \(x = {}\), or "
+    for path, key, cls, fix in ((v5, "names", "char", ""), (v5, "info", "cell", held.format(r"info\{1\}")),
+                                (v5, "meta", "struct", held.format(r"meta\.field")), (matlab, "names", "char", "")):
         with pytest.raises(InputError, match=rf"^variable '{key}' in {path.name} is a {cls} array, not a numeric one; "
-                                             "choose a numeric variable with --labels-key$"):
+                                             rf"{fix}choose a numeric variable with --labels-key$"):
             read_labels(path, key=key, key_option="--labels-key")
 
 
