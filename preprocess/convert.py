@@ -332,19 +332,38 @@ def _grid_mismatch(cube_geo: dict[str, Any], file_geo: dict[str, Any], height: i
     return None
 
 
-def _check_grid(path: str | os.PathLike, what: str, cube: SourceCube, hw: tuple[int, int]) -> None:
-    """Refuse a label map or mask whose file records another map grid than the cube's: of the same shape, its
-    pixels would silently label other ground (a map of a neighbouring scene, or at another resolution)."""
+def _grids(path: str | os.PathLike, what: str, cube: SourceCube) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The cube's map grid and the one a label map or mask file records, or None unless both have one (GDAL's
+    default geotransform is none)."""
     def grid(geo: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if geo is None or (geo["transform"] == _NO_GRID and not geo["epsg"] and not geo["crs_wkt"]) else geo
 
     cube_geo = grid(getattr(cube, "georeference", None))
     file_geo = None if cube_geo is None else grid(label_georeference(path, what))
-    why = None if file_geo is None else _grid_mismatch(cube_geo, file_geo, *hw)
-    if why is not None:
+    return None if cube_geo is None or file_geo is None else (cube_geo, file_geo)
+
+
+def _warp(cube_geo: dict[str, Any], hw: tuple[int, int], path: str | os.PathLike) -> str:
+    """The gdalwarp command that resamples a class map ``path`` onto the cube's grid (nearest neighbour: classes
+    stay classes); the grid's extent and pixel size are spelled out when it is north-up."""
+    x0, dx, rx, y0, ry, dy = cube_geo["transform"]
+    name = Path(path)
+    srs = f" -t_srs EPSG:{cube_geo['epsg']}" if cube_geo.get("epsg") else ""
+    grid = "" if rx or ry else (f" -tr {abs(dx):.10g} {abs(dy):.10g} -te {min(x0, x0 + hw[1] * dx):.10g} "
+                                f"{min(y0, y0 + hw[0] * dy):.10g} {max(x0, x0 + hw[1] * dx):.10g} "
+                                f"{max(y0, y0 + hw[0] * dy):.10g}")
+    return f"gdalwarp -r near{srs}{grid} {name.name} {name.stem}_on_cube{name.suffix or '.tif'}"
+
+
+def _check_grid(path: str | os.PathLike, what: str, cube: SourceCube, hw: tuple[int, int]) -> None:
+    """Refuse a label map or mask whose file records another map grid than the cube's: of the same shape, its
+    pixels would silently label other ground (a map of a neighbouring scene, or at another resolution)."""
+    grids = _grids(path, what, cube)
+    why = None if grids is None else _grid_mismatch(*grids, *hw)
+    if grids is not None and why is not None:
         raise InputError(f"{what} {Path(path).name}: its map grid is not the cube's ({why}), so its pixels label "
-                         "other ground; resample it onto the cube's grid (gdalwarp -r near), or pass the one of this "
-                         "scene")
+                         f"other ground; resample it onto the cube's grid ({_warp(grids[0], hw, path)}), or pass the "
+                         "one of this scene")
 
 
 def _load_labels(opts: ConvertOptions, src: Path, cube: SourceCube) -> np.ndarray:
@@ -356,7 +375,13 @@ def _load_labels(opts: ConvertOptions, src: Path, cube: SourceCube) -> np.ndarra
     labels = read_labels(opts.labels, key=opts.labels_key, key_option=opts.labels_key_from)
     if labels.shape != hw:
         fix = "pass the ground truth of this scene"
-        if detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
+        grids = _grids(opts.labels, "labels", cube)
+        if grids is not None:  # the scene's ground truth at another resolution or extent (Houston 2018's, 0.5 m)
+            (cx0, cdx, _, cy0, _, cdy), (lx0, ldx, _, ly0, _, ldy) = grids[0]["transform"], grids[1]["transform"]
+            fix = (f"its map grid has pixels of {abs(ldx):.10g} x {abs(ldy):.10g} from ({lx0:.10g}, {ly0:.10g}), "
+                   f"the cube's {abs(cdx):.10g} x {abs(cdy):.10g} from ({cx0:.10g}, {cy0:.10g}): resample it onto "
+                   f"the cube's grid ({_warp(grids[0], hw, opts.labels)})")
+        elif detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
             # an array whose band axis was taken for a spatial one matches the labels with another band axis
             given = opts.band_axis or "last"
             others = [a for a in _band_axes_fitting(shape, opts.band_axis, labels.shape) if a != given]

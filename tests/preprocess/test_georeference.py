@@ -257,7 +257,9 @@ def test_labels_on_another_map_grid_than_the_cube_are_refused(tmp_path, cube, ru
     line = err.strip()
     assert "\n" not in line and "Traceback" not in line
     assert re.search(rf"labels gt\.tif: its map grid is not the cube's \({why}\), so its pixels label other "
-                     r"ground; resample it onto the cube's grid \(gdalwarp -r near\)", line), line
+                     r"ground; resample it onto the cube's grid \(gdalwarp -r near -t_srs EPSG:32616 -tr 30 30 -te "
+                     r"620000 3999310 620930 4000000 gt\.tif gt_on_cube\.tif\), or pass the one of this scene$",
+                     line), line
     assert not (tmp_path / "s.zarr").exists()
     # a train mask is checked the same way
     write_geotiff(tmp_path / "gt_same.tif", gt, UTM16N, GRID)
@@ -285,3 +287,34 @@ def test_labels_on_the_cubes_grid_or_on_none_are_taken(tmp_path, cube):
     for name in ("gt.hdr", "plain.tif", "identity.tif", "gt.npy"):
         store = convert(src, tmp_path / f"{name}.zarr", ConvertOptions(labels=tmp_path / name))
         np.testing.assert_array_equal(hsgds.open_scene(store).labels, gt)
+
+
+def test_labels_of_the_scene_at_another_resolution_are_told_how_to_fit(tmp_path, cube, run_cli):
+    """The scene's ground truth on a finer grid (Houston 2018's is 0.5 m beside 1 m hyperspectral pixels) has
+    another shape: the error gives both grids and the gdalwarp command that resamples it onto the cube's (it
+    used to say "pass the ground truth of this scene"). Resampled as it says (rasterio's reproject, GDAL's
+    warper), the labels convert."""
+    from rasterio.transform import from_bounds
+    from rasterio.warp import Resampling, reproject
+
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, GRID)
+    fine = np.random.default_rng(4).integers(0, 4, (1, 2 * cube.shape[1], 2 * cube.shape[2])).astype(np.uint8)
+    write_geotiff(tmp_path / "gt.tif", fine, UTM16N, Affine(15.0, 0.0, 620000.0, 0.0, -15.0, 4000000.0))
+    code, _, err = run_cli("convert", src, "-o", tmp_path / "s.zarr", "--labels", tmp_path / "gt.tif")
+    assert code == 2 and not (tmp_path / "s.zarr").exists()
+    found = re.fullmatch(r"hsgds: error: labels gt\.tif have shape \(46, 62\), but the cube is 23x31; its map grid has "
+                         r"pixels of 15 x 15 from \(620000, 4000000\), the cube's 30 x 30 from \(620000, 4000000\): "
+                         r"resample it onto the cube's grid \(gdalwarp -r near -t_srs EPSG:32616 -tr (\S+) (\S+) -te "
+                         r"(\S+) (\S+) (\S+) (\S+) gt\.tif gt_on_cube\.tif\)\n", err)
+    assert found, err
+    dx, dy, xmin, ymin, xmax, ymax = (float(v) for v in found.groups())
+    width, height = round((xmax - xmin) / dx), round((ymax - ymin) / dy)
+    resampled = np.zeros((1, height, width), np.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)  # (rasterio's own use of affine's * operator)
+        target = from_bounds(xmin, ymin, xmax, ymax, width, height)
+        reproject(fine, resampled, src_transform=Affine(15.0, 0.0, 620000.0, 0.0, -15.0, 4000000.0), src_crs=UTM16N,
+                  dst_transform=target, dst_crs=UTM16N, resampling=Resampling.nearest)
+        write_geotiff(tmp_path / "gt_on_cube.tif", resampled, UTM16N, target)
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt_on_cube.tif"))
+    np.testing.assert_array_equal(hsgds.open_scene(store).labels, resampled[0])
