@@ -8,6 +8,7 @@ header beginning "ENVI" next to a raw binary, which has no signature of its own)
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -44,6 +45,7 @@ _TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and B
 #: formats named in the error when a file is one of them: netCDF-3 (classic, 64-bit offset, CDF-5) and HDF4
 _NETCDF3_MAGICS = (b"CDF\x01", b"CDF\x02", b"CDF\x05")
 _HDF4_MAGIC = b"\x0e\x03\x13\x01"
+_ZIP_MAGIC = b"PK\x03\x04"  # (np.savez's .npz)
 
 #: Extensions that promise a format, used only to explain why a file was not recognised.
 _EXTENSIONS = {
@@ -71,6 +73,16 @@ def _is_hdf5(path: Path, head: bytes) -> bool:
         return True
     # Larger userblocks are rare; let the library search for the signature.
     return len(head) >= 4096 and h5py.is_hdf5(os.fspath(path))
+
+
+def _npz_members(path: Path) -> str:
+    """`` (arrays a, b)``: the arrays an .npz archive holds, for the message that refuses it ("" when unreadable)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n.removesuffix(".npy") for n in archive.namelist()]
+    except (OSError, zipfile.BadZipFile):
+        return ""
+    return f" (arrays {', '.join(names[:12])}{', ...' if len(names) > 12 else ''})" if names else ""
 
 
 def _detect(path: Path, what: str = "cube") -> tuple[str, tuple[Path, Path] | None]:
@@ -102,6 +114,10 @@ def _detect(path: Path, what: str = "cube") -> tuple[str, tuple[Path, Path] | No
     if head[:4] in _NETCDF3_MAGICS:
         raise InputError(f"{path} is a netCDF-3 (classic) file, which hsgds does not read; convert it to netCDF-4 "
                          f"first (nccopy -k nc4 {path.name} {path.stem}_nc4.nc)")
+    if head.startswith(_ZIP_MAGIC) and suffix == ".npz":
+        raise InputError(f"{path} is a NumPy .npz archive{_npz_members(path)}, which hsgds does not read; save the "
+                         f"array in a .npy file of its own (np.save('{what.replace(' ', '_')}.npy', "
+                         f"np.load('{path.name}')['NAME']))")
     if head.startswith(_HDF4_MAGIC):
         raise InputError(f"{path} is an HDF4 file (as Hyperion's and MODIS's), which hsgds does not read; convert it "
                          "to HDF5 first (h4toh5), or its dataset to GeoTIFF (gdal_translate)")

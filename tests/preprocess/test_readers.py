@@ -1194,6 +1194,21 @@ def test_netcdf3_and_hdf4_files_are_named_as_such(tmp_path, run_cli, version):
         assert not (tmp_path / "s.zarr").exists()
 
 
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_an_npz_archive_is_named_with_its_arrays(tmp_path, save):
+    """np.savez's archive (a zip of .npy files) is named as such, with the arrays it holds and how to save one
+    as a .npy; it used to be "cannot tell the format"."""
+    path = tmp_path / "scene.npz"
+    save(path, cube=make_cube(), gt=make_labels())
+    assert sorted(np.load(path).files) == ["cube", "gt"]  # what numpy reads in it
+    with pytest.raises(InputError, match=r"scene\.npz is a NumPy \.npz archive \(arrays cube, gt\), which hsgds does "
+                                         r"not read; save the array in a \.npy file of its own \(np\.save\('cube\.npy', "
+                                         r"np\.load\('scene\.npz'\)\['NAME'\]\)\)$"):
+        open_cube(path)
+    with pytest.raises(InputError, match=r"\(np\.save\('label_map\.npy', np\.load\('scene\.npz'\)\['NAME'\]\)\)$"):
+        read_labels(path)
+
+
 def test_tiff_band_names_from_gdal_band_descriptions(tmp_path):
     """GDAL keeps an ENVI header's band names as its bands' descriptions when it converts the file to GeoTIFF
     (rasterio's ``descriptions``): they are the cube's band names, as the ENVI file's were (they used to be
