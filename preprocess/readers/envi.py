@@ -18,7 +18,7 @@ from hsgds.preprocess.readers.base import (
 )
 
 __all__ = ["DATA_SUFFIXES", "envi_class_names", "envi_georeference", "find_pair", "open_envi", "parse_header",
-           "read_envi_labels"]
+           "read_envi_labels", "tiff_header", "tiff_header_metadata"]
 
 #: ENVI "data type" codes this reader maps to numpy; complex codes (6, 9) are deliberately absent.
 _DATA_TYPES = {
@@ -76,6 +76,10 @@ def find_pair(path: Path) -> tuple[Path, Path] | None:
             key=lambda p: DATA_SUFFIXES.index(p.name[len(stem):].lower()),
         )
         if not found:
+            tiffs = [p for p in (path.with_suffix(".tif"), path.with_suffix(".tiff")) if p.is_file()]
+            if tiffs and _describes_tiff(path):
+                raise InputError(f"ENVI header {path} describes a TIFF (file type = TIFF): pass the TIFF itself "
+                                 f"({tiffs[0].name}), whose band centres are then read from this header")
             tried = ", ".join(stem + s for s in DATA_SUFFIXES if s) + f" or {stem}"
             raise InputError(
                 f"ENVI header {path} has no binary beside it (looked for {tried}); "
@@ -409,3 +413,35 @@ def envi_georeference(header_path: Path) -> dict | None:
         return _georeference(parse_header(header_path), header_path)
     except InputError:
         return None
+
+
+def _describes_tiff(header_path: Path) -> bool:
+    """Whether an ENVI header says it describes a TIFF (``file type = TIFF``): ENVI writes one beside a TIFF it
+    saves, to keep what the TIFF has no tag for (band centres, band names)."""
+    try:
+        return "tif" in parse_header(header_path).get("file type", "").strip().lower()
+    except InputError:
+        return False
+
+
+def tiff_header(tiff: Path) -> Path | None:
+    """The ENVI header ENVI wrote beside the TIFF ``tiff`` (``name.hdr`` or ``name.tif.hdr``, ``file type =
+    TIFF``), or None."""
+    for header in (tiff.with_suffix(".hdr"), tiff.with_suffix(".HDR"), tiff.with_name(tiff.name + ".hdr"),
+                   tiff.with_name(tiff.name + ".HDR")):
+        if header != tiff and _is_header(header) and _describes_tiff(header):
+            return header
+    return None
+
+
+def tiff_header_metadata(header_path: Path, shape: tuple[int, int, int]) -> tuple[
+        list[float] | None, str | None, list[str] | None]:
+    """Band centres in nm (or None and why they are not recorded) and band names that an ENVI header beside a
+    TIFF of ``shape`` (H, W, B) gives; a header of another image size gives none, and says so."""
+    header = parse_header(header_path)
+    size = tuple(_positive_int(header, key, header_path) for key in ("lines", "samples", "bands"))
+    if size != shape:
+        return None, (f"{header_path.name}: it describes a {size[0]}x{size[1]}x{size[2]} image, not the TIFF's "
+                      f"{shape[0]}x{shape[1]}x{shape[2]}, so its band centres are not used"), None
+    wavelengths, note = _wavelengths_nm(header, shape[2], header_path)
+    return wavelengths, note, _band_names(header, shape[2], header_path)

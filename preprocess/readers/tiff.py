@@ -32,6 +32,7 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
     wavelengths_in_nm,
 )
+from hsgds.preprocess.readers.envi import tiff_header, tiff_header_metadata
 
 __all__ = ["open_tiff", "read_tiff_labels", "tiff_georeference"]
 
@@ -410,8 +411,20 @@ def open_tiff(path: Path) -> ArrayCube:
                 # read for the store's band centres, it is part of the source: hashed with the image, and a change
                 # to it is a changed source (a store's record of what it was made from names both)
                 files.append(sidecar)
+    band_names = _band_descriptions(geo.get("gdal_metadata"), bands)
+    header = tiff_header(path) if wavelengths is None and note is None else None
+    if header is not None:  # none in the file: ENVI keeps a TIFF's band centres in a header beside it
+        h, w = (array.shape[order.index(a)] for a in "HW")
+        try:
+            wavelengths, note, names = tiff_header_metadata(header, (h, w, bands))
+        except InputError as exc:  # a header that cannot give them: said, not fatal (--wavelengths gives them)
+            wavelengths, note, names = None, str(exc), None
+        band_names = band_names or names
+        if wavelengths is not None or names is not None:
+            files.append(header)  # (part of the source, as an EnMAP metadata file)
+            sidecar = header
     cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=geo.get("nodata"),
-                     band_names=_band_descriptions(geo.get("gdal_metadata"), bands),
+                     band_names=band_names,
                      nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,
                      wavelengths_file=None if wavelengths is None else sidecar)
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.

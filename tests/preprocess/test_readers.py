@@ -1235,6 +1235,44 @@ def test_tiff_band_names_from_gdal_band_descriptions(tmp_path):
             assert cube.band_names is None
 
 
+def _envi_tiff_header(path: Path, shape: tuple[int, int, int], wavelengths: str) -> Path:
+    """The header ENVI keeps beside a TIFF whose metadata it edited or saved (``file type = TIFF``): what the
+    TIFF has no tag for, its band centres and names."""
+    h, w, b = shape
+    path.write_text(f"ENVI\ndescription = {{\n  {path.stem}.tif}}\nsamples = {w}\nlines   = {h}\nbands   = {b}\n"
+                    "header offset = 0\nfile type = TIFF\ndata type = 12\ninterleave = bip\nbyte order = 0\n"
+                    f"band names = {{\n {', '.join(f'Band {i + 1}' for i in range(b))}}}\n"
+                    f"wavelength units = Micrometers\nwavelength = {{\n {wavelengths}}}\n")
+    return path
+
+
+def test_tiff_band_centres_from_the_envi_header_beside_it(tmp_path, run_cli):
+    """A TIFF that ENVI saved, or whose metadata it edited, keeps its band centres and names in an ENVI header
+    beside it (``file type = TIFF``): they are the cube's (the header then part of the source, as an EnMAP
+    metadata file is), read as SPy reads the header; they used to be lost. A header of another image size gives
+    none and says why; the header itself, passed as the source, names the TIFF to pass."""
+    expected = make_cube("uint16", seed=43, shape=(H, W, 4))
+    tifffile.imwrite(tmp_path / "scene.tif", expected, photometric="minisblack", planarconfig="contig")
+    header = _envi_tiff_header(tmp_path / "scene.hdr", (H, W, 4), "0.450000, 0.550000,\n 0.650000, 0.850000")
+    spy = spy_envi.read_envi_header(str(header))
+    with closing(open_cube(tmp_path / "scene.tif")) as cube:
+        check_cube(cube, expected)
+        assert cube.wavelengths == pytest.approx([1000 * float(v) for v in spy["wavelength"]])
+        assert cube.band_names == spy["band names"] == ["Band 1", "Band 2", "Band 3", "Band 4"]
+        assert cube.files == [tmp_path / "scene.tif", header] and cube.wavelengths_file == header
+    code, out, _ = run_cli("info", tmp_path / "scene.tif")
+    assert code == 0 and "bands:      4 bands, 450.0-850.0 nm (from scene.hdr)" in out
+    with pytest.raises(InputError, match=r"ENVI header .*scene\.hdr describes a TIFF \(file type = TIFF\): pass the "
+                                         r"TIFF itself \(scene\.tif\), whose band centres are then read from this "
+                                         r"header$"):
+        open_cube(header)
+    _envi_tiff_header(header, (H, W, 5), "0.4, 0.5, 0.6, 0.7, 0.8")
+    with closing(open_cube(tmp_path / "scene.tif")) as cube:
+        assert (cube.wavelengths, cube.band_names, cube.files) == (None, None, [tmp_path / "scene.tif"])
+        assert cube.wavelengths_note == (f"scene.hdr: it describes a {H}x{W}x5 image, not the TIFF's {H}x{W}x4, so "
+                                         "its band centres are not used")
+
+
 ENMAP_NM = ["418.416", "423.874", "429.291", "434.669", "1001.2", "1014.7", "2445.53"]
 
 
