@@ -47,7 +47,14 @@ from hsgds.errors import (
     shown_path,
 )
 from hsgds.preprocess import splits as splitting
-from hsgds.preprocess.readers import detect_format, label_class_names, label_files, open_cube, read_labels
+from hsgds.preprocess.readers import (
+    detect_format,
+    label_class_names,
+    label_files,
+    label_georeference,
+    open_cube,
+    read_labels,
+)
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
 from hsgds.preprocess.readers.hdf5 import BAND_AXES, band_axes
 from hsgds.preprocess.stats import BandAccumulator, check_finite
@@ -300,7 +307,67 @@ def _band_axes_fitting(shape: tuple[int, int, int], band_axis: str | None, hw: t
             if (array_shape[axes.index("H")], array_shape[axes.index("W")]) == tuple(hw)]
 
 
-def _load_labels(opts: ConvertOptions, src: Path, shape: tuple[int, int, int]) -> np.ndarray:
+#: how far (a share of the cube's pixel) a label map's grid may lie from the cube's at its corners: rounding in
+#: the files' numbers, never a pixel's shift
+_GRID_SLACK = 0.01
+#: GDAL's default geotransform, which it reads (and writes) for a raster without one: a pixel grid, no map grid
+_NO_GRID = [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def _grid_mismatch(cube_geo: dict[str, Any], file_geo: dict[str, Any], height: int, width: int) -> str | None:
+    """How the map grid ``file_geo`` of a label file differs from the cube's ``cube_geo`` (both ``georeference``
+    values; the files have ``height`` x ``width`` pixels), or None when it is the same grid: the same EPSG code
+    where both have one (WKT alone is not compared: two writers spell one CRS differently), and each corner of
+    the raster at the same map position within ``_GRID_SLACK`` of a pixel."""
+    if cube_geo.get("epsg") and file_geo.get("epsg") and cube_geo["epsg"] != file_geo["epsg"]:
+        return f"its CRS is EPSG:{file_geo['epsg']}, the cube's EPSG:{cube_geo['epsg']}"
+    a, b = cube_geo["transform"], file_geo["transform"]
+    pixel = math.sqrt(abs(a[1] * a[5] - a[2] * a[4]))
+    for col, row in ((0, 0), (width, 0), (0, height), (width, height)):
+        ax, ay = a[0] + col * a[1] + row * a[2], a[3] + col * a[4] + row * a[5]
+        bx, by = b[0] + col * b[1] + row * b[2], b[3] + col * b[4] + row * b[5]
+        if math.hypot(ax - bx, ay - by) > _GRID_SLACK * pixel:
+            return (f"pixel ({col}, {row}) lies at ({bx:.10g}, {by:.10g}) in it, at ({ax:.10g}, {ay:.10g}) in the "
+                    "cube")
+    return None
+
+
+def _grids(path: str | os.PathLike, what: str, cube: SourceCube) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The cube's map grid and the one a label map or mask file records, or None unless both have one (GDAL's
+    default geotransform is none)."""
+    def grid(geo: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if geo is None or (geo["transform"] == _NO_GRID and not geo["epsg"] and not geo["crs_wkt"]) else geo
+
+    cube_geo = grid(getattr(cube, "georeference", None))
+    file_geo = None if cube_geo is None else grid(label_georeference(path, what))
+    return None if cube_geo is None or file_geo is None else (cube_geo, file_geo)
+
+
+def _warp(cube_geo: dict[str, Any], hw: tuple[int, int], path: str | os.PathLike) -> str:
+    """The gdalwarp command that resamples a class map ``path`` onto the cube's grid (nearest neighbour: classes
+    stay classes); the grid's extent and pixel size are spelled out when it is north-up."""
+    x0, dx, rx, y0, ry, dy = cube_geo["transform"]
+    name = Path(path)
+    srs = f" -t_srs EPSG:{cube_geo['epsg']}" if cube_geo.get("epsg") else ""
+    grid = "" if rx or ry else (f" -tr {abs(dx):.10g} {abs(dy):.10g} -te {min(x0, x0 + hw[1] * dx):.10g} "
+                                f"{min(y0, y0 + hw[0] * dy):.10g} {max(x0, x0 + hw[1] * dx):.10g} "
+                                f"{max(y0, y0 + hw[0] * dy):.10g}")
+    return f"gdalwarp -r near{srs}{grid} {name.name} {name.stem}_on_cube{name.suffix or '.tif'}"
+
+
+def _check_grid(path: str | os.PathLike, what: str, cube: SourceCube, hw: tuple[int, int]) -> None:
+    """Refuse a label map or mask whose file records another map grid than the cube's: of the same shape, its
+    pixels would silently label other ground (a map of a neighbouring scene, or at another resolution)."""
+    grids = _grids(path, what, cube)
+    why = None if grids is None else _grid_mismatch(*grids, *hw)
+    if grids is not None and why is not None:
+        raise InputError(f"{what} {Path(path).name}: its map grid is not the cube's ({why}), so its pixels label "
+                         f"other ground; resample it onto the cube's grid ({_warp(grids[0], hw, path)}), or pass the "
+                         "one of this scene")
+
+
+def _load_labels(opts: ConvertOptions, src: Path, cube: SourceCube) -> np.ndarray:
+    shape = cube.shape
     hw = shape[:2]
     if opts.labels is None:
         return np.zeros(hw, dtype=np.uint16)
@@ -308,13 +375,20 @@ def _load_labels(opts: ConvertOptions, src: Path, shape: tuple[int, int, int]) -
     labels = read_labels(opts.labels, key=opts.labels_key, key_option=opts.labels_key_from)
     if labels.shape != hw:
         fix = "pass the ground truth of this scene"
-        if detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
+        grids = _grids(opts.labels, "labels", cube)
+        if grids is not None:  # the scene's ground truth at another resolution or extent (Houston 2018's, 0.5 m)
+            (cx0, cdx, _, cy0, _, cdy), (lx0, ldx, _, ly0, _, ldy) = grids[0]["transform"], grids[1]["transform"]
+            fix = (f"its map grid has pixels of {abs(ldx):.10g} x {abs(ldy):.10g} from ({lx0:.10g}, {ly0:.10g}), "
+                   f"the cube's {abs(cdx):.10g} x {abs(cdy):.10g} from ({cx0:.10g}, {cy0:.10g}): resample it onto "
+                   f"the cube's grid ({_warp(grids[0], hw, opts.labels)})")
+        elif detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
             # an array whose band axis was taken for a spatial one matches the labels with another band axis
             given = opts.band_axis or "last"
             others = [a for a in _band_axes_fitting(shape, opts.band_axis, labels.shape) if a != given]
             if others:
                 fix = f"if the cube's bands are its {others[0]} axis, {set_to(opts.band_axis_from, others[0])}"
         raise InputError(f"labels {name} have shape {labels.shape}, but the cube is {hw[0]}x{hw[1]}; {fix}")
+    _check_grid(opts.labels, "labels", cube, hw)
     top = int(labels.max(initial=0))
     if top > fmt.MAX_LABEL:
         raise InputError(f"labels {name} hold class id {top}, above the largest a store holds ({fmt.MAX_LABEL}); "
@@ -815,7 +889,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         stamps.update({p: st for p, st in source_stamps(label_paths).items() if p not in stamps})
     except OSError as exc:
         raise InputError(f"cannot read {shown_path(exc.filename)} ({exc.strerror}); check the path") from None
-    labels = _load_labels(opts, src, cube.shape)
+    labels = _load_labels(opts, src, cube)
+    for what, mask in (("train mask", opts.train_mask), ("val mask", opts.val_mask), ("test mask", opts.test_mask)):
+        if mask is not None:
+            _check_grid(mask, what, cube, (H, W))
     class_names, num_classes = class_names_of(opts, int(labels.max(initial=0)))
     dtype = np.dtype(opts.dtype or cube.dtype.name)  # the store's: the source's unless --dtype says otherwise
     grid = fmt.TileGrid(H, W, B, dtype.name, _tile_size(opts, cube.shape, dtype.itemsize), opts.halo)

@@ -19,7 +19,7 @@ from hsgds.errors import InputError
 from hsgds.preprocess.readers import FORMATS, detect_format, label_class_names, open_cube, read_labels
 from hsgds.preprocess.readers.base import recorded_nodata
 from hsgds.preprocess.readers.envi import parse_header
-from hsgds.preprocess.readers.hdf5 import SeveralArrays
+from hsgds.preprocess.readers.hdf5 import SeveralArrays, Unpacked
 
 __all__ = ["describe_source"]
 
@@ -62,7 +62,13 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
             return described
     try:
         h, w, b = cube.shape
-        lines.append(f"cube:       {h}x{w}x{b} {cube.dtype} (rows x columns x bands)")
+        packed = getattr(cube, "array", None)
+        unpacked = ""
+        if isinstance(packed, Unpacked):
+            how = ([] if packed.view is None else ["_Unsigned"]) + (
+                [] if packed.scale is None else [f"scale_factor {packed.scale:g} and add_offset {packed.offset:g}"])
+            unpacked = f", unpacked from {packed.dataset.dtype.name} by its {' then '.join(how)}"
+        lines.append(f"cube:       {h}x{w}x{b} {cube.dtype} (rows x columns x bands{unpacked})")
         wl = cube.wavelengths
         note = getattr(cube, "wavelengths_note", None)
         why = f"not recorded: {note.split(': ', 1)[-1]}" if note else "no wavelengths recorded"

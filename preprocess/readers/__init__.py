@@ -8,8 +8,9 @@ header beginning "ENVI" next to a raw binary, which has no signature of its own)
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import h5py
 import numpy as np
@@ -17,13 +18,14 @@ import numpy as np
 from hsgds._wording import drop
 from hsgds.errors import InputError, control_character, shown_path
 from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory
-from hsgds.preprocess.readers.envi import envi_class_names, find_pair, open_envi, read_envi_labels
+from hsgds.preprocess.readers.envi import envi_class_names, envi_georeference, find_pair, open_envi, read_envi_labels
 from hsgds.preprocess.readers.hdf5 import band_axes, open_hdf5, read_hdf5_labels
 from hsgds.preprocess.readers.mat import column_major_hdf5, open_mat, open_mat73, read_mat73_labels, read_mat_labels
 from hsgds.preprocess.readers.npy import open_npy, read_npy_labels
-from hsgds.preprocess.readers.tiff import open_tiff, read_tiff_labels
+from hsgds.preprocess.readers.tiff import open_tiff, read_tiff_labels, tiff_georeference
 
-__all__ = ["FORMATS", "detect_format", "label_class_names", "label_files", "open_cube", "read_labels"]
+__all__ = ["FORMATS", "detect_format", "label_class_names", "label_files", "label_georeference", "open_cube",
+           "read_labels"]
 
 #: Format names ``detect_format`` returns, with how messages describe them.
 FORMATS = {
@@ -40,6 +42,10 @@ _SUPPORTED = "ENVI (.hdr + binary), MATLAB .mat (v5, v7.3), HDF5, GeoTIFF/TIFF o
 _NPY_MAGIC = b"\x93NUMPY"
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _TIFF_MAGICS = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
+#: formats named in the error when a file is one of them: netCDF-3 (classic, 64-bit offset, CDF-5) and HDF4
+_NETCDF3_MAGICS = (b"CDF\x01", b"CDF\x02", b"CDF\x05")
+_HDF4_MAGIC = b"\x0e\x03\x13\x01"
+_ZIP_MAGIC = b"PK\x03\x04"  # (np.savez's .npz)
 
 #: Extensions that promise a format, used only to explain why a file was not recognised.
 _EXTENSIONS = {
@@ -69,6 +75,16 @@ def _is_hdf5(path: Path, head: bytes) -> bool:
     return len(head) >= 4096 and h5py.is_hdf5(os.fspath(path))
 
 
+def _npz_members(path: Path) -> str:
+    """`` (arrays a, b)``: the arrays an .npz archive holds, for the message that refuses it ("" when unreadable)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n.removesuffix(".npy") for n in archive.namelist()]
+    except (OSError, zipfile.BadZipFile):
+        return ""
+    return f" (arrays {', '.join(names[:12])}{', ...' if len(names) > 12 else ''})" if names else ""
+
+
 def _detect(path: Path, what: str = "cube") -> tuple[str, tuple[Path, Path] | None]:
     """Return the format name and, for ENVI, the (binary, header) pair; ``what`` the file is, for messages."""
     head = _head(path, what=what)
@@ -95,6 +111,16 @@ def _detect(path: Path, what: str = "cube") -> tuple[str, tuple[Path, Path] | No
         raise InputError(f"{path} has a .hdr extension but does not start with 'ENVI'; pass a valid ENVI header")
     if not head:
         raise InputError(f"{path} is empty; re-export the {what}")
+    if head[:4] in _NETCDF3_MAGICS:
+        raise InputError(f"{path} is a netCDF-3 (classic) file, which hsgds does not read; convert it to netCDF-4 "
+                         f"first (nccopy -k nc4 {path.name} {path.stem}_nc4.nc)")
+    if head.startswith(_ZIP_MAGIC) and suffix == ".npz":
+        raise InputError(f"{path} is a NumPy .npz archive{_npz_members(path)}, which hsgds does not read; save the "
+                         f"array in a .npy file of its own (np.save('{what.replace(' ', '_')}.npy', "
+                         f"np.load('{path.name}')['NAME']))")
+    if head.startswith(_HDF4_MAGIC):
+        raise InputError(f"{path} is an HDF4 file (as Hyperion's and MODIS's), which hsgds does not read; convert it "
+                         "to HDF5 first (h4toh5), or its dataset to GeoTIFF (gdal_translate)")
     if suffix in _EXTENSIONS:
         raise InputError(
             f"{path} is named like {FORMATS[_EXTENSIONS[suffix]]} but does not start with that format's signature "
@@ -231,6 +257,24 @@ def label_files(path: str | os.PathLike[str], what: str = "label map") -> list[P
     return list(pair) if fmt == "envi" and pair is not None else [path]
 
 
+def label_georeference(path: str | os.PathLike[str], what: str = "label map") -> dict[str, Any] | None:
+    """The map grid a label file records (a GeoTIFF's geokeys, an ENVI header's ``map info``) as a
+    ``georeference`` value, or None: a format that records none, or a grid that cannot be read.
+
+    Raises
+    ------
+    InputError
+        As :func:`read_labels`: the file is missing, or in none of the supported formats.
+    """
+    path = Path(path)
+    fmt, pair = _detect(path, what)
+    if fmt == "tiff":
+        return tiff_georeference(path)
+    if fmt == "envi" and pair is not None:
+        return envi_georeference(pair[1])
+    return None
+
+
 def label_class_names(path: str | os.PathLike[str], largest: int) -> tuple[str, ...] | None:
     """The names a label file records for its classes 1..K, or None when it records none.
 
@@ -307,8 +351,9 @@ def _as_labels(raw: np.ndarray, path: Path, what: str = "label map") -> np.ndarr
     if low < 0:
         refuse(f"contain negative values (min {low:g}); class ids must be >= 0 (0 = unlabeled)",
                f"holds negative values (min {low:g})")
-    # uint64 and float values above int64's range would wrap silently on conversion.
-    if high >= 2**63:
+    # uint64 and float values above int64's range would wrap silently on conversion. (Compared as a Python int:
+    # 2**63 cast to a float16 map's type overflows, with a RuntimeWarning.)
+    if int(high) >= 2**63:
         refuse(f"hold a value too large for int64 (max {high:g}); class ids must be small integers",
                f"holds a value too large for int64 (max {high:g})")
     return np.ascontiguousarray(raw, dtype=np.int64)

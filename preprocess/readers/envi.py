@@ -17,7 +17,8 @@ from hsgds.preprocess.readers.base import (
     wavelengths_in_nm,
 )
 
-__all__ = ["DATA_SUFFIXES", "envi_class_names", "find_pair", "open_envi", "parse_header", "read_envi_labels"]
+__all__ = ["DATA_SUFFIXES", "envi_class_names", "envi_georeference", "find_pair", "open_envi", "parse_header",
+           "read_envi_labels", "tiff_header", "tiff_header_metadata"]
 
 #: ENVI "data type" codes this reader maps to numpy; complex codes (6, 9) are deliberately absent.
 _DATA_TYPES = {
@@ -42,12 +43,17 @@ DATA_SUFFIXES = ("", ".img", ".dat", ".raw", ".bsq", ".bil", ".bip")
 #: Headers are a few KB of text (tens of KB with thousands of band names); anything larger is not one.
 MAX_HEADER_BYTES = 16 << 20
 
+#: the byte-order mark some Windows editors put before a text file saved as UTF-8
+_BOM = b"\xef\xbb\xbf"
+
+
 def _is_header(path: Path) -> bool:
-    """Whether ``path`` is a readable file whose text starts with the ENVI signature."""
+    """Whether ``path`` is a readable file whose text starts with the ENVI signature (after a UTF-8 byte-order
+    mark, which a header edited in Notepad may carry)."""
     if not path.is_file():
         return False
     with path.open("rb") as f:
-        return f.read(4) == b"ENVI"
+        return f.read(7).removeprefix(_BOM)[:4] == b"ENVI"
 
 
 def find_pair(path: Path) -> tuple[Path, Path] | None:
@@ -70,6 +76,10 @@ def find_pair(path: Path) -> tuple[Path, Path] | None:
             key=lambda p: DATA_SUFFIXES.index(p.name[len(stem):].lower()),
         )
         if not found:
+            tiffs = [p for p in (path.with_suffix(".tif"), path.with_suffix(".tiff")) if p.is_file()]
+            if tiffs and _describes_tiff(path):
+                raise InputError(f"ENVI header {path} describes a TIFF (file type = TIFF): pass the TIFF itself "
+                                 f"({tiffs[0].name}), whose band centres are then read from this header")
             tried = ", ".join(stem + s for s in DATA_SUFFIXES if s) + f" or {stem}"
             raise InputError(
                 f"ENVI header {path} has no binary beside it (looked for {tried}); "
@@ -115,7 +125,7 @@ def parse_header(path: Path) -> dict[str, str]:
         if size > MAX_HEADER_BYTES:
             raise InputError(f"{path} is {size} bytes, too large for an ENVI header (text of at most "
                              f"{MAX_HEADER_BYTES >> 20} MiB); pass the .hdr file, not the binary")
-        text = path.read_bytes().decode("utf-8", errors="replace")
+        text = path.read_bytes().removeprefix(_BOM).decode("utf-8", errors="replace")
     except OSError as exc:
         raise InputError(f"cannot read ENVI header {path} ({exc.strerror}); check its permissions") from None
     lines = text.splitlines()
@@ -394,3 +404,44 @@ def envi_class_names(header_path: Path) -> list[str] | None:
     if "class names" not in header:
         return None
     return _split_list(header["class names"], keep_empty=True)
+
+
+def envi_georeference(header_path: Path) -> dict | None:
+    """The georeference of an ENVI label map or mask (its header's ``map info``), or None when it has none or
+    it cannot be read (nothing then to compare with the cube's grid)."""
+    try:
+        return _georeference(parse_header(header_path), header_path)
+    except InputError:
+        return None
+
+
+def _describes_tiff(header_path: Path) -> bool:
+    """Whether an ENVI header says it describes a TIFF (``file type = TIFF``): ENVI writes one beside a TIFF it
+    saves, to keep what the TIFF has no tag for (band centres, band names)."""
+    try:
+        return "tif" in parse_header(header_path).get("file type", "").strip().lower()
+    except InputError:
+        return False
+
+
+def tiff_header(tiff: Path) -> Path | None:
+    """The ENVI header ENVI wrote beside the TIFF ``tiff`` (``name.hdr`` or ``name.tif.hdr``, ``file type =
+    TIFF``), or None."""
+    for header in (tiff.with_suffix(".hdr"), tiff.with_suffix(".HDR"), tiff.with_name(tiff.name + ".hdr"),
+                   tiff.with_name(tiff.name + ".HDR")):
+        if header != tiff and _is_header(header) and _describes_tiff(header):
+            return header
+    return None
+
+
+def tiff_header_metadata(header_path: Path, shape: tuple[int, int, int]) -> tuple[
+        list[float] | None, str | None, list[str] | None]:
+    """Band centres in nm (or None and why they are not recorded) and band names that an ENVI header beside a
+    TIFF of ``shape`` (H, W, B) gives; a header of another image size gives none, and says so."""
+    header = parse_header(header_path)
+    size = tuple(_positive_int(header, key, header_path) for key in ("lines", "samples", "bands"))
+    if size != shape:
+        return None, (f"{header_path.name}: it describes a {size[0]}x{size[1]}x{size[2]} image, not the TIFF's "
+                      f"{shape[0]}x{shape[1]}x{shape[2]}, so its band centres are not used"), None
+    wavelengths, note = _wavelengths_nm(header, shape[2], header_path)
+    return wavelengths, note, _band_names(header, shape[2], header_path)

@@ -7,13 +7,14 @@ shares (MATLAB v7.3 files are HDF5 files).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 
 from hsgds import format as fmt
 from hsgds._wording import set_to
-from hsgds.errors import InputError, shown
+from hsgds.errors import DependencyError, InputError, shown
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
     ArrayCube,
@@ -26,8 +27,9 @@ from hsgds.preprocess.readers.base import (
     wavelengths_in_nm,
 )
 
-__all__ = ["BAND_AXES", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "declared_nodata", "list_datasets",
-           "open_hdf5", "prisma_georeference", "read_hdf5_labels"]
+__all__ = ["BAND_AXES", "COMPLEX", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "complex_arrays",
+           "declared_nodata", "fits_rank", "list_datasets", "open_hdf5", "packing", "prisma_georeference",
+           "read_hdf5_labels", "refuse_unsupported"]
 
 #: How many variables an error message lists before summarising the rest.
 _LIST_LIMIT = 12
@@ -69,6 +71,12 @@ def _describe(entries: dict[str, tuple[int, ...]]) -> str:
     return shown or "none"
 
 
+def fits_rank(shape: tuple[int, ...], ndim: int) -> bool:
+    """Whether an array of ``shape`` can be chosen as the ``ndim``-D array without a key. MATLAB stores scalars
+    and vectors as 2-D (1, n) arrays; they are never label maps."""
+    return len(shape) == ndim and (ndim != 2 or min(shape) > 1)
+
+
 def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | None, where: str, noun: str,
                     option: str | None = "--key") -> str:
     """Pick the array to read: ``key`` if given, else the only ``ndim``-D array in ``entries``.
@@ -106,8 +114,7 @@ def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | N
             want = "a cube needs 3 dimensions (H, W, B)" if ndim == 3 else "a label map needs 2 dimensions (H, W)"
             raise InputError(f"{noun} {key!r} in {where} has shape {entries[key]}; {want}")
         return key
-    # MATLAB stores scalars and vectors as 2-D (1, n) arrays; they are never label maps.
-    candidates = [n for n, s in entries.items() if len(s) == ndim and (ndim != 2 or min(s) > 1)]
+    candidates = [n for n, s in entries.items() if fits_rank(s, ndim)]
     if len(candidates) == 1:
         return candidates[0]
     if candidates:
@@ -134,6 +141,50 @@ def list_datasets(group: h5py.Group, skip: tuple[str, ...] = ()) -> dict[str, h5
     return found
 
 
+def _is_complex(dtype: np.dtype) -> bool:
+    """numpy's complex types (h5py stores them as a compound of floats ``r``, ``i``) and MATLAB's v7.3 complex
+    arrays (a compound of ``real``, ``imag``)."""
+    if dtype.kind == "c":
+        return True
+    names = tuple(n.lower() for n in dtype.names or ())
+    return names in (("r", "i"), ("real", "imag")) and all(dtype[n].kind in "iuf" for n in dtype.names)
+
+
+#: why a complex array is not read, and what to do instead
+COMPLEX = "is complex, which is unsupported; save its magnitude or real part"
+
+
+def complex_arrays(group: h5py.Group, skip: tuple[str, ...] = (),
+                   column_major: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The complex datasets below ``group`` by path (ignoring top-level names in ``skip``), each with its shape
+    (``column_major``: as MATLAB reports it, h5py's reversed) and why it is not read, for
+    :func:`refuse_unsupported`."""
+    found: dict[str, tuple[tuple[int, ...], str]] = {}
+
+    def visit(name: str, obj: object) -> None:
+        if name.split("/", 1)[0] not in skip and isinstance(obj, h5py.Dataset) and _is_complex(obj.dtype):
+            found[name] = (tuple(reversed(obj.shape)) if column_major else tuple(obj.shape), COMPLEX)
+
+    group.visititems(visit)
+    return found
+
+
+def refuse_unsupported(unsupported: dict[str, tuple[tuple[int, ...], str]], numeric: dict[str, tuple[int, ...]],
+                       ndim: int, key: str | None, where: str, noun: str) -> None:
+    """Name an array the reader cannot read (``unsupported``: name to its shape and why, e.g. :data:`COMPLEX`) as
+    such when ``key`` chooses it, or when it is what the file holds of ``ndim``-D arrays (none of the ``numeric``
+    ones fits): it is no numeric array to choose, but "no such array" would leave the user looking for the one
+    they can see."""
+    if key is not None:
+        chosen = [key] if key in unsupported else []
+    elif not any(fits_rank(s, ndim) for s in numeric.values()):
+        chosen = sorted(n for n, (s, _) in unsupported.items() if fits_rank(s, ndim))
+    else:
+        chosen = []
+    if chosen:
+        raise InputError(f"{noun} {chosen[0]!r} in {where} {unsupported[chosen[0]][1]}")
+
+
 def _open(path: Path) -> h5py.File:
     """Open ``path`` read-only, turning h5py's OSError into an InputError."""
     try:
@@ -149,15 +200,42 @@ def guarded(path: Path, what: str, fn):
     raise RuntimeError, KeyError, OSError, ValueError...: report any of them as an InputError naming the file."""
     try:
         return fn()
-    except (InputError, MemoryError):
+    except (InputError, DependencyError, MemoryError):
         raise
     except Exception as exc:
         raise parse_failure(path, what, exc, "check that the file is complete") from None
 
 
+#: HDF5 filters that h5py's own build lacks, by their registered ids (hdf5plugin provides them)
+_PLUGIN_FILTERS = {307: "bzip2", 32001: "Blosc", 32004: "LZ4", 32008: "Bitshuffle", 32013: "ZFP", 32015: "Zstandard",
+                   32017: "SZ", 32018: "FCIDECOMP", 32024: "SZ3", 32026: "Blosc2"}
+
+
+def _check_filters(dataset: h5py.Dataset, name: str, path: Path) -> None:
+    """Refuse, before any read, a dataset compressed with an HDF5 filter that no loaded plugin decodes (netCDF
+    4.9 writes Zstandard, Blosc or bzip2 on request): its reads would fail as if the file were damaged. The
+    filters of hdf5plugin, when it is installed, are registered by importing it."""
+    plist = dataset.id.get_create_plist()
+    codes = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    missing = [c for c in codes if not h5py.h5z.filter_avail(c)]
+    if missing:
+        try:
+            import hdf5plugin  # noqa: F401  (registers its filters with HDF5)
+        except ImportError:
+            pass
+        missing = [c for c in missing if not h5py.h5z.filter_avail(c)]
+    if missing:
+        code = missing[0]
+        raise DependencyError(f"cannot decode dataset {name!r} in {path.name}: it is compressed with the HDF5 filter "
+                              f"{code}{f' ({_PLUGIN_FILTERS[code]})' if code in _PLUGIN_FILTERS else ''}, which this "
+                              "h5py has no plugin for; install one (pip install hdf5plugin), or re-save it with gzip")
+
+
 def check_dataset(dataset: h5py.Dataset, name: str, path: Path, *, whole: bool) -> None:
-    """Refuse, before any read, a dataset whose declared chunk (read even for a one-pixel window) or, when
-    it is loaded whole (``whole``), whose full size would not fit in memory."""
+    """Refuse, before any read, a dataset compressed with a filter no plugin decodes, or whose declared chunk
+    (read even for a one-pixel window) or, when it is loaded whole (``whole``), whose full size would not fit
+    in memory."""
+    _check_filters(dataset, name, path)
     itemsize = dataset.dtype.itemsize
     if dataset.chunks is not None:
         check_fits_in_memory(int(np.prod(dataset.chunks, dtype=object)) * itemsize,
@@ -188,6 +266,62 @@ def declared_nodata(dataset: h5py.Dataset, name: str, path: Path) -> float | Non
         text = value[0].decode(errors="replace") if isinstance(value[0], bytes) else str(value[0])
         return parse_nodata(text, f"dataset {name!r} in {path.name}", f"fix its {attr} attribute, {OVERRIDE_NODATA}")
     return None
+
+
+class Unpacked:
+    """A CF-packed variable read as netCDF readers give it: its integers taken as unsigned when its ``_Unsigned``
+    attribute says so (netCDF-3's way to store uint8 / uint16 in its signed types), then, with ``scale_factor`` /
+    ``add_offset``, ``packed * scale_factor + add_offset`` in the floating type of the packed values and the
+    attributes (float32 for 8- and 16-bit integers packed by float32 attributes, as xarray gives them). Slicing
+    reads only the window."""
+
+    def __init__(self, dataset: h5py.Dataset, unsigned: bool, scale: np.ndarray | None,
+                 offset: np.ndarray | None) -> None:
+        stored = np.dtype(dataset.dtype)
+        self.view = np.dtype(f"u{stored.itemsize}").newbyteorder(stored.byteorder) if unsigned else None
+        stored = stored if self.view is None else self.view
+        self.dataset, self.shape, self.scale, self.offset = dataset, dataset.shape, None, None
+        if scale is None or offset is None:
+            self.dtype = stored.newbyteorder("=")
+            return
+        dtype = np.result_type(stored, scale.dtype, offset.dtype)
+        self.dtype = dtype if dtype.kind == "f" else np.dtype(np.float64)
+        self.scale, self.offset = self.dtype.type(scale[0]), self.dtype.type(offset[0])
+
+    def unpack(self, packed: np.ndarray) -> np.ndarray:
+        values = np.asarray(packed)
+        if self.view is not None:
+            values = values.view(self.view.newbyteorder(values.dtype.byteorder))
+        if self.scale is None:
+            return values.astype(self.dtype)
+        return values.astype(self.dtype) * self.scale + self.offset
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return self.unpack(self.dataset[index])
+
+
+def packing(dataset: h5py.Dataset, name: str, path: Path) -> Unpacked | None:
+    """The CF packing of a variable (its ``scale_factor`` and ``add_offset`` attributes: a netCDF product's
+    int16 reflectance times 0.0001; its ``_Unsigned`` attribute on signed integers), or None when it has none,
+    or one that leaves the values as they are.
+
+    Raises
+    ------
+    InputError
+        An attribute holds no single finite number.
+    """
+    found = {}
+    for attr, default in (("scale_factor", 1.0), ("add_offset", 0.0)):
+        value = np.asarray(dataset.attrs[attr] if attr in dataset.attrs else np.float32(default)).reshape(-1)
+        if value.size != 1 or value.dtype.kind not in "iuf" or not np.isfinite(value[0]):
+            raise InputError(f"dataset {name!r} in {path.name}: attribute {attr} holds {value.tolist()[:4]}, not one "
+                             "number; fix it (netCDF readers unpack the values with it)")
+        found[attr] = value
+    unsigned = dataset.dtype.kind == "i" and _attr_text(dataset, "_Unsigned").strip().lower() == "true"
+    scaled = not (found["scale_factor"][0] == 1 and found["add_offset"][0] == 0)
+    if not (unsigned or scaled):
+        return None
+    return Unpacked(dataset, unsigned, found["scale_factor"] if scaled else None, found["add_offset"] if scaled else None)
 
 
 def _attr_text(dataset: h5py.Dataset, name: str) -> str:
@@ -369,19 +503,23 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
     try:
         def select() -> h5py.Dataset:
             datasets = list_datasets(f)
-            name = choose_variable({n: d.shape for n, d in datasets.items()}, 3, _strip(key), path.name, "dataset",
-                                   key_option)
+            shapes = {n: d.shape for n, d in datasets.items()}
+            refuse_unsupported(complex_arrays(f), shapes, 3, _strip(key), path.name, "dataset")
+            name = choose_variable(shapes, 3, _strip(key), path.name, "dataset", key_option)
             dataset = datasets[name]
             check_dtype(dataset.dtype, f"dataset {name!r} in {path.name}")
             check_dataset(dataset, name, path, whole=False)
             return dataset
 
         dataset = guarded(path, "HDF5", select)
+        name = dataset.name.lstrip("/")
+        unpacked = guarded(path, "HDF5", lambda: packing(dataset, name, path))
         nodata, nodata_error = None, None
         try:
-            nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, dataset.name.lstrip("/"), path))
+            nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, name, path))
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
+        nodata = _unpacked_nodata(unpacked, dataset, nodata)
         bands = dataset.shape[axes.index("B")]
         try:
             wavelengths, note = guarded(path, "HDF5", lambda: band_centres(f, dataset, bands, path, axis_option))
@@ -391,7 +529,8 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
             geo, geo_note = guarded(path, "HDF5", lambda: prisma_georeference(f, dataset, axes, path, axis_option))
         except InputError as exc:  # a damaged attribute: said, not fatal (the map just carries no coordinates)
             geo, geo_note = None, str(exc)
-        return guarded(path, "HDF5", lambda: ArrayCube(dataset, axes=axes, files=[path], closer=f.close,
+        return guarded(path, "HDF5", lambda: ArrayCube(dataset if unpacked is None else unpacked, axes=axes,
+                                                        files=[path], closer=f.close,
                                                         nodata=nodata, nodata_error=nodata_error,
                                                         wavelengths=wavelengths, wavelengths_note=note,
                                                         georeference=geo, georeference_note=geo_note))
@@ -400,20 +539,38 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
         raise
 
 
+def _unpacked_nodata(unpacked: Unpacked | None, dataset: h5py.Dataset, nodata: float | None) -> float | None:
+    """The nodata value as the pixels holding it read: CF's _FillValue is a packed value, unpacked as they are."""
+    if unpacked is None or nodata is None or not _holds(dataset.dtype, nodata):
+        return nodata
+    return float(unpacked.unpack(np.array([nodata], dataset.dtype))[0])
+
+
+def _holds(dtype: np.dtype, value: float) -> bool:
+    """Whether ``dtype`` holds ``value`` exactly (NaN: float types only)."""
+    if dtype.kind == "f":
+        return True
+    info = np.iinfo(dtype)
+    return value.is_integer() and info.min <= value <= info.max
+
+
 def read_hdf5_labels(path: Path, key: str | None = None, key_option: str | None = "--key") -> np.ndarray:
     """Read one 2-D dataset of an HDF5 file (``key`` or the only 2-D one) into memory; pixels at its declared
     ``_FillValue`` (a netCDF classification's 255 or -1) read as 0 (unlabelled), as a GeoTIFF's nodata does."""
     with _open(path) as f:
         def read() -> np.ndarray:
             datasets = list_datasets(f)
-            name = choose_variable({n: d.shape for n, d in datasets.items()}, 2, _strip(key), path.name, "dataset",
-                                   key_option)
+            shapes = {n: d.shape for n, d in datasets.items()}
+            refuse_unsupported(complex_arrays(f), shapes, 2, _strip(key), path.name, "dataset")
+            name = choose_variable(shapes, 2, _strip(key), path.name, "dataset", key_option)
             check_dataset(datasets[name], name, path, whole=True)
             try:
                 nodata = declared_nodata(datasets[name], name, path)
             except InputError as exc:  # (--nodata is the cube's: a label file's value can only be fixed)
                 raise InputError(str(exc).replace(f", {OVERRIDE_NODATA}", "")) from None
-            return unlabelled_at_nodata(datasets[name][()], nodata)
+            unpacked = packing(datasets[name], name, path)  # (a netCDF-3 class map's uint8 kept as _Unsigned bytes)
+            raw = datasets[name][()] if unpacked is None else unpacked.unpack(datasets[name][()])
+            return unlabelled_at_nodata(raw, _unpacked_nodata(unpacked, datasets[name], nodata))
 
         return guarded(path, "HDF5", read)
 

@@ -17,7 +17,15 @@ import scipy.io
 from hsgds.errors import InputError
 from hsgds.preprocess.readers import matv5
 from hsgds.preprocess.readers.base import ArrayCube, check_dtype, check_fits_in_memory, parse_failure
-from hsgds.preprocess.readers.hdf5 import band_axes, check_dataset, choose_variable, guarded, list_datasets
+from hsgds.preprocess.readers.hdf5 import (
+    band_axes,
+    check_dataset,
+    choose_variable,
+    complex_arrays,
+    guarded,
+    list_datasets,
+    refuse_unsupported,
+)
 
 __all__ = ["column_major_hdf5", "open_mat", "open_mat73", "read_mat73_labels", "read_mat_labels"]
 
@@ -52,22 +60,41 @@ def _version(path: Path) -> int:
 
 
 def _listing_v5(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Numeric variables of a v4/v5 file, name to (shape, class), without loading any of them.
+    """Every variable of a v4/v5 file, name to (shape, class), without loading any of them.
 
     Level-5 files go through hsgds's own bounded parser (matv5): scipy's C parser crashes on some
     damaged files. v4 files (pure-Python parser in scipy) go through scipy."""
     if _version(path) == 1:
-        return {v.name: (v.shape, v.cls) for v in matv5.list_variables(path).values() if v.numeric}
+        return {v.name: (v.shape, v.cls) for v in matv5.list_variables(path).values()}
     try:
         listing = scipy.io.whosmat(path)
     except Exception as exc:  # scipy's parser on a damaged file raises many types (KeyError, IndexError...)
         raise parse_failure(path, "a MATLAB file", exc, _RESAVE) from None
-    return {name: (tuple(int(n) for n in shape), cls) for name, shape, cls in listing if cls in _NUMERIC_CLASSES}
+    return {name: (tuple(int(n) for n in shape), cls) for name, shape, cls in listing}
 
 
-def _variables_v5(path: Path) -> dict[str, tuple[int, ...]]:
-    """Numeric variables of a v4/v5 file, name to shape, without loading any of them."""
-    return {name: shape for name, (shape, _) in _listing_v5(path).items()}
+def _unsupported(name: str, shape: tuple[int, ...], cls: str, key_option: str | None) -> tuple[tuple[int, ...], str]:
+    """A variable of MATLAB class ``cls`` that is no numeric array, for :func:`refuse_unsupported`: a sparse
+    matrix (a ground truth of mostly zeros is often saved sparse) keeps its shape, so that it is named when it
+    is the file's only one of its rank; any other (char, cell, struct...) is named only when chosen by key."""
+    if cls == "sparse":
+        return shape, f"is a sparse matrix, which is unsupported; save it full ({name} = full({name}))"
+    option = f" with {key_option}" if key_option else ""
+    # (a v5 file's fields and cells are no variables of their own: only MATLAB can take the array out)
+    held = {"struct": f"x = {name}.field", "cell": f"x = {name}{{1}}"}.get(cls)
+    out = f"save the array it holds as a variable of its own ({held}), or " if held else ""
+    return (), f"is a {cls} array, not a numeric one; {out}choose a numeric variable{option}"
+
+
+def _choose_v5(path: Path, ndim: int, key: str | None, key_option: str | None) -> str:
+    """The numeric variable of a v4/v5 file to read: ``key``, or the only ``ndim``-D one (see
+    :func:`choose_variable`); a variable that is no numeric array is named as what it is."""
+    listing = _listing_v5(path)
+    numeric = {name: shape for name, (shape, cls) in listing.items() if cls in _NUMERIC_CLASSES}
+    others = {name: _unsupported(name, shape, cls, key_option)
+              for name, (shape, cls) in listing.items() if cls not in _NUMERIC_CLASSES}
+    refuse_unsupported(others, numeric, ndim, key, path.name, "variable")
+    return choose_variable(numeric, ndim, key, path.name, "variable", key_option)
 
 
 def _load_v5(path: Path, name: str) -> np.ndarray:
@@ -75,11 +102,15 @@ def _load_v5(path: Path, name: str) -> np.ndarray:
     if _version(path) == 1:
         return matv5.load_variable(path, matv5.list_variables(path)[name])
     shape, cls = _listing_v5(path)[name]
+    # scipy lists every v4 matrix as "double", but v4 stores it as double, single, int32, int16, uint16 or
+    # uint8 (scipy writes the array's own type): the file must hold at least a byte per element, and
+    # loading it takes at most the class's size per element
     nbytes = math.prod(shape) * _ITEMSIZE[cls]
+    stored = math.prod(shape)
     size = path.stat().st_size
-    if nbytes > size:  # v4 files are never compressed: the data must be in the file
-        raise InputError(f"variable {name!r} in {path} claims shape {shape} ({nbytes} bytes) but the file has "
-                         f"{size} bytes; the file is damaged, {_RESAVE}")
+    if stored > size:  # v4 files are never compressed: the data must be in the file
+        raise InputError(f"variable {name!r} in {path} claims shape {shape} (at least {stored} bytes) but the file "
+                         f"has {size} bytes; the file is damaged, {_RESAVE}")
     check_fits_in_memory(nbytes, f"variable {name!r} in {path.name} (loaded whole)",
                          "save it with save(..., '-v7.3'), which is read in windows")
     try:
@@ -95,7 +126,7 @@ def open_mat(path: Path, key: str | None = None, band_axis: str | None = None, k
     ``band_axis`` "last" (default) means the MATLAB array is (H, W, B), "first" (B, H, W), "middle" (H, B, W).
     """
     axes = band_axes(band_axis)
-    name = choose_variable(_variables_v5(path), 3, key, path.name, "variable", key_option)
+    name = _choose_v5(path, 3, key, key_option)
     array = _load_v5(path, name)
     check_dtype(array.dtype, f"variable {name!r} in {path.name}")
     return ArrayCube(array, axes=axes, files=[path])
@@ -104,20 +135,35 @@ def open_mat(path: Path, key: str | None = None, band_axis: str | None = None, k
 def read_mat_labels(path: Path, key: str | None = None, key_option: str | None = "--key") -> np.ndarray:
     """Load a v4/v5/v7 .mat label map: ``key`` or the file's only 2-D numeric variable (messages name the
     option ``key_option``, as :func:`choose_variable`)."""
-    name = choose_variable(_variables_v5(path), 2, key, path.name, "variable", key_option)
+    name = _choose_v5(path, 2, key, key_option)
     return _load_v5(path, name)
 
 
-def _variables_73(f: h5py.File) -> tuple[dict[str, h5py.Dataset], dict[str, tuple[int, ...]]]:
-    """Numeric v7.3 variables by name, and their shapes as MATLAB reports them (h5py's reversed)."""
+def _variables_73(f: h5py.File, key_option: str | None = "--key") -> tuple[
+        dict[str, h5py.Dataset], dict[str, tuple[int, ...]], dict[str, tuple[tuple[int, ...], str]]]:
+    """Numeric v7.3 variables by name, their shapes as MATLAB reports them (h5py's reversed), and the variables
+    that are no numeric array (complex, sparse, char...) with why, for :func:`refuse_unsupported`."""
+    unsupported = complex_arrays(f, _MATLAB_INTERNALS, column_major=True)
+    # a sparse matrix is a group marked with its row count, holding its nonzeros (data, ir, jc)
+    sparse: dict[str, h5py.Group] = {}
+    f.visititems(lambda name, obj: sparse.setdefault(name, obj) if isinstance(obj, h5py.Group)
+                 and "MATLAB_sparse" in obj.attrs and name.split("/", 1)[0] not in _MATLAB_INTERNALS else None)
+    for name, group in sparse.items():
+        columns = group["jc"].shape[0] - 1 if isinstance(group.get("jc"), h5py.Dataset) else 0
+        rows = int(np.asarray(group.attrs["MATLAB_sparse"]).reshape(-1)[0])
+        unsupported[name] = _unsupported(name, (rows, columns), "sparse", key_option)
     datasets = {}
     for name, dataset in list_datasets(f, skip=_MATLAB_INTERNALS).items():
+        if any(name.startswith(group + "/") for group in sparse):
+            continue
         cls = dataset.attrs.get("MATLAB_class", b"double")
         cls = cls.encode() if isinstance(cls, str) else bytes(cls)
         # Empty arrays are stored as their dimension vector with a MATLAB_empty flag.
         if cls in _NUMERIC_CLASSES_73 and not dataset.attrs.get("MATLAB_empty", 0):
             datasets[name] = dataset
-    return datasets, {n: tuple(reversed(d.shape)) for n, d in datasets.items()}
+        elif cls not in _NUMERIC_CLASSES_73:
+            unsupported[name] = _unsupported(name, (), cls.decode(errors="replace"), key_option)
+    return datasets, {n: tuple(reversed(d.shape)) for n, d in datasets.items()}, unsupported
 
 
 #: what MATLAB (on every variable) and Octave's ``save -hdf5`` (on every variable's group) mark their objects with
@@ -155,9 +201,10 @@ def open_mat73(path: Path, key: str | None = None, band_axis: str | None = None,
     f = _open_73(path)
     try:
         def select() -> h5py.Dataset:
-            datasets, shapes = _variables_73(f)
-            name = choose_variable(shapes, 3, None if key is None else key.strip("/"), path.name, "variable",
-                                   key_option)
+            datasets, shapes, unsupported = _variables_73(f, key_option)
+            chosen = None if key is None else key.strip("/")
+            refuse_unsupported(unsupported, shapes, 3, chosen, path.name, "variable")
+            name = choose_variable(shapes, 3, chosen, path.name, "variable", key_option)
             check_dtype(datasets[name].dtype, f"variable {name!r} in {path.name}")
             check_dataset(datasets[name], name, path, whole=False)
             return datasets[name]
@@ -173,9 +220,10 @@ def read_mat73_labels(path: Path, key: str | None = None, key_option: str | None
     """Read a v7.3 .mat label map (``key`` or the only 2-D numeric variable) in MATLAB's (H, W) order."""
     with _open_73(path) as f:
         def read() -> np.ndarray:
-            datasets, shapes = _variables_73(f)
-            name = choose_variable(shapes, 2, None if key is None else key.strip("/"), path.name, "variable",
-                                   key_option)
+            datasets, shapes, unsupported = _variables_73(f, key_option)
+            chosen = None if key is None else key.strip("/")
+            refuse_unsupported(unsupported, shapes, 2, chosen, path.name, "variable")
+            name = choose_variable(shapes, 2, chosen, path.name, "variable", key_option)
             check_dataset(datasets[name], name, path, whole=True)
             return datasets[name][()].T
 

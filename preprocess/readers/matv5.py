@@ -26,7 +26,7 @@ from hsgds.preprocess.readers.base import check_fits_in_memory
 
 __all__ = ["Variable", "list_variables", "load_variable"]
 
-MI_INT8, MI_INT32, MI_UINT32, MI_MATRIX, MI_COMPRESSED = 1, 5, 6, 14, 15
+MI_INT8, MI_INT32, MI_UINT32, MI_MATRIX, MI_COMPRESSED, MI_UTF8 = 1, 5, 6, 14, 15, 16
 #: storage types of numeric data (miINT8 ... miUINT64)
 _MI_DTYPES = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 9: "f8", 12: "i8", 13: "u8"}
 #: numeric classes: mx class id -> (MATLAB class name, numpy dtype)
@@ -116,15 +116,18 @@ def _matrix_header(cur: _Cursor) -> tuple[str, tuple[int, ...], str, bool]:
     else:
         raise InputError(f"{cur.where}: unknown MATLAB array class {mx}; {_FIX}")
     mdtype, dims = cur.tag()
-    if mdtype != MI_INT32 or len(dims) % 4 or not 2 <= len(dims) // 4 <= _MAX_DIMS:
+    # some writers store the dimensions as miUINT32 (read as int32 all the same: a set top bit is refused below)
+    # and the name as miUTF8; scipy and MATLAB read both
+    if mdtype not in (MI_INT32, MI_UINT32) or len(dims) % 4 or not 2 <= len(dims) // 4 <= _MAX_DIMS:
         raise InputError(f"{cur.where}: a matrix has invalid dimensions; {_FIX}")
     shape = tuple(int(v) for v in np.frombuffer(dims, dtype=f"{cur.endian}i4"))
     if min(shape) < 0:
         raise InputError(f"{cur.where}: a matrix has negative dimensions {shape}; {_FIX}")
     mdtype, raw_name = cur.tag()
-    if mdtype != MI_INT8:
+    if mdtype not in (MI_INT8, MI_UTF8):
         raise InputError(f"{cur.where}: a matrix has no valid name; {_FIX}")
-    return bytes(raw_name).decode("latin-1"), shape, cls, bool(bits & _FLAG_COMPLEX)
+    name = bytes(raw_name).decode("utf-8" if mdtype == MI_UTF8 else "latin-1", errors="replace")
+    return name, shape, cls, bool(bits & _FLAG_COMPLEX)
 
 
 def _inflate(f, nbytes: int, limit: int, where: str) -> bytes:

@@ -32,8 +32,9 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
     wavelengths_in_nm,
 )
+from hsgds.preprocess.readers.envi import tiff_header, tiff_header_metadata
 
-__all__ = ["open_tiff", "read_tiff_labels"]
+__all__ = ["open_tiff", "read_tiff_labels", "tiff_georeference"]
 
 # tifffile logs every repair it attempts on a damaged file; with no logging configured Python would print
 # them all to stderr ahead of hsgds's own one-line error. A NullHandler keeps them silent unless the
@@ -212,6 +213,23 @@ def _band_centres(text: str | None, bands: int, path: Path) -> tuple[list[float]
     if not all(math.isfinite(v) for v in values):
         return None, f"{path.name}: its GDAL metadata's wavelengths include NaN or infinity"
     return wavelengths_in_nm(values, units, path.name)
+
+
+def _band_descriptions(text: str | None, bands: int) -> list[str] | None:
+    """Band names from GDAL's metadata tag: each band's ``DESCRIPTION`` item (what gdal_translate keeps of an ENVI
+    header's band names, and rasterio's ``descriptions``), or None unless every band has one."""
+    if not text:
+        return None
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return None  # (_band_centres names the unreadable tag)
+    names = {int(item.get("sample") or ""): (item.text or "").strip() for item in root.iter("Item")
+             if (item.get("name") or "").upper() == "DESCRIPTION" and (item.get("sample") or "").isdigit()
+             and (item.get("role") or "description") == "description"}
+    if sorted(names) != list(range(bands)) or not all(names.values()):
+        return None
+    return [names[b] for b in range(bands)]
 
 
 #: the part of an EnMAP image file's name (``ENMAP01-____L2A-DT...Z-SPECTRAL_IMAGE.TIF``; L1B's ``..._VNIR`` and
@@ -393,7 +411,20 @@ def open_tiff(path: Path) -> ArrayCube:
                 # read for the store's band centres, it is part of the source: hashed with the image, and a change
                 # to it is a changed source (a store's record of what it was made from names both)
                 files.append(sidecar)
+    band_names = _band_descriptions(geo.get("gdal_metadata"), bands)
+    header = tiff_header(path) if wavelengths is None and note is None else None
+    if header is not None:  # none in the file: ENVI keeps a TIFF's band centres in a header beside it
+        h, w = (array.shape[order.index(a)] for a in "HW")
+        try:
+            wavelengths, note, names = tiff_header_metadata(header, (h, w, bands))
+        except InputError as exc:  # a header that cannot give them: said, not fatal (--wavelengths gives them)
+            wavelengths, note, names = None, str(exc), None
+        band_names = band_names or names
+        if wavelengths is not None or names is not None:
+            files.append(header)  # (part of the source, as an EnMAP metadata file)
+            sidecar = header
     cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=geo.get("nodata"),
+                     band_names=band_names,
                      nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,
                      wavelengths_file=None if wavelengths is None else sidecar)
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
@@ -415,3 +446,15 @@ def read_tiff_labels(path: Path) -> np.ndarray:
             f"{path.name} has shape {array.shape} (axes {axes}); a label map needs a single-band (H, W) image"
         )
     return unlabelled_at_nodata(np.array(array, dtype=array.dtype.newbyteorder("=")), geo.get("nodata"))
+
+
+def tiff_georeference(path: Path) -> dict[str, Any] | None:
+    """The georeference of a TIFF label map or mask (see :func:`_georeference`), or None when it has none or it
+    cannot be read (nothing then to compare with the cube's grid)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a user-defined CRS without rasterio: the transform alone is compared
+            with tifffile.TiffFile(path) as tif:
+                return _georeference(tif, path)
+    except Exception:  # the label reader names a damaged file; this is only the grid it may record
+        return None

@@ -5,6 +5,7 @@ converter stored; `hsgds info` shows it; old stores without it still open."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -229,3 +230,91 @@ def test_a_prisma_l2d_grid_that_does_not_fit_is_one_warning_line_and_no_georefer
                            ConvertOptions(band_axis="middle"))
     assert result.status == "converted" and result.warnings == (
         f"{why}; the store records no georeference (maps predicted from it carry no coordinates)",)
+
+
+GRID = Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0)
+
+
+@pytest.mark.parametrize("what,crs,transform,why", [
+    ("shifted", UTM16N, Affine(30.0, 0.0, 623000.0, 0.0, -30.0, 4000000.0),
+     r"pixel \(0, 0\) lies at \(623000, 4000000\) in it, at \(620000, 4000000\) in the cube"),
+    ("finer", UTM16N, Affine(10.0, 0.0, 620000.0, 0.0, -10.0, 4000000.0),
+     r"pixel \(31, 0\) lies at \(620310, 4000000\) in it, at \(620930, 4000000\) in the cube"),
+    ("half a pixel off", UTM16N, Affine(30.0, 0.0, 620015.0, 0.0, -30.0, 4000000.0),
+     r"pixel \(0, 0\) lies at \(620015, 4000000\) in it, at \(620000, 4000000\) in the cube"),
+    ("another CRS", CRS.from_epsg(4326), Affine(0.001, 0.0, -86.5, 0.0, -0.001, 40.5),
+     r"its CRS is EPSG:4326, the cube's EPSG:32616"),
+])
+def test_labels_on_another_map_grid_than_the_cube_are_refused(tmp_path, cube, run_cli, what, crs, transform, why):
+    """A GeoTIFF ground truth of the cube's shape but on another map grid (a neighbouring scene's, another
+    resolution, half a pixel off, another CRS) labels other ground: refused in one line, exit 2, nothing written.
+    It used to be taken as the cube's, pixel for pixel, silently."""
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, GRID)
+    gt = np.random.default_rng(2).integers(0, 4, (1, *cube.shape[1:])).astype(np.uint8)
+    labels = write_geotiff(tmp_path / "gt.tif", gt, crs, transform)
+    code, _, err = run_cli("convert", src, "-o", tmp_path / "s.zarr", "--labels", labels)
+    assert code == 2, (what, err)
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert re.search(rf"labels gt\.tif: its map grid is not the cube's \({why}\), so its pixels label other "
+                     r"ground; resample it onto the cube's grid \(gdalwarp -r near -t_srs EPSG:32616 -tr 30 30 -te "
+                     r"620000 3999310 620930 4000000 gt\.tif gt_on_cube\.tif\), or pass the one of this scene$",
+                     line), line
+    assert not (tmp_path / "s.zarr").exists()
+    # a train mask is checked the same way
+    write_geotiff(tmp_path / "gt_same.tif", gt, UTM16N, GRID)
+    with pytest.raises(hsgds.InputError, match=rf"^train mask gt\.tif: its map grid is not the cube's \({why}\)"):
+        convert(src, tmp_path / "m.zarr", ConvertOptions(labels=tmp_path / "gt_same.tif", split="masks",
+                                                         train_mask=labels, test_mask=tmp_path / "gt_same.tif"))
+
+
+def test_labels_on_the_cubes_grid_or_on_none_are_taken(tmp_path, cube):
+    """Labels on the cube's grid (an ENVI ground truth whose map info GDAL reads as the GeoTIFF's grid, rounding
+    in the last digit), and labels without a map grid (a plain TIFF, GDAL's default geotransform, a .npy) are
+    the cube's pixels, as before."""
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, GRID)
+    gt = np.random.default_rng(3).integers(0, 4, cube.shape[1:]).astype(np.uint8)
+    envi.save_image(str(tmp_path / "gt.hdr"), gt[:, :, None], ext=".img", metadata={
+        "map info": ["UTM", "1", "1", "620000.0000001", "4000000", "30.0", "30.0", "16", "North", "WGS-84"]})
+    assert gdal_view(tmp_path / "gt.img")[0] == UTM16N
+    import tifffile
+
+    tifffile.imwrite(tmp_path / "plain.tif", gt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # rasterio's NotGeoreferencedWarning
+        write_geotiff(tmp_path / "identity.tif", gt[None], None, Affine.identity())
+    np.save(tmp_path / "gt.npy", gt)
+    for name in ("gt.hdr", "plain.tif", "identity.tif", "gt.npy"):
+        store = convert(src, tmp_path / f"{name}.zarr", ConvertOptions(labels=tmp_path / name))
+        np.testing.assert_array_equal(hsgds.open_scene(store).labels, gt)
+
+
+def test_labels_of_the_scene_at_another_resolution_are_told_how_to_fit(tmp_path, cube, run_cli):
+    """The scene's ground truth on a finer grid (Houston 2018's is 0.5 m beside 1 m hyperspectral pixels) has
+    another shape: the error gives both grids and the gdalwarp command that resamples it onto the cube's (it
+    used to say "pass the ground truth of this scene"). Resampled as it says (rasterio's reproject, GDAL's
+    warper), the labels convert."""
+    from rasterio.transform import from_bounds
+    from rasterio.warp import Resampling, reproject
+
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, GRID)
+    fine = np.random.default_rng(4).integers(0, 4, (1, 2 * cube.shape[1], 2 * cube.shape[2])).astype(np.uint8)
+    write_geotiff(tmp_path / "gt.tif", fine, UTM16N, Affine(15.0, 0.0, 620000.0, 0.0, -15.0, 4000000.0))
+    code, _, err = run_cli("convert", src, "-o", tmp_path / "s.zarr", "--labels", tmp_path / "gt.tif")
+    assert code == 2 and not (tmp_path / "s.zarr").exists()
+    found = re.fullmatch(r"hsgds: error: labels gt\.tif have shape \(46, 62\), but the cube is 23x31; its map grid has "
+                         r"pixels of 15 x 15 from \(620000, 4000000\), the cube's 30 x 30 from \(620000, 4000000\): "
+                         r"resample it onto the cube's grid \(gdalwarp -r near -t_srs EPSG:32616 -tr (\S+) (\S+) -te "
+                         r"(\S+) (\S+) (\S+) (\S+) gt\.tif gt_on_cube\.tif\)\n", err)
+    assert found, err
+    dx, dy, xmin, ymin, xmax, ymax = (float(v) for v in found.groups())
+    width, height = round((xmax - xmin) / dx), round((ymax - ymin) / dy)
+    resampled = np.zeros((1, height, width), np.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)  # (rasterio's own use of affine's * operator)
+        target = from_bounds(xmin, ymin, xmax, ymax, width, height)
+        reproject(fine, resampled, src_transform=Affine(15.0, 0.0, 620000.0, 0.0, -15.0, 4000000.0), src_crs=UTM16N,
+                  dst_transform=target, dst_crs=UTM16N, resampling=Resampling.nearest)
+        write_geotiff(tmp_path / "gt_on_cube.tif", resampled, UTM16N, target)
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt_on_cube.tif"))
+    np.testing.assert_array_equal(hsgds.open_scene(store).labels, resampled[0])

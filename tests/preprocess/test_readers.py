@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from contextlib import closing
 from pathlib import Path
@@ -15,7 +16,7 @@ import tifffile
 # SPy writes the ENVI fixtures; it is in the [test] extra (absent on the bare GPU check machine)
 spy_envi = pytest.importorskip("spectral.io.envi")
 
-from hsgds.errors import InputError  # noqa: E402 - after the importorskip above
+from hsgds.errors import DependencyError, InputError  # noqa: E402 - after the importorskip above
 from hsgds.preprocess.readers import FORMATS, detect_format, open_cube, read_labels  # noqa: E402
 
 # Odd, distinct sizes so a swapped axis cannot go unnoticed.
@@ -178,6 +179,22 @@ def test_envi_handwritten_header(tmp_path):
         check_cube(cube, expected)
 
 
+def test_envi_header_saved_with_a_byte_order_mark(tmp_path):
+    """A header edited in a Windows editor that saves UTF-8 with a byte-order mark still starts with ENVI as its
+    user sees it: it is read as without the mark (it used to be "does not start with 'ENVI'", and its binary
+    "cannot tell the format")."""
+    expected = make_cube("int16", seed=41, shape=(H, W, 3))
+    hdr = save_envi(tmp_path / "scene", expected, interleave="bil", ext=".img",
+                    metadata={"wavelength": [450.0, 550.0, 650.0], "wavelength units": "Nanometers"})
+    reference = spy_envi.open(str(hdr))  # SPy's reading, before the mark is added
+    hdr.write_bytes(b"\xef\xbb\xbf" + hdr.read_bytes())
+    for given in (hdr, tmp_path / "scene.img"):
+        assert detect_format(given) == "envi"
+        with closing(open_cube(given)) as cube:
+            check_cube(cube, reference.open_memmap(interleave="bip"))
+            assert cube.wavelengths == [float(w) for w in reference.bands.centers]
+
+
 def _write_raw_envi(tmp_path: Path, fields: dict[str, object], data: bytes) -> Path:
     header = {"samples": W, "lines": H, "bands": B, "header offset": 0, "data type": 4, "interleave": "bsq",
               "byte order": 0}
@@ -306,6 +323,80 @@ def test_mat_v5_labels(tmp_path):
     np.testing.assert_array_equal(read_labels(two, key="test"), labels)
 
 
+def test_mat_v5_dimensions_as_miuint32_and_names_as_miutf8_are_read(tmp_path):
+    """Some writers store a matrix's dimensions as miUINT32 rather than miINT32 and its name as miUTF8 rather
+    than miINT8; MATLAB and scipy read such files, which were refused as damaged."""
+    import struct
+
+    expected = make_cube("uint16", seed=36)
+    gt = make_labels(seed=36).astype(np.float64)
+    written = tmp_path / "scipy.mat"
+    scipy.io.savemat(written, {"indian_pines": expected, "ground_truth": gt})
+    raw = written.read_bytes()
+    for shape in (expected.shape, gt.shape):  # the dimensions sub-element of each: miINT32, 4 bytes a dimension
+        dims = struct.pack("<II", 5, 4 * len(shape)) + struct.pack(f"<{len(shape)}i", *shape)
+        assert raw.count(dims) == 1
+        raw = raw.replace(dims, struct.pack("<II", 6, 4 * len(shape)) + dims[8:])
+    for name in (b"indian_pines", b"ground_truth"):  # the name sub-element: miINT8
+        tag = struct.pack("<II", 1, len(name)) + name
+        assert raw.count(tag) == 1
+        raw = raw.replace(tag, struct.pack("<II", 16, len(name)) + name)
+    path = tmp_path / "other_writer.mat"
+    path.write_bytes(raw)
+    reference = scipy.io.loadmat(path)
+    np.testing.assert_array_equal(reference["indian_pines"], expected)
+    with closing(open_cube(path)) as cube:
+        check_cube(cube, reference["indian_pines"])
+    np.testing.assert_array_equal(read_labels(path, key="ground_truth"), reference["ground_truth"])
+
+
+def test_mat_variables_that_are_no_numeric_array_are_named_as_what_they_are(tmp_path):
+    """A sparse ground truth (MATLAB's sparse(gt), in v4, v5 or v7.3) is named as sparse with the fix, when --key
+    chooses it or it is the file's only 2-D array; a char or cell variable chosen by --key is named as such. They
+    used to be "no numeric variable 'gt' (variables: none)", or in v7.3 its parts (gt/data, gt/ir, gt/jc)."""
+    import scipy.sparse
+
+    gt = np.zeros((H, W))
+    gt[3, 4], gt[5, 6] = 2, 1
+    sparse_gt = scipy.sparse.csc_matrix(gt)
+    v5, v4 = tmp_path / "sparse_v5.mat", tmp_path / "sparse_v4.mat"
+    scipy.io.savemat(v5, {"gt": sparse_gt, "names": np.array(["grass", "roads"]), "info": np.array([[1, 2]], object),
+                          "meta": {"cube": make_cube(shape=(3, 3, 2))}})
+    scipy.io.savemat(v4, {"gt": sparse_gt}, format="4")
+    matlab = tmp_path / "sparse_v73.mat"
+    save_mat73(matlab, {"names": np.zeros((2, 5), np.uint16)}, matlab_class={"names": "char"})
+    with h5py.File(matlab, "a") as f:  # as MATLAB writes sparse(gt): a group of its nonzeros, marked with its rows
+        group = f.create_group("gt")
+        group.attrs["MATLAB_class"], group.attrs["MATLAB_sparse"] = np.bytes_("double"), np.uint64(H)
+        group["data"], group["ir"] = sparse_gt.data, sparse_gt.indices.astype(np.uint64)
+        group["jc"] = sparse_gt.indptr.astype(np.uint64)
+    for path in (v5, v4):
+        assert scipy.sparse.issparse(scipy.io.loadmat(path)["gt"])  # sparse as scipy reads it
+    for path in (v5, v4, matlab):
+        for key in (None, "gt"):
+            with pytest.raises(InputError, match=rf"^variable 'gt' in {path.name} is a sparse matrix, which is "
+                                                 r"unsupported; save it full \(gt = full\(gt\)\)$"):
+                read_labels(path, key=key)
+    held = r"save the array it holds as a variable of its own \(x = {}\), or "
+    for path, key, cls, fix in ((v5, "names", "char", ""), (v5, "info", "cell", held.format(r"info\{1\}")),
+                                (v5, "meta", "struct", held.format(r"meta\.field")), (matlab, "names", "char", "")):
+        with pytest.raises(InputError, match=rf"^variable '{key}' in {path.name} is a {cls} array, not a numeric one; "
+                                             rf"{fix}choose a numeric variable with --labels-key$"):
+            read_labels(path, key=key, key_option="--labels-key")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "uint16", "int32", "float32", "float64"])
+def test_mat_v4_labels_of_every_stored_type(tmp_path, dtype):
+    """A v4 file stores a matrix as double, single, int32, int16, uint16 or uint8 (scipy writes the array's own
+    type), though scipy lists every one as "double": a uint8 map of 143 bytes was refused as damaged because it
+    was not the 1144 bytes of doubles its listing implied."""
+    labels = make_labels(seed=30)
+    path = tmp_path / "gt_v4.mat"
+    scipy.io.savemat(path, {"gt": labels.astype(dtype)}, format="4")
+    assert detect_format(path) == "mat"
+    np.testing.assert_array_equal(read_labels(path), scipy.io.loadmat(path)["gt"])
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32", "uint16", "int16"])
 def test_mat73_roundtrip(tmp_path, dtype):
     expected = make_cube(dtype, seed=9)
@@ -376,6 +467,42 @@ def test_mat73_errors_and_labels(tmp_path):
     out = read_labels(path)
     assert out.dtype == np.int64 and out.flags.c_contiguous
     np.testing.assert_array_equal(out, labels)
+
+
+def test_complex_hdf5_and_mat73_arrays_are_named_as_complex(tmp_path):
+    """A complex array (numpy's, stored by h5py as a compound {r, i}; MATLAB v7.3's, a compound {real, imag}) is
+    refused as complex, as a v5 file's is, whether --key chooses it or it is the file's only array of its rank;
+    it used to be "no numeric dataset 'cube'", naming a dataset the user can see as missing."""
+    cube = make_cube("float64", seed=31)
+    real = make_cube("float32", seed=32)
+    plain = tmp_path / "complex.h5"
+    with h5py.File(plain, "w") as f:
+        f["cube"] = cube + 1j * cube
+        f["gt"] = (make_labels(seed=31) + 0j).astype(np.complex64)
+    for key in ("cube", None):
+        with pytest.raises(InputError, match=r"^dataset 'cube' in complex\.h5 is complex, which is unsupported; "
+                                             r"save its magnitude or real part$"):
+            open_cube(plain, key=key)
+    with pytest.raises(InputError, match=r"^dataset 'gt' in complex\.h5 is complex"):
+        read_labels(plain)
+    with h5py.File(plain, "a") as f:  # beside a real cube, the complex one is not chosen
+        f["real"] = real
+    with closing(open_cube(plain)) as opened:
+        check_cube(opened, real)
+
+    matlab = tmp_path / "complex.mat"
+    save_mat73(matlab, {"gt": make_labels(seed=31).astype(np.float64)})
+    pair = np.dtype([("real", "<f8"), ("imag", "<f8")])
+    with h5py.File(matlab, "a") as f:  # as MATLAB writes complex(cube): column-major, MATLAB_class of its parts
+        stored = np.empty(cube.shape[::-1], pair)
+        stored["real"], stored["imag"] = cube.T, -cube.T
+        f["cube"] = stored
+        f["cube"].attrs["MATLAB_class"] = np.bytes_("double")
+    assert detect_format(matlab) == "mat73"
+    for key in ("cube", None):
+        with pytest.raises(InputError, match=r"^variable 'cube' in complex\.mat is complex, which is unsupported"):
+            open_cube(matlab, key=key)
+    np.testing.assert_array_equal(read_labels(matlab), make_labels(seed=31))
 
 
 # --------------------------------------------------------------------------------------------- HDF5
@@ -684,6 +811,174 @@ def test_hdf5_errors_and_labels(tmp_path):
     np.testing.assert_array_equal(read_labels(path), labels.astype(bool))
 
 
+def _with_filter(path: Path, data: np.ndarray, code: int, matlab: bool = False) -> Path:
+    """``data`` written by h5py gzip-compressed, then its filter pipeline's id rewritten to ``code``: a dataset as
+    compressed by a filter this h5py has no plugin for (netCDF 4.9's Blosc, say). h5py's default (earliest)
+    format writes pipeline message version 1, where the id is a plain 2-byte field before the filter's name."""
+    import struct
+
+    with h5py.File(path, "w", userblock_size=512 if matlab else 0) as f:
+        f.create_dataset("cube", data=data, chunks=(4, 4, data.shape[2]), compression="gzip")
+        if matlab:
+            f["cube"].attrs["MATLAB_class"] = np.bytes_("uint16")
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"deflate\0") - 8  # id, name length, flags, number of values, then the name
+    assert struct.unpack("<HHHH", raw[at:at + 8]) == (1, 8, 1, 1)
+    raw[at:at + 2] = struct.pack("<H", code)
+    if matlab:
+        raw[:19] = b"MATLAB 7.3 MAT-file"
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def test_a_dataset_compressed_by_a_filter_without_plugin_is_named_not_called_damaged(tmp_path, run_cli):
+    """A dataset compressed with an HDF5 filter h5py has no plugin for (Blosc, id 32001) is named with the filter
+    and the plugin package before any read, for a cube, a v7.3 .mat and `hsgds convert` (exit 2, one line, no
+    store); it used to fail on its first window as "the file is damaged or truncated"."""
+    try:
+        import hdf5plugin  # noqa: F401  (as the reader does: registers its filters, Blosc among them)
+    except ImportError:
+        pass
+    if h5py.h5z.filter_avail(32001):
+        pytest.skip("a Blosc plugin is loaded here")
+    expected = make_cube("uint16", seed=37)
+    path = _with_filter(tmp_path / "blosc.h5", expected, 32001)
+    with h5py.File(path) as f, pytest.raises(OSError):  # h5py itself cannot decode it, though the file is intact
+        f["cube"][()]
+    message = (r"cannot decode dataset 'cube' in {}: it is compressed with the HDF5 filter 32001 \(Blosc\), which "
+               r"this h5py has no plugin for; install one \(pip install hdf5plugin\), or re-save it with gzip$")
+    with pytest.raises(DependencyError, match="^" + message.format(r"blosc\.h5")):
+        open_cube(path)
+    with pytest.raises(DependencyError, match=message.format(r"blosc\.mat")):
+        open_cube(_with_filter(tmp_path / "blosc.mat", expected, 32001, matlab=True))
+    code, _, err = run_cli("convert", path, "-o", tmp_path / "s.zarr")
+    assert code == 2 and re.fullmatch("hsgds: error: " + message.format(r"blosc\.h5") + "\n", err), err
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize(("packed", "scale", "offset", "unpacked"), [
+    ("int16", np.float32(1e-4), np.float32(0.0), "float32"),  # a netCDF product's reflectance
+    ("uint16", np.float32(2e-5), np.float32(-0.1), "float32"),  # Landsat Collection 2's
+    ("uint8", np.float64(0.5), None, "float64"),  # attributes of double type unpack to double
+    ("int32", np.float32(0.01), np.float32(5.0), "float64"),  # as numpy (and xarray) promote int32 with float32
+])
+def test_cf_packed_hdf5_variables_are_read_unpacked(tmp_path, packed, scale, offset, unpacked):
+    """A netCDF / HDF5 variable packed by CF's scale_factor and add_offset is read as every netCDF reader gives it,
+    packed * scale_factor + add_offset, in floats; its _FillValue (a packed value) marks the same pixels, as the
+    value they unpack to. The packed integers used to be stored as they are, the attributes ignored."""
+    raw = make_cube(packed, seed=33)
+    raw[0, 0, :] = fill = np.iinfo(packed).min + 1
+    path = tmp_path / "packed.nc"
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("reflectance", data=raw, chunks=(4, 4, B), compression="gzip")
+        ds.attrs["_FillValue"] = np.array(fill, packed)
+        ds.attrs["scale_factor"] = scale
+        if offset is not None:
+            ds.attrs["add_offset"] = offset
+    dtype = np.dtype(unpacked)
+    expected = raw.astype(dtype) * dtype.type(scale) + dtype.type(0 if offset is None else offset)
+    with closing(open_cube(path)) as cube:
+        check_cube(cube, expected)
+        assert cube.nodata == float(expected[0, 0, 0])
+    from hsgds.preprocess.describe import describe_source
+
+    assert f"{H}x{W}x{B} {unpacked} (rows x columns x bands, unpacked from {packed} by its scale_factor" in \
+        describe_source(path)  # what hsgds info says of the source
+    from hsgds.preprocess.convert import ConvertOptions, convert
+    from hsgds.scene import open_scene
+
+    scene = open_scene(convert(path, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
+    assert scene.dtype == dtype and scene.meta.nodata["pixels"] == 1
+    np.testing.assert_array_equal(scene.read(0, H, 0, W), expected)  # the nodata pixel reads its value again
+
+
+def test_cf_packing_read_as_netcdf4_reads_it(tmp_path):
+    """The same, against netCDF4-python's own (masked, unpacked) read of a file it wrote."""
+    netCDF4 = pytest.importorskip("netCDF4")
+    raw = make_cube("int16", seed=34)
+    raw[2, 3, :] = -9999
+    path = tmp_path / "written_by_netcdf4.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        for name, n in zip("yxb", raw.shape):
+            ds.createDimension(name, n)
+        var = ds.createVariable("reflectance", "i2", ("y", "x", "b"), fill_value=-9999, zlib=True)
+        var.scale_factor, var.add_offset = np.float32(1e-4), np.float32(0.05)
+        var.set_auto_maskandscale(False)
+        var[:] = raw
+    with netCDF4.Dataset(path) as ds:
+        reference = ds["reflectance"][:]
+    with closing(open_cube(path)) as cube:
+        window = cube.read(0, H, 0, W)
+        assert window.dtype == reference.dtype
+        np.testing.assert_array_equal(window[~reference.mask], reference.data[~reference.mask])
+        assert (window[2, 3] == np.float32(cube.nodata)).all()
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_cf_unsigned_integers_are_read_unsigned(tmp_path, order):
+    """netCDF-3's convention for uint16 data in its signed short, ``_Unsigned = "true"``, is read as netCDF
+    readers give it: the same bits as uint16 (before any scale_factor), its _FillValue -1 as 65535. Values above
+    32767 used to come out negative."""
+    expected = make_cube("uint16", seed=38)
+    expected[1, 2, :] = 65535
+    path = tmp_path / "unsigned.nc"
+    with h5py.File(path, "w") as f:
+        f["plain"] = expected.view(np.int16).astype(f"{order}i2")
+        f["scaled"] = f["plain"][()]
+        for name in ("plain", "scaled"):
+            f[name].attrs["_Unsigned"], f[name].attrs["_FillValue"] = np.bytes_("true"), np.int16(-1)
+        f["scaled"].attrs["scale_factor"] = np.float32(1e-4)
+    with closing(open_cube(path, key="plain")) as cube:
+        check_cube(cube, expected)
+        assert cube.nodata == 65535
+    with closing(open_cube(path, key="scaled")) as cube:
+        check_cube(cube, expected.astype(np.float32) * np.float32(1e-4))
+        assert cube.nodata == float(np.float32(65535) * np.float32(1e-4))
+    from hsgds.preprocess.describe import describe_source
+
+    # what hsgds info says of each (it raised a TypeError for the unsigned one without a scale_factor)
+    assert "uint16 (rows x columns x bands, unpacked from int16 by its _Unsigned)" in describe_source(path, "plain")
+    assert ("float32 (rows x columns x bands, unpacked from int16 by its _Unsigned then scale_factor 0.0001 and "
+            "add_offset 0)") in describe_source(path, "scaled")
+    netCDF4 = pytest.importorskip("netCDF4")
+    with netCDF4.Dataset(path) as ds:  # netCDF4-python's own reading (masked at the fill value)
+        for name in ("plain", "scaled"):
+            reference = ds[name][:]
+            with closing(open_cube(path, key=name)) as cube:
+                window = cube.read(0, H, 0, W)
+                assert window.dtype == reference.dtype.newbyteorder("=")
+                np.testing.assert_array_equal(window[~reference.mask], reference.data[~reference.mask])
+
+
+def test_a_netcdf3_class_map_of_unsigned_bytes_reads_its_classes(tmp_path):
+    """A class map of uint8 classes kept in netCDF-3's signed byte with ``_Unsigned = "true"`` (and its _FillValue
+    -1, i.e. 255, unlabelled) reads classes 128-254 as themselves; they used to be refused as negative."""
+    gt = np.random.default_rng(39).integers(0, 255, (H, W)).astype(np.uint8)
+    gt[0, 0] = 255
+    path = tmp_path / "classes.nc"
+    with h5py.File(path, "w") as f:
+        f["classes"] = gt.view(np.int8)
+        f["classes"].attrs["_Unsigned"], f["classes"].attrs["_FillValue"] = np.bytes_("true"), np.int8(-1)
+    expected = np.where(gt == 255, 0, gt)
+    np.testing.assert_array_equal(read_labels(path), expected)
+
+
+def test_cf_packing_that_changes_nothing_keeps_the_type_and_a_bad_one_is_one_line(tmp_path):
+    expected = make_cube("int16", seed=35)
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        f["cube"] = expected
+        f["cube"].attrs["scale_factor"], f["cube"].attrs["add_offset"] = np.float32(1), np.float32(0)
+    with closing(open_cube(path)) as cube:
+        assert isinstance(cube.array, h5py.Dataset)
+        check_cube(cube, expected)
+    with h5py.File(path, "a") as f:
+        f["cube"].attrs["scale_factor"] = np.bytes_("0.0001")
+    with pytest.raises(InputError, match=r"^dataset 'cube' in x\.h5: attribute scale_factor holds \[b'0\.0001'\], "
+                                         r"not one number; fix it \(netCDF readers unpack the values with it\)$"):
+        open_cube(path)
+
+
 # --------------------------------------------------------------------------------------------- TIFF
 
 
@@ -871,6 +1166,111 @@ def test_tiff_band_centres_from_gdal_metadata(tmp_path):
         with closing(open_cube(written(name, items))) as cube:
             check_cube(cube, expected)
             assert (cube.wavelengths, cube.wavelengths_note) == (None, note)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_netcdf3_and_hdf4_files_are_named_as_such(tmp_path, run_cli, version):
+    """A netCDF-3 file (scipy's writer, classic or 64-bit offset: what xarray writes without netCDF4) and an HDF4
+    file (Hyperion's L1R, by its signature) are named as what they are, with the conversion that makes them
+    readable, for a cube, a label map and `hsgds convert` (exit 2, one line, no store); the netCDF-3 file used to
+    be "cannot tell the format", the HDF4 one "named like HDF5 ... truncated or mislabelled"."""
+    classic = tmp_path / "scene.nc"
+    with scipy.io.netcdf_file(classic, "w", version=version) as f:
+        for name, n in zip("yxb", (H, W, B)):
+            f.createDimension(name, n)
+        f.createVariable("reflectance", "h", ("y", "x", "b"))[:] = make_cube("int16", seed=42)
+    hdf4 = tmp_path / "EO1H0370412009263110KF.L1R"  # the HDF4 signature (HDF 4.2 specification) before its DDs
+    hdf4.write_bytes(b"\x0e\x03\x13\x01" + bytes(512))
+    for path, message in (
+            (classic, r"scene\.nc is a netCDF-3 \(classic\) file, which hsgds does not read; convert it to netCDF-4 "
+                      r"first \(nccopy -k nc4 scene\.nc scene_nc4\.nc\)"),
+            (hdf4, r"EO1H0370412009263110KF\.L1R is an HDF4 file \(as Hyperion's and MODIS's\), which hsgds does "
+                   r"not read; convert it to HDF5 first \(h4toh5\), or its dataset to GeoTIFF \(gdal_translate\)")):
+        for read in (open_cube, read_labels):
+            with pytest.raises(InputError, match=message + "$"):
+                read(path)
+        code, _, err = run_cli("convert", path, "-o", tmp_path / "s.zarr")
+        assert code == 2 and re.fullmatch(r"hsgds: error: \S+" + message + "\n", err), err
+        assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_an_npz_archive_is_named_with_its_arrays(tmp_path, save):
+    """np.savez's archive (a zip of .npy files) is named as such, with the arrays it holds and how to save one
+    as a .npy; it used to be "cannot tell the format"."""
+    path = tmp_path / "scene.npz"
+    save(path, cube=make_cube(), gt=make_labels())
+    assert sorted(np.load(path).files) == ["cube", "gt"]  # what numpy reads in it
+    with pytest.raises(InputError, match=r"scene\.npz is a NumPy \.npz archive \(arrays cube, gt\), which hsgds does "
+                                         r"not read; save the array in a \.npy file of its own \(np\.save\('cube\.npy', "
+                                         r"np\.load\('scene\.npz'\)\['NAME'\]\)\)$"):
+        open_cube(path)
+    with pytest.raises(InputError, match=r"\(np\.save\('label_map\.npy', np\.load\('scene\.npz'\)\['NAME'\]\)\)$"):
+        read_labels(path)
+
+
+def test_tiff_band_names_from_gdal_band_descriptions(tmp_path):
+    """GDAL keeps an ENVI header's band names as its bands' descriptions when it converts the file to GeoTIFF
+    (rasterio's ``descriptions``): they are the cube's band names, as the ENVI file's were (they used to be
+    dropped). Names for only some bands are none."""
+    rasterio = pytest.importorskip("rasterio")
+    gdal_copy = pytest.importorskip("rasterio.shutil").copy
+
+    expected = make_cube("uint16", seed=40, shape=(H, W, 4))
+    names = ["Band 1 (blue)", "green", "red edge 705 nm", "NIR"]
+    hdr = save_envi(tmp_path / "scene", expected, interleave="bil", ext=".img", metadata={"band names": names})
+    gdal_copy(str(tmp_path / "scene.img"), str(tmp_path / "scene.tif"), driver="GTiff")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(tmp_path / "scene.tif") as ds:
+            described = list(ds.descriptions)
+        with closing(open_cube(hdr)) as envi_cube, closing(open_cube(tmp_path / "scene.tif")) as cube:
+            check_cube(cube, expected)
+            assert cube.band_names == described == envi_cube.band_names == names
+        with rasterio.open(tmp_path / "partial.tif", "w", driver="GTiff", height=H, width=W, count=4,
+                           dtype="uint16") as dst:
+            dst.write(expected.transpose(2, 0, 1))
+            dst.set_band_description(2, "green")
+        with closing(open_cube(tmp_path / "partial.tif")) as cube:
+            assert cube.band_names is None
+
+
+def _envi_tiff_header(path: Path, shape: tuple[int, int, int], wavelengths: str) -> Path:
+    """The header ENVI keeps beside a TIFF whose metadata it edited or saved (``file type = TIFF``): what the
+    TIFF has no tag for, its band centres and names."""
+    h, w, b = shape
+    path.write_text(f"ENVI\ndescription = {{\n  {path.stem}.tif}}\nsamples = {w}\nlines   = {h}\nbands   = {b}\n"
+                    "header offset = 0\nfile type = TIFF\ndata type = 12\ninterleave = bip\nbyte order = 0\n"
+                    f"band names = {{\n {', '.join(f'Band {i + 1}' for i in range(b))}}}\n"
+                    f"wavelength units = Micrometers\nwavelength = {{\n {wavelengths}}}\n")
+    return path
+
+
+def test_tiff_band_centres_from_the_envi_header_beside_it(tmp_path, run_cli):
+    """A TIFF that ENVI saved, or whose metadata it edited, keeps its band centres and names in an ENVI header
+    beside it (``file type = TIFF``): they are the cube's (the header then part of the source, as an EnMAP
+    metadata file is), read as SPy reads the header; they used to be lost. A header of another image size gives
+    none and says why; the header itself, passed as the source, names the TIFF to pass."""
+    expected = make_cube("uint16", seed=43, shape=(H, W, 4))
+    tifffile.imwrite(tmp_path / "scene.tif", expected, photometric="minisblack", planarconfig="contig")
+    header = _envi_tiff_header(tmp_path / "scene.hdr", (H, W, 4), "0.450000, 0.550000,\n 0.650000, 0.850000")
+    spy = spy_envi.read_envi_header(str(header))
+    with closing(open_cube(tmp_path / "scene.tif")) as cube:
+        check_cube(cube, expected)
+        assert cube.wavelengths == pytest.approx([1000 * float(v) for v in spy["wavelength"]])
+        assert cube.band_names == spy["band names"] == ["Band 1", "Band 2", "Band 3", "Band 4"]
+        assert cube.files == [tmp_path / "scene.tif", header] and cube.wavelengths_file == header
+    code, out, _ = run_cli("info", tmp_path / "scene.tif")
+    assert code == 0 and "bands:      4 bands, 450.0-850.0 nm (from scene.hdr)" in out
+    with pytest.raises(InputError, match=r"ENVI header .*scene\.hdr describes a TIFF \(file type = TIFF\): pass the "
+                                         r"TIFF itself \(scene\.tif\), whose band centres are then read from this "
+                                         r"header$"):
+        open_cube(header)
+    _envi_tiff_header(header, (H, W, 5), "0.4, 0.5, 0.6, 0.7, 0.8")
+    with closing(open_cube(tmp_path / "scene.tif")) as cube:
+        assert (cube.wavelengths, cube.band_names, cube.files) == (None, None, [tmp_path / "scene.tif"])
+        assert cube.wavelengths_note == (f"scene.hdr: it describes a {H}x{W}x5 image, not the TIFF's {H}x{W}x4, so "
+                                         "its band centres are not used")
 
 
 ENMAP_NM = ["418.416", "423.874", "429.291", "434.669", "1001.2", "1014.7", "2445.53"]
@@ -1078,6 +1478,8 @@ def test_unknown_missing_and_mislabelled_files(tmp_path):
         (np.array([[0.0, 1.0], [2.0, 16.0]], np.float32), [[0, 1], [2, 16]]),
         (np.array([[True, False], [False, True]]), [[1, 0], [0, 1]]),
         (np.array([[0, 1], [2, 2**40]], np.uint64), [[0, 1], [2, 2**40]]),
+        # a float16 map (pytest makes warnings errors: its range check overflowed with a RuntimeWarning)
+        (np.array([[0.0, 1.0], [2.0, 300.0]], np.float16), [[0, 1], [2, 300]]),
     ],
 )
 def test_labels_accepted(tmp_path, values, expected):
