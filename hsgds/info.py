@@ -90,7 +90,8 @@ def split_line(params: dict) -> str:
     masks named without their sha256 (kept for convert-many reruns)."""
     shown = {k: v for k, v in params.items() if k not in ("guard_lost", "unsplit_classes", "block_origin",
                                                           "adaptive_block_size", "guard_distance")
-             and not k.endswith("_sha256")}
+             and not k.endswith("_sha256")
+             and not (k == "seed" and params.get("method") == "masks")}  # (older stores record a moot seed=0)
     text = ", ".join(f"{k}={v}" for k, v in shown.items())
     if params.get("method") == "blocks" and "guard_lost" in params:
         adaptive = " (adaptive)" if params.get("adaptive_block_size") else ""

@@ -331,12 +331,12 @@ def _relative_to(path: Path, folder: Path) -> str:
 
 
 def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-    params: dict[str, Any] = {"method": opts.split, "seed": opts.seed}
     if not labels.any():
         return np.zeros(labels.shape, np.uint8), {"method": "none"}
     if opts.split in ("random", "blocks"):
         return splitting.make_split(labels, opts.split, train=opts.train, val=opts.val, block_size=opts.block_size,
                                     guard=opts.halo, seed=opts.seed)
+    params: dict[str, Any] = {"method": opts.split}  # no seed: the masks decide, nothing is drawn
     masks = {name: None if p is None else read_labels(p, key_option=None, what=name.replace("_", " ")) != 0
              for name, p in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
                              ("test_mask", opts.test_mask))}

@@ -116,9 +116,45 @@ def test_info_split_line_of_a_mask_split_names_the_masks_not_their_sha256(npy_sc
     code, out, err = run_cli("info", store)
     assert code == 0, err
     line = next(t for t in out.splitlines() if t.startswith("split:"))
-    assert line == ("split:      method=masks, seed=0, train_mask=tm.npy, test_mask=te.npy; normalization stats "
+    assert line == ("split:      method=masks, train_mask=tm.npy, test_mask=te.npy; normalization stats "
                     "from train pixels"), line
     assert split["train_mask_sha256"] not in out and split["test_mask_sha256"] not in out
+
+
+def test_a_mask_split_records_and_shows_no_seed(npy_scene, tmp_path, run_cli):
+    """A mask split draws nothing: it recorded seed=0 and `hsgds info` showed `method=masks, seed=0, ...`. The
+    store (read with zarr-python) records no seed, and a store written before, whose record holds seed=0, is
+    shown without it and kept by a convert-many rerun (its mask split is up to date, seed or not)."""
+    import json
+
+    import zarr
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cp, lp, _, labels = npy_scene(b=3)
+    left = np.zeros(labels.shape, np.uint8)
+    left[:, ::2] = 1
+    np.save(tmp_path / "tm.npy", left)
+    np.save(tmp_path / "te.npy", 1 - left)
+    opts = ConvertOptions(max_patch=3, split="masks", train_mask=tmp_path / "tm.npy", test_mask=tmp_path / "te.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+    row = ManifestRow(name="m", source=cp, labels=lp)
+    assert convert_scene(row, out, opts).status == "converted"
+    attrs = zarr.open_group(out / "m.zarr", mode="r").attrs["hsgds"]
+    assert "seed" not in attrs["split"] and "seed" not in attrs["converted_split"]
+    assert attrs["split"]["method"] == "masks"
+    assert convert_scene(row, out, opts).status == "up to date"
+    # a store written before: seed=0 in its records
+    doc = json.loads((out / "m.zarr" / "zarr.json").read_text())
+    for record in ("split", "converted_split"):
+        doc["attributes"]["hsgds"][record] = {"method": "masks", "seed": 0, **doc["attributes"]["hsgds"][record]}
+    (out / "m.zarr" / "zarr.json").write_text(json.dumps(doc))
+    code, text, err = run_cli("info", out / "m.zarr")
+    assert code == 0, err
+    line = next(t for t in text.splitlines() if t.startswith("split:"))
+    assert line.startswith("split:      method=masks, train_mask=tm.npy, test_mask=te.npy;") and "seed" not in line
+    assert convert_scene(row, out, opts).status == "up to date"
 
 
 def test_info_on_a_collection_reads_collection_json_alone(npy_scene, tmp_path, run_cli):
