@@ -345,7 +345,10 @@ def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, di
     params.update({k: Path(v).name for k, v in given.items()})
     # what each mask held (sha256 over its files, as labels_source's): a convert-many rerun notices an edited mask
     params.update({f"{k}_sha256": sha256_of(label_files(v))[0] for k, v in given.items()})
-    return splitting.mask_split(labels, **masks), params
+    # errors name the options as typed (`--train-mask tm.npy has shape ...`), not mask_split's parameters
+    names = {k: f"--{k.replace('_', '-')} {Path(v).name}" for k, v in given.items()}
+    names["labels"] = f"--labels {Path(opts.labels).name}" if opts.labels is not None else "the labels"
+    return splitting.mask_split(labels, **masks, names=names), params
 
 
 def _split_quietly(opts: ConvertOptions, labels: np.ndarray
