@@ -999,7 +999,8 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
     click.echo(f"loader:     {describe_stats(ls)}")
     leak = leakage(scene, patch_size)  # one max filter over the scene's split map: cheap
     split = {**scene.meta.split, "leakage": {"patch_size": leak.patch_size, "test_pixels": leak.test,
-                                             "test_pixels_overlapping_train": leak.leaky}}
+                                             "test_pixels_overlapping_train": leak.leaky, "val_pixels": leak.val,
+                                             "val_pixels_overlapping_train": leak.val_leaky}}
     report = {"store": str(store), "model": r["model"], "settings": r["settings"], "device": r["device"],
               "split": split, "test_pixels": r["test_pixels"], "metrics": m.as_dict(), "class_names": r["class_names"],
               "train": t.as_dict(), "eval_s": r["eval_s"], "predict_s": r["predict_s"],

@@ -36,23 +36,29 @@ def split_map(scene) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Leakage:
-    """How many test pixels have a ``patch_size`` footprint sharing scene pixels with a train footprint."""
+    """How many test (and val) pixels have a ``patch_size`` footprint sharing scene pixels with a train footprint."""
 
     patch_size: int
     test: int  # test pixels
     leaky: int  # of which overlap a train footprint
     train: int  # train pixels
+    val: int = 0  # val pixels
+    val_leaky: int = 0  # of which overlap a train footprint
 
     @property
     def share(self) -> float:
         return self.leaky / self.test if self.test else 0.0
 
+    @property
+    def val_share(self) -> float:
+        return self.val_leaky / self.val if self.val else 0.0
+
 
 def leakage(scene, patch_size: int | None = None) -> Leakage:
-    """Count the test pixels whose ``p x p`` patch overlaps the patch of some train pixel.
+    """Count the test pixels, and the val pixels, whose ``p x p`` patch overlaps the patch of some train pixel.
 
     Two pixel-centred ``p x p`` patches share scene pixels exactly when their centres are within
-    Chebyshev distance ``p - 1`` (= ``2 * h``), so this counts test pixels within ``p - 1`` of a train
+    Chebyshev distance ``p - 1`` (= ``2 * h``), so this counts test (val) pixels within ``p - 1`` of a train
     pixel. ``patch_size`` defaults to the store's largest patch (``2 * halo + 1``).
     """
     p = 2 * scene.grid.halo + 1 if patch_size is None else patch_size
@@ -61,12 +67,14 @@ def leakage(scene, patch_size: int | None = None) -> Leakage:
     codes = split_map(scene)
     train = codes == fmt.SPLIT_TRAIN
     test = codes == fmt.SPLIT_TEST
-    n_train, n_test = int(np.count_nonzero(train)), int(np.count_nonzero(test))
-    if n_train == 0 or n_test == 0:
-        return Leakage(int(p), n_test, 0, n_train)
-    # test pixels within Chebyshev distance p - 1 of a train pixel: a (2p - 1)-wide max filter of train
+    val = codes == fmt.SPLIT_VAL  # model selection on val patches that overlap train is optimistic too
+    n_train, n_test, n_val = (int(np.count_nonzero(a)) for a in (train, test, val))
+    if n_train == 0 or n_test + n_val == 0:
+        return Leakage(int(p), n_test, 0, n_train, n_val, 0)
+    # pixels within Chebyshev distance p - 1 of a train pixel: a (2p - 1)-wide max filter of train
     near = maximum_filter(train.view(np.uint8), size=2 * int(p) - 1, mode="constant", cval=0).view(bool)
-    return Leakage(int(p), n_test, int(np.count_nonzero(near & test)), n_train)
+    return Leakage(int(p), n_test, int(np.count_nonzero(near & test)), n_train, n_val,
+                   int(np.count_nonzero(near & val)))
 
 
 def leakage_line(leak: Leakage, guarded: int | None = None) -> str:
@@ -75,10 +83,12 @@ def leakage_line(leak: Leakage, guarded: int | None = None) -> str:
     p = leak.patch_size
     if leak.train == 0 or leak.test == 0:
         return f"leakage:    no train/test split to compare ({leak.train} train, {leak.test} test pixels)"
-    head = (f"leakage:    {leak.leaky} of {leak.test} test pixels ({100 * leak.share:.1f}%) have a {p}x{p} patch "
-            f"sharing pixels with a train patch")
-    if leak.leaky == 0:
-        return head + ": train and test footprints are disjoint"
+    val = (f" and {leak.val_leaky} of {leak.val} val pixels ({100 * leak.val_share:.1f}%)" if leak.val else "")
+    head = (f"leakage:    {leak.leaky} of {leak.test} test pixels ({100 * leak.share:.1f}%){val} have a {p}x{p} "
+            f"patch sharing pixels with a train patch")
+    if leak.leaky == 0 and leak.val_leaky == 0:
+        return head + (": train footprints are disjoint from test and val footprints" if leak.val
+                       else ": train and test footprints are disjoint")
     if guarded is not None:  # a block split made for smaller patches: its guard is the store's halo
         return head + (f"; the block split keeps patches up to {guarded}x{guarded} apart: convert again with "
                        f"`--split blocks --max-patch {p}` for disjoint {p}x{p} footprints")

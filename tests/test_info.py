@@ -15,16 +15,16 @@ from hsgds.info import leakage
 from hsgds.preprocess.convert import ConvertOptions, convert
 
 
-def leaky_reference(scene, p):
-    """Test pixels whose p x p patch shares a scene pixel with some train pixel's p x p patch, by brute force
-    on the footprints for a sample and by scipy's chessboard distance transform for all of them."""
+def leaky_reference(scene, p, split="test"):
+    """Test (``split``) pixels whose p x p patch shares a scene pixel with some train pixel's p x p patch, by
+    brute force on the footprints for a sample and by scipy's chessboard distance transform for all of them."""
     h, w = scene.shape[:2]
     codes = np.zeros((h, w), np.uint8)
     for name, code in fmt.SPLIT_CODES.items():
         y, x, _ = scene.samples(name)
         codes[y, x] = code
     train = codes == fmt.SPLIT_TRAIN
-    test = codes == fmt.SPLIT_TEST
+    test = codes == fmt.SPLIT_CODES[split]
     dist = distance_transform_cdt(~train, metric="chessboard")
     leaky = test & (dist <= p - 1)
     # brute force on a few test pixels: does any scene pixel of its footprint lie in a train footprint?
@@ -79,6 +79,43 @@ def test_info_leakage_lines(indian_pines_store, tmp_path, run_cli, npy_scene):
     # ... and the pointer says how to guard that patch size, not to use the split it already has
     assert "keeps patches up to 7x7 apart: convert again with `--split blocks --max-patch 15`" in out
     assert "use `--split blocks`" not in out
+
+
+def test_info_leakage_counts_val_pixels_too(indian_pines_store, tmp_path, run_cli):
+    """The leakage line counted only test patches overlapping train patches; a random split's val patches
+    overlap them too (model selection on them is optimistic). With a val split the line counts both, each
+    against scipy's distance transform (and brute force on the footprints); a block split's guard keeps val
+    apart as well, and a store without val reads as before."""
+    import shutil
+
+    store = tmp_path / "ip.zarr"
+    shutil.copytree(indian_pines_store, store)
+    assert run_cli("resplit", store, "--split", "random", "--train", "0.1", "--val", "0.1")[0] == 0
+    scene = hsgds.open_scene(store)
+    for p in (15, 3, 1):
+        leak = leakage(scene, p)
+        assert (leak.leaky, leak.test) == leaky_reference(scene, p)
+        assert (leak.val_leaky, leak.val) == leaky_reference(scene, p, "val")
+    n_val_leaky, n_val = leaky_reference(scene, 3, "val")
+    assert 0 < n_val_leaky < n_val  # 3x3 patches: some val patches overlap train patches, some do not
+    n_leaky, n_test = leaky_reference(scene, 3)
+    code, out, err = run_cli("info", store, "--patch-size", "3")
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("leakage:"))
+    assert line.startswith(f"leakage:    {n_leaky} of {n_test} test pixels ({100 * n_leaky / n_test:.1f}%) and "
+                           f"{n_val_leaky} of {n_val} val pixels ({100 * n_val_leaky / n_val:.1f}%) have a 3x3 patch "
+                           "sharing pixels with a train patch; their scores are optimistic"), line
+    # a block split with val: the guard keeps val and test 7x7 patches clear of train patches
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run_cli("resplit", store, "--split", "blocks", "--train", "0.3", "--val", "0.1")[0] == 0
+    scene = hsgds.open_scene(store)
+    assert leaky_reference(scene, 15, "val") == (0, leakage(scene).val) and leakage(scene).val > 0
+    code, out, err = run_cli("info", store)
+    line = next(ln for ln in out.splitlines() if ln.startswith("leakage:"))
+    assert re.fullmatch(r"leakage:    0 of \d+ test pixels \(0\.0%\) and 0 of \d+ val pixels \(0\.0%\) have a 15x15 "
+                        r"patch sharing pixels with a train patch: train footprints are disjoint from test and val "
+                        r"footprints", line), line
 
 
 @pytest.mark.parametrize("bad", ["4", "0", "-3"])

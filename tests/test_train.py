@@ -303,7 +303,8 @@ def test_demo_names_classes_without_test_pixels_and_records_the_split(tmp_path, 
     assert split["block_size"] > 0 and split["unsplit_classes"]
     # the block split keeps 15x15 footprints apart, so none of the 3x3 test patches overlaps a train patch
     assert split["leakage"] == {"patch_size": 3, "test_pixels": report["test_pixels"],
-                                "test_pixels_overlapping_train": 0}
+                                "test_pixels_overlapping_train": 0, "val_pixels": 0,
+                                "val_pixels_overlapping_train": 0}
 
 
 def test_demo_reports_aa_over_the_trained_classes_of_a_mask_split(tmp_path, hsgds_env, indian_pines_arrays, run_cli):
