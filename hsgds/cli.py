@@ -766,12 +766,16 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
 
 def _echo_test_scores(scene, classmap: np.ndarray) -> None:
     """The map scored against the store's test split (the labelled pixels its train split leaves out): one
-    line, when the store has test pixels the map predicted."""
+    line, when the store has test pixels the map predicted; a labelled store without any says so."""
     from hsgds.train import classification_metrics
 
     if not scene.meta.num_samples:
         return
     y, x, label = scene.samples("test")
+    if not len(y):  # (an empty --test-mask): say why no score follows, rather than nothing
+        click.echo(f"test split: none: the store's {scene.meta.split.get('method')} split has no test pixels, so "
+                   f"the map is not scored (`hsgds info {scene.path}` shows its splits)")
+        return
     predicted = classmap[y, x].astype(np.int64)
     scored = predicted > 0  # (0: not predicted, outside a mask)
     if not scored.any():
