@@ -439,7 +439,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
 def info(store, patch_size, key, band_axis) -> None:
     """Print a store's shape, dtype, tiling, split (with its train/test patch leakage), classes and
     per-class counts per split. For a collection (a folder holding collection.json, or that file): its
-    scenes, bands and labelled pixels per split, from collection.json alone. For a model file (.pt2 or a
+    scenes, bands and labelled pixels per split, from collection.json, naming the scenes re-split since it
+    was written (each labelled store's zarr.json is read, nothing else). For a model file (.pt2 or a
     checkpoint): the bands, patch size and normalization it takes. For a source file (a cube to convert):
     what `hsgds convert` sees in it (shape, dtype, wavelengths, georeference, nodata value), or the classes
     of a label map."""
@@ -492,6 +493,27 @@ def resplit(store, split, train, val, block_size, seed) -> None:
     click.echo(f"re-split {store}")
     _echo_split(store)
     click.echo(_NEW_STATISTICS)
+    _warn_if_listed(store)
+
+
+def _warn_if_listed(store: str) -> None:
+    """A store re-split on its own inside a collection folder: say that the folder's collection.json still lists
+    its old split (`hsgds info` shows those counts; a loader over the collection refuses the scene)."""
+    from hsgds.collection import COLLECTION_FILE, open_collection
+
+    path = Path(store).resolve()
+    listing = path.parent / COLLECTION_FILE
+    if not listing.is_file():
+        return
+    try:
+        named = [e.name for e in open_collection(listing).entries if e.path.resolve() == path]
+    except (HsgdsError, OSError):
+        return  # a listing that cannot be read is named by the commands that read it
+    if named:
+        _say(f"hsgds: warning: {listing} still lists scene {named[0]!r} with its old split (a loader over the "
+             "collection refuses the scene until it is listed anew): run the `hsgds convert-many` that wrote it "
+             f"again (each store keeps its split), or re-split through the collection (`hsgds resplit {path.parent} "
+             "...`)")
 
 
 @cli.command()

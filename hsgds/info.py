@@ -13,6 +13,7 @@ from scipy.ndimage import maximum_filter
 
 from hsgds import format as fmt
 from hsgds._wording import counted
+from hsgds._wording import listed as first_few
 from hsgds.collection import Collection, is_collection_path, open_collection
 from hsgds.errors import InputError
 from hsgds.scene import open_scene
@@ -212,8 +213,9 @@ def _tally(values: list) -> str:
 
 
 def describe_collection(coll: Collection) -> str:
-    """A collection's scenes, bands, classes and labelled pixels per split, from ``collection.json`` alone
-    (no store is opened: an archive's listing is summarized in the time it takes to read it)."""
+    """A collection's scenes, bands, classes and labelled pixels per split, from ``collection.json`` (no store
+    is opened: an archive's listing is summarized in the time it takes to read it and each labelled scene's
+    zarr.json, read to tell a store re-split since the listing was written)."""
     entries = coll.entries
     if not entries:
         return f"collection: {coll.path} lists no scenes (each failed to convert, or none was listed)"
@@ -247,6 +249,7 @@ def describe_collection(coll: Collection) -> str:
     shown = f" ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})" if names else ""
     lines.append(f"classes:    {classes}{shown}; {sum(e.num_samples for e in labelled)} labelled pixels "
                  f"in {counted(len(labelled), 'scene')}")
+    lines += _listing_checks(coll)
     splits = ("train", "val", "test", "none")
     per_split = all(e.tile_samples is not None for e in labelled)  # listings written before only have totals
     lines.append("")
@@ -270,6 +273,29 @@ def describe_collection(coll: Collection) -> str:
     lines.append(f"{'all':<24} {'':>16} {'':>8}" + ("".join(f"{totals[s]:>9}" for s in splits) if per_split else "")
                  + f"{sum(e.num_samples for e in entries):>10}")
     return "\n".join(lines)
+
+
+def _listing_checks(coll: Collection) -> list[str]:
+    """Lines naming the labelled scenes whose store no longer holds the split collection.json lists (a store
+    re-split directly, `hsgds resplit coll/a.zarr`): the per-split counts shown are the listing's, not the
+    store's, and a loader over the collection refuses such a scene when it reaches it. Each store's zarr.json
+    is read, nothing else."""
+    stale, unreadable, unchecked = coll.stale()
+    lines = []
+    if stale:
+        lines.append(f"stale:      {counted(len(stale), 'scene')} ({first_few(stale)}) "
+                     f"{'was' if len(stale) == 1 else 'were'} re-split or converted again after collection.json "
+                     "was written: the per-split counts below are the listing's, not the stores'; run the `hsgds "
+                     "convert-many` that wrote it again (each store keeps its split, the listing is rewritten), or "
+                     f"re-split every scene through the collection (`hsgds resplit {coll.root} --split ...`)")
+    if unreadable:
+        lines.append(f"unread:     {counted(len(unreadable), 'scene')} ({first_few(unreadable)}): the store's "
+                     f"zarr.json is missing or unreadable; `hsgds verify {coll.root}` says why")
+    if unchecked:
+        lines.append(f"unchecked:  {counted(unchecked, 'labelled scene')}: collection.json (written by an older "
+                     "hsgds) lists no split fingerprint to compare with the store's split; run `hsgds convert-many` "
+                     "again to list them")
+    return lines
 
 
 def describe_model(path: str | os.PathLike, loaded: Any) -> str:

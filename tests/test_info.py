@@ -241,6 +241,86 @@ def test_info_on_a_collection_reads_collection_json_alone(npy_scene, tmp_path, r
         **{n: c[4] for n, c in want.items()}, "all": sum(c[4] for c in want.values())}
 
 
+def test_info_on_a_collection_names_scenes_re_split_since_the_listing(npy_scene, tmp_path, run_cli):
+    """A store of a collection re-split directly (`hsgds resplit coll/s0.zarr`) left collection.json's per-split
+    counts as they were, and `hsgds info coll` showed them without a word. It now names that scene (and only
+    it: the scenes a loader's full check, Collection.listing_problem, finds changed), says how to fix it, and
+    the fix (a re-split through the collection) clears it, the counts then equal to zarr-python's of the
+    stores; a missing store and a listing written before fingerprints are said as such."""
+    import json
+    import shutil
+
+    import zarr
+
+    from hsgds.collection import SceneEntry, open_collection, write_collection
+
+    folder = tmp_path / "coll"
+    folder.mkdir()
+    entries = []
+    for seed, labelled in enumerate([True, True, False]):
+        cp, lp, _, _ = npy_scene(h=30, w=26, b=3, seed=seed)
+        store = folder / f"s{seed}.zarr"
+        convert(cp, store, ConvertOptions(labels=lp, train=0.3) if labelled else ConvertOptions())
+        entries.append(SceneEntry.of_scene(f"s{seed}", hsgds.open_scene(store)))
+    write_collection(folder, entries)
+
+    def info() -> tuple[str, dict[str, list[int]]]:
+        code, out, err = run_cli("info", folder)
+        assert code == 0, err
+        return out, {line.split()[0]: [int(v) for v in line.split()[-5:-1]] for line in out.splitlines()
+                     if re.match(r"s\d ", line)}
+
+    def stored(name: str) -> list[int]:  # train, val, test, none of the store's current split, by zarr-python
+        z = zarr.open_group(folder / f"{name}.zarr", mode="r")
+        g = z.attrs["hsgds"].get("split_generation", 0)
+        codes = z["samples/split" if g == 0 else f"samples/split-{g}"][:]
+        return [int(np.count_nonzero(codes == c)) for c in (1, 2, 3, 0)]
+
+    out, rows = info()
+    assert "stale:" not in out and "unread:" not in out and "unchecked:" not in out, out
+    # the listed fingerprint is docs/format.md's digest of the store's metadata, read with zarr-python
+    import hashlib
+
+    listed = {d["name"]: d["split_fingerprint"] for d in json.loads((folder / "collection.json").read_text())["scenes"]}
+    for name in ("s0", "s1"):
+        meta = zarr.open_group(folder / f"{name}.zarr", mode="r").attrs["hsgds"]
+        text = json.dumps({"split": meta["split"], "generation": meta.get("split_generation", 0),
+                           "labels": meta["labels_source"]["sha256"]}, sort_keys=True)
+        assert listed[name] == hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert listed["s2"] is None
+    before = rows["s0"]
+    code, _, err = run_cli("resplit", folder / "s0.zarr", "--split", "random", "--train", "0.6")
+    assert code == 0 and f"hsgds: warning: {folder.resolve() / 'collection.json'} still lists scene 's0' with its old " \
+        "split" in err, err  # said when it happens, too
+    assert stored("s0") != before  # the store changed ...
+    out, rows = info()
+    assert rows["s0"] == before and rows["s1"] == stored("s1")  # ... the listing did not
+    coll = open_collection(folder)
+    changed = [e.name for i, e in enumerate(coll.entries) if e.num_samples and coll.listing_problem(i, coll.scene(i))]
+    assert changed == ["s0"]
+    line = next(ln for ln in out.splitlines() if ln.startswith("stale:"))
+    assert line == ("stale:      1 scene (s0) was re-split or converted again after collection.json was written: the "
+                    "per-split counts below are the listing's, not the stores'; run the `hsgds convert-many` that "
+                    "wrote it again (each store keeps its split, the listing is rewritten), or re-split every scene "
+                    f"through the collection (`hsgds resplit {folder.resolve()} --split ...`)"), line
+    assert run_cli("resplit", folder, "--split", "random", "--train", "0.6")[0] == 0
+    out, rows = info()
+    assert "stale:" not in out and rows == {"s0": stored("s0"), "s1": stored("s1"), "s2": [0, 0, 0, 0]}, out
+    # a listing written before the fingerprints: said, not guessed
+    doc = json.loads((folder / "collection.json").read_text())
+    for entry in doc["scenes"]:
+        entry.pop("split_fingerprint")
+    (folder / "collection.json").write_text(json.dumps(doc))
+    out, _ = info()
+    assert "stale:" not in out and "unchecked:  2 labelled scenes: collection.json (written by an older hsgds)" in out
+    # a missing store: named, the summary still shown
+    write_collection(folder, [SceneEntry.of_scene(n, hsgds.open_scene(folder / f"{n}.zarr")) for n in ("s0", "s1", "s2")])
+    shutil.rmtree(folder / "s1.zarr")
+    out, rows = info()
+    assert "unread:     1 scene (s1): the store's zarr.json is missing or unreadable" in out and "stale:" not in out
+    assert set(rows) == {"s0", "s1", "s2"}
+
+
 def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):
     from hsgds.collection import Collection, SceneEntry
     from hsgds.info import describe_collection
