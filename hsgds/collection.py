@@ -301,8 +301,9 @@ class Collection:
     ``len(c)``, ``c[i]`` / ``c["name"]`` / ``c.scene(i)`` (a :class:`~hsgds.scene.Scene`, opened on first
     use and kept while it is among the ``max_open_scenes`` most recently used), iteration over the scenes
     (each opened as it is reached), ``c.scenes`` (the same lazy sequence), ``c.entries`` (per-scene
-    metadata from ``collection.json``, nothing opened), and the per-scene lists ``names``, ``paths``,
-    ``shapes``, ``bands``, ``wavelengths``, ``class_names``, ``num_classes``.
+    metadata from ``collection.json``, nothing opened), the per-scene lists ``names``, ``paths``,
+    ``shapes``, ``bands``, ``wavelengths``, ``class_names``, ``num_classes``, and ``c.stale()`` (the scenes
+    re-split since the listing was written, from each store's zarr.json).
     """
 
     def __init__(self, path: Path, entries: Sequence[SceneEntry]) -> None:
