@@ -439,7 +439,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
 def info(store, patch_size, key, band_axis) -> None:
     """Print a store's shape, dtype, tiling, split (with its train/test patch leakage), classes and
     per-class counts per split. For a collection (a folder holding collection.json, or that file): its
-    scenes, bands and labelled pixels per split, from collection.json alone. For a model file (.pt2 or a
+    scenes, bands and labelled pixels per split, from collection.json, naming the scenes re-split since it
+    was written (each labelled store's zarr.json is read, nothing else). For a model file (.pt2 or a
     checkpoint): the bands, patch size and normalization it takes. For a source file (a cube to convert):
     what `hsgds convert` sees in it (shape, dtype, wavelengths, georeference, nodata value), or the classes
     of a label map."""
@@ -492,6 +493,27 @@ def resplit(store, split, train, val, block_size, seed) -> None:
     click.echo(f"re-split {store}")
     _echo_split(store)
     click.echo(_NEW_STATISTICS)
+    _warn_if_listed(store)
+
+
+def _warn_if_listed(store: str) -> None:
+    """A store re-split on its own inside a collection folder: say that the folder's collection.json still lists
+    its old split (`hsgds info` shows those counts; a loader over the collection refuses the scene)."""
+    from hsgds.collection import COLLECTION_FILE, open_collection
+
+    path = Path(store).resolve()
+    listing = path.parent / COLLECTION_FILE
+    if not listing.is_file():
+        return
+    try:
+        named = [e.name for e in open_collection(listing).entries if e.path.resolve() == path]
+    except (HsgdsError, OSError):
+        return  # a listing that cannot be read is named by the commands that read it
+    if named:
+        _say(f"hsgds: warning: {listing} still lists scene {named[0]!r} with its old split (a loader over the "
+             "collection refuses the scene until it is listed anew): run the `hsgds convert-many` that wrote it "
+             f"again (each store keeps its split), or re-split through the collection (`hsgds resplit {path.parent} "
+             "...`)")
 
 
 @cli.command()
@@ -766,12 +788,16 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
 
 def _echo_test_scores(scene, classmap: np.ndarray) -> None:
     """The map scored against the store's test split (the labelled pixels its train split leaves out): one
-    line, when the store has test pixels the map predicted."""
+    line, when the store has test pixels the map predicted; a labelled store without any says so."""
     from hsgds.train import classification_metrics
 
     if not scene.meta.num_samples:
         return
     y, x, label = scene.samples("test")
+    if not len(y):  # (an empty --test-mask): say why no score follows, rather than nothing
+        click.echo(f"test split: none: the store's {scene.meta.split.get('method')} split has no test pixels, so "
+                   f"the map is not scored (`hsgds info {scene.path}` shows its splits)")
+        return
     predicted = classmap[y, x].astype(np.int64)
     scored = predicted > 0  # (0: not predicted, outside a mask)
     if not scored.any():
@@ -999,7 +1025,8 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
     click.echo(f"loader:     {describe_stats(ls)}")
     leak = leakage(scene, patch_size)  # one max filter over the scene's split map: cheap
     split = {**scene.meta.split, "leakage": {"patch_size": leak.patch_size, "test_pixels": leak.test,
-                                             "test_pixels_overlapping_train": leak.leaky}}
+                                             "test_pixels_overlapping_train": leak.leaky, "val_pixels": leak.val,
+                                             "val_pixels_overlapping_train": leak.val_leaky}}
     report = {"store": str(store), "model": r["model"], "settings": r["settings"], "device": r["device"],
               "split": split, "test_pixels": r["test_pixels"], "metrics": m.as_dict(), "class_names": r["class_names"],
               "train": t.as_dict(), "eval_s": r["eval_s"], "predict_s": r["predict_s"],

@@ -8,6 +8,7 @@ classes come from there, so opening thousands of scenes costs one small JSON par
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import json
 import os
@@ -78,6 +79,9 @@ class SceneEntry:
     #: each tile's number of those pixels (None when there are none, or not listed): with them a loader over
     #: every pixel of such a scene starts without opening its store, as with ``tile_samples``
     tile_nodata: tuple[int, ...] | None = None
+    #: :func:`split_fingerprint` of the store's split when listed (None: unlabelled, or not listed): ``hsgds
+    #: info COLLECTION`` compares it with each store's zarr.json to tell a store re-split since
+    split_fingerprint: str | None = None
 
     @property
     def bands(self) -> int:
@@ -110,7 +114,9 @@ class SceneEntry:
                    labels_sha256=None if not m.labels_source else m.labels_source.get("sha256"),
                    stamps=stamps, tile=m.grid.tile, halo=m.grid.halo, format_version=m.format_version,
                    tile_samples=tile_samples, nodata_pixels=int(m.nodata["pixels"]) if m.nodata else 0,
-                   tile_nodata=_tile_counts(scene.nodata_every(1), m.grid))
+                   tile_nodata=_tile_counts(scene.nodata_every(1), m.grid),
+                   split_fingerprint=split_fingerprint(m.split, m.split_generation, m.labels_source)
+                   if m.num_samples else None)
 
     def to_json(self, root: Path) -> dict[str, Any]:
         try:
@@ -129,7 +135,8 @@ class SceneEntry:
                 "tile_samples": (None if self.tile_samples is None
                                  else {k: list(v) for k, v in self.tile_samples.items()}),
                 "nodata_pixels": self.nodata_pixels,
-                "tile_nodata": None if self.tile_nodata is None else list(self.tile_nodata)}
+                "tile_nodata": None if self.tile_nodata is None else list(self.tile_nodata),
+                "split_fingerprint": self.split_fingerprint}
 
 
 def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
@@ -210,6 +217,9 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
     if wl and None in wl and layout["format_version"] is not None and layout["format_version"] < 4:
         raise bad(f"wavelengths has a band without a centre, but a format v{layout['format_version']} store has a "
                   "centre for every band")
+    fingerprint = d.get("split_fingerprint")
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        raise bad("split_fingerprint must be null or a string")
     full = Path(path) if os.path.isabs(path) else root / path
     return SceneEntry(**layout, name=name, path=full, shape=tuple(shape), dtype=dtype_name,
                       wavelengths=_centres(wl),
@@ -217,7 +227,17 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
                       class_names=names_or_none("class_names", None), num_samples=samples,
                       source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps,
                       tile_samples=tile_samples, nodata_pixels=nodata,
-                      tile_nodata=_tile_nodata(d.get("tile_nodata"), shape, layout["tile"], nodata, bad))
+                      tile_nodata=_tile_nodata(d.get("tile_nodata"), shape, layout["tile"], nodata, bad),
+                      split_fingerprint=fingerprint)
+
+
+def split_fingerprint(split: Any, generation: Any, labels_source: Any) -> str:
+    """A short digest of a store's split record, split generation and labels' sha256 (as its zarr.json holds
+    them): what collection.json lists, so that a store re-split (`hsgds resplit STORE`) or converted again
+    after the listing was written is told from its zarr.json alone, without reading its sample arrays."""
+    labels = labels_source.get("sha256") if isinstance(labels_source, dict) else None
+    text = json.dumps({"split": split, "generation": generation, "labels": labels}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _centres(wavelengths: list | None) -> tuple[float | None, ...] | None:
@@ -281,8 +301,9 @@ class Collection:
     ``len(c)``, ``c[i]`` / ``c["name"]`` / ``c.scene(i)`` (a :class:`~hsgds.scene.Scene`, opened on first
     use and kept while it is among the ``max_open_scenes`` most recently used), iteration over the scenes
     (each opened as it is reached), ``c.scenes`` (the same lazy sequence), ``c.entries`` (per-scene
-    metadata from ``collection.json``, nothing opened), and the per-scene lists ``names``, ``paths``,
-    ``shapes``, ``bands``, ``wavelengths``, ``class_names``, ``num_classes``.
+    metadata from ``collection.json``, nothing opened), the per-scene lists ``names``, ``paths``,
+    ``shapes``, ``bands``, ``wavelengths``, ``class_names``, ``num_classes``, and ``c.stale()`` (the scenes
+    re-split since the listing was written, from each store's zarr.json).
     """
 
     def __init__(self, path: Path, entries: Sequence[SceneEntry]) -> None:
@@ -346,6 +367,31 @@ class Collection:
                         "re-split or replaced after the collection was written); re-split through the collection "
                         "(`hsgds resplit COLLECTION ...`) or run `hsgds convert-many` again")
         return None
+
+    def stale(self) -> tuple[list[str], list[str], int]:
+        """The labelled scenes whose store no longer holds the split collection.json lists (re-split, or
+        converted again, after the listing was written), told by each store's zarr.json alone (its split
+        record against the entry's ``split_fingerprint``; no array is read: cheap for thousands of scenes);
+        the scenes whose zarr.json cannot be read; and how many labelled entries list no fingerprint (a
+        collection.json written before they were listed), so were not checked."""
+        stale, unreadable, unchecked = [], [], 0
+        for e in self.entries:
+            if not e.num_samples:
+                continue
+            if e.split_fingerprint is None:
+                unchecked += 1
+                continue
+            try:
+                raw, _ = fmt.read_metadata_file(e.path / "zarr.json", MAX_JSON_BYTES)
+                attrs = json.loads(raw or b"null")["attributes"][fmt.FORMAT_NAME]
+                now = split_fingerprint(attrs.get("split", {}), attrs.get("split_generation", 0),
+                                        attrs.get("labels_source"))
+            except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+                unreadable.append(e.name)
+                continue
+            if now != e.split_fingerprint:
+                stale.append(e.name)
+        return stale, unreadable, unchecked
 
     def is_open(self, i: int) -> bool:
         """Whether scene ``i``'s store is open now (nothing is read to answer): opened, and not yet dropped

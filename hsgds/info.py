@@ -13,6 +13,7 @@ from scipy.ndimage import maximum_filter
 
 from hsgds import format as fmt
 from hsgds._wording import counted
+from hsgds._wording import listed as first_few
 from hsgds.collection import Collection, is_collection_path, open_collection
 from hsgds.errors import InputError
 from hsgds.scene import open_scene
@@ -36,23 +37,29 @@ def split_map(scene) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Leakage:
-    """How many test pixels have a ``patch_size`` footprint sharing scene pixels with a train footprint."""
+    """How many test (and val) pixels have a ``patch_size`` footprint sharing scene pixels with a train footprint."""
 
     patch_size: int
     test: int  # test pixels
     leaky: int  # of which overlap a train footprint
     train: int  # train pixels
+    val: int = 0  # val pixels
+    val_leaky: int = 0  # of which overlap a train footprint
 
     @property
     def share(self) -> float:
         return self.leaky / self.test if self.test else 0.0
 
+    @property
+    def val_share(self) -> float:
+        return self.val_leaky / self.val if self.val else 0.0
+
 
 def leakage(scene, patch_size: int | None = None) -> Leakage:
-    """Count the test pixels whose ``p x p`` patch overlaps the patch of some train pixel.
+    """Count the test pixels, and the val pixels, whose ``p x p`` patch overlaps the patch of some train pixel.
 
     Two pixel-centred ``p x p`` patches share scene pixels exactly when their centres are within
-    Chebyshev distance ``p - 1`` (= ``2 * h``), so this counts test pixels within ``p - 1`` of a train
+    Chebyshev distance ``p - 1`` (= ``2 * h``), so this counts test (val) pixels within ``p - 1`` of a train
     pixel. ``patch_size`` defaults to the store's largest patch (``2 * halo + 1``).
     """
     p = 2 * scene.grid.halo + 1 if patch_size is None else patch_size
@@ -61,12 +68,14 @@ def leakage(scene, patch_size: int | None = None) -> Leakage:
     codes = split_map(scene)
     train = codes == fmt.SPLIT_TRAIN
     test = codes == fmt.SPLIT_TEST
-    n_train, n_test = int(np.count_nonzero(train)), int(np.count_nonzero(test))
-    if n_train == 0 or n_test == 0:
-        return Leakage(int(p), n_test, 0, n_train)
-    # test pixels within Chebyshev distance p - 1 of a train pixel: a (2p - 1)-wide max filter of train
+    val = codes == fmt.SPLIT_VAL  # model selection on val patches that overlap train is optimistic too
+    n_train, n_test, n_val = (int(np.count_nonzero(a)) for a in (train, test, val))
+    if n_train == 0 or n_test + n_val == 0:
+        return Leakage(int(p), n_test, 0, n_train, n_val, 0)
+    # pixels within Chebyshev distance p - 1 of a train pixel: a (2p - 1)-wide max filter of train
     near = maximum_filter(train.view(np.uint8), size=2 * int(p) - 1, mode="constant", cval=0).view(bool)
-    return Leakage(int(p), n_test, int(np.count_nonzero(near & test)), n_train)
+    return Leakage(int(p), n_test, int(np.count_nonzero(near & test)), n_train, n_val,
+                   int(np.count_nonzero(near & val)))
 
 
 def leakage_line(leak: Leakage, guarded: int | None = None) -> str:
@@ -75,10 +84,12 @@ def leakage_line(leak: Leakage, guarded: int | None = None) -> str:
     p = leak.patch_size
     if leak.train == 0 or leak.test == 0:
         return f"leakage:    no train/test split to compare ({leak.train} train, {leak.test} test pixels)"
-    head = (f"leakage:    {leak.leaky} of {leak.test} test pixels ({100 * leak.share:.1f}%) have a {p}x{p} patch "
-            f"sharing pixels with a train patch")
-    if leak.leaky == 0:
-        return head + ": train and test footprints are disjoint"
+    val = (f" and {leak.val_leaky} of {leak.val} val pixels ({100 * leak.val_share:.1f}%)" if leak.val else "")
+    head = (f"leakage:    {leak.leaky} of {leak.test} test pixels ({100 * leak.share:.1f}%){val} have a {p}x{p} "
+            f"patch sharing pixels with a train patch")
+    if leak.leaky == 0 and leak.val_leaky == 0:
+        return head + (": train footprints are disjoint from test and val footprints" if leak.val
+                       else ": train and test footprints are disjoint")
     if guarded is not None:  # a block split made for smaller patches: its guard is the store's halo
         return head + (f"; the block split keeps patches up to {guarded}x{guarded} apart: convert again with "
                        f"`--split blocks --max-patch {p}` for disjoint {p}x{p} footprints")
@@ -90,7 +101,8 @@ def split_line(params: dict) -> str:
     masks named without their sha256 (kept for convert-many reruns)."""
     shown = {k: v for k, v in params.items() if k not in ("guard_lost", "unsplit_classes", "block_origin",
                                                           "adaptive_block_size", "guard_distance")
-             and not k.endswith("_sha256")}
+             and not k.endswith("_sha256")
+             and not (k == "seed" and params.get("method") == "masks")}  # (older stores record a moot seed=0)
     text = ", ".join(f"{k}={v}" for k, v in shown.items())
     if params.get("method") == "blocks" and "guard_lost" in params:
         adaptive = " (adaptive)" if params.get("adaptive_block_size") else ""
@@ -201,8 +213,9 @@ def _tally(values: list) -> str:
 
 
 def describe_collection(coll: Collection) -> str:
-    """A collection's scenes, bands, classes and labelled pixels per split, from ``collection.json`` alone
-    (no store is opened: an archive's listing is summarized in the time it takes to read it)."""
+    """A collection's scenes, bands, classes and labelled pixels per split, from ``collection.json`` (no store
+    is opened: an archive's listing is summarized in the time it takes to read it and each labelled scene's
+    zarr.json, read to tell a store re-split since the listing was written)."""
     entries = coll.entries
     if not entries:
         return f"collection: {coll.path} lists no scenes (each failed to convert, or none was listed)"
@@ -236,6 +249,7 @@ def describe_collection(coll: Collection) -> str:
     shown = f" ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})" if names else ""
     lines.append(f"classes:    {classes}{shown}; {sum(e.num_samples for e in labelled)} labelled pixels "
                  f"in {counted(len(labelled), 'scene')}")
+    lines += _listing_checks(coll)
     splits = ("train", "val", "test", "none")
     per_split = all(e.tile_samples is not None for e in labelled)  # listings written before only have totals
     lines.append("")
@@ -259,6 +273,29 @@ def describe_collection(coll: Collection) -> str:
     lines.append(f"{'all':<24} {'':>16} {'':>8}" + ("".join(f"{totals[s]:>9}" for s in splits) if per_split else "")
                  + f"{sum(e.num_samples for e in entries):>10}")
     return "\n".join(lines)
+
+
+def _listing_checks(coll: Collection) -> list[str]:
+    """Lines naming the labelled scenes whose store no longer holds the split collection.json lists (a store
+    re-split directly, `hsgds resplit coll/a.zarr`): the per-split counts shown are the listing's, not the
+    store's, and a loader over the collection refuses such a scene when it reaches it. Each store's zarr.json
+    is read, nothing else."""
+    stale, unreadable, unchecked = coll.stale()
+    lines = []
+    if stale:
+        lines.append(f"stale:      {counted(len(stale), 'scene')} ({first_few(stale)}) "
+                     f"{'was' if len(stale) == 1 else 'were'} re-split or converted again after collection.json "
+                     "was written: the per-split counts below are the listing's, not the stores'; run the `hsgds "
+                     "convert-many` that wrote it again (each store keeps its split, the listing is rewritten), or "
+                     f"re-split every scene through the collection (`hsgds resplit {coll.root} --split ...`)")
+    if unreadable:
+        lines.append(f"unread:     {counted(len(unreadable), 'scene')} ({first_few(unreadable)}): the store's "
+                     f"zarr.json is missing or unreadable; `hsgds verify {coll.root}` says why")
+    if unchecked:
+        lines.append(f"unchecked:  {counted(unchecked, 'labelled scene')}: collection.json (written by an older "
+                     "hsgds) lists no split fingerprint to compare with the store's split; run `hsgds convert-many` "
+                     "again to list them")
+    return lines
 
 
 def describe_model(path: str | os.PathLike, loaded: Any) -> str:

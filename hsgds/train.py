@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hsgds.errors import ConfigError
+from hsgds.errors import ConfigError, InputError
 
 __all__ = [
     "Metrics",
@@ -326,6 +326,17 @@ DEMO_LR = 3e-3
 DEMO_CLASS_BALANCE = 0.5  # the class_weights power: rare classes learned at about the same OA
 
 
+def _check_test_split(scene: Any) -> None:
+    """A one-line InputError when ``scene`` has no test pixels: training would end with nothing to score (an
+    empty --test-mask, a block split that left none)."""
+    if len(scene.samples("test")[0]):
+        return
+    method = scene.meta.split.get("method")
+    raise InputError(f"{scene.path} has no test pixels (its {method} split left none): a model trained on it could "
+                     f"not be scored; give it a test split first (`hsgds resplit {scene.path} --split blocks`, a "
+                     "--test-mask holding labelled pixels, or `hsgds demo --refresh` for the demo's own copy)")
+
+
 def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PATCH_SIZE,
              batch_size: int = DEMO_BATCH_SIZE, lr: float = DEMO_LR, device: Any = None, seed: int = 0,
              out_dir: Any = None, log: Any = print, augment: Any = None,
@@ -335,24 +346,26 @@ def run_demo(store: Any, *, epochs: int = DEMO_EPOCHS, patch_size: int = DEMO_PA
     ``out_dir``, save the model (``model.ckpt``, with the statistics it was trained on), predict the whole
     scene and write the class map (``classmap.png``: prediction | ground truth | errors). Returns metrics,
     timings, loader stats and the paths written. ``augment``: an :class:`~hsgds.Augment` for the training
-    loader; ``class_balance``: the power of :func:`class_weights` (0: plain cross-entropy)."""
+    loader; ``class_balance``: the power of :func:`class_weights` (0: plain cross-entropy). A store without
+    test pixels is refused (InputError) before training: nothing could be scored."""
     from pathlib import Path
 
     from hsgds.inference import predict
     from hsgds.loader import PatchLoader
     from hsgds.models import SpectralSpatialCNN, save_checkpoint
 
-    if out_dir is not None:  # fail on an unwritable folder or a missing matplotlib before training
-        from hsgds import writers
-
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        writers.check_output(out_dir / "classmap.png")
     torch.manual_seed(seed)
     with PatchLoader(store, patch_size=patch_size, batch_size=batch_size, split="train", device=device,
                      seed=seed, augment=augment) as train:
         dev = train.device
         scene = train.scene
+        _check_test_split(scene)  # before training, and before out_dir is made: nothing is left behind
+        if out_dir is not None:  # fail on an unwritable folder or a missing matplotlib before training
+            from hsgds import writers
+
+            out_dir = Path(out_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            writers.check_output(out_dir / "classmap.png")
         classes = scene.num_classes or int(train.samples.label.max()) + 1
         model = SpectralSpatialCNN(scene.shape[2], classes, patch_size).to(dev)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)

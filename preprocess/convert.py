@@ -405,12 +405,12 @@ def _relative_to(path: Path, folder: Path) -> str:
 
 
 def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-    params: dict[str, Any] = {"method": opts.split, "seed": opts.seed}
     if not labels.any():
         return np.zeros(labels.shape, np.uint8), {"method": "none"}
     if opts.split in ("random", "blocks"):
         return splitting.make_split(labels, opts.split, train=opts.train, val=opts.val, block_size=opts.block_size,
                                     guard=opts.halo, seed=opts.seed)
+    params: dict[str, Any] = {"method": opts.split}  # no seed: the masks decide, nothing is drawn
     masks = {name: None if p is None else read_labels(p, key_option=None, what=name.replace("_", " ")) != 0
              for name, p in (("train_mask", opts.train_mask), ("val_mask", opts.val_mask),
                              ("test_mask", opts.test_mask))}
@@ -419,7 +419,10 @@ def _split_map(opts: ConvertOptions, labels: np.ndarray) -> tuple[np.ndarray, di
     params.update({k: Path(v).name for k, v in given.items()})
     # what each mask held (sha256 over its files, as labels_source's): a convert-many rerun notices an edited mask
     params.update({f"{k}_sha256": sha256_of(label_files(v))[0] for k, v in given.items()})
-    return splitting.mask_split(labels, **masks), params
+    # errors name the options as typed (`--train-mask tm.npy has shape ...`), not mask_split's parameters
+    names = {k: f"--{k.replace('_', '-')} {Path(v).name}" for k, v in given.items()}
+    names["labels"] = f"--labels {Path(opts.labels).name}" if opts.labels is not None else "the labels"
+    return splitting.mask_split(labels, **masks, names=names), params
 
 
 def _split_quietly(opts: ConvertOptions, labels: np.ndarray

@@ -289,9 +289,9 @@ def _options_differ(meta, opts: ConvertOptions, names: bool = True) -> str | Non
     if split.get("method", "none") != "none":
         if split.get("method") != opts.split:
             return _differs("--split", opts.split, split.get("method"))
-        want: dict[str, Any] = {"seed": opts.seed}
-        if opts.split in ("random", "blocks"):
-            want.update(train=opts.train, val=opts.val)
+        want: dict[str, Any] = {}
+        if opts.split in ("random", "blocks"):  # (a mask split draws nothing: its seed, if recorded, is moot)
+            want.update(seed=opts.seed, train=opts.train, val=opts.val)
         if opts.split == "blocks":
             if "adaptive_block_size" in split:
                 want["adaptive_block_size"] = opts.block_size is None

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
@@ -413,14 +413,20 @@ class BlockSplit:
                  for c, n in self.unsplit.items()} if self.counts else {
                  c: f"{n} block{'' if n == 1 else 's'}" for c, n in self.unsplit.items()}
         d = 2 * self.guard
-        text = (f"block split: {_classes_text(parts)} could not be split into {_splits_text(self.val)} with {d} px "
-                "between train and the others: too few pixels or blocks, or all close together; such a class is "
-                "missing from some split (a smaller --max-patch narrows the guard)")
+        if self.guard:
+            text = (f"block split: {_classes_text(parts)} could not be split into {_splits_text(self.val)} with {d} "
+                    "px between train and the others: too few pixels or blocks, or all close together; such a class "
+                    "is missing from some split (a smaller --max-patch narrows the guard)")
+        else:  # --max-patch 1: no guard to narrow; whole blocks are what keeps a class on one side
+            text = (f"block split: {_classes_text(parts)} could not be split into {_splits_text(self.val)}: too few "
+                    "pixels or blocks; such a class is missing from some split (--max-patch 1 has no guard to "
+                    "narrow: a smaller --block-size puts a class's pixels in more blocks)")
         untrained = [c for c in self.unsplit if self.counts and self.counts[c][0] == 0]
         if untrained:
+            # (without a guard nothing around the block is dropped: the block itself goes to train whole)
+            cost = "drop the val/test pixels around it" if self.guard else "take its block's other pixels from val/test"
             text += (f"; class{'' if len(untrained) == 1 else 'es'} {', '.join(map(str, untrained))} got no train "
-                     "pixel: scored, never trained on (a train block of its own would drop the val/test pixels "
-                     "around it, or leave the scene none)")
+                     f"pixel: scored, never trained on (a train block of its own would {cost}, or leave the scene none)")
         return text
 
 
@@ -1067,6 +1073,7 @@ def mask_split(
     train_mask: Any,
     test_mask: Any,
     val_mask: Any | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> np.ndarray:
     """Split from user-supplied masks (nonzero = in the split), e.g. an official benchmark split.
 
@@ -1078,6 +1085,10 @@ def mask_split(
         Nonzero where a pixel belongs to the split.
     val_mask : array_like, shape (H, W), optional
         Nonzero where a pixel belongs to val; default: no val split.
+    names : mapping of str to str, optional
+        How errors name ``labels`` and the masks (keys ``"labels"``, ``"train_mask"``, ``"val_mask"``,
+        ``"test_mask"``); default: the parameter names. The converter passes its options (``--train-mask
+        tm.npy``), as the user typed them.
 
     Returns
     -------
@@ -1091,6 +1102,8 @@ def mask_split(
         in more than one mask).
     """
     lab = _check_labels(labels)
+    called = {"labels": "labels", "train_mask": "train_mask", "val_mask": "val_mask", "test_mask": "test_mask",
+              **(names or {})}
     masks: dict[str, np.ndarray] = {}
     for name, m in (("train_mask", train_mask), ("val_mask", val_mask), ("test_mask", test_mask)):
         if m is None:
@@ -1098,18 +1111,18 @@ def mask_split(
         arr = np.asarray(m)
         if arr.shape != lab.shape:
             raise InputError(
-                f"{name} has shape {arr.shape} but labels has shape {lab.shape}; masks must match the "
-                "label map pixel for pixel"
+                f"{called[name]} has shape {arr.shape} but {called['labels']} has shape {lab.shape}; masks must "
+                "match the label map pixel for pixel"
             )
         masks[name] = arr != 0
 
     stacked = sum(m.astype(np.uint8) for m in masks.values())
     n_overlap = int(np.count_nonzero(stacked > 1))
     if n_overlap:
-        names = list(masks)
+        given = list(masks)
         pairs = ", ".join(
-            f"{a} & {b}: {int(np.count_nonzero(masks[a] & masks[b]))}"
-            for i, a in enumerate(names) for b in names[i + 1:]
+            f"{called[a]} & {called[b]}: {int(np.count_nonzero(masks[a] & masks[b]))}"
+            for i, a in enumerate(given) for b in given[i + 1:]
             if (masks[a] & masks[b]).any()
         )
         raise InputError(

@@ -15,16 +15,16 @@ from hsgds.info import leakage
 from hsgds.preprocess.convert import ConvertOptions, convert
 
 
-def leaky_reference(scene, p):
-    """Test pixels whose p x p patch shares a scene pixel with some train pixel's p x p patch, by brute force
-    on the footprints for a sample and by scipy's chessboard distance transform for all of them."""
+def leaky_reference(scene, p, split="test"):
+    """Test (``split``) pixels whose p x p patch shares a scene pixel with some train pixel's p x p patch, by
+    brute force on the footprints for a sample and by scipy's chessboard distance transform for all of them."""
     h, w = scene.shape[:2]
     codes = np.zeros((h, w), np.uint8)
     for name, code in fmt.SPLIT_CODES.items():
         y, x, _ = scene.samples(name)
         codes[y, x] = code
     train = codes == fmt.SPLIT_TRAIN
-    test = codes == fmt.SPLIT_TEST
+    test = codes == fmt.SPLIT_CODES[split]
     dist = distance_transform_cdt(~train, metric="chessboard")
     leaky = test & (dist <= p - 1)
     # brute force on a few test pixels: does any scene pixel of its footprint lie in a train footprint?
@@ -81,6 +81,43 @@ def test_info_leakage_lines(indian_pines_store, tmp_path, run_cli, npy_scene):
     assert "use `--split blocks`" not in out
 
 
+def test_info_leakage_counts_val_pixels_too(indian_pines_store, tmp_path, run_cli):
+    """The leakage line counted only test patches overlapping train patches; a random split's val patches
+    overlap them too (model selection on them is optimistic). With a val split the line counts both, each
+    against scipy's distance transform (and brute force on the footprints); a block split's guard keeps val
+    apart as well, and a store without val reads as before."""
+    import shutil
+
+    store = tmp_path / "ip.zarr"
+    shutil.copytree(indian_pines_store, store)
+    assert run_cli("resplit", store, "--split", "random", "--train", "0.1", "--val", "0.1")[0] == 0
+    scene = hsgds.open_scene(store)
+    for p in (15, 3, 1):
+        leak = leakage(scene, p)
+        assert (leak.leaky, leak.test) == leaky_reference(scene, p)
+        assert (leak.val_leaky, leak.val) == leaky_reference(scene, p, "val")
+    n_val_leaky, n_val = leaky_reference(scene, 3, "val")
+    assert 0 < n_val_leaky < n_val  # 3x3 patches: some val patches overlap train patches, some do not
+    n_leaky, n_test = leaky_reference(scene, 3)
+    code, out, err = run_cli("info", store, "--patch-size", "3")
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("leakage:"))
+    assert line.startswith(f"leakage:    {n_leaky} of {n_test} test pixels ({100 * n_leaky / n_test:.1f}%) and "
+                           f"{n_val_leaky} of {n_val} val pixels ({100 * n_val_leaky / n_val:.1f}%) have a 3x3 patch "
+                           "sharing pixels with a train patch; their scores are optimistic"), line
+    # a block split with val: the guard keeps val and test 7x7 patches clear of train patches
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run_cli("resplit", store, "--split", "blocks", "--train", "0.3", "--val", "0.1")[0] == 0
+    scene = hsgds.open_scene(store)
+    assert leaky_reference(scene, 15, "val") == (0, leakage(scene).val) and leakage(scene).val > 0
+    code, out, err = run_cli("info", store)
+    line = next(ln for ln in out.splitlines() if ln.startswith("leakage:"))
+    assert re.fullmatch(r"leakage:    0 of \d+ test pixels \(0\.0%\) and 0 of \d+ val pixels \(0\.0%\) have a 15x15 "
+                        r"patch sharing pixels with a train patch: train footprints are disjoint from test and val "
+                        r"footprints", line), line
+
+
 @pytest.mark.parametrize("bad", ["4", "0", "-3"])
 def test_info_bad_patch_size(indian_pines_store, run_cli, bad):
     code, out, err = run_cli("info", indian_pines_store, "--patch-size", bad)
@@ -116,9 +153,45 @@ def test_info_split_line_of_a_mask_split_names_the_masks_not_their_sha256(npy_sc
     code, out, err = run_cli("info", store)
     assert code == 0, err
     line = next(t for t in out.splitlines() if t.startswith("split:"))
-    assert line == ("split:      method=masks, seed=0, train_mask=tm.npy, test_mask=te.npy; normalization stats "
+    assert line == ("split:      method=masks, train_mask=tm.npy, test_mask=te.npy; normalization stats "
                     "from train pixels"), line
     assert split["train_mask_sha256"] not in out and split["test_mask_sha256"] not in out
+
+
+def test_a_mask_split_records_and_shows_no_seed(npy_scene, tmp_path, run_cli):
+    """A mask split draws nothing: it recorded seed=0 and `hsgds info` showed `method=masks, seed=0, ...`. The
+    store (read with zarr-python) records no seed, and a store written before, whose record holds seed=0, is
+    shown without it and kept by a convert-many rerun (its mask split is up to date, seed or not)."""
+    import json
+
+    import zarr
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cp, lp, _, labels = npy_scene(b=3)
+    left = np.zeros(labels.shape, np.uint8)
+    left[:, ::2] = 1
+    np.save(tmp_path / "tm.npy", left)
+    np.save(tmp_path / "te.npy", 1 - left)
+    opts = ConvertOptions(max_patch=3, split="masks", train_mask=tmp_path / "tm.npy", test_mask=tmp_path / "te.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+    row = ManifestRow(name="m", source=cp, labels=lp)
+    assert convert_scene(row, out, opts).status == "converted"
+    attrs = zarr.open_group(out / "m.zarr", mode="r").attrs["hsgds"]
+    assert "seed" not in attrs["split"] and "seed" not in attrs["converted_split"]
+    assert attrs["split"]["method"] == "masks"
+    assert convert_scene(row, out, opts).status == "up to date"
+    # a store written before: seed=0 in its records
+    doc = json.loads((out / "m.zarr" / "zarr.json").read_text())
+    for record in ("split", "converted_split"):
+        doc["attributes"]["hsgds"][record] = {"method": "masks", "seed": 0, **doc["attributes"]["hsgds"][record]}
+    (out / "m.zarr" / "zarr.json").write_text(json.dumps(doc))
+    code, text, err = run_cli("info", out / "m.zarr")
+    assert code == 0, err
+    line = next(t for t in text.splitlines() if t.startswith("split:"))
+    assert line.startswith("split:      method=masks, train_mask=tm.npy, test_mask=te.npy;") and "seed" not in line
+    assert convert_scene(row, out, opts).status == "up to date"
 
 
 def test_info_on_a_collection_reads_collection_json_alone(npy_scene, tmp_path, run_cli):
@@ -166,6 +239,86 @@ def test_info_on_a_collection_reads_collection_json_alone(npy_scene, tmp_path, r
     rows = {line.split()[0]: line.split() for line in out.splitlines() if re.match(r"(s\d|all) ", line)}
     assert "train" not in out and {n: int(r[-1]) for n, r in rows.items()} == {
         **{n: c[4] for n, c in want.items()}, "all": sum(c[4] for c in want.values())}
+
+
+def test_info_on_a_collection_names_scenes_re_split_since_the_listing(npy_scene, tmp_path, run_cli):
+    """A store of a collection re-split directly (`hsgds resplit coll/s0.zarr`) left collection.json's per-split
+    counts as they were, and `hsgds info coll` showed them without a word. It now names that scene (and only
+    it: the scenes a loader's full check, Collection.listing_problem, finds changed), says how to fix it, and
+    the fix (a re-split through the collection) clears it, the counts then equal to zarr-python's of the
+    stores; a missing store and a listing written before fingerprints are said as such."""
+    import json
+    import shutil
+
+    import zarr
+
+    from hsgds.collection import SceneEntry, open_collection, write_collection
+
+    folder = tmp_path / "coll"
+    folder.mkdir()
+    entries = []
+    for seed, labelled in enumerate([True, True, False]):
+        cp, lp, _, _ = npy_scene(h=30, w=26, b=3, seed=seed)
+        store = folder / f"s{seed}.zarr"
+        convert(cp, store, ConvertOptions(labels=lp, train=0.3) if labelled else ConvertOptions())
+        entries.append(SceneEntry.of_scene(f"s{seed}", hsgds.open_scene(store)))
+    write_collection(folder, entries)
+
+    def info() -> tuple[str, dict[str, list[int]]]:
+        code, out, err = run_cli("info", folder)
+        assert code == 0, err
+        return out, {line.split()[0]: [int(v) for v in line.split()[-5:-1]] for line in out.splitlines()
+                     if re.match(r"s\d ", line)}
+
+    def stored(name: str) -> list[int]:  # train, val, test, none of the store's current split, by zarr-python
+        z = zarr.open_group(folder / f"{name}.zarr", mode="r")
+        g = z.attrs["hsgds"].get("split_generation", 0)
+        codes = z["samples/split" if g == 0 else f"samples/split-{g}"][:]
+        return [int(np.count_nonzero(codes == c)) for c in (1, 2, 3, 0)]
+
+    out, rows = info()
+    assert "stale:" not in out and "unread:" not in out and "unchecked:" not in out, out
+    # the listed fingerprint is docs/format.md's digest of the store's metadata, read with zarr-python
+    import hashlib
+
+    listed = {d["name"]: d["split_fingerprint"] for d in json.loads((folder / "collection.json").read_text())["scenes"]}
+    for name in ("s0", "s1"):
+        meta = zarr.open_group(folder / f"{name}.zarr", mode="r").attrs["hsgds"]
+        text = json.dumps({"split": meta["split"], "generation": meta.get("split_generation", 0),
+                           "labels": meta["labels_source"]["sha256"]}, sort_keys=True)
+        assert listed[name] == hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert listed["s2"] is None
+    before = rows["s0"]
+    code, _, err = run_cli("resplit", folder / "s0.zarr", "--split", "random", "--train", "0.6")
+    assert code == 0 and f"hsgds: warning: {folder.resolve() / 'collection.json'} still lists scene 's0' with its old " \
+        "split" in err, err  # said when it happens, too
+    assert stored("s0") != before  # the store changed ...
+    out, rows = info()
+    assert rows["s0"] == before and rows["s1"] == stored("s1")  # ... the listing did not
+    coll = open_collection(folder)
+    changed = [e.name for i, e in enumerate(coll.entries) if e.num_samples and coll.listing_problem(i, coll.scene(i))]
+    assert changed == ["s0"]
+    line = next(ln for ln in out.splitlines() if ln.startswith("stale:"))
+    assert line == ("stale:      1 scene (s0) was re-split or converted again after collection.json was written: the "
+                    "per-split counts below are the listing's, not the stores'; run the `hsgds convert-many` that "
+                    "wrote it again (each store keeps its split, the listing is rewritten), or re-split every scene "
+                    f"through the collection (`hsgds resplit {folder.resolve()} --split ...`)"), line
+    assert run_cli("resplit", folder, "--split", "random", "--train", "0.6")[0] == 0
+    out, rows = info()
+    assert "stale:" not in out and rows == {"s0": stored("s0"), "s1": stored("s1"), "s2": [0, 0, 0, 0]}, out
+    # a listing written before the fingerprints: said, not guessed
+    doc = json.loads((folder / "collection.json").read_text())
+    for entry in doc["scenes"]:
+        entry.pop("split_fingerprint")
+    (folder / "collection.json").write_text(json.dumps(doc))
+    out, _ = info()
+    assert "stale:" not in out and "unchecked:  2 labelled scenes: collection.json (written by an older hsgds)" in out
+    # a missing store: named, the summary still shown
+    write_collection(folder, [SceneEntry.of_scene(n, hsgds.open_scene(folder / f"{n}.zarr")) for n in ("s0", "s1", "s2")])
+    shutil.rmtree(folder / "s1.zarr")
+    out, rows = info()
+    assert "unread:     1 scene (s1): the store's zarr.json is missing or unreadable" in out and "stale:" not in out
+    assert set(rows) == {"s0", "s1", "s2"}
 
 
 def test_collection_summary_tallies_dtypes_bands_and_wavelengths(tmp_path):

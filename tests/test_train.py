@@ -303,7 +303,8 @@ def test_demo_names_classes_without_test_pixels_and_records_the_split(tmp_path, 
     assert split["block_size"] > 0 and split["unsplit_classes"]
     # the block split keeps 15x15 footprints apart, so none of the 3x3 test patches overlaps a train patch
     assert split["leakage"] == {"patch_size": 3, "test_pixels": report["test_pixels"],
-                                "test_pixels_overlapping_train": 0}
+                                "test_pixels_overlapping_train": 0, "val_pixels": 0,
+                                "val_pixels_overlapping_train": 0}
 
 
 def test_demo_reports_aa_over_the_trained_classes_of_a_mask_split(tmp_path, hsgds_env, indian_pines_arrays, run_cli):
@@ -355,6 +356,46 @@ def test_demo_reports_aa_over_the_trained_classes_of_a_mask_split(tmp_path, hsgd
     assert re.search(r"Alfalfa \d+% \(no train pixels\)", per_class) and re.search(r"Oats \d+% \(no train pixels\)",
                                                                                     per_class), per_class
     assert "Grass-pasture-mowed (no test pixels)" in per_class and per_class.count("no train") == 2
+
+
+def test_a_store_without_test_pixels_is_refused_before_training(tmp_path, hsgds_env, npy_scene, run_cli):
+    """An empty --test-mask is accepted with a warning; `hsgds demo` on such a store trained for its epochs and
+    only then failed, and `hsgds predict` printed no score without a word. The demo (and run_demo) now refuse
+    it in one line before training (nothing trained, no output folder), and predict says why no score follows;
+    the store's test count is 0 by numpy over the masks, the train count not."""
+    from hsgds.errors import InputError
+    from hsgds.preprocess.convert import ConvertOptions, convert
+
+    cp, lp, _, labels = npy_scene(b=4)
+    train = (labels > 0) & (np.arange(labels.shape[1]) < 12)[None, :]
+    np.save(tmp_path / "train.npy", train.astype(np.uint8))
+    np.save(tmp_path / "test.npy", np.zeros(labels.shape, np.uint8))  # empty
+    assert np.count_nonzero(train) > 0 and np.count_nonzero(np.load(tmp_path / "test.npy")) == 0
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = cache / "indian_pines.zarr"
+    with pytest.warns(UserWarning, match="mask split"):
+        convert(cp, store, ConvertOptions(labels=lp, split="masks", train_mask=tmp_path / "train.npy",
+                                          test_mask=tmp_path / "test.npy"))
+    hsgds_env("HSGDS_CACHE_DIR", str(cache))
+    code, out, err = run_cli("demo", "--epochs", "1", "--patch-size", "3", "--batch-size", "16", "--device", "cpu",
+                             "-o", tmp_path / "out")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"hsgds: error: {store} has no test pixels (its masks split left none): a model trained on "
+                          "it could not be scored; give it a test split first"), err
+    assert "training" not in out and not (tmp_path / "out").exists(), out
+    logged: list[str] = []
+    with pytest.raises(InputError, match="has no test pixels"):
+        run_demo(store, epochs=1, patch_size=3, batch_size=16, device="cpu", out_dir=tmp_path / "out2",
+                 log=logged.append)
+    assert logged == [] and not (tmp_path / "out2").exists()
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", SpectralSpatialCNN(4, int(labels.max()), 3, reduce=4, width=8),
+                           patch_size=3)
+    code, out, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "map.npy")
+    assert code == 0, err
+    assert (f"test split: none: the store's masks split has no test pixels, so the map is not scored (`hsgds info "
+            f"{store}` shows its splits)") in out, out
 
 
 def test_demo_with_an_unusable_cache_folder_is_one_line(tmp_path, hsgds_env, run_cli):

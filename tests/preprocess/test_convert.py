@@ -412,6 +412,35 @@ def test_a_bad_mask_is_named_as_a_mask(npy_scene, tmp_path, run_cli, values, mat
          "--train-mask", tmp_path / "train.npy", "--test-mask", tmp_path / "test.npy", match=match)
 
 
+def test_mask_shape_and_overlap_errors_name_the_options_as_typed(npy_scene, tmp_path, run_cli):
+    """`hsgds convert --split masks`: a mask of another shape than the labels, or masks that overlap, were named
+    by mask_split's Python parameters (`test_mask has shape ...`, `train_mask & test_mask: 12`) where the user
+    typed --test-mask; the one-line error names the options and files (the overlap counted by numpy), while
+    mask_split itself keeps its parameter names for API callers."""
+    from hsgds.errors import InputError
+    from hsgds.preprocess.splits import mask_split
+
+    cp, lp, _, labels = npy_scene(b=3)
+    train = np.zeros(labels.shape, np.uint8)
+    train[:, :12] = 1
+    test = np.zeros(labels.shape, np.uint8)
+    test[:, 9:] = 1  # columns 9-11 in both
+    np.save(tmp_path / "tm.npy", train)
+    np.save(tmp_path / "te.npy", test)
+    np.save(tmp_path / "small.npy", test[:-1])
+    both = int(np.count_nonzero(train & test))
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "masks",
+         "--train-mask", tmp_path / "tm.npy", "--test-mask", tmp_path / "small.npy",
+         match=f"--test-mask small.npy has shape {test[:-1].shape} but --labels {lp.name} has shape {labels.shape}; "
+               "masks must match the label map pixel for pixel")
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "masks",
+         "--train-mask", tmp_path / "tm.npy", "--test-mask", tmp_path / "te.npy",
+         match=f"{both} pixels are in more than one split mask (--train-mask tm.npy & --test-mask te.npy: {both}); "
+               "make the masks disjoint")
+    with pytest.raises(InputError, match=rf"\(train_mask & test_mask: {both}\)"):  # the API's own words
+        mask_split(labels, train_mask=train, test_mask=test)
+
+
 def test_cli_usage_error_exit_2(run_cli):
     code, _, err = run_cli("convert")
     assert code == 2 and "Missing argument" in err

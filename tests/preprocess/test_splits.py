@@ -452,6 +452,32 @@ def test_block_split_fixed_block_size_and_no_guard():
     assert (r.split[labels != 0] == r.blocks[by, bx][labels != 0]).all()
 
 
+def test_block_split_warning_without_a_guard_does_not_suggest_a_smaller_max_patch():
+    """--max-patch 1 (guard 0) is the smallest guard: the warning suggested "a smaller --max-patch" and spoke of
+    "0 px between train and the others". It names the class with its counts (numpy's) and says what can help:
+    a smaller --block-size, which puts the class's pixels in more blocks (shown: at block size 2 it is split)."""
+    lab = np.zeros((40, 40), dtype=np.int32)
+    lab[:, :20], lab[:, 20:] = 1, 2
+    lab[5:8, 5:8] = 3  # a 3x3 class: one 10-px block holds it all
+    with pytest.warns(UnsplittableClassWarning) as caught:
+        split, params = make_split(lab, "blocks", train=0.3, block_size=10, guard=0, seed=0)
+    r = block_split_details(lab, train=0.3, block_size=10, guard=0, seed=0)
+    assert list(r.unsplit) == [3] and params["unsplit_classes"] == {"3": 1}
+    n = [int(np.count_nonzero((lab == 3) & (split == code))) for code in (SPLIT_TRAIN, SPLIT_TEST)]
+    assert n[0] + n[1] == 9 and 0 in n
+    text = str(caught[0].message)
+    untrained = ("; class 3 got no train pixel: scored, never trained on (a train block of its own would take its "
+                 "block's other pixels from val/test, or leave the scene none)") if n[0] == 0 else ""
+    assert text == (f"block split: class 3 (1 block: {n[0]} train, {n[1]} test) could not be split into train and "
+                    "test: too few pixels or blocks; such a class is missing from some split (--max-patch 1 has no "
+                    "guard to narrow: a smaller --block-size puts a class's pixels in more blocks)" + untrained), text
+    assert "smaller --max-patch" not in text and " px between" not in text
+    assert 3 not in block_split_details(lab, train=0.3, block_size=2, guard=0, seed=0).unsplit
+    # with a guard, the guard is what a smaller --max-patch narrows, as before
+    with pytest.warns(UnsplittableClassWarning, match=r"with 2 px between .* \(a smaller --max-patch narrows"):
+        make_split(lab, "blocks", train=0.3, block_size=10, guard=1, seed=0)
+
+
 def test_block_split_tiny_scenes():
     # a 5x7 scene with guard 3: no two pixels are more than 2 * 3 px apart; the class is named
     lab = random_labels((5, 7), 1, p_unlabelled=0.0, seed=0)
