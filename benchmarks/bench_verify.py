@@ -2,6 +2,9 @@
 
     python benchmarks/bench_verify.py [--device auto|cpu|cuda] [--batches 256,4096] [--epochs 5] [--tiny]
 
+``--tiny`` (a smoke test) reads a 96 x 96 x 8 store of 16 tiles through a ring of 8, at batches 64 and 256 unless
+``--batches`` says otherwise (a batch of 4096 needs more tiles resident than that ring holds).
+
 The reader is the one the machine picks (kvikio on a GPU machine: the device ``wsum64`` checksum; POSIX on the
 CPU: crc32c on the host). A synthetic store (1024 x 1024 x 64 int16, 81 tiles of 2 MiB, every pixel labelled)
 is read through a ring of 16 tiles (samples shuffled within windows of 4 tiles), so every epoch reads every tile again and the checks run every
@@ -62,12 +65,13 @@ def epoch(loader) -> tuple[float, int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--batches", default="256,4096")
+    ap.add_argument("--batches", default=None, help="batch sizes, comma-separated (default: 256,4096; "
+                    "with --tiny 64,256, which its ring of 8 tiles holds)")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--tiny", action="store_true", help="a small store for a smoke test")
     args = ap.parse_args()
     device = None if args.device == "auto" else args.device
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in (args.batches or ("64,256" if args.tiny else "256,4096")).split(",")]
     with tempfile.TemporaryDirectory(prefix="hsgds-bench-verify-") as tmp:
         t = time.perf_counter()
         store = make_store(Path(tmp), args.tiny)

@@ -358,8 +358,9 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
 @click.option("--threads", default=2, show_default=True, help="Threads writing tiles within each scene.")
 @click.option("--overwrite", is_flag=True, help="Convert every scene again, even those already up to date.")
 def convert_many(manifest, out, scheduler, workers, threads, overwrite, **options) -> None:
-    """Convert the scenes listed in MANIFEST (CSV: source[,labels,name,key,labels_key,band_axis,wavelengths,
-    nodata]) on Dask, one task per scene, into OUT/<name>.zarr and OUT/collection.json. Relative paths are
+    """Convert the scenes listed in MANIFEST, a CSV file with the header
+    source[,labels,name,key,labels_key,band_axis,wavelengths,nodata], on Dask, one task per scene, into
+    OUT/<name>.zarr and OUT/collection.json. Relative paths are
     relative to the manifest's folder; name defaults to the source's file stem; band_axis is the scene's
     --band-axis (a PRISMA cube's middle beside GeoTIFF scenes); wavelengths names a text file of the scene's
     band centres (nm); nodata is the scene's nodata value (a number, nan or none), over --nodata. Rerunning

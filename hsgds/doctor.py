@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from hsgds.choice import Choice, choose
-from hsgds.errors import HsgdsError
+from hsgds.errors import DependencyError, HsgdsError
 from hsgds.probe import DeviceReport
 
 __all__ = ["NO_MAIN_GUARD", "WINDOWS_DRIVE_FS", "cpu_cut_status", "doctor_report", "mount_of", "platform_notes"]
@@ -98,8 +98,11 @@ def cpu_cut_status() -> str:
     on the CPU: whether it runs here and why not, numba's version, where compiled kernels are kept.
     Imports numba (~1-2 s)."""
     from hsgds import defaults
-    from hsgds.engines import cpu_cut
 
+    try:
+        from hsgds.engines import cpu_cut
+    except DependencyError as exc:  # a base install without torch: the rest of the report still stands
+        return _status(False, "", str(exc))
     if not defaults.get("numba"):
         return _status(False, "", "setting numba is off (HSGDS_NUMBA=false): torch ops cut on the CPU")
     if not cpu_cut.available():

@@ -192,6 +192,21 @@ def test_commands_on_a_base_install_without_torch_say_so_in_one_line(tmp_path):
     assert "PyTorch" not in run.stderr
 
 
+def test_doctor_on_a_base_install_without_torch_reports_the_machine(tmp_path):
+    """`hsgds doctor` is what a user runs to learn what is missing, and the README's list of commands that need
+    torch leaves it out: without torch it reports torch as not importable, says why the CPU cut cannot run and
+    what hsgds would pick (its CPU cut line imported the engines, which need torch: a one-line error instead)."""
+    script = ("import sys; sys.modules['torch'] = None\n"  # as if torch were not installed
+              "from hsgds.cli import main\nmain(['doctor'])")
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert "  torch         not importable" in lines, run.stdout
+    (cut,) = [line for line in lines if line.startswith("  CPU cut ")]
+    assert cut.split()[2] == "no" and "PyTorch" in cut and 'pip install "hsgds[torch]"' in cut, cut
+    assert "would use: device=cpu reader=posix engine=torch" in lines, run.stdout
+
+
 def test_a_missing_torch_submodule_with_torch_installed_is_not_called_torch_not_installed(tmp_path):
     """With torch installed, a ModuleNotFoundError for one of its submodules (a torch build that lacks it, an
     hsgds bug naming a wrong module) is not "PyTorch, which is not installed": that would send the user to

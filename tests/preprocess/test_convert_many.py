@@ -378,6 +378,17 @@ def test_manifest_errors_are_one_line(tmp_path, run_cli, manifest, message):
     assert not (tmp_path / "out").exists()  # nothing written for a bad manifest
 
 
+def test_help_gives_the_manifest_header_as_one_csv_line(run_cli):
+    """`hsgds convert-many --help` names the manifest's columns as the header a user writes (the README's
+    form): the docstring broke it across two lines, which click joined as 'wavelengths, nodata'."""
+    from hsgds.preprocess.convert_many import COLUMNS
+
+    code, out, _ = run_cli("convert-many", "--help")
+    assert code == 0
+    header = f"{COLUMNS[0]}[,{','.join(COLUMNS[1:])}]"
+    assert header in out, out
+
+
 def test_manifest_paths_are_relative_to_its_folder(tmp_path):
     make_sources(tmp_path / "campaign", n=2)
     rows = read_manifest(tmp_path / "campaign/scenes.csv")
