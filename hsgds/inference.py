@@ -441,6 +441,9 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         the 8 flips / quarter turns of each patch (8 model calls per batch; one at patch size 1, whose
         variants are all the patch itself); the probabilities written are that mean.
 
+    Each call maps the whole scene, also under ``torch.distributed`` (its rank and world size are not read):
+    ranks share the work by predicting different scenes.
+
     Returns
     -------
     numpy.ndarray
@@ -507,9 +510,11 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     if ring_bytes is None:
         cut, ring_bytes = _batch_in_budget(scene, batch_size, keep, _ring_budget(device))
     try:
+        # one rank, whatever torch.distributed says: the map is the whole scene's (ranks split the scenes)
         with PatchLoader(scene, batch_size=cut, split=None, pixels="all",
                          shuffle=False, return_coords=True, mask=mask, device=device, dtype=dtype,
-                         engine=engine, reader=reader, **settings, ring_bytes=ring_bytes) as loader:
+                         engine=engine, reader=reader, **settings, ring_bytes=ring_bytes,
+                         rank=0, world_size=1) as loader:
             dev = loader.device
             if from_file:  # a module loaded here (on the CPU, float32) runs where the loader cuts, in its dtype
                 model.to(dev, resolve_out_dtype(dtype))
