@@ -38,7 +38,7 @@ class Choice:
         return self.device.split(":")[0]
 
 
-def _device_for(report: DeviceReport, reasons: list[str], requested: str | None = None) -> str:
+def _device_for(report: DeviceReport, reasons: list[str], requested: str | None = None, current: int = 0) -> str:
     setting = report.device_setting if requested is None else requested
     said = defaults.given_as("device", setting) if requested is None else f"device={shown(setting)}"
     if setting == "cpu":
@@ -46,12 +46,13 @@ def _device_for(report: DeviceReport, reasons: list[str], requested: str | None 
         return "cpu"
     if setting == "auto":
         if report.cuda:
-            reasons.append(f"device cuda:0: {report.device_name or 'a CUDA GPU'} is usable")
-            return "cuda:0"
+            reasons.append(f"device cuda:{current}: {report.device_name or 'a CUDA GPU'} is usable"
+                           + (" (the current CUDA device)" if current else ""))
+            return f"cuda:{current}"
         reasons.append(f"device cpu: no usable CUDA ({report.cuda_reason})")
         return "cpu"
     if setting == "cuda" or (setting.startswith("cuda:") and setting[5:].isdigit()):
-        index = int(setting[5:]) if ":" in setting else 0
+        index = int(setting[5:]) if ":" in setting else current
         if not report.cuda:
             raise ConfigError(f"{said} but CUDA is not usable here ({report.cuda_reason}); "
                               f"{'unset it' if requested is None else 'leave device unset'} or use 'cpu'")
@@ -133,7 +134,8 @@ def _dali_ok(report: DeviceReport, kind: str) -> bool:
     return report.dali_gpu if kind == "cuda" else report.dali_version is not None
 
 
-def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", device: Any = None) -> Choice:
+def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", device: Any = None,
+           current_device: int = 0) -> Choice:
     """Pick the device, reader and engine for ``report``.
 
     Parameters
@@ -149,6 +151,9 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", dev
     device
         None (the ``HSGDS_DEVICE`` setting, "auto" by default), or an explicit "cpu", "cuda", "cuda:N"
         or torch.device, which wins over the setting.
+    current_device
+        The CUDA device "auto" and a bare "cuda" mean, as in torch: ``torch.cuda.current_device()``, which a
+        torch.distributed rank sets to its own GPU (``torch.cuda.set_device(local_rank)``).
 
     Returns
     -------
@@ -172,8 +177,8 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", dev
     if requested is None:
         defaults.get("device")  # an invalid HSGDS_DEVICE is an error here: the probe, which never raises, read "auto"
     if requested == "cuda" and report.cuda:
-        requested = "cuda:0"
-    device = _device_for(report, reasons, requested)
+        requested = f"cuda:{current_device}"
+    device = _device_for(report, reasons, requested, current_device)
     kind = device.split(":")[0]
     picked_reader = _reader_for(report, device, reader, reasons)
     picked_engine = _engine_for(report, kind, engine, reasons)

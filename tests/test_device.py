@@ -249,6 +249,20 @@ def test_choose_device_setting_errors():
     assert choose(two).device == "cuda:1"
 
 
+def test_auto_and_bare_cuda_mean_the_current_device():
+    """As in torch, "cuda" is the current CUDA device: a torch.distributed rank that called
+    torch.cuda.set_device(local_rank) gets its own GPU, not every rank cuda:0."""
+    two = dataclasses.replace(GPU, device_count=2)
+    assert choose(two, current_device=1).device == "cuda:1"
+    assert choose(two, device="cuda", current_device=1).device == "cuda:1"
+    import torch
+
+    assert choose(two, device=torch.device("cuda"), current_device=1).device == "cuda:1"
+    assert choose(dataclasses.replace(two, device_setting="cuda"), current_device=1).device == "cuda:1"
+    assert choose(two, device="cuda:0", current_device=1).device == "cuda:0"  # an index given wins
+    assert choose(two).device == "cuda:0"
+
+
 def test_choose_unknown_names():
     with pytest.raises(ConfigError, match="unknown reader 'gds'"):
         choose(CPU, reader="gds")
