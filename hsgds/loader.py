@@ -274,7 +274,8 @@ class PatchLoader:
     split : {"train", "val", "test", "none"} or None (every labelled pixel); default "train" (None with
         ``pixels="all"``)
     device : torch device or None
-        None picks CUDA when usable, else CPU (``HSGDS_DEVICE=cpu`` forces CPU).
+        None picks CUDA when usable, else CPU (``HSGDS_DEVICE=cpu`` forces CPU). None and "cuda" mean the
+        current CUDA device, as in torch: a rank's own after ``torch.cuda.set_device(local_rank)``.
     dtype : torch floating dtype of the patches. One the normalized (and radiation-noised) values could
         overflow to inf, judged from each scene's band min / max, is refused (e.g. float16 beyond 65504).
     layout : "NCHW" (N, B, p, p) or "NHWC" (N, p, p, B).

@@ -1,8 +1,10 @@
-"""Two real torch.distributed processes (gloo, CPU): disjoint shards, complete union, equal batch counts."""
+"""Real torch.distributed processes (gloo, CPU): disjoint shards, complete union, equal batch counts; a resume
+after one rank is killed; predict per rank."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -32,6 +34,26 @@ WORKER = textwrap.dedent("""
 """)
 
 
+def _run_ranks(commands: list[list[str]], timeout: float = 120) -> list[subprocess.Popen]:
+    """Start one process per command and wait for all; a rank that fails or outlives ``timeout`` (its peers
+    would wait for it in a collective forever) fails the test with its stderr, the others killed, none left."""
+    procs = [subprocess.Popen(c, stderr=subprocess.PIPE, text=True) for c in commands]
+    try:
+        for r, p in enumerate(procs):
+            try:
+                _, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rank {r} still running after {timeout} s (a collective waiting for a peer?)")
+            assert p.returncode == 0, f"rank {r}: {err}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return procs
+
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_two_ranks_gloo(tmp_path, indian_pines_store, drop_last):
     import hsgds
@@ -39,12 +61,8 @@ def test_two_ranks_gloo(tmp_path, indian_pines_store, drop_last):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(script), str(indian_pines_store), str(r), init,
-                               str(tmp_path / f"r{r}.json"), "1" if drop_last else "0"],
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    _run_ranks([[sys.executable, str(script), str(indian_pines_store), str(r), init, str(tmp_path / f"r{r}.json"),
+                 "1" if drop_last else "0"] for r in range(2)])
     ranks = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
     scene = hsgds.open_scene(indian_pines_store)
     y, x, _ = scene.samples(None)
@@ -117,10 +135,101 @@ def test_predict_per_rank_maps_whole_scenes(tmp_path):
     script = tmp_path / "predict_worker.py"
     script.write_text(PREDICT_WORKER)
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", init, *stores, str(tmp_path)],
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    _run_ranks([[sys.executable, str(script), str(r), "2", init, *stores, str(tmp_path)] for r in range(2)])
     for i, (h, w) in enumerate(shapes):  # each pixel's own index: every one predicted, by its own patch
         assert np.array_equal(np.load(tmp_path / f"map{i}.npy"), np.arange(h * w).reshape(h, w) + 1)
+
+
+RESUME_WORKER = textwrap.dedent("""
+    import hashlib, json, os, signal, sys
+    import torch
+    import torch.distributed as dist
+    import hsgds
+
+    rank, world, init, mode, work, augment = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4],
+                                              sys.argv[5], sys.argv[6] == "1")
+    stores = sys.argv[7:]
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05, mixture_noise=0.2)
+    loader = hsgds.PatchLoader(stores, patch_size=5, batch_size=16, split=None, device="cpu", return_coords=True,
+                               seed=7, augment=aug if augment else None)
+    start = 0
+    if mode == "resume":  # every rank loads rank 0's state, as the README's training loop does
+        state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
+        loader.load_state_dict(state)
+        start = state["epoch"]
+    batches = []
+    for epoch in range(start, 3):
+        loader.set_epoch(epoch)
+        for x, y, c in loader:
+            batches.append([epoch, c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()])
+            if mode == "kill" and (epoch, loader.state_dict()["batch"]) == (1, 3):
+                if rank == 0:
+                    torch.save(loader.state_dict(), os.path.join(work, "state.pt"))
+                json.dump(batches, open(os.path.join(work, f"kill{rank}.json"), "w"))
+                dist.barrier()  # the state is written before any rank dies
+                if rank == world - 1:
+                    os.kill(os.getpid(), signal.SIGKILL)  # preempted
+                dist.barrier()  # the others wait for it until the launcher kills them
+    json.dump(batches, open(os.path.join(work, f"{mode}{rank}.json"), "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.fixture(scope="module")
+def two_stores(tmp_path_factory):
+    """Two seeded scenes of different sizes, several tiles each."""
+    from hsgds.preprocess.convert import ConvertOptions
+    from hsgds.synthetic import make_scene
+    from tests.conftest import convert_quietly
+
+    d = tmp_path_factory.mktemp("two")
+    stores = []
+    for i, (h, w) in enumerate([(40, 52), (33, 33)]):
+        cube, labels = make_scene(h, w, 8, classes=4, dtype="int16", seed=i)
+        np.save(d / f"cube{i}.npy", cube)
+        np.save(d / f"gt{i}.npy", labels)
+        stores.append(str(convert_quietly(d / f"cube{i}.npy", d / f"s{i}.zarr",
+                                          ConvertOptions(labels=d / f"gt{i}.npy", tile=18))))
+    return stores
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_ranks_killed_mid_epoch_resume_bit_identical(tmp_path, two_stores, augment):
+    """Two ranks over two scenes; the last rank is SIGKILLed mid-epoch (a preempted job), rank 0's saved state
+    restarts both: together with what came before the kill, every rank yields what an uninterrupted run yields
+    (coordinates, labels, patch bytes). A state of another world size is refused in one line."""
+    import torch
+
+    import hsgds
+    from hsgds.errors import ConfigError
+
+    script = tmp_path / "resume_worker.py"
+    script.write_text(RESUME_WORKER)
+
+    def command(mode: str, rank: int, init: str) -> list[str]:
+        return [sys.executable, str(script), str(rank), "2", f"file://{tmp_path / init}", mode, str(tmp_path),
+                "1" if augment else "0", *two_stores]
+
+    _run_ranks([command("full", r, "rv_full") for r in range(2)])
+    procs = [subprocess.Popen(command("kill", r, "rv_kill"), stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        assert procs[1].wait(timeout=120) == -signal.SIGKILL, procs[1].communicate()[1]
+    finally:
+        for p in procs:  # the launcher ends the survivors
+            p.kill()
+            p.communicate()
+    _run_ranks([command("resume", r, "rv_resume") for r in range(2)])
+    for r in range(2):
+        full, before, after = (json.loads((tmp_path / f"{m}{r}.json").read_text()) for m in ("full", "kill", "resume"))
+        assert before and after and before[-1][0] == after[0][0] == 1
+        assert before + after == full
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    with hsgds.PatchLoader(two_stores, patch_size=5, batch_size=16, split=None, device="cpu", return_coords=True,
+                           seed=7, rank=0, world_size=3,
+                           augment=hsgds.Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05,
+                                                 mixture_noise=0.2) if augment else None) as other:
+        with pytest.raises(ConfigError, match=r"^loader state was saved with world_size=2 but this loader has "
+                                              r"world_size=3[^\n]*$"):
+            other.load_state_dict(state)
