@@ -687,8 +687,11 @@ class PatchLoader:
         for key in ("seed", "batch_size", "split", "world_size", "footprint_guard", "num_samples", "shuffle",
                     "drop_last", "shuffle_window", "pixels", "stride", "scenes", "augment"):
             if not _same_setting(state.get(key, older.get(key)), mine[key]):
+                fix = ("resume with the same settings" if key != "world_size" else  # the shares are cut per world size
+                       f"relaunch with {shown(state.get(key))} ranks to resume, or start the next epoch without the "
+                       "state (loader.set_epoch(epoch + 1))")
                 raise ConfigError(f"loader state was saved with {key}={shown(state.get(key), 200)} but this loader "
-                                  f"has {key}={shown(mine[key], 200)}; resume with the same settings")
+                                  f"has {key}={shown(mine[key], 200)}; {fix}")
         if state.get("samples", self._samples_key()) != self._samples_key():  # (absent in older states)
             raise ConfigError("loader state was saved over other samples (another store or scene order, or the "
                               "store was re-split or replaced since): its rest of the epoch is not this loader's; "

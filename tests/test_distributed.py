@@ -231,5 +231,5 @@ def test_ranks_killed_mid_epoch_resume_bit_identical(tmp_path, two_stores, augme
                            augment=hsgds.Augment(flip=True, rot90=True, radiation_noise=0.1, band_dropout=0.05,
                                                  mixture_noise=0.2) if augment else None) as other:
         with pytest.raises(ConfigError, match=r"^loader state was saved with world_size=2 but this loader has "
-                                              r"world_size=3[^\n]*$"):
+                                              r"world_size=3; relaunch with 2 ranks to resume[^\n]*$"):
             other.load_state_dict(state)
