@@ -444,6 +444,7 @@ class PatchLoader:
         self.wavelengths = None if wavelengths is None else [float(w) for w in wavelengths]
         self.wavelength_tolerance = float(wavelength_tolerance)
         self.rank, self.world_size = _distributed(rank, world_size)
+        self._rank_from_torch = rank is None and world_size is None
 
         from hsgds.choice import choose
         from hsgds.probe import probe
@@ -713,6 +714,7 @@ class PatchLoader:
     def __iter__(self):
         if self._closed:
             raise HsgdsError("this PatchLoader is closed; create a new one")
+        self._check_still_one_rank()
         with gc_paused():  # a new epoch's plan and the ring's schedule: an interval per tile
             plan = self._plan(self._epoch)
             # only a restored state resumes mid-epoch; a new iteration after an early break restarts the epoch
@@ -724,6 +726,18 @@ class PatchLoader:
         # the epoch now, not at the first next(): the plan above is this epoch's, and so must be the
         # augmentation keyed on it (set_epoch may come in between)
         return self._batches(plan, start, self._pass, self._epoch)
+
+    def _check_still_one_rank(self) -> None:
+        """A loader built before ``init_process_group`` took rank 0 of 1: every rank would train on the whole split
+        (DDP runs, on duplicated data). Refused when it is iterated in a process group of several ranks."""
+        if not (self._rank_from_torch and self.world_size == 1):
+            return
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise ConfigError(f"this PatchLoader was built before torch.distributed was initialised, so each of the "
+                              f"{dist.get_world_size()} ranks would read the whole split; build it after "
+                              "init_process_group (each rank then reads its share), or pass rank=0, world_size=1 "
+                              "to read all of it on purpose")
 
     def _prepare(self, plan: EpochPlan, epoch: int) -> Callable[[int], Prepared]:
         """The per-batch index work, run ahead on the BatchPrep thread: sample lookups, the batch's

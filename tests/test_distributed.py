@@ -233,3 +233,45 @@ def test_ranks_killed_mid_epoch_resume_bit_identical(tmp_path, two_stores, augme
         with pytest.raises(ConfigError, match=r"^loader state was saved with world_size=2 but this loader has "
                                               r"world_size=3; relaunch with 2 ranks to resume[^\n]*$"):
             other.load_state_dict(state)
+
+
+EARLY_WORKER = textwrap.dedent("""
+    import sys
+    import torch.distributed as dist
+    import hsgds
+    from hsgds.errors import ConfigError
+
+    store, rank, init, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    loader = hsgds.PatchLoader(store, patch_size=5, batch_size=32, split=None, device="cpu")  # before init
+    whole = hsgds.PatchLoader(store, patch_size=5, batch_size=32, split=None, device="cpu", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        next(iter(loader))
+        said = "yielded"
+    except ConfigError as e:
+        said = str(e)
+    n = sum(len(y) for _, y in whole)  # all of the split, as asked
+    dist.barrier()
+    dist.destroy_process_group()
+    open(out, "w").write(f"{n}\\n{said}")
+""")
+
+
+def test_a_loader_built_before_init_process_group_is_refused(tmp_path, indian_pines_store):
+    """A loader built before init_process_group took rank 0 of 1: iterated in a group of two it would give every rank
+    the whole split (DDP trains on, on duplicated data); it is refused in one line. rank=0, world_size=1 given
+    reads all of it."""
+    import hsgds
+
+    script = tmp_path / "early_worker.py"
+    script.write_text(EARLY_WORKER)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    _run_ranks([[sys.executable, str(script), str(indian_pines_store), str(r), init, str(tmp_path / f"r{r}.txt")]
+                for r in range(2)])
+    everything = len(hsgds.open_scene(indian_pines_store).samples(None)[0])
+    for r in range(2):
+        n, said = (tmp_path / f"r{r}.txt").read_text().split("\n", 1)
+        assert int(n) == everything
+        assert said == ("this PatchLoader was built before torch.distributed was initialised, so each of the 2 ranks "
+                        "would read the whole split; build it after init_process_group (each rank then reads its "
+                        "share), or pass rank=0, world_size=1 to read all of it on purpose")
