@@ -6,6 +6,7 @@ pip extra) when an explicit request cannot be met.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,8 @@ class Choice:
         return self.device.split(":")[0]
 
 
-def _device_for(report: DeviceReport, reasons: list[str], requested: str | None = None, current: int = 0) -> str:
+def _device_for(report: DeviceReport, reasons: list[str], requested: str | None = None,
+                current: Callable[[], int] = lambda: 0) -> str:
     setting = report.device_setting if requested is None else requested
     said = defaults.given_as("device", setting) if requested is None else f"device={shown(setting)}"
     if setting == "cpu":
@@ -46,13 +48,14 @@ def _device_for(report: DeviceReport, reasons: list[str], requested: str | None 
         return "cpu"
     if setting == "auto":
         if report.cuda:
-            reasons.append(f"device cuda:{current}: {report.device_name or 'a CUDA GPU'} is usable"
-                           + (" (the current CUDA device)" if current else ""))
-            return f"cuda:{current}"
+            index = current()
+            reasons.append(f"device cuda:{index}: {report.device_name or 'a CUDA GPU'} is usable"
+                           + (" (the current CUDA device)" if index else ""))
+            return f"cuda:{index}"
         reasons.append(f"device cpu: no usable CUDA ({report.cuda_reason})")
         return "cpu"
     if setting == "cuda" or (setting.startswith("cuda:") and setting[5:].isdigit()):
-        index = int(setting[5:]) if ":" in setting else current
+        index = int(setting[5:]) if ":" in setting else (current() if report.cuda else 0)
         if not report.cuda:
             raise ConfigError(f"{said} but CUDA is not usable here ({report.cuda_reason}); "
                               f"{'unset it' if requested is None else 'leave device unset'} or use 'cpu'")
@@ -135,7 +138,7 @@ def _dali_ok(report: DeviceReport, kind: str) -> bool:
 
 
 def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", device: Any = None,
-           current_device: int = 0) -> Choice:
+           current_device: int | Callable[[], int] = 0) -> Choice:
     """Pick the device, reader and engine for ``report``.
 
     Parameters
@@ -153,7 +156,9 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", dev
         or torch.device, which wins over the setting.
     current_device
         The CUDA device "auto" and a bare "cuda" mean, as in torch: ``torch.cuda.current_device()``, which a
-        torch.distributed rank sets to its own GPU (``torch.cuda.set_device(local_rank)``).
+        torch.distributed rank sets to its own GPU (``torch.cuda.set_device(local_rank)``); a function is called
+        only when the choice needs it (CUDA chosen without an index), so that a CPU loader never initialises
+        CUDA.
 
     Returns
     -------
@@ -176,9 +181,10 @@ def choose(report: DeviceReport, reader: str = "auto", engine: str = "auto", dev
     requested = None if device is None else str(device)
     if requested is None:
         defaults.get("device")  # an invalid HSGDS_DEVICE is an error here: the probe, which never raises, read "auto"
+    current = current_device if callable(current_device) else (lambda: int(current_device))  # type: ignore[arg-type]
     if requested == "cuda" and report.cuda:
-        requested = f"cuda:{current_device}"
-    device = _device_for(report, reasons, requested, current_device)
+        requested = f"cuda:{current()}"
+    device = _device_for(report, reasons, requested, current)
     kind = device.split(":")[0]
     picked_reader = _reader_for(report, device, reader, reasons)
     picked_engine = _engine_for(report, kind, engine, reasons)

@@ -451,10 +451,10 @@ class PatchLoader:
         from hsgds.choice import choose
         from hsgds.probe import probe
 
-        report = probe()
-        # "auto" / "cuda" is the current CUDA device, as in torch: each rank's own GPU after set_device
-        current = torch.cuda.current_device() if report.cuda else 0
-        self.choice = choose(report, reader=reader, engine=engine, device=device, current_device=current)
+        # "auto" / "cuda" is the current CUDA device, as in torch: each rank's own GPU after set_device (asked
+        # only when CUDA is chosen without an index: a CPU loader never initialises CUDA)
+        self.choice = choose(probe(), reader=reader, engine=engine, device=device,
+                             current_device=torch.cuda.current_device)
         if self._tables is not None and self.choice.engine == "dali":
             from hsgds.engines.dali_engine import NO_TABLES
 

@@ -261,6 +261,20 @@ def test_auto_and_bare_cuda_mean_the_current_device():
     assert choose(dataclasses.replace(two, device_setting="cuda"), current_device=1).device == "cuda:1"
     assert choose(two, device="cuda:0", current_device=1).device == "cuda:0"  # an index given wins
     assert choose(two).device == "cuda:0"
+    # given as a function (torch.cuda.current_device, which initialises CUDA), it is asked only when CUDA is
+    # chosen without an index: a CPU loader on a GPU machine never initialises CUDA
+    asked = []
+
+    def current() -> int:
+        asked.append(1)
+        return 1
+
+    assert choose(two, device="cpu", current_device=current).device == "cpu"
+    assert choose(dataclasses.replace(two, device_setting="cpu"), current_device=current).device == "cpu"
+    assert choose(two, device="cuda:0", current_device=current).device == "cuda:0"
+    assert choose(CPU, current_device=current).device == "cpu"
+    assert not asked
+    assert choose(two, current_device=current).device == "cuda:1" and asked
 
 
 def test_choose_unknown_names():
