@@ -423,9 +423,9 @@ def prefetch(typingctx, ary, index):
     """Ask for the cache line holding ``ary[index]`` ahead of its use (a hint: no fault, no result), into
     the core's L2 (prefetcht1 on x86), not L1: the lines of the next patch arrive while the current one's
     blocks use L1. Against L1 (prefetcht0) on the Intel Xeon VM of CPU run 23: 4-5% faster in the kernel
-    alone on 2 threads (Pavia-sized and Indian Pines rings); through the loader, alternated epoch by epoch,
-    Pavia-sized float32 1.05x (IQR 1.02-1.09), bfloat16 1.08x (1.04-1.14), Indian Pines float32 1.01x
-    (0.97-1.03). Locality 0 (prefetchnta) halved the kernel's speed."""
+    alone on 2 threads (Pavia-sized and Indian Pines rings); through the loader, alternated epoch by epoch
+    in two spells, Pavia-sized float32 1.04x and 1.05x, bfloat16 1.03x and 1.08x, Indian Pines float32 1.01x
+    (benchmarks/README.md, run 24). Locality 0 (prefetchnta) halved the kernel's speed."""
     if not isinstance(ary, types.Array):
         return None
     sig = types.void(ary, types.intp)
