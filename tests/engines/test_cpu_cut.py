@@ -274,6 +274,37 @@ def test_large_nchw_batches_are_streamed():
     assert not cpu_cut.should_stream(big - 1, True) and not cpu_cut.should_stream(big, False)
 
 
+def test_source_rows_are_prefetched_into_l2():
+    """The NCHW cut and the copy of normalized tiles prefetch the next patch's rows into L2 (llvm.prefetch
+    locality 2, prefetcht1), not L1 (locality 3): measured faster on the Intel Xeon of CPU run 23. The hint
+    changes no value, so its compiled code says which it is; the cuts themselves still match numpy."""
+    import re
+
+    rng = np.random.default_rng(3)
+    p, bands, side, n = 5, 16, 12, 4
+    storage = _storage("uint16", 2, side, bands, 3)
+    offset, scale = rng.uniform(0, 3e4, bands), rng.uniform(1e-5, 1e-3, bands)
+    slot, y, x = rng.integers(0, 2, n), rng.integers(2, side - 2, n), rng.integers(2, side - 2, n)
+    tables = cpu_cut.make_tables(side, bands, np.arange(bands), offset, scale, np.float32)
+    base, bad = cpu_cut.patch_starts(slot, y, x, None, tables, 2, side * side * bands, p // 2, True)
+    assert bad == -1
+    out = np.empty(n * p * p * bands, np.float32)
+    cpu_cut.cut_range(storage.reshape(-1), base, None, None, tables, out, p, True, 0, 0, n, False)
+    want = _reference(storage, slot, y, x, p, offset, scale, "float32", True)
+    assert np.array_equal(out.view(np.uint32), want.numpy().reshape(-1).view(np.uint32))
+    flat = storage.reshape(-1).astype(np.uint16)  # stands for a normalized ring (16-bit values)
+    cpu_cut.copy_range(flat, base, None, None, tables, np.empty(n * p * p * bands, np.uint16), p, True, 1, 0, n)
+    # the kernels' prefetches are this intrinsic, inlined: compiled afresh (numba cannot inspect cached code)
+    import numba
+
+    kernels = cpu_cut._compiled()
+    fetch = numba.njit(cache=False)(lambda ary, i: kernels.prefetch(ary, i))
+    fetch(flat, 0)
+    code = "\n".join(fetch.inspect_llvm().values())
+    localities = re.findall(r"call void @llvm\.prefetch[.\w]*\([^,]+, i32 0, i32 (\d), i32 1\)", code)
+    assert localities and set(localities) == {"2"}, localities
+
+
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_per_scene_tables_kernel_equals_torch_ops_path(out_dtype, layout):
