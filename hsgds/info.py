@@ -82,14 +82,17 @@ def leakage_line(leak: Leakage, guarded: int | None = None) -> str:
     """The ``leakage:`` line of ``hsgds info``. ``guarded``: the largest patch the store's block split
     keeps apart (its halo's), when the split is a block split."""
     p = leak.patch_size
-    if leak.train == 0 or leak.test == 0:
+    if leak.train == 0 or leak.test + leak.val == 0:
         return f"leakage:    no train/test split to compare ({leak.train} train, {leak.test} test pixels)"
-    val = (f" and {leak.val_leaky} of {leak.val} val pixels ({100 * leak.val_share:.1f}%)" if leak.val else "")
-    head = (f"leakage:    {leak.leaky} of {leak.test} test pixels ({100 * leak.share:.1f}%){val} have a {p}x{p} "
-            f"patch sharing pixels with a train patch")
+    # (a split with val pixels but no test pixels, as an empty --test-mask leaves, still has val to compare)
+    held = [(name, n, leaky, share) for name, n, leaky, share in (("test", leak.test, leak.leaky, leak.share),
+                                                                  ("val", leak.val, leak.val_leaky, leak.val_share))
+            if n]
+    counts = " and ".join(f"{leaky} of {n} {name} pixels ({100 * share:.1f}%)" for name, n, leaky, share in held)
+    head = f"leakage:    {counts} have a {p}x{p} patch sharing pixels with a train patch"
     if leak.leaky == 0 and leak.val_leaky == 0:
-        return head + (": train footprints are disjoint from test and val footprints" if leak.val
-                       else ": train and test footprints are disjoint")
+        return head + (": train footprints are disjoint from test and val footprints" if len(held) == 2
+                       else f": train and {held[0][0]} footprints are disjoint")
     if guarded is not None:  # a block split made for smaller patches: its guard is the store's halo
         return head + (f"; the block split keeps patches up to {guarded}x{guarded} apart: convert again with "
                        f"`--split blocks --max-patch {p}` for disjoint {p}x{p} footprints")

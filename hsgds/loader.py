@@ -22,6 +22,7 @@ import torch
 from hsgds import defaults
 from hsgds._gc import gc_paused
 from hsgds._unset import Unset
+from hsgds._wording import counted
 from hsgds.augment import MAX_EPOCH, Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.collection import DeferredScene
@@ -505,7 +506,7 @@ class PatchLoader:
             share = min(share_sizes(len(self.samples), self.world_size))
             if share < batch_size:  # every epoch would yield nothing, silently
                 of = "the epoch has" if self.world_size == 1 else f"each of the {self.world_size} ranks has"
-                raise ConfigError(f"batch_size={batch_size} with drop_last=True yields no batch: {of} {share} samples; "
+                raise ConfigError(f"batch_size={batch_size} with drop_last=True yields no batch: {of} {counted(share, 'sample')}; "
                                   f"lower batch_size to {share} or less, or pass drop_last=False")
         # a ring too small for a batch is reported now, before anything is allocated: for every epoch (a
         # shuffled order needs more tiles in some epochs than in others), from the samples per tile
@@ -589,8 +590,9 @@ class PatchLoader:
 
     # -- the PyTorch-facing API -----------------------------------------------------------------------
     def class_counts(self) -> np.ndarray:
-        """(K,) int64: the samples of each class this loader yields over an epoch of every rank (index k:
-        label k, the store's class k + 1), for class weights (``hsgds.train.class_weights``). Unlabelled
+        """(K,) int64: the samples of each class in what this loader reads, all ranks' shares together (as the
+        split holds them: before ``drop_last`` drops and the repeat that pads a share; the same on every rank;
+        index k: label k, the store's class k + 1), for class weights (``hsgds.train.class_weights``). Unlabelled
         samples (label -1, ``pixels="all"``) are not counted; K is the scenes' class count. Counted a block of
         samples at a time: ``pixels="all"`` over a large scene never lists every pixel at once."""
         counts = np.zeros(max(int(s.num_classes or 0) for s in self.scenes.scenes), np.int64)

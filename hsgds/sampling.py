@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from hsgds._wording import counted
 from hsgds.errors import ConfigError
 
 #: what to change when a batch's tiles do not fit the ring
@@ -413,7 +414,7 @@ def check_ring(counts: np.ndarray, *, batch_size: int, slots: int, shuffle: bool
     smaller = f"lower batch_size to {lo} or less" if max_batch_tiles(counts, lo, loose) <= slots else \
         "lower batch_size"
     raise ConfigError(f"a batch of {batch_size} can need {worst} tiles resident (in an epoch whose shuffled order "
-                      f"puts tiles with few samples together) but the ring has {slots} slots; raise ring_bytes to "
+                      f"puts tiles with few samples together) but the ring has {counted(slots, 'slot')}; raise ring_bytes to "
                       f"{worst * tile_nbytes} or more ({worst} tiles of {tile_nbytes} bytes; its default is capped "
                       f"by the ring_cpu_bytes and ring_gpu_fraction settings) or {smaller}")
 
@@ -455,7 +456,7 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
         spans = _contiguous_spans(samples.offsets, batch_size, limit)
         live = _max_live(spans[1], spans[2], num_batches)
         if live > slots:
-            raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
+            raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {counted(slots, 'slot')}; "
                               + RING_ADVICE)
         return EpochPlan(range(limit), batch_size, num_batches, _as_intervals(spans), window)
     num_tiles = len(samples.offsets) - 1
@@ -480,6 +481,6 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
             break
         window = max(1, window // 2)
     if live > slots:
-        raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {slots} slots; "
+        raise ConfigError(f"a batch of {batch_size} needs {live} tiles resident but the ring has {counted(slots, 'slot')}; "
                           + RING_ADVICE)
     return EpochPlan(order, batch_size, num_batches, _as_intervals(spans), window)

@@ -118,6 +118,30 @@ def test_info_leakage_counts_val_pixels_too(indian_pines_store, tmp_path, run_cl
                         r"footprints", line), line
 
 
+def test_info_leakage_of_a_split_with_val_but_no_test_pixels(npy_scene, tmp_path, run_cli):
+    """A mask split with train and val masks and an empty test mask still has val patches to compare with
+    train patches: the line said "no train/test split to compare"; it counts the val pixels (against scipy)."""
+    cp, lp, _, labels = npy_scene(b=3)
+    train = np.zeros(labels.shape, np.uint8)
+    train[:, ::2] = 1
+    np.save(tmp_path / "tm.npy", train)
+    np.save(tmp_path / "vm.npy", 1 - train)
+    np.save(tmp_path / "te.npy", np.zeros_like(train))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (every class lacks test pixels: said, not refused)
+        convert(cp, tmp_path / "m.zarr", ConvertOptions(labels=lp, max_patch=3, split="masks",
+                                                         train_mask=tmp_path / "tm.npy", val_mask=tmp_path / "vm.npy",
+                                                         test_mask=tmp_path / "te.npy"))
+    scene = hsgds.open_scene(tmp_path / "m.zarr")
+    n_val_leaky, n_val = leaky_reference(scene, 3, "val")
+    assert n_val > 0 and len(scene.samples("test")[0]) == 0
+    code, out, err = run_cli("info", tmp_path / "m.zarr", "--patch-size", "3")
+    line = next(ln for ln in out.splitlines() if ln.startswith("leakage:"))
+    assert code == 0 and line.startswith(f"leakage:    {n_val_leaky} of {n_val} val pixels "
+                                         f"({100 * n_val_leaky / n_val:.1f}%) have a 3x3 patch sharing pixels with a "
+                                         "train patch"), line
+
+
 @pytest.mark.parametrize("bad", ["4", "0", "-3"])
 def test_info_bad_patch_size(indian_pines_store, run_cli, bad):
     code, out, err = run_cli("info", indian_pines_store, "--patch-size", bad)

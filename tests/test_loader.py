@@ -547,7 +547,7 @@ def test_bad_loader_arguments_are_config_errors(border_scene):
     with hsgds.PatchLoader(store, patch_size=5, batch_size=np.int64(8), shuffle=np.True_, device="cpu") as loader:
         assert loader.batch_size == 8 and type(loader.batch_size) is int and next(iter(loader))[0].shape[0] == 8
     # a ring that cannot hold one batch is reported when the loader is built, not at the first batch
-    with pytest.raises(ConfigError, match="needs .* tiles resident but the ring has 1 slots"):
+    with pytest.raises(ConfigError, match="needs .* tiles resident but the ring has 1 slot;"):
         hsgds.PatchLoader(store, patch_size=5, batch_size=900, split=None, ring_bytes=nbytes, device="cpu",
                           shuffle=False)
 
