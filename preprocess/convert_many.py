@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -136,8 +137,9 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
         raise InputError(f"cannot read manifest {path} ({getattr(exc, 'strerror', None) or exc}); "
                          "it must be a UTF-8 CSV file") from None
     # skipinitialspace: a quoted value after "a, " is still quoted (values are stripped anyway), not a path
-    # holding quote characters
-    reader = csv.reader(text.splitlines(), skipinitialspace=True)
+    # holding quote characters. Rows end at newlines only, as csv reads a file: str.splitlines also broke a
+    # quoted value at a newline (dropping it) and at characters such as U+2028 or U+0085 a file name may hold
+    reader = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True)
     try:
         header = next(reader, None)
         if header is None or not any(h.strip() for h in header):

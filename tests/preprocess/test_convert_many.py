@@ -412,6 +412,18 @@ def test_manifest_as_spreadsheets_and_hands_write_it(tmp_path):
         ("see", (tmp_path / "c.npy").resolve(), None)]
 
 
+def test_manifest_paths_holding_line_breaks_are_read_whole(tmp_path):
+    """A quoted path holding a newline, and paths holding U+2028 or U+0085 (file names may hold any of them):
+    the rows were cut at each (str.splitlines), a path losing its newline or split over two rows."""
+    names = ["two\nlines.npy", "sep\u2028a.npy", "nel\x85b.npy"]
+    for name in names:
+        np.save(tmp_path / name, np.zeros((4, 4, 2), np.int16))
+    (tmp_path / "m.csv").write_text("source,name\n" + "".join(f'"{n}",s{i}\n' for i, n in enumerate(names)),
+                                    encoding="utf-8")
+    rows = read_manifest(tmp_path / "m.csv")
+    assert [(r.name, r.source) for r in rows] == [(f"s{i}", (tmp_path / n).resolve()) for i, n in enumerate(names)]
+
+
 def test_without_distributed_the_error_names_the_extra(tmp_path):
     make_sources(tmp_path, n=1)
     code = ("import sys; sys.modules['distributed'] = None\n"  # as if it were not installed
