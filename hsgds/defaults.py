@@ -106,6 +106,8 @@ class Setting:
 
 _SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("cache_dir", "HSGDS_CACHE_DIR", _default_cache_dir, _text, "a directory path"),
+    # a CPU loader with the fused kernel starts cutting batch b+1 on the engine's threads before it hands out b
+    Setting("cut_ahead", "HSGDS_CUT_AHEAD", True, _boolean, "a boolean (1/0, true/false, yes/no, on/off)"),
     Setting("device", "HSGDS_DEVICE", "auto", _device, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
     # DALI engine: worker threads of its pipelines; 0 = the usable CPU cores, at most 16
     Setting("dali_threads", "HSGDS_DALI_THREADS", 0, _integer(0), "an integer >= 0 (0: automatic)"),

@@ -27,7 +27,7 @@ from hsgds.augment import MAX_EPOCH, Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.collection import DeferredScene
 from hsgds.engines import cpu_cut, make_engine
-from hsgds.engines.base import TORCH_DTYPES, PatchSpec, resolve_out_dtype
+from hsgds.engines.base import TORCH_DTYPES, PatchSpec, PendingCut, resolve_out_dtype
 from hsgds.errors import ConfigError, HsgdsError, as_count, as_flag, shown
 from hsgds.io import make_reader
 from hsgds.pixels import (
@@ -136,6 +136,18 @@ def describe_stats(stats: dict[str, Any]) -> str:
 
 
 _UNSET: Any = Unset("'train'; None with pixels='all'")  # split's default depends on ``pixels``
+
+
+@dataclass
+class _Started:
+    """A batch whose cut has started (or whose start failed: ``error``, raised when the batch is reached)."""
+
+    prep: Prepared | None
+    index: torch.Tensor | None
+    pending: PendingCut | None
+    aug: AugmentBatch | None
+    cut_s: float  # time spent starting the cut on the consuming thread
+    error: Exception | None
 
 
 def _scene_masks(ss: SceneSet, mask: Any) -> list[np.ndarray | None]:
@@ -536,6 +548,10 @@ class PatchLoader:
             if self._normalize_tiles:
                 self.stats.reasons.append(f"tiles normalized once as they are read, into {out_name}; patches copied "
                                           "from them (setting normalize_tiles)")
+            self._cut_ahead = self._engine.cuts_ahead and bool(defaults.get("cut_ahead"))
+            if self._cut_ahead:
+                self.stats.reasons.append("the next batch is cut on the engine's threads while this one is handed out "
+                                          "(setting cut_ahead)")
         except BaseException:  # e.g. a DALI build or the ring's allocation failing: release what was built
             for name in ("_ring", "_engine", "_reader"):
                 with contextlib.suppress(Exception):
@@ -813,13 +829,13 @@ class PatchLoader:
                                   aug.dropped if self._fused_dropout else None)
 
     def _batches(self, plan: EpochPlan, start: int, pass_id: int, epoch: int):
-        tables = self._tables is not None
-        geometric = self.augment is not None and self.augment.geometric
-        coord_row = 4 + tables + geometric  # rows: slot, y, x, label, [table], [dihedral], [coords]
+        coord_row = self._coord_row()
         t0 = time.perf_counter()
         base_elapsed = self.stats.elapsed_s
         # batch b+1's (and b+2's) index arrays are built on another thread while batch b is consumed
         ahead = BatchPrep(self._prepare(plan, epoch), start, plan.num_batches, depth=2)
+        taken: dict[int, Prepared] = {}  # batches taken from `ahead` whose tiles were not all resident yet
+        started: _Started | None = None  # batch b+1, cut ahead on the engine's threads (setting cut_ahead)
         try:
             for b in range(start, plan.num_batches):
                 if self._closed:
@@ -828,46 +844,83 @@ class PatchLoader:
                 if pass_id != self._pass:
                     raise HsgdsError("this iterator was superseded by a newer iteration of the same loader")
                 t_in, wait_in = time.perf_counter(), self._ring.stats.consumer_wait_s
-                prep = ahead.get(b)  # normally ready: built while the previous batch was consumed
-                rows = prep.rows
-                rows[0] = self._ring.acquire(prep.tiles)[prep.inverse]
-                # one host-to-device copy per batch carries the cut coordinates, labels and centres; from a
-                # reused pinned buffer it is asynchronous, so it never waits for the training stream
-                index = self._staging.stage(rows) if self._staging is not None else torch.from_numpy(rows)  # CUDA
-                aug, noise, norm = prep.extra
-                if norm is not None and self._norm_later:  # scenes reached for the first time
-                    self._engine.set_table_rows(*norm)
-                    self._norm_later.difference_update(norm[0].tolist())
-                dihedral = index[coord_row - 1] if aug is not None and aug.dihedral is not None else None
-                t_cut = time.perf_counter()
-                extra: dict[str, Any] = {"noise": noise} if noise is not None else {}
-                if self._normalize_tiles:
-                    extra["normalized"] = True
-                patches = self._engine.cut(self._ring.storage, index[0], index[1], index[2],
-                                           index[4] if tables else None, dihedral=dihedral, **extra)
-                t_cut = time.perf_counter() - t_cut
-                if aug is not None and self._augmenter is not None:
-                    self._augmenter(patches, aug)
+                cur = started if started is not None else self._start_batch(ahead, b, taken, wait=True)
+                assert cur is not None  # waiting for the tiles, the batch always starts
+                started = None
+                if self._cut_ahead and b + 1 < plan.num_batches:
+                    # its Python (tiles, index, checks) runs while the engine's threads cut batch b; an error
+                    # is raised when batch b+1 is reached, not one batch early
+                    try:
+                        started = self._start_batch(ahead, b + 1, taken, wait=False)
+                    except Exception as exc:  # noqa: BLE001 - kept for its own batch, raised there
+                        started = _Started(None, None, None, None, 0.0, exc)
+                if cur.error is not None:
+                    raise cur.error
+                assert cur.prep is not None and cur.index is not None and cur.pending is not None
+                t_wait = time.perf_counter()
+                patches = cur.pending.result()
+                t_cut = cur.cut_s + time.perf_counter() - t_wait
+                if cur.aug is not None and self._augmenter is not None:
+                    self._augmenter(patches, cur.aug)
+                index = cur.index
                 labels = index[3]
                 self._ring.release_batch(b)
                 if self._cursor == pass_id:
                     self._batch = b + 1
-                self._account(len(prep.idx), t0, base_elapsed)
+                self._account(len(cur.prep.idx), t0, base_elapsed)
                 self.stats._cut.append(t_cut)
                 self.stats._host.append(time.perf_counter() - t_in - (self._ring.stats.consumer_wait_s - wait_in))
+                del cur
                 if self.return_coords:
                     yield patches, labels, index[coord_row:].t().contiguous()
                 else:
                     yield patches, labels
                 # hold no reference across the next cut: a consumer that has dropped this batch (predict
                 # does) lets the engine reuse its buffer instead of allocating a second one
-                del patches, labels
+                del patches, labels, index
             if self._cursor == pass_id:
                 self._epoch, self._batch = epoch + 1, 0
         finally:
+            if started is not None and started.pending is not None:
+                with contextlib.suppress(Exception):  # no thread may still read the ring once this pass ends
+                    started.pending.result()
             ahead.close()
             if pass_id == self._pass and not self._closed:
                 self._ring.stop()
+
+    def _coord_row(self) -> int:
+        """The first row of the coordinates in a batch's index: rows slot, y, x, label, [table], [dihedral]."""
+        geometric = self.augment is not None and self.augment.geometric
+        return 4 + (self._tables is not None) + geometric
+
+    def _start_batch(self, ahead: BatchPrep, b: int, taken: dict[int, Prepared], wait: bool) -> _Started | None:
+        """Start cutting batch ``b``: its prepared index, its tiles' slots, the one host-to-device copy and
+        the cut (on CUDA, enqueued; on the CPU with the fused kernel, left to the engine's threads). With
+        ``wait=False``, None when its tiles are not all resident yet (the batch is kept in ``taken``)."""
+        prep = taken.pop(b) if b in taken else ahead.get(b)  # normally ready: built ahead
+        if wait:
+            slots = self._ring.acquire(prep.tiles)
+        else:
+            got = self._ring.ready(prep.tiles)
+            if got is None:
+                taken[b] = prep
+                return None
+            slots = got
+        rows = prep.rows
+        rows[0] = slots[prep.inverse]
+        # one host-to-device copy per batch carries the cut coordinates, labels and centres; from a
+        # reused pinned buffer it is asynchronous, so it never waits for the training stream
+        index = self._staging.stage(rows) if self._staging is not None else torch.from_numpy(rows)  # CUDA
+        aug, noise, norm = prep.extra
+        if norm is not None and self._norm_later:  # scenes reached for the first time
+            self._engine.set_table_rows(*norm)  # other rows than those of a batch still being cut
+            self._norm_later.difference_update(norm[0].tolist())
+        dihedral = index[self._coord_row() - 1] if aug is not None and aug.dihedral is not None else None
+        t_start = time.perf_counter()
+        pending = self._engine.start_cut(self._ring.storage, index[0], index[1], index[2],
+                                         index[4] if self._tables is not None else None, dihedral=dihedral,
+                                         noise=noise, normalized=self._normalize_tiles)
+        return _Started(prep, index, pending, aug, time.perf_counter() - t_start, None)
 
     def _account(self, n: int, t0: float, base_elapsed: float) -> None:
         st, rs = self.stats, self._ring.stats

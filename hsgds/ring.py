@@ -254,6 +254,26 @@ class TileRing:
         self.stats.max_resident = max(self.stats.max_resident, self._busy)
 
     # -- consumer ------------------------------------------------------------------------------------
+    def ready(self, tiles: Iterable[int]) -> np.ndarray | None:
+        """The slots of ``tiles`` (same order) if every one is resident now, else None; never waits (a
+        reader's error is raised, as by :meth:`acquire`)."""
+        tiles = list(tiles)
+        with self._cond:
+            if self._error is not None:
+                self._raise()
+            slots = self._resident(tiles)
+        return None if slots is None else np.asarray(slots, dtype=np.int64)
+
+    def _resident(self, tiles: list[int]) -> list[int] | None:
+        """The slots of ``tiles`` if all are resident (counted in the occupancy statistics), else None.
+        Call with ``_cond`` held."""
+        slots = [self.slot_of.get(t, -1) for t in tiles]
+        if not all(s >= 0 and self.state[s] == READY for s in slots):
+            return None
+        self.stats.occupancy_sum += self._busy / self.slots
+        self.stats.occupancy_samples += 1
+        return slots
+
     def acquire(self, tiles: Iterable[int], timeout: float | None = None) -> np.ndarray:
         """Wait until every tile in ``tiles`` is resident; return their slots (same order)."""
         tiles = list(tiles)
@@ -263,9 +283,10 @@ class TileRing:
             while True:
                 if self._error is not None:
                     self._raise()
-                slots = [self.slot_of.get(t, -1) for t in tiles]
-                if all(s >= 0 and self.state[s] == READY for s in slots):
+                got = self._resident(tiles)
+                if got is not None:
                     break
+                slots = [self.slot_of.get(t, -1) for t in tiles]
                 if self._closed:
                     raise HsgdsError("the loader was closed while waiting for tiles; create a new loader")
                 if self._thread is None or not self._thread.is_alive():
@@ -275,10 +296,8 @@ class TileRing:
                 if deadline is not None and time.perf_counter() > deadline:
                     raise TimeoutError(f"tiles {listed(tiles)} not loaded after {timeout} s")
                 self._cond.wait(self._poll)
-            self.stats.occupancy_sum += self._busy / self.slots
-            self.stats.occupancy_samples += 1
         self.stats.consumer_wait_s += time.perf_counter() - t0
-        return np.asarray(slots, dtype=np.int64)
+        return np.asarray(got, dtype=np.int64)
 
     def _raise(self) -> None:
         exc = self._error

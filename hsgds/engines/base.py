@@ -23,7 +23,7 @@ except ImportError as exc:  # torch is an extra: users install the build matchin
         f"the patch engines need PyTorch: install the build for your CUDA, or {pip_install('torch')}"
     ) from exc
 
-__all__ = ["LAYOUTS", "OUT_DTYPES", "TORCH_DTYPES", "PatchEngine", "PatchSpec", "SceneTables", "check_coords",
+__all__ = ["LAYOUTS", "OUT_DTYPES", "TORCH_DTYPES", "PatchEngine", "PendingCut", "PatchSpec", "SceneTables", "check_coords",
            "check_dihedral", "check_storage", "check_store_dtype", "is_store_dtype", "resolve_out_dtype"]
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -225,6 +225,31 @@ def check_dihedral(dihedral: Any, slot: torch.Tensor) -> None:
         raise InputError("dihedral codes must be in 0..7 (4*transpose + 2*flip rows + flip columns)")
 
 
+class PendingCut:
+    """A batch whose cut has started on an engine's own threads (:meth:`PatchEngine.start_cut`):
+    :meth:`result` waits for it and returns the patches (raising what a cutting thread raised)."""
+
+    def __init__(self, out: Any, futures: Any = ()) -> None:
+        self._out = out
+        self._futures = list(futures)
+
+    def done(self) -> bool:
+        """Whether every thread has finished its part of the batch."""
+        return all(f.done() for f in self._futures)
+
+    def result(self) -> Any:
+        """The patches, once every part is cut (the first error raised by a part, after all have ended)."""
+        error: BaseException | None = None
+        for f in self._futures:
+            try:
+                f.result()
+            except BaseException as exc:  # wait for the others too: none may still write into the output
+                error = error or exc
+        if error is not None:
+            raise error
+        return self._out
+
+
 class PatchEngine(abc.ABC):
     """Cuts patches from the ring's storage.
 
@@ -242,6 +267,8 @@ class PatchEngine(abc.ABC):
     #: whether cut() takes ``noise=`` (radiation noise and band dropout applied inside the cut; the torch
     #: engine's fused CPU kernel). Otherwise hsgds.augment applies them after the cut.
     fuses_noise: bool = False
+    #: whether :meth:`start_cut` returns before the batch is cut (the engine's own threads cut it)
+    cuts_ahead: bool = False
 
     def __init__(self, spec: PatchSpec, device: Any) -> None:
         if not isinstance(spec, PatchSpec):
@@ -254,6 +281,17 @@ class PatchEngine(abc.ABC):
 
     @abc.abstractmethod
     def cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None) -> Any: ...
+
+    def start_cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None,
+                  noise: Any = None, normalized: bool = False) -> PendingCut:
+        """:meth:`cut` (same arguments; ``noise`` and ``normalized`` where the engine takes them), started
+        so that the calling thread can go on while the engine's own threads cut; where an engine has none,
+        the batch is cut before this returns. The storage and the slots read must stay untouched until
+        :meth:`PendingCut.result` has returned."""
+        options: dict[str, Any] = {"noise": noise} if noise is not None else {}
+        if normalized:
+            options["normalized"] = True
+        return PendingCut(self.cut(storage, slot, y, x, table, dihedral, **options))
 
     def normalizes_tiles(self, store_dtype: Any) -> bool:
         """Whether this engine can normalize tiles of ``store_dtype`` once, as they land in the ring

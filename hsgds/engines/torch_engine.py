@@ -23,6 +23,7 @@ from hsgds.engines import cpu_cut, triton_cut
 from hsgds.engines.base import (
     PatchEngine,
     PatchSpec,
+    PendingCut,
     SceneTables,
     check_coords,
     check_dihedral,
@@ -125,6 +126,7 @@ class TorchEngine(PatchEngine):
                 self.reasons.append("CPU cut: fused numba kernel (hsgds.engines.cpu_cut)")
             self._mode = cpu_cut.MODES[str(out_dtype).removeprefix("torch.")]
         self.fuses_noise = self._numba  # cut(noise=...): radiation noise and band dropout in the kernel
+        self.cuts_ahead = self._numba  # start_cut() leaves the ranges of patches to the engine's threads
 
     # -- cached per-device constants ------------------------------------------------------------------
     def _consts_for(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,6 +181,20 @@ class TorchEngine(PatchEngine):
         """Cut, normalize and lay out one batch; see :class:`~hsgds.engines.base.PatchEngine`. ``noise``
         (only where :attr:`fuses_noise`): the batch's radiation noise and band dropout, applied in the cut.
         ``normalized``: every tile cut from went through :meth:`normalize_tile`, so the patches are copied."""
+        return self._start(storage, slot, y, x, table, dihedral, noise, normalized, ahead=False)
+
+    def start_cut(self, storage: Any, slot: Any, y: Any, x: Any, table: Any = None, dihedral: Any = None,
+                  noise: cpu_cut.Noise | None = None, normalized: bool = False) -> PendingCut:
+        """:meth:`cut`, started on the engine's threads. With the fused CPU kernel the checks and the patch
+        starts are done here and the ranges of patches are left to the threads, so the caller can prepare
+        the next batch meanwhile; the threads go from one batch's ranges to the next without a pause.
+        Other paths cut before returning (CUDA kernels are asynchronous already)."""
+        got = self._start(storage, slot, y, x, table, dihedral, noise, normalized, ahead=True)
+        return got if isinstance(got, PendingCut) else PendingCut(got)
+
+    def _start(self, storage: Any, slot: Any, y: Any, x: Any, table: Any, dihedral: Any,
+               noise: cpu_cut.Noise | None, normalized: bool, ahead: bool) -> Any:
+        """The patches (``ahead``: or a PendingCut whose ranges the engine's threads cut)."""
         spec = self.spec
         check_dihedral(dihedral, slot)
         if noise is not None:
@@ -191,13 +207,13 @@ class TorchEngine(PatchEngine):
                 raise InputError("radiation noise needs the tiles' values before rounding: cut tiles that were "
                                  "not normalized (normalized=False)")
         if spec.tables is not None:
-            return self._cut_tables(storage, slot, y, x, table, dihedral, noise, normalized)
+            return self._cut_tables(storage, slot, y, x, table, dihedral, noise, normalized, ahead)
         check_storage(storage, spec)
         fused = self._numba and storage.device.type == "cpu"  # the kernel's patch_starts checks the bounds
         check_coords(storage, slot, y, x, spec.radius, False if fused else self._check_bounds)
         if storage.device.type == "cpu":
             with self._lock:
-                return self._cut(storage, slot, y, x, dihedral, noise, normalized)
+                return self._cut(storage, slot, y, x, dihedral, noise, normalized, ahead)
         return self._cut(storage, slot, y, x, dihedral)
 
     def _check_noise(self, noise: cpu_cut.Noise, storage: Any, slot: Any) -> None:
@@ -215,7 +231,7 @@ class TorchEngine(PatchEngine):
 
     def _cut(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
              dihedral: torch.Tensor | None = None, noise: cpu_cut.Noise | None = None,
-             normalized: bool = False) -> torch.Tensor:
+             normalized: bool = False, ahead: bool = False) -> Any:
         spec = self.spec
         p, r, bands = spec.patch_size, spec.radius, spec.bands
         n, side, device = slot.shape[0], storage.shape[1], storage.device
@@ -236,7 +252,8 @@ class TorchEngine(PatchEngine):
                 if bad >= 0:
                     check_coords(storage, slot, y, x, r, True)  # raises, naming the first sample outside
                     raise InputError(f"sample {bad} lies outside the ring storage")
-                return self._cut_numba(storage.view(-1).numpy(), starts, None, dihedral, kt, shape, noise, normalized)
+                return self._cut_numba(storage.view(-1).numpy(), starts, None, dihedral, kt, shape, noise, normalized,
+                                       ahead)
             return self._cut_cpu(storage, slot, y, x, shape, dihedral)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if self._fused_kernel(storage.dtype):  # one pass on the GPU
@@ -306,6 +323,13 @@ class TorchEngine(PatchEngine):
             self._pool, self._pool_size = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels), workers
         return workers
 
+    def _one_pool(self) -> ThreadPoolExecutor:
+        """The engine's pool of cutting threads, started with one thread if :meth:`_workers` has not
+        started it (it does so only for more than one)."""
+        if self._pool is None:
+            self._pool, self._pool_size = ThreadPoolExecutor(1, "hsgds-cut", _single_threaded_kernels), 1
+        return self._pool
+
     def _kernel_tables(self, side: int | None = None, k: int = 1) -> cpu_cut.Tables:
         """The fused kernel's per-table constants: the spec's SceneTables, or (``side``) one table for a
         single scene whose tiles are ``side`` pixels wide; made once per engine (and side). ``k``: strides
@@ -330,14 +354,15 @@ class TorchEngine(PatchEngine):
 
     def _cut_numba(self, src: np.ndarray, base: np.ndarray, table: np.ndarray | None,
                    dihedral: torch.Tensor | None, tables: cpu_cut.Tables, shape: tuple[int, ...],
-                   noise: cpu_cut.Noise | None = None, normalized: bool = False) -> torch.Tensor:
+                   noise: cpu_cut.Noise | None = None, normalized: bool = False, ahead: bool = False) -> Any:
         """The CPU path with the fused kernel: ranges of patches cut straight into the output by the
         calling thread and the engine's threads (the kernel releases the GIL). A range per
         ~``torch_chunk_bytes`` of work, so a small batch stays on the calling thread and threads share a
         big one dynamically: each takes the next range left. ``base``:
         each patch's first element in ``src`` (the flat storage); ``table``: each patch's table or None.
         ``normalized``: the tiles hold the output's values (normalize_tile); ``base`` and ``tables`` count
-        16-bit values, and the patches are copied (cpu_cut.copy_range)."""
+        16-bit values, and the patches are copied (cpu_cut.copy_range). ``ahead``: the engine's threads
+        alone cut, and a PendingCut is returned at once."""
         n = base.shape[0]
         out = self._output(shape)
         flat = out.view(-1)
@@ -350,6 +375,8 @@ class TorchEngine(PatchEngine):
         parts = -(-n // self._chunk)
         workers = self._workers(parts)
         if workers == 1:
+            if ahead:
+                return PendingCut(out, [self._one_pool().submit(cut_range, *args, 0, n, stream, noise, phase)])
             cut_range(*args, 0, n, stream, noise, phase)
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
@@ -366,8 +393,10 @@ class TorchEngine(PatchEngine):
                     return
                 cut_range(*args, *ranges[i], stream, noise, phase)
 
-        # the calling thread cuts too (it would only wait): one hand-off per helper, not per range
         assert self._pool is not None  # _workers() made it for more than one worker
+        if ahead:
+            return PendingCut(out, [self._pool.submit(drain) for _ in range(workers)])
+        # the calling thread cuts too (it would only wait): one hand-off per helper, not per range
         helpers = [self._pool.submit(drain) for _ in range(workers - 1)]
         try:
             drain()
@@ -482,7 +511,7 @@ class TorchEngine(PatchEngine):
 
     def _cut_tables(self, storage: Any, slot: Any, y: Any, x: Any, table: Any,
                     dihedral: torch.Tensor | None = None, noise: cpu_cut.Noise | None = None,
-                    normalized: bool = False) -> torch.Tensor:
+                    normalized: bool = False, ahead: bool = False) -> Any:
         """Cut from tiles of several scenes: per sample, its table's tile geometry, band selection and
         normalization. Still one gather per chunk of patches (per batch on CUDA) and one fused
         normalization: the per-sample tables only change the index arithmetic and the constants."""
@@ -519,7 +548,7 @@ class TorchEngine(PatchEngine):
                 self._check_table_coords(storage, s, yy, xx, t)  # raises, naming the first sample outside
                 raise InputError(f"sample {bad} lies outside the ring storage")
             with self._lock:
-                return self._cut_numba(storage.view(-1).numpy(), starts, t, dihedral, kt, shape, noise, normalized)
+                return self._cut_numba(storage.view(-1).numpy(), starts, t, dihedral, kt, shape, noise, normalized, ahead)
         if bounds:
             self._check_table_coords(storage, *(t.cpu().numpy() for t in (slot, y, x, table)))
         tab = self._tables_for(device)
@@ -561,9 +590,8 @@ class TorchEngine(PatchEngine):
             # even one chunk is cut in a pool thread: its kernels run single-threaded there, while in the
             # caller's thread a small op would wait at an OpenMP barrier for a team member that the
             # reader threads keep off the cores (tens of ms per op on a busy machine)
-            if self._pool is None:  # _workers() starts the pool only for more than one worker
-                self._pool, self._pool_size = ThreadPoolExecutor(1, "hsgds-cut", _single_threaded_kernels), 1
-            for f in [self._pool.submit(run, chunks[w::workers]) for w in range(workers)]:
+            pool = self._one_pool()
+            for f in [pool.submit(run, chunks[w::workers]) for w in range(workers)]:
                 f.result()
             return out
 
