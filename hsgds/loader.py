@@ -104,12 +104,14 @@ class LoaderStats:
     def host_us_median(self) -> float | None:
         """Median time (µs) a recent batch spent on the consuming thread inside ``next(loader)``, waits for
         tiles excluded: the loader's own per-batch cost, the engine call included (on the CPU that call
-        is the whole cut; on CUDA it only launches it)."""
+        is the whole cut, or with the setting ``cut_ahead`` the start of the next batch's cut and the wait
+        for this one's; on CUDA it only launches it)."""
         return 1e6 * float(np.median(self._host)) if self._host else None
 
     @property
     def cut_us_median(self) -> float | None:
-        """Median time (µs) of the engine call within :attr:`host_us_median`."""
+        """Median time (µs) of the engine calls within :attr:`host_us_median` (starting the batch's cut,
+        and waiting for it where the engine's threads cut it)."""
         return 1e6 * float(np.median(self._cut)) if self._cut else None
 
     def as_dict(self) -> dict[str, Any]:
