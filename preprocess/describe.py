@@ -75,6 +75,9 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         lines.append(f"bands:      {counted(b, 'band')}, " + (
             fmt.describe_wavelengths(wl) + (f" (from {sidecar.name})" if sidecar else "") if wl else
             f"{why} (give them with --wavelengths to select bands by nm)"))
+        bad = getattr(cube, "bad_bands", None)
+        if bad:
+            lines.append(f"bad bands:  {fmt.describe_bad_bands(bad, b)}; the store records them (Scene.bad_bands)")
         geo, geo_note = cube.georeference, getattr(cube, "georeference_note", None)
         lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else (
             f"not recorded: {geo_note.split(': ', 1)[-1]}" if geo_note else "none") + " (maps predicted from it carry "

@@ -17,7 +17,7 @@ from hsgds.preprocess.readers.base import (
     wavelengths_in_nm,
 )
 
-__all__ = ["DATA_SUFFIXES", "envi_class_names", "envi_georeference", "find_pair", "open_envi", "parse_header",
+__all__ = ["DATA_SUFFIXES", "bad_band_list", "envi_class_names", "envi_georeference", "find_pair", "open_envi", "parse_header",
            "read_envi_labels", "tiff_header", "tiff_header_metadata"]
 
 #: ENVI "data type" codes this reader maps to numpy; complex codes (6, 9) are deliberately absent.
@@ -203,6 +203,32 @@ def _band_names(header: dict[str, str], bands: int, path: Path) -> list[str] | N
     return names
 
 
+def bad_band_list(value: str, bands: int, where: str, fix: str) -> list[int]:
+    """The bands an ENVI bad band list (``bbl = {1, 1, 0, ...}``: one flag per band, 1 good, 0 bad, as AVIRIS marks
+    its water-vapour bands) flags bad, by index; ``where`` starts and ``fix`` ends the one-line InputError a list
+    of another length, or a flag that is neither 0 nor 1, raises."""
+    items = _split_list(value)
+    if len(items) != bands:
+        raise InputError(f"{where} lists {len(items)} 'bbl' flags for {bands} bands; {fix}")
+    flags = []
+    for item in items:
+        try:
+            flag = float(item)
+        except ValueError:
+            flag = math.nan
+        if flag not in (0, 1):
+            raise InputError(f"{where}: 'bbl' holds {item[:40]!r}, not 0 (a bad band) or 1 (a good one); {fix}")
+        flags.append(flag)
+    return [b for b, flag in enumerate(flags) if flag == 0]
+
+
+def _bad_bands(header: dict[str, str], bands: int, path: Path) -> list[int] | None:
+    """The bands the header's ``bbl`` flags bad, or None when it has no ``bbl``."""
+    if "bbl" not in header:
+        return None
+    return bad_band_list(header["bbl"], bands, f"ENVI header {path}", "fix or remove the 'bbl' field")
+
+
 #: EPSG codes of UTM zones by ENVI datum name: zone z north is base + z, south base + 100 + z (WGS 84)
 _UTM_EPSG = {"wgs-84": (32600, 32700), "wgs84": (32600, 32700), "north america 1983": (26900, None),
              "north america 1927": (26700, None)}
@@ -360,6 +386,7 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         georeference=_georeference(header, header_path),
         nodata=nodata,
         nodata_error=nodata_error,
+        bad_bands=_bad_bands(header, bands, header_path),
     )
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)

@@ -32,7 +32,7 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
     wavelengths_in_nm,
 )
-from hsgds.preprocess.readers.envi import tiff_header, tiff_header_metadata
+from hsgds.preprocess.readers.envi import bad_band_list, tiff_header, tiff_header_metadata
 from hsgds.preprocess.readers.packed import Unpacked, holds, unpacked_nodata
 
 __all__ = ["open_tiff", "read_tiff_labels", "tiff_georeference"]
@@ -231,6 +231,22 @@ def _band_descriptions(text: str | None, bands: int) -> list[str] | None:
     if sorted(names) != list(range(bands)) or not all(names.values()):
         return None
     return [names[b] for b in range(bands)]
+
+
+def _bad_bands(text: str | None, bands: int, path: Path) -> list[int] | None:
+    """The bands an ENVI bad band list in GDAL's metadata tag flags bad (a dataset item ``bbl``, ``{1, 0, ...}``: what
+    rasterio's ``update_tags(bbl=...)`` writes, or gdal_translate of an ENVI file with ``-co COPY_SRC_MDD=YES``), or
+    None when it has none."""
+    if not text:
+        return None
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return None  # (_band_centres names the unreadable tag)
+    for item in root.iter("Item"):
+        if (item.get("name") or "").lower() == "bbl" and item.get("sample") is None:
+            return bad_band_list(item.text or "", bands, f"{path.name}'s GDAL metadata", "fix or remove its bbl item")
+    return None
 
 
 #: the roles GDAL gives its per-band scale and offset items in the GDAL_METADATA tag, and the value each has
@@ -484,6 +500,7 @@ def open_tiff(path: Path) -> ArrayCube:
     cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=nodata,
                      band_names=band_names,
                      nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,
+                     bad_bands=_bad_bands(geo.get("gdal_metadata"), bands, path),
                      wavelengths_file=None if wavelengths is None else sidecar)
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
