@@ -86,7 +86,8 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
             value = recorded_nodata(cube)
             field = _NODATA_FIELD.get(kind, "recorded")
             if isinstance(packed, Unpacked) and packed.gap is not None:  # (its bands unpack it to different values)
-                field += f" {packed.gap:g} in every band, read as NaN: the bands' scales and offsets differ"
+                field += (f" {packed.gap:g} in every band, read as NaN: the bands' {packed.names[0]}s and "
+                          f"{packed.names[1]}s differ")
             nodata = (f"{value:g} ({field}): a pixel with every band at it is left "
                       "out of statistics, samples and predictions" if value is not None else
                       "none recorded (pass --nodata VALUE if a value marks pixels without data)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,9 +17,10 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
     wavelengths_in_nm,
 )
+from hsgds.preprocess.readers.packed import scaled_bands
 
-__all__ = ["DATA_SUFFIXES", "bad_band_list", "envi_class_names", "envi_georeference", "find_pair", "open_envi", "parse_header",
-           "read_envi_labels", "tiff_header", "tiff_header_metadata"]
+__all__ = ["DATA_SUFFIXES", "bad_band_list", "envi_class_names", "envi_georeference", "find_pair", "open_envi",
+           "parse_header", "read_envi_labels", "tiff_header", "tiff_header_metadata"]
 
 #: ENVI "data type" codes this reader maps to numpy; complex codes (6, 9) are deliberately absent.
 _DATA_TYPES = {
@@ -203,6 +205,34 @@ def _band_names(header: dict[str, str], bands: int, path: Path) -> list[str] | N
     return names
 
 
+#: ENVI's per-band calibration (radiance = DN * gain + offset), which GDAL reads as the bands' scale and offset,
+#: and the value each has when the header leaves it out
+_GAINS = {"data gain values": 1.0, "data offset values": 0.0}
+
+
+def _gains(header: dict[str, str], bands: int, path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each band's ``data gain values`` and ``data offset values`` as float64 arrays (GDAL's scale and offset of an
+    ENVI file: its values are ``raw * gain + offset``), or None when the header has neither, or only 1s and 0s."""
+    found = {}
+    for key, default in _GAINS.items():
+        if key not in header:
+            found[key] = np.full(bands, default)
+            continue
+        items = _split_list(header[key])
+        if len(items) != bands:
+            raise InputError(f"ENVI header {path} lists {len(items)} {key} for {bands} bands; fix or remove the "
+                             f"'{key}' field")
+        try:
+            found[key] = np.array([float(v) for v in items])
+        except ValueError:
+            found[key] = np.array([math.nan])
+        if not np.isfinite(found[key]).all():
+            raise InputError(f"ENVI header {path}: '{key}' holds a value that is no finite number; fix or remove "
+                             "that field")
+    gain, offset = found["data gain values"], found["data offset values"]
+    return None if (gain == 1).all() and (offset == 0).all() else (gain, offset)
+
+
 def bad_band_list(value: str, bands: int, where: str, fix: str) -> list[int]:
     """The bands an ENVI bad band list (``bbl = {1, 1, 0, ...}``: one flag per band, 1 good, 0 bad, as AVIRIS marks
     its water-vapour bands) flags bad, by index; ``where`` starts and ``fix`` ends the one-line InputError a list
@@ -376,8 +406,13 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
     wavelengths, wavelengths_note = _wavelengths_nm(header, bands, header_path)
+    gains = _gains(header, bands, header_path)
+    data: Any = array
+    if gains is not None:  # read as GDAL unscales them, and as a CF-packed HDF5 / netCDF variable is
+        data, nodata = scaled_bands(array, *gains, axes.index("B"), ("ENVI data gain value", "data offset value"),
+                                    nodata)
     cube = ArrayCube(
-        array,
+        data,
         axes=axes,
         wavelengths=wavelengths,
         wavelengths_note=wavelengths_note,

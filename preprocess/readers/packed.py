@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Unpacked", "holds", "unpacked_nodata"]
+__all__ = ["Unpacked", "holds", "scaled_bands", "unpacked_nodata"]
 
 
 class Unpacked:
@@ -96,3 +96,15 @@ def unpacked_nodata(unpacked: Unpacked | None, nodata: float | None) -> float | 
     if unpacked.gap is not None:
         return math.nan
     return float(unpacked.unpack(np.array([nodata], unpacked.dataset.dtype))[0])
+
+
+def scaled_bands(array: Any, scale: np.ndarray, offset: np.ndarray, band_axis: int, names: tuple[str, str],
+                 nodata: float | None) -> tuple[Unpacked, float | None]:
+    """``array`` read as ``raw * scale + offset`` with each band's ``scale`` and ``offset`` (GDAL's: a GeoTIFF's
+    scale and offset, an ENVI header's gains and offsets), and the file's ``nodata`` value (packed) as its
+    pixels then read: unpacked when every band has the same scale and offset, else NaN (see ``gap``)."""
+    one = bool((scale == scale[0]).all() and (offset == offset[0]).all())
+    gap = None if one or nodata is None or not holds(np.dtype(array.dtype), nodata) else nodata
+    unpacked = Unpacked(array, False, scale[:1] if one else scale, offset[:1] if one else offset,
+                        band_axis=band_axis, names=names, gap=gap)
+    return unpacked, unpacked_nodata(unpacked, nodata)

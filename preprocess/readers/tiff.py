@@ -33,7 +33,7 @@ from hsgds.preprocess.readers.base import (
     wavelengths_in_nm,
 )
 from hsgds.preprocess.readers.envi import bad_band_list, tiff_header, tiff_header_metadata
-from hsgds.preprocess.readers.packed import Unpacked, holds, unpacked_nodata
+from hsgds.preprocess.readers.packed import scaled_bands
 
 __all__ = ["open_tiff", "read_tiff_labels", "tiff_georeference"]
 
@@ -491,12 +491,7 @@ def open_tiff(path: Path) -> ArrayCube:
     nodata = geo.get("nodata")
     packing = _band_packing(geo.get("gdal_metadata"), bands, path)
     if packing is not None:  # read as GDAL unscales it, and as a CF-packed HDF5 / netCDF variable is
-        scale, offset = packing
-        one = bool((scale == scale[0]).all() and (offset == offset[0]).all())
-        gap = None if one or nodata is None or not holds(array.dtype, nodata) else nodata
-        array = Unpacked(array, False, scale[:1] if one else scale, offset[:1] if one else offset,
-                         band_axis=order.index("B"), names=("GDAL scale", "offset"), gap=gap)
-        nodata = unpacked_nodata(array, nodata)
+        array, nodata = scaled_bands(array, *packing, order.index("B"), ("GDAL scale", "offset"), nodata)
     cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=nodata,
                      band_names=band_names,
                      nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,

@@ -1,6 +1,7 @@
 """GDAL's per-band scale and offset (SetScale / SetOffset, rasterio's ``scales`` / ``offsets``: int16 reflectance
-times 0.0001) applied as a CF-packed HDF5 / netCDF variable's scale_factor / add_offset are: GeoTIFFs written by
-rasterio, converted, and the store's values compared with numpy's ``raw * scale + offset``."""
+times 0.0001; an ENVI header's ``data gain values`` / ``data offset values``, which GDAL reads as them) applied as a
+CF-packed HDF5 / netCDF variable's scale_factor / add_offset are: GeoTIFFs written by rasterio and ENVI files by
+SPy, converted, and the store's values compared with numpy's ``raw * scale + offset``."""
 
 from __future__ import annotations
 
@@ -110,8 +111,8 @@ def test_per_band_scales_read_a_nodata_pixel_as_nan(tmp_path):
     np.testing.assert_array_equal(scene.read(0, H, 0, W), want)
     assert scene.read(5, 6, 6, 7)[0, 0, 2] == -9999 * 1e-4 + 0.1
     nodata = next(line for line in describe_source(src).splitlines() if line.startswith("nodata:"))
-    assert nodata.startswith("nodata:     nan (GDAL_NODATA tag -9999 in every band, read as NaN: the bands' scales "
-                             "and offsets differ)")
+    assert nodata.startswith("nodata:     nan (GDAL_NODATA tag -9999 in every band, read as NaN: the bands' GDAL "
+                             "scales and offsets differ)")
 
 
 def test_info_says_how_the_values_are_unpacked(tmp_path):
@@ -172,3 +173,48 @@ def test_a_scale_in_a_tag_that_is_no_xml_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"^bad\.tif: its GDAL_METADATA tag holds band scales or offsets but is not "
                                          r"XML, so they cannot be applied; fix the tag"):
         open_cube(tmp_path / "bad.tif")
+
+
+# ------------------------------------------------------------------------------------------- ENVI gains
+
+@pytest.fixture
+def envi():
+    return pytest.importorskip("spectral.io.envi")  # (SPy writes the ENVI files; the GeoTIFF tests need it not)
+
+
+@pytest.mark.parametrize(("gains", "offsets"), [((0.01,) * B, (0.0,) * B),
+                                                ((0.01, 0.02, 0.005, 0.01), (0.0, 1.0, -2.0, 0.5))])
+def test_envi_gains_and_offsets_are_applied_as_gdal_reads_them(tmp_path, envi, gains, offsets):
+    """An ENVI header's data gain values and data offset values are the bands' scale and offset to GDAL (checked
+    with rasterio): the store holds ``raw * gain + offset``; its data ignore value is a nodata value unpacked as
+    GDAL_NODATA is (NaN when the gains differ by band)."""
+    raw = np.random.default_rng(6).integers(0, 9000, (H, W, B)).astype(np.int16)
+    raw[4, 5, :] = -1
+    hdr = tmp_path / "radiance.hdr"
+    envi.save_image(str(hdr), raw, force=True, interleave="bil", metadata={
+        "data gain values": list(gains), "data offset values": list(offsets), "data ignore value": -1})
+    with rasterio.open(tmp_path / "radiance.img") as ds:
+        assert ds.scales == gains and ds.offsets == offsets
+    want = raw.astype(np.float64) * np.asarray(gains) + np.asarray(offsets)
+    one = len(set(gains)) == 1 and len(set(offsets)) == 1
+    want[4, 5, :] = want[4, 5, 0] if one else np.nan
+    scene = open_scene(convert(hdr, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
+    assert scene.dtype == np.float64 and scene.meta.nodata["pixels"] == 1
+    assert scene.meta.nodata["value"] == (-0.01 if one else "nan")
+    np.testing.assert_array_equal(scene.read(0, H, 0, W), want)
+    how = ("ENVI data gain value 0.01 and data offset value 0" if one else
+           "per-band ENVI data gain values 0.005 to 0.02 and data offset values -2 to 1")
+    assert f"float64 (rows x columns x bands, unpacked from int16 by its {how})" in describe_source(hdr)
+
+
+def test_envi_gains_that_do_not_fit_are_one_line(tmp_path, envi):
+    envi.save_image(str(tmp_path / "r.hdr"), np.zeros((H, W, B), np.int16), force=True,
+                    metadata={"data gain values": [0.1, 0.2]})
+    with pytest.raises(InputError, match=rf"^ENVI header .*r\.hdr lists 2 data gain values for {B} bands; fix or "
+                                         r"remove the 'data gain values' field$"):
+        open_cube(tmp_path / "r.hdr")
+    envi.save_image(str(tmp_path / "r.hdr"), np.zeros((H, W, B), np.int16), force=True,
+                    metadata={"data offset values": ["x"] * B})
+    with pytest.raises(InputError, match=r"^ENVI header .*r\.hdr: 'data offset values' holds a value that is no "
+                                         r"finite number; fix or remove that field$"):
+        open_cube(tmp_path / "r.hdr")
