@@ -226,6 +226,9 @@ class StoreMeta:
     #: band centres in nm, None (null) for a band without one (v4: an unused detector band); None: none known
     wavelengths: list[float | None] | None = None
     band_names: list[str] | None = None
+    #: the bands the source flags bad (an ENVI header's ``bbl``), ascending indices; None: the source has no such
+    #: list (or the store was written before hsgds recorded them)
+    bad_bands: list[int] | None = None
     source: dict[str, Any] = field(default_factory=dict)
     georeference: dict[str, Any] | None = None
     labels_source: dict[str, Any] | None = None
@@ -361,6 +364,10 @@ class StoreMeta:
             if (ch := control_character(text)) is not None:
                 raise bad("class_names", f"the name of class {k} holds the control character {ch}")
         str_list("band_names", b)
+        if self.bad_bands is not None and (
+                not isinstance(self.bad_bands, list) or not all(is_int(i) and 0 <= i < b for i in self.bad_bands)
+                or any(i >= j for i, j in zip(self.bad_bands, self.bad_bands[1:]))):
+            raise bad("bad_bands", f"must be ascending band indices in 0..{b - 1}, or null")
         if self.wavelengths is not None:
             why = wavelengths_problem(self.wavelengths, b)
             if why:
@@ -487,6 +494,19 @@ def describe_wavelengths(wavelengths: Any) -> str:
         text += (f"; band{'s' * several} {listed(missing, 8)} {'have' if several else 'has'} no centre "
                  "(unused)")
     return text
+
+
+def describe_bad_bands(bad: list[int], bands: int) -> str:
+    """The bands a source flags bad, as runs of indices ("5 of 224 flagged bad by the source (bbl): 104-108")."""
+    runs: list[list[int]] = []
+    for b in bad:
+        if runs and b == runs[-1][1] + 1:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    spans = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in runs]
+    shown = ", ".join(spans[:8]) + (f" and {len(spans) - 8} more runs" if len(spans) > 8 else "")
+    return f"{len(bad)} of {bands} flagged bad by the source (bbl): {shown or 'none'}"
 
 
 #: Largest coordinate reference system text accepted (a WKT is a few KB).

@@ -180,6 +180,8 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
         lines.append(f"georef:     {fmt.describe_georeference(m.georeference)}")
     if scene.wavelengths:
         lines.append(f"bands:      {fmt.describe_wavelengths(scene.wavelengths)}")
+    if m.bad_bands:
+        lines.append(f"bad bands:  {fmt.describe_bad_bands(m.bad_bands, b)}; bands=scene.good_bands leaves them out")
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
     guarded = 2 * g.halo + 1 if m.split.get("method") == "blocks" else None
     lines.append(leakage_line(leakage(scene, patch_size), guarded))

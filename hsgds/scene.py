@@ -157,7 +157,8 @@ class Scene:
 
     Use :func:`open_scene`. Attributes: ``shape`` (H, W, B), ``dtype``, ``wavelengths`` (nm, None for a band
     without a centre; or None),
-    ``band_names``, ``labels`` (H, W), ``stats`` ({"train": BandStats | None, "all": BandStats}),
+    ``band_names``, ``bad_bands`` (the bands the source flags bad, e.g. an ENVI ``bbl``'s water-vapour bands, or
+    None) and ``good_bands`` (the others, to pass as ``bands=``), ``labels`` (H, W), ``stats`` ({"train": BandStats | None, "all": BandStats}),
     ``meta`` (the full :class:`hsgds.format.StoreMeta`), ``grid`` (tile geometry) and ``tile_paths``.
     """
 
@@ -184,6 +185,7 @@ class Scene:
         self.dtype = np.dtype(self.meta.dtype)
         self.wavelengths = self.meta.wavelengths
         self.band_names = self.meta.band_names
+        self.bad_bands = self.meta.bad_bands
         self.num_classes = self.meta.num_classes
         self.class_names = self.meta.class_names
         tiles_meta = _read_json(self.path / fmt.TILES / "zarr.json", where)
@@ -224,6 +226,13 @@ class Scene:
         if stride == 1 or self._labels is not None:
             return self.labels[::stride, ::stride]
         return _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked, every=stride)
+
+    @property
+    def good_bands(self) -> list[int]:
+        """The indices of the bands the source does not flag bad (every band when it flags none): pass them as
+        ``PatchLoader(..., bands=scene.good_bands)`` to leave the bad ones (an ENVI ``bbl``'s 0s) out."""
+        bad = set(self.bad_bands or ())
+        return [b for b in range(self.shape[2]) if b not in bad]
 
     @property
     def has_nodata(self) -> bool:

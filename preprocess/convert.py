@@ -1071,6 +1071,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         class_names=list(class_names) if class_names else None,
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
+        bad_bands=getattr(cube, "bad_bands", None),
         # paths, as the ground truth's: `hsgds predict` never writes over a source file found there, also one whose
         # companions are gone (an EnMAP image whose METADATA.XML was deleted: the total size no longer matches)
         source={"name": src.name, "files": [p.name for p in cube.files],

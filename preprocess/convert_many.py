@@ -33,7 +33,7 @@ import numpy as np
 from hsgds import format as fmt
 from hsgds._optional import require
 from hsgds._sha256 import sha256_of
-from hsgds._wording import clipped, counted
+from hsgds._wording import clipped, counted, listed
 from hsgds.collection import COLLECTION_FILE, SceneEntry, open_collection, write_collection
 from hsgds.errors import ConfigError, HsgdsError, InputError, StoreError, one_line
 from hsgds.preprocess.convert import (
@@ -373,6 +373,7 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
     try:
         found = (tuple(int(n) for n in cube.shape), np.dtype(cube.dtype).name)
         recorded = cube.wavelengths
+        bad = getattr(cube, "bad_bands", None)
     finally:
         cube.close()
     held = (tuple(meta.shape), meta.source.get("dtype", meta.dtype))  # the source's type, which --dtype may cast
@@ -385,7 +386,15 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
     # HDF5 or GeoTIFF source's), or stored though they were no nm (micrometres labelled as nanometres)
     if opts.wavelengths is None and not _same_wavelengths(recorded, meta.wavelengths):
         return f"band centres: the source records {_nm_range(recorded)}, the store {_nm_range(meta.wavelengths)}"
+    if bad != meta.bad_bands:  # (a store written before hsgds recorded them has none)
+        return f"bad bands: the source flags {_bad_bands_text(bad)}, the store {_bad_bands_text(meta.bad_bands)}"
     return None
+
+
+def _bad_bands_text(bad: list[int] | None) -> str:
+    """The bad bands a source or store records, for a message: "bands 104, 105 and 3 more", "none (no bbl)"."""
+    return ("none (no bbl)" if bad is None else "no band" if not bad else
+            f"band{'s' * (len(bad) > 1)} {listed(bad, 8)}")
 
 
 def _same_wavelengths(a: Any, b: Any) -> bool:

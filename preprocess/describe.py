@@ -19,7 +19,8 @@ from hsgds.errors import InputError
 from hsgds.preprocess.readers import FORMATS, detect_format, label_class_names, open_cube, read_labels
 from hsgds.preprocess.readers.base import recorded_nodata
 from hsgds.preprocess.readers.envi import parse_header
-from hsgds.preprocess.readers.hdf5 import SeveralArrays, Unpacked
+from hsgds.preprocess.readers.hdf5 import SeveralArrays
+from hsgds.preprocess.readers.packed import Unpacked
 
 __all__ = ["describe_source"]
 
@@ -65,9 +66,7 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         packed = getattr(cube, "array", None)
         unpacked = ""
         if isinstance(packed, Unpacked):
-            how = ([] if packed.view is None else ["_Unsigned"]) + (
-                [] if packed.scale is None else [f"scale_factor {packed.scale:g} and add_offset {packed.offset:g}"])
-            unpacked = f", unpacked from {packed.dataset.dtype.name} by its {' then '.join(how)}"
+            unpacked = f", unpacked from {packed.dataset.dtype.name} by its {packed.how()}"
         lines.append(f"cube:       {h}x{w}x{b} {cube.dtype} (rows x columns x bands{unpacked})")
         wl = cube.wavelengths
         note = getattr(cube, "wavelengths_note", None)
@@ -76,13 +75,20 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         lines.append(f"bands:      {counted(b, 'band')}, " + (
             fmt.describe_wavelengths(wl) + (f" (from {sidecar.name})" if sidecar else "") if wl else
             f"{why} (give them with --wavelengths to select bands by nm)"))
+        bad = getattr(cube, "bad_bands", None)
+        if bad:
+            lines.append(f"bad bands:  {fmt.describe_bad_bands(bad, b)}; the store records them (Scene.bad_bands)")
         geo, geo_note = cube.georeference, getattr(cube, "georeference_note", None)
         lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else (
             f"not recorded: {geo_note.split(': ', 1)[-1]}" if geo_note else "none") + " (maps predicted from it carry "
                                                                                       "no coordinates)"))
         try:
             value = recorded_nodata(cube)
-            nodata = (f"{value:g} ({_NODATA_FIELD.get(kind, 'recorded')}): a pixel with every band at it is left "
+            field = _NODATA_FIELD.get(kind, "recorded")
+            if isinstance(packed, Unpacked) and packed.gap is not None:  # (its bands unpack it to different values)
+                field += (f" {packed.gap:g} in every band, read as NaN: the bands' {packed.names[0]}s and "
+                          f"{packed.names[1]}s differ")
+            nodata = (f"{value:g} ({field}): a pixel with every band at it is left "
                       "out of statistics, samples and predictions" if value is not None else
                       "none recorded (pass --nodata VALUE if a value marks pixels without data)")
         except InputError as exc:

@@ -269,6 +269,9 @@ class ArrayCube:
     #: why the file's map grid is not recorded as ``georeference`` (a PRISMA L2D file's corners missing or not
     #: spanning its pixels); the converter warns with it
     georeference_note: str | None = None
+    #: the bands the file flags bad (an ENVI header's ``bbl``, 0 for a bad band: AVIRIS's water-vapour bands), by
+    #: index; None when it has no such list ([] when its list flags none)
+    bad_bands: list[int] | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

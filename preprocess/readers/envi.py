@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,9 +17,10 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
     wavelengths_in_nm,
 )
+from hsgds.preprocess.readers.packed import scaled_bands
 
-__all__ = ["DATA_SUFFIXES", "envi_class_names", "envi_georeference", "find_pair", "open_envi", "parse_header",
-           "read_envi_labels", "tiff_header", "tiff_header_metadata"]
+__all__ = ["DATA_SUFFIXES", "bad_band_list", "envi_class_names", "envi_georeference", "find_pair", "open_envi",
+           "parse_header", "read_envi_labels", "tiff_header", "tiff_header_metadata"]
 
 #: ENVI "data type" codes this reader maps to numpy; complex codes (6, 9) are deliberately absent.
 _DATA_TYPES = {
@@ -203,6 +205,60 @@ def _band_names(header: dict[str, str], bands: int, path: Path) -> list[str] | N
     return names
 
 
+#: ENVI's per-band calibration (radiance = DN * gain + offset), which GDAL reads as the bands' scale and offset,
+#: and the value each has when the header leaves it out
+_GAINS = {"data gain values": 1.0, "data offset values": 0.0}
+
+
+def _gains(header: dict[str, str], bands: int, path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each band's ``data gain values`` and ``data offset values`` as float64 arrays (GDAL's scale and offset of an
+    ENVI file: its values are ``raw * gain + offset``), or None when the header has neither, or only 1s and 0s."""
+    found = {}
+    for key, default in _GAINS.items():
+        if key not in header:
+            found[key] = np.full(bands, default)
+            continue
+        items = _split_list(header[key])
+        if len(items) != bands:
+            raise InputError(f"ENVI header {path} lists {len(items)} {key} for {bands} bands; fix or remove the "
+                             f"'{key}' field")
+        try:
+            found[key] = np.array([float(v) for v in items])
+        except ValueError:
+            found[key] = np.array([math.nan])
+        if not np.isfinite(found[key]).all():
+            raise InputError(f"ENVI header {path}: '{key}' holds a value that is no finite number; fix or remove "
+                             "that field")
+    gain, offset = found["data gain values"], found["data offset values"]
+    return None if (gain == 1).all() and (offset == 0).all() else (gain, offset)
+
+
+def bad_band_list(value: str, bands: int, where: str, fix: str) -> list[int]:
+    """The bands an ENVI bad band list (``bbl = {1, 1, 0, ...}``: one flag per band, 1 good, 0 bad, as AVIRIS marks
+    its water-vapour bands) flags bad, by index; ``where`` starts and ``fix`` ends the one-line InputError a list
+    of another length, or a flag that is neither 0 nor 1, raises."""
+    items = _split_list(value)
+    if len(items) != bands:
+        raise InputError(f"{where} lists {len(items)} 'bbl' flags for {bands} bands; {fix}")
+    flags = []
+    for item in items:
+        try:
+            flag = float(item)
+        except ValueError:
+            flag = math.nan
+        if flag not in (0, 1):
+            raise InputError(f"{where}: 'bbl' holds {item[:40]!r}, not 0 (a bad band) or 1 (a good one); {fix}")
+        flags.append(flag)
+    return [b for b, flag in enumerate(flags) if flag == 0]
+
+
+def _bad_bands(header: dict[str, str], bands: int, path: Path) -> list[int] | None:
+    """The bands the header's ``bbl`` flags bad, or None when it has no ``bbl``."""
+    if "bbl" not in header:
+        return None
+    return bad_band_list(header["bbl"], bands, f"ENVI header {path}", "fix or remove the 'bbl' field")
+
+
 #: EPSG codes of UTM zones by ENVI datum name: zone z north is base + z, south base + 100 + z (WGS 84)
 _UTM_EPSG = {"wgs-84": (32600, 32700), "wgs84": (32600, 32700), "north america 1983": (26900, None),
              "north america 1927": (26700, None)}
@@ -350,8 +406,13 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
     wavelengths, wavelengths_note = _wavelengths_nm(header, bands, header_path)
+    gains = _gains(header, bands, header_path)
+    data: Any = array
+    if gains is not None:  # read as GDAL unscales them, and as a CF-packed HDF5 / netCDF variable is
+        data, nodata = scaled_bands(array, *gains, axes.index("B"), ("ENVI data gain value", "data offset value"),
+                                    nodata)
     cube = ArrayCube(
-        array,
+        data,
         axes=axes,
         wavelengths=wavelengths,
         wavelengths_note=wavelengths_note,
@@ -360,6 +421,7 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         georeference=_georeference(header, header_path),
         nodata=nodata,
         nodata_error=nodata_error,
+        bad_bands=_bad_bands(header, bands, header_path),
     )
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)

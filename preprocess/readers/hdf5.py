@@ -7,7 +7,6 @@ shares (MATLAB v7.3 files are HDF5 files).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
@@ -26,6 +25,7 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
     wavelengths_in_nm,
 )
+from hsgds.preprocess.readers.packed import Unpacked, unpacked_nodata
 
 __all__ = ["BAND_AXES", "COMPLEX", "SeveralArrays", "band_axes", "band_centres", "choose_variable", "complex_arrays",
            "declared_nodata", "fits_rank", "list_datasets", "open_hdf5", "packing", "prisma_georeference",
@@ -268,38 +268,6 @@ def declared_nodata(dataset: h5py.Dataset, name: str, path: Path) -> float | Non
     return None
 
 
-class Unpacked:
-    """A CF-packed variable read as netCDF readers give it: its integers taken as unsigned when its ``_Unsigned``
-    attribute says so (netCDF-3's way to store uint8 / uint16 in its signed types), then, with ``scale_factor`` /
-    ``add_offset``, ``packed * scale_factor + add_offset`` in the floating type of the packed values and the
-    attributes (float32 for 8- and 16-bit integers packed by float32 attributes, as xarray gives them). Slicing
-    reads only the window."""
-
-    def __init__(self, dataset: h5py.Dataset, unsigned: bool, scale: np.ndarray | None,
-                 offset: np.ndarray | None) -> None:
-        stored = np.dtype(dataset.dtype)
-        self.view = np.dtype(f"u{stored.itemsize}").newbyteorder(stored.byteorder) if unsigned else None
-        stored = stored if self.view is None else self.view
-        self.dataset, self.shape, self.scale, self.offset = dataset, dataset.shape, None, None
-        if scale is None or offset is None:
-            self.dtype = stored.newbyteorder("=")
-            return
-        dtype = np.result_type(stored, scale.dtype, offset.dtype)
-        self.dtype = dtype if dtype.kind == "f" else np.dtype(np.float64)
-        self.scale, self.offset = self.dtype.type(scale[0]), self.dtype.type(offset[0])
-
-    def unpack(self, packed: np.ndarray) -> np.ndarray:
-        values = np.asarray(packed)
-        if self.view is not None:
-            values = values.view(self.view.newbyteorder(values.dtype.byteorder))
-        if self.scale is None:
-            return values.astype(self.dtype)
-        return values.astype(self.dtype) * self.scale + self.offset
-
-    def __getitem__(self, index: Any) -> np.ndarray:
-        return self.unpack(self.dataset[index])
-
-
 def packing(dataset: h5py.Dataset, name: str, path: Path) -> Unpacked | None:
     """The CF packing of a variable (its ``scale_factor`` and ``add_offset`` attributes: a netCDF product's
     int16 reflectance times 0.0001; its ``_Unsigned`` attribute on signed integers), or None when it has none,
@@ -519,7 +487,7 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
             nodata = guarded(path, "HDF5", lambda: declared_nodata(dataset, name, path))
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
-        nodata = _unpacked_nodata(unpacked, dataset, nodata)
+        nodata = unpacked_nodata(unpacked, nodata)
         bands = dataset.shape[axes.index("B")]
         try:
             wavelengths, note = guarded(path, "HDF5", lambda: band_centres(f, dataset, bands, path, axis_option))
@@ -539,21 +507,6 @@ def open_hdf5(path: Path, key: str | None = None, band_axis: str | None = None, 
         raise
 
 
-def _unpacked_nodata(unpacked: Unpacked | None, dataset: h5py.Dataset, nodata: float | None) -> float | None:
-    """The nodata value as the pixels holding it read: CF's _FillValue is a packed value, unpacked as they are."""
-    if unpacked is None or nodata is None or not _holds(dataset.dtype, nodata):
-        return nodata
-    return float(unpacked.unpack(np.array([nodata], dataset.dtype))[0])
-
-
-def _holds(dtype: np.dtype, value: float) -> bool:
-    """Whether ``dtype`` holds ``value`` exactly (NaN: float types only)."""
-    if dtype.kind == "f":
-        return True
-    info = np.iinfo(dtype)
-    return value.is_integer() and info.min <= value <= info.max
-
-
 def read_hdf5_labels(path: Path, key: str | None = None, key_option: str | None = "--key") -> np.ndarray:
     """Read one 2-D dataset of an HDF5 file (``key`` or the only 2-D one) into memory; pixels at its declared
     ``_FillValue`` (a netCDF classification's 255 or -1) read as 0 (unlabelled), as a GeoTIFF's nodata does."""
@@ -570,7 +523,7 @@ def read_hdf5_labels(path: Path, key: str | None = None, key_option: str | None 
                 raise InputError(str(exc).replace(f", {OVERRIDE_NODATA}", "")) from None
             unpacked = packing(datasets[name], name, path)  # (a netCDF-3 class map's uint8 kept as _Unsigned bytes)
             raw = datasets[name][()] if unpacked is None else unpacked.unpack(datasets[name][()])
-            return unlabelled_at_nodata(raw, _unpacked_nodata(unpacked, datasets[name], nodata))
+            return unlabelled_at_nodata(raw, unpacked_nodata(unpacked, nodata))
 
         return guarded(path, "HDF5", read)
 

@@ -32,7 +32,8 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
     wavelengths_in_nm,
 )
-from hsgds.preprocess.readers.envi import tiff_header, tiff_header_metadata
+from hsgds.preprocess.readers.envi import bad_band_list, tiff_header, tiff_header_metadata
+from hsgds.preprocess.readers.packed import scaled_bands
 
 __all__ = ["open_tiff", "read_tiff_labels", "tiff_georeference"]
 
@@ -232,6 +233,70 @@ def _band_descriptions(text: str | None, bands: int) -> list[str] | None:
     return [names[b] for b in range(bands)]
 
 
+def _bad_bands(text: str | None, bands: int, path: Path) -> list[int] | None:
+    """The bands an ENVI bad band list in GDAL's metadata tag flags bad (a dataset item ``bbl``, ``{1, 0, ...}``: what
+    rasterio's ``update_tags(bbl=...)`` writes, or gdal_translate of an ENVI file with ``-co COPY_SRC_MDD=YES``), or
+    None when it has none."""
+    if not text:
+        return None
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return None  # (_band_centres names the unreadable tag)
+    for item in root.iter("Item"):
+        if (item.get("name") or "").lower() == "bbl" and item.get("sample") is None:
+            return bad_band_list(item.text or "", bands, f"{path.name}'s GDAL metadata", "fix or remove its bbl item")
+    return None
+
+
+#: the roles GDAL gives its per-band scale and offset items in the GDAL_METADATA tag, and the value each has
+#: when a band has none
+_PACKING_ROLES = {"scale": 1.0, "offset": 0.0}
+
+
+def _band_packing(text: str | None, bands: int, path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each band's scale and offset from GDAL's metadata tag (``<Item name="SCALE" sample="0" role="scale">``,
+    what GDAL's SetScale / SetOffset and rasterio's ``scales`` / ``offsets`` write: int16 reflectance times
+    0.0001), as float64 arrays of ``bands`` values (1 and 0 for a band without them), or None when no band has
+    any but 1 and 0. Physical values are ``raw * scale + offset``, as GDAL's unscaling gives them.
+
+    Raises
+    ------
+    InputError
+        A scale or offset is no finite number, or names a band the image does not have; or the tag holds scale
+        items but is no XML (the values would otherwise be read raw, without a word).
+    """
+    if not text:
+        return None
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        if any(f'role="{role}"' in text for role in _PACKING_ROLES):
+            raise InputError(f"{path.name}: its GDAL_METADATA tag holds band scales or offsets but is not XML, so "
+                             "they cannot be applied; fix the tag (gdal_edit.py -scale / -offset rewrites them)") from None
+        return None
+    found = {role: np.full(bands, default) for role, default in _PACKING_ROLES.items()}
+    for item in root.iter("Item"):
+        role, sample = (item.get("role") or "").lower(), (item.get("sample") or "").strip()
+        if role not in found or not sample.isdigit():
+            continue
+        value = (item.text or "").strip()
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number):
+            raise InputError(f"{path.name}: its GDAL metadata gives band {sample} the {role} {value[:40]!r}, not a "
+                             f"finite number; fix it (gdal_edit.py -{role} ...) or remove it")
+        if int(sample) >= bands:
+            raise InputError(f"{path.name}: its GDAL metadata gives a {role} to band {sample}, but the image has "
+                             f"{bands} bands (0 to {bands - 1}); fix or remove that item")
+        found[role][int(sample)] = number
+    if (found["scale"] == 1).all() and (found["offset"] == 0).all():
+        return None
+    return found["scale"], found["offset"]
+
+
 #: the part of an EnMAP image file's name (``ENMAP01-____L2A-DT...Z-SPECTRAL_IMAGE.TIF``; L1B's ``..._VNIR`` and
 #: ``..._SWIR``; EOLab's ``..._COG.tiff``) that its metadata file's name (``...Z-METADATA.XML``) has in its place
 _ENMAP_IMAGE = re.compile(r"(SPECTRAL_IMAGE)(_VNIR|_SWIR)?(_COG)?$", re.IGNORECASE)
@@ -423,9 +488,14 @@ def open_tiff(path: Path) -> ArrayCube:
         if wavelengths is not None or names is not None:
             files.append(header)  # (part of the source, as an EnMAP metadata file)
             sidecar = header
-    cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=geo.get("nodata"),
+    nodata = geo.get("nodata")
+    packing = _band_packing(geo.get("gdal_metadata"), bands, path)
+    if packing is not None:  # read as GDAL unscales it, and as a CF-packed HDF5 / netCDF variable is
+        array, nodata = scaled_bands(array, *packing, order.index("B"), ("GDAL scale", "offset"), nodata)
+    cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=nodata,
                      band_names=band_names,
                      nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,
+                     bad_bands=_bad_bands(geo.get("gdal_metadata"), bands, path),
                      wavelengths_file=None if wavelengths is None else sidecar)
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
