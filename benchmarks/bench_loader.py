@@ -385,7 +385,8 @@ def contender_names(device: torch.device, wanted: list[str]) -> list[str]:
         names += [f"hsgds[{e},{r}]" for e in engines for r in readers]
     # explicit ones, e.g. hsgds[torch,posix] alone, or hsgds[torch-ops,posix]: the torch engine on torch
     # ops instead of its fused CPU kernel (setting numba off), or hsgds[torch-raw,posix]: the fused kernel on
-    # the stored values, with no tile normalized in the ring (setting normalize_tiles off), side by side
+    # the stored values, with no tile normalized in the ring (setting normalize_tiles off), or
+    # hsgds[torch-sync,posix]: each batch cut inside its own next() (setting cut_ahead off), side by side
     names += [w for w in wanted if w.startswith("hsgds[") and w not in names]
     return names
 
@@ -405,7 +406,8 @@ def make_loader(name: str, sd: SceneData, idx: np.ndarray, args: argparse.Namesp
         return ShmRingLoader(np.load(sd.padded, allow_pickle=False), *common, workers=args.shm_workers, seed=args.seed, device=device)
     if name.startswith("hsgds["):
         engine, reader = name[6:-1].split(",")
-        with defaults.set(numba=engine != "torch-ops", normalize_tiles=engine != "torch-raw"):
+        with defaults.set(numba=engine != "torch-ops", normalize_tiles=engine != "torch-raw",
+                          cut_ahead=engine != "torch-sync"):
             return hsgds.PatchLoader(sd.store, patch_size=p, batch_size=batch, split=None, dtype=dtype,
                                      device=device, engine=engine.split("-")[0], reader=reader,
                                      seed=args.seed, drop_last=True)

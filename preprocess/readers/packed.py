@@ -15,8 +15,8 @@ class Unpacked:
     """A packed array read as netCDF readers give it: its integers taken as unsigned when ``unsigned`` (CF's
     ``_Unsigned``, netCDF-3's way to store uint8 / uint16 in its signed types), then, with a scale and offset,
     ``packed * scale + offset`` in the floating type of the packed values and of the scale and offset (float32 for
-    8- and 16-bit integers packed by float32 attributes, as xarray gives them; float64 for GDAL's, which are
-    doubles). Slicing reads only the window.
+    8- and 16-bit integers packed by float32 attributes, as xarray gives them; for GDAL's, see
+    :func:`scaled_bands`). Slicing reads only the window.
 
     ``scale`` and ``offset`` hold one value, or one per band (GDAL's, along axis ``band_axis`` of the packed
     array); ``names`` are what the file calls them, for ``hsgds info``. With one per band, ``gap`` (the file's
@@ -101,8 +101,15 @@ def unpacked_nodata(unpacked: Unpacked | None, nodata: float | None) -> float | 
 def scaled_bands(array: Any, scale: np.ndarray, offset: np.ndarray, band_axis: int, names: tuple[str, str],
                  nodata: float | None) -> tuple[Unpacked, float | None]:
     """``array`` read as ``raw * scale + offset`` with each band's ``scale`` and ``offset`` (GDAL's: a GeoTIFF's
-    scale and offset, an ENVI header's gains and offsets), and the file's ``nodata`` value (packed) as its
+    scale and offset, an ENVI header's gains and offsets; float32 for 8- and 16-bit integers and float32 data,
+    float64 for wider ones), and the file's ``nodata`` value (packed) as its
     pixels then read: unpacked when every band has the same scale and offset, else NaN (see ``gap``)."""
+    raw = np.dtype(array.dtype)
+    # GDAL's scale and offset are doubles because its API is, not because the values need them: values of 8- and
+    # 16-bit integers times a scale are held in float32 to its rounding (the store keeps half the bytes of
+    # float64, as xarray unpacks such data); 32-bit integers and float64 data need float64
+    narrow = (raw.kind in "iu" and raw.itemsize <= 2) or (raw.kind == "f" and raw.itemsize <= 4)
+    scale, offset = (np.asarray(v, np.float32 if narrow else np.float64) for v in (scale, offset))
     one = bool((scale == scale[0]).all() and (offset == offset[0]).all())
     gap = None if one or nodata is None or not holds(np.dtype(array.dtype), nodata) else nodata
     unpacked = Unpacked(array, False, scale[:1] if one else scale, offset[:1] if one else offset,

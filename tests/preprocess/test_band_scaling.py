@@ -35,8 +35,15 @@ def write_scaled(path, raw: np.ndarray, scales, offsets, nodata=None, **profile)
 
 
 def physical(raw: np.ndarray, scales, offsets) -> np.ndarray:
-    """(H, W, B) ``raw * scale + offset`` per band, in float64 (GDAL's scale and offset are doubles)."""
-    return raw.transpose(1, 2, 0).astype(np.float64) * np.asarray(scales) + np.asarray(offsets)
+    """(H, W, B) ``raw * scale + offset`` per band: in float32 for 8- and 16-bit integers (GDAL's doubles rounded
+    to float32 first), float64 for wider ones."""
+    dt = np.float32 if raw.dtype.itemsize <= 2 else np.float64
+    return raw.transpose(1, 2, 0).astype(dt) * np.asarray(scales, dt) + np.asarray(offsets, dt)
+
+
+def f32(raw: float, scale: float, offset: float) -> float:
+    """One 16-bit value unpacked as the store holds it (float32 arithmetic)."""
+    return float(np.float32(raw) * np.float32(scale) + np.float32(offset))
 
 
 @pytest.fixture(autouse=True)
@@ -58,10 +65,11 @@ def test_geotiff_scale_and_offset_reach_the_store(tmp_path, profile, scales, off
     src = tmp_path / "reflectance.tif"
     write_scaled(src, raw, scales, offsets, **profile)
     scene = open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
-    assert scene.dtype == np.float64 and scene.meta.source["dtype"] == "float64"
+    assert scene.dtype == np.float32 and scene.meta.source["dtype"] == "float32"
     np.testing.assert_array_equal(scene.read(0, H, 0, W), physical(raw, scales, offsets))
     stats = scene.stats["all"]
-    np.testing.assert_allclose(stats.mean, physical(raw, scales, offsets).mean(axis=(0, 1)), rtol=1e-12)
+    np.testing.assert_allclose(stats.mean, physical(raw, scales, offsets).astype(np.float64).mean(axis=(0, 1)),
+                               rtol=1e-12)
 
 
 def test_the_tifffile_path_unscales_without_rasterio(tmp_path, monkeypatch):
@@ -73,7 +81,7 @@ def test_the_tifffile_path_unscales_without_rasterio(tmp_path, monkeypatch):
     write_scaled(src, raw, scales, offsets)
     monkeypatch.setitem(sys.modules, "rasterio", None)  # as if hsgds[geo] were not installed
     with closing(open_cube(src)) as cube:
-        assert cube.dtype == np.float64
+        assert cube.dtype == np.float32
         np.testing.assert_array_equal(cube.read(0, H, 0, W), physical(raw, scales, offsets))
         np.testing.assert_array_equal(cube.read(3, 7, 2, 9), physical(raw, scales, offsets)[3:7, 2:9])
 
@@ -88,9 +96,9 @@ def test_one_scale_unpacks_the_nodata_value_as_cf_does(tmp_path):
     write_scaled(src, raw, (1e-4,) * B, (0.01,) * B, nodata=-9999)
     want = physical(raw, (1e-4,) * B, (0.01,) * B)
     with closing(open_cube(src)) as cube:
-        assert cube.nodata == -9999 * 1e-4 + 0.01
+        assert cube.nodata == f32(-9999, 1e-4, 0.01)
     scene = open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
-    assert scene.meta.nodata["value"] == -9999 * 1e-4 + 0.01 and scene.meta.nodata["pixels"] == 1
+    assert scene.meta.nodata["value"] == f32(-9999, 1e-4, 0.01) and scene.meta.nodata["pixels"] == 1
     np.testing.assert_array_equal(scene.read(0, H, 0, W), want)
     assert "-0.9899 (GDAL_NODATA tag)" in describe_source(src)
 
@@ -109,7 +117,7 @@ def test_per_band_scales_read_a_nodata_pixel_as_nan(tmp_path):
     scene = open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
     assert scene.meta.nodata["value"] == "nan" and scene.meta.nodata["pixels"] == 1
     np.testing.assert_array_equal(scene.read(0, H, 0, W), want)
-    assert scene.read(5, 6, 6, 7)[0, 0, 2] == -9999 * 1e-4 + 0.1
+    assert scene.read(5, 6, 6, 7)[0, 0, 2] == f32(-9999, 1e-4, 0.1)
     nodata = next(line for line in describe_source(src).splitlines() if line.startswith("nodata:"))
     assert nodata.startswith("nodata:     nan (GDAL_NODATA tag -9999 in every band, read as NaN: the bands' GDAL "
                              "scales and offsets differ)")
@@ -119,16 +127,20 @@ def test_info_says_how_the_values_are_unpacked(tmp_path):
     raw = np.zeros((B, H, W), np.int16)
     write_scaled(tmp_path / "one.tif", raw, (1e-4,) * B, (0.0,) * B)
     write_scaled(tmp_path / "many.tif", raw, (1e-4, 2e-4, 2e-4, 1e-4), (0.0,) * B)
-    assert (f"cube:       {H}x{W}x{B} float64 (rows x columns x bands, unpacked from int16 by its GDAL scale 0.0001 "
+    assert (f"cube:       {H}x{W}x{B} float32 (rows x columns x bands, unpacked from int16 by its GDAL scale 0.0001 "
             "and offset 0)") in describe_source(tmp_path / "one.tif")
-    assert ("float64 (rows x columns x bands, unpacked from int16 by its per-band GDAL scales 0.0001 to 0.0002 and "
+    assert ("float32 (rows x columns x bands, unpacked from int16 by its per-band GDAL scales 0.0001 to 0.0002 and "
             "offsets 0)") in describe_source(tmp_path / "many.tif")
 
 
-def test_dtype_float32_narrows_the_unpacked_values(tmp_path):
-    """--dtype float32 stores the unpacked float64 values rounded to float32 (half the size)."""
-    raw = np.random.default_rng(4).integers(0, 10000, (B, H, W)).astype(np.int16)
+def test_wide_integers_unpack_to_float64_and_dtype_float32_narrows_them(tmp_path):
+    """int32 values need float64 to be unpacked exactly (float32 holds 24 bits); --dtype float32 stores them
+    rounded to float32 (half the size)."""
+    raw = np.random.default_rng(4).integers(0, 10000, (B, H, W)).astype(np.int32)
     write_scaled(tmp_path / "r.tif", raw, (1e-4,) * B, (0.0,) * B)
+    with closing(open_cube(tmp_path / "r.tif")) as cube:
+        assert cube.dtype == np.float64
+        np.testing.assert_array_equal(cube.read(0, H, 0, W), physical(raw, (1e-4,) * B, (0.0,) * B))
     scene = open_scene(convert(tmp_path / "r.tif", tmp_path / "s.zarr", ConvertOptions(max_patch=3, dtype="float32")))
     assert scene.dtype == np.float32 and scene.meta.source["dtype"] == "float64"
     np.testing.assert_array_equal(scene.read(0, H, 0, W), physical(raw, (1e-4,) * B, (0.0,) * B).astype(np.float32))
@@ -195,16 +207,16 @@ def test_envi_gains_and_offsets_are_applied_as_gdal_reads_them(tmp_path, envi, g
         "data gain values": list(gains), "data offset values": list(offsets), "data ignore value": -1})
     with rasterio.open(tmp_path / "radiance.img") as ds:
         assert ds.scales == gains and ds.offsets == offsets
-    want = raw.astype(np.float64) * np.asarray(gains) + np.asarray(offsets)
+    want = raw.astype(np.float32) * np.asarray(gains, np.float32) + np.asarray(offsets, np.float32)
     one = len(set(gains)) == 1 and len(set(offsets)) == 1
     want[4, 5, :] = want[4, 5, 0] if one else np.nan
     scene = open_scene(convert(hdr, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
-    assert scene.dtype == np.float64 and scene.meta.nodata["pixels"] == 1
-    assert scene.meta.nodata["value"] == (-0.01 if one else "nan")
+    assert scene.dtype == np.float32 and scene.meta.nodata["pixels"] == 1
+    assert scene.meta.nodata["value"] == (f32(-1, 0.01, 0.0) if one else "nan")
     np.testing.assert_array_equal(scene.read(0, H, 0, W), want)
     how = ("ENVI data gain value 0.01 and data offset value 0" if one else
            "per-band ENVI data gain values 0.005 to 0.02 and data offset values -2 to 1")
-    assert f"float64 (rows x columns x bands, unpacked from int16 by its {how})" in describe_source(hdr)
+    assert f"float32 (rows x columns x bands, unpacked from int16 by its {how})" in describe_source(hdr)
 
 
 def test_envi_gains_that_do_not_fit_are_one_line(tmp_path, envi):
