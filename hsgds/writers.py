@@ -252,6 +252,25 @@ def _map_info(transform: list[float]) -> str | None:
     return f"map info = {{Arbitrary, 1, 1, {x0!r}, {y0!r}, {dx!r}, {dy!r}, rotation={-math.degrees(r)!r}}}"
 
 
+#: characters an ENVI header line is wrapped at: GDAL's ENVI driver reads lines of at most 10,000 and stops at a
+#: longer one, losing every field after it (a 729-class map's class lookup cost it the names, nodata and map info)
+ENVI_LINE = 80
+
+
+def _envi_list(key: str, items: list[str]) -> list[str]:
+    """The header lines of ``key = {items}``, wrapped after a comma at :data:`ENVI_LINE` characters, as ENVI and
+    GDAL write long lists. Continuation lines are indented: SPy skips one that starts with ";" (a comment)."""
+    lines, line = [], f"{key} = {{"
+    for i, item in enumerate(items):
+        piece = item + ("}" if i == len(items) - 1 else ",")
+        if i and len(line) + 1 + len(piece) > ENVI_LINE:
+            lines.append(line)
+            line = "  " + piece
+        else:
+            line += (" " if i else "") + piece
+    return [*lines, line]
+
+
 def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
                class_names: list[str] | None = None, georeference: dict[str, Any] | None = None) -> Path:
     """Write an ENVI Classification file: ``path`` (the ``.hdr``) and its binary beside it (``.img``).
@@ -274,8 +293,8 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
              "bands = 1", "header offset = 0", "file type = ENVI Classification",
              f"data type = {1 if dtype == np.uint8 else 12}", "interleave = bsq", "byte order = 0",
              f"classes = {k + 1}",
-             "class names = {" + ", ".join(names) + "}",
-             "class lookup = {" + ", ".join(str(int(v)) for v in lut.reshape(-1)) + "}",
+             *_envi_list("class names", names),
+             *_envi_list("class lookup", [str(int(v)) for v in lut.reshape(-1)]),
              "band names = {class}",
              "data ignore value = 0"]  # unclassified: nodata to GDAL, as the GeoTIFF's nodata 0
     if georeference is not None:

@@ -155,6 +155,33 @@ def test_envi_class_names_with_a_comma_are_refused_not_renamed(tmp_path, classma
     assert gdal_category_names(out)[2] == name
 
 
+@pytest.mark.parametrize("k, length", [(800, 12), (5, 3000)])
+def test_envi_lists_of_many_classes_or_long_names_read_back_whole(tmp_path, k, length):
+    """GDAL's ENVI driver reads header lines of at most 10,000 characters and stops at a longer one: the class
+    lookup of 729 classes or more (or class names that long together) was written on one line, and GDAL then
+    read no class names, colours, nodata, map info or CRS. The lists are wrapped now: GDAL, SPy and hsgds's
+    own header reader read every name and colour back, and GDAL the nodata and georeference after them."""
+    rasterio = pytest.importorskip("rasterio")
+    envi = pytest.importorskip("spectral.io.envi")
+    from hsgds.preprocess.readers.envi import envi_class_names
+
+    names = [f"{i:04d} " + "x" * (length - 5) for i in range(1, k + 1)]
+    a = (np.arange(20 * 30).reshape(20, 30) % (k + 1)).astype(np.uint16 if k > 255 else np.uint8)
+    header = writers.write_class_map(tmp_path / "m.hdr", a, class_names=names, georeference=GEO)
+    lut = class_colours(k)
+    with rasterio.open(tmp_path / "m.img") as ds:
+        assert ds.nodata == 0 and ds.crs.to_epsg() == 32616
+        assert ds.transform.to_gdal() == pytest.approx(tuple(GEO["transform"]))
+        assert np.array_equal(ds.read(1), a)
+        cmap = ds.colormap(1)
+        assert len(cmap) == k + 1 and all(cmap[i][:3] == tuple(int(v) for v in lut[i]) for i in range(k + 1))
+    assert gdal_category_names(tmp_path / "m.img") == ["Unclassified", *names]
+    meta = envi.open(str(header)).metadata
+    assert meta["class names"] == ["Unclassified", *names] and meta["classes"] == str(k + 1)
+    assert [int(v) for v in meta["class lookup"]] == lut.reshape(-1).tolist()
+    assert envi_class_names(header) == ["Unclassified", *names]
+
+
 def test_envi_header_is_utf8_whatever_the_locale(tmp_path):
     """Class names outside ASCII (a French or Chinese legend) are written as UTF-8, which the converter's
     header reader decodes, also where the locale's encoding is ASCII (a C locale without UTF-8 coercion) or
