@@ -42,7 +42,7 @@ from hsgds._durable import (
 )
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
-from hsgds.errors import ConfigError, InputError, shown, shown_path
+from hsgds.errors import ConfigError, InputError, control_character, shown, shown_path
 from hsgds.preview import UNLABELLED, class_colours, texts_as_written
 
 __all__ = [
@@ -103,14 +103,21 @@ def check_output(path: str | os.PathLike, what: str = "class map") -> str:
 def check_class_names(path: str | os.PathLike, class_names: list[str] | None) -> None:
     """Refuse, before any work, class names an ENVI class map ``path`` (a ``.hdr``) cannot hold: its
     ``class names = {a, b}`` list is split on commas, so a name holding one would come back as two (SPy, GDAL
-    and hsgds's reader alike; other formats hold any name)."""
+    and hsgds's reader alike); GDAL's ENVI driver ends the list at a "}" (the names after it shifted by one
+    class); a line break (or another control character) breaks the header's lines. Other formats hold any name."""
     if Path(path).suffix.lower() != ".hdr":
         return
     for k, name in enumerate(class_names or (), start=1):
         if "," in name:
-            raise ConfigError(f"cannot write {shown_path(Path(path).name)}: the name of class {k} ({shown(name)}) "
-                              "holds a comma, which an ENVI header's comma-separated 'class names' list cannot hold; rename "
-                              "the class, or write a .tif")
+            why = "holds a comma, which an ENVI header's comma-separated 'class names' list cannot hold"
+        elif "}" in name:
+            why = "holds a '}', where GDAL ends an ENVI header's 'class names' list"
+        elif (ch := control_character(name)) is not None:
+            why = f"holds the control character {ch}, which an ENVI header's lines cannot hold"
+        else:
+            continue
+        raise ConfigError(f"cannot write {shown_path(Path(path).name)}: the name of class {k} ({shown(name)}) {why}; "
+                          "rename the class, or write a .tif")
 
 
 def files_written(path: str | os.PathLike) -> list[Path]:

@@ -120,7 +120,7 @@ def test_a_crs_gdal_cannot_read_is_one_line_and_leaves_nothing(tmp_path, classma
 
 def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
     envi = pytest.importorskip("spectral.io.envi")
-    names = ["corn", "soy {late}", "woods", "water"]  # braces inside a name read back as they are
+    names = ["corn", "soy {late", "woods", "water"]  # an opening brace inside a name reads back as it is
     out = writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=names, georeference=GEO)
     img = envi.open(str(out))
     assert img.metadata["file type"] == "ENVI Classification"
@@ -153,6 +153,27 @@ def test_envi_class_names_with_a_comma_are_refused_not_renamed(tmp_path, classma
     assert not (tmp_path / "m.hdr").exists() and not (tmp_path / "m.img").exists() and leftovers(tmp_path) == []
     out = writers.write_class_map(tmp_path / "m.tif", classmap, class_names=["corn", name, "woods", "water"])
     assert gdal_category_names(out)[2] == name
+
+
+@pytest.mark.parametrize("name", ["soy {late}", "soy}", "soy\nlate", "soy\r"])
+def test_envi_class_names_gdal_misreads_are_refused(tmp_path, classmap, name):
+    """GDAL's ENVI driver ends a header's list at a "}" (the names after it shifted by one class: "soy {late}"
+    became "soy {late" and an empty class) and joins a list's lines without their line break ("soy\\nlate" read
+    as "soylate"); hsgds wrote such names as they were. They are refused before anything is written, as a
+    comma is; a .tif holds them (GDAL reads them back)."""
+    hand = tmp_path / "hand.hdr"  # such a name written in a header by hand, read by GDAL
+    hand.write_text("ENVI\nsamples = 2\nlines = 2\nbands = 1\nheader offset = 0\nfile type = ENVI Classification\n"
+                    f"data type = 1\ninterleave = bsq\nbyte order = 0\nclasses = 3\nclass names = {{Unclassified, {name}, "
+                    "woods}\n", encoding="utf-8")
+    (tmp_path / "hand.img").write_bytes(bytes(4))  # (GDAL takes no binary of under 2 bytes for an ENVI image)
+    assert gdal_category_names(tmp_path / "hand.img") != ["Unclassified", name, "woods"]
+    names = ["corn", name, "woods", "water"]
+    with pytest.raises(ConfigError, match=r"^cannot write m\.hdr: the name of class 2 .* holds .*; rename the class, "
+                                          r"or write a \.tif$") as caught:
+        writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=names)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "m.hdr").exists() and not (tmp_path / "m.img").exists() and leftovers(tmp_path) == []
+    assert gdal_category_names(writers.write_class_map(tmp_path / "m.tif", classmap, class_names=names))[2] == name
 
 
 @pytest.mark.parametrize("k, length", [(800, 12), (5, 3000)])
