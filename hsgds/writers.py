@@ -53,6 +53,7 @@ __all__ = [
     "check_class_names",
     "check_output",
     "check_probability_output",
+    "envi_map_info",
     "error_panel",
     "geotiff_crs",
     "write_class_map",
@@ -278,6 +279,18 @@ def _envi_list(key: str, items: list[str]) -> list[str]:
     return [*lines, line]
 
 
+def envi_map_info(georeference: dict[str, Any], path: str | os.PathLike) -> str:
+    """The ``map info`` line of an ENVI map at ``path`` on the store's grid. A sheared grid (which map info, a
+    rotation at most, cannot hold: the map would not be georeferenced at all) is a one-line InputError, which
+    predict raises before any work."""
+    info = _map_info(georeference["transform"])
+    if info is None:
+        raise InputError(f"cannot write {shown_path(Path(path).name)} as an ENVI map: the store's grid is sheared "
+                         f"(transform {', '.join(f'{v:.10g}' for v in georeference['transform'])}), which an ENVI "
+                         "header's map info cannot hold (a rotation at most); write a .tif, which holds any grid")
+    return info
+
+
 def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
                class_names: list[str] | None = None, georeference: dict[str, Any] | None = None) -> Path:
     """Write an ENVI Classification file: ``path`` (the ``.hdr``) and its binary beside it (``.img``).
@@ -285,8 +298,8 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
     Class 0 is "Unclassified"; ``class names`` and ``class lookup`` (RGB triplets) list classes 0..K.
     The binary is renamed into place first and the header last, so a partial run never leaves a
     header (what ENVI tools open) without its complete binary. With a georeference the header gets a
-    ``map info`` (reference pixel 1, 1; ``rotation=`` for a rotated grid; none for a sheared one, which it
-    cannot express: write a GeoTIFF for those) and the CRS as ``coordinate system string`` when it is WKT.
+    ``map info`` (reference pixel 1, 1; ``rotation=`` for a rotated grid; a sheared one, which it cannot
+    express, is refused: write a GeoTIFF for those) and the CRS as ``coordinate system string``.
     """
     a = _check_map(classmap)
     check_class_names(path, class_names)
@@ -305,9 +318,7 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
              "band names = {class}",
              "data ignore value = 0"]  # unclassified: nodata to GDAL, as the GeoTIFF's nodata 0
     if georeference is not None:
-        info = _map_info(georeference["transform"])
-        if info is not None:
-            lines.append(info)
+        lines.append(envi_map_info(georeference, header))
         wkt = georeference.get("crs_wkt")
         if not wkt and georeference.get("epsg"):
             try:  # an EPSG code becomes WKT through rasterio when it is installed; otherwise no CRS line

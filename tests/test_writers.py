@@ -411,7 +411,7 @@ def test_probability_file_whose_mapping_fails_leaves_nothing(tmp_path, monkeypat
 @pytest.mark.parametrize("degrees", [0.0, 15.0, -30.0, 90.0])
 def test_envi_map_info_of_a_rotated_grid_reads_back_in_gdal(tmp_path, classmap, degrees):
     """A rotated grid's transform is written as map info with rotation= and GDAL (rasterio) reads the same
-    transform back; a sheared one, which map info cannot express, gets no map info."""
+    transform back; a sheared one, which map info cannot express, is refused."""
     import math
 
     rasterio = pytest.importorskip("rasterio")
@@ -426,9 +426,10 @@ def test_envi_map_info_of_a_rotated_grid_reads_back_in_gdal(tmp_path, classmap, 
             got = src.transform.to_gdal()
     np.testing.assert_allclose(got, transform, rtol=0, atol=1e-6)
 
-    sheared = [620000.5, 30.0, 5.0, 4000000.25, 0.0, -20.0]
-    header = writers.write_envi(tmp_path / "s.hdr", classmap, georeference={**GEO, "transform": sheared})
-    assert "map info" not in header.read_text()
+    sheared = [620000.5, 30.0, 5.0, 4000000.25, 0.0, -20.0]  # (refused: it had made a map without georeference)
+    with pytest.raises(InputError, match=r"^cannot write s\.hdr as an ENVI map: the store's grid is sheared"):
+        writers.write_envi(tmp_path / "s.hdr", classmap, georeference={**GEO, "transform": sheared})
+    assert not (tmp_path / "s.hdr").exists() and not (tmp_path / "s.img").exists()
 
 
 @pytest.mark.skipif(os.name == "nt", reason="stale temporaries are judged by process id on POSIX only")
