@@ -146,8 +146,11 @@ def _num_classes(a: np.ndarray, num_classes: int | None, class_names: list[str] 
 
 
 def _names(k: int, class_names: list[str] | None) -> list[str]:
+    """The names of classes 1..k: ``class_names``'s, "class i" for a class without one or with an empty name
+    (GDAL stores no empty metadata item: a GeoTIFF's CLASS_i was missing, a probability band "probability of ")."""
     names = list(class_names or [])[:k]
-    return names + [f"class {i}" for i in range(len(names) + 1, k + 1)]
+    names += [""] * (k - len(names))
+    return [n if n.strip() else f"class {i}" for i, n in enumerate(names, start=1)]
 
 
 def _map_dtype(k: int) -> np.dtype:

@@ -86,6 +86,25 @@ def test_geotiff_class_names_are_gdal_category_names(tmp_path, classmap):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tif", "m.tif.aux.xml"] and leftovers(tmp_path) == []
 
 
+def test_empty_class_names_are_written_as_class_k(tmp_path, classmap):
+    """An empty (or blank) class name: GDAL stores no empty metadata item, so the GeoTIFF had no CLASS_1 tag
+    and its probability band was described as "probability of "; such a class is named "class k", as one without
+    a name, in every format (read back by GDAL and SPy)."""
+    rasterio = pytest.importorskip("rasterio")
+    envi = pytest.importorskip("spectral.io.envi")
+    names, want = ["", "soy", " ", "water"], ["class 1", "soy", "class 3", "water"]
+    out = writers.write_class_map(tmp_path / "m.tif", classmap, class_names=names, georeference=GEO)
+    with rasterio.open(out) as ds:
+        assert [ds.tags(1).get(f"CLASS_{k}") for k in range(1, 5)] == want
+    assert gdal_category_names(out) == ["Unclassified", *want]
+    header = writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=names, georeference=GEO)
+    assert envi.open(str(header)).metadata["class names"] == ["Unclassified", *want]
+    probs = writers.ProbabilityFile(tmp_path / "p.tif", (*classmap.shape, 4), georeference=GEO, class_names=names)
+    probs.commit()
+    with rasterio.open(tmp_path / "p.tif") as ds:
+        assert ds.descriptions == tuple(f"probability of {n}" for n in want)
+
+
 def test_geotiff_uint16_beyond_255_classes_and_without_georeference(tmp_path):
     rasterio = pytest.importorskip("rasterio")
     a = np.arange(300 * 2, dtype=np.uint16).reshape(20, 30) % 301
