@@ -53,6 +53,7 @@ __all__ = [
     "check_class_names",
     "check_output",
     "check_probability_output",
+    "drop_gdal_sidecars",
     "envi_map_info",
     "error_panel",
     "geotiff_crs",
@@ -174,8 +175,9 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     ``georeference`` is the store's ``{"transform", "crs_wkt", "epsg"}`` (None: a plain TIFF whose pixel
     grid is the scene's). Class names are GDAL category names, in the sidecar ``<path>.aux.xml`` (GeoTIFF has
     no tag for them; GDAL, and QGIS through it, read them there for the legend), and the band's ``CLASS_1``
-    ... ``CLASS_K`` metadata items. An old sidecar is removed before the map is replaced and the new one
-    written after it, so a map never shows another run's names (at worst, after a kill, none).
+    ... ``CLASS_K`` metadata items. An old sidecar (and GDAL's overviews and mask of the old map) is removed
+    before the map is replaced and the new one written after it, so a map never shows another run's names (at
+    worst, after a kill, none).
     """
     rasterio = require("rasterio", "geo", "writing a GeoTIFF class map")
     a = _check_map(classmap)
@@ -186,7 +188,7 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     lut = class_colours(k)
     names = _names(k, class_names)
     sidecar = category_sidecar(path)
-    sidecar.unlink(missing_ok=True)
+    drop_gdal_sidecars(path)  # (the category sidecar among them)
     with atomic_path(path) as tmp:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
@@ -198,6 +200,23 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     with atomic_path(sidecar) as tmp:
         tmp.write_text(_pam_categories(["Unclassified", *names]), encoding="utf-8")
     return Path(path)
+
+
+#: files GDAL keeps beside a raster ``X`` and reads with it: ``X.ovr`` its overviews (QGIS's "build pyramids"),
+#: ``X.aux.xml`` its PAM metadata (statistics, categories), ``X.msk`` its mask
+GDAL_SIDECARS = (".ovr", ".aux.xml", ".msk")
+
+
+def drop_gdal_sidecars(path: str | os.PathLike) -> None:
+    """Remove the files GDAL keeps beside the raster ``path`` (:data:`GDAL_SIDECARS`) before it is replaced, as
+    GDAL itself does when it creates a dataset over an old one: a GIS showed the old map's overviews (a
+    zoomed-out view of the previous run), statistics or mask with the new map. (A folder of such a name is no
+    GDAL sidecar: it stays.)"""
+    p = Path(path)
+    for suffix in GDAL_SIDECARS:
+        sidecar = p.with_name(p.name + suffix)
+        if sidecar.is_symlink() or sidecar.is_file():
+            sidecar.unlink(missing_ok=True)
 
 
 def category_sidecar(path: str | os.PathLike) -> Path:
@@ -332,6 +351,7 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
                 wkt = None
         if wkt:
             lines.append("coordinate system string = {" + wkt + "}")
+    drop_gdal_sidecars(binary)  # (GDAL opens the binary: its overviews and statistics are beside it)
     # the header's temporary is written and flushed before the binary replaces the old one, so that a failure
     # up to the binary's rename leaves an existing pair as it was; then the binary is renamed, the header last
     with atomic_path(header) as header_tmp:
@@ -563,6 +583,7 @@ class ProbabilityFile:
                        BIGTIFF="IF_SAFER")  # (predictor 3: the floating-point one)
         rows = max(256, GEOTIFF_BLOCK_BYTES // max(1, w * k * 4) // 256 * 256)  # whole rows of 256-px tiles
         names = _names(k, self._class_names)
+        drop_gdal_sidecars(self.path)
         with atomic_path(self.path) as tmp:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)

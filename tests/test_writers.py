@@ -105,6 +105,39 @@ def test_empty_class_names_are_written_as_class_k(tmp_path, classmap):
         assert ds.descriptions == tuple(f"probability of {n}" for n in want)
 
 
+def test_a_map_written_again_shows_no_overviews_statistics_or_mask_of_the_old_one(tmp_path):
+    """GDAL keeps a raster's overviews (QGIS's "build pyramids"), statistics and mask in files beside it; the
+    atomic rename left them there, and GDAL showed the previous run's map at every overview level (a zoomed-out
+    view). They are removed when a map (GeoTIFF or ENVI) or probabilities GeoTIFF is written again, as GDAL
+    does when it creates a dataset over an old one: what GDAL reads at any scale is the new file's."""
+    rasterio = pytest.importorskip("rasterio")
+    from rasterio.enums import Resampling
+
+    old, new = np.full((64, 64), 1, np.uint8), np.full((64, 64), 2, np.uint8)
+
+    def write(path, a):
+        if path.name.startswith("p"):
+            probs = writers.ProbabilityFile(path, (64, 64, 2), georeference=GEO)
+            y, x = np.nonzero(np.ones(a.shape, bool))
+            probs.write(y, x, np.eye(2, dtype=np.float16)[a[y, x] - 1])
+            probs.commit()
+        else:
+            writers.write_class_map(path, a, num_classes=3, georeference=GEO)
+
+    for target, raster in (("m.tif", "m.tif"), ("m.hdr", "m.img"), ("p.tif", "p.tif")):
+        write(tmp_path / target, old)
+        with rasterio.Env(TIFF_USE_OVR=True), rasterio.open(tmp_path / raster, "r+") as ds:
+            ds.build_overviews([2, 4], Resampling.nearest)  # external: raster.ovr, as a GIS opening it read-only
+            ds.update_tags(STATISTICS_MAXIMUM="1")  # (PAM: raster.aux.xml for an ENVI binary)
+        (tmp_path / f"{raster}.msk").write_bytes(b"an old mask")
+        write(tmp_path / target, new)
+        with rasterio.open(tmp_path / raster) as ds:
+            assert ds.overviews(1) == [] and "STATISTICS_MAXIMUM" not in ds.tags(), raster
+            assert (ds.read(1, out_shape=(16, 16)) == ds.read(1)[0, 0]).all()
+        assert not (tmp_path / f"{raster}.ovr").exists() and not (tmp_path / f"{raster}.msk").exists()
+    assert writers.category_sidecar(tmp_path / "m.tif").exists() and leftovers(tmp_path) == []
+
+
 def test_geotiff_uint16_beyond_255_classes_and_without_georeference(tmp_path):
     rasterio = pytest.importorskip("rasterio")
     a = np.arange(300 * 2, dtype=np.uint16).reshape(20, 30) % 301
