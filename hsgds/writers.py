@@ -154,9 +154,11 @@ def _names(k: int, class_names: list[str] | None) -> list[str]:
     return [n if n.strip() else f"class {i}" for i, n in enumerate(names, start=1)]
 
 
-def _map_dtype(k: int) -> np.dtype:
+def _map_dtype(k: int, path: str | os.PathLike) -> np.dtype:
+    """uint8 for up to 255 classes, uint16 up to 65,535 (0 is nodata); more is a one-line InputError."""
     if k > 65535:
-        raise InputError(f"{k} classes do not fit a uint16 class map")
+        raise InputError(f"cannot write {shown_path(Path(path).name)}: {k:,} classes do not fit its uint16 class map "
+                         "(at most 65,535 classes, 0 being nodata); write a .npy, which holds any integer map")
     return np.dtype(np.uint8 if k <= 255 else np.uint16)
 
 
@@ -182,7 +184,7 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     rasterio = require("rasterio", "geo", "writing a GeoTIFF class map")
     a = _check_map(classmap)
     k = _num_classes(a, num_classes, class_names)
-    dtype = _map_dtype(k)
+    dtype = _map_dtype(k, path)
     profile = _geotiff_profile(georeference, a.shape[0], a.shape[1], 1, dtype.name, path)
     profile.update(nodata=0, compress="deflate", photometric="palette")
     lut = class_colours(k)
@@ -326,7 +328,7 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
     a = _check_map(classmap)
     check_class_names(path, class_names)
     k = _num_classes(a, num_classes, class_names)
-    dtype = _map_dtype(k)
+    dtype = _map_dtype(k, path)
     header = Path(path)
     binary = header.with_suffix(".img")
     lut = class_colours(k)

@@ -148,6 +148,25 @@ def test_geotiff_uint16_beyond_255_classes_and_without_georeference(tmp_path):
             assert ds.dtypes == ("uint16",) and np.array_equal(ds.read(1), a) and ds.crs is None
 
 
+def test_65535_classes_fit_a_uint16_map_and_more_are_refused_in_one_line(tmp_path):
+    """65,535 classes (0 nodata) are a uint16 ENVI map GDAL reads whole (colour table and names of 65,536
+    entries, nodata 0); more were refused with "65536 classes do not fit a uint16 class map", naming neither
+    the file nor what to do. Nothing is written."""
+    rasterio = pytest.importorskip("rasterio")
+    a = np.array([[0, 1, 65535, 300]], np.uint16)
+    writers.write_class_map(tmp_path / "m.hdr", a, num_classes=65535, georeference=GEO)
+    with rasterio.open(tmp_path / "m.img") as ds:
+        assert ds.dtypes == ("uint16",) and ds.nodata == 0 and np.array_equal(ds.read(1), a)
+        assert len(ds.colormap(1)) == 65536
+    names = gdal_category_names(tmp_path / "m.img")
+    assert len(names) == 65536 and names[65535] == "class 65535"
+    for suffix in (".tif", ".hdr"):
+        with pytest.raises(InputError, match=rf"^cannot write big{suffix}: 65,536 classes do not fit its uint16 class "
+                                             r"map \(at most 65,535 classes, 0 being nodata\); write a \.npy"):
+            writers.write_class_map(tmp_path / f"big{suffix}", a, num_classes=65536)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.hdr", "m.img"]
+
+
 @pytest.mark.parametrize("crs", [{"crs_wkt": "garbage", "epsg": None}, {"crs_wkt": 'PROJCS["x",GEOGCS["y"]]', "epsg": None},
                                  {"crs_wkt": None, "epsg": 1234}])
 def test_a_crs_gdal_cannot_read_is_one_line_and_leaves_nothing(tmp_path, classmap, crs, capfd):
