@@ -123,6 +123,7 @@ def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False,
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
         writers.check_probability_output(prob_path)
+        writers.check_class_names(prob_path, class_names if class_names is not None else scene.class_names)
     for path in (out, prob_path):  # a CRS GDAL cannot read would fail the GeoTIFF only after the whole scene
         if path is not None and path.suffix.lower() in (".tif", ".tiff"):
             writers.geotiff_crs(scene.meta.georeference, path)

@@ -103,23 +103,43 @@ def check_output(path: str | os.PathLike, what: str = "class map") -> str:
 
 
 def check_class_names(path: str | os.PathLike, class_names: list[str] | None) -> None:
-    """Refuse, before any work, class names an ENVI class map ``path`` (a ``.hdr``) cannot hold: its
-    ``class names = {a, b}`` list is split on commas, so a name holding one would come back as two (SPy, GDAL
-    and hsgds's reader alike); GDAL's ENVI driver ends the list at a "}" (the names after it shifted by one
-    class); a line break (or another control character) breaks the header's lines. Other formats hold any name."""
-    if Path(path).suffix.lower() != ".hdr":
-        return
+    """Refuse, before any work, class names the map (or probabilities GeoTIFF) ``path`` cannot hold (see
+    :func:`_name_problem`), in one line."""
+    suffix = Path(path).suffix.lower()
     for k, name in enumerate(class_names or (), start=1):
-        if "," in name:
-            why = "holds a comma, which an ENVI header's comma-separated 'class names' list cannot hold"
-        elif "}" in name:
-            why = "holds a '}', where GDAL ends an ENVI header's 'class names' list"
-        elif (ch := control_character(name)) is not None:
-            why = f"holds the control character {ch}, which an ENVI header's lines cannot hold"
-        else:
-            continue
-        raise ConfigError(f"cannot write {shown_path(Path(path).name)}: the name of class {k} ({shown(name)}) {why}; "
-                          "rename the class, or write a .tif")
+        problem = _name_problem(name, suffix)
+        if problem is not None:
+            why, elsewhere = problem
+            raise ConfigError(f"cannot write {shown_path(Path(path).name)}: the name of class {k} ({shown(name)}) "
+                              f"{why}; rename the class" + (", or write a .tif" if elsewhere else ""))
+
+
+def _name_problem(name: str, suffix: str) -> tuple[str, bool] | None:
+    """Why a class map of ``suffix`` cannot hold class name ``name``, and whether a .tif could; None: it can.
+
+    No format holds text that is not Unicode (an unpaired surrogate: a byte a command line in another encoding
+    passed on; the writer failed once the whole scene was predicted). GDAL drops a control character from a
+    GeoTIFF band's metadata item and ends a category name at NUL (tab and line breaks it keeps). An ENVI
+    header's ``class names = {a, b}`` list is split on commas, so a name holding one would come back as two
+    (SPy, GDAL and hsgds's reader alike); GDAL's ENVI driver ends the list at a "}" (the names after it shifted
+    by one class); a line break (or another control character) breaks the header's lines."""
+    if suffix not in (".hdr", ".tif", ".tiff", ".png"):  # (a .npy holds no names)
+        return None
+    surrogate = next((c for c in name if "\ud800" <= c <= "\udfff"), None)
+    if surrogate is not None:
+        return f"holds {surrogate!r}, which is no Unicode text (a byte a command line in another encoding passed on)", False
+    dropped = next((c for c in name if c < " " and c not in "\t\n\r"), None)  # (GDAL keeps these and DEL)
+    if suffix in (".tif", ".tiff") and dropped is not None:
+        return f"holds the control character {dropped!r}, which GDAL drops from a GeoTIFF's metadata", False
+    if suffix != ".hdr":
+        return None
+    if "," in name:
+        return "holds a comma, which an ENVI header's comma-separated 'class names' list cannot hold", True
+    if "}" in name:
+        return "holds a '}', where GDAL ends an ENVI header's 'class names' list", True
+    if (ch := control_character(name)) is not None:
+        return f"holds the control character {ch}, which an ENVI header's lines cannot hold", True
+    return None
 
 
 def files_written(path: str | os.PathLike) -> list[Path]:
@@ -183,6 +203,7 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     """
     rasterio = require("rasterio", "geo", "writing a GeoTIFF class map")
     a = _check_map(classmap)
+    check_class_names(path, class_names)
     k = _num_classes(a, num_classes, class_names)
     dtype = _map_dtype(k, path)
     profile = _geotiff_profile(georeference, a.shape[0], a.shape[1], 1, dtype.name, path)
@@ -409,6 +430,7 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
     patches = require("matplotlib.patches", "preview", "writing a PNG class map")
     agg = require("matplotlib.backends.backend_agg", "preview", "writing a PNG class map")
     a = _check_map(classmap)
+    check_class_names(path, class_names)
     gt = None if ground_truth is None else _check_map(ground_truth)
     if gt is not None and gt.shape != a.shape:
         raise InputError(f"ground truth of shape {gt.shape} does not match the {a.shape} class map")
@@ -507,6 +529,7 @@ class ProbabilityFile:
 
         self.path = Path(path)
         self._geotiff = check_probability_output(self.path) != ".npy"
+        check_class_names(self.path, class_names)  # (its bands are named after the classes)
         self._georeference, self._class_names = georeference, class_names
         self.shape = tuple(int(v) for v in shape)
         remove_stale_partials(self.path)

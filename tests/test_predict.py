@@ -258,6 +258,34 @@ def test_class_names_an_envi_map_cannot_hold_are_refused_before_any_work(store, 
     assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 
 
+def test_class_names_that_are_no_unicode_text_are_refused_before_any_work(tmp_path, run_cli):
+    """`--class-names` given bytes that are not UTF-8 (a Latin-1 terminal) reach the store as unpaired surrogates;
+    every map that holds names (.tif, .hdr, .png) and a probabilities GeoTIFF then failed with UnicodeEncodeError
+    and a traceback once the whole scene was predicted. Refused in one line before the model runs; a .npy map
+    (no names) is written."""
+    cube, labels = coordinate_cube(seed=15)
+    np.save(tmp_path / "cube.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    store = convert(tmp_path / "cube.npy", tmp_path / "s.zarr",
+                    ConvertOptions(labels=tmp_path / "gt.npy", class_names=("ma\udcefs", "b", "c")))
+    (tmp_path / "maps").mkdir()
+    model = CentreCoordinates()
+    for outputs in ({"out": tmp_path / "maps" / "m.tif"}, {"out": tmp_path / "maps" / "m.hdr"},
+                    {"out": tmp_path / "maps" / "m.png"},
+                    {"out": tmp_path / "maps" / "m.npy", "probabilities": tmp_path / "maps" / "p.tif"}):
+        with pytest.raises(ConfigError, match=r"^cannot write m?p?\.(tif|hdr|png): the name of class 1 "
+                                              r"\('ma\\udcefs'\) holds '\\udcef', which is no Unicode text"):
+            predict(store, model, patch_size=3, device="cpu", normalize=None, **outputs)
+    assert model.seen.sum() == 0 and list((tmp_path / "maps").iterdir()) == []
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", SpectralSpatialCNN(B, 3, 3, reduce=4, width=8), patch_size=3)
+    code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "maps" / "m.tif")  # (the store's names)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "which is no Unicode text" in err, err
+    out = predict(store, model, patch_size=3, device="cpu", normalize=None, out=tmp_path / "maps" / "m.npy")
+    assert np.array_equal(np.load(tmp_path / "maps" / "m.npy"), out)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
 @pytest.mark.parametrize("kind", ["symlink", "fifo"])
 def test_a_symlink_or_fifo_at_an_output_path_is_refused_before_any_work(store, tmp_path, kind):

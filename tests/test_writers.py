@@ -247,6 +247,32 @@ def test_envi_class_names_gdal_misreads_are_refused(tmp_path, classmap, name):
     assert gdal_category_names(writers.write_class_map(tmp_path / "m.tif", classmap, class_names=names))[2] == name
 
 
+@pytest.mark.parametrize("char", ["\x01", "\x1f", "\x00"])
+def test_geotiff_class_names_with_control_characters_gdal_drops_are_refused(tmp_path, classmap, char):
+    """GDAL drops a control character from a band's metadata item (and a NUL ends a category name: the map
+    showed no category at all); tab, line breaks and DEL it keeps. Such a name is refused before anything is
+    written; an unpaired surrogate (no Unicode text) is refused in every format that holds names."""
+    rasterio = pytest.importorskip("rasterio")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(tmp_path / "gdal.tif", "w", driver="GTiff", width=2, height=2, count=1, dtype="uint8") as ds:
+            ds.update_tags(1, CLASS_1=f"b{char}c")  # written by rasterio itself, read back by GDAL
+        with rasterio.open(tmp_path / "gdal.tif") as ds:
+            assert ds.tags(1).get("CLASS_1") != f"b{char}c"
+    (tmp_path / "gdal.tif").unlink()
+    names = ["corn", f"b{char}c", "woods", "water"]
+    with pytest.raises(ConfigError, match=r"^cannot write m\.tif: the name of class 2 .* holds the control character "
+                                          r".*, which GDAL drops from a GeoTIFF's metadata; rename the class$"):
+        writers.write_class_map(tmp_path / "m.tif", classmap, class_names=names)
+    for suffix in (".tif", ".hdr", ".png"):
+        with pytest.raises(ConfigError, match=rf"^cannot write m\{suffix}: the name of class 1 \('a\\udcff'\) holds "
+                                              r"'\\udcff', which is no Unicode text .*; rename the class$"):
+            writers.write_class_map(tmp_path / f"m{suffix}", classmap, class_names=["a\udcff", "b", "c", "d"])
+    assert list(tmp_path.iterdir()) == []
+    tab = ["corn", "soy\tlate\x7f", "woods", "water"]  # (kept by GDAL)
+    assert gdal_category_names(writers.write_class_map(tmp_path / "m.tif", classmap, class_names=tab))[2] == tab[1]
+
+
 @pytest.mark.parametrize("k, length", [(800, 12), (5, 3000)])
 def test_envi_lists_of_many_classes_or_long_names_read_back_whole(tmp_path, k, length):
     """GDAL's ENVI driver reads header lines of at most 10,000 characters and stops at a longer one: the class
