@@ -3,6 +3,7 @@
 Every writer is atomic: it writes a hidden temporary file in the target's folder, flushes it to disk
 (fsync), then renames it over the target (and fsyncs the folder). A run killed or failing mid-way
 leaves at most a hidden ``.<name>.*.partial`` file, never a file at the target that looks complete.
+A raster written over an old one takes GDAL's sidecars of the old one with it (:func:`drop_gdal_sidecars`).
 
 Class maps follow the store's label convention: 0 = not predicted / unlabelled (nodata), k = class k.
 
@@ -12,7 +13,11 @@ Class maps follow the store's label convention: 0 = not predicted / unlabelled (
   the class names in its GDAL sidecar ``<name>.tif.aux.xml``.
 - ``.png``: the colour map with a legend; with ground truth also the ground truth and an error map
   (matplotlib, ``hsgds[preview]``).
-- ``.hdr``: an ENVI Classification file (header + ``.img`` binary) with class names and lookup colours.
+- ``.hdr``: an ENVI Classification file (header + ``.img`` binary) with class names and lookup colours
+  (lists wrapped for GDAL; a sheared grid, which map info cannot hold, refused by predict before any work).
+
+Class names a format cannot hold are refused before any work (:func:`check_class_names`); an empty one is
+written as "class k".
 - ``.npy``: the array itself.
 
 Per-class probabilities (:class:`ProbabilityFile`) are streamed to a float16 ``.npy``, or written from it as
