@@ -15,10 +15,10 @@ Class maps follow the store's label convention: 0 = not predicted / unlabelled (
   (matplotlib, ``hsgds[preview]``).
 - ``.hdr``: an ENVI Classification file (header + ``.img`` binary) with class names and lookup colours
   (lists wrapped for GDAL; a sheared grid, which map info cannot hold, refused by predict before any work).
+- ``.npy``: the array itself.
 
 Class names a format cannot hold are refused before any work (:func:`check_class_names`); an empty one is
 written as "class k".
-- ``.npy``: the array itself.
 
 Per-class probabilities (:class:`ProbabilityFile`) are streamed to a float16 ``.npy``, or written from it as
 a float32 GeoTIFF of one band per class on the map's grid.
