@@ -216,7 +216,6 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     lut = class_colours(k)
     names = _names(k, class_names)
     sidecar = category_sidecar(path)
-    drop_gdal_sidecars(path)  # (the category sidecar among them)
     with atomic_path(path) as tmp:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
@@ -225,6 +224,7 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
                 dst.write_colormap(1, {i: (*map(int, lut[i]), 255) for i in range(k + 1)})
                 dst.update_tags(1, **{f"CLASS_{i}": n for i, n in enumerate(names, start=1)})
                 dst.set_band_description(1, "class (0 = nodata)")
+        drop_gdal_sidecars(path)  # (the category sidecar among them) once the new map is whole, before its rename
     with atomic_path(sidecar) as tmp:
         tmp.write_text(_pam_categories(["Unclassified", *names]), encoding="utf-8")
     return Path(path)
@@ -238,8 +238,9 @@ GDAL_SIDECARS = (".ovr", ".aux.xml", ".msk")
 def drop_gdal_sidecars(path: str | os.PathLike) -> None:
     """Remove the files GDAL keeps beside the raster ``path`` (:data:`GDAL_SIDECARS`) before it is replaced, as
     GDAL itself does when it creates a dataset over an old one: a GIS showed the old map's overviews (a
-    zoomed-out view of the previous run), statistics or mask with the new map. (A folder of such a name is no
-    GDAL sidecar: it stays.)"""
+    zoomed-out view of the previous run), statistics or mask with the new map. Called once the new file is
+    whole, so that a write failing before leaves the old raster with its sidecars. (A folder of such a name is
+    no GDAL sidecar: it stays.)"""
     p = Path(path)
     for suffix in GDAL_SIDECARS:
         sidecar = p.with_name(p.name + suffix)
@@ -379,7 +380,6 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
                 wkt = None
         if wkt:
             lines.append("coordinate system string = {" + wkt + "}")
-    drop_gdal_sidecars(binary)  # (GDAL opens the binary: its overviews and statistics are beside it)
     # the header's temporary is written and flushed before the binary replaces the old one, so that a failure
     # up to the binary's rename leaves an existing pair as it was; then the binary is renamed, the header last
     with atomic_path(header) as header_tmp:
@@ -387,6 +387,7 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
         fsync_file(header_tmp)
         with atomic_path(binary) as tmp:
             a.astype(dtype.newbyteorder("<"), copy=False).tofile(tmp)
+            drop_gdal_sidecars(binary)  # (GDAL opens the binary: its overviews and statistics lie beside it)
     return header
 
 
@@ -613,7 +614,6 @@ class ProbabilityFile:
                        BIGTIFF="IF_SAFER")  # (predictor 3: the floating-point one)
         rows = max(256, GEOTIFF_BLOCK_BYTES // max(1, w * k * 4) // 256 * 256)  # whole rows of 256-px tiles
         names = _names(k, self._class_names)
-        drop_gdal_sidecars(self.path)
         with atomic_path(self.path) as tmp:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
@@ -624,6 +624,7 @@ class ProbabilityFile:
                         dst.write(block.transpose(2, 0, 1), window=Window(0, y0, w, block.shape[0]))
                     for band, name in enumerate(names, start=1):
                         dst.set_band_description(band, f"probability of {name}")
+            drop_gdal_sidecars(self.path)  # once the new file is whole, before its rename
         del probs
 
     def abort(self) -> None:

@@ -457,9 +457,11 @@ def test_a_writer_failing_mid_way_leaves_nothing(tmp_path, monkeypatch, classmap
 
 def test_an_envi_pair_failing_at_its_header_leaves_the_existing_pair_as_it_was(tmp_path, monkeypatch, classmap):
     """The header's temporary is written and flushed before the binary replaces the old one: a failure there
-    leaves the earlier pair byte for byte (not a new uint16 binary under the old uint8 header)."""
+    leaves the earlier pair byte for byte (not a new uint16 binary under the old uint8 header), and GDAL's
+    overviews of it."""
     target = tmp_path / "m.hdr"
     writers.write_class_map(target, classmap, class_names=ENVI_NAMES)
+    (tmp_path / "m.img.ovr").write_bytes(b"GDAL's overviews of the pair")  # (kept while the new pair is not whole)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     real_fsync, calls = os.fsync, []
 
