@@ -111,10 +111,10 @@ def _predicted(scene: Scene, mask: np.ndarray | None) -> np.ndarray | None:
 def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False,
                   inputs: RunInputs | None = None, class_names: list[str] | None = None) -> Path | None:
     """Check, before any work, that predict can write the class map ``out`` and the probabilities (a path, or
-    True: beside ``out``) of ``scene``: known formats, writable folders, a CRS a GeoTIFF can be written with,
-    and none of the files the run reads (``inputs``; by default ``scene`` alone: the store itself and the files
-    it was made from), and class names (``class_names``, else the scene's) the map's format can hold. Returns
-    the probabilities path (None: none are written)."""
+    True: beside ``out``) of ``scene``: known formats, writable folders, a CRS a GeoTIFF can be written with, a
+    grid an ENVI header can hold, and none of the files the run reads (``inputs``; by default ``scene`` alone:
+    the store itself and the files it was made from), and class names (``class_names``, else the scene's) the
+    map's format can hold. Returns the probabilities path (None: none are written)."""
     from hsgds import writers
 
     if out is not None:
@@ -123,9 +123,12 @@ def check_outputs(scene: Scene, out: Path | None, probabilities: Any = False,
     prob_path = _probability_path(probabilities, out)
     if prob_path is not None:
         writers.check_probability_output(prob_path)
+        writers.check_class_names(prob_path, class_names if class_names is not None else scene.class_names)
     for path in (out, prob_path):  # a CRS GDAL cannot read would fail the GeoTIFF only after the whole scene
         if path is not None and path.suffix.lower() in (".tif", ".tiff"):
             writers.geotiff_crs(scene.meta.georeference, path)
+    if out is not None and out.suffix.lower() == ".hdr" and scene.meta.georeference is not None:
+        writers.envi_map_info(scene.meta.georeference, out)  # (a sheared grid, which map info cannot hold)
     (inputs or RunInputs([scene])).refuse([*(writers.files_written(out) if out is not None else []),
                                            *([prob_path] if prob_path is not None else [])], scene)
     return prob_path

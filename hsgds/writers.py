@@ -3,6 +3,7 @@
 Every writer is atomic: it writes a hidden temporary file in the target's folder, flushes it to disk
 (fsync), then renames it over the target (and fsyncs the folder). A run killed or failing mid-way
 leaves at most a hidden ``.<name>.*.partial`` file, never a file at the target that looks complete.
+A raster written over an old one takes GDAL's sidecars of the old one with it (:func:`drop_gdal_sidecars`).
 
 Class maps follow the store's label convention: 0 = not predicted / unlabelled (nodata), k = class k.
 
@@ -12,8 +13,12 @@ Class maps follow the store's label convention: 0 = not predicted / unlabelled (
   the class names in its GDAL sidecar ``<name>.tif.aux.xml``.
 - ``.png``: the colour map with a legend; with ground truth also the ground truth and an error map
   (matplotlib, ``hsgds[preview]``).
-- ``.hdr``: an ENVI Classification file (header + ``.img`` binary) with class names and lookup colours.
+- ``.hdr``: an ENVI Classification file (header + ``.img`` binary) with class names and lookup colours
+  (lists wrapped for GDAL; a sheared grid, which map info cannot hold, refused by predict before any work).
 - ``.npy``: the array itself.
+
+Class names a format cannot hold are refused before any work (:func:`check_class_names`); an empty one is
+written as "class k".
 
 Per-class probabilities (:class:`ProbabilityFile`) are streamed to a float16 ``.npy``, or written from it as
 a float32 GeoTIFF of one band per class on the map's grid.
@@ -42,7 +47,7 @@ from hsgds._durable import (
 )
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
-from hsgds.errors import ConfigError, InputError, shown, shown_path
+from hsgds.errors import ConfigError, InputError, control_character, shown, shown_path
 from hsgds.preview import UNLABELLED, class_colours, texts_as_written
 
 __all__ = [
@@ -53,6 +58,8 @@ __all__ = [
     "check_class_names",
     "check_output",
     "check_probability_output",
+    "drop_gdal_sidecars",
+    "envi_map_info",
     "error_panel",
     "geotiff_crs",
     "write_class_map",
@@ -101,16 +108,43 @@ def check_output(path: str | os.PathLike, what: str = "class map") -> str:
 
 
 def check_class_names(path: str | os.PathLike, class_names: list[str] | None) -> None:
-    """Refuse, before any work, class names an ENVI class map ``path`` (a ``.hdr``) cannot hold: its
-    ``class names = {a, b}`` list is split on commas, so a name holding one would come back as two (SPy, GDAL
-    and hsgds's reader alike; other formats hold any name)."""
-    if Path(path).suffix.lower() != ".hdr":
-        return
+    """Refuse, before any work, class names the map (or probabilities GeoTIFF) ``path`` cannot hold (see
+    :func:`_name_problem`), in one line."""
+    suffix = Path(path).suffix.lower()
     for k, name in enumerate(class_names or (), start=1):
-        if "," in name:
+        problem = _name_problem(name, suffix)
+        if problem is not None:
+            why, elsewhere = problem
             raise ConfigError(f"cannot write {shown_path(Path(path).name)}: the name of class {k} ({shown(name)}) "
-                              "holds a comma, which an ENVI header's comma-separated 'class names' list cannot hold; rename "
-                              "the class, or write a .tif")
+                              f"{why}; rename the class" + (", or write a .tif" if elsewhere else ""))
+
+
+def _name_problem(name: str, suffix: str) -> tuple[str, bool] | None:
+    """Why a class map of ``suffix`` cannot hold class name ``name``, and whether a .tif could; None: it can.
+
+    No format holds text that is not Unicode (an unpaired surrogate: a byte a command line in another encoding
+    passed on; the writer failed once the whole scene was predicted). GDAL drops a control character from a
+    GeoTIFF band's metadata item and ends a category name at NUL (tab and line breaks it keeps). An ENVI
+    header's ``class names = {a, b}`` list is split on commas, so a name holding one would come back as two
+    (SPy, GDAL and hsgds's reader alike); GDAL's ENVI driver ends the list at a "}" (the names after it shifted
+    by one class); a line break (or another control character) breaks the header's lines."""
+    if suffix not in (".hdr", ".tif", ".tiff", ".png"):  # (a .npy holds no names)
+        return None
+    surrogate = next((c for c in name if "\ud800" <= c <= "\udfff"), None)
+    if surrogate is not None:
+        return f"holds {surrogate!r}, which is no Unicode text (a byte a command line in another encoding passed on)", False
+    dropped = next((c for c in name if c < " " and c not in "\t\n\r"), None)  # (GDAL keeps these and DEL)
+    if suffix in (".tif", ".tiff") and dropped is not None:
+        return f"holds the control character {dropped!r}, which GDAL drops from a GeoTIFF's metadata", False
+    if suffix != ".hdr":
+        return None
+    if "," in name:
+        return "holds a comma, which an ENVI header's comma-separated 'class names' list cannot hold", True
+    if "}" in name:
+        return "holds a '}', where GDAL ends an ENVI header's 'class names' list", True
+    if (ch := control_character(name)) is not None:
+        return f"holds the control character {ch}, which an ENVI header's lines cannot hold", True
+    return None
 
 
 def files_written(path: str | os.PathLike) -> list[Path]:
@@ -138,13 +172,18 @@ def _num_classes(a: np.ndarray, num_classes: int | None, class_names: list[str] 
 
 
 def _names(k: int, class_names: list[str] | None) -> list[str]:
+    """The names of classes 1..k: ``class_names``'s, "class i" for a class without one or with an empty name
+    (GDAL stores no empty metadata item: a GeoTIFF's CLASS_i was missing, a probability band "probability of ")."""
     names = list(class_names or [])[:k]
-    return names + [f"class {i}" for i in range(len(names) + 1, k + 1)]
+    names += [""] * (k - len(names))
+    return [n if n.strip() else f"class {i}" for i, n in enumerate(names, start=1)]
 
 
-def _map_dtype(k: int) -> np.dtype:
+def _map_dtype(k: int, path: str | os.PathLike) -> np.dtype:
+    """uint8 for up to 255 classes, uint16 up to 65,535 (0 is nodata); more is a one-line InputError."""
     if k > 65535:
-        raise InputError(f"{k} classes do not fit a uint16 class map")
+        raise InputError(f"cannot write {shown_path(Path(path).name)}: {k:,} classes do not fit its uint16 class map "
+                         "(at most 65,535 classes, 0 being nodata); write a .npy, which holds any integer map")
     return np.dtype(np.uint8 if k <= 255 else np.uint16)
 
 
@@ -163,19 +202,20 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     ``georeference`` is the store's ``{"transform", "crs_wkt", "epsg"}`` (None: a plain TIFF whose pixel
     grid is the scene's). Class names are GDAL category names, in the sidecar ``<path>.aux.xml`` (GeoTIFF has
     no tag for them; GDAL, and QGIS through it, read them there for the legend), and the band's ``CLASS_1``
-    ... ``CLASS_K`` metadata items. An old sidecar is removed before the map is replaced and the new one
-    written after it, so a map never shows another run's names (at worst, after a kill, none).
+    ... ``CLASS_K`` metadata items. An old sidecar (and GDAL's overviews and mask of the old map) is removed
+    before the map is replaced and the new one written after it, so a map never shows another run's names (at
+    worst, after a kill, none).
     """
     rasterio = require("rasterio", "geo", "writing a GeoTIFF class map")
     a = _check_map(classmap)
+    check_class_names(path, class_names)
     k = _num_classes(a, num_classes, class_names)
-    dtype = _map_dtype(k)
+    dtype = _map_dtype(k, path)
     profile = _geotiff_profile(georeference, a.shape[0], a.shape[1], 1, dtype.name, path)
     profile.update(nodata=0, compress="deflate", photometric="palette")
     lut = class_colours(k)
     names = _names(k, class_names)
     sidecar = category_sidecar(path)
-    sidecar.unlink(missing_ok=True)
     with atomic_path(path) as tmp:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
@@ -184,9 +224,28 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
                 dst.write_colormap(1, {i: (*map(int, lut[i]), 255) for i in range(k + 1)})
                 dst.update_tags(1, **{f"CLASS_{i}": n for i, n in enumerate(names, start=1)})
                 dst.set_band_description(1, "class (0 = nodata)")
+        drop_gdal_sidecars(path)  # (the category sidecar among them) once the new map is whole, before its rename
     with atomic_path(sidecar) as tmp:
         tmp.write_text(_pam_categories(["Unclassified", *names]), encoding="utf-8")
     return Path(path)
+
+
+#: files GDAL keeps beside a raster ``X`` and reads with it: ``X.ovr`` its overviews (QGIS's "build pyramids"),
+#: ``X.aux.xml`` its PAM metadata (statistics, categories), ``X.msk`` its mask
+GDAL_SIDECARS = (".ovr", ".aux.xml", ".msk")
+
+
+def drop_gdal_sidecars(path: str | os.PathLike) -> None:
+    """Remove the files GDAL keeps beside the raster ``path`` (:data:`GDAL_SIDECARS`) before it is replaced, as
+    GDAL itself does when it creates a dataset over an old one: a GIS showed the old map's overviews (a
+    zoomed-out view of the previous run), statistics or mask with the new map. Called once the new file is
+    whole, so that a write failing before leaves the old raster with its sidecars. (A folder of such a name is
+    no GDAL sidecar: it stays.)"""
+    p = Path(path)
+    for suffix in GDAL_SIDECARS:
+        sidecar = p.with_name(p.name + suffix)
+        if sidecar.is_symlink() or sidecar.is_file():
+            sidecar.unlink(missing_ok=True)
 
 
 def category_sidecar(path: str | os.PathLike) -> Path:
@@ -252,6 +311,37 @@ def _map_info(transform: list[float]) -> str | None:
     return f"map info = {{Arbitrary, 1, 1, {x0!r}, {y0!r}, {dx!r}, {dy!r}, rotation={-math.degrees(r)!r}}}"
 
 
+#: characters an ENVI header line is wrapped at: GDAL's ENVI driver reads lines of at most 10,000 and stops at a
+#: longer one, losing every field after it (a 729-class map's class lookup cost it the names, nodata and map info)
+ENVI_LINE = 80
+
+
+def _envi_list(key: str, items: list[str]) -> list[str]:
+    """The header lines of ``key = {items}``, wrapped after a comma at :data:`ENVI_LINE` characters, as ENVI and
+    GDAL write long lists. Continuation lines are indented: SPy skips one that starts with ";" (a comment)."""
+    lines, line = [], f"{key} = {{"
+    for i, item in enumerate(items):
+        piece = item + ("}" if i == len(items) - 1 else ",")
+        if i and len(line) + 1 + len(piece) > ENVI_LINE:
+            lines.append(line)
+            line = "  " + piece
+        else:
+            line += (" " if i else "") + piece
+    return [*lines, line]
+
+
+def envi_map_info(georeference: dict[str, Any], path: str | os.PathLike) -> str:
+    """The ``map info`` line of an ENVI map at ``path`` on the store's grid. A sheared grid (which map info, a
+    rotation at most, cannot hold: the map would not be georeferenced at all) is a one-line InputError, which
+    predict raises before any work."""
+    info = _map_info(georeference["transform"])
+    if info is None:
+        raise InputError(f"cannot write {shown_path(Path(path).name)} as an ENVI map: the store's grid is sheared "
+                         f"(transform {', '.join(f'{v:.10g}' for v in georeference['transform'])}), which an ENVI "
+                         "header's map info cannot hold (a rotation at most); write a .tif, which holds any grid")
+    return info
+
+
 def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
                class_names: list[str] | None = None, georeference: dict[str, Any] | None = None) -> Path:
     """Write an ENVI Classification file: ``path`` (the ``.hdr``) and its binary beside it (``.img``).
@@ -259,13 +349,13 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
     Class 0 is "Unclassified"; ``class names`` and ``class lookup`` (RGB triplets) list classes 0..K.
     The binary is renamed into place first and the header last, so a partial run never leaves a
     header (what ENVI tools open) without its complete binary. With a georeference the header gets a
-    ``map info`` (reference pixel 1, 1; ``rotation=`` for a rotated grid; none for a sheared one, which it
-    cannot express: write a GeoTIFF for those) and the CRS as ``coordinate system string`` when it is WKT.
+    ``map info`` (reference pixel 1, 1; ``rotation=`` for a rotated grid; a sheared one, which it cannot
+    express, is refused: write a GeoTIFF for those) and the CRS as ``coordinate system string``.
     """
     a = _check_map(classmap)
     check_class_names(path, class_names)
     k = _num_classes(a, num_classes, class_names)
-    dtype = _map_dtype(k)
+    dtype = _map_dtype(k, path)
     header = Path(path)
     binary = header.with_suffix(".img")
     lut = class_colours(k)
@@ -274,14 +364,12 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
              "bands = 1", "header offset = 0", "file type = ENVI Classification",
              f"data type = {1 if dtype == np.uint8 else 12}", "interleave = bsq", "byte order = 0",
              f"classes = {k + 1}",
-             "class names = {" + ", ".join(names) + "}",
-             "class lookup = {" + ", ".join(str(int(v)) for v in lut.reshape(-1)) + "}",
+             *_envi_list("class names", names),
+             *_envi_list("class lookup", [str(int(v)) for v in lut.reshape(-1)]),
              "band names = {class}",
              "data ignore value = 0"]  # unclassified: nodata to GDAL, as the GeoTIFF's nodata 0
     if georeference is not None:
-        info = _map_info(georeference["transform"])
-        if info is not None:
-            lines.append(info)
+        lines.append(envi_map_info(georeference, header))
         wkt = georeference.get("crs_wkt")
         if not wkt and georeference.get("epsg"):
             try:  # an EPSG code becomes WKT through rasterio when it is installed; otherwise no CRS line
@@ -299,6 +387,7 @@ def write_envi(path: str | os.PathLike, classmap: Any, *, num_classes: int | Non
         fsync_file(header_tmp)
         with atomic_path(binary) as tmp:
             a.astype(dtype.newbyteorder("<"), copy=False).tofile(tmp)
+            drop_gdal_sidecars(binary)  # (GDAL opens the binary: its overviews and statistics lie beside it)
     return header
 
 
@@ -347,6 +436,7 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
     patches = require("matplotlib.patches", "preview", "writing a PNG class map")
     agg = require("matplotlib.backends.backend_agg", "preview", "writing a PNG class map")
     a = _check_map(classmap)
+    check_class_names(path, class_names)
     gt = None if ground_truth is None else _check_map(ground_truth)
     if gt is not None and gt.shape != a.shape:
         raise InputError(f"ground truth of shape {gt.shape} does not match the {a.shape} class map")
@@ -445,6 +535,7 @@ class ProbabilityFile:
 
         self.path = Path(path)
         self._geotiff = check_probability_output(self.path) != ".npy"
+        check_class_names(self.path, class_names)  # (its bands are named after the classes)
         self._georeference, self._class_names = georeference, class_names
         self.shape = tuple(int(v) for v in shape)
         remove_stale_partials(self.path)
@@ -533,6 +624,7 @@ class ProbabilityFile:
                         dst.write(block.transpose(2, 0, 1), window=Window(0, y0, w, block.shape[0]))
                     for band, name in enumerate(names, start=1):
                         dst.set_band_description(band, f"probability of {name}")
+            drop_gdal_sidecars(self.path)  # once the new file is whole, before its rename
         del probs
 
     def abort(self) -> None:

@@ -258,6 +258,34 @@ def test_class_names_an_envi_map_cannot_hold_are_refused_before_any_work(store, 
     assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 
 
+def test_class_names_that_are_no_unicode_text_are_refused_before_any_work(tmp_path, run_cli):
+    """`--class-names` given bytes that are not UTF-8 (a Latin-1 terminal) reach the store as unpaired surrogates;
+    every map that holds names (.tif, .hdr, .png) and a probabilities GeoTIFF then failed with UnicodeEncodeError
+    and a traceback once the whole scene was predicted. Refused in one line before the model runs; a .npy map
+    (no names) is written."""
+    cube, labels = coordinate_cube(seed=15)
+    np.save(tmp_path / "cube.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    store = convert(tmp_path / "cube.npy", tmp_path / "s.zarr",
+                    ConvertOptions(labels=tmp_path / "gt.npy", class_names=("ma\udcefs", "b", "c")))
+    (tmp_path / "maps").mkdir()
+    model = CentreCoordinates()
+    for outputs in ({"out": tmp_path / "maps" / "m.tif"}, {"out": tmp_path / "maps" / "m.hdr"},
+                    {"out": tmp_path / "maps" / "m.png"},
+                    {"out": tmp_path / "maps" / "m.npy", "probabilities": tmp_path / "maps" / "p.tif"}):
+        with pytest.raises(ConfigError, match=r"^cannot write m?p?\.(tif|hdr|png): the name of class 1 "
+                                              r"\('ma\\udcefs'\) holds '\\udcef', which is no Unicode text"):
+            predict(store, model, patch_size=3, device="cpu", normalize=None, **outputs)
+    assert model.seen.sum() == 0 and list((tmp_path / "maps").iterdir()) == []
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", SpectralSpatialCNN(B, 3, 3, reduce=4, width=8), patch_size=3)
+    code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "maps" / "m.tif")  # (the store's names)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "which is no Unicode text" in err, err
+    out = predict(store, model, patch_size=3, device="cpu", normalize=None, out=tmp_path / "maps" / "m.npy")
+    assert np.array_equal(np.load(tmp_path / "maps" / "m.npy"), out)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
 @pytest.mark.parametrize("kind", ["symlink", "fifo"])
 def test_a_symlink_or_fifo_at_an_output_path_is_refused_before_any_work(store, tmp_path, kind):
@@ -555,6 +583,73 @@ def test_envi_source_to_georeferenced_class_map(tmp_path):
     src_crs, src_transform, _ = _gdal(tmp_path / "cube.img")
     assert crs == src_crs and transform == src_transform and crs.to_epsg() == 32633
     assert np.array_equal(data, out)
+
+
+#: a custom Lambert conformal conic CRS, known by its WKT alone (no EPSG code)
+LCC_WKT = ('PROJCS["custom_lcc",GEOGCS["WGS 84",DATUM["WGS_1984",SPHEROID["WGS 84",6378137,298.257223563]],'
+           'PRIMEM["Greenwich",0],UNIT["degree",0.0174532925199433]],PROJECTION["Lambert_Conformal_Conic_2SP"],'
+           'PARAMETER["standard_parallel_1",33],PARAMETER["standard_parallel_2",45],PARAMETER["latitude_of_origin",23],'
+           'PARAMETER["central_meridian",-96],PARAMETER["false_easting",0],PARAMETER["false_northing",0],UNIT["metre",1]]')
+
+
+def _variant_source(tmp_path, variant):
+    """The coordinate cube written as a georeference ``variant`` by its format's own library: a GeoTIFF by
+    rasterio (GDAL), an ENVI image by SPy; returns (the file to convert, the file GDAL reads its grid from)."""
+    rasterio = pytest.importorskip("rasterio")
+    from rasterio.crs import CRS
+    from rasterio.transform import Affine
+
+    cube, _ = coordinate_cube(seed=14)
+    if variant.startswith("envi"):
+        envi = pytest.importorskip("spectral.io.envi")
+        info = ["UTM", "1.5", "1.5", "500000.0", "4100000.0", "20.0", "20.0", "33", "North", "WGS-84",
+                "units=Meters", "rotation=25"]  # reference: the first pixel's centre; a CRS in WKT alone (ESRI's)
+        envi.save_image(str(tmp_path / "cube.hdr"), cube, interleave="bil", ext=".img", metadata={
+            "map info": info, "coordinate system string": CRS.from_epsg(32633).to_wkt(version="WKT1_ESRI")})
+        return tmp_path / "cube.hdr", tmp_path / "cube.img"
+    transform, crs = {
+        "rotated": (Affine.translation(1000, 5000) @ Affine.rotation(20) @ Affine.scale(30, -30), CRS.from_epsg(32616)),
+        "point": (Affine(30, 0, 620000, 0, -30, 4000000), CRS.from_epsg(32616)),
+        "wkt": (Affine(30, 0, 1000, 0, -30, 5000), CRS.from_wkt(LCC_WKT)),
+        "sheared": (Affine(30, 5, 1000, 0, -30, 5000), CRS.from_epsg(32616))}[variant]
+    src = tmp_path / "cube.tif"
+    with rasterio.open(src, "w", driver="GTiff", height=H, width=W, count=B, dtype="int16", crs=crs,
+                       transform=transform) as dst:
+        if variant == "point":
+            dst.update_tags(AREA_OR_POINT="Point")  # (GDAL writes the pixel centre's coordinates, PixelIsPoint)
+        dst.write(cube.transpose(2, 0, 1))
+    return src, src
+
+
+@pytest.mark.parametrize("variant", ["rotated", "point", "wkt", "envi_rotated_wkt", "sheared"])
+def test_every_output_is_on_the_sources_grid_as_gdal_reads_both(tmp_path, variant):
+    """A rotated grid (GeoTIFF rotation terms, ENVI map info rotation=), a PixelIsPoint GeoTIFF, an ENVI map info
+    referenced at a pixel centre, a CRS given only as WKT (a GeoTIFF's user-defined one, an ENVI coordinate
+    system string): the GeoTIFF map, the probabilities GeoTIFF and the ENVI map (its .img, as GDAL's ENVI driver
+    reads it) have the CRS and transform rasterio reads from the source. A sheared grid, which an ENVI map info
+    cannot hold, made an ENVI map without any georeference: it is refused before any work, in one line."""
+    src, grid = _variant_source(tmp_path, variant)
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    src_crs, src_transform, _ = _gdal(grid)
+    assert src_crs is not None
+    outputs = ["map.tif", "map.probabilities.tif"]
+    out = predict(store, RandomConv(3, k=3), patch_size=3, device="cpu", out=tmp_path / "map.tif", probabilities=True)
+    if variant == "sheared":
+        model = CentreCoordinates()
+        with pytest.raises(InputError, match=r"^cannot write map\.hdr as an ENVI map: the store's grid is sheared "
+                                             r"\(transform .*\); write a \.tif, which holds any grid$") as caught:
+            predict(store, model, patch_size=3, device="cpu", normalize=None, out=tmp_path / "map.hdr")
+        assert "\n" not in str(caught.value) and model.seen.sum() == 0
+        assert not (tmp_path / "map.hdr").exists() and not (tmp_path / "map.img").exists()
+    else:
+        predict(store, RandomConv(3, k=3), patch_size=3, device="cpu", out=tmp_path / "map.hdr")
+        outputs.append("map.img")
+    for name in outputs:
+        crs, transform, data = _gdal(tmp_path / name)
+        assert crs == src_crs, (name, crs, src_crs)
+        np.testing.assert_allclose(transform.to_gdal(), src_transform.to_gdal(), rtol=0, atol=1e-6, err_msg=name)
+        if data is not None:
+            assert np.array_equal(data, out), name
 
 
 def test_prisma_l2d_source_to_georeferenced_class_map(tmp_path, run_cli):

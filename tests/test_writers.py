@@ -86,6 +86,58 @@ def test_geotiff_class_names_are_gdal_category_names(tmp_path, classmap):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tif", "m.tif.aux.xml"] and leftovers(tmp_path) == []
 
 
+def test_empty_class_names_are_written_as_class_k(tmp_path, classmap):
+    """An empty (or blank) class name: GDAL stores no empty metadata item, so the GeoTIFF had no CLASS_1 tag
+    and its probability band was described as "probability of "; such a class is named "class k", as one without
+    a name, in every format (read back by GDAL and SPy)."""
+    rasterio = pytest.importorskip("rasterio")
+    envi = pytest.importorskip("spectral.io.envi")
+    names, want = ["", "soy", " ", "water"], ["class 1", "soy", "class 3", "water"]
+    out = writers.write_class_map(tmp_path / "m.tif", classmap, class_names=names, georeference=GEO)
+    with rasterio.open(out) as ds:
+        assert [ds.tags(1).get(f"CLASS_{k}") for k in range(1, 5)] == want
+    assert gdal_category_names(out) == ["Unclassified", *want]
+    header = writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=names, georeference=GEO)
+    assert envi.open(str(header)).metadata["class names"] == ["Unclassified", *want]
+    probs = writers.ProbabilityFile(tmp_path / "p.tif", (*classmap.shape, 4), georeference=GEO, class_names=names)
+    probs.commit()
+    with rasterio.open(tmp_path / "p.tif") as ds:
+        assert ds.descriptions == tuple(f"probability of {n}" for n in want)
+
+
+def test_a_map_written_again_shows_no_overviews_statistics_or_mask_of_the_old_one(tmp_path):
+    """GDAL keeps a raster's overviews (QGIS's "build pyramids"), statistics and mask in files beside it; the
+    atomic rename left them there, and GDAL showed the previous run's map at every overview level (a zoomed-out
+    view). They are removed when a map (GeoTIFF or ENVI) or probabilities GeoTIFF is written again, as GDAL
+    does when it creates a dataset over an old one: what GDAL reads at any scale is the new file's."""
+    rasterio = pytest.importorskip("rasterio")
+    from rasterio.enums import Resampling
+
+    old, new = np.full((64, 64), 1, np.uint8), np.full((64, 64), 2, np.uint8)
+
+    def write(path, a):
+        if path.name.startswith("p"):
+            probs = writers.ProbabilityFile(path, (64, 64, 2), georeference=GEO)
+            y, x = np.nonzero(np.ones(a.shape, bool))
+            probs.write(y, x, np.eye(2, dtype=np.float16)[a[y, x] - 1])
+            probs.commit()
+        else:
+            writers.write_class_map(path, a, num_classes=3, georeference=GEO)
+
+    for target, raster in (("m.tif", "m.tif"), ("m.hdr", "m.img"), ("p.tif", "p.tif")):
+        write(tmp_path / target, old)
+        with rasterio.Env(TIFF_USE_OVR=True), rasterio.open(tmp_path / raster, "r+") as ds:
+            ds.build_overviews([2, 4], Resampling.nearest)  # external: raster.ovr, as a GIS opening it read-only
+            ds.update_tags(STATISTICS_MAXIMUM="1")  # (PAM: raster.aux.xml for an ENVI binary)
+        (tmp_path / f"{raster}.msk").write_bytes(b"an old mask")
+        write(tmp_path / target, new)
+        with rasterio.open(tmp_path / raster) as ds:
+            assert ds.overviews(1) == [] and "STATISTICS_MAXIMUM" not in ds.tags(), raster
+            assert (ds.read(1, out_shape=(16, 16)) == ds.read(1)[0, 0]).all()
+        assert not (tmp_path / f"{raster}.ovr").exists() and not (tmp_path / f"{raster}.msk").exists()
+    assert writers.category_sidecar(tmp_path / "m.tif").exists() and leftovers(tmp_path) == []
+
+
 def test_geotiff_uint16_beyond_255_classes_and_without_georeference(tmp_path):
     rasterio = pytest.importorskip("rasterio")
     a = np.arange(300 * 2, dtype=np.uint16).reshape(20, 30) % 301
@@ -94,6 +146,25 @@ def test_geotiff_uint16_beyond_255_classes_and_without_georeference(tmp_path):
         warnings.simplefilter("ignore")
         with rasterio.open(out) as ds:
             assert ds.dtypes == ("uint16",) and np.array_equal(ds.read(1), a) and ds.crs is None
+
+
+def test_65535_classes_fit_a_uint16_map_and_more_are_refused_in_one_line(tmp_path):
+    """65,535 classes (0 nodata) are a uint16 ENVI map GDAL reads whole (colour table and names of 65,536
+    entries, nodata 0); more were refused with "65536 classes do not fit a uint16 class map", naming neither
+    the file nor what to do. Nothing is written."""
+    rasterio = pytest.importorskip("rasterio")
+    a = np.array([[0, 1, 65535, 300]], np.uint16)
+    writers.write_class_map(tmp_path / "m.hdr", a, num_classes=65535, georeference=GEO)
+    with rasterio.open(tmp_path / "m.img") as ds:
+        assert ds.dtypes == ("uint16",) and ds.nodata == 0 and np.array_equal(ds.read(1), a)
+        assert len(ds.colormap(1)) == 65536
+    names = gdal_category_names(tmp_path / "m.img")
+    assert len(names) == 65536 and names[65535] == "class 65535"
+    for suffix in (".tif", ".hdr"):
+        with pytest.raises(InputError, match=rf"^cannot write big{suffix}: 65,536 classes do not fit its uint16 class "
+                                             r"map \(at most 65,535 classes, 0 being nodata\); write a \.npy"):
+            writers.write_class_map(tmp_path / f"big{suffix}", a, num_classes=65536)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.hdr", "m.img"]
 
 
 @pytest.mark.parametrize("crs", [{"crs_wkt": "garbage", "epsg": None}, {"crs_wkt": 'PROJCS["x",GEOGCS["y"]]', "epsg": None},
@@ -120,7 +191,7 @@ def test_a_crs_gdal_cannot_read_is_one_line_and_leaves_nothing(tmp_path, classma
 
 def test_envi_classification_round_trip_with_spy(tmp_path, classmap):
     envi = pytest.importorskip("spectral.io.envi")
-    names = ["corn", "soy {late}", "woods", "water"]  # braces inside a name read back as they are
+    names = ["corn", "soy {late", "woods", "water"]  # an opening brace inside a name reads back as it is
     out = writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=names, georeference=GEO)
     img = envi.open(str(out))
     assert img.metadata["file type"] == "ENVI Classification"
@@ -153,6 +224,80 @@ def test_envi_class_names_with_a_comma_are_refused_not_renamed(tmp_path, classma
     assert not (tmp_path / "m.hdr").exists() and not (tmp_path / "m.img").exists() and leftovers(tmp_path) == []
     out = writers.write_class_map(tmp_path / "m.tif", classmap, class_names=["corn", name, "woods", "water"])
     assert gdal_category_names(out)[2] == name
+
+
+@pytest.mark.parametrize("name", ["soy {late}", "soy}", "soy\nlate", "soy\r"])
+def test_envi_class_names_gdal_misreads_are_refused(tmp_path, classmap, name):
+    """GDAL's ENVI driver ends a header's list at a "}" (the names after it shifted by one class: "soy {late}"
+    became "soy {late" and an empty class) and joins a list's lines without their line break ("soy\\nlate" read
+    as "soylate"); hsgds wrote such names as they were. They are refused before anything is written, as a
+    comma is; a .tif holds them (GDAL reads them back)."""
+    hand = tmp_path / "hand.hdr"  # such a name written in a header by hand, read by GDAL
+    hand.write_text("ENVI\nsamples = 2\nlines = 2\nbands = 1\nheader offset = 0\nfile type = ENVI Classification\n"
+                    f"data type = 1\ninterleave = bsq\nbyte order = 0\nclasses = 3\nclass names = {{Unclassified, {name}, "
+                    "woods}\n", encoding="utf-8")
+    (tmp_path / "hand.img").write_bytes(bytes(4))  # (GDAL takes no binary of under 2 bytes for an ENVI image)
+    assert gdal_category_names(tmp_path / "hand.img") != ["Unclassified", name, "woods"]
+    names = ["corn", name, "woods", "water"]
+    with pytest.raises(ConfigError, match=r"^cannot write m\.hdr: the name of class 2 .* holds .*; rename the class, "
+                                          r"or write a \.tif$") as caught:
+        writers.write_class_map(tmp_path / "m.hdr", classmap, class_names=names)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "m.hdr").exists() and not (tmp_path / "m.img").exists() and leftovers(tmp_path) == []
+    assert gdal_category_names(writers.write_class_map(tmp_path / "m.tif", classmap, class_names=names))[2] == name
+
+
+@pytest.mark.parametrize("char", ["\x01", "\x1f", "\x00"])
+def test_geotiff_class_names_with_control_characters_gdal_drops_are_refused(tmp_path, classmap, char):
+    """GDAL drops a control character from a band's metadata item (and a NUL ends a category name: the map
+    showed no category at all); tab, line breaks and DEL it keeps. Such a name is refused before anything is
+    written; an unpaired surrogate (no Unicode text) is refused in every format that holds names."""
+    rasterio = pytest.importorskip("rasterio")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(tmp_path / "gdal.tif", "w", driver="GTiff", width=2, height=2, count=1, dtype="uint8") as ds:
+            ds.update_tags(1, CLASS_1=f"b{char}c")  # written by rasterio itself, read back by GDAL
+        with rasterio.open(tmp_path / "gdal.tif") as ds:
+            assert ds.tags(1).get("CLASS_1") != f"b{char}c"
+    (tmp_path / "gdal.tif").unlink()
+    names = ["corn", f"b{char}c", "woods", "water"]
+    with pytest.raises(ConfigError, match=r"^cannot write m\.tif: the name of class 2 .* holds the control character "
+                                          r".*, which GDAL drops from a GeoTIFF's metadata; rename the class$"):
+        writers.write_class_map(tmp_path / "m.tif", classmap, class_names=names)
+    for suffix in (".tif", ".hdr", ".png"):
+        with pytest.raises(ConfigError, match=rf"^cannot write m\{suffix}: the name of class 1 \('a\\udcff'\) holds "
+                                              r"'\\udcff', which is no Unicode text .*; rename the class$"):
+            writers.write_class_map(tmp_path / f"m{suffix}", classmap, class_names=["a\udcff", "b", "c", "d"])
+    assert list(tmp_path.iterdir()) == []
+    tab = ["corn", "soy\tlate\x7f", "woods", "water"]  # (kept by GDAL)
+    assert gdal_category_names(writers.write_class_map(tmp_path / "m.tif", classmap, class_names=tab))[2] == tab[1]
+
+
+@pytest.mark.parametrize("k, length", [(800, 12), (5, 3000)])
+def test_envi_lists_of_many_classes_or_long_names_read_back_whole(tmp_path, k, length):
+    """GDAL's ENVI driver reads header lines of at most 10,000 characters and stops at a longer one: the class
+    lookup of 729 classes or more (or class names that long together) was written on one line, and GDAL then
+    read no class names, colours, nodata, map info or CRS. The lists are wrapped now: GDAL, SPy and hsgds's
+    own header reader read every name and colour back, and GDAL the nodata and georeference after them."""
+    rasterio = pytest.importorskip("rasterio")
+    envi = pytest.importorskip("spectral.io.envi")
+    from hsgds.preprocess.readers.envi import envi_class_names
+
+    names = [f"{i:04d} " + "x" * (length - 5) for i in range(1, k + 1)]
+    a = (np.arange(20 * 30).reshape(20, 30) % (k + 1)).astype(np.uint16 if k > 255 else np.uint8)
+    header = writers.write_class_map(tmp_path / "m.hdr", a, class_names=names, georeference=GEO)
+    lut = class_colours(k)
+    with rasterio.open(tmp_path / "m.img") as ds:
+        assert ds.nodata == 0 and ds.crs.to_epsg() == 32616
+        assert ds.transform.to_gdal() == pytest.approx(tuple(GEO["transform"]))
+        assert np.array_equal(ds.read(1), a)
+        cmap = ds.colormap(1)
+        assert len(cmap) == k + 1 and all(cmap[i][:3] == tuple(int(v) for v in lut[i]) for i in range(k + 1))
+    assert gdal_category_names(tmp_path / "m.img") == ["Unclassified", *names]
+    meta = envi.open(str(header)).metadata
+    assert meta["class names"] == ["Unclassified", *names] and meta["classes"] == str(k + 1)
+    assert [int(v) for v in meta["class lookup"]] == lut.reshape(-1).tolist()
+    assert envi_class_names(header) == ["Unclassified", *names]
 
 
 def test_envi_header_is_utf8_whatever_the_locale(tmp_path):
@@ -312,9 +457,11 @@ def test_a_writer_failing_mid_way_leaves_nothing(tmp_path, monkeypatch, classmap
 
 def test_an_envi_pair_failing_at_its_header_leaves_the_existing_pair_as_it_was(tmp_path, monkeypatch, classmap):
     """The header's temporary is written and flushed before the binary replaces the old one: a failure there
-    leaves the earlier pair byte for byte (not a new uint16 binary under the old uint8 header)."""
+    leaves the earlier pair byte for byte (not a new uint16 binary under the old uint8 header), and GDAL's
+    overviews of it."""
     target = tmp_path / "m.hdr"
     writers.write_class_map(target, classmap, class_names=ENVI_NAMES)
+    (tmp_path / "m.img.ovr").write_bytes(b"GDAL's overviews of the pair")  # (kept while the new pair is not whole)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     real_fsync, calls = os.fsync, []
 
@@ -363,7 +510,7 @@ def test_probability_file_whose_mapping_fails_leaves_nothing(tmp_path, monkeypat
 @pytest.mark.parametrize("degrees", [0.0, 15.0, -30.0, 90.0])
 def test_envi_map_info_of_a_rotated_grid_reads_back_in_gdal(tmp_path, classmap, degrees):
     """A rotated grid's transform is written as map info with rotation= and GDAL (rasterio) reads the same
-    transform back; a sheared one, which map info cannot express, gets no map info."""
+    transform back; a sheared one, which map info cannot express, is refused."""
     import math
 
     rasterio = pytest.importorskip("rasterio")
@@ -378,9 +525,10 @@ def test_envi_map_info_of_a_rotated_grid_reads_back_in_gdal(tmp_path, classmap, 
             got = src.transform.to_gdal()
     np.testing.assert_allclose(got, transform, rtol=0, atol=1e-6)
 
-    sheared = [620000.5, 30.0, 5.0, 4000000.25, 0.0, -20.0]
-    header = writers.write_envi(tmp_path / "s.hdr", classmap, georeference={**GEO, "transform": sheared})
-    assert "map info" not in header.read_text()
+    sheared = [620000.5, 30.0, 5.0, 4000000.25, 0.0, -20.0]  # (refused: it had made a map without georeference)
+    with pytest.raises(InputError, match=r"^cannot write s\.hdr as an ENVI map: the store's grid is sheared"):
+        writers.write_envi(tmp_path / "s.hdr", classmap, georeference={**GEO, "transform": sheared})
+    assert not (tmp_path / "s.hdr").exists() and not (tmp_path / "s.img").exists()
 
 
 @pytest.mark.skipif(os.name == "nt", reason="stale temporaries are judged by process id on POSIX only")
