@@ -49,7 +49,7 @@ def _run_ranks(commands: list[list[str]], timeout: float = 120) -> list[subproce
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+            p.communicate()  # closes its stderr pipe: one left open fails a later test (an unraisable warning)
     return procs
 
 
@@ -275,3 +275,92 @@ def test_a_loader_built_before_init_process_group_is_refused(tmp_path, indian_pi
         assert said == ("this PatchLoader was built before torch.distributed was initialised, so each of the 2 ranks "
                         "would read the whole split; build it after init_process_group (each rank then reads its "
                         "share), or pass rank=0, world_size=1 to read all of it on purpose")
+
+
+SETTINGS_WORKER = textwrap.dedent("""
+    import hashlib, json, sys
+    import torch
+    import torch.distributed as dist
+    import hsgds
+    from hsgds.errors import ConfigError
+
+    rank, init, out, mine = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    epochs, said = [], None
+    with hsgds.PatchLoader(mine["store"], patch_size=5, device="cpu", return_coords=True, **mine["settings"]) as loader:
+        try:
+            for epoch in mine["epochs"]:
+                loader.set_epoch(epoch)
+                batches = []
+                for x, y, c in loader:
+                    dist.all_reduce(torch.ones(1))  # as DDP's gradient all-reduce: the ranks step together
+                    batches.append([c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()])
+                epochs.append(batches)
+        except ConfigError as e:
+            said = str(e)
+    dist.barrier()
+    dist.destroy_process_group()
+    json.dump({"said": said, "epochs": epochs}, open(out, "w"))
+""")
+
+
+def _run_settings(tmp_path, per_rank: list[dict]) -> list[dict]:
+    """Two gloo ranks, each building its loader from its own entry of ``per_rank`` (store, settings, epochs) and
+    stepping together as DDP does (an all-reduce per batch): each rank's error message, or its batches."""
+    script = tmp_path / "settings_worker.py"
+    script.write_text(SETTINGS_WORKER)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    # the harness's timeout ends a run whose ranks wait for each other (unequal batch counts) as a failure
+    _run_ranks([[sys.executable, str(script), str(r), init, str(tmp_path / f"r{r}.json"), json.dumps(mine)]
+                for r, mine in enumerate(per_rank)], timeout=60)
+    return [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+
+
+SAME = "every rank must build PatchLoader with the same settings (only rank and world_size differ)"
+
+
+@pytest.mark.parametrize(("setting", "rank1", "said"), [
+    ("seed", {"settings": {"seed": 8}}, f"ranks disagree on seed: rank 0 has 7, rank 1 has 8; {SAME}"),
+    ("batch_size", {"settings": {"batch_size": 24}},
+     f"ranks disagree on batch_size: rank 0 has 16, rank 1 has 24; {SAME}"),
+    ("drop_last", {"settings": {"drop_last": True}},
+     f"ranks disagree on drop_last: rank 0 has False, rank 1 has True; {SAME}"),
+    ("split", {"settings": {"split": "test"}}, f"ranks disagree on split: rank 0 has 'train', rank 1 has 'test'; {SAME}"),
+    ("store order", {"reversed": True},
+     f"ranks disagree on the stores (in order): rank 0 has 's0, s1', rank 1 has 's1, s0'; {SAME}"),
+    ("epoch", {"epochs": [1]}, "ranks disagree on the epoch: rank 0 has 0, rank 1 has 1; call loader.set_epoch(epoch) "
+                               "with the same epoch on every rank"),
+])
+def test_ranks_built_with_different_settings_refuse_in_one_line(tmp_path, two_stores, setting, rank1, said):
+    """Ranks of one process group whose loaders differ in a setting the shares depend on (a seed per rank, another
+    batch size, drop_last, split, scene order, or a forgotten set_epoch) read overlapping or missing samples, or
+    yield different batch counts and leave DDP waiting at the epoch's end (this test's timeout); instead every rank
+    raises the same one-line ConfigError as the iteration starts, naming the setting and each rank's value, and
+    yields nothing."""
+    base = {"store": two_stores, "settings": {"batch_size": 16, "seed": 7, "split": "train"}, "epochs": [0]}
+    other = {"store": two_stores[::-1] if rank1.get("reversed") else two_stores,
+             "settings": {**base["settings"], **rank1.get("settings", {})}, "epochs": rank1.get("epochs", [0])}
+    got = _run_settings(tmp_path, [base, other])
+    for r in range(2):
+        assert got[r] == {"said": said, "epochs": []}, (setting, r)
+
+
+def test_ranks_built_alike_yield_what_each_share_yields_alone(tmp_path, two_stores):
+    """The settings check changes nothing when the ranks agree: over two epochs each rank yields, bit for bit
+    (coordinates, labels, patch bytes), what a loader given that rank and world size yields outside any group."""
+    import hashlib
+
+    import hsgds
+
+    settings = {"batch_size": 16, "seed": 7, "split": None, "drop_last": False}
+    got = _run_settings(tmp_path, [{"store": two_stores, "settings": settings, "epochs": [0, 1]}] * 2)
+    for r in range(2):
+        with hsgds.PatchLoader(two_stores, patch_size=5, device="cpu", return_coords=True, rank=r, world_size=2,
+                               **settings) as alone:
+            expected = []
+            for epoch in range(2):
+                alone.set_epoch(epoch)
+                expected.append([[c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()]
+                                 for x, y, c in alone])
+        assert got[r] == {"said": None, "epochs": expected}
+        assert len(expected[0]) == len(got[1 - r]["epochs"][0])
