@@ -364,3 +364,42 @@ def test_ranks_built_alike_yield_what_each_share_yields_alone(tmp_path, two_stor
                                  for x, y, c in alone])
         assert got[r] == {"said": None, "epochs": expected}
         assert len(expected[0]) == len(got[1 - r]["epochs"][0])
+
+
+ALONE_WORKER = textwrap.dedent("""
+    import datetime, os, sys, time
+    import torch.distributed as dist
+    import hsgds
+    from hsgds.errors import HsgdsError
+
+    store, rank, init, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2))
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=32, split=None, device="cpu") as loader:  # sharded
+        if rank == 0:  # e.g. a validation only rank 0 runs
+            try:
+                said = f"yielded {sum(len(y) for _, y in loader)} samples"
+            except HsgdsError as e:
+                said = str(e)
+            open(out + ".tmp", "w").write(said)
+            os.replace(out + ".tmp", out)
+        else:  # alive, never iterating, until rank 0 is done (the group's timeout ends rank 0's wait)
+            while not os.path.exists(out):
+                time.sleep(0.1)
+""")
+
+
+def test_a_rank_iterating_a_sharded_loader_alone_is_told_so_at_the_groups_timeout(tmp_path, indian_pines_store):
+    """A loader sharded over the group iterated on rank 0 only (a validation loop under `if rank == 0`) read half
+    the split, silently; its settings comparison now waits for the other ranks, and the group's own timeout (2 s
+    here) ends the wait with one line saying what went wrong and what to build instead, not torch's 'Timed out
+    waiting 2000ms for send operation to complete'."""
+    script = tmp_path / "alone_worker.py"
+    script.write_text(ALONE_WORKER)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    out = tmp_path / "said.txt"
+    _run_ranks([[sys.executable, str(script), str(indian_pines_store), str(r), init, str(out)] for r in range(2)])
+    said = out.read_text()
+    assert said.startswith("rank 0 could not compare this PatchLoader's settings with the other ranks' (") and "\n" not in said
+    assert said.endswith("): every rank must iterate a loader sharded over the process group together (one that never "
+                         "iterates it, or has failed, leaves the others waiting until the group's timeout); to read "
+                         "a loader on some ranks only, build it with rank=0, world_size=1")
