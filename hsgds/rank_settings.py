@@ -22,12 +22,14 @@ from typing import Any
 
 import torch
 
+from hsgds._wording import listed
 from hsgds.errors import ConfigError, HsgdsError, one_line, shown
 
 #: bytes of each rank's settings in the gather; the settings (long values sent as digests) take under 2 KiB
 PAYLOAD_BYTES = 4096
 _LONG = 120  # a longer value (an Augment's repr, a list of bands) is compared by its digest
 _VALUES_SHOWN = 4  # distinct values named in the message; more are counted
+_RUNS_SHOWN = 6  # runs of ranks named for a value; more are counted (the message stays one short line)
 
 SAME_SETTINGS = "every rank must build PatchLoader with the same settings (only rank and world_size differ)"
 
@@ -56,14 +58,14 @@ def decoded(payload: bytes) -> dict[str, Any]:
 
 
 def _ranks(ranks: list[int]) -> str:
-    """"rank 3", "ranks 0-2, 5"."""
+    """"rank 3", "ranks 0-2, 5", "ranks 0, 2, 4, 6, 8, 10 and 494 more" (runs of consecutive ranks)."""
     runs: list[list[int]] = []
     for r in ranks:
         if runs and r == runs[-1][1] + 1:
             runs[-1][1] = r
         else:
             runs.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    text = listed((str(a) if a == b else f"{a}-{b}" for a, b in runs), _RUNS_SHOWN)
     return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
 
 

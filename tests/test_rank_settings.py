@@ -13,11 +13,15 @@ def test_the_first_differing_setting_is_named_with_each_ranks_value():
 
 
 def test_many_ranks_are_grouped_by_value_on_one_short_line():
-    """64 ranks, each half-node of 8 with its own value: ranks are listed as runs, at most four values named."""
+    """64 ranks, each half-node of 8 with its own value: ranks are listed as runs, at most four values named, at
+    most six runs of ranks for each (1,000 ranks alternating between two seeds)."""
     each = [{"epoch": 0, "seed": r // 4} for r in range(64)]
     said = disagreement(each, {"seed": "the seed"}, {"seed": "fix it"})
     assert said == ("ranks disagree on the seed: ranks 0-3 have 0, ranks 4-7 have 1, ranks 8-11 have 2, ranks 12-15 "
                     "have 3 and 12 other values; fix it")
+    alternating = [{"seed": r % 2} for r in range(1000)]
+    assert disagreement(alternating, {}, {}) == (f"ranks disagree on seed: ranks 0, 2, 4, 6, 8, 10 and 494 more have 0, "
+                                                 f"ranks 1, 3, 5, 7, 9, 11 and 494 more have 1; {SAME_SETTINGS}")
     mixed = [{"drop_last": r % 3 == 0} for r in range(7)]
     assert disagreement(mixed, {}, {}) == (f"ranks disagree on drop_last: ranks 0, 3, 6 have True, ranks 1-2, 4-5 have "
                                            f"False; {SAME_SETTINGS}")
