@@ -88,12 +88,11 @@ def disagreement(each: list[dict[str, Any]], labels: dict[str, str], fixes: dict
     return None
 
 
-def gather_device(loader_device: torch.device) -> torch.device:
-    """Where the gathered tensor lives: the CPU when the default group has a CPU backend (gloo, and torch's
-    default "cpu:gloo,cuda:nccl"), else the loader's GPU, else the current CUDA device (NCCL with a CPU loader)."""
-    dist = torch.distributed
-    config = str(dist.get_backend_config())  # e.g. "cpu:gloo,cuda:gloo", "cuda:nccl"
-    types = [part.split(":")[0] for part in config.split(",") if ":" in part]
+def gather_device(loader_device: torch.device, backend_config: str) -> torch.device:
+    """Where the gathered tensor lives, for the group's ``torch.distributed.get_backend_config()`` (e.g.
+    "cpu:gloo,cuda:gloo", "cuda:nccl"): the CPU when the group has a CPU backend (gloo, and torch's default
+    "cpu:gloo,cuda:nccl"), else the loader's GPU, else the current CUDA device (NCCL with a CPU loader)."""
+    types = [part.split(":")[0] for part in backend_config.split(",") if ":" in part]
     if "cpu" in types or not types:
         return torch.device("cpu")
     if loader_device.type in types:
@@ -108,7 +107,7 @@ def compare_across_ranks(settings: dict[str, Any], loader_device: torch.device, 
     never does leaves the others waiting until the group's own timeout, which is raised as an HsgdsError saying
     so (no timeout of our own: a slow rank, still loading its model, must not fail the others)."""
     dist = torch.distributed
-    device = gather_device(loader_device)
+    device = gather_device(loader_device, str(dist.get_backend_config()))
     mine = torch.frombuffer(bytearray(encoded(settings)), dtype=torch.uint8).to(device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     try:

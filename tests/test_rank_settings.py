@@ -3,7 +3,9 @@ runs in tests/test_distributed.py, over real gloo processes)."""
 
 from __future__ import annotations
 
-from hsgds.rank_settings import PAYLOAD_BYTES, SAME_SETTINGS, decoded, disagreement, encoded
+import torch
+
+from hsgds.rank_settings import PAYLOAD_BYTES, SAME_SETTINGS, decoded, disagreement, encoded, gather_device
 
 
 def test_the_first_differing_setting_is_named_with_each_ranks_value():
@@ -45,3 +47,12 @@ def test_the_payload_is_fixed_size_and_long_values_are_sent_as_digests():
     assert got["seed"] == 2**64 - 1 and got["split"] is None and got["shuffle"] is True
     assert len(got["augment"]) < 120 and len(got["bands"]) < 120
     assert got["augment"] != decoded(encoded({"augment": long_b}))["augment"]
+
+
+def test_the_gather_is_on_the_cpu_with_gloo_and_on_the_loaders_gpu_with_nccl():
+    """NCCL gathers only CUDA tensors, each rank on its own GPU: the loader's (a rank that passed
+    device=f"cuda:{local_rank}" without torch.cuda.set_device has current device 0, shared by every rank)."""
+    cpu, gpu1 = torch.device("cpu"), torch.device("cuda", 1)
+    for config in ("cpu:gloo,cuda:gloo", "cpu:gloo,cuda:nccl", "cpu:gloo", ""):
+        assert gather_device(gpu1, config) == cpu and gather_device(cpu, config) == cpu
+    assert gather_device(gpu1, "cuda:nccl") == gpu1
