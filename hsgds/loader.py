@@ -22,6 +22,7 @@ import torch
 from hsgds import defaults
 from hsgds._gc import gc_paused
 from hsgds._unset import Unset
+from hsgds._version import __version__
 from hsgds._wording import counted
 from hsgds.augment import MAX_EPOCH, Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
@@ -41,6 +42,7 @@ from hsgds.pixels import (
     listed_samples_apply,
     sampled_labels,
 )
+from hsgds.rank_settings import compare_across_ranks
 from hsgds.ring import TileRing
 from hsgds.sampling import EpochPlan, Samples, SampleSet, check_ring, plan_epoch, share_sizes
 from hsgds.scene import BandStats, Scene
@@ -266,6 +268,25 @@ def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if not rank < world_size:
         raise ConfigError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
     return rank, world_size
+
+
+#: how a message names the settings :meth:`PatchLoader._rank_settings` compares, where not by their keys
+RANK_SETTING_LABELS = {
+    "hsgds": "the hsgds version", "iterations": "how many times this loader was iterated",
+    "stores": "the stores (in order)", "mask": "the mask (fingerprints of its bits)",
+    "num_samples": "the number of samples", "samples": "the samples (digests of the stores' samples per tile)",
+    "epoch": "the epoch", "batch": "the batch to start at", "batches": "the number of batches",
+}
+#: what to do when ranks differ on a setting, where more than building every rank's loader alike
+RANK_SETTING_FIXES = {
+    "hsgds": "install the same hsgds on every node",
+    "iterations": "every rank must iterate a loader sharded over the group together (one iter() each, as DDP "
+                  "steps together); to read one on some ranks only, build it with rank=0, world_size=1",
+    "samples": "every rank must read the same stores, with the same splits (a store re-split or replaced on some "
+               "nodes only?)",
+    "epoch": "call loader.set_epoch(epoch) with the same epoch on every rank",
+    "batch": "load the same state (rank 0's state_dict()) on every rank, or on none",
+}
 
 
 #: samples whose labels class_counts() takes at a time (~100 MB of index arrays for pixels="all")
@@ -741,6 +762,9 @@ class PatchLoader:
             plan = self._plan(self._epoch)
             # only a restored state resumes mid-epoch; a new iteration after an early break restarts the epoch
             start = min(self._batch, plan.num_batches) if self._resume else 0
+            if self._sharded_over_group():  # before anything changes: a refused iteration leaves the loader as it was
+                compare_across_ranks(self._rank_settings(plan, start), self.device, RANK_SETTING_LABELS,
+                                     RANK_SETTING_FIXES)
             self._resume, self._batch = False, start
             self._pass += 1
             self._cursor = self._pass
@@ -760,6 +784,32 @@ class PatchLoader:
                               f"{dist.get_world_size()} ranks would read the whole split; build it after "
                               "init_process_group (each rank then reads its share), or pass rank=0, world_size=1 "
                               "to read all of it on purpose")
+
+    def _sharded_over_group(self) -> bool:
+        """Whether this loader reads a share of the initialised process group's ranks (torch's rank and world
+        size, or the same given): then every rank iterates it, and must have built it alike. rank=0,
+        world_size=1 (hsgds.predict's, a whole split read on purpose) and a launcher's own ranks are not compared."""
+        dist = torch.distributed
+        return (self.world_size > 1 and dist.is_available() and dist.is_initialized()
+                and (dist.get_rank(), dist.get_world_size()) == (self.rank, self.world_size))
+
+    def _rank_settings(self, plan: EpochPlan, start: int) -> dict[str, Any]:
+        """What every rank's iteration must agree on (:mod:`hsgds.rank_settings`), the likeliest cause first:
+        where the iterations pair up, then the inputs of the shares (stores, samples, split, ...), then the
+        order's settings, then the position; the number of batches last (it follows from the rest).
+        The ring's size is not compared: it orders a rank's own share only (ranks' free GPU memory differs)."""
+        names = "\0".join(self.scenes.names)
+        stores = ", ".join(self.scenes.names) if len(names) <= 100 else \
+            f"{len(self.scenes)} scenes (sha256 {hashlib.sha256(names.encode()).hexdigest()[:16]})"
+        return {"hsgds": __version__, "iterations": self._pass + 1, "world_size": self.world_size,
+                "stores": stores, "split": self.split, "pixels": self.pixels, "stride": self.stride,
+                "footprint_guard": self.footprint_guard, "mask": self._mask_key, "num_samples": len(self.samples),
+                "samples": self._samples_key(), "seed": self.seed, "shuffle": self.shuffle,
+                "shuffle_window": self.shuffle_window, "batch_size": self.batch_size, "drop_last": self.drop_last,
+                "patch_size": self.patch_size, "bands": self.bands, "wavelengths": self.wavelengths,
+                "normalize": self.normalize, "layout": self.layout, "dtype": str(self.dtype),
+                "augment": None if self.augment is None else repr(self.augment), "epoch": self._epoch,
+                "batch": start, "batches": plan.num_batches}
 
     def _prepare(self, plan: EpochPlan, epoch: int) -> Callable[[int], Prepared]:
         """The per-batch index work, run ahead on the BatchPrep thread: sample lookups, the batch's

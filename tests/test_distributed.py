@@ -49,7 +49,7 @@ def _run_ranks(commands: list[list[str]], timeout: float = 120) -> list[subproce
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+            p.communicate()  # closes its stderr pipe: one left open fails a later test (an unraisable warning)
     return procs
 
 
@@ -275,3 +275,131 @@ def test_a_loader_built_before_init_process_group_is_refused(tmp_path, indian_pi
         assert said == ("this PatchLoader was built before torch.distributed was initialised, so each of the 2 ranks "
                         "would read the whole split; build it after init_process_group (each rank then reads its "
                         "share), or pass rank=0, world_size=1 to read all of it on purpose")
+
+
+SETTINGS_WORKER = textwrap.dedent("""
+    import hashlib, json, sys
+    import torch
+    import torch.distributed as dist
+    import hsgds
+    from hsgds.errors import ConfigError
+
+    rank, init, out, mine = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    epochs, said = [], None
+    with hsgds.PatchLoader(mine["store"], patch_size=5, device="cpu", return_coords=True, **mine["settings"]) as loader:
+        try:
+            for epoch in mine["epochs"]:
+                loader.set_epoch(epoch)
+                batches = []
+                for x, y, c in loader:
+                    dist.all_reduce(torch.ones(1))  # as DDP's gradient all-reduce: the ranks step together
+                    batches.append([c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()])
+                epochs.append(batches)
+        except ConfigError as e:
+            said = str(e)
+    dist.barrier()
+    dist.destroy_process_group()
+    json.dump({"said": said, "epochs": epochs}, open(out, "w"))
+""")
+
+
+def _run_settings(tmp_path, per_rank: list[dict]) -> list[dict]:
+    """Two gloo ranks, each building its loader from its own entry of ``per_rank`` (store, settings, epochs) and
+    stepping together as DDP does (an all-reduce per batch): each rank's error message, or its batches."""
+    script = tmp_path / "settings_worker.py"
+    script.write_text(SETTINGS_WORKER)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    # the harness's timeout ends a run whose ranks wait for each other (unequal batch counts) as a failure
+    _run_ranks([[sys.executable, str(script), str(r), init, str(tmp_path / f"r{r}.json"), json.dumps(mine)]
+                for r, mine in enumerate(per_rank)], timeout=60)
+    return [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+
+
+SAME = "every rank must build PatchLoader with the same settings (only rank and world_size differ)"
+
+
+@pytest.mark.parametrize(("setting", "rank1", "said"), [
+    ("seed", {"settings": {"seed": 8}}, f"ranks disagree on seed: rank 0 has 7, rank 1 has 8; {SAME}"),
+    ("batch_size", {"settings": {"batch_size": 24}},
+     f"ranks disagree on batch_size: rank 0 has 16, rank 1 has 24; {SAME}"),
+    ("drop_last", {"settings": {"drop_last": True}},
+     f"ranks disagree on drop_last: rank 0 has False, rank 1 has True; {SAME}"),
+    ("split", {"settings": {"split": "test"}}, f"ranks disagree on split: rank 0 has 'train', rank 1 has 'test'; {SAME}"),
+    ("store order", {"reversed": True},
+     f"ranks disagree on the stores (in order): rank 0 has 's0, s1', rank 1 has 's1, s0'; {SAME}"),
+    ("epoch", {"epochs": [1]}, "ranks disagree on the epoch: rank 0 has 0, rank 1 has 1; call loader.set_epoch(epoch) "
+                               "with the same epoch on every rank"),
+])
+def test_ranks_built_with_different_settings_refuse_in_one_line(tmp_path, two_stores, setting, rank1, said):
+    """Ranks of one process group whose loaders differ in a setting the shares depend on (a seed per rank, another
+    batch size, drop_last, split, scene order, or a forgotten set_epoch) read overlapping or missing samples, or
+    yield different batch counts and leave DDP waiting at the epoch's end (this test's timeout); instead every rank
+    raises the same one-line ConfigError as the iteration starts, naming the setting and each rank's value, and
+    yields nothing."""
+    base = {"store": two_stores, "settings": {"batch_size": 16, "seed": 7, "split": "train"}, "epochs": [0]}
+    other = {"store": two_stores[::-1] if rank1.get("reversed") else two_stores,
+             "settings": {**base["settings"], **rank1.get("settings", {})}, "epochs": rank1.get("epochs", [0])}
+    got = _run_settings(tmp_path, [base, other])
+    for r in range(2):
+        assert got[r] == {"said": said, "epochs": []}, (setting, r)
+
+
+def test_ranks_built_alike_yield_what_each_share_yields_alone(tmp_path, two_stores):
+    """The settings check changes nothing when the ranks agree: over two epochs each rank yields, bit for bit
+    (coordinates, labels, patch bytes), what a loader given that rank and world size yields outside any group."""
+    import hashlib
+
+    import hsgds
+
+    settings = {"batch_size": 16, "seed": 7, "split": None, "drop_last": False}
+    got = _run_settings(tmp_path, [{"store": two_stores, "settings": settings, "epochs": [0, 1]}] * 2)
+    for r in range(2):
+        with hsgds.PatchLoader(two_stores, patch_size=5, device="cpu", return_coords=True, rank=r, world_size=2,
+                               **settings) as alone:
+            expected = []
+            for epoch in range(2):
+                alone.set_epoch(epoch)
+                expected.append([[c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()]
+                                 for x, y, c in alone])
+        assert got[r] == {"said": None, "epochs": expected}
+        assert len(expected[0]) == len(got[1 - r]["epochs"][0])
+
+
+ALONE_WORKER = textwrap.dedent("""
+    import datetime, os, sys, time
+    import torch.distributed as dist
+    import hsgds
+    from hsgds.errors import HsgdsError
+
+    store, rank, init, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2))
+    with hsgds.PatchLoader(store, patch_size=5, batch_size=32, split=None, device="cpu") as loader:  # sharded
+        if rank == 0:  # e.g. a validation only rank 0 runs
+            try:
+                said = f"yielded {sum(len(y) for _, y in loader)} samples"
+            except HsgdsError as e:
+                said = str(e)
+            open(out + ".tmp", "w").write(said)
+            os.replace(out + ".tmp", out)
+        else:  # alive, never iterating, until rank 0 is done (the group's timeout ends rank 0's wait)
+            while not os.path.exists(out):
+                time.sleep(0.1)
+""")
+
+
+def test_a_rank_iterating_a_sharded_loader_alone_is_told_so_at_the_groups_timeout(tmp_path, indian_pines_store):
+    """A loader sharded over the group iterated on rank 0 only (a validation loop under `if rank == 0`) read half
+    the split, silently; its settings comparison now waits for the other ranks, and the group's own timeout (2 s
+    here) ends the wait with one line saying what went wrong and what to build instead, not torch's 'Timed out
+    waiting 2000ms for send operation to complete'."""
+    script = tmp_path / "alone_worker.py"
+    script.write_text(ALONE_WORKER)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    out = tmp_path / "said.txt"
+    _run_ranks([[sys.executable, str(script), str(indian_pines_store), str(r), init, str(out)] for r in range(2)])
+    said = out.read_text()
+    assert said.startswith("rank 0 could not compare this PatchLoader's settings with the other ranks' (") and "\n" not in said
+    assert said.endswith("): every rank must iterate a loader sharded over the process group together (one that never "
+                         "iterates it, or has failed, leaves the others waiting until the group's timeout); to read "
+                         "a loader on some ranks only, build it with rank=0, world_size=1")

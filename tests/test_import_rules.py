@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # what this machine can use, and which device / reader / engine to pick
     ("device", ("hsgds.probe", "hsgds.choice")),
     # the loader, and the scenes it reads as one (global tile ids, per-scene engine tables)
-    ("loader", ("hsgds.loader", "hsgds.scene_set", "hsgds.batches")),
+    ("loader", ("hsgds.loader", "hsgds.scene_set", "hsgds.batches", "hsgds.rank_settings")),
     # users of the loader and of the layers below, that the commands build on
     ("tools", ("hsgds.models", "hsgds.datasets", "hsgds.synthetic", "hsgds.info", "hsgds.preview",
                "hsgds.doctor", "hsgds.writers")),
