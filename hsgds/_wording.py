@@ -30,6 +30,17 @@ def listed(items: Iterable[object], limit: int = 5) -> str:
     return ", ".join(shown[:limit]) + more
 
 
+def runs(values: Iterable[int]) -> list[tuple[int, int]]:
+    """Ascending integers as runs of consecutive ones: [0, 1, 2, 5] -> [(0, 2), (5, 5)]."""
+    found: list[list[int]] = []
+    for v in values:
+        if found and v == found[-1][1] + 1:
+            found[-1][1] = v
+        else:
+            found.append([v, v])
+    return [(lo, hi) for lo, hi in found]
+
+
 def clipped(text: str, limit: int) -> str:
     """``text`` on one line, cut at a word boundary to at most ``limit`` characters (marked " ..."), so that a
     quoted message never ends mid-word."""

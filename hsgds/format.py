@@ -17,7 +17,7 @@ import crc32c
 import numpy as np
 
 from hsgds import checksum
-from hsgds._wording import listed
+from hsgds._wording import listed, runs
 from hsgds.errors import ChecksumError, StoreError, TileReadError, control_character
 
 FORMAT_NAME = "hsgds"
@@ -498,13 +498,7 @@ def describe_wavelengths(wavelengths: Any) -> str:
 
 def describe_bad_bands(bad: list[int], bands: int) -> str:
     """The bands a source flags bad, as runs of indices ("5 of 224 flagged bad by the source (bbl): 104-108")."""
-    runs: list[list[int]] = []
-    for b in bad:
-        if runs and b == runs[-1][1] + 1:
-            runs[-1][1] = b
-        else:
-            runs.append([b, b])
-    spans = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in runs]
+    spans = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in runs(bad)]
     shown = ", ".join(spans[:8]) + (f" and {len(spans) - 8} more runs" if len(spans) > 8 else "")
     return f"{len(bad)} of {bands} flagged bad by the source (bbl): {shown or 'none'}"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hsgds._wording import listed
+from hsgds._wording import listed, runs
 from hsgds.errors import ConfigError, HsgdsError, one_line, shown
 
 #: bytes of each rank's settings in the gather; the settings (long values sent as digests) take under 2 KiB
@@ -59,13 +59,7 @@ def decoded(payload: bytes) -> dict[str, Any]:
 
 def _ranks(ranks: list[int]) -> str:
     """"rank 3", "ranks 0-2, 5", "ranks 0, 2, 4, 6, 8, 10 and 494 more" (runs of consecutive ranks)."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    text = listed((str(a) if a == b else f"{a}-{b}" for a, b in runs), _RUNS_SHOWN)
+    text = listed((str(a) if a == b else f"{a}-{b}" for a, b in runs(ranks)), _RUNS_SHOWN)
     return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
 
 

@@ -216,16 +216,21 @@ def _band_centres(text: str | None, bands: int, path: Path) -> tuple[list[float]
     return wavelengths_in_nm(values, units, path.name)
 
 
+def _gdal_items(text: str | None) -> list[ET.Element]:
+    """The ``Item`` elements of GDAL's metadata tag; none when there is no tag or it is no XML (:func:`_band_centres`
+    names an unreadable tag)."""
+    if not text:
+        return []
+    try:
+        return list(ET.fromstring(text).iter("Item"))
+    except ET.ParseError:
+        return []
+
+
 def _band_descriptions(text: str | None, bands: int) -> list[str] | None:
     """Band names from GDAL's metadata tag: each band's ``DESCRIPTION`` item (what gdal_translate keeps of an ENVI
     header's band names, and rasterio's ``descriptions``), or None unless every band has one."""
-    if not text:
-        return None
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError:
-        return None  # (_band_centres names the unreadable tag)
-    names = {int(item.get("sample") or ""): (item.text or "").strip() for item in root.iter("Item")
+    names = {int(item.get("sample") or ""): (item.text or "").strip() for item in _gdal_items(text)
              if (item.get("name") or "").upper() == "DESCRIPTION" and (item.get("sample") or "").isdigit()
              and (item.get("role") or "description") == "description"}
     if sorted(names) != list(range(bands)) or not all(names.values()):
@@ -237,13 +242,7 @@ def _bad_bands(text: str | None, bands: int, path: Path) -> list[int] | None:
     """The bands an ENVI bad band list in GDAL's metadata tag flags bad (a dataset item ``bbl``, ``{1, 0, ...}``: what
     rasterio's ``update_tags(bbl=...)`` writes, or gdal_translate of an ENVI file with ``-co COPY_SRC_MDD=YES``), or
     None when it has none."""
-    if not text:
-        return None
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError:
-        return None  # (_band_centres names the unreadable tag)
-    for item in root.iter("Item"):
+    for item in _gdal_items(text):
         if (item.get("name") or "").lower() == "bbl" and item.get("sample") is None:
             return bad_band_list(item.text or "", bands, f"{path.name}'s GDAL metadata", "fix or remove its bbl item")
     return None
