@@ -49,7 +49,18 @@ def _codes(plain, turned, coords_plain, coords_turned):
 
 
 def test_augment_none_is_unchanged(scene):
+    """augment=None yields the plain patches: each the numpy cut of the source cube around its centre (reflect
+    padding, z-scored with the train pixels' statistics), never a turned or noisy variant; the same every run.
+    (It compared two runs of the loader only, which agree whatever the loader does to them.)"""
     a = _run(scene, None)
+    cube = np.load(scene.parent / "cube.npy").astype(np.float64)
+    ty, tx, _ = hsgds.open_scene(scene).samples("train")
+    mean, std = cube[ty, tx].mean(0), cube[ty, tx].std(0)
+    r = P // 2
+    padded = (np.pad(cube, ((r, r), (r, r), (0, 0)), mode="reflect") - mean) / np.where(std > 0, std, 1)
+    want = np.stack([padded[y:y + P, x:x + P].transpose(2, 0, 1) for y, x in a[2]])
+    assert len(want) == len(ty)
+    np.testing.assert_allclose(a[0], want, rtol=1e-5, atol=1e-5)
     b = _run(scene, None)
     np.testing.assert_array_equal(a[0], b[0])
 
