@@ -367,6 +367,9 @@ def test_set_epoch_after_iter_applies_to_the_next_iteration(scene):
     order was the old epoch's and the augmentation, keyed on the epoch, the new one's.)"""
     aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.5)
     want0, want1, want2 = (_run(scene, aug, epoch=e) for e in (0, 1, 2))
+    # each epoch its own order and draws (epochs that all agreed would pass the checks below whatever was yielded)
+    for a, b in ((want0, want1), (want1, want2), (want0, want2)):
+        assert not np.array_equal(a[2], b[2]) and not np.array_equal(np.sort(a[0], 0), np.sort(b[0], 0))
     with hsgds.PatchLoader(scene, patch_size=P, batch_size=64, augment=aug, return_coords=True,
                            device="cpu") as loader:
         it = iter(loader)
