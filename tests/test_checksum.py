@@ -49,7 +49,7 @@ def test_wraps_like_uint64_on_large_tiles_and_across_chunks(monkeypatch):
     rng = np.random.default_rng(1)
     tiles = torch.from_numpy(rng.integers(0, 256, (3, 8192), dtype=np.uint8))
     got = checksum.tile_checksums(tiles)
-    for row, (s, p) in zip(tiles, got.tolist()):
+    for row, (s, p) in zip(tiles, got.tolist(), strict=True):  # one pair per tile, each checked
         assert (s % M64, p % M64) == reference(row.numpy().tobytes())
 
 
@@ -60,6 +60,7 @@ def test_every_single_bit_flip_is_detected():
     pos = np.arange(4096 * 8)
     flipped[pos, pos // 8] ^= (1 << (pos % 8)).astype(np.uint8)
     got = checksum.tile_checksums(torch.from_numpy(flipped))
+    assert got.shape == (4096 * 8, 2)  # a pair per flipped copy: missing rows would go unnoticed below
     expected = torch.from_numpy(checksum.as_signed([good]))
     assert not (got == expected).all(1).any(), "a flipped bit went unnoticed"
 

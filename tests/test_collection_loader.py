@@ -484,8 +484,12 @@ def test_collection_resumes_exactly(scenes, stop_after):
         second.load_state_dict(state)
         got += _coord_batches(second) + _coord_batches(second)
     assert got == expected
-    with hsgds.PatchLoader(stores[:2], **opts) as other, pytest.raises(ConfigError):
+    # other stores, or the same ones in another order (as many samples, other ones at each position): refused
+    with hsgds.PatchLoader(stores[:2], **opts) as other, pytest.raises(ConfigError, match="saved with num_samples="):
         other.load_state_dict(state)
+    with hsgds.PatchLoader(stores[::-1], **opts) as reordered, \
+            pytest.raises(ConfigError, match=r"^loader state was saved over other samples \(another store or scene order"):
+        reordered.load_state_dict(state)
 
 
 def test_a_collection_resumes_only_under_the_same_masks(scenes):

@@ -49,7 +49,18 @@ def _codes(plain, turned, coords_plain, coords_turned):
 
 
 def test_augment_none_is_unchanged(scene):
+    """augment=None yields the plain patches: each the numpy cut of the source cube around its centre (reflect
+    padding, z-scored with the train pixels' statistics), never a turned or noisy variant; the same every run.
+    (It compared two runs of the loader only, which agree whatever the loader does to them.)"""
     a = _run(scene, None)
+    cube = np.load(scene.parent / "cube.npy").astype(np.float64)
+    ty, tx, _ = hsgds.open_scene(scene).samples("train")
+    mean, std = cube[ty, tx].mean(0), cube[ty, tx].std(0)
+    r = P // 2
+    padded = (np.pad(cube, ((r, r), (r, r), (0, 0)), mode="reflect") - mean) / np.where(std > 0, std, 1)
+    want = np.stack([padded[y:y + P, x:x + P].transpose(2, 0, 1) for y, x in a[2]])
+    assert len(want) == len(ty)
+    np.testing.assert_allclose(a[0], want, rtol=1e-5, atol=1e-5)
     b = _run(scene, None)
     np.testing.assert_array_equal(a[0], b[0])
 
@@ -356,6 +367,9 @@ def test_set_epoch_after_iter_applies_to_the_next_iteration(scene):
     order was the old epoch's and the augmentation, keyed on the epoch, the new one's.)"""
     aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.5)
     want0, want1, want2 = (_run(scene, aug, epoch=e) for e in (0, 1, 2))
+    # each epoch its own order and draws (epochs that all agreed would pass the checks below whatever was yielded)
+    for a, b in ((want0, want1), (want1, want2), (want0, want2)):
+        assert not np.array_equal(a[2], b[2]) and not np.array_equal(np.sort(a[0], 0), np.sort(b[0], 0))
     with hsgds.PatchLoader(scene, patch_size=P, batch_size=64, augment=aug, return_coords=True,
                            device="cpu") as loader:
         it = iter(loader)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import hsgds
 from hsgds.errors import ConfigError
 from hsgds.models import Hamida3D, SpectralSpatialCNN, load_model, make_model, save_checkpoint
 from hsgds.train import classification_metrics, compute_only, confusion_matrix, evaluate, run_demo, train_steps
@@ -198,6 +199,12 @@ def test_run_demo_on_a_tiny_store(tmp_path):
     assert isinstance(loaded.module, SpectralSpatialCNN) and loaded.patch_size == 5 and loaded.bands == 40
     a = predict(store, loaded.module, patch_size=5, device="cpu")
     assert a.shape == (40, 36) and a.min() >= 1 and a.max() <= 3
+    # the trained weights: the reloaded model's map scores the test split as the demo's model did (it only
+    # checked the map's shape and range, which a model of fresh weights gives too); a pixel or two may flip
+    # between the two runs' batches (rounding of near-ties)
+    ty, tx, truth = hsgds.open_scene(store).samples("test")
+    assert len(truth) == r["test_pixels"]
+    assert abs(np.sum(a[ty, tx] == truth) - m.oa * len(truth)) <= 2, (np.mean(a[ty, tx] == truth), m.oa)
     assert imread(r["classmap"]).ndim == 3
 
 

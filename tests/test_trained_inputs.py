@@ -23,6 +23,11 @@ HALO = 7  # max_patch 15
 P = 3
 WANT = [500.0, 700.0, 900.0]  # nm: bands 1, 3, 5 of A and B (400..900 nm), 2, 4, 6 of C (300..1000 nm)
 PICKED = {"A": [1, 3, 5], "B": [1, 3, 5], "C": [2, 4, 6]}
+#: torch's seed for the SpectralSpatialCNNs saved here: most seeds make a freshly initialised one map every pixel
+#: of these scenes to one class whatever its input, and maps compared with it could not tell one input from
+#: another (a checkpoint's statistics ignored passed); with this one the maps change with the statistics and the
+#: bands (checked where it matters)
+MODEL_SEED = 13
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +147,7 @@ def test_predict_feeds_the_model_its_training_bands_and_statistics(scenes):
 def _trained_checkpoint(path, stats, **recipe):
     from hsgds.models import SpectralSpatialCNN, save_checkpoint
 
-    torch.manual_seed(0)
+    torch.manual_seed(MODEL_SEED)
     model = SpectralSpatialCNN(len(WANT), 4, P, reduce=4, width=8)
     return save_checkpoint(path, model, patch_size=P, norm_stats=stats, **recipe), model
 
@@ -169,6 +174,9 @@ def test_a_checkpoint_carries_bands_and_statistics_to_hsgds_predict(scenes, tmp_
     for name in "ABC":
         want = hsgds.predict(scenes[name][1], model, patch_size=P, device="cpu", wavelengths=WANT, norm_stats=stats)
         assert np.array_equal(np.load(maps / f"{name}.npy", allow_pickle=False), want), name
+        # the model's map depends on the statistics: each scene's own give another one
+        own = hsgds.predict(scenes[name][1], model, patch_size=P, device="cpu", wavelengths=WANT)
+        assert (own != want).any(), name
     code, out, err = run_cli("predict", scenes["C"][1], "--model", ckpt, "-o", tmp_path / "c.npy")
     assert code == 0, err
     assert np.array_equal(np.load(tmp_path / "c.npy"), np.load(maps / "C.npy"))
@@ -246,7 +254,7 @@ def test_a_model_saved_with_its_loader_is_fed_what_the_loader_fed_it(scenes, tmp
     with hsgds.PatchLoader([scenes["A"][1], scenes["B"][1]], patch_size=P, batch_size=64, wavelengths=WANT,
                            norm_scope="collection", normalize="minmax", device="cpu") as pooled:
         stats = pooled.norm_stats
-    torch.manual_seed(0)
+    torch.manual_seed(MODEL_SEED)
     model = SpectralSpatialCNN(len(WANT), 4, P, reduce=4, width=8)
     ckpt = save_checkpoint(tmp_path / "m.ckpt", model, loader=pooled)
     loaded = load_model(ckpt)
@@ -257,6 +265,9 @@ def test_a_model_saved_with_its_loader_is_fed_what_the_loader_fed_it(scenes, tmp
     want = hsgds.predict(scenes["C"][1], model, patch_size=P, device="cpu", normalize="minmax", wavelengths=WANT,
                          norm_stats=stats)
     assert np.array_equal(np.load(tmp_path / "c.npy"), want)
+    # (C's own minmax statistics feed the model otherwise: the map tells them apart)
+    assert (hsgds.predict(scenes["C"][1], model, patch_size=P, device="cpu", normalize="minmax",
+                          wavelengths=WANT) != want).any()
     program = save_program(tmp_path / "m.pt2", _program(RandomConv()), loader=pooled)
     assert load_model(program).wavelengths == WANT and _same_stats(load_model(program).norm_stats, stats)
 
@@ -277,6 +288,7 @@ def test_a_model_saved_with_its_loader_is_fed_what_the_loader_fed_it(scenes, tmp
     assert code == 0 and "with the statistics saved with the model" in out, err
     want = hsgds.predict(store, model, patch_size=P, device="cpu", bands=[0, 2, 4], norm_stats=before)
     assert np.array_equal(np.load(tmp_path / "a.npy"), want)
+    assert (hsgds.predict(store, model, patch_size=P, device="cpu", bands=[0, 2, 4]) != want).any()  # (after's)
     # in Python, the file itself (a path or hsgds.models.load_model's result) is fed the same input
     assert np.array_equal(hsgds.predict(store, ckpt, device="cpu"), want)
     assert np.array_equal(hsgds.predict(store, load_model(ckpt), patch_size=P, device="cpu"), want)

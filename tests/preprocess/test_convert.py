@@ -168,10 +168,15 @@ def test_scenes_of_several_dtypes_load_together_after_dtype(npy_scene, tmp_path,
         hsgds.PatchLoader([tmp_path / "a.zarr", tmp_path / "b.zarr"], patch_size=3, batch_size=8, device="cpu")
     with hsgds.PatchLoader([tmp_path / "a32.zarr", tmp_path / "b.zarr"], patch_size=1, batch_size=64, device="cpu",
                            normalize=None, return_coords=True, split=None) as loader:
+        seen = []
         for x, _, coords in loader:
-            for patch, (s, y, xx) in zip(x, coords.tolist()):
+            for patch, (s, y, xx) in zip(x, coords.tolist(), strict=True):
                 spectrum = (cube_a if s == 0 else cube_b)[y, xx].astype(np.float32)
                 np.testing.assert_array_equal(patch.reshape(-1).numpy(), spectrum)
+                seen.append((s, y, xx))
+    # every labelled pixel of both scenes, each once (an empty or one-scene epoch checked nothing above)
+    want = [(s, int(y), int(xx)) for s, gt in enumerate((np.load(la), np.load(lb))) for y, xx in zip(*np.nonzero(gt))]
+    assert sorted(seen) == sorted(want)
 
 
 def test_unlabelled_scene_is_valid(npy_scene, tmp_path):
