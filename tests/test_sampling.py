@@ -135,16 +135,13 @@ def test_ring_check_names_the_batch_size_that_fits():
     check_ring(counts, batch_size=32, slots=8, shuffle=True, world_size=1, drop_last=False, tile_nbytes=4096)
 
 
+@pytest.mark.timeout(60)  # a bound that walked the 400M samples would need GBs and minutes: a hang, not a number
 def test_ring_check_follows_the_tiles_not_the_samples():
-    """An archive's split: 100,000 tiles and 400M samples are bounded from the offsets in well under a second
-    (the bound sorts only the batch_size smallest counts)."""
-    import time
-
+    """An archive's split: 100,000 tiles and 400M samples are bounded from the per-tile counts (the bound
+    sorts only the batch_size smallest counts)."""
     counts = np.full(100_000, 4096, dtype=np.int64)
     counts[::1000] = 3
-    t = time.perf_counter()
     assert max_batch_tiles(counts, 256) == 2 + 84
-    assert time.perf_counter() - t < 0.5
 
 
 @pytest.mark.parametrize("world,drop_last", [(2, False), (3, False), (2, True), (4, True)])
