@@ -324,8 +324,8 @@ class TorchEngine(PatchEngine):
         return workers
 
     def _one_pool(self) -> ThreadPoolExecutor:
-        """The engine's pool of cutting threads, started with one thread if :meth:`_workers` has not
-        started it (it does so only for more than one)."""
+        """The engine's pool of cutting threads (:meth:`_workers` sizes it), started with one thread if
+        it has not been started (it is only for more than one)."""
         if self._pool is None:
             self._pool, self._pool_size = ThreadPoolExecutor(1, "hsgds-cut", _single_threaded_kernels), 1
         return self._pool
@@ -362,7 +362,7 @@ class TorchEngine(PatchEngine):
         each patch's first element in ``src`` (the flat storage); ``table``: each patch's table or None.
         ``normalized``: the tiles hold the output's values (normalize_tile); ``base`` and ``tables`` count
         16-bit values, and the patches are copied (cpu_cut.copy_range). ``ahead``: the engine's threads
-        alone cut, and a PendingCut is returned at once."""
+        alone cut, one range each, and a PendingCut is returned at once."""
         n = base.shape[0]
         out = self._output(shape)
         flat = out.view(-1)
@@ -374,9 +374,15 @@ class TorchEngine(PatchEngine):
         cut_range = cpu_cut.copy_range if normalized else cpu_cut.cut_range
         parts = -(-n // self._chunk)
         workers = self._workers(parts)
+        if ahead:
+            # one range per thread, each a job of its own: a thread done early goes on to the next batch's
+            # ranges, so the threads even out across batches, and each makes one kernel call per batch (each
+            # call takes the GIL twice, which the preparing threads hold for tens of µs at a time)
+            pool = self._one_pool()
+            edges = [n * k // workers for k in range(workers + 1)]
+            return PendingCut(out, [pool.submit(cut_range, *args, lo, hi, stream, noise, phase)
+                                    for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo])
         if workers == 1:
-            if ahead:
-                return PendingCut(out, [self._one_pool().submit(cut_range, *args, 0, n, stream, noise, phase)])
             cut_range(*args, 0, n, stream, noise, phase)
             return out
         parts = min(parts, workers * _RANGES_PER_THREAD)
@@ -394,8 +400,6 @@ class TorchEngine(PatchEngine):
                 cut_range(*args, *ranges[i], stream, noise, phase)
 
         assert self._pool is not None  # _workers() made it for more than one worker
-        if ahead:
-            return PendingCut(out, [self._pool.submit(drain) for _ in range(workers)])
         # the calling thread cuts too (it would only wait): one hand-off per helper, not per range
         helpers = [self._pool.submit(drain) for _ in range(workers - 1)]
         try:
