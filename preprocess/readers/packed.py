@@ -21,12 +21,13 @@ class Unpacked:
     ``scale`` and ``offset`` hold one value, or one per band (GDAL's, along axis ``band_axis`` of the packed
     array); ``names`` are what the file calls them, for ``hsgds info``. With one per band, ``gap`` (the file's
     nodata value, as packed) marks a pixel without data when every band holds it: it reads NaN in every band, as
-    unpacked it would read a different value in each.
+    unpacked it would read a different value in each. ``dtype``, when given, is the type the values are read as,
+    computed in the arithmetic's type and rounded to it once (GDAL's: float64, read as float32).
     """
 
     def __init__(self, dataset: Any, unsigned: bool, scale: np.ndarray | None, offset: np.ndarray | None, *,
                  band_axis: int = -1, names: tuple[str, str] = ("scale_factor", "add_offset"),
-                 gap: float | None = None) -> None:
+                 gap: float | None = None, dtype: np.dtype | None = None) -> None:
         stored = np.dtype(dataset.dtype)
         self.view = np.dtype(f"u{stored.itemsize}").newbyteorder(stored.byteorder) if unsigned else None
         stored = stored if self.view is None else self.view
@@ -37,15 +38,16 @@ class Unpacked:
         if scale is None or offset is None:
             self.dtype = stored.newbyteorder("=")
             return
-        dtype = np.result_type(stored, scale.dtype, offset.dtype)
-        self.dtype = dtype if dtype.kind == "f" else np.dtype(np.float64)
+        work = np.result_type(stored, scale.dtype, offset.dtype)
+        self.work = work if work.kind == "f" else np.dtype(np.float64)  # the arithmetic's type
+        self.dtype = self.work if dtype is None else np.dtype(dtype)
         if scale.size == 1 and offset.size == 1:
-            self.scale, self.offset = self.dtype.type(scale[0]), self.dtype.type(offset[0])
+            self.scale, self.offset = self.work.type(scale[0]), self.work.type(offset[0])
             return
         along = [1] * len(self.shape)
         along[band_axis] = -1  # one value per band, broadcast over the window's rows and columns
-        self.scale = scale.astype(self.dtype).reshape(along)
-        self.offset = offset.astype(self.dtype).reshape(along)
+        self.scale = scale.astype(self.work).reshape(along)
+        self.offset = offset.astype(self.work).reshape(along)
         self.gap = gap
 
     def unpack(self, packed: np.ndarray) -> np.ndarray:
@@ -54,7 +56,7 @@ class Unpacked:
             values = values.view(self.view.newbyteorder(values.dtype.byteorder))
         if self.scale is None:
             return values.astype(self.dtype)
-        out = values.astype(self.dtype) * self.scale + self.offset
+        out = (values.astype(self.work) * self.scale + self.offset).astype(self.dtype, copy=False)
         if self.gap is not None:
             empty = np.isnan(values) if math.isnan(self.gap) else values == self.gap
             out[np.broadcast_to(empty.all(axis=self.band_axis, keepdims=True), out.shape)] = np.nan
@@ -101,17 +103,20 @@ def unpacked_nodata(unpacked: Unpacked | None, nodata: float | None) -> float | 
 def scaled_bands(array: Any, scale: np.ndarray, offset: np.ndarray, band_axis: int, names: tuple[str, str],
                  nodata: float | None) -> tuple[Unpacked, float | None]:
     """``array`` read as ``raw * scale + offset`` with each band's ``scale`` and ``offset`` (GDAL's: a GeoTIFF's
-    scale and offset, an ENVI header's gains and offsets; float32 for 8- and 16-bit integers and float32 data,
-    float64 for wider ones), and the file's ``nodata`` value (packed) as its
-    pixels then read: unpacked when every band has the same scale and offset, else NaN (see ``gap``)."""
+    scale and offset, an ENVI header's gains and offsets; computed in float64, as GDAL's doubles are, and held
+    in float32 for 8- and 16-bit integers and float32 data, float64 for wider ones), and the file's ``nodata``
+    value (packed) as its pixels then read: unpacked when every band has the same scale and offset, else NaN
+    (see ``gap``)."""
     raw = np.dtype(array.dtype)
     # GDAL's scale and offset are doubles because its API is, not because the values need them: values of 8- and
-    # 16-bit integers times a scale are held in float32 to its rounding (the store keeps half the bytes of
-    # float64, as xarray unpacks such data); 32-bit integers and float64 data need float64
+    # 16-bit integers times a scale are held in float32, as GDAL's float64 result rounded once to it (the store
+    # keeps half the bytes of float64; float32 arithmetic would round the scale, the product and the sum, and an
+    # offset cancelling the product, as reflectance's -0.2 does, left values near 0 thousands of float32 steps
+    # off); 32-bit integers and float64 data need float64
     narrow = (raw.kind in "iu" and raw.itemsize <= 2) or (raw.kind == "f" and raw.itemsize <= 4)
-    scale, offset = (np.asarray(v, np.float32 if narrow else np.float64) for v in (scale, offset))
+    scale, offset = (np.asarray(v, np.float64) for v in (scale, offset))
     one = bool((scale == scale[0]).all() and (offset == offset[0]).all())
     gap = None if one or nodata is None or not holds(np.dtype(array.dtype), nodata) else nodata
     unpacked = Unpacked(array, False, scale[:1] if one else scale, offset[:1] if one else offset,
-                        band_axis=band_axis, names=names, gap=gap)
+                        band_axis=band_axis, names=names, gap=gap, dtype=np.dtype(np.float32) if narrow else None)
     return unpacked, unpacked_nodata(unpacked, nodata)

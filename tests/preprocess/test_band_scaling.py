@@ -35,15 +35,15 @@ def write_scaled(path, raw: np.ndarray, scales, offsets, nodata=None, **profile)
 
 
 def physical(raw: np.ndarray, scales, offsets) -> np.ndarray:
-    """(H, W, B) ``raw * scale + offset`` per band: in float32 for 8- and 16-bit integers (GDAL's doubles rounded
-    to float32 first), float64 for wider ones."""
-    dt = np.float32 if raw.dtype.itemsize <= 2 else np.float64
-    return raw.transpose(1, 2, 0).astype(dt) * np.asarray(scales, dt) + np.asarray(offsets, dt)
+    """(H, W, B) ``raw * scale + offset`` per band, in float64 as GDAL's doubles give it, then held in float32
+    (rounded once) for 8- and 16-bit integers; float64 for wider ones."""
+    values = raw.transpose(1, 2, 0).astype(np.float64) * np.asarray(scales) + np.asarray(offsets)
+    return values.astype(np.float32) if raw.dtype.itemsize <= 2 else values
 
 
 def f32(raw: float, scale: float, offset: float) -> float:
-    """One 16-bit value unpacked as the store holds it (float32 arithmetic)."""
-    return float(np.float32(raw) * np.float32(scale) + np.float32(offset))
+    """One 16-bit value unpacked as the store holds it (GDAL's float64 result rounded once to float32)."""
+    return float(np.float32(raw * scale + offset))
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +70,31 @@ def test_geotiff_scale_and_offset_reach_the_store(tmp_path, profile, scales, off
     stats = scene.stats["all"]
     np.testing.assert_allclose(stats.mean, physical(raw, scales, offsets).astype(np.float64).mean(axis=(0, 1)),
                                rtol=1e-12)
+
+
+def test_an_offset_cancelling_the_product_is_rounded_once_to_float32(tmp_path):
+    """uint16 reflectance times 2.75e-5 minus 0.2 (Landsat Collection 2's packing): the store holds what GDAL itself
+    unscales to Float32 (a VRT ComplexSource with the file's ScaleRatio / ScaleOffset, as ``gdal_translate -unscale
+    -ot Float32`` makes: float64 arithmetic rounded once). Unpacked in float32 arithmetic, the scale, the product
+    and the sum were each rounded, and values near 0 were up to thousands of float32 steps off."""
+    raw = np.arange(7000, 7000 + B * H * W, dtype=np.uint16).reshape(B, H, W)  # reflectance -0.0075 .. 0.0075
+    src = tmp_path / "surface_reflectance.tif"
+    write_scaled(src, raw, (2.75e-5,) * B, (-0.2,) * B)
+    with rasterio.open(src) as ds:
+        scales, offsets = ds.scales, ds.offsets
+    bands = "".join(
+        f'<VRTRasterBand dataType="Float32" band="{b + 1}"><ComplexSource><SourceFilename relativeToVRT="1">'
+        f"{src.name}</SourceFilename><SourceBand>{b + 1}</SourceBand><ScaleOffset>{offsets[b]!r}</ScaleOffset>"
+        f"<ScaleRatio>{scales[b]!r}</ScaleRatio></ComplexSource></VRTRasterBand>" for b in range(B))
+    vrt = tmp_path / "unscaled.vrt"
+    vrt.write_text(f'<VRTDataset rasterXSize="{W}" rasterYSize="{H}">{bands}</VRTDataset>')
+    with rasterio.open(vrt) as ds:  # GDAL's own unscaling
+        want = ds.read().transpose(1, 2, 0)
+    assert want.dtype == np.float32
+    scene = open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
+    assert scene.dtype == np.float32
+    np.testing.assert_array_equal(scene.read(0, H, 0, W), want)
+    np.testing.assert_array_equal(want, physical(raw, scales, offsets))  # this file's reference agrees with GDAL
 
 
 def test_the_tifffile_path_unscales_without_rasterio(tmp_path, monkeypatch):
@@ -207,7 +232,7 @@ def test_envi_gains_and_offsets_are_applied_as_gdal_reads_them(tmp_path, envi, g
         "data gain values": list(gains), "data offset values": list(offsets), "data ignore value": -1})
     with rasterio.open(tmp_path / "radiance.img") as ds:
         assert ds.scales == gains and ds.offsets == offsets
-    want = raw.astype(np.float32) * np.asarray(gains, np.float32) + np.asarray(offsets, np.float32)
+    want = (raw.astype(np.float64) * np.asarray(gains) + np.asarray(offsets)).astype(np.float32)
     one = len(set(gains)) == 1 and len(set(offsets)) == 1
     want[4, 5, :] = want[4, 5, 0] if one else np.nan
     scene = open_scene(convert(hdr, tmp_path / "s.zarr", ConvertOptions(max_patch=3)))
