@@ -240,9 +240,9 @@ class TorchEngine(PatchEngine):
         shape = (n, bands, p, p) if nchw else (n, p, p, bands)
         if n == 0:
             return torch.empty(shape, dtype=self._out_dtype, device=device)
-        slot, y, x = (t.to(device=device, dtype=torch.int64).contiguous() for t in (slot, y, x))
+        slot, y, x = (_as(t, device, torch.int64) for t in (slot, y, x))
         if dihedral is not None:
-            dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
+            dihedral = _as(dihedral, device, torch.int8)
         if cpu:
             if self._numba:  # the index arithmetic and the bounds in one compiled pass
                 k = self._values_per_store_value(storage, normalized)
@@ -536,9 +536,9 @@ class TorchEngine(PatchEngine):
         shape = (n, bands, p, p) if nchw else (n, p, p, bands)
         if n == 0:
             return torch.empty(shape, dtype=self._out_dtype, device=device)
-        slot, y, x, table = (t.to(device=device, dtype=torch.int64).contiguous() for t in (slot, y, x, table))
+        slot, y, x, table = (_as(t, device, torch.int64) for t in (slot, y, x, table))
         if dihedral is not None:
-            dihedral = dihedral.to(device=device, dtype=torch.int8).contiguous()
+            dihedral = _as(dihedral, device, torch.int8)
         bounds = self._check_bounds if self._check_bounds is not None else device.type == "cpu"
         slot_elems = storage[0].numel()
         if device.type == "cpu" and self._numba:  # the index arithmetic and the bounds in one compiled pass
@@ -738,6 +738,15 @@ class TorchEngine(PatchEngine):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a contiguous ``dtype`` tensor on ``device``: ``t`` itself when it already is (the loader's rows are).
+    A no-op ``.to()`` still goes through torch's dispatcher, which lets go of the GIL; taking it back waits for
+    whichever thread took it (the batch thread, a cutting thread's kernel call): 15-80 µs per call measured."""
+    if t.dtype == dtype and t.device == device and t.is_contiguous():
+        return t
+    return t.to(device=device, dtype=dtype).contiguous()
 
 
 def _storage_refs(t: torch.Tensor) -> int | None:
