@@ -19,6 +19,7 @@ import click
 import numpy as np
 
 from hsgds._optional import pip_install
+from hsgds._unset import Unset
 from hsgds._version import __version__
 from hsgds._wording import counted, duration, listed
 from hsgds.errors import HsgdsError, InputError, StoreError, escaped, one_line
@@ -735,7 +736,7 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     loaded = load_model(model_path)
     _echo_recipe(model_path, loaded)
     patch_size = _patch_size_for(loaded, model_path, patch_size, str(store), scene.shape[2], scene.wavelengths,
-                                 scene.grid.halo)
+                                 scene.grid.halo, scene.bad_bands)
     _predict_scene(scene, loaded, out, patch_size, batch_size, probabilities, device, tta)
 
 
@@ -750,12 +751,12 @@ def _echo_recipe(model_path: str, loaded) -> None:
 
 
 def _patch_size_for(loaded, model_path: str, patch_size: int | None, name: str, bands: int,
-                    wavelengths: Sequence[float | None] | None, halo: int) -> int:
+                    wavelengths: Sequence[float | None] | None, halo: int, bad: Sequence[int] | None) -> int:
     """The patch size to predict scene ``name`` with (``--patch-size`` or the model's), once the model is known
     to take its bands (all of them, or the checkpoint's selection) and the store to serve that size; exit 2
     with what to do otherwise."""
     try:
-        loaded.check_scene(model_path, name, bands, wavelengths)
+        loaded.check_scene(model_path, name, bands, wavelengths, bad)
         patch_size = loaded.fitted_patch_size(model_path, patch_size, "--patch-size")
     except HsgdsError as exc:
         _fail(str(exc))
@@ -876,7 +877,9 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     sizes = []
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
-        sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo))
+        # (bad bands not listed, in an older collection.json: the scene's loader refuses it if need be)
+        bad = None if isinstance(e.bad_bands, Unset) else e.bad_bands
+        sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo, bad))
         try:  # (a scene's source named by the pattern is refused here, before any scene is predicted)
             check_outputs(coll.scene(i), Path(out.replace("{name}", e.name)),
                           Path(probabilities.replace("{name}", e.name)) if probabilities else False, inputs,

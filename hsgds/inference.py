@@ -272,7 +272,7 @@ def _model_file_input(loaded: LoadedModel, name: str, scene: Scene, given: dict[
         raise ConfigError(f"{name} carries the input it was trained with; drop {', '.join(k + '=' for k in clashing)}"
                           " (or pass its torch.nn.Module, hsgds.models.load_model(path).module, to feed another)")
     patch_size = loaded.fitted_patch_size(name, None if patch_size is _UNSET else patch_size, "patch_size=")
-    loaded.check_scene(name, str(scene.path), scene.shape[2], scene.wavelengths)
+    loaded.check_scene(name, str(scene.path), scene.shape[2], scene.wavelengths, scene.bad_bands)
     return {"patch_size": patch_size, "layout": loaded.layout, "normalize": loaded.normalize,
             "bands": loaded.band_indices, "wavelengths": loaded.wavelengths,
             "wavelength_tolerance": loaded.wavelength_tolerance, "norm_stats": loaded.norm_stats}
