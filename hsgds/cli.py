@@ -675,7 +675,8 @@ def _floats(value: str, n: int, what: str) -> tuple[float, ...]:
 @click.argument("store", type=click.Path())
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
               help="Image to write (.png, .pdf, .svg).")
-@click.option("--bands", help="Red,green,blue band indices (default: nearest 640/550/460 nm, if known).")
+@click.option("--bands", help="Red,green,blue band indices (default: nearest 640/550/460 nm, if known; never a band "
+                              "the source flags bad).")
 @click.option("--stretch", default="2,98", show_default=True, help="Low,high percentiles of the colour stretch.")
 @click.option("--max-size", default=1024, show_default=True, help="Sample larger scenes down to this many pixels.")
 @click.option("--dpi", default=120, show_default=True)
@@ -1058,8 +1059,9 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--engine", default="auto", show_default=True)
 @click.option("--reader", default="auto", show_default=True)
-@click.option("--wavelengths", help="Band centres in nm, comma-separated: each scene's nearest band to each (a "
-                                    "collection of scenes with different band counts needs them), as "
+@click.option("--wavelengths", help="Band centres in nm, comma-separated: each scene's nearest band to each, never "
+                                    "one its source flags bad (a collection of scenes with different band "
+                                    "counts needs them), as "
                                     "PatchLoader(wavelengths=[...]).")
 @click.option("--wavelength-tolerance", default=5.0, show_default=True,
               help="Largest distance in nm from a wavelength to the band taken for it.")

@@ -490,7 +490,8 @@ class Collection:
 
 class DeferredScene:
     """A scene of a collection known from its ``collection.json`` entry alone: ``path``, ``shape``,
-    ``dtype``, ``wavelengths``, ``band_names``, ``class_names``, ``num_classes``, ``num_samples``,
+    ``dtype``, ``wavelengths``, ``band_names``, ``bad_bands`` (when the entry lists them), ``class_names``,
+    ``num_classes``, ``num_samples``,
     ``tile_samples`` (None when not listed), ``nodata_pixels`` (None when not known from the entry),
     ``tile_nodata`` (None when not listed) and ``grid`` are answered without reading the store (``has_nodata`` too when the entry tells). Anything
     else (``meta``, ``tile_paths``, ``stats``, ``labels``, ...) opens the store first, checked against its

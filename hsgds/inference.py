@@ -419,7 +419,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         where a sparse ``mask`` spreads a batch over more tiles than that, the model gets smaller batches.
     bands, wavelengths, wavelength_tolerance, norm_stats
         As for :class:`~hsgds.PatchLoader`: the bands the model takes (indices, or each wavelength's nearest
-        band of this scene) and the statistics to normalize with. By default the scene is normalized with
+        band of this scene that its source does not flag bad) and the statistics to normalize with. By default the scene is normalized with
         its own train statistics, those of its current split; a model trained with ``norm_scope="collection"``,
         on another scene or before a ``resplit`` expects its training loader's: pass
         ``norm_stats=loader.norm_stats``, or save the model with them (``save_checkpoint(..., loader=loader)``)
