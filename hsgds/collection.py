@@ -318,7 +318,7 @@ class Collection:
     use and kept while it is among the ``max_open_scenes`` most recently used), iteration over the scenes
     (each opened as it is reached), ``c.scenes`` (the same lazy sequence), ``c.entries`` (per-scene
     metadata from ``collection.json``, nothing opened), the per-scene lists ``names``, ``paths``,
-    ``shapes``, ``bands``, ``wavelengths``, ``class_names``, ``num_classes``, and ``c.stale()`` (the scenes
+    ``shapes``, ``bands``, ``wavelengths``, ``bad_bands``, ``class_names``, ``num_classes``, and ``c.stale()`` (the scenes
     re-split since the listing was written, from each store's zarr.json).
     """
 

@@ -38,6 +38,8 @@ __all__ = [
 RGB_TARGETS_NM = (640.0, 550.0, 460.0)
 #: Band positions (fractions of the band range) used when it does not.
 _FALLBACK_FRACTIONS = (0.75, 0.5, 0.25)
+#: Said of a false colour that takes other bands than the nearest, which the source flags bad.
+_SKIPPED = "; bands flagged bad by the source skipped"
 #: Colour of unlabelled pixels in the class and split maps.
 UNLABELLED = (0, 0, 0)
 #: Split map colours, by split name ("none" = labelled but in no split, e.g. a block split's guard band).
@@ -101,16 +103,18 @@ def pick_bands(num_bands: int, wavelengths: Sequence[float | None] | None = None
         wl = fmt.wavelength_array(wavelengths)
         if np.isnan(wl[~flagged]).all():  # only bad bands have a centre: show those rather than none
             flagged[:] = False
+        nearest = tuple(int(np.nanargmin(np.abs(wl - t))) for t in RGB_TARGETS_NM)
         wl[flagged] = np.nan
         picked = tuple(int(np.nanargmin(np.abs(wl - t))) for t in RGB_TARGETS_NM)
         got = "/".join(f"{wl[i]:.0f}" for i in picked)
         return picked, ("bands {}/{}/{} nearest 640/550/460 nm".format(*picked)  # type: ignore[return-value]
-                        + f" ({got} nm)")
+                        + f" ({got} nm)" + (_SKIPPED if picked != nearest else ""))
     good = np.flatnonzero(~flagged)
+    at = [int(f * (num_bands - 1) + 0.5) for f in _FALLBACK_FRACTIONS]
     # the good band nearest each position (the lower one on a tie)
-    picked = tuple(int(good[np.abs(good - int(f * (num_bands - 1) + 0.5)).argmin()]) for f in _FALLBACK_FRACTIONS)
+    picked = tuple(int(good[np.abs(good - i).argmin()]) for i in at)
     return picked, ("bands {}/{}/{} (no wavelengths: at 3/4, 1/2, 1/4 of the range)"  # type: ignore[return-value]
-                    .format(*picked))
+                    .format(*picked) + (_SKIPPED if list(picked) != at else ""))
 
 
 def _stretch(values: np.ndarray, percentiles: tuple[float, float], gaps: np.ndarray | None = None) -> np.ndarray:

@@ -284,8 +284,11 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
         if abs(nm[j] - want[i]) <= tolerance:  # a band is near, but flagged bad
             raise ConfigError(f"scene {name!r} has no good band within {tolerance:g} nm of {want[i]:g} nm: the "
                               f"nearest, band {j} ({nm[j]:g} nm), is flagged bad by the source (bbl); {bad_fix}")
+        near = f"{nm[j]:g} nm"
+        if good.size and j not in good:  # the nearest is bad: say which good one a tolerance has to reach
+            near += f", flagged bad by the source; the nearest good band: {nm[taken[i]]:g} nm"
         raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
-                          f"{nm[j]:g} nm); {far}")
+                          f"{near}); {far}")
     return taken.astype(np.int64)
 
 

@@ -179,6 +179,21 @@ def test_an_older_collection_json_without_bad_bands_reads_them_from_the_stores(t
                           device="cpu")
 
 
+def test_the_tolerance_suggested_over_a_collection_reaches_good_bands(tmp_path):
+    """697 nm within 1 nm: scene a's nearest band (700 nm) is bad, its nearest good one 650 nm, 47 nm away (by
+    hand); scene b's nearest is 700 nm. The message names the bad band and suggests the tolerance that gives
+    every scene a good band (47), not the 3 nm that would only meet the bad one."""
+    path, _, _ = collection_of_two(tmp_path)
+    assert abs(NM[nearest_good(697.0, np.inf)] - 697.0) == 47.0
+    with pytest.raises(ConfigError) as err:
+        hsgds.PatchLoader(path, patch_size=1, batch_size=8, pixels="all", split=None, wavelengths=[697.0],
+                          wavelength_tolerance=1.0, device="cpu")
+    assert str(err.value) == (
+        "scene 'a' has no band within 1 nm of 697 nm (nearest: 700 nm, flagged bad by the source; the nearest good "
+        "band: 650 nm); raise wavelength_tolerance or drop that wavelength (2 of 2 scenes lack a band within 1 nm of "
+        "one; wavelength_tolerance=47 gives each scene a band near every one)")
+
+
 def test_a_collection_entry_with_damaged_bad_bands_is_one_line(tmp_path):
     path, _, _ = collection_of_two(tmp_path)
     listed = json.loads(path.read_text())
@@ -219,9 +234,12 @@ def test_the_preview_never_shows_a_bad_band(tmp_path):
     bad = [0, 2, 5]
     expect = tuple(nearest_good(t, np.inf, bad=bad, nm=nm) for t in (640.0, 550.0, 460.0))
     assert expect == (4, 3, 1)
-    assert pick_bands(B, nm, bad=bad)[0] == expect
+    assert pick_bands(B, nm, bad=bad) == (expect, "bands 4/3/1 nearest 640/550/460 nm (600/560/470 nm); bands "
+                                                  "flagged bad by the source skipped")
+    assert pick_bands(B, nm, bad=[8]) == ((5, 2, 0), "bands 5/2/0 nearest 640/550/460 nm (640/550/460 nm)")
     # 3/4, 1/2, 1/4 of 0..8 are bands 6, 4, 2; band 2 is bad: 1 and 3 are as near, the lower is taken
-    assert pick_bands(B, None, bad=[2, 6])[0] == (5, 4, 1)
+    assert pick_bands(B, None, bad=[2, 6]) == ((5, 4, 1), "bands 5/4/1 (no wavelengths: at 3/4, 1/2, 1/4 of the "
+                                                          "range); bands flagged bad by the source skipped")
     assert pick_bands(B, None, bad=list(range(B)))[0] == (6, 4, 2)  # every band bad: as if none were
     assert pick_bands(B, nm, bands=(0, 2, 5), bad=bad)[0] == (0, 2, 5)
     store, _ = envi_store(tmp_path, bbl=[0 if i in bad else 1 for i in range(B)], nm=nm)
