@@ -255,3 +255,21 @@ def test_to_xarray_flags_the_bad_bands(tmp_path):
     assert list(da.sel(band=~da["bad"])["band"].values) == [i for i in range(B) if i not in BAD]
     plain, _ = envi_store(tmp_path, "plain", bbl=None)
     assert "bad" not in hsgds.open_scene(plain).to_xarray().coords
+
+
+def test_cli_predict_names_a_collection_scene_whose_checkpoint_wavelength_is_only_near_a_bad_band(tmp_path, run_cli):
+    """From collection.json's bad_bands, before any scene is predicted: exit 2, one line naming the scene."""
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    path, _, _ = collection_of_two(tmp_path)
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", SpectralSpatialCNN(1, 2, 1, reduce=1, width=4), patch_size=1,
+                           wavelengths=[697.0], wavelength_tolerance=10.0)
+    code, out, err = run_cli("predict", path, "--model", ckpt, "-o", tmp_path / "{name}.npy")
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == (
+        f"hsgds: error: {ckpt} was trained on a band selection that scene 'a' cannot give: scene 'a' has no good "
+        "band within 10 nm of 697 nm: the nearest, band 7 (700 nm), is flagged bad by the source (bbl); the model "
+        "was trained on that wavelength, so this scene cannot be predicted with it; use a model trained on bands "
+        "this scene has")
+    assert not list(tmp_path.glob("*.npy"))
