@@ -104,6 +104,8 @@ def scene_to_xarray(scene: Scene) -> Any:
         coords["wavelength"] = ("band", fmt.wavelength_array(scene.wavelengths), {"units": "nm"})
     if scene.band_names is not None:
         coords["band_name"] = ("band", np.asarray(scene.band_names, dtype=object))
+    if scene.bad_bands is not None:  # True for a band the source flags bad (an ENVI bbl's 0s): .sel(band=~da.bad)
+        coords["bad"] = ("band", np.isin(np.arange(b), scene.bad_bands))
     meta = scene.meta
     attrs = {
         "store": str(scene.path),

@@ -19,6 +19,7 @@ import click
 import numpy as np
 
 from hsgds._optional import pip_install
+from hsgds._unset import Unset
 from hsgds._version import __version__
 from hsgds._wording import counted, duration, listed
 from hsgds.errors import HsgdsError, InputError, StoreError, escaped, one_line
@@ -674,7 +675,8 @@ def _floats(value: str, n: int, what: str) -> tuple[float, ...]:
 @click.argument("store", type=click.Path())
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
               help="Image to write (.png, .pdf, .svg).")
-@click.option("--bands", help="Red,green,blue band indices (default: nearest 640/550/460 nm, if known).")
+@click.option("--bands", help="Red,green,blue band indices (default: nearest 640/550/460 nm, if known; never a band "
+                              "the source flags bad).")
 @click.option("--stretch", default="2,98", show_default=True, help="Low,high percentiles of the colour stretch.")
 @click.option("--max-size", default=1024, show_default=True, help="Sample larger scenes down to this many pixels.")
 @click.option("--dpi", default=120, show_default=True)
@@ -735,7 +737,7 @@ def predict(store, model_path, out, patch_size, batch_size, probabilities, devic
     loaded = load_model(model_path)
     _echo_recipe(model_path, loaded)
     patch_size = _patch_size_for(loaded, model_path, patch_size, str(store), scene.shape[2], scene.wavelengths,
-                                 scene.grid.halo)
+                                 scene.grid.halo, scene.bad_bands)
     _predict_scene(scene, loaded, out, patch_size, batch_size, probabilities, device, tta)
 
 
@@ -750,12 +752,12 @@ def _echo_recipe(model_path: str, loaded) -> None:
 
 
 def _patch_size_for(loaded, model_path: str, patch_size: int | None, name: str, bands: int,
-                    wavelengths: Sequence[float | None] | None, halo: int) -> int:
+                    wavelengths: Sequence[float | None] | None, halo: int, bad: Sequence[int] | None) -> int:
     """The patch size to predict scene ``name`` with (``--patch-size`` or the model's), once the model is known
     to take its bands (all of them, or the checkpoint's selection) and the store to serve that size; exit 2
     with what to do otherwise."""
     try:
-        loaded.check_scene(model_path, name, bands, wavelengths)
+        loaded.check_scene(model_path, name, bands, wavelengths, bad)
         patch_size = loaded.fitted_patch_size(model_path, patch_size, "--patch-size")
     except HsgdsError as exc:
         _fail(str(exc))
@@ -876,7 +878,9 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
     sizes = []
     for i, e in enumerate(coll.entries):
         halo = e.halo if e.halo is not None else coll.scene(i).grid.halo
-        sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo))
+        # (bad bands not listed, in an older collection.json: the scene's loader refuses it if need be)
+        bad = None if isinstance(e.bad_bands, Unset) else e.bad_bands
+        sizes.append(_patch_size_for(loaded, model_path, patch_size, e.name, e.bands, e.wavelengths, halo, bad))
         try:  # (a scene's source named by the pattern is refused here, before any scene is predicted)
             check_outputs(coll.scene(i), Path(out.replace("{name}", e.name)),
                           Path(probabilities.replace("{name}", e.name)) if probabilities else False, inputs,
@@ -1055,8 +1059,9 @@ def demo(refresh, epochs, patch_size, batch_size, device, seed, out_dir, augment
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: the best usable).")
 @click.option("--engine", default="auto", show_default=True)
 @click.option("--reader", default="auto", show_default=True)
-@click.option("--wavelengths", help="Band centres in nm, comma-separated: each scene's nearest band to each (a "
-                                    "collection of scenes with different band counts needs them), as "
+@click.option("--wavelengths", help="Band centres in nm, comma-separated: each scene's nearest band to each, never "
+                                    "one its source flags bad (a collection of scenes with different band "
+                                    "counts needs them), as "
                                     "PatchLoader(wavelengths=[...]).")
 @click.option("--wavelength-tolerance", default=5.0, show_default=True,
               help="Largest distance in nm from a wavelength to the band taken for it.")

@@ -25,6 +25,7 @@ from hsgds import format as fmt
 from hsgds._durable import atomic_path
 from hsgds._gc import gc_paused
 from hsgds._lru import LruCache
+from hsgds._unset import Unset
 from hsgds._version import __version__
 from hsgds.errors import StoreError, as_path, one_line
 from hsgds.format import TileGrid
@@ -39,6 +40,8 @@ COLLECTION_FORMAT = "hsgds-collection"
 #: Version 2 lets an entry's wavelengths hold a null (a band without a centre, store format v4); a version 1
 #: reader refuses such a file by its version instead of calling the null damaged.
 COLLECTION_VERSION = 2
+#: An entry's ``bad_bands`` in a collection.json written before they were listed: read from the store.
+UNLISTED = Unset("not listed: read from the store")
 #: Versions this hsgds reads. Version 1 files written before version 2 existed may hold nulls too: read as such.
 READABLE_COLLECTION_VERSIONS = (1, 2)
 
@@ -79,6 +82,9 @@ class SceneEntry:
     #: each tile's number of those pixels (None when there are none, or not listed): with them a loader over
     #: every pixel of such a scene starts without opening its store, as with ``tile_samples``
     tile_nodata: tuple[int, ...] | None = None
+    #: the bands the store's source flags bad (its ``bad_bands``: None when the source has no such list), or
+    #: :data:`UNLISTED` in a collection.json written before they were listed (then read from the store)
+    bad_bands: tuple[int, ...] | None | Unset = UNLISTED
     #: :func:`split_fingerprint` of the store's split when listed (None: unlabelled, or not listed): ``hsgds
     #: info COLLECTION`` compares it with each store's zarr.json to tell a store re-split since
     split_fingerprint: str | None = None
@@ -108,6 +114,7 @@ class SceneEntry:
         return cls(name=name, path=scene.path.resolve(), shape=m.shape, dtype=m.dtype,
                    wavelengths=_centres(m.wavelengths),
                    band_names=None if m.band_names is None else tuple(m.band_names),
+                   bad_bands=None if m.bad_bands is None else tuple(m.bad_bands),
                    num_classes=int(m.num_classes),
                    class_names=None if m.class_names is None else tuple(m.class_names),
                    num_samples=int(m.num_samples), source_sha256=str(m.source.get("sha256", "")),
@@ -126,6 +133,8 @@ class SceneEntry:
         return {"name": self.name, "path": Path(rel).as_posix(), "shape": list(self.shape), "dtype": self.dtype,
                 "bands": self.bands, "wavelengths": None if self.wavelengths is None else list(self.wavelengths),
                 "band_names": None if self.band_names is None else list(self.band_names),
+                **({} if isinstance(self.bad_bands, Unset)
+                   else {"bad_bands": None if self.bad_bands is None else list(self.bad_bands)}),
                 "num_classes": self.num_classes,
                 "class_names": None if self.class_names is None else list(self.class_names),
                 "num_samples": self.num_samples, "source_sha256": self.source_sha256,
@@ -183,6 +192,13 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
                                       for w in wl)):
         raise bad(f"wavelengths must be null or a list of {bands} numbers (nm; null for a band without a centre, "
                   "not for all)")
+    bad_bands: tuple[int, ...] | None | Unset = UNLISTED  # (absent in a collection.json written before it)
+    if "bad_bands" in d:
+        v = d["bad_bands"]
+        if v is not None and (not isinstance(v, list) or not set(map(type, v)) <= {int}
+                              or not all(0 <= j < bands for j in v) or any(a >= b for a, b in zip(v, v[1:]))):
+            raise bad(f"bad_bands must be null or ascending band indices in 0..{bands - 1}")
+        bad_bands = None if v is None else tuple(v)
     k = d["num_classes"]
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise bad(f"num_classes must be a non-negative integer, got {str(k)[:20]}")
@@ -223,7 +239,7 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
     full = Path(path) if os.path.isabs(path) else root / path
     return SceneEntry(**layout, name=name, path=full, shape=tuple(shape), dtype=dtype_name,
                       wavelengths=_centres(wl),
-                      band_names=names_or_none("band_names", bands), num_classes=k,
+                      band_names=names_or_none("band_names", bands), bad_bands=bad_bands, num_classes=k,
                       class_names=names_or_none("class_names", None), num_samples=samples,
                       source_sha256=d["source_sha256"], labels_sha256=labels_sha, stamps=stamps,
                       tile_samples=tile_samples, nodata_pixels=nodata,
@@ -302,7 +318,7 @@ class Collection:
     use and kept while it is among the ``max_open_scenes`` most recently used), iteration over the scenes
     (each opened as it is reached), ``c.scenes`` (the same lazy sequence), ``c.entries`` (per-scene
     metadata from ``collection.json``, nothing opened), the per-scene lists ``names``, ``paths``,
-    ``shapes``, ``bands``, ``wavelengths``, ``class_names``, ``num_classes``, and ``c.stale()`` (the scenes
+    ``shapes``, ``bands``, ``wavelengths``, ``bad_bands``, ``class_names``, ``num_classes``, and ``c.stale()`` (the scenes
     re-split since the listing was written, from each store's zarr.json).
     """
 
@@ -359,9 +375,10 @@ class Collection:
         written), or None."""
         e = self.entries[i]
         now = SceneEntry.of_scene(e.name, scene)
-        fields = ("num_samples", "tile_samples", "num_classes", "class_names", "wavelengths")
+        fields = ("num_samples", "tile_samples", "num_classes", "class_names", "wavelengths", "bad_bands")
+        unlisted = {"tile_samples": e.tile_samples is None, "bad_bands": isinstance(e.bad_bands, Unset)}
         for f in fields:
-            if (f != "tile_samples" or e.tile_samples is not None) and getattr(now, f) != getattr(e, f):
+            if not unlisted.get(f, False) and getattr(now, f) != getattr(e, f):
                 what = "labelled samples" if f in ("num_samples", "tile_samples") else f.replace("_", " ")
                 return (f"{self.path}: scene {e.name!r}: its {what} differ from collection.json (the store was "
                         "re-split or replaced after the collection was written); re-split through the collection "
@@ -455,6 +472,14 @@ class Collection:
         return [e.wavelengths for e in self.entries]
 
     @property
+    def bad_bands(self) -> list[tuple[int, ...] | None]:
+        """Each scene's bands its source flags bad (None: the source has no such list); from each store for
+        an entry of a collection.json written before they were listed."""
+        listed = [self.scene(i).bad_bands if isinstance(e.bad_bands, Unset) else e.bad_bands
+                  for i, e in enumerate(self.entries)]
+        return [None if b is None else tuple(b) for b in listed]
+
+    @property
     def class_names(self) -> list[tuple[str, ...] | None]:
         return [e.class_names for e in self.entries]
 
@@ -465,7 +490,8 @@ class Collection:
 
 class DeferredScene:
     """A scene of a collection known from its ``collection.json`` entry alone: ``path``, ``shape``,
-    ``dtype``, ``wavelengths``, ``band_names``, ``class_names``, ``num_classes``, ``num_samples``,
+    ``dtype``, ``wavelengths``, ``band_names``, ``bad_bands`` (when the entry lists them), ``class_names``,
+    ``num_classes``, ``num_samples``,
     ``tile_samples`` (None when not listed), ``nodata_pixels`` (None when not known from the entry),
     ``tile_nodata`` (None when not listed) and ``grid`` are answered without reading the store (``has_nodata`` too when the entry tells). Anything
     else (``meta``, ``tile_paths``, ``stats``, ``labels``, ...) opens the store first, checked against its
@@ -479,6 +505,8 @@ class DeferredScene:
         self._collection, self._index = collection, index
         self.path, self.shape, self.dtype, self.grid = e.path, e.shape, np.dtype(e.dtype), grid
         self.wavelengths, self.band_names = e.wavelengths, e.band_names
+        if not isinstance(e.bad_bands, Unset):  # else read from the store when asked (__getattr__)
+            self.bad_bands = None if e.bad_bands is None else list(e.bad_bands)
         self.class_names, self.num_classes, self.num_samples = e.class_names, e.num_classes, e.num_samples
         self.format_version, self.tile_samples = e.format_version, e.tile_samples
         # v1 and v2 stores have no nodata pixels: an entry that names its format version tells that much

@@ -272,7 +272,7 @@ def _model_file_input(loaded: LoadedModel, name: str, scene: Scene, given: dict[
         raise ConfigError(f"{name} carries the input it was trained with; drop {', '.join(k + '=' for k in clashing)}"
                           " (or pass its torch.nn.Module, hsgds.models.load_model(path).module, to feed another)")
     patch_size = loaded.fitted_patch_size(name, None if patch_size is _UNSET else patch_size, "patch_size=")
-    loaded.check_scene(name, str(scene.path), scene.shape[2], scene.wavelengths)
+    loaded.check_scene(name, str(scene.path), scene.shape[2], scene.wavelengths, scene.bad_bands)
     return {"patch_size": patch_size, "layout": loaded.layout, "normalize": loaded.normalize,
             "bands": loaded.band_indices, "wavelengths": loaded.wavelengths,
             "wavelength_tolerance": loaded.wavelength_tolerance, "norm_stats": loaded.norm_stats}
@@ -419,7 +419,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         where a sparse ``mask`` spreads a batch over more tiles than that, the model gets smaller batches.
     bands, wavelengths, wavelength_tolerance, norm_stats
         As for :class:`~hsgds.PatchLoader`: the bands the model takes (indices, or each wavelength's nearest
-        band of this scene) and the statistics to normalize with. By default the scene is normalized with
+        band of this scene that its source does not flag bad) and the statistics to normalize with. By default the scene is normalized with
         its own train statistics, those of its current split; a model trained with ``norm_scope="collection"``,
         on another scene or before a ``resplit`` expects its training loader's: pass
         ``norm_stats=loader.norm_stats``, or save the model with them (``save_checkpoint(..., loader=loader)``)

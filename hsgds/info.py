@@ -309,8 +309,8 @@ def describe_model(path: str | os.PathLike, loaded: Any) -> str:
     params = sum(int(t.numel()) for t in loaded.module.parameters())
     lines = [f"model:      {path}: {kind}, {type(loaded.module).__name__}, {params:,} parameters"]
     if loaded.wavelengths is not None:
-        bands = (f"{len(loaded.wavelengths)} bands, each scene's nearest within {loaded.wavelength_tolerance:g} nm "
-                 f"of {_listed(loaded.wavelengths)} nm")
+        bands = (f"{len(loaded.wavelengths)} bands, each scene's nearest good band within "
+                 f"{loaded.wavelength_tolerance:g} nm of {_listed(loaded.wavelengths)} nm")
     elif loaded.band_indices is not None:
         bands = f"{len(loaded.band_indices)} bands, indices {_listed(loaded.band_indices)}"
     else:

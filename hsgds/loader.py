@@ -351,7 +351,9 @@ class PatchLoader:
         pixels where it is True are yielded. A saved state resumes only in a loader with the same mask.
     bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands).
     wavelengths : wavelengths in nm; each scene contributes its band nearest each one, within
-        ``wavelength_tolerance`` nm (default 5), never a band without a centre (PRISMA's unused bands).
+        ``wavelength_tolerance`` nm (default 5), never a band without a centre (PRISMA's unused bands) nor
+        one its source flags bad (``Scene.bad_bands``: an ENVI ``bbl``'s water-vapour bands; a wavelength
+        whose only band near it is bad is refused). ``bands`` indices are taken as given, bad ones included.
         Scenes with different band counts need this.
     norm_scope : "scene" (each scene's own train statistics) or "collection" (the train statistics pooled
         exactly over all scenes).

@@ -435,16 +435,19 @@ class LoadedModel:
             raise ConfigError(f"{name} was made for {p}x{p} patches, not {given}x{given}; drop {option} or pass {p}")
         return given
 
-    def check_scene(self, name: str, scene: str, bands: int, wavelengths: Sequence[float | None] | None) -> None:
+    def check_scene(self, name: str, scene: str, bands: int, wavelengths: Sequence[float | None] | None,
+                    bad: Sequence[int] | None = None) -> None:
         """Refuse (ConfigError) a scene of ``bands`` bands at ``wavelengths`` that model ``name`` cannot be fed:
-        its band selection is not in the scene, or it takes all bands of another band count."""
+        its band selection is not in the scene (a wavelength's only band near it flagged bad, in ``bad``,
+        included), or it takes all bands of another band count."""
         from hsgds.scene_set import scene_bands
 
         if self.band_indices is not None or self.wavelengths is not None:
             try:
+                cannot = ("the model was trained on that wavelength, so this scene cannot be predicted with it; "
+                          "use a model trained on bands this scene has")
                 scene_bands(scene, bands, wavelengths, self.band_indices, self.wavelengths, self.wavelength_tolerance,
-                            far="the model was trained on that wavelength, so this scene cannot be predicted with it; "
-                                "use a model trained on bands this scene has")
+                            far=cannot, bad=bad, bad_fix=cannot)
             except ConfigError as exc:
                 raise ConfigError(f"{name} was trained on a band selection that scene {scene!r} cannot give: "
                                   f"{exc}") from None

@@ -38,6 +38,8 @@ __all__ = [
 RGB_TARGETS_NM = (640.0, 550.0, 460.0)
 #: Band positions (fractions of the band range) used when it does not.
 _FALLBACK_FRACTIONS = (0.75, 0.5, 0.25)
+#: Said of a false colour that takes other bands than the nearest, which the source flags bad.
+_SKIPPED = "; bands flagged bad by the source skipped"
 #: Colour of unlabelled pixels in the class and split maps.
 UNLABELLED = (0, 0, 0)
 #: Split map colours, by split name ("none" = labelled but in no split, e.g. a block split's guard band).
@@ -77,12 +79,14 @@ def texts_as_written(fig: Any) -> None:
 
 
 def pick_bands(num_bands: int, wavelengths: Sequence[float | None] | None = None,
-               bands: tuple[int, ...] | list[int] | None = None) -> tuple[tuple[int, int, int], str]:
+               bands: tuple[int, ...] | list[int] | None = None,
+               bad: Sequence[int] | None = None) -> tuple[tuple[int, int, int], str]:
     """The (red, green, blue) band indices of the false-colour image and a note saying how they were chosen.
 
     Explicit ``bands`` win; else the bands nearest :data:`RGB_TARGETS_NM` when wavelengths are known (never
     a band without a centre);
-    else the bands at 3/4, 1/2 and 1/4 of the band range.
+    else the bands at 3/4, 1/2 and 1/4 of the band range. A band in ``bad`` (the source flags it bad: noise,
+    as AVIRIS's water-vapour bands) is never chosen, unless every band is.
     """
     if bands is not None:
         picked = tuple(int(b) for b in bands)
@@ -92,15 +96,25 @@ def pick_bands(num_bands: int, wavelengths: Sequence[float | None] | None = None
         if bad:
             raise InputError(f"band {bad[0]} is out of range; the scene has bands 0..{num_bands - 1}")
         return picked, "bands {}/{}/{} (chosen)".format(*picked)  # type: ignore[return-value]
+    flagged = np.isin(np.arange(num_bands), list(bad or ()))
+    if flagged.all():  # nothing else to show
+        flagged[:] = False
     if wavelengths is not None:
         wl = fmt.wavelength_array(wavelengths)
+        if np.isnan(wl[~flagged]).all():  # only bad bands have a centre: show those rather than none
+            flagged[:] = False
+        nearest = tuple(int(np.nanargmin(np.abs(wl - t))) for t in RGB_TARGETS_NM)
+        wl[flagged] = np.nan
         picked = tuple(int(np.nanargmin(np.abs(wl - t))) for t in RGB_TARGETS_NM)
         got = "/".join(f"{wl[i]:.0f}" for i in picked)
         return picked, ("bands {}/{}/{} nearest 640/550/460 nm".format(*picked)  # type: ignore[return-value]
-                        + f" ({got} nm)")
-    picked = tuple(int(f * (num_bands - 1) + 0.5) for f in _FALLBACK_FRACTIONS)
+                        + f" ({got} nm)" + (_SKIPPED if picked != nearest else ""))
+    good = np.flatnonzero(~flagged)
+    at = [int(f * (num_bands - 1) + 0.5) for f in _FALLBACK_FRACTIONS]
+    # the good band nearest each position (the lower one on a tie)
+    picked = tuple(int(good[np.abs(good - i).argmin()]) for i in at)
     return picked, ("bands {}/{}/{} (no wavelengths: at 3/4, 1/2, 1/4 of the range)"  # type: ignore[return-value]
-                    .format(*picked))
+                    .format(*picked) + (_SKIPPED if list(picked) != at else ""))
 
 
 def _stretch(values: np.ndarray, percentiles: tuple[float, float], gaps: np.ndarray | None = None) -> np.ndarray:
@@ -163,7 +177,7 @@ def preview_panels(scene, bands: tuple[int, ...] | list[int] | None = None,
         raise InputError(f"max_size must be >= 1, not {max_size}")
     h, w, b = scene.shape
     step = max(1, math.ceil(max(h, w) / int(max_size)))
-    picked, note = pick_bands(b, scene.wavelengths, bands)
+    picked, note = pick_bands(b, scene.wavelengths, bands, scene.bad_bands)
     rows, cols = np.arange(0, h, step), np.arange(0, w, step)
 
     # false colour: each tile read once; keep its core pixels on the sampling grid, three bands

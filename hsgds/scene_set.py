@@ -196,7 +196,8 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
     picked = []
     for name, s in zip(ss.names, ss.scenes):
         try:
-            picked.append(scene_bands(name, s.shape[2], s.wavelengths, bands, wavelengths, tolerance))
+            picked.append(scene_bands(name, s.shape[2], s.wavelengths, bands, wavelengths, tolerance,
+                                      bad=s.bad_bands))
         except ConfigError as exc:
             if len(ss) == 1 or not str(exc).endswith(_FAR_WAVELENGTH):
                 raise
@@ -212,9 +213,12 @@ def _tolerance_for_all(ss: SceneSet, wavelengths: Sequence[float], tolerance: fl
     far = []
     for s in ss.scenes:
         nm = fmt.wavelength_array(() if s.wavelengths is None else s.wavelengths)
+        nm[list(s.bad_bands or ())] = np.nan  # a band the source flags bad is never taken
         known = nm[~np.isnan(nm)]
         if known.size:
             far.append(float(np.abs(known[None, :] - want[:, None]).min(axis=1).max()))
+    if not far:  # no scene has a good band with a centre: no tolerance helps
+        return "no scene has a band with a centre that the source does not flag bad"
     missing = sum(f > tolerance for f in far)
     return (f"{missing} of {counted(len(ss), 'scene')} lack a band within {tolerance:g} nm of one; "
             f"wavelength_tolerance={np.ceil(max(far) * 10) / 10:g} gives each scene a band near every one")
@@ -224,13 +228,21 @@ def _tolerance_for_all(ss: SceneSet, wavelengths: Sequence[float], tolerance: fl
 _FAR_WAVELENGTH = "raise wavelength_tolerance or drop that wavelength"
 
 
+#: what a loader's user can do about a wavelength whose only band near it the source flags bad
+_BAD_WAVELENGTH = ("drop that wavelength, raise wavelength_tolerance to reach a good band, or pass bands= "
+                   "(indices) to take the bad band on purpose")
+
+
 def scene_bands(name: str, count: int, have: Sequence[float | None] | None, bands: Sequence[int] | None,
-                wavelengths: Sequence[float] | None, tolerance: float, far: str = _FAR_WAVELENGTH) -> np.ndarray:
+                wavelengths: Sequence[float] | None, tolerance: float, far: str = _FAR_WAVELENGTH,
+                bad: Sequence[int] | None = None, bad_fix: str = _BAD_WAVELENGTH) -> np.ndarray:
     """The stored band of scene ``name`` (``count`` bands at wavelengths ``have``, None for a band without a
-    centre) for each output band: ``bands`` (indices) or, for ``wavelengths`` (nm), its band nearest each
-    within ``tolerance`` nm, never one without a centre (PRISMA's unused bands).
+    centre) for each output band: ``bands`` (indices, taken as given, also those the source flags bad) or, for
+    ``wavelengths`` (nm), its band nearest each within ``tolerance`` nm, never one without a centre (PRISMA's
+    unused bands) nor one in ``bad`` (the bands the source flags bad: AVIRIS's water-vapour bands are noise).
     A one-line ConfigError says what does not fit and what to change (``far``: what, when a wavelength has
-    no band near it; a saved model's selection cannot be changed as a loader's can)."""
+    no band near it; ``bad_fix``: when only a bad band is; a saved model's selection cannot be changed as a
+    loader's can)."""
     if bands is not None:
         try:
             idx = np.asarray(bands)
@@ -260,12 +272,24 @@ def scene_bands(name: str, count: int, have: Sequence[float | None] | None, band
                           f"in nm ({fmt.MIN_NM:g}-{fmt.MAX_NM:g}); convert it again (`hsgds convert --wavelengths "
                           "nm.txt`) or select bands by index")
     nearest = known[np.abs(nm[known][None, :] - want[:, None]).argmin(axis=1)]
-    miss = np.abs(nm[nearest] - want) > tolerance
+    good = np.setdiff1d(known, np.asarray(bad if bad is not None else (), dtype=np.int64))
+    if good.size:  # the nearest band the source does not flag bad (every band, when it flags none)
+        taken = good[np.abs(nm[good][None, :] - want[:, None]).argmin(axis=1)]
+        miss = np.abs(nm[taken] - want) > tolerance
+    else:
+        taken, miss = nearest, np.ones(len(want), bool)
     if miss.any():
         i = int(np.flatnonzero(miss)[0])
+        j = int(nearest[i])
+        if abs(nm[j] - want[i]) <= tolerance:  # a band is near, but flagged bad
+            raise ConfigError(f"scene {name!r} has no good band within {tolerance:g} nm of {want[i]:g} nm: the "
+                              f"nearest, band {j} ({nm[j]:g} nm), is flagged bad by the source (bbl); {bad_fix}")
+        near = f"{nm[j]:g} nm"
+        if good.size and j not in good:  # the nearest is bad: say which good one a tolerance has to reach
+            near += f", flagged bad by the source; the nearest good band: {nm[taken[i]]:g} nm"
         raise ConfigError(f"scene {name!r} has no band within {tolerance:g} nm of {want[i]:g} nm (nearest: "
-                          f"{nm[nearest[i]]:g} nm); {far}")
-    return nearest.astype(np.int64)
+                          f"{near}); {far}")
+    return taken.astype(np.int64)
 
 
 def _fits_a_float(value: Any) -> bool:

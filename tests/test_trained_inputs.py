@@ -180,7 +180,7 @@ def test_a_checkpoint_carries_bands_and_statistics_to_hsgds_predict(scenes, tmp_
     code, out, err = run_cli("predict", scenes["C"][1], "--model", ckpt, "-o", tmp_path / "c.npy")
     assert code == 0, err
     assert np.array_equal(np.load(tmp_path / "c.npy"), np.load(maps / "C.npy"))
-    assert "input:      3 bands, each scene's nearest within 5 nm of 500, 700, 900 nm" in out
+    assert "input:      3 bands, each scene's nearest good band within 5 nm of 500, 700, 900 nm" in out
     assert "normalize:  zscore, with the statistics saved with the model" in out
 
     # a selection one scene cannot give: refused before any work, naming the scene
@@ -435,7 +435,7 @@ def test_hsgds_info_says_what_a_model_file_takes(scenes, tmp_path, run_cli):
     code, out, err = run_cli("info", ckpt)
     assert code == 0, err
     assert "hsgds checkpoint, SpectralSpatialCNN" in out
-    assert "input:      3 bands, each scene's nearest within 5 nm of 500, 700, 900 nm; 3x3 patches, NCHW" in out
+    assert "input:      3 bands, each scene's nearest good band within 5 nm of 500, 700, 900 nm; 3x3 patches, NCHW" in out
     assert "normalize:  zscore, with the statistics saved with the model" in out
     assert "classes:    4" in out
     torch.export.save(_program(RandomConv()), tmp_path / "plain.pt2")
