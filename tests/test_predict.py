@@ -1043,6 +1043,33 @@ def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, 
     assert (tta != a).any()  # --tta changed the map (before, a map of one class passed with --tta ignored)
 
 
+def test_cli_predict_says_in_one_line_which_characters_of_a_png_maps_names_the_font_lacks(store, tmp_path):
+    """A model whose class names are CJK, which matplotlib's default font lacks: `hsgds predict -o m.png` printed
+    two lines of matplotlib's UserWarning per character (and drawing) on stderr; it prints one hsgds warning line
+    naming them, and writes the map."""
+    import subprocess
+
+    from matplotlib.font_manager import FontProperties, findfont
+    from matplotlib.ft2font import FT2Font
+
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    font = FT2Font(findfont(FontProperties()))  # the font matplotlib draws with, and its own character map
+    if 0x571F in font.get_charmap():
+        pytest.skip(f"matplotlib's default font {font.family_name} draws CJK")
+    torch.manual_seed(MODEL_SEED)
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8)
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", model, patch_size=5, class_names=[f"土 {c}" for c in "abcd"])
+    proc = subprocess.run([sys.executable, "-m", "hsgds.cli", "predict", str(store), "--model", str(ckpt), "-o",
+                           str(tmp_path / "m.png"), "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Glyph" not in proc.stderr and "UserWarning" not in proc.stderr, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "warning" in line] == [
+        f"hsgds: warning: the names drawn in m.png hold characters the font ({font.family_name}) lacks: '土'; they "
+        "show as boxes (name a font that has them first in matplotlib's font.sans-serif, e.g. in a matplotlibrc)"]
+    assert (tmp_path / "m.png").stat().st_size > 0
+
+
 def test_cli_predict_scores_the_map_on_the_stores_test_split(store, tmp_path, run_cli):
     """On a labelled store the command scores the map on its test split, the numbers numpy gives from the
     samples zarr-python reads; masked-out or unlabelled-only stores print no score."""
