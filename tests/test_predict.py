@@ -1655,6 +1655,43 @@ def test_cli_predict_a_collection_writes_a_map_per_scene(store, tmp_path, run_cl
     assert np.array_equal(np.load(maps / "south.npy", allow_pickle=False), want)
 
 
+def test_cli_predict_a_collection_with_tta_equals_each_scene_predicted_with_tta(store, tmp_path, run_cli):
+    """``hsgds predict COLLECTION --tta``: each scene's map and probabilities are what hsgds.predict gives for that
+    store alone with tta=True (two scenes of other sizes and values, each normalized with its own statistics),
+    and --tta changes both maps (a collection run that dropped it would fail the first check)."""
+    import shutil
+
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.scene import open_scene
+    from tests.conftest import convert_quietly
+
+    ckpt, model = _checkpoint(tmp_path)
+    coll = tmp_path / "coll"
+    coll.mkdir()
+    shutil.copytree(store, coll / "north.zarr")
+    cube, labels = coordinate_cube(31, 40, seed=5)
+    np.save(tmp_path / "cube5.npy", cube)
+    np.save(tmp_path / "gt5.npy", labels)
+    convert_quietly(tmp_path / "cube5.npy", coll / "south.zarr", ConvertOptions(labels=tmp_path / "gt5.npy", tile=18,
+                                                                               max_patch=15))
+    write_collection(coll, [SceneEntry.of_scene(n, open_scene(coll / f"{n}.zarr")) for n in ("north", "south")])
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--probabilities",
+                             maps / "{name}.p.npy", "--tta")
+    assert code == 0, err
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.plain.npy")
+    assert code == 0, err
+    for name in ("north", "south"):
+        alone = predict(coll / f"{name}.zarr", model, patch_size=5, device="cpu", tta=True,
+                        probabilities=tmp_path / f"{name}.p.npy")
+        got = np.load(maps / f"{name}.npy", allow_pickle=False)
+        assert np.array_equal(got, alone), name
+        assert np.array_equal(np.load(maps / f"{name}.p.npy"), np.load(tmp_path / f"{name}.p.npy")), name
+        assert len(np.unique(got)) > 1, name  # a map that depends on its input
+        assert (got != np.load(maps / f"{name}.plain.npy", allow_pickle=False)).any(), name  # --tta changed it
+
+
 def test_two_scenes_whose_outputs_are_one_file_are_refused_before_any_work(store, tmp_path, run_cli):
     """Scenes x and x.p with ``-o maps/{name}.npy --probabilities maps/{name}.p.npy``: x's probabilities and
     x.p's map are one file, and the later scene would replace the earlier's output without a word. Refused in
