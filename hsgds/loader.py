@@ -333,7 +333,8 @@ class PatchLoader:
     rank, world_size : default to torch.distributed's when it is initialised as the loader is built (build it
         after ``init_process_group``: one built before, iterated in a group of several ranks, is refused).
         Given with the group's world size, the ranks must read a share each (``torch.distributed.get_rank()``,
-        not ``LOCAL_RANK``, which repeats on every node: refused as the iteration starts). Every rank yields ``len(loader)`` batches; rank 0's :meth:`state_dict` resumes every rank.
+        not ``LOCAL_RANK``, which repeats on every node: refused as the iteration starts). Every rank yields
+        ``len(loader)`` batches; rank 0's :meth:`state_dict` resumes every rank.
     return_coords : also yield the scene (y, x) of each patch centre: (N, 2) int64 for one store,
         (N, 3) rows (scene index in the loader's order, y, x) for a list of stores or a collection path
         (even of one scene).

@@ -64,8 +64,9 @@ def test_shares_chosen_twice_are_named_by_group_rank_and_a_permutation_passes():
     said = share_clash([r % 8 for r in range(16)])
     assert said == ("each rank must read its own share (PatchLoader rank= 0..15, each once), but group ranks 0, 8 "
                     "chose rank=0, group ranks 1, 9 chose rank=1, group ranks 2, 10 chose rank=2, group ranks 3, 11 "
-                    "chose rank=3 and 4 other shares were chosen by several, so shares 8-15 are read by no rank (missing "
-                    "from training while others are read twice); pass rank=torch.distributed.get_rank() (not "
-                    "LOCAL_RANK, which repeats on every node), or neither rank nor world_size to take "
+                    "chose rank=3 and 4 other shares were chosen by several, so shares 8-15 are read by no rank "
+                    "(missing from training while others are read twice); pass rank=torch.distributed.get_rank() "
+                    "(not LOCAL_RANK, which repeats on every node), or neither rank nor world_size to take "
                     "torch.distributed's")
-    assert share_clash([0, 1, 2]) is None and share_clash([2, 0, 1]) is None and share_clash(list(range(999, -1, -1))) is None
+    assert share_clash([0, 1, 2]) is None and share_clash([2, 0, 1]) is None
+    assert share_clash(list(range(999, -1, -1))) is None
