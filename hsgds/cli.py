@@ -140,13 +140,27 @@ class _Amount(click.ParamType):
 _AMOUNT = _Amount()
 
 
-@contextmanager
 def _split_warnings(prefix: str = ""):
     """Show a split's warnings (classes that could not be split, a train share far from --train) and the
     converter's (labelled pixels without data, wavelengths or a georeference not recorded) as one line each on
     stderr, after ``prefix`` (a collection's scene name)."""
-    from hsgds.preprocess.convert import CONVERT_WARNINGS as ours
+    from hsgds.preprocess.convert import CONVERT_WARNINGS
 
+    return _warnings_in_one_line(CONVERT_WARNINGS, prefix)
+
+
+def _image_warnings():
+    """Show the warning of an image (a PNG class map, a preview) whose names hold characters its font lacks as
+    one line on stderr, not matplotlib's two lines for each character."""
+    from hsgds.preview import GlyphWarning
+
+    return _warnings_in_one_line((GlyphWarning,))
+
+
+@contextmanager
+def _warnings_in_one_line(ours: tuple[type[Warning], ...], prefix: str = ""):
+    """Show the warnings of categories ``ours`` as one line each on stderr (``hsgds: warning: ``, then ``prefix``),
+    each time they are issued; any other is issued as it was."""
     shown: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -691,7 +705,8 @@ def preview(store, out, bands, stretch, max_size, dpi) -> None:
             raise click.BadParameter(f"{bands!r}: band indices are integers")
         rgb = tuple(int(f) for f in floats)
     lo, hi = _floats(stretch, 2, "low,high percentiles")
-    path = render_preview(store, out, bands=rgb, percentiles=(lo, hi), max_size=max_size, dpi=dpi)
+    with _image_warnings():
+        path = render_preview(store, out, bands=rgb, percentiles=(lo, hi), max_size=max_size, dpi=dpi)
     click.echo(f"wrote {path}")
 
 
@@ -776,8 +791,9 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
     bar, progress = _progress_bar(f"{name} pixels", f"predict: {name}", "pixel")  # a large scene takes minutes
     try:
         # the model file's input (layout, normalization, bands, statistics); the patch size checked above
-        classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
-                               probabilities=probabilities or False, out=out, tta=tta, progress=progress)
+        with _image_warnings():  # a PNG map's names the font cannot draw
+            classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
+                                   probabilities=probabilities or False, out=out, tta=tta, progress=progress)
     finally:
         if bar is not None:
             bar.render_finish()

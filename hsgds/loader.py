@@ -332,7 +332,9 @@ class PatchLoader:
     engine : "auto", "torch" or "dali"; reader : "auto", "posix", "posix-pinned" or "kvikio".
     rank, world_size : default to torch.distributed's when it is initialised as the loader is built (build it
         after ``init_process_group``: one built before, iterated in a group of several ranks, is refused).
-        Every rank yields ``len(loader)`` batches; rank 0's :meth:`state_dict` resumes every rank.
+        Given with the group's world size, the ranks must read a share each (``torch.distributed.get_rank()``,
+        not ``LOCAL_RANK``, which repeats on every node: refused as the iteration starts). Every rank yields
+        ``len(loader)`` batches; rank 0's :meth:`state_dict` resumes every rank.
     return_coords : also yield the scene (y, x) of each patch centre: (N, 2) int64 for one store,
         (N, 3) rows (scene index in the loader's order, y, x) for a list of stores or a collection path
         (even of one scene).
@@ -765,7 +767,7 @@ class PatchLoader:
             # only a restored state resumes mid-epoch; a new iteration after an early break restarts the epoch
             start = min(self._batch, plan.num_batches) if self._resume else 0
             if self._sharded_over_group():  # before anything changes: a refused iteration leaves the loader as it was
-                compare_across_ranks(self._rank_settings(plan, start), self.device, RANK_SETTING_LABELS,
+                compare_across_ranks(self._rank_settings(plan, start), self.rank, self.device, RANK_SETTING_LABELS,
                                      RANK_SETTING_FIXES)
             self._resume, self._batch = False, start
             self._pass += 1
@@ -788,12 +790,13 @@ class PatchLoader:
                               "to read all of it on purpose")
 
     def _sharded_over_group(self) -> bool:
-        """Whether this loader reads a share of the initialised process group's ranks (torch's rank and world
-        size, or the same given): then every rank iterates it, and must have built it alike. rank=0,
-        world_size=1 (hsgds.predict's, a whole split read on purpose) and a launcher's own ranks are not compared."""
+        """Whether this loader reads a share of the initialised process group's ranks (its world size is the
+        group's, its rank torch's or one given): then every rank iterates it, must have built it alike, and must
+        read a share of its own (a rank given LOCAL_RANK reads another node's share twice). rank=0, world_size=1
+        (hsgds.predict's, a whole split read on purpose) and a loader of another world size are not compared."""
         dist = torch.distributed
         return (self.world_size > 1 and dist.is_available() and dist.is_initialized()
-                and (dist.get_rank(), dist.get_world_size()) == (self.rank, self.world_size))
+                and dist.get_world_size() == self.world_size)
 
     def _rank_settings(self, plan: EpochPlan, start: int) -> dict[str, Any]:
         """What every rank's iteration must agree on (:mod:`hsgds.rank_settings`), the likeliest cause first:

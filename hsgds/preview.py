@@ -10,7 +10,10 @@ from __future__ import annotations
 import colorsys
 import math
 import os
-from collections.abc import Sequence
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +23,17 @@ import numpy as np
 from hsgds import format as fmt
 from hsgds._durable import atomic_path, check_writable
 from hsgds._optional import require
-from hsgds.errors import InputError, as_path
+from hsgds._wording import listed
+from hsgds.errors import HsgdsWarning, InputError, as_path
 
 __all__ = [
     "RGB_TARGETS_NM",
     "SPLIT_COLOURS",
     "UNLABELLED",
+    "GlyphWarning",
     "PreviewPanels",
     "class_colours",
+    "glyphs_warned_once",
     "pick_bands",
     "preview_panels",
     "render_preview",
@@ -228,6 +234,45 @@ def preview_panels(scene, bands: tuple[int, ...] | list[int] | None = None,
 MIN_DPI, MAX_DPI = 10, 600  # 600 dpi: a figure ~7,500 pixels wide (~200 MB to render); far beyond, memory runs out
 
 
+class GlyphWarning(HsgdsWarning):
+    """Texts of an image (class or scene names) hold characters its font lacks: they show as boxes."""
+
+
+# matplotlib's warning, one per character and drawing, each two lines on stderr: "Glyph 22303 (\N{CJK UNIFIED
+# IDEOGRAPH-571F}) missing from font(s) DejaVu Sans." (before 3.6: "Glyph 22303 missing from current font.")
+_MISSING_GLYPH = re.compile(r"Glyph (\d+)\b.* missing from (?:font\(s\) (.+)|current font)\.$", re.DOTALL)
+_GLYPHS_SHOWN = 8
+
+
+@contextmanager
+def glyphs_warned_once(out: str | os.PathLike) -> Iterator[None]:
+    """Draw image ``out`` inside: matplotlib's warnings of characters its font lacks are gathered into one
+    :class:`GlyphWarning` naming them, issued at the end; any other warning is issued as it was."""
+    caught: list[warnings.WarningMessage] = []
+    missing: dict[str, None] = {}
+    fonts: dict[str, None] = {}
+    try:
+        with warnings.catch_warnings(record=True) as recording:
+            warnings.filterwarnings("always", message=r"Glyph \d+", category=UserWarning)  # every character
+            try:
+                yield
+            finally:
+                caught = list(recording)
+    finally:  # after the recording ends: a warning issued inside it would be recorded again
+        for w in caught:
+            found = _MISSING_GLYPH.match(str(w.message)) if issubclass(w.category, UserWarning) else None
+            if found is None:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                continue
+            missing[chr(int(found.group(1)))] = None
+            fonts[found.group(2) or "matplotlib's font"] = None
+    if missing:  # (only for an image written: a failed one's error is what matters)
+        chars = listed((repr(c) for c in missing), _GLYPHS_SHOWN)
+        warnings.warn(f"the names drawn in {Path(out).name} hold characters the font ({', '.join(fonts)}) lacks: "
+                      f"{chars}; they show as boxes (name a font that has them first in matplotlib's "
+                      "font.sans-serif, e.g. in a matplotlibrc)", GlyphWarning, stacklevel=3)
+
+
 def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | list[int] | None = None,
                    percentiles: tuple[float, float] = (2.0, 98.0), max_size: int = 1024,
                    dpi: int = 120) -> Path:
@@ -290,7 +335,7 @@ def render_preview(scene, out: str | os.PathLike, *, bands: tuple[int, ...] | li
     # written beside the target and renamed over it: a write that fails (disk full) or is interrupted leaves
     # no truncated image, and a preview already there stays as it was
     try:
-        with atomic_path(out) as tmp:
+        with glyphs_warned_once(out), atomic_path(out) as tmp:
             fig.savefig(tmp, format=out.suffix.lower().lstrip("."), bbox_inches="tight")
     except OSError as exc:
         raise InputError(f"cannot write {out} ({exc.strerror or exc}); free space on its disk or choose another "

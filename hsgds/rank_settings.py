@@ -5,8 +5,10 @@ rank, another batch size, split or store) read overlapping or missing samples, o
 counts and leave DDP waiting at the epoch's end. A loader sharded over the group therefore compares its
 settings with every other rank's when an iteration starts: one ``all_gather`` of a fixed-size byte tensor
 per rank (JSON of the settings), after which every rank holds every rank's settings and, where they differ,
-every rank raises the same one-line ConfigError (none is left waiting in a collective). About 1.4 ms with two
-gloo ranks on one host (0.9 ms the gather, 0.05 ms the settings and their JSON), once per epoch.
+every rank raises the same one-line ConfigError (none is left waiting in a collective). The same gather carries
+each loader's rank, the share it reads: ranks must read one share each (a rank given LOCAL_RANK on a multi-node
+job, or one rank given to all, reads another's share twice and leaves one unread). About 1.4 ms with two gloo
+ranks on one host (0.9 ms the gather, 0.05 ms the settings and their JSON), once per epoch.
 
 A plain tensor rather than ``all_gather_object``: no pickle from the peers, one collective instead of two,
 and a device chosen here: the CPU when the group has a CPU backend (gloo), else the loader's own GPU (NCCL
@@ -32,6 +34,8 @@ _VALUES_SHOWN = 4  # distinct values named in the message; more are counted
 _RUNS_SHOWN = 6  # runs of ranks named for a value; more are counted (the message stays one short line)
 
 SAME_SETTINGS = "every rank must build PatchLoader with the same settings (only rank and world_size differ)"
+#: the key each rank's own ``rank`` (the share it reads) travels under in the gather, beside the settings
+SHARE = "rank"
 
 
 def compared(value: Any) -> Any:
@@ -82,6 +86,28 @@ def disagreement(each: list[dict[str, Any]], labels: dict[str, str], fixes: dict
     return None
 
 
+def share_clash(shares: list[int]) -> str | None:
+    """The one-line message when the loaders' ranks ``shares`` (one per group rank, in group order) are not a
+    permutation of 0..W-1, or None when they are: ranks that chose the same share read its samples twice, and the
+    shares none chose are never read (a rank given LOCAL_RANK on a multi-node job, or the same rank on every one)."""
+    chosen: dict[int, list[int]] = {}
+    for group_rank, share in enumerate(shares):
+        chosen.setdefault(share, []).append(group_rank)
+    twice = [(share, rs) for share, rs in sorted(chosen.items()) if len(rs) > 1]
+    if not twice:
+        return None
+    said = [f"group {_ranks(rs)} chose rank={share}" for share, rs in twice]
+    more = len(said) - _VALUES_SHOWN
+    text = ", ".join(said[:_VALUES_SHOWN]) + (f" and {more} other shares were chosen by several" if more > 0 else "")
+    unread = [s for s in range(len(shares)) if s not in chosen]
+    unread_text = listed((str(a) if a == b else f"{a}-{b}" for a, b in runs(unread)), _RUNS_SHOWN)
+    none = f"share {unread_text} is" if len(unread) == 1 else f"shares {unread_text} are"
+    return (f"each rank must read its own share (PatchLoader rank= 0..{len(shares) - 1}, each once), but {text}, so "
+            f"{none} read by no rank (missing from training while others are read twice); pass "
+            "rank=torch.distributed.get_rank() (not LOCAL_RANK, which repeats on every node), or neither rank nor "
+            "world_size to take torch.distributed's")
+
+
 def gather_device(loader_device: torch.device, backend_config: str) -> torch.device:
     """Where the gathered tensor lives, for the group's ``torch.distributed.get_backend_config()`` (e.g.
     "cpu:gloo,cuda:gloo", "cuda:nccl"): the CPU when the group has a CPU backend (gloo, and torch's default
@@ -94,15 +120,16 @@ def gather_device(loader_device: torch.device, backend_config: str) -> torch.dev
     return torch.device(types[0], torch.cuda.current_device()) if types[0] == "cuda" else torch.device(types[0])
 
 
-def compare_across_ranks(settings: dict[str, Any], loader_device: torch.device, labels: dict[str, str],
-                         fixes: dict[str, str]) -> None:
-    """Gather every rank's ``settings`` (one all_gather over the default group) and raise the same ConfigError
-    on every rank when they differ (:func:`disagreement`). Every rank of the group must call it: a rank that
+def compare_across_ranks(settings: dict[str, Any], share: int, loader_device: torch.device,
+                         labels: dict[str, str], fixes: dict[str, str]) -> None:
+    """Gather every rank's ``settings`` and ``share`` (its loader's rank; one all_gather over the default group)
+    and raise the same ConfigError on every rank when the settings differ (:func:`disagreement`), or else when
+    two ranks read the same share (:func:`share_clash`). Every rank of the group must call it: a rank that
     never does leaves the others waiting until the group's own timeout, which is raised as an HsgdsError saying
     so (no timeout of our own: a slow rank, still loading its model, must not fail the others)."""
     dist = torch.distributed
     device = gather_device(loader_device, str(dist.get_backend_config()))
-    mine = torch.frombuffer(bytearray(encoded(settings)), dtype=torch.uint8).to(device)
+    mine = torch.frombuffer(bytearray(encoded({**settings, SHARE: share})), dtype=torch.uint8).to(device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     try:
         dist.all_gather(gathered, mine)
@@ -114,6 +141,7 @@ def compare_across_ranks(settings: dict[str, Any], loader_device: torch.device, 
                          "world_size=1") from e
     rows = torch.stack(gathered).cpu().numpy()  # one copy from the device, not one per rank
     each = [decoded(row.tobytes()) for row in rows]
-    message = disagreement(each, labels, fixes)
+    shares = [settings.pop(SHARE, None) for settings in each]  # (a peer of another hsgds: its version is named)
+    message = disagreement(each, labels, fixes) or share_clash(shares)
     if message is not None:
         raise ConfigError(message)

@@ -48,7 +48,7 @@ from hsgds._durable import (
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
 from hsgds.errors import ConfigError, InputError, control_character, shown, shown_path
-from hsgds.preview import UNLABELLED, class_colours, texts_as_written
+from hsgds.preview import UNLABELLED, class_colours, glyphs_warned_once, texts_as_written
 
 __all__ = [
     "FORMATS",
@@ -480,7 +480,7 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
                                  patch(UNLABELLED, "unlabelled or not predicted")], loc="upper center",
                         bbox_to_anchor=(0.5, -0.02), fontsize=6.5, frameon=False, handlelength=1.2)
     texts_as_written(fig)  # class and store names: "$5-$10" is no TeX math
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with glyphs_warned_once(path), atomic_path(path) as tmp, open(tmp, "wb") as f:  # (the warning once it is written)
         fig.savefig(f, format="png", bbox_inches="tight")
     return Path(path)
 

@@ -284,8 +284,8 @@ SETTINGS_WORKER = textwrap.dedent("""
     import hsgds
     from hsgds.errors import ConfigError
 
-    rank, init, out, mine = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    rank, init, out, mine, world = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     epochs, said = [], None
     with hsgds.PatchLoader(mine["store"], patch_size=5, device="cpu", return_coords=True, **mine["settings"]) as loader:
         try:
@@ -305,15 +305,15 @@ SETTINGS_WORKER = textwrap.dedent("""
 
 
 def _run_settings(tmp_path, per_rank: list[dict]) -> list[dict]:
-    """Two gloo ranks, each building its loader from its own entry of ``per_rank`` (store, settings, epochs) and
+    """One gloo rank per entry of ``per_rank`` (store, settings, epochs), each building its loader from its own and
     stepping together as DDP does (an all-reduce per batch): each rank's error message, or its batches."""
     script = tmp_path / "settings_worker.py"
     script.write_text(SETTINGS_WORKER)
     init = f"file://{tmp_path / 'rendezvous'}"
     # the harness's timeout ends a run whose ranks wait for each other (unequal batch counts) as a failure
-    _run_ranks([[sys.executable, str(script), str(r), init, str(tmp_path / f"r{r}.json"), json.dumps(mine)]
-                for r, mine in enumerate(per_rank)], timeout=60)
-    return [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    _run_ranks([[sys.executable, str(script), str(r), init, str(tmp_path / f"r{r}.json"), json.dumps(mine),
+                 str(len(per_rank))] for r, mine in enumerate(per_rank)], timeout=60)
+    return [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(len(per_rank))]
 
 
 SAME = "every rank must build PatchLoader with the same settings (only rank and world_size differ)"
@@ -364,6 +364,38 @@ def test_ranks_built_alike_yield_what_each_share_yields_alone(tmp_path, two_stor
                                  for x, y, c in alone])
         assert got[r] == {"said": None, "epochs": expected}
         assert len(expected[0]) == len(got[1 - r]["epochs"][0])
+
+
+def test_ranks_reading_the_same_share_refuse_in_one_line(tmp_path, two_stores):
+    """Three ranks whose loaders are given world_size=3 but rank=0, 0, 2 (LOCAL_RANK on a multi-node job, or one
+    rank for all): group ranks 0 and 1 would read share 0 twice and share 1 never, silently (group rank 1's rank
+    is not torch's, so it was never compared). Every rank raises the same one-line ConfigError naming who chose
+    which share and the fix, and yields nothing."""
+    settings = {"batch_size": 16, "seed": 7, "split": None, "world_size": 3}
+    got = _run_settings(tmp_path, [{"store": two_stores, "settings": {**settings, "rank": share}, "epochs": [0]}
+                                   for share in (0, 0, 2)])
+    said = ("each rank must read its own share (PatchLoader rank= 0..2, each once), but group ranks 0-1 chose rank=0, "
+            "so share 1 is read by no rank (missing from training while others are read twice); pass "
+            "rank=torch.distributed.get_rank() (not LOCAL_RANK, which repeats on every node), or neither rank nor "
+            "world_size to take torch.distributed's")
+    assert got == [{"said": said, "epochs": []}] * 3
+
+
+def test_ranks_reading_their_shares_in_another_order_yield_each_share(tmp_path, two_stores):
+    """A launcher's own numbering, another permutation of the shares than torch's ranks (group rank r reads share
+    (r + 1) % 3), is allowed: each rank yields, bit for bit, what a loader of that share yields outside any group."""
+    import hashlib
+
+    import hsgds
+
+    settings = {"batch_size": 16, "seed": 7, "split": None, "world_size": 3}
+    got = _run_settings(tmp_path, [{"store": two_stores, "settings": {**settings, "rank": (r + 1) % 3}, "epochs": [0]}
+                                   for r in range(3)])
+    for r in range(3):
+        with hsgds.PatchLoader(two_stores, patch_size=5, device="cpu", return_coords=True,
+                               **{**settings, "rank": (r + 1) % 3}) as alone:
+            expected = [[c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()] for x, y, c in alone]
+        assert got[r] == {"said": None, "epochs": [expected]}
 
 
 ALONE_WORKER = textwrap.dedent("""

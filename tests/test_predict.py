@@ -1043,6 +1043,33 @@ def test_cli_predict_with_a_checkpoint_and_an_exported_program(store, tmp_path, 
     assert (tta != a).any()  # --tta changed the map (before, a map of one class passed with --tta ignored)
 
 
+def test_cli_predict_says_in_one_line_which_characters_of_a_png_maps_names_the_font_lacks(store, tmp_path):
+    """A model whose class names are CJK, which matplotlib's default font lacks: `hsgds predict -o m.png` printed
+    two lines of matplotlib's UserWarning per character (and drawing) on stderr; it prints one hsgds warning line
+    naming them, and writes the map."""
+    import subprocess
+
+    from matplotlib.font_manager import FontProperties, findfont
+    from matplotlib.ft2font import FT2Font
+
+    from hsgds.models import SpectralSpatialCNN, save_checkpoint
+
+    font = FT2Font(findfont(FontProperties()))  # the font matplotlib draws with, and its own character map
+    if 0x571F in font.get_charmap():
+        pytest.skip(f"matplotlib's default font {font.family_name} draws CJK")
+    torch.manual_seed(MODEL_SEED)
+    model = SpectralSpatialCNN(B, 4, 5, reduce=4, width=8)
+    ckpt = save_checkpoint(tmp_path / "model.ckpt", model, patch_size=5, class_names=[f"土 {c}" for c in "abcd"])
+    proc = subprocess.run([sys.executable, "-m", "hsgds.cli", "predict", str(store), "--model", str(ckpt), "-o",
+                           str(tmp_path / "m.png"), "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Glyph" not in proc.stderr and "UserWarning" not in proc.stderr, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "warning" in line] == [
+        f"hsgds: warning: the names drawn in m.png hold characters the font ({font.family_name}) lacks: '土'; they "
+        "show as boxes (name a font that has them first in matplotlib's font.sans-serif, e.g. in a matplotlibrc)"]
+    assert (tmp_path / "m.png").stat().st_size > 0
+
+
 def test_cli_predict_scores_the_map_on_the_stores_test_split(store, tmp_path, run_cli):
     """On a labelled store the command scores the map on its test split, the numbers numpy gives from the
     samples zarr-python reads; masked-out or unlabelled-only stores print no score."""
@@ -1626,6 +1653,43 @@ def test_cli_predict_a_collection_writes_a_map_per_scene(store, tmp_path, run_cl
     code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy")
     assert code == 1 and "hsgds: failed: north: " in err and "is missing" in err
     assert np.array_equal(np.load(maps / "south.npy", allow_pickle=False), want)
+
+
+def test_cli_predict_a_collection_with_tta_equals_each_scene_predicted_with_tta(store, tmp_path, run_cli):
+    """``hsgds predict COLLECTION --tta``: each scene's map and probabilities are what hsgds.predict gives for that
+    store alone with tta=True (two scenes of other sizes and values, each normalized with its own statistics),
+    and --tta changes both maps (a collection run that dropped it would fail the first check)."""
+    import shutil
+
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.scene import open_scene
+    from tests.conftest import convert_quietly
+
+    ckpt, model = _checkpoint(tmp_path)
+    coll = tmp_path / "coll"
+    coll.mkdir()
+    shutil.copytree(store, coll / "north.zarr")
+    cube, labels = coordinate_cube(31, 40, seed=5)
+    np.save(tmp_path / "cube5.npy", cube)
+    np.save(tmp_path / "gt5.npy", labels)
+    convert_quietly(tmp_path / "cube5.npy", coll / "south.zarr", ConvertOptions(labels=tmp_path / "gt5.npy", tile=18,
+                                                                               max_patch=15))
+    write_collection(coll, [SceneEntry.of_scene(n, open_scene(coll / f"{n}.zarr")) for n in ("north", "south")])
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.npy", "--probabilities",
+                             maps / "{name}.p.npy", "--tta")
+    assert code == 0, err
+    code, out, err = run_cli("predict", coll, "--model", ckpt, "-o", maps / "{name}.plain.npy")
+    assert code == 0, err
+    for name in ("north", "south"):
+        alone = predict(coll / f"{name}.zarr", model, patch_size=5, device="cpu", tta=True,
+                        probabilities=tmp_path / f"{name}.p.npy")
+        got = np.load(maps / f"{name}.npy", allow_pickle=False)
+        assert np.array_equal(got, alone), name
+        assert np.array_equal(np.load(maps / f"{name}.p.npy"), np.load(tmp_path / f"{name}.p.npy")), name
+        assert len(np.unique(got)) > 1, name  # a map that depends on its input
+        assert (got != np.load(maps / f"{name}.plain.npy", allow_pickle=False)).any(), name  # --tta changed it
 
 
 def test_two_scenes_whose_outputs_are_one_file_are_refused_before_any_work(store, tmp_path, run_cli):

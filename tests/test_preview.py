@@ -257,6 +257,37 @@ def _preview_subprocess(store, out, *, before: str = "", prefix: tuple[str, ...]
                           env={**os.environ, "PYTHONPATH": str(repo)}, cwd=repo)
 
 
+def _default_font() -> tuple[str, set[int]]:
+    """The family of the font matplotlib draws texts with by default, and the code points it holds (FreeType's
+    own character map)."""
+    from matplotlib.font_manager import FontProperties, findfont
+    from matplotlib.ft2font import FT2Font
+
+    font = FT2Font(findfont(FontProperties()))
+    return font.family_name, set(font.get_charmap())
+
+
+def test_class_names_the_font_cannot_draw_are_one_warning_line(tmp_path):
+    """A store's class names in CJK, which matplotlib's default font lacks: `hsgds preview` printed two lines of
+    matplotlib's UserWarning per character on stderr; it prints one hsgds warning line naming the characters,
+    and writes the preview."""
+    family, has = _default_font()
+    if any(ord(c) in has for c in "土壤水"):
+        pytest.skip(f"matplotlib's default font {family} draws these characters")
+    cube, labels = np.random.default_rng(1).integers(0, 1000, (20, 16, 3)).astype("int16"), np.zeros((20, 16), "uint8")
+    labels[:10], labels[10:] = 1, 2
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    store = convert_quietly(tmp_path / "c.npy", tmp_path / "s.zarr",
+                            ConvertOptions(labels=tmp_path / "gt.npy", class_names=("土壤", "水 water")))
+    proc = _preview_subprocess(store, tmp_path / "p.png")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"hsgds: warning: the names drawn in p.png hold characters the font ({family}) lacks: '土', '壤', '水'; they "
+        "show as boxes (name a font that has them first in matplotlib's font.sans-serif, e.g. in a matplotlibrc)"]
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
 def test_a_preview_that_cannot_be_written_whole_leaves_the_old_one(envi_store, tmp_path, run_cli):
     """The image was written in place: a write that failed half-way (here past RLIMIT_FSIZE, as on a full
     disk) left a truncated preview.png over the previous, good one, and said only "[Errno 27] File too large".

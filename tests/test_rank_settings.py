@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hsgds.rank_settings import PAYLOAD_BYTES, SAME_SETTINGS, decoded, disagreement, encoded, gather_device
+from hsgds.rank_settings import PAYLOAD_BYTES, SAME_SETTINGS, decoded, disagreement, encoded, gather_device, share_clash
 
 
 def test_the_first_differing_setting_is_named_with_each_ranks_value():
@@ -56,3 +56,17 @@ def test_the_gather_is_on_the_cpu_with_gloo_and_on_the_loaders_gpu_with_nccl():
     for config in ("cpu:gloo,cuda:gloo", "cpu:gloo,cuda:nccl", "cpu:gloo", ""):
         assert gather_device(gpu1, config) == cpu and gather_device(cpu, config) == cpu
     assert gather_device(gpu1, "cuda:nccl") == gpu1
+
+
+def test_shares_chosen_twice_are_named_by_group_rank_and_a_permutation_passes():
+    """Two nodes of 8 given LOCAL_RANK as rank: group ranks r and r + 8 read share r, shares 8-15 none; the message
+    names the first four shares chosen twice and stays one line. Any permutation of 0..W-1 is a share each."""
+    said = share_clash([r % 8 for r in range(16)])
+    assert said == ("each rank must read its own share (PatchLoader rank= 0..15, each once), but group ranks 0, 8 "
+                    "chose rank=0, group ranks 1, 9 chose rank=1, group ranks 2, 10 chose rank=2, group ranks 3, 11 "
+                    "chose rank=3 and 4 other shares were chosen by several, so shares 8-15 are read by no rank "
+                    "(missing from training while others are read twice); pass rank=torch.distributed.get_rank() "
+                    "(not LOCAL_RANK, which repeats on every node), or neither rank nor world_size to take "
+                    "torch.distributed's")
+    assert share_clash([0, 1, 2]) is None and share_clash([2, 0, 1]) is None
+    assert share_clash(list(range(999, -1, -1))) is None

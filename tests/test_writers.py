@@ -582,3 +582,26 @@ def test_probability_geotiff_is_written_block_by_block(tmp_path, monkeypatch):
         assert ds.descriptions == ("probability of a", "probability of b", "probability of class 3")
         np.testing.assert_array_equal(ds.read().transpose(1, 2, 0), values.astype(np.float32))
     assert leftovers(tmp_path) == []
+
+
+def test_names_the_font_lacks_are_one_warning_naming_the_characters(tmp_path):
+    """matplotlib warns once per missing character and drawing (a PNG with a tight bounding box draws twice); the
+    PNG writer issues one GlyphWarning naming each character once, in the order drawn, and no other warning."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.font_manager import FontProperties, findfont
+    from matplotlib.ft2font import FT2Font
+
+    from hsgds.preview import GlyphWarning
+
+    font = FT2Font(findfont(FontProperties()))
+    lacking = [c for c in "土壤水草地" if ord(c) not in font.get_charmap()]
+    if len(lacking) < 5:
+        pytest.skip(f"matplotlib's default font {font.family_name} draws CJK")
+    classmap = np.array([[1, 2], [3, 1]], dtype=np.uint8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        writers.write_png(tmp_path / "m.png", classmap, class_names=["土壤", "水", "草地 grass"])
+    assert [(w.category, str(w.message)) for w in caught] == [(GlyphWarning, (
+        f"the names drawn in m.png hold characters the font ({font.family_name}) lacks: '土', '壤', '水', '草', '地'; "
+        "they show as boxes (name a font that has them first in matplotlib's font.sans-serif, e.g. in a matplotlibrc)"))]
+    assert (tmp_path / "m.png").stat().st_size > 0
