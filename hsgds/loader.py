@@ -904,6 +904,8 @@ class PatchLoader:
                 cur = started if started is not None else self._start_batch(ahead, b, taken, wait=True)
                 assert cur is not None  # waiting for the tiles, the batch always starts
                 started = None
+                if cur.error is not None:
+                    raise cur.error
                 if self._cut_ahead and b + 1 < plan.num_batches:
                     # its Python (tiles, index, checks) runs while the engine's threads cut batch b; an error
                     # is raised when batch b+1 is reached, not one batch early
@@ -911,8 +913,6 @@ class PatchLoader:
                         started = self._start_batch(ahead, b + 1, taken, wait=False)
                     except Exception as exc:  # noqa: BLE001 - kept for its own batch, raised there
                         started = _Started(None, None, None, None, 0.0, exc)
-                if cur.error is not None:
-                    raise cur.error
                 assert cur.prep is not None and cur.index is not None and cur.pending is not None
                 t_wait = time.perf_counter()
                 patches = cur.pending.result()
