@@ -38,6 +38,7 @@ from hsgds._wording import drop, set_to
 from hsgds.errors import (
     ConfigError,
     HsgdsError,
+    HsgdsWarning,
     InputError,
     StoreError,
     as_flag,
@@ -603,16 +604,16 @@ def _write_pixel_arrays(root: zarr.Group, labels: np.ndarray, table: dict[str, n
         small(fmt.NODATA, nodata.astype(np.uint8), ["y", "x"])
 
 
-class NodataWarning(UserWarning):
+class NodataWarning(HsgdsWarning):
     """Labelled pixels that the source marks as nodata: they were left out of the labels and samples."""
 
 
-class WavelengthWarning(UserWarning):
+class WavelengthWarning(HsgdsWarning):
     """The source lists band wavelengths that cannot be recorded as nm (units that are no length, values
     outside MIN_NM-MAX_NM nm): the store records none, and the conversion goes on."""
 
 
-class GeoreferenceWarning(UserWarning):
+class GeoreferenceWarning(HsgdsWarning):
     """The source carries a map grid that cannot be recorded (a PRISMA L2D file's corners missing or not spanning
     its pixels): the store records no georeference, and the conversion goes on."""
 
