@@ -44,6 +44,7 @@ from hsgds.errors import (
     as_flag,
     as_path,
     control_character,
+    not_unicode,
     shown,
     shown_path,
 )
@@ -200,6 +201,9 @@ class ConvertOptions:
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
         for k, name in enumerate(self.class_names or (), start=1):
+            if (why := not_unicode(name)) is not None:  # no class map or legend could hold it
+                raise ConfigError(f"--class-names: the name of class {k} ({shown(name)}) {why}; pass the names in "
+                                  "the locale's encoding, or set LC_ALL to a locale of the encoding they are in")
             if (ch := control_character(name)) is not None:
                 raise ConfigError(f"--class-names: the name of class {k} ({shown(name)}) holds the control character "
                                   f"{ch}; give names without newlines, tabs or other control characters")
