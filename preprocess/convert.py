@@ -622,9 +622,10 @@ class GeoreferenceWarning(HsgdsWarning):
     its pixels): the store records no georeference, and the conversion goes on."""
 
 
-#: the converter's own warnings: the CLI shows each as one line, convert-many returns them per scene
-CONVERT_WARNINGS: tuple[type[Warning], ...] = (GeoreferenceWarning, NodataWarning, splitting.SplitWarning,
-                                               WavelengthWarning)
+#: the converter's warnings (GeoreferenceWarning, NodataWarning, the split's SplitWarning, WavelengthWarning) and
+#: its readers' (a GeoTIFF's CRS that needs rasterio), all HsgdsWarnings: the CLI shows each as one line,
+#: convert-many returns them per scene (a worker's stderr is not where the user looks)
+CONVERT_WARNINGS: tuple[type[Warning], ...] = (HsgdsWarning,)
 
 
 def _nodata_of(opts: ConvertOptions, cube: SourceCube) -> float | None:
