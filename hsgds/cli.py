@@ -22,7 +22,7 @@ from hsgds._optional import pip_install
 from hsgds._unset import Unset
 from hsgds._version import __version__
 from hsgds._wording import counted, duration, listed
-from hsgds.errors import HsgdsError, InputError, StoreError, escaped, one_line
+from hsgds.errors import HsgdsError, HsgdsWarning, InputError, StoreError, escaped, one_line
 
 EXIT_BAD_INPUT = 2
 EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor --require-gpu: no GPU)
@@ -42,7 +42,8 @@ class _Commands(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _our_warnings_in_one_line():
+                return super().invoke(ctx)
         except KeyboardInterrupt:
             lead = "\n" if sys.stderr.isatty() else ""  # below the terminal's ^C (or a progress bar)
             click.echo(f"{lead}hsgds: interrupted{_RESUMED.get(ctx.invoked_subcommand or '', '')}", err=True)
@@ -176,6 +177,28 @@ def _warnings_in_one_line(ours: tuple[type[Warning], ...], prefix: str = ""):
                 _say(f"hsgds: warning: {prefix}{w.message}")
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+@contextmanager
+def _our_warnings_in_one_line():
+    """While a command runs: each of hsgds's own warnings (:class:`HsgdsWarning`: the kvikio reader's, a source
+    reader's) that no command shows itself as one line on stderr, once per distinct message, not as Python's
+    ``file:line: Category: text`` and source line; any other warning is shown as Python shows it. Library users
+    keep Python's warnings: this is set up by the command group only."""
+    shown_by_python = warnings.showwarning
+    said: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if not issubclass(category, HsgdsWarning):
+            shown_by_python(message, category, filename, lineno, file, line)
+        elif str(message) not in said:
+            said.add(str(message))
+            _say(f"hsgds: warning: {message}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", HsgdsWarning)  # repeats are told apart here, by message, not by place
+        warnings.showwarning = show
+        yield
 
 
 def _progress_bar(label: str, command: str, noun: str) -> tuple[Any, Callable[[int, int], None]]:

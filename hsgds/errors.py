@@ -97,6 +97,16 @@ def control_character(text: str) -> str | None:
     return next((repr(ch) for ch in text if _is_control(ch)), None)
 
 
+def not_unicode(text: str) -> str | None:
+    """Why ``text`` is no Unicode text that a file can hold ("holds '\\udce9', which is no Unicode text (...)"),
+    or None: an unpaired surrogate is what os.fsdecode makes of a byte that is invalid in the locale's encoding
+    (a command line in another encoding), and no UTF-8 writer (GDAL, an ENVI header, a PNG) takes it."""
+    surrogate = next((ch for ch in text if "\ud800" <= ch <= "\udfff"), None)
+    if surrogate is None:
+        return None
+    return f"holds {surrogate!r}, which is no Unicode text (a byte a command line in another encoding passed on)"
+
+
 def _is_control(ch: str) -> bool:
     return ch < " " or ch == "\x7f"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,10 @@ import numpy as np
 from scipy.ndimage import maximum_filter
 
 from hsgds import format as fmt
-from hsgds._wording import counted
+from hsgds._unset import Unset
+from hsgds._wording import counted, runs
 from hsgds._wording import listed as first_few
-from hsgds.collection import Collection, is_collection_path, open_collection
+from hsgds.collection import Collection, SceneEntry, is_collection_path, open_collection
 from hsgds.errors import InputError
 from hsgds.scene import open_scene
 
@@ -181,7 +183,8 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     if scene.wavelengths:
         lines.append(f"bands:      {fmt.describe_wavelengths(scene.wavelengths)}")
     if m.bad_bands:
-        lines.append(f"bad bands:  {fmt.describe_bad_bands(m.bad_bands, b)}; bands=scene.good_bands leaves them out")
+        lines.append(f"bad bands:  {fmt.describe_bad_bands(m.bad_bands, b)}; bands=scene.good_bands leaves them out, "
+                     f"and {_SKIPPED_BY_WAVELENGTH}")
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
     guarded = 2 * g.halo + 1 if m.split.get("method") == "blocks" else None
     lines.append(leakage_line(leakage(scene, patch_size), guarded))
@@ -206,6 +209,26 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
         lines.append(f"{'all':>5}  {'':<28}" + "".join(f"{int(counts[s].sum()):>8}" for s in names)
                      + f"{m.num_samples:>8}")
     return "\n".join(lines)
+
+
+#: what a loader's selection by wavelength does with a band the source flags bad (loader.py: never takes one)
+_SKIPPED_BY_WAVELENGTH = "wavelengths=[...] never selects one"
+
+
+def _bad_bands_line(entries: Sequence[SceneEntry]) -> str | None:
+    """How many scenes flag bad bands and their commonest runs, from collection.json ("2 of 3 scenes flag bad
+    bands (bbl): 2-3 (2 scenes), 7 (1 scene)"), or None when none does."""
+    flagged = [e.bad_bands for e in entries if isinstance(e.bad_bands, tuple) and e.bad_bands]
+    if not flagged:
+        return None
+    spans = Counter(span for bad in flagged for span in runs(bad))
+    top = sorted(spans, key=lambda span: (-spans[span], span))  # commonest first, then in band order
+    shown = ", ".join(f"{lo if lo == hi else f'{lo}-{hi}'} ({counted(spans[(lo, hi)], 'scene')})" for lo, hi in top[:6])
+    more = f" and {len(top) - 6} more runs" if len(top) > 6 else ""
+    unlisted = sum(isinstance(e.bad_bands, Unset) for e in entries)  # listed by an older hsgds: not read here
+    return (f"bad bands:  {len(flagged)} of {counted(len(entries), 'scene')} {'flags' if len(flagged) == 1 else 'flag'}"
+            f" bad bands (bbl{f', {unlisted} not listed' if unlisted else ''}): {shown}{more}; "
+            f"a loader's {_SKIPPED_BY_WAVELENGTH}")
 
 
 def _tally(values: list) -> str:
@@ -245,6 +268,9 @@ def describe_collection(coll: Collection) -> str:
         unknown = sum(e.nodata_pixels is None for e in entries)
         lines.append(f"nodata:     {sum(e.nodata_pixels or 0 for e in with_nodata):,} pixels without data in "
                      f"{counted(len(with_nodata), 'scene')}" + (f" ({unknown} not listed)" if unknown else ""))
+    bad = _bad_bands_line(entries)
+    if bad is not None:
+        lines.append(bad)
     labelled = [e for e in entries if e.num_samples]
     names = next((e.class_names for e in labelled if e.class_names), None)
     classes = max((e.num_classes for e in labelled), default=0)

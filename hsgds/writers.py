@@ -47,7 +47,7 @@ from hsgds._durable import (
 )
 from hsgds._optional import require
 from hsgds._wording import clipped, counted
-from hsgds.errors import ConfigError, InputError, control_character, shown, shown_path
+from hsgds.errors import ConfigError, InputError, control_character, not_unicode, shown, shown_path
 from hsgds.preview import UNLABELLED, class_colours, glyphs_warned_once, texts_as_written
 
 __all__ = [
@@ -130,9 +130,8 @@ def _name_problem(name: str, suffix: str) -> tuple[str, bool] | None:
     by one class); a line break (or another control character) breaks the header's lines."""
     if suffix not in (".hdr", ".tif", ".tiff", ".png"):  # (a .npy holds no names)
         return None
-    surrogate = next((c for c in name if "\ud800" <= c <= "\udfff"), None)
-    if surrogate is not None:
-        return f"holds {surrogate!r}, which is no Unicode text (a byte a command line in another encoding passed on)", False
+    if (why := not_unicode(name)) is not None:
+        return why, False
     dropped = next((c for c in name if c < " " and c not in "\t\n\r"), None)  # (GDAL keeps these and DEL)
     if suffix in (".tif", ".tiff") and dropped is not None:
         return f"holds the control character {dropped!r}, which GDAL drops from a GeoTIFF's metadata", False

@@ -38,11 +38,13 @@ from hsgds._wording import drop, set_to
 from hsgds.errors import (
     ConfigError,
     HsgdsError,
+    HsgdsWarning,
     InputError,
     StoreError,
     as_flag,
     as_path,
     control_character,
+    not_unicode,
     shown,
     shown_path,
 )
@@ -199,6 +201,9 @@ class ConvertOptions:
             raise ConfigError(f"--class-names has an empty name ({','.join(self.class_names)!r}); give one name per "
                               "class, comma-separated, in label order")
         for k, name in enumerate(self.class_names or (), start=1):
+            if (why := not_unicode(name)) is not None:  # no class map or legend could hold it
+                raise ConfigError(f"--class-names: the name of class {k} ({shown(name)}) {why}; pass the names in "
+                                  "the locale's encoding, or set LC_ALL to a locale of the encoding they are in")
             if (ch := control_character(name)) is not None:
                 raise ConfigError(f"--class-names: the name of class {k} ({shown(name)}) holds the control character "
                                   f"{ch}; give names without newlines, tabs or other control characters")
@@ -603,23 +608,24 @@ def _write_pixel_arrays(root: zarr.Group, labels: np.ndarray, table: dict[str, n
         small(fmt.NODATA, nodata.astype(np.uint8), ["y", "x"])
 
 
-class NodataWarning(UserWarning):
+class NodataWarning(HsgdsWarning):
     """Labelled pixels that the source marks as nodata: they were left out of the labels and samples."""
 
 
-class WavelengthWarning(UserWarning):
+class WavelengthWarning(HsgdsWarning):
     """The source lists band wavelengths that cannot be recorded as nm (units that are no length, values
     outside MIN_NM-MAX_NM nm): the store records none, and the conversion goes on."""
 
 
-class GeoreferenceWarning(UserWarning):
+class GeoreferenceWarning(HsgdsWarning):
     """The source carries a map grid that cannot be recorded (a PRISMA L2D file's corners missing or not spanning
     its pixels): the store records no georeference, and the conversion goes on."""
 
 
-#: the converter's own warnings: the CLI shows each as one line, convert-many returns them per scene
-CONVERT_WARNINGS: tuple[type[Warning], ...] = (GeoreferenceWarning, NodataWarning, splitting.SplitWarning,
-                                               WavelengthWarning)
+#: the converter's warnings (GeoreferenceWarning, NodataWarning, the split's SplitWarning, WavelengthWarning) and
+#: its readers' (a GeoTIFF's CRS that needs rasterio), all HsgdsWarnings: the CLI shows each as one line,
+#: convert-many returns them per scene (a worker's stderr is not where the user looks)
+CONVERT_WARNINGS: tuple[type[Warning], ...] = (HsgdsWarning,)
 
 
 def _nodata_of(opts: ConvertOptions, cube: SourceCube) -> float | None:

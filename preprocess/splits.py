@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from scipy.ndimage import maximum_filter
 
-from hsgds.errors import ConfigError, InputError, shown
+from hsgds.errors import ConfigError, HsgdsWarning, InputError, shown
 from hsgds.format import SPLIT_CODES, SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL, split_class_counts
 
 __all__ = [
@@ -351,7 +351,7 @@ _REFINE_DRIFT = 0.25
 TRAIN_SHARE_WARN = 0.05
 
 
-class SplitWarning(UserWarning):
+class SplitWarning(HsgdsWarning):
     """A split was made but is not what was asked for; the commands show these as one line each."""
 
 

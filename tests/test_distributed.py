@@ -435,3 +435,58 @@ def test_a_rank_iterating_a_sharded_loader_alone_is_told_so_at_the_groups_timeou
     assert said.endswith("): every rank must iterate a loader sharded over the process group together (one that never "
                          "iterates it, or has failed, leaves the others waiting until the group's timeout); to read "
                          "a loader on some ranks only, build it with rank=0, world_size=1")
+
+
+def test_readme_ddp_example_checkpoints_across_short_epochs_and_resumes(tmp_path, indian_pines_store):
+    """The README's train_ddp.py, run as written by torchrun with 2 gloo ranks on two Indian Pines stores
+    (17 batches per rank and epoch): it checkpointed at `step % 20 == 19` of each epoch, so with epochs shorter
+    than 20 steps it never wrote one. Killed after a checkpoint inside an epoch and launched again, it resumes
+    there: the checkpoint's step, raised by 1000 in between, ends at 1000 + every step of the 10 epochs only if
+    the run went on from the saved step and loader position (a restart would end at the plain count)."""
+    import os
+    import re
+    import shutil
+    import time
+    from pathlib import Path
+
+    import torch
+
+    import hsgds
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (tmp_path / "train_ddp.py").write_text(re.search(r"```python\n(# train_ddp\.py.*?)```", readme, re.S).group(1))
+    for name in ("a.zarr", "b.zarr"):
+        shutil.copytree(indian_pines_store, tmp_path / name)
+    with hsgds.PatchLoader([tmp_path / "a.zarr", tmp_path / "b.zarr"], patch_size=13, batch_size=64, rank=0,
+                           world_size=2) as loader:
+        per_epoch = len(loader)
+    assert per_epoch < 20  # the case the example missed
+    ckpt = tmp_path / "ckpt.pt"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train_ddp.py"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    # first launch: stopped (its whole process group) once a checkpoint inside an epoch is written
+    run = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    saved = None
+    try:
+        while run.poll() is None and saved is None:
+            if ckpt.exists():
+                state = torch.load(ckpt, weights_only=True)
+                if state["loader"]["batch"] != 0:
+                    saved = state
+            time.sleep(0.01)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        _, err = run.communicate(timeout=60)
+    assert saved is not None, f"no checkpoint inside an epoch was written (exit {run.returncode}): {err[-2000:]}"
+    assert saved["step"] == saved["loader"]["epoch"] * per_epoch + saved["loader"]["batch"]
+    state = torch.load(ckpt, weights_only=True)  # (the last one written before the kill)
+    state["step"] += 1000
+    torch.save(state, ckpt)
+
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    final = torch.load(ckpt, weights_only=True)
+    assert (final["step"], final["loader"]["epoch"], final["loader"]["batch"]) == (1000 + 10 * per_epoch, 10, 0)

@@ -259,15 +259,18 @@ def test_class_names_an_envi_map_cannot_hold_are_refused_before_any_work(store, 
 
 
 def test_class_names_that_are_no_unicode_text_are_refused_before_any_work(tmp_path, run_cli):
-    """`--class-names` given bytes that are not UTF-8 (a Latin-1 terminal) reach the store as unpaired surrogates;
-    every map that holds names (.tif, .hdr, .png) and a probabilities GeoTIFF then failed with UnicodeEncodeError
-    and a traceback once the whole scene was predicted. Refused in one line before the model runs; a .npy map
-    (no names) is written."""
+    """`--class-names` given bytes that are not UTF-8 (a Latin-1 terminal) reached the store as unpaired
+    surrogates (convert refuses them now; a store converted before holds them); every map that holds names
+    (.tif, .hdr, .png) and a probabilities GeoTIFF then failed with UnicodeEncodeError and a traceback once the
+    whole scene was predicted. Refused in one line before the model runs; a .npy map (no names) is written."""
     cube, labels = coordinate_cube(seed=15)
     np.save(tmp_path / "cube.npy", cube)
     np.save(tmp_path / "gt.npy", labels)
     store = convert(tmp_path / "cube.npy", tmp_path / "s.zarr",
-                    ConvertOptions(labels=tmp_path / "gt.npy", class_names=("ma\udcefs", "b", "c")))
+                    ConvertOptions(labels=tmp_path / "gt.npy", class_names=("mais", "b", "c")))
+    root = json.loads((store / "zarr.json").read_text())
+    root["attributes"]["hsgds"]["class_names"][0] = "ma\udcefs"  # as an hsgds before the check stored them
+    (store / "zarr.json").write_text(json.dumps(root))
     (tmp_path / "maps").mkdir()
     model = CentreCoordinates()
     for outputs in ({"out": tmp_path / "maps" / "m.tif"}, {"out": tmp_path / "maps" / "m.hdr"},

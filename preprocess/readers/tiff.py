@@ -20,7 +20,7 @@ import tifffile
 
 from hsgds import format as fmt
 from hsgds._optional import pip_install
-from hsgds.errors import DependencyError, InputError
+from hsgds.errors import DependencyError, HsgdsWarning, InputError
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
     ArrayCube,
@@ -166,7 +166,7 @@ def _georeference(tif: tifffile.TiffFile, path: Path) -> dict[str, Any] | None:
         except ImportError:
             warnings.warn(f"{path.name} has a user-defined coordinate reference system; recording it needs "
                           f"rasterio ({pip_install('geo')}), so the store keeps its transform only",
-                          stacklevel=3)
+                          HsgdsWarning, stacklevel=3)
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # rasterio's NotGeoreferencedWarning and the like

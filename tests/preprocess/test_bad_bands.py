@@ -70,7 +70,28 @@ def test_info_shows_the_bad_bands_of_the_source_and_the_store(tmp_path):
     convert(tmp_path / "scene.hdr", tmp_path / "s.zarr", ConvertOptions(max_patch=3))
     store = dict(line.split(":", 1) for line in describe(tmp_path / "s.zarr").splitlines() if ":" in line)
     assert store["bad bands"].strip() == (f"3 of {B} flagged bad by the source (bbl): 2-3, 7; bands=scene.good_bands "
-                                          "leaves them out")
+                                          "leaves them out, and wavelengths=[...] never selects one")
+
+
+def test_info_of_a_collection_sums_up_its_scenes_bad_bands(tmp_path, run_cli):
+    """`hsgds info COLLECTION` says how many scenes flag bad bands and their commonest runs, from the
+    collection.json that convert-many wrote from SPy's ENVI files (bbl as each header lists it)."""
+    pytest.importorskip("distributed")
+    flags = {"a": BBL, "b": [1, 1, 0, 0, 1, 1, 1, 1, 1], "c": None}  # a: 2-3, 7; b: 2-3; c: no bbl
+    for name, bbl in flags.items():
+        save(tmp_path / f"{name}.hdr", aviris_like(), bbl=bbl)
+    (tmp_path / "scenes.csv").write_text("source\n" + "".join(f"{name}.hdr\n" for name in flags))
+    code, _, err = run_cli("convert-many", tmp_path / "scenes.csv", "-o", tmp_path / "coll", "--max-patch", "3",
+                           "--workers", "1")
+    assert code == 0, err
+    listing = json.loads((tmp_path / "coll" / "collection.json").read_text())  # as any JSON reader sees it
+    bad = {name: [i for i, f in enumerate(bbl) if f == 0] if bbl else None for name, bbl in flags.items()}
+    assert {e["name"]: e["bad_bands"] for e in listing["scenes"]} == bad
+    code, out, err = run_cli("info", tmp_path / "coll")
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("bad bands:")]
+    assert lines == ["bad bands:  2 of 3 scenes flag bad bands (bbl): 2-3 (2 scenes), 7 (1 scene); a loader's "
+                     "wavelengths=[...] never selects one"], out
 
 
 def _all_patches(store, **kw) -> tuple[np.ndarray, np.ndarray]:

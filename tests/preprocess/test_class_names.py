@@ -172,6 +172,30 @@ def test_class_names_with_control_characters_are_refused_before_any_work(tmp_pat
     assert not (tmp_path / "s.zarr").exists()
 
 
+def test_class_names_that_are_no_unicode_text_are_refused_at_convert(tmp_path):
+    """`--class-names` typed in Latin-1 under a UTF-8 locale reaches Python as an unpaired surrogate (os.fsdecode
+    of argv); stored as such, every class map that holds names refused it later. Refused by `hsgds convert` in
+    one line naming the class, nothing written; the library's ConvertOptions refuses it too."""
+    import os
+    import subprocess
+    import sys
+
+    cp, labels = scene(tmp_path)
+    np.save(tmp_path / "gt.npy", labels)
+    argv = [sys.executable, "-m", "hsgds.cli", "convert", cp, "--labels", tmp_path / "gt.npy", "-o",
+            tmp_path / "s.zarr", "--max-patch", "3", "--class-names", b"a,ma\xefs,x,y"]  # Latin-1 'ï'
+    done = subprocess.run(argv, capture_output=True, env={**os.environ, "LC_ALL": "C.UTF-8"}, timeout=120)
+    assert (done.returncode, done.stdout) == (2, b""), done.stderr
+    assert done.stderr.decode() == ("hsgds: error: --class-names: the name of class 2 ('ma\\udcefs') holds "
+                                    "'\\udcef', which is no Unicode text (a byte a command line in another "
+                                    "encoding passed on); pass the names in the locale's encoding, or set LC_ALL "
+                                    "to a locale of the encoding they are in\n")
+    assert not (tmp_path / "s.zarr").exists()
+    with pytest.raises(hsgds.ConfigError, match=r"the name of class 2 \('ma\\udcefs'\) holds '\\udcef', which is "
+                                                 "no Unicode text"):
+        ConvertOptions(labels=tmp_path / "gt.npy", class_names=("a", "ma\udcefs", "x", "y")).check()
+
+
 def test_convert_many_keeps_a_store_named_from_its_labels_up_to_date(tmp_path):
     """convert-many compares a store's names with those a conversion would give: without --class-names,
     the label file's own. A store named from its ENVI header is up to date; one written before the header

@@ -874,6 +874,42 @@ def test_a_warning_other_than_a_split_is_shown_once_and_conversion_completes(tmp
     assert "wrote" in done.stdout and np.array_equal(hsgds.open_scene(tmp_path / "o.zarr").read(0, 12, 0, 10), cube)
 
 
+def _user_crs_tiff(path):
+    """A GeoTIFF whose CRS is user-defined (no EPSG code): read without rasterio, its reader warns."""
+    from rasterio.transform import Affine
+
+    from tests.preprocess.test_georeference import ALBERS, write_geotiff
+
+    write_geotiff(path, np.ones((3, 12, 10), np.int16), ALBERS, Affine(30.0, 0.0, 100.0, 0.0, -30.0, 200.0))
+    return path
+
+
+def test_a_readers_warning_under_a_command_is_one_escaped_line_once(tmp_path):
+    """An HsgdsWarning that no command shows itself (a source reader's) is one `hsgds: warning:` line on stderr,
+    its control characters escaped, not Python's `file:line: Category: text` and source line."""
+    src = _user_crs_tiff(tmp_path / "a\nb.tif")  # a newline in the name: escaped in the line
+    script = ("import sys; sys.modules['rasterio'] = None\n"  # as if hsgds[geo] were not installed
+              "from hsgds.cli import main\n"
+              f"main(['info', {str(src)!r}])")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "hsgds: warning: a\\nb.tif has a user-defined coordinate reference system; recording it needs rasterio "
+        '(pip install "hsgds[geo]"), so the store keeps its transform only'], done.stderr
+    assert "georef:     no CRS (transform only)" in done.stdout
+
+
+def test_a_readers_warning_in_the_library_stays_a_python_warning(tmp_path, monkeypatch):
+    """Outside the CLI the reader's warning is a normal Python warning (an HsgdsWarning, a UserWarning)."""
+    from hsgds.errors import HsgdsWarning
+    from hsgds.preprocess.describe import describe_source
+
+    src = _user_crs_tiff(tmp_path / "c.tif")
+    monkeypatch.setitem(sys.modules, "rasterio", None)  # as if hsgds[geo] were not installed
+    with pytest.warns(HsgdsWarning, match="c.tif has a user-defined coordinate reference system"):
+        describe_source(src)
+
+
 def test_wavelengths_for_a_source_that_records_none(npy_scene, tmp_path, run_cli):
     from tests.envi import write_envi
 

@@ -1042,6 +1042,27 @@ def test_a_scenes_warnings_are_shown_by_the_command_with_its_name(cluster, tmp_p
     assert code == 0 and "warning" not in stderr, stderr
 
 
+def test_a_readers_warning_on_a_worker_is_shown_by_the_command(tmp_path):
+    """A source reader's warning (a GeoTIFF's user-defined CRS without rasterio) fired on a worker process was
+    re-issued there, as Python's two lines on the worker's stderr; it comes back with the scene, and the
+    command shows it as one line naming the scene, as it shows the converter's own."""
+    from tests.preprocess.test_convert import _user_crs_tiff
+
+    _user_crs_tiff(tmp_path / "c.tif")
+    (tmp_path / "m.csv").write_text("source,name\nc.tif,albers\n")
+    (tmp_path / "no_geo" / "rasterio").mkdir(parents=True)  # as if hsgds[geo] were not installed, on every process
+    (tmp_path / "no_geo" / "rasterio" / "__init__.py").write_text("raise ImportError('rasterio is not installed')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "no_geo"), *sys.path[1:]])}
+    done = subprocess.run([sys.executable, "-m", "hsgds.cli", "convert-many", str(tmp_path / "m.csv"), "-o",
+                           str(tmp_path / "out"), "--max-patch", "3", "--workers", "1"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "user-defined coordinate reference system" in line]
+    assert warned == ["hsgds: warning: albers: c.tif has a user-defined coordinate reference system; recording it "
+                      'needs rasterio (pip install "hsgds[geo]"), so the store keeps its transform only'], done.stderr
+    assert "Warning" not in done.stderr, done.stderr
+
+
 def _later(path: Path) -> None:
     """Move ``path``'s modification time a second on, as an edit does on any file system's clock."""
     st = path.stat()
