@@ -58,7 +58,9 @@ class DependencyError(HsgdsError, ImportError):
 
 
 class HsgdsWarning(UserWarning):
-    """Something works, but slower or weaker than it should (e.g. a format v1 store on the kvikio path)."""
+    """Something works, but not as the user may expect: slower or weaker than it should (a format v1 store on the
+    kvikio path), or a source, split or rendering the user should know about (the converter's split, nodata,
+    wavelength and georeference warnings; class names the font lacks). The CLI prints each as one line."""
 
 
 def one_line(exc: BaseException, limit: int = 300, *, with_type: bool = False) -> str:
