@@ -165,8 +165,9 @@ def _warnings_in_one_line(ours: tuple[type[Warning], ...], prefix: str = ""):
     shown: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
-            for category in ours:
-                warnings.simplefilter("always", category)
+            if not sys.warnoptions:  # the user's -W / PYTHONWARNINGS (e.g. ignore) win
+                for category in ours:
+                    warnings.simplefilter("always", category)
             try:
                 yield
             finally:
@@ -196,7 +197,8 @@ def _our_warnings_in_one_line():
             _say(f"hsgds: warning: {message}")
 
     with warnings.catch_warnings():
-        warnings.simplefilter("always", HsgdsWarning)  # repeats are told apart here, by message, not by place
+        if not sys.warnoptions:  # the user's -W / PYTHONWARNINGS (e.g. ignore) win
+            warnings.simplefilter("always", HsgdsWarning)  # repeats are told apart here, by message, not by place
         warnings.showwarning = show
         yield
 

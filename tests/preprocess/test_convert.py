@@ -899,6 +899,21 @@ def test_a_readers_warning_under_a_command_is_one_escaped_line_once(tmp_path):
     assert "georef:     no CRS (transform only)" in done.stdout
 
 
+def test_the_users_warning_filters_silence_hsgds_warnings_on_the_cli(tmp_path):
+    """`python -W ignore` (or PYTHONWARNINGS=ignore) silences hsgds's warnings under a command, as any other; a
+    filter for another category leaves them shown, once, on one line."""
+    src = _user_crs_tiff(tmp_path / "d.tif")
+    script = ("import sys; sys.modules['rasterio'] = None\n"
+              "from hsgds.cli import main\n"
+              f"main(['info', {str(src)!r}])")
+    for flags, want in ((["-W", "ignore"], []), (["-W", "ignore::DeprecationWarning"], 1)):
+        done = subprocess.run([sys.executable, *flags, "-c", script], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        lines = done.stderr.splitlines()
+        assert lines == want if isinstance(want, list) else (len(lines) == want and "user-defined coordinate" in
+                                                              lines[0] and lines[0].startswith("hsgds: warning:")), lines
+
+
 def test_a_readers_warning_in_the_library_stays_a_python_warning(tmp_path, monkeypatch):
     """Outside the CLI the reader's warning is a normal Python warning (an HsgdsWarning, a UserWarning)."""
     from hsgds.errors import HsgdsWarning
