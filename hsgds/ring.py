@@ -113,6 +113,8 @@ class TileRing:
         self.stop()
         event = self._consumer_event()
         with self._cond:
+            if self._closed:  # by another thread (loader.close() while an iteration starts)
+                raise HsgdsError("the loader was closed; its iterators yield nothing more: create a new loader")
             # tiles of an earlier pass that are still resident are freed (kept for reuse); its last
             # batch may still be running on the GPU, so they are overwritten only after this event
             for slot, st in enumerate(self.state):
@@ -125,8 +127,9 @@ class TileRing:
                 self._release_at.setdefault(iv.last, []).append(iv.tile)
             self._error = None
             self._stop.clear()
-        self._thread = threading.Thread(target=self._produce, name="hsgds-ring", daemon=True)
-        self._thread.start()
+            # published under the lock, before it starts: stop() from another thread sees this thread or none
+            self._thread = thread = threading.Thread(target=self._produce, name="hsgds-ring", daemon=True)
+        thread.start()
 
     def _take_slot(self, tile: int) -> tuple[int, bool] | None:
         """A slot for ``tile`` and whether it already holds it: the slot holding it (resident or freed but
@@ -345,9 +348,11 @@ class TileRing:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+            thread, self._thread = self._thread, None
+        # one that start() has not started yet (close() from another thread) finds the stop flag set as it
+        # starts and ends at once; join() would raise on it
+        if thread is not None and thread.is_alive():
+            thread.join()
         wait(self._futures)  # reads in flight finish (or see the stop flag) before slots are reused
         self._futures = []
 

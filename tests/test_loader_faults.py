@@ -156,6 +156,38 @@ def test_close_from_another_thread_wakes_a_waiting_consumer(store):
     assert _ring_threads() == []
 
 
+def test_close_from_another_thread_as_an_iteration_starts(store, monkeypatch):
+    """close() from another thread landing while iter() starts the ring (its reading thread made, not yet
+    started) closes the loader: it raised "cannot join thread before it is started" and left the reader and
+    engine open. The iteration then ends with the one-line closed error, and no thread is left."""
+    loader = _loader(store)
+    errors = []
+
+    def close():
+        try:
+            loader.close()
+        except BaseException as exc:  # noqa: BLE001 - what the closing thread would have printed
+            errors.append(exc)
+
+    start = threading.Thread.start
+
+    def start_after_a_close(thread):
+        if thread.name == "hsgds-ring":  # the window: close() in another thread, to its end, first
+            closer = threading.Thread(target=close)
+            start(closer)
+            closer.join()
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_after_a_close)
+    with pytest.raises(HsgdsError, match="closed"):
+        for _ in loader:
+            pass
+    monkeypatch.undo()
+    assert errors == []
+    assert loader._closed and loader._ring._closed
+    assert _ring_threads() == []
+
+
 def test_a_construction_failing_late_releases_what_it_built(store, monkeypatch):
     """A loader whose construction fails after its ring was allocated (here the reader's one-time
     registration of the ring, e.g. GDS refusing to pin it) closes its ring, engine and reader: on CUDA they
