@@ -388,6 +388,7 @@ class PatchLoader:
                  norm_scope: str = "scene", norm_stats: BandStats | None = None,
                  augment: Augment | None = None, footprint_guard: bool = False) -> None:
         self._closed = True  # until fully built, so close() in __del__ is safe
+        self._closing = threading.Lock()  # close() against a batch's cut starting on the consuming thread
         if augment is not None and not isinstance(augment, Augment):
             # (the class itself, its parentheses forgotten, read "got type")
             got = ("the class itself: create one, e.g. augment=hsgds.Augment(flip=True)"
@@ -974,9 +975,12 @@ class PatchLoader:
             self._norm_later.difference_update(norm[0].tolist())
         dihedral = index[self._coord_row() - 1] if aug is not None and aug.dihedral is not None else None
         t_start = time.perf_counter()
-        pending = self._engine.start_cut(self._ring.storage, index[0], index[1], index[2],
-                                         index[4] if self._tables is not None else None, dihedral=dihedral,
-                                         noise=noise, normalized=self._normalize_tiles)
+        with self._closing:  # close() from another thread: before this cut starts, or after it has started
+            if self._closed:
+                raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: create a new loader")
+            pending = self._engine.start_cut(self._ring.storage, index[0], index[1], index[2],
+                                             index[4] if self._tables is not None else None, dihedral=dihedral,
+                                             noise=noise, normalized=self._normalize_tiles)
         return _Started(prep, index, pending, aug, time.perf_counter() - t_start, None)
 
     def _account(self, n: int, t0: float, base_elapsed: float) -> None:
@@ -994,9 +998,10 @@ class PatchLoader:
     # -- shutdown -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the reader thread, free the ring and close files. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._closing:  # a cut being started on the consuming thread is started before the engine closes
+            if self._closed:
+                return
+            self._closed = True
         self._ring.close()
         self._reader.close()
         self._engine.close()

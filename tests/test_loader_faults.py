@@ -188,6 +188,39 @@ def test_close_from_another_thread_as_an_iteration_starts(store, monkeypatch):
     assert _ring_threads() == []
 
 
+def test_close_from_another_thread_as_a_batch_starts(store, monkeypatch):
+    """close() from another thread landing after the consumer checked that the loader is open and before it
+    started a batch's cut (here: as the next batch's tiles are looked up, to be cut ahead): the cut did start,
+    on a pool of cutting threads the engine made again after close() had shut its own, and that thread was
+    left behind. Now no cut starts on a closed loader: the iteration ends with the one-line closed error
+    and no thread is left."""
+    from hsgds import defaults
+    from hsgds.engines import cpu_cut
+    from hsgds.ring import TileRing
+
+    if not cpu_cut.available():
+        pytest.skip("the fused CPU kernel (numba) cuts ahead")
+    with defaults.set(cut_ahead=True):
+        loader = _loader(store, shuffle=False)
+    ready = TileRing.ready
+    closed = []
+
+    def ready_after_a_close(ring, tiles):
+        if not closed:
+            closer = threading.Thread(target=loader.close)
+            closer.start()
+            closer.join()
+            closed.append(True)
+        return ready(ring, tiles)
+
+    monkeypatch.setattr(TileRing, "ready", ready_after_a_close)
+    with pytest.raises(HsgdsError, match="closed"):
+        for _ in loader:
+            pass
+    assert closed
+    assert _ring_threads() == []
+
+
 def test_a_construction_failing_late_releases_what_it_built(store, monkeypatch):
     """A loader whose construction fails after its ring was allocated (here the reader's one-time
     registration of the ring, e.g. GDS refusing to pin it) closes its ring, engine and reader: on CUDA they
