@@ -389,6 +389,7 @@ class PatchLoader:
                  augment: Augment | None = None, footprint_guard: bool = False) -> None:
         self._closed = True  # until fully built, so close() in __del__ is safe
         self._closing = threading.Lock()  # close() against a batch's cut starting on the consuming thread
+        self._preps: set[BatchPrep] = set()  # the preparing threads of live iterators, which close() stops
         if augment is not None and not isinstance(augment, Augment):
             # (the class itself, its parentheses forgotten, read "got type")
             got = ("the class itself: create one, e.g. augment=hsgds.Augment(flip=True)"
@@ -892,6 +893,7 @@ class PatchLoader:
         base_elapsed = self.stats.elapsed_s
         # batch b+1's (and b+2's) index arrays are built on another thread while batch b is consumed
         ahead = BatchPrep(self._prepare(plan, epoch), start, plan.num_batches, depth=2)
+        self._preps.add(ahead)
         taken: dict[int, Prepared] = {}  # batches taken from `ahead` whose tiles were not all resident yet
         started: _Started | None = None  # batch b+1, cut ahead on the engine's threads (setting cut_ahead)
         try:
@@ -943,6 +945,7 @@ class PatchLoader:
                 with contextlib.suppress(Exception):  # no thread may still read the ring once this pass ends
                     started.pending.result()
             ahead.close()
+            self._preps.discard(ahead)
             if pass_id == self._pass and not self._closed:
                 self._ring.stop()
 
@@ -955,7 +958,13 @@ class PatchLoader:
         """Start cutting batch ``b``: its prepared index, its tiles' slots, the one host-to-device copy and
         the cut (on CUDA, enqueued; on the CPU with the fused kernel, left to the engine's threads). With
         ``wait=False``, None when its tiles are not all resident yet (the batch is kept in ``taken``)."""
-        prep = taken.pop(b) if b in taken else ahead.get(b)  # normally ready: built ahead
+        try:
+            prep = taken.pop(b) if b in taken else ahead.get(b)  # normally ready: built ahead
+        except RuntimeError:
+            if self._closed:  # its preparing thread stopped by close() from another thread
+                raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: "
+                                 "create a new loader") from None
+            raise
         if wait:
             slots = self._ring.acquire(prep.tiles)
         else:
@@ -1002,6 +1011,9 @@ class PatchLoader:
             if self._closed:
                 return
             self._closed = True
+        # an iterator left suspended (not exhausted, still referenced) keeps no thread running
+        for prep in list(self._preps):
+            prep.close()
         self._ring.close()
         self._reader.close()
         self._engine.close()

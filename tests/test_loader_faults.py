@@ -134,6 +134,19 @@ def test_iterator_used_after_close_raises(store):
     assert _ring_threads() == []
 
 
+def test_close_stops_the_preparing_thread_of_a_suspended_iterator(store):
+    """An iterator left mid-epoch and still referenced (a training loop that returned early, keeping it)
+    had its batch-preparing thread waking every 0.1 s after loader.close() until the iterator was dropped.
+    close() stops it; the iterator then raises the closed error."""
+    loader = _loader(store)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    assert _ring_threads() == []
+    with pytest.raises(HsgdsError, match="closed"):
+        next(it)
+
+
 def test_close_from_another_thread_wakes_a_waiting_consumer(store):
     """A consumer blocked on a slow tile is woken by close() from another thread, with a clear error."""
 
