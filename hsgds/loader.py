@@ -896,6 +896,7 @@ class PatchLoader:
         self._preps.add(ahead)
         taken: dict[int, Prepared] = {}  # batches taken from `ahead` whose tiles were not all resident yet
         started: _Started | None = None  # batch b+1, cut ahead on the engine's threads (setting cut_ahead)
+        consumer = threading.get_ident()  # the thread iterating (this body runs on it at every next())
         try:
             for b in range(start, plan.num_batches):
                 if self._closed:
@@ -935,18 +936,24 @@ class PatchLoader:
                     yield patches, labels, index[coord_row:].t().contiguous()
                 else:
                     yield patches, labels
+                consumer = threading.get_ident()
                 # hold no reference across the next cut: a consumer that has dropped this batch (predict
                 # does) lets the engine reuse its buffer instead of allocating a second one
                 del patches, labels, index
             if self._cursor == pass_id:
                 self._epoch, self._batch = epoch + 1, 0
         finally:
-            if started is not None and started.pending is not None:
+            # an abandoned iterator that the garbage collector finalizes on another thread waits for nothing:
+            # on a cutting thread, the batch cut ahead may be that thread's own job (it would wait for
+            # itself), on the ring's threads stop() would join the thread it runs on; the next iter() or
+            # close() stops the ring instead
+            waits = threading.get_ident() == consumer
+            if waits and started is not None and started.pending is not None:
                 with contextlib.suppress(Exception):  # no thread may still read the ring once this pass ends
                     started.pending.result()
             ahead.close()
             self._preps.discard(ahead)
-            if pass_id == self._pass and not self._closed:
+            if waits and pass_id == self._pass and not self._closed:
                 self._ring.stop()
 
     def _coord_row(self) -> int:

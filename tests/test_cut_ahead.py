@@ -123,3 +123,48 @@ def test_an_error_of_the_batch_started_ahead_is_raised_at_that_batch(tmp_path, o
                 assert (c[:, 0] == 0).all() and torch.isfinite(p).all()
                 yielded += 1
         assert yielded == first_b
+
+
+_COLLECTED_ON_A_CUTTING_THREAD = """
+import gc, sys, threading
+import hsgds
+from hsgds import defaults
+from hsgds.engines import cpu_cut
+
+calls, dropped = [], threading.Event()
+real = cpu_cut.cut_range
+
+def cut_range(*args):
+    if threading.current_thread().name.startswith("hsgds-cut"):
+        calls.append(1)
+        if len(calls) == 2:  # batch 1's one job, cut ahead while batch 0 is handed out
+            dropped.wait()
+            gc.collect()  # the abandoned iterator is finalized on this cutting thread
+    return real(*args)
+
+cpu_cut.cut_range = cut_range
+with defaults.set(cut_ahead=True, torch_threads=1, normalize_tiles=False):
+    loader = hsgds.PatchLoader(sys.argv[1], patch_size=5, batch_size=16, split="train", device="cpu", seed=1)
+gc.disable()  # only the collection on the cutting thread finalizes it
+box = [iter(loader)]
+box.append(box)  # a reference cycle: only the garbage collector frees the iterator
+next(box[0])
+del box
+dropped.set()
+loader.close()  # waits for the cutting thread
+print("closed")
+"""
+
+
+def test_an_iterator_collected_on_a_cutting_thread_does_not_wait_for_itself(store):
+    """An abandoned iterator in a reference cycle, finalized by the garbage collector on the cutting thread
+    whose job is the batch it cut ahead: its cleanup waited for that batch, i.e. for the very job running
+    it, and the thread (then close(), and the training loop) hung forever. It waits for nothing off the
+    consuming thread now. In a subprocess, so that a hang is a timeout, not a stuck test run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _COLLECTED_ON_A_CUTTING_THREAD, str(store)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "closed"
