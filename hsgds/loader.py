@@ -68,6 +68,7 @@ STATE_VERSION = 3
 
 
 _HOST_WINDOW = 1024  # batches kept for the host-time medians
+_CLOSED = "this PatchLoader was closed; its iterators yield nothing more: create a new loader"
 
 
 @dataclass
@@ -900,8 +901,7 @@ class PatchLoader:
         try:
             for b in range(start, plan.num_batches):
                 if self._closed:
-                    raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: "
-                                     "create a new loader")
+                    raise HsgdsError(_CLOSED)
                 if pass_id != self._pass:
                     raise HsgdsError("this iterator was superseded by a newer iteration of the same loader")
                 t_in, wait_in = time.perf_counter(), self._ring.stats.consumer_wait_s
@@ -969,8 +969,7 @@ class PatchLoader:
             prep = taken.pop(b) if b in taken else ahead.get(b)  # normally ready: built ahead
         except RuntimeError:
             if self._closed:  # its preparing thread stopped by close() from another thread
-                raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: "
-                                 "create a new loader") from None
+                raise HsgdsError(_CLOSED) from None
             raise
         if wait:
             slots = self._ring.acquire(prep.tiles)
@@ -993,7 +992,7 @@ class PatchLoader:
         t_start = time.perf_counter()
         with self._closing:  # close() from another thread: before this cut starts, or after it has started
             if self._closed:
-                raise HsgdsError("this PatchLoader was closed; its iterators yield nothing more: create a new loader")
+                raise HsgdsError(_CLOSED)
             pending = self._engine.start_cut(self._ring.storage, index[0], index[1], index[2],
                                              index[4] if self._tables is not None else None, dihedral=dihedral,
                                              noise=noise, normalized=self._normalize_tiles)
