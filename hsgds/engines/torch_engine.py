@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -102,7 +103,7 @@ class TorchEngine(PatchEngine):
         self._bufs: dict[tuple[Any, torch.dtype], torch.Tensor] = {}
         self._lock = threading.Lock()
         # CPU: output buffers handed out again once nobody holds them (see _output)
-        self._outs: list[tuple[torch.Tensor, int | None]] = []
+        self._outs: list[_PooledOutput] = []
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         # CPU path tunables (docs/settings.md), read once per engine: output buffers kept for reuse (the
@@ -297,20 +298,21 @@ class TorchEngine(PatchEngine):
     def _output(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A CPU output tensor of ``shape``: a pooled buffer that nobody else references any more, else a
         fresh one. A fresh large allocation is mmapped and page-faulted in on every batch, which costs
-        more than the whole cut; a pooled buffer is reused only when its storage's use count shows that
-        no tensor, view or numpy array handed out earlier is still alive, so no caller ever sees a batch
-        it holds change."""
+        more than the whole cut; a pooled buffer is reused only when nothing handed out earlier still
+        references it (:class:`_PooledOutput`), so no caller ever sees a batch it holds change."""
         numel = math.prod(shape)
-        for i, (buf, idle) in enumerate(self._outs):
-            if _storage_refs(buf) == idle:
-                if buf.numel() < numel:  # a bigger batch: replace the idle buffer
-                    buf = torch.empty(numel, dtype=self._out_dtype)
-                    self._outs[i] = (buf, _storage_refs(buf))
+        for i, pooled in enumerate(self._outs):
+            if pooled.shared():  # another process may map it, unseen here: never write it again
+                del self._outs[i]
+                return self._output(shape)
+            if pooled.idle():
+                if pooled.tensor.numel() < numel:  # a bigger batch: replace the idle buffer
+                    pooled = self._outs[i] = _PooledOutput(torch.empty(numel, dtype=self._out_dtype))
+                buf = pooled.tensor
                 return (buf if buf.numel() == numel else buf[:numel]).view(shape)
         buf = torch.empty(numel, dtype=self._out_dtype)
-        refs = _storage_refs(buf)
-        if refs is not None and len(self._outs) < self._pool_max:
-            self._outs.append((buf, refs))
+        if _USE_COUNT is not None and len(self._outs) < self._pool_max:
+            self._outs.append(_PooledOutput(buf))
         return buf.view(shape)
 
     def _workers(self, jobs: int) -> int:
@@ -749,12 +751,40 @@ def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tens
     return t.to(device=device, dtype=dtype).contiguous()
 
 
-def _storage_refs(t: torch.Tensor) -> int | None:
-    """How many references the storage of ``t`` has (None if this torch cannot tell: then no pooling)."""
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    if count is None:
-        return None
-    return int(count(t.untyped_storage()._cdata))
+# how many C++ references a storage has (None if this torch cannot tell: then no pooling)
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class _PooledOutput:
+    """A CPU output buffer of the engine's pool, and what references it while nobody else does.
+
+    A tensor, view, numpy array (and memoryviews or tensors made from one) or DLPack capsule handed out
+    holds a C++ reference to the storage: its use count. A storage handle (``t.untyped_storage()``,
+    ``t.storage()``) does not: torch keeps one Python object per storage and hands out that object again,
+    so a caller keeping only the storage holds a Python reference to it. The pool keeps that object
+    itself, so both counts are back at their idle values exactly when the caller has let go of all of
+    them. Raw addresses (``data_ptr()``, ``__array_interface__``) hold nothing and are not seen."""
+
+    __slots__ = ("tensor", "storage", "idle_refs")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.storage = tensor.untyped_storage()
+        self.idle_refs = self.refs()
+
+    def refs(self) -> tuple[int, int]:
+        """(use count, Python references) of the storage; measured the same way when idle and after."""
+        assert _USE_COUNT is not None  # only made where torch can count
+        return _USE_COUNT(self.storage._cdata), sys.getrefcount(self.storage)
+
+    def idle(self) -> bool:
+        """Whether nobody but the pool references the buffer."""
+        return self.refs() == self.idle_refs
+
+    def shared(self) -> bool:
+        """Whether the buffer was moved to shared memory (``share_memory_()``, a torch.multiprocessing
+        queue): another process may map it, with no reference here, so it is never reused."""
+        return self.storage.is_shared()
 
 
 def _single_threaded_kernels() -> None:
