@@ -22,17 +22,21 @@ def _setup(layout="NCHW", dtype=torch.float32, n=40, bands=12, p=5, side=20, slo
     return storage, spec, coords
 
 
-@pytest.mark.parametrize("hold", ["tensor", "view", "numpy"])
+@pytest.mark.parametrize("hold", ["tensor", "view", "numpy", "storage"])
 def test_held_batches_are_never_overwritten(hold):
     storage, spec, coords = _setup()
     engine = TorchEngine(spec)
     first = engine.cut(storage, *coords(1))
     expected = first.clone()
-    kept = {"tensor": first, "view": first[3:7], "numpy": first.numpy()}[hold]
+    shape, offset = first.shape, first.storage_offset()
+    kept = {"tensor": first, "view": first[3:7], "numpy": first.numpy(), "storage": first.untyped_storage()}[hold]
     del first
     for seed in range(2, 12):  # more batches than the pool holds
         engine.cut(storage, *coords(seed))
-    again = torch.as_tensor(kept) if hold == "numpy" else kept
+    if hold == "storage":  # a storage handle alone (not a use of the storage that torch counts)
+        again = torch.empty(0, dtype=expected.dtype).set_(kept, offset, shape, expected.stride())
+    else:
+        again = torch.as_tensor(kept) if hold == "numpy" else kept
     ref = expected if hold != "view" else expected[3:7]
     assert torch.equal(again, ref)
 
