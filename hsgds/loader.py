@@ -234,6 +234,22 @@ def ring_cap(device: torch.device) -> int:
     return int(defaults.get("ring_cpu_bytes"))
 
 
+def _normalization_digest(shared: BandStats | None, normalize: str | None, offset: np.ndarray,
+                          scale: np.ndarray) -> str | None:
+    """What normalization the patches get, for ranks to compare (:meth:`PatchLoader._rank_settings`): a digest
+    of the per-band offset and scale applied to every scene when they are one set (``norm_stats`` given, pooled,
+    or the only scene's), which ranks given other statistics differ on; "each scene's own" when each scene has
+    its own (they follow from the stores, which are compared); None without normalization. Hashed once, at
+    start-up (two rows of B float64)."""
+    if normalize is None:
+        return None
+    if shared is None:
+        return "each scene's own"
+    h = hashlib.sha256(np.ascontiguousarray(offset[0], dtype=np.float64).tobytes())
+    h.update(np.ascontiguousarray(scale[0], dtype=np.float64).tobytes())
+    return f"sha256 {h.hexdigest()[:16]}"
+
+
 def _same_setting(saved: Any, mine: Any) -> bool:
     """Whether a state's setting is this loader's (an array in a damaged state is not: == would not say)."""
     try:
@@ -277,6 +293,7 @@ RANK_SETTING_LABELS = {
     "stores": "the stores (in order)", "mask": "the mask (fingerprints of its bits)",
     "num_samples": "the number of samples", "samples": "the samples (digests of the stores' samples per tile)",
     "epoch": "the epoch", "batch": "the batch to start at", "batches": "the number of batches",
+    "norm_stats": "the normalization statistics (digests of each band's offset and scale)",
 }
 #: what to do when ranks differ on a setting, where more than building every rank's loader alike
 RANK_SETTING_FIXES = {
@@ -287,6 +304,8 @@ RANK_SETTING_FIXES = {
                "nodes only?)",
     "epoch": "call loader.set_epoch(epoch) with the same epoch on every rank",
     "batch": "load the same state (rank 0's state_dict()) on every rank, or on none",
+    "norm_stats": "pass every rank the same norm_stats= (e.g. rank 0's loader.norm_stats, broadcast) or none, "
+                  "and the same norm_scope",
 }
 
 
@@ -442,6 +461,7 @@ class PatchLoader:
         self.norm_stats = None if normalize is None else shared_stats(self.scenes, selection, norm_scope, norm_stats)
         # a collection's scenes not opened yet get their normalization when a batch first reaches them
         offset, scale, later = normalization(self.scenes, normalize, selection, self.norm_stats)
+        self._norm_key = _normalization_digest(self.norm_stats, normalize, offset, scale)  # (_rank_settings)
         # tiles of different shapes (band counts, tile geometry) share slots sized for the largest, each
         # laid out from its slot's start; the engine reads every tile with its scene's strides
         shapes = {s.grid.tile_shape for s in self.scenes.scenes}
@@ -815,7 +835,8 @@ class PatchLoader:
                 "samples": self._samples_key(), "seed": self.seed, "shuffle": self.shuffle,
                 "shuffle_window": self.shuffle_window, "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "patch_size": self.patch_size, "bands": self.bands, "wavelengths": self.wavelengths,
-                "normalize": self.normalize, "layout": self.layout, "dtype": str(self.dtype),
+                "normalize": self.normalize, "norm_stats": self._norm_key, "layout": self.layout,
+                "dtype": str(self.dtype),
                 "augment": None if self.augment is None else repr(self.augment), "epoch": self._epoch,
                 "batch": start, "batches": plan.num_batches}
 

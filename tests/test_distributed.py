@@ -287,6 +287,8 @@ SETTINGS_WORKER = textwrap.dedent("""
     rank, init, out, mine, world = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     epochs, said = [], None
+    if "norm_stats" in mine:  # a BandStats, as JSON lists
+        mine["settings"]["norm_stats"] = hsgds.BandStats(**mine["norm_stats"])
     with hsgds.PatchLoader(mine["store"], patch_size=5, device="cpu", return_coords=True, **mine["settings"]) as loader:
         try:
             for epoch in mine["epochs"]:
@@ -364,6 +366,45 @@ def test_ranks_built_alike_yield_what_each_share_yields_alone(tmp_path, two_stor
                                  for x, y, c in alone])
         assert got[r] == {"said": None, "epochs": expected}
         assert len(expected[0]) == len(got[1 - r]["epochs"][0])
+
+
+def test_ranks_normalizing_with_other_statistics_refuse_in_one_line(tmp_path, two_stores):
+    """Ranks given other norm_stats (each computed its own, or one rank was given them and another not) normalized
+    their patches differently and trained on inconsistent inputs, silently: the statistics were not compared. Now
+    every rank raises the same one-line ConfigError naming them, with digests of the per-band offset and scale
+    each applies (computed here with plain numpy). Statistics that normalize alike pass: rank 0's pooled over the
+    scenes (norm_scope="collection") and the same numbers given to rank 1 as norm_stats."""
+    import hashlib
+
+    import hsgds
+
+    with hsgds.PatchLoader(two_stores, patch_size=5, batch_size=16, split=None, device="cpu", rank=0, world_size=1,
+                           norm_scope="collection") as pooled:
+        stats = pooled.norm_stats
+    given = {f: np.asarray(getattr(stats, f)).tolist() for f in ("mean", "std", "min", "max")}
+    shifted = {**given, "mean": [m + 1.0 for m in given["mean"]]}  # another scene's statistics, say
+
+    def digest(st: dict) -> str:  # zscore: (x - mean) / std, a constant band scaled by 1
+        mean, std = np.asarray(st["mean"], np.float64), np.asarray(st["std"], np.float64)
+        scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 1.0)
+        return "sha256 " + hashlib.sha256(mean.tobytes() + scale.tobytes()).hexdigest()[:16]
+
+    base = {"store": two_stores, "settings": {"batch_size": 16, "seed": 7, "split": None}, "epochs": [0]}
+    label = "ranks disagree on the normalization statistics (digests of each band's offset and scale)"
+    fix = ("pass every rank the same norm_stats= (e.g. rank 0's loader.norm_stats, broadcast) or none, and the same "
+           "norm_scope")
+    for run, (rank0, rank1, said) in enumerate([
+        (given, shifted, f"{label}: rank 0 has '{digest(given)}', rank 1 has '{digest(shifted)}'; {fix}"),
+        (given, None, f"{label}: rank 0 has '{digest(given)}', rank 1 has \"each scene's own\"; {fix}"),
+    ]):
+        (tmp_path / str(run)).mkdir()  # a group (its rendezvous file) per run
+        per_rank = [{**base, **({} if st is None else {"norm_stats": st})} for st in (rank0, rank1)]
+        assert _run_settings(tmp_path / str(run), per_rank) == [{"said": said, "epochs": []}] * 2
+    alike = [{**base, "settings": {**base["settings"], "norm_scope": "collection"}}, {**base, "norm_stats": given}]
+    (tmp_path / "alike").mkdir()
+    got = _run_settings(tmp_path / "alike", alike)
+    assert [g["said"] for g in got] == [None, None]
+    assert len(got[0]["epochs"][0]) == len(got[1]["epochs"][0]) > 0
 
 
 def test_ranks_reading_the_same_share_refuse_in_one_line(tmp_path, two_stores):
