@@ -439,6 +439,81 @@ def test_ranks_reading_their_shares_in_another_order_yield_each_share(tmp_path, 
         assert got[r] == {"said": None, "epochs": [expected]}
 
 
+RING_WORKER = textwrap.dedent("""
+    import hashlib, json, os, sys
+    import torch
+    import torch.distributed as dist
+    import hsgds
+
+    rank, init, mode, work, ring_bytes = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    stores = sys.argv[6:]
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    loader = hsgds.PatchLoader(stores, patch_size=5, batch_size=16, split=None, device="cpu", return_coords=True,
+                               seed=7, ring_bytes=ring_bytes)  # each rank its own ring (its GPU's free memory)
+    start = 0
+    if mode == "resume":  # every rank loads rank 0's state, as the README's training loop does
+        state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
+        loader.load_state_dict(state)
+        start = state["epoch"]
+    batches = []
+    for epoch in range(start, 2):
+        loader.set_epoch(epoch)
+        for x, y, c in loader:
+            dist.all_reduce(torch.ones(1))  # as DDP's gradient all-reduce: the ranks step together
+            batches.append([epoch, c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()])
+            if mode == "full" and rank == 0 and (epoch, loader.state_dict()["batch"]) == (0, 3):
+                torch.save(loader.state_dict(), os.path.join(work, "state.pt"))  # a checkpoint mid-epoch
+    loader.close()
+    json.dump(batches, open(os.path.join(work, f"{mode}{rank}.json"), "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def test_rank_0s_state_resumes_ranks_whose_rings_differ(tmp_path, two_stores):
+    """Ranks' rings differ (each sized from its own GPU's free memory), and a rank's ring orders its share (the
+    shuffle windows); a training script saves rank 0's state and loads it on every rank, which refused every rank
+    whose ring was not rank 0's, though its own order, made with its own ring, would resume exactly. The gather as an
+    iteration starts carries each rank's ring into the state: with rings of 6 and 5 tiles, both ranks loading rank
+    0's state yield exactly the rest of their uninterrupted run (coordinates, labels, patch bytes). A rank whose ring
+    changed since is refused in one line saying which ring_bytes resumes; a state without every rank's ring (an
+    older hsgds's) is checked against its own ring, as before."""
+    import torch
+
+    import hsgds
+    from hsgds.errors import ConfigError
+
+    def alone(rank: int, tiles: int) -> hsgds.PatchLoader:
+        return hsgds.PatchLoader(two_stores, patch_size=5, batch_size=16, split=None, device="cpu", return_coords=True,
+                                 seed=7, rank=rank, world_size=2, ring_bytes=tiles * nbytes)
+
+    with hsgds.PatchLoader(two_stores, patch_size=5, batch_size=16, split=None, device="cpu") as probe:
+        nbytes = probe.stats.ring_bytes // probe.stats.slots  # one tile
+    rings = [6, 5]
+    with alone(1, rings[1]) as own, alone(1, rings[0]) as other:  # the ring does order rank 1's share
+        assert [c.tolist() for _, _, c in own] != [c.tolist() for _, _, c in other]
+    script = tmp_path / "ring_worker.py"
+    script.write_text(RING_WORKER)
+    for mode in ("full", "resume"):
+        _run_ranks([[sys.executable, str(script), str(r), f"file://{tmp_path / ('rv_' + mode)}", mode, str(tmp_path),
+                     str(rings[r] * nbytes), *two_stores] for r in range(2)])
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert (state["epoch"], state["batch"], state["slots"], state["slots_by_rank"]) == (0, 3, 6, rings)
+    for r in range(2):
+        full, resumed = (json.loads((tmp_path / f"{m}{r}.json").read_text()) for m in ("full", "resume"))
+        assert len(full) > 3 and resumed == full[3:]
+    with alone(1, rings[0]) as changed:  # rank 1 relaunched with rank 0's ring
+        with pytest.raises(ConfigError, match=rf"^loader state was saved with a ring of 5 tiles for rank 1 but this "
+                                              rf"loader has 6; pass ring_bytes={5 * nbytes} \(5 tiles of {nbytes} "
+                                              r"bytes\) to resume the same order$"):
+            changed.load_state_dict(state)
+        older = {k: v for k, v in state.items() if k != "slots_by_rank"}
+        changed.load_state_dict(older)  # rank 0's ring, as before
+    with alone(1, rings[1]) as own:
+        with pytest.raises(ConfigError, match=r"^loader state was saved with a ring of 6 tiles but this loader has 5; "):
+            own.load_state_dict(older)
+
+
 ALONE_WORKER = textwrap.dedent("""
     import datetime, os, sys, time
     import torch.distributed as dist
