@@ -445,11 +445,12 @@ RING_WORKER = textwrap.dedent("""
     import torch.distributed as dist
     import hsgds
 
-    rank, init, mode, work, ring_bytes = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-    stores = sys.argv[6:]
+    rank, init, mode, work = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    share, ring_bytes, stores = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7:]
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     loader = hsgds.PatchLoader(stores, patch_size=5, batch_size=16, split=None, device="cpu", return_coords=True,
-                               seed=7, ring_bytes=ring_bytes)  # each rank its own ring (its GPU's free memory)
+                               seed=7, rank=share, world_size=2,
+                               ring_bytes=ring_bytes)  # each rank its own ring (its GPU's free memory)
     start = 0
     if mode == "resume":  # every rank loads rank 0's state, as the README's training loop does
         state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
@@ -470,14 +471,16 @@ RING_WORKER = textwrap.dedent("""
 """)
 
 
-def test_rank_0s_state_resumes_ranks_whose_rings_differ(tmp_path, two_stores):
+@pytest.mark.parametrize("shares", [(0, 1), (1, 0)], ids=["torch's ranks", "shares swapped"])
+def test_rank_0s_state_resumes_ranks_whose_rings_differ(tmp_path, two_stores, shares):
     """Ranks' rings differ (each sized from its own GPU's free memory), and a rank's ring orders its share (the
     shuffle windows); a training script saves rank 0's state and loads it on every rank, which refused every rank
     whose ring was not rank 0's, though its own order, made with its own ring, would resume exactly. The gather as an
     iteration starts carries each rank's ring into the state: with rings of 6 and 5 tiles, both ranks loading rank
     0's state yield exactly the rest of their uninterrupted run (coordinates, labels, patch bytes). A rank whose ring
     changed since is refused in one line saying which ring_bytes resumes; a state without every rank's ring (an
-    older hsgds's) is checked against its own ring, as before."""
+    older hsgds's) is checked against its own ring, as before. The rings are saved by share (the rank a loader was
+    given), which a launcher's own numbering may order otherwise than torch's ranks."""
     import torch
 
     import hsgds
@@ -489,16 +492,17 @@ def test_rank_0s_state_resumes_ranks_whose_rings_differ(tmp_path, two_stores):
 
     with hsgds.PatchLoader(two_stores, patch_size=5, batch_size=16, split=None, device="cpu") as probe:
         nbytes = probe.stats.ring_bytes // probe.stats.slots  # one tile
-    rings = [6, 5]
+    rings = [6, 5]  # share 0's, share 1's
     with alone(1, rings[1]) as own, alone(1, rings[0]) as other:  # the ring does order rank 1's share
         assert [c.tolist() for _, _, c in own] != [c.tolist() for _, _, c in other]
     script = tmp_path / "ring_worker.py"
     script.write_text(RING_WORKER)
     for mode in ("full", "resume"):
         _run_ranks([[sys.executable, str(script), str(r), f"file://{tmp_path / ('rv_' + mode)}", mode, str(tmp_path),
-                     str(rings[r] * nbytes), *two_stores] for r in range(2)])
-    state = torch.load(tmp_path / "state.pt", weights_only=True)
-    assert (state["epoch"], state["batch"], state["slots"], state["slots_by_rank"]) == (0, 3, 6, rings)
+                     str(shares[r]), str(rings[shares[r]] * nbytes), *two_stores] for r in range(2)])
+    state = torch.load(tmp_path / "state.pt", weights_only=True)  # group rank 0's
+    assert (state["epoch"], state["batch"], state["rank"], state["slots"]) == (0, 3, shares[0], rings[shares[0]])
+    assert state["slots_by_rank"] == rings
     for r in range(2):
         full, resumed = (json.loads((tmp_path / f"{m}{r}.json").read_text()) for m in ("full", "resume"))
         assert len(full) > 3 and resumed == full[3:]
@@ -507,11 +511,14 @@ def test_rank_0s_state_resumes_ranks_whose_rings_differ(tmp_path, two_stores):
                                               rf"loader has 6; pass ring_bytes={5 * nbytes} \(5 tiles of {nbytes} "
                                               r"bytes\) to resume the same order$"):
             changed.load_state_dict(state)
-        older = {k: v for k, v in state.items() if k != "slots_by_rank"}
-        changed.load_state_dict(older)  # rank 0's ring, as before
-    with alone(1, rings[1]) as own:
-        with pytest.raises(ConfigError, match=r"^loader state was saved with a ring of 6 tiles but this loader has 5; "):
-            own.load_state_dict(older)
+    older = {k: v for k, v in state.items() if k != "slots_by_rank"}  # checked against the saving rank's ring
+    saved, other = state["slots"], 11 - state["slots"]
+    with alone(1, saved) as like:
+        like.load_state_dict(older)
+    with alone(1, other) as unlike:
+        with pytest.raises(ConfigError, match=rf"^loader state was saved with a ring of {saved} tiles but this loader "
+                                              rf"has {other}; "):
+            unlike.load_state_dict(older)
 
 
 ALONE_WORKER = textwrap.dedent("""
