@@ -234,6 +234,22 @@ def ring_cap(device: torch.device) -> int:
     return int(defaults.get("ring_cpu_bytes"))
 
 
+def _normalization_digest(shared: BandStats | None, normalize: str | None, offset: np.ndarray,
+                          scale: np.ndarray) -> str | None:
+    """What normalization the patches get, for ranks to compare (:meth:`PatchLoader._rank_settings`): a digest
+    of the per-band offset and scale applied to every scene when they are one set (``norm_stats`` given, pooled,
+    or the only scene's), which ranks given other statistics differ on; "each scene's own" when each scene has
+    its own (they follow from the stores, which are compared); None without normalization. Hashed once, at
+    start-up (two rows of B float64)."""
+    if normalize is None:
+        return None
+    if shared is None:
+        return "each scene's own"
+    h = hashlib.sha256(np.ascontiguousarray(offset[0], dtype=np.float64).tobytes())
+    h.update(np.ascontiguousarray(scale[0], dtype=np.float64).tobytes())
+    return f"sha256 {h.hexdigest()[:16]}"
+
+
 def _same_setting(saved: Any, mine: Any) -> bool:
     """Whether a state's setting is this loader's (an array in a damaged state is not: == would not say)."""
     try:
@@ -277,6 +293,7 @@ RANK_SETTING_LABELS = {
     "stores": "the stores (in order)", "mask": "the mask (fingerprints of its bits)",
     "num_samples": "the number of samples", "samples": "the samples (digests of the stores' samples per tile)",
     "epoch": "the epoch", "batch": "the batch to start at", "batches": "the number of batches",
+    "norm_stats": "the normalization statistics (digests of each band's offset and scale)",
 }
 #: what to do when ranks differ on a setting, where more than building every rank's loader alike
 RANK_SETTING_FIXES = {
@@ -287,6 +304,8 @@ RANK_SETTING_FIXES = {
                "nodes only?)",
     "epoch": "call loader.set_epoch(epoch) with the same epoch on every rank",
     "batch": "load the same state (rank 0's state_dict()) on every rank, or on none",
+    "norm_stats": "pass every rank the same norm_stats= (e.g. rank 0's loader.norm_stats, broadcast) or none, "
+                  "and the same norm_scope",
 }
 
 
@@ -442,6 +461,7 @@ class PatchLoader:
         self.norm_stats = None if normalize is None else shared_stats(self.scenes, selection, norm_scope, norm_stats)
         # a collection's scenes not opened yet get their normalization when a batch first reaches them
         offset, scale, later = normalization(self.scenes, normalize, selection, self.norm_stats)
+        self._norm_key = _normalization_digest(self.norm_stats, normalize, offset, scale)  # (_rank_settings)
         # tiles of different shapes (band counts, tile geometry) share slots sized for the largest, each
         # laid out from its slot's start; the engine reads every tile with its scene's strides
         shapes = {s.grid.tile_shape for s in self.scenes.scenes}
@@ -544,6 +564,9 @@ class PatchLoader:
         self._cursor: int | None = None  # the pass whose batches move (epoch, batch); None: set_epoch's
         self._resume = False
         self._plans: dict[int, EpochPlan] = {}
+        # every rank's ring size (index: its share), gathered as a sharded iteration starts, for state_dict():
+        # rank 0's state then resumes every rank, each of whose order was made with its own ring
+        self._slots_by_rank: list[int] | None = None
         if drop_last and len(self.samples) >= self.world_size:  # (fewer samples than ranks: the plan says so)
             share = min(share_sizes(len(self.samples), self.world_size))
             if share < batch_size:  # every epoch would yield nothing, silently
@@ -695,11 +718,15 @@ class PatchLoader:
 
         A loader given this state with :meth:`load_state_dict` yields exactly the rest of the sequence.
         (Iterating this same loader again without loading a state restarts the current epoch.)
+        A loader sharded over a process group that has iterated (or loaded such a state) also saves every rank's
+        ring size, ``slots_by_rank``: rank 0's state then resumes each rank with the ring its own order was made
+        with.
         """
         return {"version": STATE_VERSION, "epoch": self._epoch, "batch": self._batch, "seed": self.seed,
                 "batch_size": self.batch_size, "split": self.split, "rank": self.rank,
                 "world_size": self.world_size, "num_samples": len(self.samples), "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "shuffle_window": self.shuffle_window, "slots": self.slots,
+                "slots_by_rank": None if self._slots_by_rank is None else list(self._slots_by_rank),
                 "pixels": self.pixels, "stride": self.stride, "footprint_guard": self.footprint_guard,
                 "scenes": len(self.scenes),
                 "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_key(),
@@ -747,17 +774,25 @@ class PatchLoader:
             raise ConfigError("loader state was saved over other samples (another store or scene order, or the "
                               "store was re-split or replaced since): its rest of the epoch is not this loader's; "
                               "resume on the same stores, or start the next epoch (loader.set_epoch(epoch + 1))")
-        saved = state.get("slots")
-        if saved != self.slots:  # the shuffle window, hence the order, depends on the ring
+        # the shuffle window, hence the order, of a rank's share depends on its own ring: a state saved in a
+        # group holds every rank's (slots_by_rank; rank 0's state resumes every rank), an older or unsharded
+        # one its own ring (slots)
+        saved, whose, by_rank = state.get("slots"), "", state.get("slots_by_rank")
+        if by_rank is not None:
+            ok = isinstance(by_rank, list) and len(by_rank) == self.world_size
+            saved, whose = (by_rank[self.rank] if ok else None), f" for rank {self.rank}"
+        if saved != self.slots:
             fix = (f"pass ring_bytes={saved * self._tile_nbytes} ({saved} tiles of {self._tile_nbytes} bytes) to "
                    "resume the same order" if type(saved) is int and saved > 0 else "the state is damaged")
-            raise ConfigError(f"loader state was saved with a ring of {saved} tiles but this loader has "
-                              f"{self.slots}; {fix}")
+            raise ConfigError(f"loader state was saved with a ring of {shown(saved)} tiles{whose} but this loader "
+                              f"has {self.slots}; {fix}")
         epoch, batch = state.get("epoch"), state.get("batch")
         if not (type(epoch) is int and type(batch) is int and 0 <= epoch < MAX_EPOCH and 0 <= batch <= len(self)):
             raise ConfigError(f"loader state has an invalid position epoch={epoch!r}, batch={batch!r} (this loader "
                               f"yields {len(self)} batches an epoch)")
         self._epoch, self._batch = epoch, batch
+        if by_rank is not None:  # a state saved before this loader iterates carries every rank's ring on
+            self._slots_by_rank = list(by_rank)
         self._cursor = None  # a live iterator no longer moves the position restored here
         self._resume = True
 
@@ -770,8 +805,9 @@ class PatchLoader:
             # only a restored state resumes mid-epoch; a new iteration after an early break restarts the epoch
             start = min(self._batch, plan.num_batches) if self._resume else 0
             if self._sharded_over_group():  # before anything changes: a refused iteration leaves the loader as it was
-                compare_across_ranks(self._rank_settings(plan, start), self.rank, self.device, RANK_SETTING_LABELS,
-                                     RANK_SETTING_FIXES)
+                each = compare_across_ranks(self._rank_settings(plan, start), self.rank, self.device,
+                                            RANK_SETTING_LABELS, RANK_SETTING_FIXES, carried={"slots": self.slots})
+                self._slots_by_rank = [values["slots"] for values in each]
             self._resume, self._batch = False, start
             self._pass += 1
             self._cursor = self._pass
@@ -805,7 +841,8 @@ class PatchLoader:
         """What every rank's iteration must agree on (:mod:`hsgds.rank_settings`), the likeliest cause first:
         where the iterations pair up, then the inputs of the shares (stores, samples, split, ...), then the
         order's settings, then the position; the number of batches last (it follows from the rest).
-        The ring's size is not compared: it orders a rank's own share only (ranks' free GPU memory differs)."""
+        The ring's size is not compared: it orders a rank's own share only (ranks' free GPU memory differs); the
+        gather collects it beside the settings, for :meth:`state_dict`."""
         names = "\0".join(self.scenes.names)
         stores = ", ".join(self.scenes.names) if len(names) <= 100 else \
             f"{len(self.scenes)} scenes (sha256 {hashlib.sha256(names.encode()).hexdigest()[:16]})"
@@ -815,7 +852,8 @@ class PatchLoader:
                 "samples": self._samples_key(), "seed": self.seed, "shuffle": self.shuffle,
                 "shuffle_window": self.shuffle_window, "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "patch_size": self.patch_size, "bands": self.bands, "wavelengths": self.wavelengths,
-                "normalize": self.normalize, "layout": self.layout, "dtype": str(self.dtype),
+                "normalize": self.normalize, "norm_stats": self._norm_key, "layout": self.layout,
+                "dtype": str(self.dtype),
                 "augment": None if self.augment is None else repr(self.augment), "epoch": self._epoch,
                 "batch": start, "batches": plan.num_batches}
 

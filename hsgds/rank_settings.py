@@ -121,15 +121,21 @@ def gather_device(loader_device: torch.device, backend_config: str) -> torch.dev
 
 
 def compare_across_ranks(settings: dict[str, Any], share: int, loader_device: torch.device,
-                         labels: dict[str, str], fixes: dict[str, str]) -> None:
+                         labels: dict[str, str], fixes: dict[str, str],
+                         carried: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Gather every rank's ``settings`` and ``share`` (its loader's rank; one all_gather over the default group)
     and raise the same ConfigError on every rank when the settings differ (:func:`disagreement`), or else when
     two ranks read the same share (:func:`share_clash`). Every rank of the group must call it: a rank that
     never does leaves the others waiting until the group's own timeout, which is raised as an HsgdsError saying
-    so (no timeout of our own: a slow rank, still loading its model, must not fail the others)."""
+    so (no timeout of our own: a slow rank, still loading its model, must not fail the others).
+
+    ``carried``: values the same gather collects but does not compare (a rank's ring size, which orders its own
+    share only). Returns every share's ``carried`` values, in share order (the shares are 0..W-1 once
+    :func:`share_clash` passed; a value a peer did not send is None)."""
     dist = torch.distributed
     device = gather_device(loader_device, str(dist.get_backend_config()))
-    mine = torch.frombuffer(bytearray(encoded({**settings, SHARE: share})), dtype=torch.uint8).to(device)
+    carried = {SHARE: share, **(carried or {})}
+    mine = torch.frombuffer(bytearray(encoded({**settings, **carried})), dtype=torch.uint8).to(device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     try:
         dist.all_gather(gathered, mine)
@@ -141,7 +147,10 @@ def compare_across_ranks(settings: dict[str, Any], share: int, loader_device: to
                          "world_size=1") from e
     rows = torch.stack(gathered).cpu().numpy()  # one copy from the device, not one per rank
     each = [decoded(row.tobytes()) for row in rows]
-    shares = [settings.pop(SHARE, None) for settings in each]  # (a peer of another hsgds: its version is named)
+    # (a peer of another hsgds, without some of them: its version is named)
+    theirs = [{name: settings.pop(name, None) for name in carried} for settings in each]
+    shares = [values[SHARE] for values in theirs]
     message = disagreement(each, labels, fixes) or share_clash(shares)
     if message is not None:
         raise ConfigError(message)
+    return sorted(theirs, key=lambda values: values[SHARE])

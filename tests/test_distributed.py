@@ -287,6 +287,8 @@ SETTINGS_WORKER = textwrap.dedent("""
     rank, init, out, mine, world = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     epochs, said = [], None
+    if "norm_stats" in mine:  # a BandStats, as JSON lists
+        mine["settings"]["norm_stats"] = hsgds.BandStats(**mine["norm_stats"])
     with hsgds.PatchLoader(mine["store"], patch_size=5, device="cpu", return_coords=True, **mine["settings"]) as loader:
         try:
             for epoch in mine["epochs"]:
@@ -366,6 +368,45 @@ def test_ranks_built_alike_yield_what_each_share_yields_alone(tmp_path, two_stor
         assert len(expected[0]) == len(got[1 - r]["epochs"][0])
 
 
+def test_ranks_normalizing_with_other_statistics_refuse_in_one_line(tmp_path, two_stores):
+    """Ranks given other norm_stats (each computed its own, or one rank was given them and another not) normalized
+    their patches differently and trained on inconsistent inputs, silently: the statistics were not compared. Now
+    every rank raises the same one-line ConfigError naming them, with digests of the per-band offset and scale
+    each applies (computed here with plain numpy). Statistics that normalize alike pass: rank 0's pooled over the
+    scenes (norm_scope="collection") and the same numbers given to rank 1 as norm_stats."""
+    import hashlib
+
+    import hsgds
+
+    with hsgds.PatchLoader(two_stores, patch_size=5, batch_size=16, split=None, device="cpu", rank=0, world_size=1,
+                           norm_scope="collection") as pooled:
+        stats = pooled.norm_stats
+    given = {f: np.asarray(getattr(stats, f)).tolist() for f in ("mean", "std", "min", "max")}
+    shifted = {**given, "mean": [m + 1.0 for m in given["mean"]]}  # another scene's statistics, say
+
+    def digest(st: dict) -> str:  # zscore: (x - mean) / std, a constant band scaled by 1
+        mean, std = np.asarray(st["mean"], np.float64), np.asarray(st["std"], np.float64)
+        scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 1.0)
+        return "sha256 " + hashlib.sha256(mean.tobytes() + scale.tobytes()).hexdigest()[:16]
+
+    base = {"store": two_stores, "settings": {"batch_size": 16, "seed": 7, "split": None}, "epochs": [0]}
+    label = "ranks disagree on the normalization statistics (digests of each band's offset and scale)"
+    fix = ("pass every rank the same norm_stats= (e.g. rank 0's loader.norm_stats, broadcast) or none, and the same "
+           "norm_scope")
+    for run, (rank0, rank1, said) in enumerate([
+        (given, shifted, f"{label}: rank 0 has '{digest(given)}', rank 1 has '{digest(shifted)}'; {fix}"),
+        (given, None, f"{label}: rank 0 has '{digest(given)}', rank 1 has \"each scene's own\"; {fix}"),
+    ]):
+        (tmp_path / str(run)).mkdir()  # a group (its rendezvous file) per run
+        per_rank = [{**base, **({} if st is None else {"norm_stats": st})} for st in (rank0, rank1)]
+        assert _run_settings(tmp_path / str(run), per_rank) == [{"said": said, "epochs": []}] * 2
+    alike = [{**base, "settings": {**base["settings"], "norm_scope": "collection"}}, {**base, "norm_stats": given}]
+    (tmp_path / "alike").mkdir()
+    got = _run_settings(tmp_path / "alike", alike)
+    assert [g["said"] for g in got] == [None, None]
+    assert len(got[0]["epochs"][0]) == len(got[1]["epochs"][0]) > 0
+
+
 def test_ranks_reading_the_same_share_refuse_in_one_line(tmp_path, two_stores):
     """Three ranks whose loaders are given world_size=3 but rank=0, 0, 2 (LOCAL_RANK on a multi-node job, or one
     rank for all): group ranks 0 and 1 would read share 0 twice and share 1 never, silently (group rank 1's rank
@@ -396,6 +437,88 @@ def test_ranks_reading_their_shares_in_another_order_yield_each_share(tmp_path, 
                                **{**settings, "rank": (r + 1) % 3}) as alone:
             expected = [[c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()] for x, y, c in alone]
         assert got[r] == {"said": None, "epochs": [expected]}
+
+
+RING_WORKER = textwrap.dedent("""
+    import hashlib, json, os, sys
+    import torch
+    import torch.distributed as dist
+    import hsgds
+
+    rank, init, mode, work = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    share, ring_bytes, stores = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7:]
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    loader = hsgds.PatchLoader(stores, patch_size=5, batch_size=16, split=None, device="cpu", return_coords=True,
+                               seed=7, rank=share, world_size=2,
+                               ring_bytes=ring_bytes)  # each rank its own ring (its GPU's free memory)
+    start = 0
+    if mode == "resume":  # every rank loads rank 0's state, as the README's training loop does
+        state = torch.load(os.path.join(work, "state.pt"), weights_only=True)
+        loader.load_state_dict(state)
+        start = state["epoch"]
+    batches = []
+    for epoch in range(start, 2):
+        loader.set_epoch(epoch)
+        for x, y, c in loader:
+            dist.all_reduce(torch.ones(1))  # as DDP's gradient all-reduce: the ranks step together
+            batches.append([epoch, c.tolist(), y.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()])
+            if mode == "full" and rank == 0 and (epoch, loader.state_dict()["batch"]) == (0, 3):
+                torch.save(loader.state_dict(), os.path.join(work, "state.pt"))  # a checkpoint mid-epoch
+    loader.close()
+    json.dump(batches, open(os.path.join(work, f"{mode}{rank}.json"), "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("shares", [(0, 1), (1, 0)], ids=["torch's ranks", "shares swapped"])
+def test_rank_0s_state_resumes_ranks_whose_rings_differ(tmp_path, two_stores, shares):
+    """Ranks' rings differ (each sized from its own GPU's free memory), and a rank's ring orders its share (the
+    shuffle windows); a training script saves rank 0's state and loads it on every rank, which refused every rank
+    whose ring was not rank 0's, though its own order, made with its own ring, would resume exactly. The gather as an
+    iteration starts carries each rank's ring into the state: with rings of 6 and 5 tiles, both ranks loading rank
+    0's state yield exactly the rest of their uninterrupted run (coordinates, labels, patch bytes). A rank whose ring
+    changed since is refused in one line saying which ring_bytes resumes; a state without every rank's ring (an
+    older hsgds's) is checked against its own ring, as before. The rings are saved by share (the rank a loader was
+    given), which a launcher's own numbering may order otherwise than torch's ranks."""
+    import torch
+
+    import hsgds
+    from hsgds.errors import ConfigError
+
+    def alone(rank: int, tiles: int) -> hsgds.PatchLoader:
+        return hsgds.PatchLoader(two_stores, patch_size=5, batch_size=16, split=None, device="cpu", return_coords=True,
+                                 seed=7, rank=rank, world_size=2, ring_bytes=tiles * nbytes)
+
+    with hsgds.PatchLoader(two_stores, patch_size=5, batch_size=16, split=None, device="cpu") as probe:
+        nbytes = probe.stats.ring_bytes // probe.stats.slots  # one tile
+    rings = [6, 5]  # share 0's, share 1's
+    with alone(1, rings[1]) as own, alone(1, rings[0]) as other:  # the ring does order rank 1's share
+        assert [c.tolist() for _, _, c in own] != [c.tolist() for _, _, c in other]
+    script = tmp_path / "ring_worker.py"
+    script.write_text(RING_WORKER)
+    for mode in ("full", "resume"):
+        _run_ranks([[sys.executable, str(script), str(r), f"file://{tmp_path / ('rv_' + mode)}", mode, str(tmp_path),
+                     str(shares[r]), str(rings[shares[r]] * nbytes), *two_stores] for r in range(2)])
+    state = torch.load(tmp_path / "state.pt", weights_only=True)  # group rank 0's
+    assert (state["epoch"], state["batch"], state["rank"], state["slots"]) == (0, 3, shares[0], rings[shares[0]])
+    assert state["slots_by_rank"] == rings
+    for r in range(2):
+        full, resumed = (json.loads((tmp_path / f"{m}{r}.json").read_text()) for m in ("full", "resume"))
+        assert len(full) > 3 and resumed == full[3:]
+    with alone(1, rings[0]) as changed:  # rank 1 relaunched with rank 0's ring
+        with pytest.raises(ConfigError, match=rf"^loader state was saved with a ring of 5 tiles for rank 1 but this "
+                                              rf"loader has 6; pass ring_bytes={5 * nbytes} \(5 tiles of {nbytes} "
+                                              r"bytes\) to resume the same order$"):
+            changed.load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "slots_by_rank"}  # checked against the saving rank's ring
+    saved, other = state["slots"], 11 - state["slots"]
+    with alone(1, saved) as like:
+        like.load_state_dict(older)
+    with alone(1, other) as unlike:
+        with pytest.raises(ConfigError, match=rf"^loader state was saved with a ring of {saved} tiles but this loader "
+                                              rf"has {other}; "):
+            unlike.load_state_dict(older)
 
 
 ALONE_WORKER = textwrap.dedent("""
