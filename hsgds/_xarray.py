@@ -121,6 +121,8 @@ def scene_to_xarray(scene: Scene) -> Any:
         attrs["_FillValue"] = np.asarray(float(meta.nodata["value"])).astype(scene.dtype)[()]
     if meta.georeference is not None:
         coords.update(_map_coordinates(meta.georeference, h, w))
+        if meta.pixel_is_point:  # as rioxarray reads a PixelIsPoint GeoTIFF (and writes one again from)
+            attrs["AREA_OR_POINT"] = "Point"
     data = indexing.LazilyIndexedArray(_backend_array_class()(scene))
     var = xr.Variable(("y", "x", "band"), data)
     return xr.DataArray(var, coords=coords, name="cube", attrs=attrs)

@@ -231,6 +231,10 @@ class StoreMeta:
     bad_bands: list[int] | None = None
     source: dict[str, Any] = field(default_factory=dict)
     georeference: dict[str, Any] | None = None
+    #: True when the source's coordinates name pixel centres (a GeoTIFF's PixelIsPoint); ``georeference``'s
+    #: transform is the corner's all the same. Class maps are written as PixelIsPoint again (absent in older
+    #: stores: False, and an older hsgds ignores it)
+    pixel_is_point: bool = False
     labels_source: dict[str, Any] | None = None
     split: dict[str, Any] = field(default_factory=dict)
     #: the ``split`` record as converted, kept through re-splits (None: a store written before it existed)
@@ -355,6 +359,8 @@ class StoreMeta:
             why = georeference_problem(self.georeference)
             if why:
                 raise bad("georeference", why)
+        if not isinstance(self.pixel_is_point, bool) or (self.pixel_is_point and self.georeference is None):
+            raise bad("pixel_is_point", "must be true or false, and false without a georeference")
         str_list("class_names", None)
         # reports name class k with class_names[k - 1]; an unlabelled scene of a collection keeps the
         # collection's names (convert-many --class-names) with no class of its own, so more names are fine

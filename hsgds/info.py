@@ -179,7 +179,9 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     if m.nodata is not None:
         lines.append(nodata_line(m.nodata, h * w))
     if m.georeference is not None:
-        lines.append(f"georef:     {fmt.describe_georeference(m.georeference)}")
+        point = "; the source's coordinates name pixel centres (PixelIsPoint), as the GeoTIFF maps' do" \
+            if m.pixel_is_point else ""
+        lines.append(f"georef:     {fmt.describe_georeference(m.georeference)}{point}")
     if scene.wavelengths:
         lines.append(f"bands:      {fmt.describe_wavelengths(scene.wavelengths)}")
     if m.bad_bands:

@@ -1084,6 +1084,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
                 "paths": [_relative_to(p, out.resolve().parent) for p in cube.files], "size": size, "sha256": sha256,
                 "dtype": cube.dtype.name},
         georeference=getattr(cube, "georeference", None), nodata=nodata_record,
+        pixel_is_point=bool(getattr(cube, "georeference", None) and getattr(cube, "pixel_is_point", False)),
         labels_source=labels_source, split=split_params, converted_split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
     meta.format_version = meta.oldest_version()  # an older hsgds then reads every store it can

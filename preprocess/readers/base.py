@@ -272,6 +272,9 @@ class ArrayCube:
     #: the bands the file flags bad (an ENVI header's ``bbl``, 0 for a bad band: AVIRIS's water-vapour bands), by
     #: index; None when it has no such list ([] when its list flags none)
     bad_bands: list[int] | None = None
+    #: whether ``georeference`` came from a GeoTIFF whose coordinates name pixel centres (PixelIsPoint; the
+    #: transform is the corner's all the same, as GDAL reads it by default)
+    pixel_is_point: bool = False
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:
