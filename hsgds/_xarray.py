@@ -116,6 +116,8 @@ def scene_to_xarray(scene: Scene) -> Any:
     }
     if scene.class_names:
         attrs["class_names"] = list(scene.class_names)
+    if meta.reflectance_scale_factor is not None:  # divided into the values: 0-1 reflectance (ENVI's field)
+        attrs["reflectance_scale_factor"] = meta.reflectance_scale_factor
     if scene.has_nodata and meta.nodata is not None:  # read() gives the source's value at nodata pixels;
         # rioxarray reads this attribute as the nodata value
         attrs["_FillValue"] = np.asarray(float(meta.nodata["value"])).astype(scene.dtype)[()]

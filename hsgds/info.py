@@ -187,6 +187,8 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     if m.bad_bands:
         lines.append(f"bad bands:  {fmt.describe_bad_bands(m.bad_bands, b)}; bands=scene.good_bands leaves them out, "
                      f"and {_SKIPPED_BY_WAVELENGTH}")
+    if m.reflectance_scale_factor is not None:
+        lines.append(f"scale:      {fmt.describe_reflectance_scale(m.reflectance_scale_factor)}")
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
     guarded = 2 * g.halo + 1 if m.split.get("method") == "blocks" else None
     lines.append(leakage_line(leakage(scene, patch_size), guarded))

@@ -1078,6 +1078,7 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
         bad_bands=getattr(cube, "bad_bands", None),
+        reflectance_scale_factor=getattr(cube, "reflectance_scale_factor", None),
         # paths, as the ground truth's: `hsgds predict` never writes over a source file found there, also one whose
         # companions are gone (an EnMAP image whose METADATA.XML was deleted: the total size no longer matches)
         source={"name": src.name, "files": [p.name for p in cube.files],

@@ -78,6 +78,9 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         bad = getattr(cube, "bad_bands", None)
         if bad:
             lines.append(f"bad bands:  {fmt.describe_bad_bands(bad, b)}; the store records them (Scene.bad_bands)")
+        scale = getattr(cube, "reflectance_scale_factor", None)
+        if scale is not None:
+            lines.append(f"scale:      {fmt.describe_reflectance_scale(scale)}; the store records it")
         geo, geo_note = cube.georeference, getattr(cube, "georeference_note", None)
         lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else (
             f"not recorded: {geo_note.split(': ', 1)[-1]}" if geo_note else "none") + " (maps predicted from it carry "

@@ -275,6 +275,9 @@ class ArrayCube:
     #: whether ``georeference`` came from a GeoTIFF whose coordinates name pixel centres (PixelIsPoint; the
     #: transform is the corner's all the same, as GDAL reads it by default)
     pixel_is_point: bool = False
+    #: the value which, divided into the data, scales them to 0-1 reflectance (an ENVI header's ``reflectance
+    #: scale factor``, e.g. 10000); None when the file gives none. Recorded, never applied
+    reflectance_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

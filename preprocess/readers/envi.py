@@ -259,6 +259,24 @@ def _bad_bands(header: dict[str, str], bands: int, path: Path) -> list[int] | No
     return bad_band_list(header["bbl"], bands, f"ENVI header {path}", "fix or remove the 'bbl' field")
 
 
+def _reflectance_scale_factor(header: dict[str, str], path: Path) -> float | None:
+    """The header's ``reflectance scale factor`` (ENVI: the value which, divided into the data, scales it to 0-1
+    reflectance, e.g. 10000), or None when it has none. Recorded, never applied: ENVI itself keeps the data
+    scaled, and z-scoring makes the scale moot for training."""
+    if "reflectance scale factor" not in header:
+        return None
+    items = _split_list(header["reflectance scale factor"])
+    text = items[0] if len(items) == 1 else header["reflectance scale factor"].strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"ENVI header {path}: 'reflectance scale factor' holds {text[:40]!r}, not a finite number "
+                         "above 0 (the data divided by it are 0-1 reflectance, e.g. 10000); fix or remove that field")
+    return value
+
+
 #: EPSG codes of UTM zones by ENVI datum name: zone z north is base + z, south base + 100 + z (WGS 84)
 _UTM_EPSG = {"wgs-84": (32600, 32700), "wgs84": (32600, 32700), "north america 1983": (26900, None),
              "north america 1927": (26700, None)}
@@ -422,6 +440,7 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         nodata=nodata,
         nodata_error=nodata_error,
         bad_bands=_bad_bands(header, bands, header_path),
+        reflectance_scale_factor=_reflectance_scale_factor(header, header_path),
     )
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
