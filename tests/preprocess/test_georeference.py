@@ -138,6 +138,24 @@ def test_envi_map_info_matches_gdal(tmp_path, map_info, css, epsg):
     assert stored_crs(geo) == ref_crs
 
 
+@pytest.mark.parametrize("zone,datum", [(10, "North America 1983"), (23, "North America 1983"),
+                                        (29, "North America 1983"), (14, "North America 1927"),
+                                        (23, "North America 1927")])
+def test_envi_nad_utm_zones_get_the_epsg_code_gdal_gives(tmp_path, zone, datum):
+    """An ENVI UTM zone on NAD83 / NAD27 is named by its EPSG code where EPSG numbers that zone (NAD83 1-23, NAD27
+    1-22), as GDAL names it. Past the last one, base + zone was another system (EPSG:26929 is NAD83 / Alabama
+    East, a State Plane zone, 26723 NAD27 / Alabama East): there GDAL gives a UTM CRS without a code, and the store
+    keeps the transform alone, as for any projection it names by no code."""
+    data = np.random.default_rng(2).integers(0, 1000, (7, 6, 3)).astype(np.int16)
+    map_info = ["UTM", "1", "1", "500000.0", "4100000.0", "30.0", "30.0", str(zone), "North", datum, "units=Meters"]
+    envi.save_image(str(tmp_path / "e.hdr"), data, metadata={"map info": map_info}, interleave="bil", ext=".img")
+    geo = hsgds.open_scene(convert(tmp_path / "e.hdr", tmp_path / "s.zarr", ConvertOptions())).meta.georeference
+    ref_crs, ref_t = gdal_view(tmp_path / "e.img")
+    assert geo["epsg"] == ref_crs.to_epsg() and geo["crs_wkt"] is None
+    assert (geo["epsg"] is None) == (zone > {"North America 1983": 23, "North America 1927": 22}[datum])
+    assert np.allclose(geo["transform"], ref_t, rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("map_info,message", [
     (["UTM", "1", "1"], "needs at least 7"),
     (["UTM", "1", "1", "east", "4000000", "30", "30"], "must be numbers"),
