@@ -34,7 +34,7 @@ from hsgds import format as fmt
 from hsgds._durable import fsync_dir, fsync_tree, rename_error
 from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
-from hsgds._wording import drop, set_to
+from hsgds._wording import clipped, drop, set_to
 from hsgds.errors import (
     ConfigError,
     HsgdsError,
@@ -57,7 +57,13 @@ from hsgds.preprocess.readers import (
     open_cube,
     read_labels,
 )
-from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
+from hsgds.preprocess.readers.base import (
+    SourceCube,
+    check_fits_in_memory,
+    recorded_nodata,
+    source_stamps,
+    unknown_epsg,
+)
 from hsgds.preprocess.readers.hdf5 import BAND_AXES, band_axes
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
@@ -891,6 +897,12 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if getattr(cube, "georeference", None) is None and geo_note is not None:
         warnings.warn(f"{geo_note}; the store records no georeference (maps predicted from it carry no coordinates)",
                       GeoreferenceWarning, stacklevel=2)
+    geo = getattr(cube, "georeference", None)
+    why = unknown_epsg(geo)
+    if why is not None and geo is not None:  # refused now, not by a GeoTIFF map once a whole scene is predicted
+        raise InputError(f"{shown_path(src)} names its coordinate reference system EPSG:{geo['epsg']}, which PROJ does not "
+                         f"know ({clipped(why, 160)}); set the right code in the source (a GeoTIFF's: gdal_edit.py "
+                         f"-a_srs EPSG:<code> {shown_path(src.name)})")
     # every file the labels are read from (an ENVI header and its binary, whichever --labels names) is
     # stamped before the read and recorded: a change to the one not named is a change to the labels
     label_paths = [] if opts.labels is None else label_files(opts.labels)

@@ -220,6 +220,26 @@ def recorded_nodata(cube: Any) -> float | None:
     return getattr(cube, "nodata", None)
 
 
+def unknown_epsg(geo: dict[str, Any] | None) -> str | None:
+    """Why PROJ does not know the EPSG code a ``georeference`` record names (its error, as rasterio gives it), or
+    None: a code it knows, no code, or no rasterio (``hsgds[geo]``) to ask, when the store format's range check
+    is all. A code PROJ does not know stops a GeoTIFF map only once a whole scene is predicted."""
+    code = None if geo is None else geo.get("epsg")
+    if code is None:
+        return None
+    try:
+        import rasterio
+        from rasterio.crs import CRS
+    except ImportError:
+        return None
+    try:
+        with rasterio.Env():  # PROJ's error goes to logging, not printed to stderr beside ours
+            CRS.from_epsg(code)
+    except rasterio.errors.CRSError as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
 class SourceCube(Protocol):
     """A hyperspectral cube as the converter sees it: (H, W, B), read in windows."""
 

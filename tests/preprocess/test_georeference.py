@@ -88,23 +88,56 @@ def test_to_xarray_has_the_map_coordinates_rasterio_gives(tmp_path, cube, crs, t
         assert "x" not in da.coords and "y" not in da.coords
 
 
-def test_geotiff_pixel_is_point_moves_origin_like_gdal(tmp_path, cube):
-    src = write_geotiff(tmp_path / "p.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+def set_geokey(path, key, value):
+    """Rewrite geokey ``key``'s value in place: the key directory is (key, location, count, value) quadruples."""
     import tifffile
 
-    # rewrite GTRasterTypeGeoKey to PixelIsPoint (2) in place: the key directory is (key, loc, count, value)
-    with tifffile.TiffFile(src) as tif:
+    with tifffile.TiffFile(path) as tif:
         tag = tif.pages[0].tags["GeoKeyDirectoryTag"]
         keys = list(tag.value)
         offset = tag.valueoffset
-    i = [keys[j] for j in range(4, len(keys), 4)].index(1025)
-    keys[4 + 4 * i + 3] = 2
-    with open(src, "r+b") as f:
+    i = [keys[j] for j in range(4, len(keys), 4)].index(key)
+    keys[4 + 4 * i + 3] = value
+    with open(path, "r+b") as f:
         f.seek(offset)
         f.write(np.asarray(keys, dtype="<u2").tobytes())
+
+
+def test_geotiff_pixel_is_point_moves_origin_like_gdal(tmp_path, cube):
+    src = write_geotiff(tmp_path / "p.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+    set_geokey(src, 1025, 2)  # GTRasterTypeGeoKey: PixelIsPoint
     geo = open_cube(src).georeference
     _, ref_t = gdal_view(src)
     assert geo["transform"][0] == pytest.approx(620000.0 - 15.0) and np.allclose(geo["transform"], ref_t)
+
+
+def test_an_epsg_code_proj_does_not_know_is_refused_by_convert(tmp_path, cube, run_cli):
+    """A GeoTIFF whose ProjectedCSTypeGeoKey names a code in range that is no CRS (9999): the store recorded it,
+    and a GeoTIFF map of it failed only once the whole scene was predicted. Now convert refuses it in one line
+    naming the code and the source, and leaves nothing; `hsgds info SOURCE` says so beforehand."""
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+    set_geokey(src, 3072, 9999)  # ProjectedCSTypeGeoKey
+    with pytest.raises(rasterio.errors.CRSError):  # PROJ, through rasterio, knows no EPSG:9999
+        CRS.from_epsg(9999)
+    code, _, err = run_cli("convert", src, "-o", tmp_path / "s.zarr")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{src} names its coordinate reference system EPSG:9999, which PROJ does not know (" in err, err
+    assert "gdal_edit.py -a_srs EPSG:<code> c.tif" in err, err
+    assert not (tmp_path / "s.zarr").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c.tif"]
+    code, out, _ = run_cli("info", src)
+    assert code == 0 and "georef:     EPSG:9999; origin (620000, 4000000), pixel 30 x -30 (a code PROJ does not " \
+                          "know: hsgds convert refuses it)" in out, out
+    # a code PROJ knows converts as before
+    set_geokey(src, 3072, 32617)
+    assert hsgds.open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions())).meta.georeference["epsg"] == 32617
+
+
+def test_without_rasterio_an_epsg_code_is_only_range_checked(tmp_path, cube, monkeypatch):
+    """Without rasterio (hsgds[geo]) there is nothing to ask: the code is recorded when in range, as before."""
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+    set_geokey(src, 3072, 9999)
+    monkeypatch.setitem(__import__("sys").modules, "rasterio", None)  # as if hsgds[geo] were not installed
+    assert hsgds.open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions())).meta.georeference["epsg"] == 9999
 
 
 def test_plain_tiff_has_no_georeference(tmp_path, cube):
