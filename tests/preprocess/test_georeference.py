@@ -369,3 +369,30 @@ def test_labels_of_the_scene_at_another_resolution_are_told_how_to_fit(tmp_path,
         write_geotiff(tmp_path / "gt_on_cube.tif", resampled, UTM16N, target)
     store = convert(src, tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt_on_cube.tif"))
     np.testing.assert_array_equal(hsgds.open_scene(store).labels, resampled[0])
+
+
+def test_convert_many_converts_a_pixel_is_point_store_written_before_it_was_recorded(tmp_path, cube):
+    """A store of a PixelIsPoint GeoTIFF made before hsgds recorded it (its GeoTIFF maps PixelIsArea, half a pixel
+    off the source where GDAL reads both under GTIFF_POINT_GEO_IGNORE=TRUE) is converted again, saying why; one
+    that records it is up to date."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    src = tmp_path / "scene.tif"
+    with rasterio.open(src, "w", driver="GTiff", height=cube.shape[1], width=cube.shape[2], count=cube.shape[0],
+                       dtype=cube.dtype, crs=UTM16N, transform=Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0)) as dst:
+        dst.update_tags(AREA_OR_POINT="Point")
+        dst.write(cube)
+    row = ManifestRow(name="scene", source=src)
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    assert convert_scene(row, out, opts).status == "converted"
+    assert hsgds.open_scene(out / "scene.zarr").meta.pixel_is_point is True
+    assert convert_scene(row, out, opts).status == "up to date"
+    root = json.loads((out / "scene.zarr" / "zarr.json").read_text())
+    del root["attributes"]["hsgds"]["pixel_is_point"]  # as an hsgds before it wrote the store
+    (out / "scene.zarr" / "zarr.json").write_text(json.dumps(root))
+    again = convert_scene(row, out, opts)
+    assert (again.status, again.reason) == ("converted", "the source's coordinates name pixel centres "
+                                                          "(PixelIsPoint), which the store does not record")
+    assert convert_scene(row, out, opts).status == "up to date"
