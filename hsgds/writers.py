@@ -9,7 +9,7 @@ Class maps follow the store's label convention: 0 = not predicted / unlabelled (
 
 - ``.tif`` / ``.tiff``: GeoTIFF, uint8 (uint16 beyond 255 classes), one band with a colour table,
   nodata 0, and the source's CRS and geotransform when the store has them (rasterio, ``hsgds[geo]``; a CRS
-  GDAL cannot read is refused, by predict before any work);
+  GDAL cannot read is refused, by predict before any work; PixelIsPoint when the source was);
   the class names in its GDAL sidecar ``<name>.tif.aux.xml``.
 - ``.png``: the colour map with a legend; with ground truth also the ground truth and an error map
   (matplotlib, ``hsgds[preview]``).
