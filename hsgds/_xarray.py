@@ -116,11 +116,15 @@ def scene_to_xarray(scene: Scene) -> Any:
     }
     if scene.class_names:
         attrs["class_names"] = list(scene.class_names)
+    if meta.reflectance_scale_factor is not None:  # divided into the values: 0-1 reflectance (ENVI's field)
+        attrs["reflectance_scale_factor"] = meta.reflectance_scale_factor
     if scene.has_nodata and meta.nodata is not None:  # read() gives the source's value at nodata pixels;
         # rioxarray reads this attribute as the nodata value
         attrs["_FillValue"] = np.asarray(float(meta.nodata["value"])).astype(scene.dtype)[()]
     if meta.georeference is not None:
         coords.update(_map_coordinates(meta.georeference, h, w))
+        if meta.pixel_is_point:  # as rioxarray reads a PixelIsPoint GeoTIFF (and writes one again from)
+            attrs["AREA_OR_POINT"] = "Point"
     data = indexing.LazilyIndexedArray(_backend_array_class()(scene))
     var = xr.Variable(("y", "x", "band"), data)
     return xr.DataArray(var, coords=coords, name="cube", attrs=attrs)

@@ -229,8 +229,16 @@ class StoreMeta:
     #: the bands the source flags bad (an ENVI header's ``bbl``), ascending indices; None: the source has no such
     #: list (or the store was written before hsgds recorded them)
     bad_bands: list[int] | None = None
+    #: the value which, divided into the stored values, scales them to 0-1 reflectance (an ENVI header's
+    #: ``reflectance scale factor``, e.g. 10000; the values are stored as the source holds them); None: the
+    #: source gives none (or the store was written before hsgds recorded it)
+    reflectance_scale_factor: float | None = None
     source: dict[str, Any] = field(default_factory=dict)
     georeference: dict[str, Any] | None = None
+    #: True when the source's coordinates name pixel centres (a GeoTIFF's PixelIsPoint); ``georeference``'s
+    #: transform is the corner's all the same. Class maps are written as PixelIsPoint again (absent in older
+    #: stores: False, and an older hsgds ignores it)
+    pixel_is_point: bool = False
     labels_source: dict[str, Any] | None = None
     split: dict[str, Any] = field(default_factory=dict)
     #: the ``split`` record as converted, kept through re-splits (None: a store written before it existed)
@@ -355,6 +363,12 @@ class StoreMeta:
             why = georeference_problem(self.georeference)
             if why:
                 raise bad("georeference", why)
+        scale = self.reflectance_scale_factor
+        if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                      and math.isfinite(scale) and scale > 0):
+            raise bad("reflectance_scale_factor", "must be a finite number above 0 or null")
+        if not isinstance(self.pixel_is_point, bool) or (self.pixel_is_point and self.georeference is None):
+            raise bad("pixel_is_point", "must be true or false, and false without a georeference")
         str_list("class_names", None)
         # reports name class k with class_names[k - 1]; an unlabelled scene of a collection keeps the
         # collection's names (convert-many --class-names) with no class of its own, so more names are fine
@@ -494,6 +508,12 @@ def describe_wavelengths(wavelengths: Any) -> str:
         text += (f"; band{'s' * several} {listed(missing, 8)} {'have' if several else 'has'} no centre "
                  "(unused)")
     return text
+
+
+def describe_reflectance_scale(scale: float) -> str:
+    """What a reflectance scale factor means for the values ("divided by 10000 they are 0-1 reflectance ...")."""
+    return (f"divided by {scale:g} the values are 0-1 reflectance (the source's reflectance scale factor; they "
+            "are stored as the source holds them)")
 
 
 def describe_bad_bands(bad: list[int], bands: int) -> str:

@@ -537,6 +537,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                         if prob_path is not None:
                             probs = writers.ProbabilityFile(prob_path, (h, w, classes),
                                                             georeference=scene.meta.georeference,
+                                                            pixel_is_point=scene.meta.pixel_is_point,
                                                             class_names=class_names)
                     run = functools.partial(_logits, model, layout=layout, patch_size=patch_size, classes=classes,
                                             done=done)
@@ -575,6 +576,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
         try:
             writers.write_class_map(out, result, num_classes=k, class_names=class_names,
                                     georeference=scene.meta.georeference,
+                                    pixel_is_point=scene.meta.pixel_is_point,
                                     ground_truth=scene.labels if scene.meta.num_samples else None,
                                     title=f"{scene.path.name}: predicted classes")
         except BaseException:

@@ -179,12 +179,16 @@ def describe(path: str | os.PathLike, patch_size: int | None = None) -> str:
     if m.nodata is not None:
         lines.append(nodata_line(m.nodata, h * w))
     if m.georeference is not None:
-        lines.append(f"georef:     {fmt.describe_georeference(m.georeference)}")
+        point = "; the source's coordinates name pixel centres (PixelIsPoint), as the GeoTIFF maps' do" \
+            if m.pixel_is_point else ""
+        lines.append(f"georef:     {fmt.describe_georeference(m.georeference)}{point}")
     if scene.wavelengths:
         lines.append(f"bands:      {fmt.describe_wavelengths(scene.wavelengths)}")
     if m.bad_bands:
         lines.append(f"bad bands:  {fmt.describe_bad_bands(m.bad_bands, b)}; bands=scene.good_bands leaves them out, "
                      f"and {_SKIPPED_BY_WAVELENGTH}")
+    if m.reflectance_scale_factor is not None:
+        lines.append(f"scale:      {fmt.describe_reflectance_scale(m.reflectance_scale_factor)}")
     lines.append(f"split:      {split_line(m.split)}; normalization stats from {m.stats_split} pixels")
     guarded = 2 * g.halo + 1 if m.split.get("method") == "blocks" else None
     lines.append(leakage_line(leakage(scene, patch_size), guarded))

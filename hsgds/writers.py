@@ -9,7 +9,7 @@ Class maps follow the store's label convention: 0 = not predicted / unlabelled (
 
 - ``.tif`` / ``.tiff``: GeoTIFF, uint8 (uint16 beyond 255 classes), one band with a colour table,
   nodata 0, and the source's CRS and geotransform when the store has them (rasterio, ``hsgds[geo]``; a CRS
-  GDAL cannot read is refused, by predict before any work);
+  GDAL cannot read is refused, by predict before any work; PixelIsPoint when the source was);
   the class names in its GDAL sidecar ``<name>.tif.aux.xml``.
 - ``.png``: the colour map with a legend; with ground truth also the ground truth and an error map
   (matplotlib, ``hsgds[preview]``).
@@ -30,6 +30,7 @@ import contextlib
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape as xml_escape
@@ -195,11 +196,13 @@ def write_npy(path: str | os.PathLike, array: Any) -> Path:
 
 
 def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
-                  class_names: list[str] | None = None, georeference: dict[str, Any] | None = None) -> Path:
+                  class_names: list[str] | None = None, georeference: dict[str, Any] | None = None,
+                  pixel_is_point: bool = False) -> Path:
     """Write a single-band GeoTIFF class map with a colour table, nodata 0 and the store's georeference.
 
     ``georeference`` is the store's ``{"transform", "crs_wkt", "epsg"}`` (None: a plain TIFF whose pixel
-    grid is the scene's). Class names are GDAL category names, in the sidecar ``<path>.aux.xml`` (GeoTIFF has
+    grid is the scene's); ``pixel_is_point`` the store's: the map's coordinates then name pixel centres, as
+    its source's did (:func:`_open_geotiff`). Class names are GDAL category names, in the sidecar ``<path>.aux.xml`` (GeoTIFF has
     no tag for them; GDAL, and QGIS through it, read them there for the legend), and the band's ``CLASS_1``
     ... ``CLASS_K`` metadata items. An old sidecar (and GDAL's overviews and mask of the old map) is removed
     before the map is replaced and the new one written after it, so a map never shows another run's names (at
@@ -216,13 +219,11 @@ def write_geotiff(path: str | os.PathLike, classmap: Any, *, num_classes: int | 
     names = _names(k, class_names)
     sidecar = category_sidecar(path)
     with atomic_path(path) as tmp:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-            with rasterio.open(tmp, "w", **profile) as dst:
-                dst.write(a.astype(dtype, copy=False), 1)
-                dst.write_colormap(1, {i: (*map(int, lut[i]), 255) for i in range(k + 1)})
-                dst.update_tags(1, **{f"CLASS_{i}": n for i, n in enumerate(names, start=1)})
-                dst.set_band_description(1, "class (0 = nodata)")
+        with _open_geotiff(rasterio, tmp, profile, pixel_is_point) as dst:
+            dst.write(a.astype(dtype, copy=False), 1)
+            dst.write_colormap(1, {i: (*map(int, lut[i]), 255) for i in range(k + 1)})
+            dst.update_tags(1, **{f"CLASS_{i}": n for i, n in enumerate(names, start=1)})
+            dst.set_band_description(1, "class (0 = nodata)")
         drop_gdal_sidecars(path)  # (the category sidecar among them) once the new map is whole, before its rename
     with atomic_path(sidecar) as tmp:
         tmp.write_text(_pam_categories(["Unclassified", *names]), encoding="utf-8")
@@ -293,6 +294,22 @@ def _geotiff_profile(georeference: dict[str, Any] | None, height: int, width: in
         if crs is not None:
             profile["crs"] = crs
     return profile
+
+
+@contextlib.contextmanager
+def _open_geotiff(rasterio: Any, tmp: Path, profile: dict[str, Any], pixel_is_point: bool) -> Iterator[Any]:
+    """rasterio's dataset writing the GeoTIFF ``tmp``. With ``pixel_is_point`` its coordinates name pixel centres
+    (``AREA_OR_POINT=Point``: GeoTIFF's PixelIsPoint), as its source's did, so that GDAL reads map and source
+    alike under either GTIFF_POINT_GEO_IGNORE setting (with it on, half a pixel from where it reads them by
+    default). GDAL writes the centre of the given corner transform's pixel (0, 0) as the tiepoint only while
+    that setting is off: off here whatever the user's, or the map would land half a pixel off."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.Env(GTIFF_POINT_GEO_IGNORE=False) if pixel_is_point else contextlib.nullcontext():
+            with rasterio.open(tmp, "w", **profile) as dst:
+                if pixel_is_point:
+                    dst.update_tags(AREA_OR_POINT="Point")
+                yield dst
 
 
 def _map_info(transform: list[float]) -> str | None:
@@ -486,12 +503,12 @@ def write_png(path: str | os.PathLike, classmap: Any, *, num_classes: int | None
 
 def write_class_map(path: str | os.PathLike, classmap: Any, *, num_classes: int | None = None,
                     class_names: list[str] | None = None, georeference: dict[str, Any] | None = None,
-                    ground_truth: Any = None, title: str | None = None) -> Path:
+                    ground_truth: Any = None, title: str | None = None, pixel_is_point: bool = False) -> Path:
     """Write ``classmap`` in the format named by ``path``'s suffix (see the module docstring)."""
     suffix = check_output(path)
     if suffix in (".tif", ".tiff"):
         return write_geotiff(path, classmap, num_classes=num_classes, class_names=class_names,
-                             georeference=georeference)
+                             georeference=georeference, pixel_is_point=pixel_is_point)
     if suffix == ".png":
         return write_png(path, classmap, num_classes=num_classes, class_names=class_names,
                          ground_truth=ground_truth, title=title)
@@ -529,13 +546,14 @@ class ProbabilityFile:
     """
 
     def __init__(self, path: str | os.PathLike, shape: tuple[int, int, int], flush_bytes: int = 64 << 20,
-                 georeference: dict[str, Any] | None = None, class_names: list[str] | None = None) -> None:
+                 georeference: dict[str, Any] | None = None, class_names: list[str] | None = None,
+                 pixel_is_point: bool = False) -> None:
         import mmap
 
         self.path = Path(path)
         self._geotiff = check_probability_output(self.path) != ".npy"
         check_class_names(self.path, class_names)  # (its bands are named after the classes)
-        self._georeference, self._class_names = georeference, class_names
+        self._georeference, self._class_names, self._pixel_is_point = georeference, class_names, pixel_is_point
         self.shape = tuple(int(v) for v in shape)
         remove_stale_partials(self.path)
         self._tmp = partial_path(self.path)
@@ -614,15 +632,13 @@ class ProbabilityFile:
         rows = max(256, GEOTIFF_BLOCK_BYTES // max(1, w * k * 4) // 256 * 256)  # whole rows of 256-px tiles
         names = _names(k, self._class_names)
         with atomic_path(self.path) as tmp:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-                with rasterio.open(tmp, "w", **profile) as dst:
-                    for y0 in range(0, h, rows):
-                        block = np.asarray(probs[y0:y0 + rows], dtype=np.float32)
-                        block[~block.any(axis=-1)] = np.nan
-                        dst.write(block.transpose(2, 0, 1), window=Window(0, y0, w, block.shape[0]))
-                    for band, name in enumerate(names, start=1):
-                        dst.set_band_description(band, f"probability of {name}")
+            with _open_geotiff(rasterio, tmp, profile, self._pixel_is_point) as dst:
+                for y0 in range(0, h, rows):
+                    block = np.asarray(probs[y0:y0 + rows], dtype=np.float32)
+                    block[~block.any(axis=-1)] = np.nan
+                    dst.write(block.transpose(2, 0, 1), window=Window(0, y0, w, block.shape[0]))
+                for band, name in enumerate(names, start=1):
+                    dst.set_band_description(band, f"probability of {name}")
             drop_gdal_sidecars(self.path)  # once the new file is whole, before its rename
         del probs
 

@@ -34,7 +34,7 @@ from hsgds import format as fmt
 from hsgds._durable import fsync_dir, fsync_tree, rename_error
 from hsgds._sha256 import sha256_of
 from hsgds._version import __version__
-from hsgds._wording import drop, set_to
+from hsgds._wording import clipped, drop, set_to
 from hsgds.errors import (
     ConfigError,
     HsgdsError,
@@ -57,7 +57,13 @@ from hsgds.preprocess.readers import (
     open_cube,
     read_labels,
 )
-from hsgds.preprocess.readers.base import SourceCube, check_fits_in_memory, recorded_nodata, source_stamps
+from hsgds.preprocess.readers.base import (
+    SourceCube,
+    check_fits_in_memory,
+    recorded_nodata,
+    source_stamps,
+    unknown_epsg,
+)
 from hsgds.preprocess.readers.hdf5 import BAND_AXES, band_axes
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
@@ -891,6 +897,12 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
     if getattr(cube, "georeference", None) is None and geo_note is not None:
         warnings.warn(f"{geo_note}; the store records no georeference (maps predicted from it carry no coordinates)",
                       GeoreferenceWarning, stacklevel=2)
+    geo = getattr(cube, "georeference", None)
+    why = unknown_epsg(geo)
+    if why is not None and geo is not None:  # refused now, not by a GeoTIFF map once a whole scene is predicted
+        raise InputError(f"{shown_path(src)} names its coordinate reference system EPSG:{geo['epsg']}, which PROJ does not "
+                         f"know ({clipped(why, 160)}); set the right code in the source (a GeoTIFF's: gdal_edit.py "
+                         f"-a_srs EPSG:<code> {shown_path(src.name)})")
     # every file the labels are read from (an ENVI header and its binary, whichever --labels names) is
     # stamped before the read and recorded: a change to the one not named is a change to the labels
     label_paths = [] if opts.labels is None else label_files(opts.labels)
@@ -1078,12 +1090,14 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         wavelengths=wavelengths,
         band_names=None if cube.band_names is None else [str(b) for b in cube.band_names],
         bad_bands=getattr(cube, "bad_bands", None),
+        reflectance_scale_factor=getattr(cube, "reflectance_scale_factor", None),
         # paths, as the ground truth's: `hsgds predict` never writes over a source file found there, also one whose
         # companions are gone (an EnMAP image whose METADATA.XML was deleted: the total size no longer matches)
         source={"name": src.name, "files": [p.name for p in cube.files],
                 "paths": [_relative_to(p, out.resolve().parent) for p in cube.files], "size": size, "sha256": sha256,
                 "dtype": cube.dtype.name},
         georeference=getattr(cube, "georeference", None), nodata=nodata_record,
+        pixel_is_point=bool(getattr(cube, "georeference", None) and getattr(cube, "pixel_is_point", False)),
         labels_source=labels_source, split=split_params, converted_split=split_params,
         stats_split="train" if train_stats.count else "all", created_by=f"hsgds {__version__}")
     meta.format_version = meta.oldest_version()  # an older hsgds then reads every store it can

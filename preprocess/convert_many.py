@@ -374,6 +374,7 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
         found = (tuple(int(n) for n in cube.shape), np.dtype(cube.dtype).name)
         recorded = cube.wavelengths
         bad = getattr(cube, "bad_bands", None)
+        point = bool(getattr(cube, "georeference", None) and getattr(cube, "pixel_is_point", False))
     finally:
         cube.close()
     held = (tuple(meta.shape), meta.source.get("dtype", meta.dtype))  # the source's type, which --dtype may cast
@@ -388,6 +389,8 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
         return f"band centres: the source records {_nm_range(recorded)}, the store {_nm_range(meta.wavelengths)}"
     if bad != meta.bad_bands:  # (a store written before hsgds recorded them has none)
         return f"bad bands: the source flags {_bad_bands_text(bad)}, the store {_bad_bands_text(meta.bad_bands)}"
+    if point and not meta.pixel_is_point:  # (a store written before hsgds recorded it: its GeoTIFF maps PixelIsArea)
+        return "the source's coordinates name pixel centres (PixelIsPoint), which the store does not record"
     return None
 
 

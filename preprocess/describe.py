@@ -17,7 +17,7 @@ from hsgds import format as fmt
 from hsgds._wording import counted
 from hsgds.errors import InputError
 from hsgds.preprocess.readers import FORMATS, detect_format, label_class_names, open_cube, read_labels
-from hsgds.preprocess.readers.base import recorded_nodata
+from hsgds.preprocess.readers.base import recorded_nodata, unknown_epsg
 from hsgds.preprocess.readers.envi import parse_header
 from hsgds.preprocess.readers.hdf5 import SeveralArrays
 from hsgds.preprocess.readers.packed import Unpacked
@@ -78,10 +78,15 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         bad = getattr(cube, "bad_bands", None)
         if bad:
             lines.append(f"bad bands:  {fmt.describe_bad_bands(bad, b)}; the store records them (Scene.bad_bands)")
+        scale = getattr(cube, "reflectance_scale_factor", None)
+        if scale is not None:
+            lines.append(f"scale:      {fmt.describe_reflectance_scale(scale)}; the store records it")
         geo, geo_note = cube.georeference, getattr(cube, "georeference_note", None)
         lines.append("georef:     " + (fmt.describe_georeference(geo) if geo else (
             f"not recorded: {geo_note.split(': ', 1)[-1]}" if geo_note else "none") + " (maps predicted from it carry "
                                                                                       "no coordinates)"))
+        if geo and unknown_epsg(geo) is not None:
+            lines[-1] += " (a code PROJ does not know: hsgds convert refuses it)"
         try:
             value = recorded_nodata(cube)
             field = _NODATA_FIELD.get(kind, "recorded")

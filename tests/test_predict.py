@@ -575,6 +575,43 @@ def test_probabilities_as_a_georeferenced_geotiff(tmp_path):
         np.testing.assert_array_equal(ds.read().transpose(1, 2, 0), got.transpose(1, 2, 0))
 
 
+@pytest.mark.parametrize("ignore", [False, True])
+def test_a_pixel_is_point_source_gives_maps_at_its_ground_position(tmp_path, run_cli, ignore):
+    """A GeoTIFF source whose coordinates name pixel centres (PixelIsPoint: rasterio's AREA_OR_POINT=Point), which
+    GDAL reads half a pixel apart under GTIFF_POINT_GEO_IGNORE=TRUE. The map and the probabilities were written
+    PixelIsArea on the store's corner grid, which GDAL reads alike under either setting: under TRUE (a user's
+    environment) half a pixel off the source. Now they are PixelIsPoint too: written and read under the setting
+    the source is read with, pixel (0, 0)'s centre is the source's."""
+    rasterio = pytest.importorskip("rasterio")
+    from rasterio.crs import CRS
+    from rasterio.transform import Affine
+
+    cube, _ = coordinate_cube(seed=14)
+    src = tmp_path / "cube.tif"
+    with rasterio.open(src, "w", driver="GTiff", height=H, width=W, count=B, dtype="int16",
+                       crs=CRS.from_epsg(32616), transform=Affine(30, 0, 620000.5, 0, -30, 4000000.25)) as dst:
+        dst.update_tags(AREA_OR_POINT="Point")
+        dst.write(cube.transpose(2, 0, 1))
+    store = convert(src, tmp_path / "s.zarr", ConvertOptions())
+    with rasterio.Env(GTIFF_POINT_GEO_IGNORE=ignore):
+        out = predict(store, RandomConv(3, k=4), patch_size=3, device="cpu", out=tmp_path / "map.tif",
+                      probabilities=True)
+        with rasterio.open(src) as ds:
+            centre = ds.xy(0, 0)
+        # the setting takes effect: the tiepoint (620015.5, 3999985.25) is the centre, or under TRUE the corner
+        assert centre == (620015.5 + 15 * ignore, 3999985.25 - 15 * ignore)
+        for written in ("map.tif", "map.probabilities.tif"):
+            with rasterio.open(tmp_path / written) as ds:
+                assert ds.xy(0, 0) == centre and ds.crs == CRS.from_epsg(32616), written
+                assert ds.tags()["AREA_OR_POINT"] == "Point", written
+                if ds.count == 1:
+                    assert np.array_equal(ds.read(1), out)
+    code, text, _ = run_cli("info", store)
+    assert code == 0 and "origin (620000.5, 4000000.25), pixel 30 x -30; the source's coordinates name pixel " \
+                          "centres (PixelIsPoint)" in text
+    assert hsgds.open_scene(store).to_xarray().attrs["AREA_OR_POINT"] == "Point"
+
+
 def test_envi_source_to_georeferenced_class_map(tmp_path):
     envi = pytest.importorskip("spectral.io.envi")
     cube, _ = coordinate_cube(seed=4)

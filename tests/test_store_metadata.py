@@ -113,6 +113,8 @@ _NAN = float("nan")
     ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "epsg": "4326"}, "georeference .*epsg must"),
     ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "crs_wkt": ""}, "georeference .*crs_wkt must"),
     ("georeference", {"transform": [0, 1, 0, 0, 0, -1], "path": "/etc"}, "georeference .*unknown keys"),
+    ("pixel_is_point", "yes", "pixel_is_point = 'yes' .must be true or false"),
+    ("pixel_is_point", True, r"pixel_is_point = True .must be true or false, and false without a georeference"),
     ("nodata", [1], "nodata = .*must be an object or null"),
     ("nodata", {"value": "x", "pixels": 0, "labelled_dropped": 0, "fill": None}, "value must be a finite number"),
     ("nodata", {"value": -1, "pixels": 901, "labelled_dropped": 0, "fill": "train mean"},

@@ -220,6 +220,26 @@ def recorded_nodata(cube: Any) -> float | None:
     return getattr(cube, "nodata", None)
 
 
+def unknown_epsg(geo: dict[str, Any] | None) -> str | None:
+    """Why PROJ does not know the EPSG code a ``georeference`` record names (its error, as rasterio gives it), or
+    None: a code it knows, no code, or no rasterio (``hsgds[geo]``) to ask, when the store format's range check
+    is all. A code PROJ does not know stops a GeoTIFF map only once a whole scene is predicted."""
+    code = None if geo is None else geo.get("epsg")
+    if code is None:
+        return None
+    try:
+        import rasterio
+        from rasterio.crs import CRS
+    except ImportError:
+        return None
+    try:
+        with rasterio.Env():  # PROJ's error goes to logging, not printed to stderr beside ours
+            CRS.from_epsg(code)
+    except rasterio.errors.CRSError as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
 class SourceCube(Protocol):
     """A hyperspectral cube as the converter sees it: (H, W, B), read in windows."""
 
@@ -272,6 +292,12 @@ class ArrayCube:
     #: the bands the file flags bad (an ENVI header's ``bbl``, 0 for a bad band: AVIRIS's water-vapour bands), by
     #: index; None when it has no such list ([] when its list flags none)
     bad_bands: list[int] | None = None
+    #: whether ``georeference`` came from a GeoTIFF whose coordinates name pixel centres (PixelIsPoint; the
+    #: transform is the corner's all the same, as GDAL reads it by default)
+    pixel_is_point: bool = False
+    #: the value which, divided into the data, scales them to 0-1 reflectance (an ENVI header's ``reflectance
+    #: scale factor``, e.g. 10000); None when the file gives none. Recorded, never applied
+    reflectance_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
         if sorted(self.axes) != ["B", "H", "W"]:

@@ -259,9 +259,28 @@ def _bad_bands(header: dict[str, str], bands: int, path: Path) -> list[int] | No
     return bad_band_list(header["bbl"], bands, f"ENVI header {path}", "fix or remove the 'bbl' field")
 
 
-#: EPSG codes of UTM zones by ENVI datum name: zone z north is base + z, south base + 100 + z (WGS 84)
-_UTM_EPSG = {"wgs-84": (32600, 32700), "wgs84": (32600, 32700), "north america 1983": (26900, None),
-             "north america 1927": (26700, None)}
+def _reflectance_scale_factor(header: dict[str, str], path: Path) -> float | None:
+    """The header's ``reflectance scale factor`` (ENVI: the value which, divided into the data, scales it to 0-1
+    reflectance, e.g. 10000), or None when it has none. Recorded, never applied: ENVI itself keeps the data
+    scaled, and z-scoring makes the scale moot for training."""
+    if "reflectance scale factor" not in header:
+        return None
+    items = _split_list(header["reflectance scale factor"])
+    text = items[0] if len(items) == 1 else header["reflectance scale factor"].strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"ENVI header {path}: 'reflectance scale factor' holds {text[:40]!r}, not a finite number "
+                         "above 0 (the data divided by it are 0-1 reflectance, e.g. 10000); fix or remove that field")
+    return value
+
+
+#: EPSG codes of UTM zones by ENVI datum name: zone z north is base + z, south base + 100 + z (WGS 84), for the
+#: zones up to the last, the codes past it being other systems (26929: NAD83 / Alabama East, a State Plane zone)
+_UTM_EPSG = {"wgs-84": (32600, 32700, 60), "wgs84": (32600, 32700, 60), "north america 1983": (26900, None, 23),
+             "north america 1927": (26700, None, 22)}
 
 
 def _map_info_transform(items: list[str], path: Path) -> list[float]:
@@ -301,8 +320,8 @@ def _georeference(header: dict[str, str], path: Path) -> dict | None:
     """CRS and transform from ``map info`` and ``coordinate system string``, or None without map info.
 
     The CRS is the WKT of ``coordinate system string`` when present; otherwise UTM zones on WGS-84 /
-    NAD83 / NAD27 and ``Geographic Lat/Lon`` on WGS-84 are named by their EPSG code; any other
-    projection keeps its transform only.
+    NAD83 / NAD27 (the zones EPSG numbers: NAD83 1-23, NAD27 1-22) and ``Geographic Lat/Lon`` on WGS-84 are
+    named by their EPSG code; any other projection keeps its transform only.
     """
     if "map info" not in header:
         return None
@@ -322,9 +341,9 @@ def _georeference(header: dict[str, str], path: Path) -> dict | None:
             zone = int(extra[0])
         except ValueError:
             zone = 0
-        north, south = _UTM_EPSG.get(extra[2], (None, None))
+        north, south, last = _UTM_EPSG.get(extra[2], (None, None, 0))
         base = north if extra[1] == "north" else south if extra[1] == "south" else None
-        if base is not None and 1 <= zone <= 60:
+        if base is not None and 1 <= zone <= last:
             epsg = base + zone
     elif not wkt and name == "geographic lat/lon" and extra and extra[0] in ("wgs-84", "wgs84"):
         epsg = 4326
@@ -422,6 +441,7 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         nodata=nodata,
         nodata_error=nodata_error,
         bad_bands=_bad_bands(header, bands, header_path),
+        reflectance_scale_factor=_reflectance_scale_factor(header, header_path),
     )
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)

@@ -132,6 +132,14 @@ def _geo_transform(tags: dict[str, Any]) -> list[float] | None:
     return t
 
 
+def _pixel_is_point(tif: tifffile.TiffFile) -> bool:
+    """Whether a GeoTIFF's coordinates name pixel centres (GTRasterTypeGeoKey PixelIsPoint): its class maps are
+    written so again, where GDAL reads them as it reads the source under either GTIFF_POINT_GEO_IGNORE setting."""
+    page = tif.pages[0]
+    tags = (page.geotiff_tags or {}) if getattr(page, "is_geotiff", False) else {}
+    return int(tags.get("GTRasterTypeGeoKey", 1)) == _PIXEL_IS_POINT
+
+
 def _transform_tags(page: Any) -> dict[str, Any]:
     """The transform tags of a TIFF page without geokeys, named and shaped as tifffile's ``geotiff_tags``."""
     tags = {}
@@ -395,7 +403,8 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
 
     tifffile names the axes: Y rows, X columns, S samples per pixel, and Q/I/Z/C/... for pages.
     Pass a dict as ``geo`` to receive the file's GDAL nodata value under ``"nodata"`` (or why it is no
-    number, under ``"nodata_error"``) and, with ``georeference``, its georeference under ``"georeference"``.
+    number, under ``"nodata_error"``) and, with ``georeference``, its georeference under ``"georeference"``
+    (and whether its coordinates name pixel centres under ``"pixel_is_point"``).
     """
     compression = None  # the image's, once known: named when its codec is missing
     try:
@@ -406,6 +415,7 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
             if geo is not None:
                 if georeference:
                     geo["georeference"] = _georeference(tif, path)
+                    geo["pixel_is_point"] = geo["georeference"] is not None and _pixel_is_point(tif)
                 tag = tif.pages[0].tags.get("GDAL_NODATA")  # GDAL's nodata, as text: "-9999", "nan"
                 try:
                     geo["nodata"] = None if tag is None else parse_nodata(
@@ -492,7 +502,7 @@ def open_tiff(path: Path) -> ArrayCube:
     if packing is not None:  # read as GDAL unscales it, and as a CF-packed HDF5 / netCDF variable is
         array, nodata = scaled_bands(array, *packing, order.index("B"), ("GDAL scale", "offset"), nodata)
     cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=nodata,
-                     band_names=band_names,
+                     pixel_is_point=geo.get("pixel_is_point", False), band_names=band_names,
                      nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,
                      bad_bands=_bad_bands(geo.get("gdal_metadata"), bands, path),
                      wavelengths_file=None if wavelengths is None else sidecar)

@@ -88,23 +88,56 @@ def test_to_xarray_has_the_map_coordinates_rasterio_gives(tmp_path, cube, crs, t
         assert "x" not in da.coords and "y" not in da.coords
 
 
-def test_geotiff_pixel_is_point_moves_origin_like_gdal(tmp_path, cube):
-    src = write_geotiff(tmp_path / "p.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+def set_geokey(path, key, value):
+    """Rewrite geokey ``key``'s value in place: the key directory is (key, location, count, value) quadruples."""
     import tifffile
 
-    # rewrite GTRasterTypeGeoKey to PixelIsPoint (2) in place: the key directory is (key, loc, count, value)
-    with tifffile.TiffFile(src) as tif:
+    with tifffile.TiffFile(path) as tif:
         tag = tif.pages[0].tags["GeoKeyDirectoryTag"]
         keys = list(tag.value)
         offset = tag.valueoffset
-    i = [keys[j] for j in range(4, len(keys), 4)].index(1025)
-    keys[4 + 4 * i + 3] = 2
-    with open(src, "r+b") as f:
+    i = [keys[j] for j in range(4, len(keys), 4)].index(key)
+    keys[4 + 4 * i + 3] = value
+    with open(path, "r+b") as f:
         f.seek(offset)
         f.write(np.asarray(keys, dtype="<u2").tobytes())
+
+
+def test_geotiff_pixel_is_point_moves_origin_like_gdal(tmp_path, cube):
+    src = write_geotiff(tmp_path / "p.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+    set_geokey(src, 1025, 2)  # GTRasterTypeGeoKey: PixelIsPoint
     geo = open_cube(src).georeference
     _, ref_t = gdal_view(src)
     assert geo["transform"][0] == pytest.approx(620000.0 - 15.0) and np.allclose(geo["transform"], ref_t)
+
+
+def test_an_epsg_code_proj_does_not_know_is_refused_by_convert(tmp_path, cube, run_cli):
+    """A GeoTIFF whose ProjectedCSTypeGeoKey names a code in range that is no CRS (9999): the store recorded it,
+    and a GeoTIFF map of it failed only once the whole scene was predicted. Now convert refuses it in one line
+    naming the code and the source, and leaves nothing; `hsgds info SOURCE` says so beforehand."""
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+    set_geokey(src, 3072, 9999)  # ProjectedCSTypeGeoKey
+    with pytest.raises(rasterio.errors.CRSError):  # PROJ, through rasterio, knows no EPSG:9999
+        CRS.from_epsg(9999)
+    code, _, err = run_cli("convert", src, "-o", tmp_path / "s.zarr")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{src} names its coordinate reference system EPSG:9999, which PROJ does not know (" in err, err
+    assert "gdal_edit.py -a_srs EPSG:<code> c.tif" in err, err
+    assert not (tmp_path / "s.zarr").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c.tif"]
+    code, out, _ = run_cli("info", src)
+    assert code == 0 and "georef:     EPSG:9999; origin (620000, 4000000), pixel 30 x -30 (a code PROJ does not " \
+                          "know: hsgds convert refuses it)" in out, out
+    # a code PROJ knows converts as before
+    set_geokey(src, 3072, 32617)
+    assert hsgds.open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions())).meta.georeference["epsg"] == 32617
+
+
+def test_without_rasterio_an_epsg_code_is_only_range_checked(tmp_path, cube, monkeypatch):
+    """Without rasterio (hsgds[geo]) there is nothing to ask: the code is recorded when in range, as before."""
+    src = write_geotiff(tmp_path / "c.tif", cube, UTM16N, Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0))
+    set_geokey(src, 3072, 9999)
+    monkeypatch.setitem(__import__("sys").modules, "rasterio", None)  # as if hsgds[geo] were not installed
+    assert hsgds.open_scene(convert(src, tmp_path / "s.zarr", ConvertOptions())).meta.georeference["epsg"] == 9999
 
 
 def test_plain_tiff_has_no_georeference(tmp_path, cube):
@@ -136,6 +169,24 @@ def test_envi_map_info_matches_gdal(tmp_path, map_info, css, epsg):
     assert np.allclose(geo["transform"], ref_t, rtol=0, atol=1e-9)
     assert geo["epsg"] == epsg
     assert stored_crs(geo) == ref_crs
+
+
+@pytest.mark.parametrize("zone,datum", [(10, "North America 1983"), (23, "North America 1983"),
+                                        (29, "North America 1983"), (14, "North America 1927"),
+                                        (23, "North America 1927")])
+def test_envi_nad_utm_zones_get_the_epsg_code_gdal_gives(tmp_path, zone, datum):
+    """An ENVI UTM zone on NAD83 / NAD27 is named by its EPSG code where EPSG numbers that zone (NAD83 1-23, NAD27
+    1-22), as GDAL names it. Past the last one, base + zone was another system (EPSG:26929 is NAD83 / Alabama
+    East, a State Plane zone, 26723 NAD27 / Alabama East): there GDAL gives a UTM CRS without a code, and the store
+    keeps the transform alone, as for any projection it names by no code."""
+    data = np.random.default_rng(2).integers(0, 1000, (7, 6, 3)).astype(np.int16)
+    map_info = ["UTM", "1", "1", "500000.0", "4100000.0", "30.0", "30.0", str(zone), "North", datum, "units=Meters"]
+    envi.save_image(str(tmp_path / "e.hdr"), data, metadata={"map info": map_info}, interleave="bil", ext=".img")
+    geo = hsgds.open_scene(convert(tmp_path / "e.hdr", tmp_path / "s.zarr", ConvertOptions())).meta.georeference
+    ref_crs, ref_t = gdal_view(tmp_path / "e.img")
+    assert geo["epsg"] == ref_crs.to_epsg() and geo["crs_wkt"] is None
+    assert (geo["epsg"] is None) == (zone > {"North America 1983": 23, "North America 1927": 22}[datum])
+    assert np.allclose(geo["transform"], ref_t, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("map_info,message", [
@@ -318,3 +369,30 @@ def test_labels_of_the_scene_at_another_resolution_are_told_how_to_fit(tmp_path,
         write_geotiff(tmp_path / "gt_on_cube.tif", resampled, UTM16N, target)
     store = convert(src, tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt_on_cube.tif"))
     np.testing.assert_array_equal(hsgds.open_scene(store).labels, resampled[0])
+
+
+def test_convert_many_converts_a_pixel_is_point_store_written_before_it_was_recorded(tmp_path, cube):
+    """A store of a PixelIsPoint GeoTIFF made before hsgds recorded it (its GeoTIFF maps PixelIsArea, half a pixel
+    off the source where GDAL reads both under GTIFF_POINT_GEO_IGNORE=TRUE) is converted again, saying why; one
+    that records it is up to date."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    src = tmp_path / "scene.tif"
+    with rasterio.open(src, "w", driver="GTiff", height=cube.shape[1], width=cube.shape[2], count=cube.shape[0],
+                       dtype=cube.dtype, crs=UTM16N, transform=Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0)) as dst:
+        dst.update_tags(AREA_OR_POINT="Point")
+        dst.write(cube)
+    row = ManifestRow(name="scene", source=src)
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    assert convert_scene(row, out, opts).status == "converted"
+    assert hsgds.open_scene(out / "scene.zarr").meta.pixel_is_point is True
+    assert convert_scene(row, out, opts).status == "up to date"
+    root = json.loads((out / "scene.zarr" / "zarr.json").read_text())
+    del root["attributes"]["hsgds"]["pixel_is_point"]  # as an hsgds before it wrote the store
+    (out / "scene.zarr" / "zarr.json").write_text(json.dumps(root))
+    again = convert_scene(row, out, opts)
+    assert (again.status, again.reason) == ("converted", "the source's coordinates name pixel centres "
+                                                          "(PixelIsPoint), which the store does not record")
+    assert convert_scene(row, out, opts).status == "up to date"
