@@ -160,13 +160,25 @@ class KvikioReader(ChunkReader):
 
     def register(self, buffer: Any) -> None:
         """Register a device buffer (e.g. the ring's storage) with cuFile once, so GDS reads into it
-        skip per-read pinning. A no-op in compat mode. Kept registered (and alive) until :meth:`close`."""
+        skip per-read pinning. A no-op in compat mode. Kept registered (and alive) until :meth:`close`.
+
+        Registration only speeds reads up: when cuFile refuses it (a ring larger than cufile.json's
+        ``max_device_pinned_mem_size_kb``, 32 GiB by default), a warning says so and reads go through
+        cuFile's own bounce buffers."""
         if not self.gds:
             return
         with self._cond:
             if self._closed:
                 raise TileReadError("reader is closed (its loader was closed); create a new loader")
-            self._kvikio.memory_register(buffer)
+            try:
+                self._kvikio.memory_register(buffer)
+            except RuntimeError as exc:  # libcufile's error, e.g. more than it may pin
+                nbytes = buffer.numel() * buffer.element_size()
+                warnings.warn(f"cuFile cannot register the {nbytes / 2**20:.0f} MiB ring for GPUDirect Storage "
+                              f"({one_line(exc)}); reads go through cuFile's bounce buffers (slower); raise "
+                              "max_device_pinned_mem_size_kb in /etc/cufile.json or pass a smaller ring_bytes",
+                              HsgdsWarning, stacklevel=2)
+                return
             self._registered.append(buffer)
 
     # -------------------------------------------------------------------------------- reads

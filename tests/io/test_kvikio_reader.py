@@ -120,6 +120,42 @@ def test_fake_kvikio_verify(fake_kvikio, tiles):
         reader.read_into(0, dest)
 
 
+def test_fake_kvikio_gds_ring_that_cufile_cannot_register_still_reads(fake_kvikio, tiles, monkeypatch):
+    """With GDS, cuFile refuses to register a buffer over cufile.json's pinned-memory limit (32 GiB by
+    default: the default ring on an H200 is larger): the loader warns and reads unregistered, instead of
+    failing to start; close() deregisters only what was registered."""
+    import types
+
+    import torch
+
+    from hsgds.errors import HsgdsWarning
+
+    kv = sys.modules["kvikio"]
+    monkeypatch.setattr(kv.defaults, "is_compat_mode_preferred", lambda: False)
+    monkeypatch.setattr(kv.defaults, "get", lambda name: {"compat_mode": "OFF"}.get(name, fake_kvikio.get(name)))
+    driver = types.ModuleType("kvikio.cufile_driver")
+    driver.get = lambda name: {"is_gds_available": True}[name]
+    monkeypatch.setattr(kv, "cufile_driver", driver, raising=False)
+    deregistered = []
+
+    def refuse(buf):
+        raise RuntimeError("cuFile error at: buffer.cpp:42: GPU memory pinning failed")
+
+    monkeypatch.setattr(kv, "memory_register", refuse)
+    monkeypatch.setattr(kv, "memory_deregister", deregistered.append)
+    source, data = tiles(count=2)
+    storage = torch.empty((2, source.nbytes), dtype=torch.uint8)
+    reader = KvikioReader(source)
+    assert reader.name == "kvikio-gds"
+    with pytest.warns(HsgdsWarning, match=r"cuFile cannot register the 0 MiB ring .*pinning failed.*"
+                                          r"max_device_pinned_mem_size_kb"):
+        reader.register(storage)
+    reader.read_many([(1, storage[0]), (0, storage[1])])
+    assert storage[0].numpy().tobytes() == data[1] and storage[1].numpy().tobytes() == data[0]
+    reader.close()
+    assert deregistered == []
+
+
 def test_kvikio_reader_without_kvikio_names_the_extra(monkeypatch, tiles):
     monkeypatch.setitem(sys.modules, "kvikio", None)
     source, _ = tiles(count=1)
