@@ -112,6 +112,27 @@ def test_fused_kernel_equals_plain_torch_ops(src, out, layout):
     torch.testing.assert_close(fused, plain, rtol=0, atol=0)
 
 
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_fused_kernel_on_a_gpu_other_than_the_current_one():
+    """A ring on cuda:1 while cuda:0 is current (device="cuda:1" without set_device): Triton launches on the
+    current device, so the kernel must be launched with the ring's made current, as torch ops are."""
+    from hsgds.engines import PatchSpec, TorchEngine, triton_cut
+
+    if not triton_cut.available():
+        pytest.skip("Triton not importable")
+    rng = np.random.default_rng(4)
+    host = rng.integers(0, 60000, (2, 24, 24, 5)).astype(np.uint16)
+    spec = PatchSpec(patch_size=5, halo=2, bands=5, tile_side=24, layout="NCHW", out_dtype=torch.float32,
+                     offset=np.zeros(5), scale=np.ones(5))
+    slot, y, x = rng.integers(0, 2, 40), rng.integers(2, 22, 40), rng.integers(2, 22, 40)
+    want = np.stack([host[s, a - 2:a + 3, b - 2:b + 3] for s, a, b in zip(slot, y, x)]).astype(np.float32)
+    torch.cuda.set_device(0)
+    on1 = [torch.from_numpy(v).to("cuda:1") for v in (host.view(np.int16), slot, y, x)]
+    got = TorchEngine(spec, "cuda:1").cut(on1[0].view(torch.uint16), *on1[1:])
+    assert got.device == torch.device("cuda:1")
+    np.testing.assert_array_equal(got.cpu().numpy(), want.transpose(0, 3, 1, 2))
+
 def test_fused_kernel_with_strided_coordinates():
     """Coordinates given as columns of an (N, 3) tensor (not contiguous) give the same patches."""
     from hsgds.engines import PatchSpec, TorchEngine

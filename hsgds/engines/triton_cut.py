@@ -10,6 +10,7 @@ Used only when Triton imports and the dtypes are supported; the torch path remai
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -123,15 +124,18 @@ def cut(storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Ten
     src = storage.view(torch.int16) if storage.dtype == torch.uint16 else storage
     u16 = storage.dtype == torch.uint16
     codes = slot if dihedral is None else dihedral  # an unused pointer when there are no codes
-    if nchw:
-        block = 1024
-        grid = (n, -(-(bands * patch_size * patch_size) // block))
-        planes_kernel[grid](src, slot, y, x, offset, scale, out, side, codes, B=bands, P=patch_size,
-                            R=patch_size // 2, BLOCK=block, U16=u16, DIHEDRAL=dihedral is not None)
-        return out
-    row = patch_size * bands
-    block = min(4096, 1 << max(0, (row - 1).bit_length()))
-    rows_kernel[(n * patch_size,)](src, slot, y, x, offset, scale, out, side, codes, B=bands, P=patch_size,
-                                   R=patch_size // 2, ROW=row, BLOCK=block, U16=u16,
-                                   DIHEDRAL=dihedral is not None)
+    # Triton launches on torch's current device, on its current stream: the ring may be on another GPU
+    # (device="cuda:1" without torch.cuda.set_device(1)), so make it the ring's, as torch ops do
+    with torch.cuda.device(storage.device) if storage.is_cuda else contextlib.nullcontext():
+        if nchw:
+            block = 1024
+            grid = (n, -(-(bands * patch_size * patch_size) // block))
+            planes_kernel[grid](src, slot, y, x, offset, scale, out, side, codes, B=bands, P=patch_size,
+                                R=patch_size // 2, BLOCK=block, U16=u16, DIHEDRAL=dihedral is not None)
+        else:
+            row = patch_size * bands
+            block = min(4096, 1 << max(0, (row - 1).bit_length()))
+            rows_kernel[(n * patch_size,)](src, slot, y, x, offset, scale, out, side, codes, B=bands, P=patch_size,
+                                           R=patch_size // 2, ROW=row, BLOCK=block, U16=u16,
+                                           DIHEDRAL=dihedral is not None)
     return out
