@@ -40,6 +40,7 @@ comes between them); otherwise, and for mixture noise, by :class:`Augmenter` rig
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -340,15 +341,18 @@ class Augmenter:
     only their centre spectra, band dropout only the dropped (patch, band) planes. Where the engine
     applies radiation noise (``fused_radiation``) or band dropout (``fused_dropout``) inside its cut,
     those steps are skipped here; the order of the rules stays radiation, mixture, dropout, so dropout
-    is fused only when there is no mixture.
+    is fused only when there is no mixture. ``to_device``: how a batch's host arrays reach the batch's
+    device (:func:`apply_after_cut`).
     """
 
     def __init__(self, aug: Augment, seed: int, layout: str, *, fused_radiation: bool = False,
-                 fused_dropout: bool = False) -> None:
+                 fused_dropout: bool = False,
+                 to_device: Callable[[list[np.ndarray]], list[torch.Tensor]] | None = None) -> None:
         if fused_dropout and aug.mixture_noise > 0:
             raise ConfigError("band dropout cannot be applied inside the cut when mixture noise follows it")
         self.aug, self.seed, self.nchw = aug, seed, layout == "NCHW"
         self.fused_radiation, self.fused_dropout = fused_radiation, fused_dropout
+        self.to_device = to_device
         self._bank: dict[Any, Any] = {}
 
     def host_bank(self, window: int) -> np.ndarray:
@@ -374,15 +378,18 @@ class Augmenter:
     def __call__(self, out: torch.Tensor, batch: AugmentBatch) -> torch.Tensor:
         radiation = len(batch.radiated) > 0 and not self.fused_radiation
         apply_after_cut(out, batch, self.aug, self.nchw, self._bank_on if radiation else None,
-                        radiation=radiation, dropout=not self.fused_dropout)
+                        radiation=radiation, dropout=not self.fused_dropout, to_device=self.to_device)
         return out
 
 
 def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: bool, bank_on: Any, *,
-                    radiation: bool = True, dropout: bool = True) -> None:
+                    radiation: bool = True, dropout: bool = True,
+                    to_device: Callable[[list[np.ndarray]], list[torch.Tensor]] | None = None) -> None:
     """Radiation noise, then mixture, then band dropout, on ``out`` ((N, B, p, p) or (N, p, p, B));
     ``radiation`` / ``dropout`` False: already applied in the cut. Computed in float32, or in float64 for
-    float64 patches (rounding those to float32 would lose the precision they were cut with)."""
+    float64 patches (rounding those to float32 would lose the precision they were cut with). ``to_device``:
+    how the batch's host arrays reach ``out``'s device, all in one call (on CUDA the loader's pinned staging:
+    one asynchronous copy, where ``.to(device)`` of each would wait for the stream's queued work each time)."""
     device = out.device
     work = torch.promote_types(out.dtype, torch.float32)
     if nchw:
@@ -392,26 +399,34 @@ def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: 
         n, p, _, bands = out.shape
         view = out.permute(0, 3, 1, 2)  # a view in NCHW element order
     window = bands * p * p
+    host: dict[str, np.ndarray] = {}
     if radiation and len(batch.radiated):
-        rad = torch.from_numpy(batch.radiated).to(device)
+        host.update(rad=batch.radiated, rows=batch.bank_start // BANK_STEP, alpha=batch.alpha)
+    if len(batch.mixed):
+        host.update(mixed=batch.mixed, partner=batch.partner, weight=batch.weight)
+    if dropout and len(batch.dropped):
+        host["dropped"] = batch.dropped
+    if not host:
+        return
+    arrays = to_device(list(host.values())) if to_device is not None else \
+        [torch.from_numpy(a).to(device) for a in host.values()]
+    t = dict(zip(host, arrays))
+    if "rad" in t:
         bank = bank_on(device)
         if window > BANK_SIZE:  # a patch bigger than the bank reads it cyclically
             bank = bank.repeat(-(-window // BANK_SIZE) + 1)
-        rows = torch.from_numpy(batch.bank_start // BANK_STEP).to(device)
         # each window is pixel-major (R, p, p, B): seen in the view's (R, B, p, p) order
-        noise = bank.unfold(0, window, BANK_STEP).index_select(0, rows).view(-1, p, p, bands).permute(0, 3, 1, 2)
-        alpha = torch.from_numpy(batch.alpha).to(device=device, dtype=work).view(-1, 1, 1, 1)
-        x = view[rad].to(work)
+        noise = bank.unfold(0, window, BANK_STEP).index_select(0, t["rows"]).view(-1, p, p, bands).permute(0, 3, 1, 2)
+        alpha = t["alpha"].to(work).view(-1, 1, 1, 1)
+        x = view[t["rad"]].to(work)
         x.mul_(alpha).add_(noise, alpha=float(np.float32(aug.noise_std)))
-        view[rad] = x.to(out.dtype)
-    if len(batch.mixed):
+        view[t["rad"]] = x.to(out.dtype)
+    if "mixed" in t:
         r = p // 2
-        mixed = torch.from_numpy(batch.mixed).to(device)
-        partner = torch.from_numpy(batch.partner).to(device)
-        w = torch.from_numpy(batch.weight).to(device=device, dtype=work).view(-1, 1)
+        w = t["weight"].to(work).view(-1, 1)
         centre = view[:, :, r, r]  # (N, B) view
-        c, c2 = centre[mixed].to(work), centre[partner].to(work)  # read both before writing any
-        centre[mixed] = (w * c + (1 - w) * c2).to(out.dtype)
-    if dropout and len(batch.dropped):
-        d = torch.from_numpy(batch.dropped).to(device)
+        c, c2 = centre[t["mixed"]].to(work), centre[t["partner"]].to(work)  # read both before writing any
+        centre[t["mixed"]] = (w * c + (1 - w) * c2).to(out.dtype)
+    if "dropped" in t:
+        d = t["dropped"]
         view[d[:, 0], d[:, 1]] = 0

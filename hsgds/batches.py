@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,13 +111,15 @@ class BatchPrep:
 
 
 class PinnedStaging:
-    """A few page-locked host buffers, reused round-robin for the per-batch index copy to a CUDA device.
+    """A few page-locked host buffers, reused round-robin for the per-batch host-to-device copies.
 
     ``stage(rows)`` copies the (R, N) int64 array into the next buffer, starts an asynchronous copy to
-    the device on the current stream and returns the device tensor. A buffer is written again only
-    after the copy that last read it has finished (a CUDA event per buffer; by then it almost always
+    the device on the current stream and returns the device tensor; ``stage_all(arrays)`` does the same for
+    several arrays at once, packed into one buffer (:func:`packing`): one copy. A buffer is written again
+    only after the copy that last read it has finished (a CUDA event per buffer; by then it almost always
     has). Replaces a ``pin_memory()`` per batch, which allocates (or takes from torch's cache) and
-    registers page-locked memory each time.
+    registers page-locked memory each time, and ``.to(device)`` of pageable memory, which waits for
+    everything queued on the stream (the training step) before it copies.
     """
 
     def __init__(self, device: torch.device, count: int = 4) -> None:
@@ -127,18 +129,50 @@ class PinnedStaging:
         self._i = 0
 
     def stage(self, rows: np.ndarray) -> torch.Tensor:
+        return self.stage_all([rows])[0]
+
+    def stage_all(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        offsets, nbytes = packing(arrays)
         k = self._i
         self._i = (k + 1) % len(self._bufs)
         buf = self._bufs[k]
-        if buf is None or buf.numel() < rows.size:
-            buf = self._bufs[k] = torch.empty(max(rows.size, 1), dtype=torch.int64, pin_memory=True)
+        if buf is None or buf.numel() < nbytes:
+            buf = self._bufs[k] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             self._events[k] = None
         if self._events[k] is not None:
             self._events[k].synchronize()  # the copy that read this buffer last has finished
-        host = buf[:rows.size].view(rows.shape)
-        host.numpy()[...] = rows
+        host = buf[:nbytes]
+        pack(host.numpy(), arrays, offsets)
         out = host.to(self.device, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
         self._events[k] = event
-        return out
+        return unpacked(out, arrays, offsets)
+
+
+_ALIGN = 8  # every array starts on a multiple of the widest element, so each is a plain view of the bytes
+
+
+def packing(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
+    """Where each of ``arrays`` starts in one byte buffer holding them all, and the buffer's size (at least 1)."""
+    offsets, end = [], 0
+    for a in arrays:
+        offsets.append(end)
+        end += -(-a.nbytes // _ALIGN) * _ALIGN
+    return offsets, max(end, 1)
+
+
+def pack(host: np.ndarray, arrays: Sequence[np.ndarray], offsets: list[int]) -> None:
+    """Copy ``arrays`` into the uint8 buffer ``host`` at ``offsets`` (:func:`packing`)."""
+    for a, o in zip(arrays, offsets):
+        host[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def unpacked(flat: torch.Tensor, arrays: Sequence[np.ndarray], offsets: list[int]) -> list[torch.Tensor]:
+    """The arrays :func:`pack` put in ``flat`` (a uint8 tensor, e.g. on the device), as views with their
+    dtypes and shapes."""
+    return [flat[o:o + a.nbytes].view(_TORCH_DTYPE[a.dtype]).view(a.shape) for a, o in zip(arrays, offsets)]
+
+
+_TORCH_DTYPE = {np.dtype(t): getattr(torch, t) for t in ("int64", "int32", "int16", "int8", "uint8", "float64",
+                                                          "float32", "bool")}

@@ -588,10 +588,12 @@ class PatchLoader:
             self._fused_dropout = fuse and augment is not None and augment.band_dropout > 0 and augment.mixture_noise == 0
             self._fused_radiation = fuse and augment is not None and augment.radiation_noise > 0
             self._normalize_tiles = self._normalize_tiles and self._engine.normalizes_tiles(TORCH_DTYPES[grid.dtype])
-            self._augmenter = None if augment is None else Augmenter(
-                augment, self.seed, layout, fused_radiation=self._fused_radiation, fused_dropout=self._fused_dropout)
-            # CUDA: the per-batch index copy goes through a few reused pinned buffers (hsgds.batches)
+            # CUDA: the per-batch index copy (and the augmentation's arrays) go through a few reused pinned
+            # buffers (hsgds.batches)
             self._staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
+            self._augmenter = None if augment is None else Augmenter(
+                augment, self.seed, layout, fused_radiation=self._fused_radiation, fused_dropout=self._fused_dropout,
+                to_device=None if self._staging is None else self._staging.stage_all)
             self._ring = TileRing(self.slots, slot_shape, TORCH_DTYPES[grid.dtype], self.device, self._reader,
                                   on_load=self._normalize_tile if self._normalize_tiles else None)
             self._reader.register(self._ring.storage)  # e.g. GDS pins the ring for DMA once, not per read

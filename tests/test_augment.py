@@ -342,3 +342,31 @@ def test_patches_larger_than_the_bank_get_their_own_noise():
     for k in range(3):
         expect = np.resize(np.roll(bank, -int(small.bank_start[k])), window).reshape(p, p, bands)
         np.testing.assert_array_equal(out[k].numpy(), expect)
+
+
+def test_one_call_brings_a_batchs_arrays_to_the_device_and_changes_nothing():
+    """The arrays of a batch's noise, mixture and dropout reach the device in one call of ``to_device`` (on CUDA
+    the loader's pinned staging: one asynchronous copy, packed into one buffer), and the batch is the same as
+    with one ``.to(device)`` per array. Here the packing runs on the CPU: the same bytes a pinned buffer holds."""
+    from hsgds.batches import pack, packing, unpacked
+
+    n, bands, p = 12, 5, 3
+    clean = np.random.default_rng(4).normal(size=(n, bands, p, p)).astype(np.float32)
+    aug = Augment(radiation_noise=0.5, mixture_noise=0.5, band_dropout=0.3)
+    batch = draw(aug, 5, 0, np.arange(n), np.arange(n) % 3, bands=bands, patch_size=p)
+    assert len(batch.radiated) and len(batch.mixed) and len(batch.dropped)
+    calls = []
+
+    def packed(arrays):
+        calls.append([a.dtype for a in arrays])
+        offsets, nbytes = packing(arrays)
+        flat = np.zeros(nbytes, np.uint8)
+        pack(flat, arrays, offsets)
+        return unpacked(torch.from_numpy(flat), arrays, offsets)
+
+    want, got = torch.from_numpy(clean.copy()), torch.from_numpy(clean.copy())
+    Augmenter(aug, 5, "NCHW")(want, batch)
+    Augmenter(aug, 5, "NCHW", to_device=packed)(got, batch)
+    assert len(calls) == 1 and len(calls[0]) == 7  # rad, rows, alpha, mixed, partner, weight, dropped
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert not np.array_equal(got.numpy(), clean)

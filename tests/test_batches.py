@@ -111,3 +111,23 @@ def test_pinned_staging_reuses_buffers_without_overwriting_copies_in_flight():
     torch.cuda.synchronize()
     for got, rows in zip(outs, want):
         assert got.is_cuda and np.array_equal(got.cpu().numpy(), rows)
+
+
+def test_arrays_packed_into_one_buffer_read_back_as_they_were():
+    """``PinnedStaging.stage_all``'s packing: arrays of any dtype and shape (empty ones included) in one byte
+    buffer, each starting on an 8-byte boundary, read back as views equal to the arrays."""
+    from hsgds.batches import pack, packing, unpacked
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(-9, 9, (3, 5)).astype(np.int64), rng.normal(size=7).astype(np.float32),
+              np.zeros((0, 2), np.int64), rng.integers(0, 8, 3).astype(np.int8), np.array([True, False, True]),
+              rng.normal(size=(2, 3)), rng.integers(0, 9, (4, 3)).astype(np.int64)[:, ::2]]  # last: not contiguous
+    offsets, nbytes = packing(arrays)
+    assert all(o % 8 == 0 for o in offsets) and nbytes >= sum(a.nbytes for a in arrays)
+    flat = np.full(nbytes, 0xAB, np.uint8)
+    pack(flat, arrays, offsets)
+    got = unpacked(torch.from_numpy(flat), arrays, offsets)
+    for a, t in zip(arrays, got):
+        assert t.shape == a.shape and t.numpy().dtype == a.dtype
+        np.testing.assert_array_equal(t.numpy(), a)
+    assert packing([]) == ([], 1)

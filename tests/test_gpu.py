@@ -184,3 +184,30 @@ def test_a_mask_made_on_the_gpu_is_taken_by_the_loader_and_predict(border_scene)
                            return_coords=True) as loader:
         _, _, coords = _collect(loader)
     assert sorted(map(tuple, coords)) == sorted(map(tuple, np.argwhere(labels > 0)))
+
+
+@pytest.mark.gpu
+def test_augmentation_after_the_cut_never_waits_for_the_stream():
+    """On CUDA the noise, mixture and dropout arrays of a batch reach the device through the loader's pinned
+    staging (one asynchronous copy): ``.to(device)`` of each pageable array made the host wait for everything
+    queued on the stream (the training step) three to seven times a batch. Under torch's sync debug mode any
+    such wait raises; the batch equals the CPU's."""
+    from hsgds.augment import Augment, Augmenter, draw
+    from hsgds.batches import PinnedStaging
+
+    n, bands, p = 64, 8, 5
+    aug = Augment(radiation_noise=0.5, mixture_noise=0.5, band_dropout=0.2)
+    batch = draw(aug, 0, 0, np.arange(n), np.arange(n) % 3, bands=bands, patch_size=p)
+    clean = torch.randn(n, bands, p, p, generator=torch.Generator().manual_seed(0))
+    want = clean.clone()
+    Augmenter(aug, 0, "NCHW")(want, batch)
+    on_gpu = Augmenter(aug, 0, "NCHW", to_device=PinnedStaging(torch.device("cuda")).stage_all)
+    on_gpu._bank_on(torch.device("cuda", torch.cuda.current_device()))  # the noise bank: uploaded once per device
+    out = clean.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        on_gpu(out, batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-6, atol=1e-6)
