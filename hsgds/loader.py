@@ -1024,17 +1024,19 @@ class PatchLoader:
         # one host-to-device copy per batch carries the cut coordinates, labels and centres; from a
         # reused pinned buffer it is asynchronous, so it never waits for the training stream
         index = self._staging.stage(rows) if self._staging is not None else torch.from_numpy(rows)  # CUDA
+        # an engine reading the coordinates on the host (DALI) gets them here, not back from the device
+        cut_rows = torch.from_numpy(rows) if self._engine.host_coords else index
         aug, noise, norm = prep.extra
         if norm is not None and self._norm_later:  # scenes reached for the first time
             self._engine.set_table_rows(*norm)  # other rows than those of a batch still being cut
             self._norm_later.difference_update(norm[0].tolist())
-        dihedral = index[self._coord_row() - 1] if aug is not None and aug.dihedral is not None else None
+        dihedral = cut_rows[self._coord_row() - 1] if aug is not None and aug.dihedral is not None else None
         t_start = time.perf_counter()
         with self._closing:  # close() from another thread: before this cut starts, or after it has started
             if self._closed:
                 raise HsgdsError(_CLOSED)
-            pending = self._engine.start_cut(self._ring.storage, index[0], index[1], index[2],
-                                             index[4] if self._tables is not None else None, dihedral=dihedral,
+            pending = self._engine.start_cut(self._ring.storage, cut_rows[0], cut_rows[1], cut_rows[2],
+                                             cut_rows[4] if self._tables is not None else None, dihedral=dihedral,
                                              noise=noise, normalized=self._normalize_tiles)
         return _Started(prep, index, pending, aug, time.perf_counter() - t_start, None)
 

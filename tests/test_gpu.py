@@ -211,3 +211,33 @@ def test_augmentation_after_the_cut_never_waits_for_the_stream():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(out.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif("dali" not in _engines(), reason="needs nvidia-dali")
+def test_the_dali_engine_gets_the_coordinates_on_the_host(border_scene):  # noqa: F811
+    """DALI feeds its pipeline host anchors: the loader hands it the coordinates it made on the host rather than
+    their device copy, which the engine copied back every batch (a device-to-host copy waits for the stream:
+    the training step queued on it). Its batches equal the torch engine's, flips and turns included."""
+    cube, labels, stores = border_scene
+    store = stores["reflect"]
+    seen = []
+
+    def batches(engine_name):
+        with hsgds.PatchLoader(store, patch_size=13, batch_size=101, split=None, device="cuda", engine=engine_name,
+                               dtype=torch.float32, return_coords=True,
+                               augment=hsgds.Augment(flip=True, rot90=True)) as loader:
+            engine = loader._engine
+            start_cut = engine.start_cut
+
+            def recording(storage, slot, y, x, table=None, dihedral=None, **kw):
+                seen.append((engine_name, {t.device.type for t in (slot, y, x, dihedral)}))
+                return start_cut(storage, slot, y, x, table, dihedral, **kw)
+
+            engine.start_cut = recording
+            return _collect(loader)
+
+    dali, torch_ = batches("dali"), batches("torch")
+    assert [d for name, d in seen if name == "dali"] and all(d == {"cpu"} for name, d in seen if name == "dali")
+    assert all(d == {"cuda"} for name, d in seen if name == "torch")  # the fused kernel reads the device copy
+    for a, b in zip(dali, torch_):
+        np.testing.assert_array_equal(a, b)

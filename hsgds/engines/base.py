@@ -269,6 +269,10 @@ class PatchEngine(abc.ABC):
     fuses_noise: bool = False
     #: whether :meth:`start_cut` returns before the batch is cut (the engine's own threads cut it)
     cuts_ahead: bool = False
+    #: whether the engine reads ``slot``, ``y``, ``x`` and ``dihedral`` on the host whatever its device (DALI feeds
+    #: its pipeline host anchors): the loader then passes them on the host, where it made them, rather than its
+    #: device copy, which the engine would copy back (a device-to-host copy waits for the stream every batch)
+    host_coords: bool = False
 
     def __init__(self, spec: PatchSpec, device: Any) -> None:
         if not isinstance(spec, PatchSpec):

@@ -103,6 +103,7 @@ class DaliEngine(PatchEngine):
     """
 
     name = "dali"
+    host_coords = True  # the pipeline's anchors and the tiles' list are made on the host
 
     def __init__(
         self,
