@@ -224,28 +224,78 @@ class _LogProgress:
     """Progress for a stderr that is not a terminal (a batch job's log, SLURM, nohup), where no bar is drawn:
     a line as an item finishes, at most once every ``progress_log_s`` seconds (setting), and one when the last
     finishes: how many are done and failed, the mean time per item so far (wall clock since the command
-    started, so workers running side by side count) and the time left at that pace."""
+    started, so workers running side by side count) and the time left at that pace. ``clock``: seconds, as
+    time.monotonic counts them (a test's own)."""
 
-    def __init__(self, command: str, noun: str) -> None:
+    def __init__(self, command: str, noun: str, clock: Callable[[], float] = time.monotonic) -> None:
         from hsgds import defaults
 
-        self.command, self.noun = command, noun
+        self.command, self.noun, self.clock = command, noun, clock
         self.interval = defaults.get("progress_log_s")
-        self.start = self.said = time.monotonic()
+        self.start = self.said = clock()
+
+    def _due(self, done: int, total: int) -> bool:
+        """Whether a line is due now (the last item's always is); if so, it counts as said."""
+        now = self.clock()
+        if done < total and now - self.said < self.interval:
+            return False
+        self.said = now
+        return True
+
+    def _pace(self, each: float, what: str = "") -> str:
+        """``each`` seconds per item, of items ``what`` ("converted"): pixels or tiles come thousands a second,
+        and a rate reads better than 1.2e-05 s per pixel."""
+        what = f" {what}" if what else ""
+        return (f"{1 / each:,.0f} {self.noun}s{what} per s" if each < 0.01 else
+                f"{f'{each:.3g}' if each < 100 else f'{each:.0f}'} s per {self.noun}{what}")
 
     def update(self, done: int, total: int, failed: int) -> None:
-        now = time.monotonic()
-        if done < total and now - self.said < self.interval:
+        if not self._due(done, total):
             return
-        self.said = now
-        each = (now - self.start) / max(done, 1)
-        # pixels or tiles come thousands a second: a rate reads better than 1.2e-05 s per pixel
-        pace = (f"{1 / each:,.0f} {self.noun}s per s" if each < 0.01 else
-                f"{f'{each:.3g}' if each < 100 else f'{each:.0f}'} s per {self.noun}")
+        each = (self.said - self.start) / max(done, 1)
         line = (f"hsgds: {self.command}: {done:,} of {total:,} {self.noun}s done"
-                + (f" ({failed:,} failed)" if failed else "") + f", {pace}")
+                + (f" ({failed:,} failed)" if failed else "") + f", {self._pace(each)}")
         if done < total:
             line += f", about {duration(each * (total - done))} left"
+        click.echo(line, err=True)
+
+
+class _SceneLog(_LogProgress):
+    """convert-many's lines in a log. A rerun's scenes found up to date (or whose metadata alone was updated)
+    take a fraction of a second, a conversion seconds to minutes, and they come first: a mean over all scenes
+    said little time was left when hours were. Once any scene was kept so, the line counts them and gives the
+    pace of the scenes converted (the wall clock shared among the scenes by the seconds their workers spent on
+    each, as workers run side by side) and the time left were every scene left to be converted: "up to",
+    those found up to date take less; before any scene was converted it says no time left. A run without
+    such scenes reads as before: the mean over all of them, "about"."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__("convert-many", "scene", clock)
+        self.counts: dict[str, int] = {}
+        self.busy = self.busy_converting = 0.0  # seconds the workers spent on all scenes / on those converted
+
+    def scene_done(self, status: str, seconds: float, done: int, total: int) -> None:
+        """Scene ``done`` of ``total`` finished with ``status`` (a SceneResult's) after ``seconds`` of its worker's."""
+        self.counts[status] = self.counts.get(status, 0) + 1
+        self.busy += seconds
+        self.busy_converting += seconds if status == "converted" else 0.0
+        failed, converted = self.counts.get("failed", 0), self.counts.get("converted", 0)
+        kept = done - failed - converted  # up to date, or their metadata alone updated
+        if not kept:
+            self.update(done, total, failed)
+            return
+        if not self._due(done, total):
+            return
+        up_to_date = self.counts.get("up to date", 0)
+        counts = [f"{n:,} {what}" for n, what in ((up_to_date, "up to date"), (kept - up_to_date, "metadata updated"),
+                                                  (failed, "failed")) if n]
+        line = f"hsgds: {self.command}: {done:,} of {total:,} scenes done ({', '.join(counts)})"
+        if converted:
+            share = self.busy_converting / self.busy if self.busy > 0 else 1.0
+            each = (self.said - self.start) * share / converted
+            line += f", {self._pace(each, 'converted')}"
+            if done < total:
+                line += f", up to {duration(each * (total - done))} left"
         click.echo(line, err=True)
 
 
@@ -425,13 +475,12 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     bar: Any = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
                             item_show_func=lambda tiles: None if tiles is None else f"{tiles} tiles"
                             ) if sys.stderr.isatty() else None
-    log = _LogProgress("convert-many", "scene") if bar is None else None  # a batch job's log: lines, not a bar
-    tiles = failed = 0
+    log = _SceneLog() if bar is None else None  # a batch job's log: lines, not a bar
+    tiles = 0
 
     def progress(result, done: int, total: int) -> None:
-        nonlocal tiles, failed
+        nonlocal tiles
         tiles += result.tiles
-        failed += result.status == "failed"
         for said in result.warnings:  # recorded on the worker: shown here, as `hsgds convert` shows them
             if bar:
                 click.echo("", err=True)  # off the bar's line
@@ -450,7 +499,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
             bar.current_item = tiles
             bar.update(done - bar.pos)
         if log is not None:
-            log.update(done, total, failed)
+            log.scene_done(result.status, result.seconds, done, total)
 
     try:
         r = run_many(manifest, out, opts, scheduler=scheduler, workers=workers, force=overwrite, progress=progress,
