@@ -10,7 +10,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
@@ -203,21 +203,34 @@ def _our_warnings_in_one_line():
         yield
 
 
-def _progress_bar(label: str, command: str, noun: str) -> tuple[Any, Callable[[int, int], None]]:
-    """A progress bar on stderr when it is a terminal (else None; ``render_finish`` it when done) and the
-    ``(done, total)`` callback that draws it; on any other stderr (a batch job's log) the callback writes
-    `_LogProgress` lines about ``command``'s ``noun``s instead."""
+@contextmanager
+def _progress_bar(label: str, command: str, noun: str) -> Iterator[Callable[[int, int], None]]:
+    """The ``(done, total)`` callback of a command's work, for the ``with`` block doing it: it draws a progress
+    bar on stderr when it is a terminal (finished with the block); on any other stderr (a batch job's log) it
+    writes `_LogProgress` lines about ``command``'s ``noun``s instead, whose last (all done) waits for the block
+    to succeed: work that fails after its last item (a store's statistics, its rename into place) read as done."""
     bar = click.progressbar(length=1, label=label, file=sys.stderr) if sys.stderr.isatty() else None
     log = _LogProgress(command, noun) if bar is None else None
+    last: tuple[int, int] | None = None
 
     def progress(done: int, total: int) -> None:
+        nonlocal last
         if bar is not None:
             bar.length = total
             bar.update(done - bar.pos)
         if log is not None:
-            log.update(done, total, 0)
+            if done < total:
+                log.update(done, total, 0)
+            else:
+                last = (done, total)
 
-    return bar, progress
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.render_finish()
+    if log is not None and last is not None:
+        log.update(*last, 0)
 
 
 class _LogProgress:
@@ -424,13 +437,8 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
     if labels is None and given:  # they would be ignored: an unlabelled store has no split and no classes
         _fail(f"{given[0]} needs --labels (splits and class names are about labelled pixels); pass the ground "
               f"truth with --labels, or drop {' '.join(given)}")
-    bar, progress = _progress_bar("tiles", "convert", "tile")
-    try:
-        with _split_warnings():
-            path = run_convert(src, out, opts, progress)
-    finally:
-        if bar is not None:
-            bar.render_finish()
+    with _split_warnings(), _progress_bar("tiles", "convert", "tile") as progress:  # warnings after the bar
+        path = run_convert(src, out, opts, progress)
     click.echo(f"wrote {path}")
     _echo_nodata(path)
     _echo_split(path)
@@ -862,15 +870,11 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
     from hsgds.inference import predict as run_predict
 
     name = Path(scene.path).name
-    bar, progress = _progress_bar(f"{name} pixels", f"predict: {name}", "pixel")  # a large scene takes minutes
-    try:
-        # the model file's input (layout, normalization, bands, statistics); the patch size checked above
-        with _image_warnings():  # a PNG map's names the font cannot draw
-            classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
-                                   probabilities=probabilities or False, out=out, tta=tta, progress=progress)
-    finally:
-        if bar is not None:
-            bar.render_finish()
+    # a large scene takes minutes; the model file's input (layout, normalization, bands, statistics), the patch
+    # size checked above; a PNG map's names the font cannot draw as one line (once the bar ended)
+    with _image_warnings(), _progress_bar(f"{name} pixels", f"predict: {name}", "pixel") as progress:
+        classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
+                               probabilities=probabilities or False, out=out, tta=tta, progress=progress)
     counts = np.bincount(classmap.reshape(-1), minlength=2)
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {counted(int(counts[1:].sum()), 'pixel')} "
                f"predicted into {counted(int(np.count_nonzero(counts[1:])), 'class', 'classes')}"
