@@ -467,7 +467,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     (HSGDS_PROGRESS_LOG_S), and at the end."""
     import logging
 
-    from hsgds.preprocess.convert_many import NEW, RENAMED
+    from hsgds.preprocess.convert_many import METADATA_UPDATED, NEW
     from hsgds.preprocess.convert_many import convert_many as run_many
 
     opts = _convert_options(**options, workers=threads)
@@ -500,8 +500,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         elif result.status == "converted" and result.reason not in (NEW, "--overwrite"):
             # a store replaced (e.g. a re-split undone by other split options) or deleted since: say why
             click.echo(f"{chr(10) if bar else ''}{result.name}: re-converted: {result.reason}")
-        elif result.status == RENAMED:  # the tiles kept, the names rewritten: say which
-            click.echo(f"{chr(10) if bar else ''}{result.name}: {RENAMED}: {result.reason}")
+        elif result.status.startswith(METADATA_UPDATED):  # the tiles kept, the metadata rewritten: say why
+            click.echo(f"{chr(10) if bar else ''}{result.name}: {result.status}: {result.reason}")
         if bar is not None:
             bar.length = total
             bar.current_item = tiles
@@ -516,7 +516,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if bar is not None:
             bar.render_finish()
     mb = sum(s.source_bytes for s in r.converted) / 1e6
-    renamed = f"{len(r.renamed)} {RENAMED}, " if r.renamed else ""
+    updates = {s.status for s in r.renamed}  # "metadata updated (class names)" when that is all that was
+    renamed = f"{len(r.renamed)} {updates.pop() if len(updates) == 1 else METADATA_UPDATED}, " if r.renamed else ""
     click.echo(f"{len(r.converted)} converted ({sum(s.tiles for s in r.converted)} tiles, {mb:.1f} MB), {renamed}"
                f"{len(r.up_to_date)} up to date, {len(r.failed)} failed of {len(r.scenes)} scenes in "
                f"{r.seconds:.1f} s; wrote {r.collection}")

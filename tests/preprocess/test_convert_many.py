@@ -635,7 +635,7 @@ def test_class_names_are_not_written_over_a_store_rewritten_meanwhile(tmp_path):
     import fcntl
 
     from hsgds.errors import StoreError
-    from hsgds.preprocess.convert_many import RENAMED, ManifestRow, _rename_classes, _renamed, convert_scene
+    from hsgds.preprocess.convert_many import RENAMED, ManifestRow, _renamed, _rewrite_metadata, convert_scene
     from hsgds.preprocess.resplit import resplit
 
     cube, gt = make_scene(24, 20, 4, classes=3, seed=3)
@@ -650,9 +650,9 @@ def test_class_names_are_not_written_over_a_store_rewritten_meanwhile(tmp_path):
     assert renamed is not None and renamed.class_names == list(CLASSES)
     resplit(store, "random", train=0.3, seed=1)
     resplit_meta = json.loads((store / "zarr.json").read_text())
-    with pytest.raises(StoreError, match=r"changed while its class names were compared .*; run the same command "
+    with pytest.raises(StoreError, match=r"changed while its metadata was compared .*; run the same command "
                                          r"again$"):
-        _rename_classes(store, checked.meta, renamed)
+        _rewrite_metadata(store, checked.meta, renamed)
     assert json.loads((store / "zarr.json").read_text()) == resplit_meta
     fd = os.open(store, os.O_RDONLY)
     try:
