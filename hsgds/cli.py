@@ -10,7 +10,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
@@ -203,49 +203,112 @@ def _our_warnings_in_one_line():
         yield
 
 
-def _progress_bar(label: str, command: str, noun: str) -> tuple[Any, Callable[[int, int], None]]:
-    """A progress bar on stderr when it is a terminal (else None; ``render_finish`` it when done) and the
-    ``(done, total)`` callback that draws it; on any other stderr (a batch job's log) the callback writes
-    `_LogProgress` lines about ``command``'s ``noun``s instead."""
+@contextmanager
+def _progress_bar(label: str, command: str, noun: str) -> Iterator[Callable[[int, int], None]]:
+    """The ``(done, total)`` callback of a command's work, for the ``with`` block doing it: it draws a progress
+    bar on stderr when it is a terminal (finished with the block); on any other stderr (a batch job's log) it
+    writes `_LogProgress` lines about ``command``'s ``noun``s instead, whose last (all done) waits for the block
+    to succeed: work that fails after its last item (a store's statistics, its rename into place) read as done."""
     bar = click.progressbar(length=1, label=label, file=sys.stderr) if sys.stderr.isatty() else None
     log = _LogProgress(command, noun) if bar is None else None
+    last: tuple[int, int] | None = None
 
     def progress(done: int, total: int) -> None:
+        nonlocal last
         if bar is not None:
             bar.length = total
             bar.update(done - bar.pos)
         if log is not None:
-            log.update(done, total, 0)
+            if done < total:
+                log.update(done, total, 0)
+            else:
+                last = (done, total)
 
-    return bar, progress
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.render_finish()
+    if log is not None and last is not None:
+        log.update(*last, 0)
 
 
 class _LogProgress:
     """Progress for a stderr that is not a terminal (a batch job's log, SLURM, nohup), where no bar is drawn:
     a line as an item finishes, at most once every ``progress_log_s`` seconds (setting), and one when the last
     finishes: how many are done and failed, the mean time per item so far (wall clock since the command
-    started, so workers running side by side count) and the time left at that pace."""
+    started, so workers running side by side count) and the time left at that pace. ``clock``: seconds, as
+    time.monotonic counts them (a test's own)."""
 
-    def __init__(self, command: str, noun: str) -> None:
+    def __init__(self, command: str, noun: str, clock: Callable[[], float] = time.monotonic) -> None:
         from hsgds import defaults
 
-        self.command, self.noun = command, noun
+        self.command, self.noun, self.clock = command, noun, clock
         self.interval = defaults.get("progress_log_s")
-        self.start = self.said = time.monotonic()
+        self.start = self.said = clock()
+
+    def _due(self, done: int, total: int) -> bool:
+        """Whether a line is due now (the last item's always is); if so, it counts as said."""
+        now = self.clock()
+        if done < total and now - self.said < self.interval:
+            return False
+        self.said = now
+        return True
+
+    def _pace(self, each: float, what: str = "") -> str:
+        """``each`` seconds per item, of items ``what`` ("converted"): pixels or tiles come thousands a second,
+        and a rate reads better than 1.2e-05 s per pixel."""
+        what = f" {what}" if what else ""
+        return (f"{1 / each:,.0f} {self.noun}s{what} per s" if each < 0.01 else
+                f"{f'{each:.3g}' if each < 100 else f'{each:.0f}'} s per {self.noun}{what}")
 
     def update(self, done: int, total: int, failed: int) -> None:
-        now = time.monotonic()
-        if done < total and now - self.said < self.interval:
+        if not self._due(done, total):
             return
-        self.said = now
-        each = (now - self.start) / max(done, 1)
-        # pixels or tiles come thousands a second: a rate reads better than 1.2e-05 s per pixel
-        pace = (f"{1 / each:,.0f} {self.noun}s per s" if each < 0.01 else
-                f"{f'{each:.3g}' if each < 100 else f'{each:.0f}'} s per {self.noun}")
+        each = (self.said - self.start) / max(done, 1)
         line = (f"hsgds: {self.command}: {done:,} of {total:,} {self.noun}s done"
-                + (f" ({failed:,} failed)" if failed else "") + f", {pace}")
+                + (f" ({failed:,} failed)" if failed else "") + f", {self._pace(each)}")
         if done < total:
             line += f", about {duration(each * (total - done))} left"
+        click.echo(line, err=True)
+
+
+class _SceneLog(_LogProgress):
+    """convert-many's lines in a log. A rerun's scenes found up to date (or whose metadata alone was updated)
+    take a fraction of a second, a conversion seconds to minutes, and they come first: a mean over all scenes
+    said little time was left when hours were. Once any scene was kept so, the line counts them and gives the
+    pace of the scenes converted (the wall clock shared among the scenes by the seconds their workers spent on
+    each, as workers run side by side) and the time left were every scene left to be converted: "up to",
+    those found up to date take less; before any scene was converted it says no time left. A run without
+    such scenes reads as before: the mean over all of them, "about"."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__("convert-many", "scene", clock)
+        self.counts: dict[str, int] = {}
+        self.busy = self.busy_converting = 0.0  # seconds the workers spent on all scenes / on those converted
+
+    def scene_done(self, status: str, seconds: float, done: int, total: int) -> None:
+        """Scene ``done`` of ``total`` finished with ``status`` (a SceneResult's) after ``seconds`` of its worker's."""
+        self.counts[status] = self.counts.get(status, 0) + 1
+        self.busy += seconds
+        self.busy_converting += seconds if status == "converted" else 0.0
+        failed, converted = self.counts.get("failed", 0), self.counts.get("converted", 0)
+        kept = done - failed - converted  # up to date, or their metadata alone updated
+        if not kept:
+            self.update(done, total, failed)
+            return
+        if not self._due(done, total):
+            return
+        up_to_date = self.counts.get("up to date", 0)
+        counts = [f"{n:,} {what}" for n, what in ((up_to_date, "up to date"), (kept - up_to_date, "metadata updated"),
+                                                  (failed, "failed")) if n]
+        line = f"hsgds: {self.command}: {done:,} of {total:,} scenes done ({', '.join(counts)})"
+        if converted:
+            share = self.busy_converting / self.busy if self.busy > 0 else 1.0
+            each = (self.said - self.start) * share / converted
+            line += f", {self._pace(each, 'converted')}"
+            if done < total:
+                line += f", up to {duration(each * (total - done))} left"
         click.echo(line, err=True)
 
 
@@ -374,13 +437,8 @@ def convert(src, out, labels, overwrite, workers, **options) -> None:
     if labels is None and given:  # they would be ignored: an unlabelled store has no split and no classes
         _fail(f"{given[0]} needs --labels (splits and class names are about labelled pixels); pass the ground "
               f"truth with --labels, or drop {' '.join(given)}")
-    bar, progress = _progress_bar("tiles", "convert", "tile")
-    try:
-        with _split_warnings():
-            path = run_convert(src, out, opts, progress)
-    finally:
-        if bar is not None:
-            bar.render_finish()
+    with _split_warnings(), _progress_bar("tiles", "convert", "tile") as progress:  # warnings after the bar
+        path = run_convert(src, out, opts, progress)
     click.echo(f"wrote {path}")
     _echo_nodata(path)
     _echo_split(path)
@@ -409,7 +467,7 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     (HSGDS_PROGRESS_LOG_S), and at the end."""
     import logging
 
-    from hsgds.preprocess.convert_many import NEW, RENAMED
+    from hsgds.preprocess.convert_many import METADATA_UPDATED, NEW
     from hsgds.preprocess.convert_many import convert_many as run_many
 
     opts = _convert_options(**options, workers=threads)
@@ -425,13 +483,12 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
     bar: Any = click.progressbar(length=1, label="scenes", file=sys.stderr, show_pos=True,
                             item_show_func=lambda tiles: None if tiles is None else f"{tiles} tiles"
                             ) if sys.stderr.isatty() else None
-    log = _LogProgress("convert-many", "scene") if bar is None else None  # a batch job's log: lines, not a bar
-    tiles = failed = 0
+    log = _SceneLog() if bar is None else None  # a batch job's log: lines, not a bar
+    tiles = 0
 
     def progress(result, done: int, total: int) -> None:
-        nonlocal tiles, failed
+        nonlocal tiles
         tiles += result.tiles
-        failed += result.status == "failed"
         for said in result.warnings:  # recorded on the worker: shown here, as `hsgds convert` shows them
             if bar:
                 click.echo("", err=True)  # off the bar's line
@@ -443,14 +500,14 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         elif result.status == "converted" and result.reason not in (NEW, "--overwrite"):
             # a store replaced (e.g. a re-split undone by other split options) or deleted since: say why
             click.echo(f"{chr(10) if bar else ''}{result.name}: re-converted: {result.reason}")
-        elif result.status == RENAMED:  # the tiles kept, the names rewritten: say which
-            click.echo(f"{chr(10) if bar else ''}{result.name}: {RENAMED}: {result.reason}")
+        elif result.status.startswith(METADATA_UPDATED):  # the tiles kept, the metadata rewritten: say why
+            click.echo(f"{chr(10) if bar else ''}{result.name}: {result.status}: {result.reason}")
         if bar is not None:
             bar.length = total
             bar.current_item = tiles
             bar.update(done - bar.pos)
         if log is not None:
-            log.update(done, total, failed)
+            log.scene_done(result.status, result.seconds, done, total)
 
     try:
         r = run_many(manifest, out, opts, scheduler=scheduler, workers=workers, force=overwrite, progress=progress,
@@ -459,7 +516,8 @@ def convert_many(manifest, out, scheduler, workers, threads, overwrite, **option
         if bar is not None:
             bar.render_finish()
     mb = sum(s.source_bytes for s in r.converted) / 1e6
-    renamed = f"{len(r.renamed)} {RENAMED}, " if r.renamed else ""
+    updates = {s.status for s in r.renamed}  # "metadata updated (class names)" when that is all that was
+    renamed = f"{len(r.renamed)} {updates.pop() if len(updates) == 1 else METADATA_UPDATED}, " if r.renamed else ""
     click.echo(f"{len(r.converted)} converted ({sum(s.tiles for s in r.converted)} tiles, {mb:.1f} MB), {renamed}"
                f"{len(r.up_to_date)} up to date, {len(r.failed)} failed of {len(r.scenes)} scenes in "
                f"{r.seconds:.1f} s; wrote {r.collection}")
@@ -813,15 +871,11 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
     from hsgds.inference import predict as run_predict
 
     name = Path(scene.path).name
-    bar, progress = _progress_bar(f"{name} pixels", f"predict: {name}", "pixel")  # a large scene takes minutes
-    try:
-        # the model file's input (layout, normalization, bands, statistics); the patch size checked above
-        with _image_warnings():  # a PNG map's names the font cannot draw
-            classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
-                                   probabilities=probabilities or False, out=out, tta=tta, progress=progress)
-    finally:
-        if bar is not None:
-            bar.render_finish()
+    # a large scene takes minutes; the model file's input (layout, normalization, bands, statistics), the patch
+    # size checked above; a PNG map's names the font cannot draw as one line (once the bar ended)
+    with _image_warnings(), _progress_bar(f"{name} pixels", f"predict: {name}", "pixel") as progress:
+        classmap = run_predict(scene, loaded, patch_size=patch_size, batch_size=batch_size, device=device,
+                               probabilities=probabilities or False, out=out, tta=tta, progress=progress)
     counts = np.bincount(classmap.reshape(-1), minlength=2)
     click.echo(f"wrote {out}: {classmap.shape[0]}x{classmap.shape[1]} class map, {counted(int(counts[1:].sum()), 'pixel')} "
                f"predicted into {counted(int(np.count_nonzero(counts[1:])), 'class', 'classes')}"

@@ -6,7 +6,7 @@ absent), so the orchestration here only decides *which* scenes need converting, 
 one result per scene, and finally writes ``collection.json`` listing exactly the scenes that are
 converted and valid. A worker that dies mid-scene is replaced and its task rescheduled by Dask; a rerun
 of the same command converts only what is missing, changed or damaged, and of a store whose class names alone
-differ rewrites only the metadata.
+differ, or that lacks the PixelIsPoint flag an older hsgds did not record, rewrites only the metadata.
 """
 
 from __future__ import annotations
@@ -208,8 +208,9 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
 
 @dataclass(frozen=True)
 class SceneResult:
-    """What happened to one scene: ``status`` is ``converted``, ``up to date``, ``failed`` or
-    ``metadata updated (class names)`` (:data:`RENAMED`: only they differed; the tiles were kept)."""
+    """What happened to one scene: ``status`` is ``converted``, ``up to date``, ``failed`` or ``metadata updated``
+    and what was (:data:`RENAMED`: ``metadata updated (class names)``, only they differed; ``(PixelIsPoint)``, the
+    flag an older hsgds did not record; or both): the tiles were kept."""
 
     name: str
     status: str
@@ -375,6 +376,7 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
         recorded = cube.wavelengths
         bad = getattr(cube, "bad_bands", None)
         point = bool(getattr(cube, "georeference", None) and getattr(cube, "pixel_is_point", False))
+        geo = getattr(cube, "georeference", None)
     finally:
         cube.close()
     held = (tuple(meta.shape), meta.source.get("dtype", meta.dtype))  # the source's type, which --dtype may cast
@@ -389,9 +391,38 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
         return f"band centres: the source records {_nm_range(recorded)}, the store {_nm_range(meta.wavelengths)}"
     if bad != meta.bad_bands:  # (a store written before hsgds recorded them has none)
         return f"bad bands: the source flags {_bad_bands_text(bad)}, the store {_bad_bands_text(meta.bad_bands)}"
-    if point and not meta.pixel_is_point:  # (a store written before hsgds recorded it: its GeoTIFF maps PixelIsArea)
+    if point and not meta.pixel_is_point and not _same_georeference(geo, meta.georeference):
+        # (a store of the same georeference only lacks the flag: _metadata_update records it, the tiles kept)
         return "the source's coordinates name pixel centres (PixelIsPoint), which the store does not record"
     return None
+
+
+def _same_georeference(source: Any, stored: Any) -> bool:
+    """Whether a source's georeference is the one a store records (as its JSON holds it: lists, not tuples)."""
+    return source is not None and json.loads(json.dumps(source)) == stored
+
+
+def _pixel_is_point_unrecorded(meta, opts: ConvertOptions, source: Path) -> str | None:
+    """Why a store's metadata must record ``pixel_is_point``: its source's coordinates name pixel centres (a
+    PixelIsPoint GeoTIFF) but the store, written before hsgds recorded it, says nothing (its GeoTIFF maps were
+    PixelIsArea). Only the flag is missing: the tiles, and the georeference (the corner's, as GDAL reads it; a
+    store of another is converted again, :func:`_source_array_differs`), are those a conversion writes. None:
+    nothing to record (a source that no longer opens was named by :func:`_why_convert`)."""
+    if meta.pixel_is_point or meta.georeference is None:
+        return None
+    try:
+        cube = open_cube(source, key=opts.key, band_axis=opts.band_axis, key_option=opts.key_from,
+                         axis_option=opts.band_axis_from)
+    except (HsgdsError, OSError):
+        return None
+    try:
+        point = bool(getattr(cube, "pixel_is_point", False))
+        geo = getattr(cube, "georeference", None)
+    finally:
+        cube.close()
+    if not point or not _same_georeference(geo, meta.georeference):
+        return None
+    return "the source's coordinates name pixel centres (PixelIsPoint), which the store did not record"
 
 
 def _bad_bands_text(bad: list[int] | None) -> str:
@@ -491,8 +522,10 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
     return None, now
 
 
-#: the status of a scene whose class names alone differed: its metadata was rewritten, its tiles kept
-RENAMED = "metadata updated (class names)"
+#: the status of a scene whose metadata alone was rewritten, its tiles kept, then what was in parentheses
+METADATA_UPDATED = "metadata updated"
+#: the status of a scene whose class names alone differed
+RENAMED = f"{METADATA_UPDATED} (class names)"
 
 
 def _largest_label(scene) -> int | None:
@@ -534,10 +567,31 @@ def _renamed(scene, opts: ConvertOptions) -> tuple[str | None, fmt.StoreMeta | N
     return why, fmt.StoreMeta.from_json({fmt.FORMAT_NAME: new.to_json()}, str(scene.path))
 
 
-def _rename_classes(store: Path, checked: fmt.StoreMeta, renamed: fmt.StoreMeta) -> None:
-    """Replace ``store``'s metadata ``checked`` (from which ``renamed`` was made) by ``renamed``,
-    atomically and under the lock ``hsgds resplit`` takes; a store whose metadata changed since it was checked (a
-    re-split meanwhile) is left as it is, and the scene fails (the next run checks it again)."""
+def _metadata_update(scene, opts: ConvertOptions, source: Path) -> tuple[str | None, fmt.StoreMeta | None, str]:
+    """For a store that matches the source and every other option (:func:`_why_convert` said None): why its
+    metadata alone must change, the metadata to write instead (checked as a reader checks it) and the scene's
+    status saying what changed: its class names (:func:`_renamed`), the PixelIsPoint flag an older hsgds did not
+    record (:func:`_pixel_is_point_unrecorded`), or both. (None, None, "up to date"): nothing; (why, None,
+    "converted"): it must be converted again (:func:`_renamed` says when)."""
+    why, meta = _renamed(scene, opts)
+    if why is not None and meta is None:
+        return why, None, "converted"
+    changed = [] if meta is None else ["class names"]
+    point = _pixel_is_point_unrecorded(scene.meta, opts, source)
+    if point is not None:
+        changed.append("PixelIsPoint")
+        new = dataclasses.replace(meta or scene.meta, pixel_is_point=True)
+        meta = fmt.StoreMeta.from_json({fmt.FORMAT_NAME: new.to_json()}, str(scene.path))
+        why = point if why is None else f"{why}; {point}"
+    if meta is None:
+        return None, None, "up to date"
+    return why, meta, f"{METADATA_UPDATED} ({', '.join(changed)})"
+
+
+def _rewrite_metadata(store: Path, checked: fmt.StoreMeta, new: fmt.StoreMeta) -> None:
+    """Replace ``store``'s metadata ``checked`` (from which ``new`` was made) by ``new``, atomically and under the
+    lock ``hsgds resplit`` takes; a store whose metadata changed since it was checked (a re-split meanwhile) is
+    left as it is, and the scene fails (the next run checks it again)."""
     lock = lock_store(store)
     try:
         remove_stale_commits(store)
@@ -547,9 +601,9 @@ def _rename_classes(store: Path, checked: fmt.StoreMeta, renamed: fmt.StoreMeta)
         except (HsgdsError, OSError, ValueError, AttributeError, RecursionError):
             same = False
         if not same:
-            raise StoreError(f"{store} changed while its class names were compared (another command rewrote it); "
+            raise StoreError(f"{store} changed while its metadata was compared (another command rewrote it); "
                              "run the same command again")
-        commit_metadata(store, renamed, "run the same `hsgds convert-many` again")
+        commit_metadata(store, new, "run the same `hsgds convert-many` again")
     finally:
         if lock is not None:
             os.close(lock)
@@ -578,12 +632,12 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
     try:
         remove_stale(store)  # temporary folders a killed worker left behind
         reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps, listed)
-        renamed = None
-        if reason is None:  # everything else matches: class names that differ need new metadata, no tiles
+        renamed, status = None, "converted"
+        if reason is None:  # everything else matches: class names that differ, a flag unrecorded: new metadata only
             current = open_scene(store)
-            reason, renamed = _renamed(current, opts)
+            reason, renamed, status = _metadata_update(current, opts, row.source)
             if renamed is not None:
-                _rename_classes(store, current.meta, renamed)
+                _rewrite_metadata(store, current.meta, renamed)
         started_ns = time.time_ns()
         said: tuple[str, ...] = ()
         if reason is not None and renamed is None:
@@ -607,7 +661,6 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
             now = _stamps(files)
             if any(mtime >= started_ns for _, mtime in now.values()):
                 now = {}
-        status = "up to date" if reason is None else RENAMED if renamed is not None else "converted"
         source_bytes = int(scene.meta.source.get("size", 0))
         return SceneResult(row.name, status, reason, SceneEntry.of_scene(row.name, scene, now or None),
                            tiles=scene.grid.num_tiles if status == "converted" else 0,
@@ -638,8 +691,9 @@ class ManyResult:
 
     @property
     def renamed(self) -> list[SceneResult]:
-        """The scenes whose metadata was rewritten with new class names, their tiles kept."""
-        return [r for r in self.scenes if r.status == RENAMED]
+        """The scenes whose metadata alone was rewritten (new class names, the PixelIsPoint flag), their tiles
+        kept."""
+        return [r for r in self.scenes if r.status.startswith(METADATA_UPDATED)]
 
     @property
     def up_to_date(self) -> list[SceneResult]:

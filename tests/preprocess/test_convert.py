@@ -1023,6 +1023,34 @@ def test_a_batch_jobs_log_gets_tile_progress_lines_at_most_every_interval(npy_sc
     assert progress_lines(err) == [(tiles, tiles, False)], err
 
 
+def test_a_conversion_failing_after_its_last_tile_logs_no_line_saying_all_tiles_done(npy_scene, tmp_path, run_cli,
+                                                                                      hsgds_env):
+    """In a log, a conversion that fails once every tile is written (here: band statistics that overflow float64,
+    found after the tiles) wrote "12 of 12 tiles done" before its error, which read as success: the lines stop
+    at the tiles before the last, the error follows, and nothing is left; a conversion that succeeds still ends
+    with the line of all its tiles."""
+    import re
+
+    line = re.compile(r"^hsgds: convert: (?P<done>[\d,]+) of (?P<total>[\d,]+) tiles done, ")
+    _, lp, cube, _ = npy_scene(h=37, w=29, b=4, seed=6)  # (float64: 16x16x4 tiles of 8192 bytes)
+    np.save(tmp_path / "big.npy", cube.astype(np.float64) * 1e160)
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "0")
+    before = set(tmp_path.iterdir())
+    code, _, err = run_cli("convert", tmp_path / "big.npy", "--labels", lp, "-o", tmp_path / "o.zarr",
+                           "--max-patch", "5", "--tile", "12")
+    assert code == 2 and set(tmp_path.iterdir()) == before, err
+    tiles = 4 * 3  # ceil(37 / 12) x ceil(29 / 12)
+    done = [(int(m["done"]), int(m["total"])) for m in map(line.match, err.splitlines()) if m]
+    assert done == [(k, tiles) for k in range(1, tiles)], err  # every tile but the last said, as before
+    assert err.splitlines()[-1].startswith("hsgds: error: band 0: the std of the scene's pixels is inf"), err
+
+    np.save(tmp_path / "fine.npy", cube.astype(np.float64))
+    code, _, err = run_cli("convert", tmp_path / "fine.npy", "--labels", lp, "-o", tmp_path / "o.zarr",
+                           "--max-patch", "5", "--tile", "12")
+    assert code == 0 and [m[0] for m in map(line.match, err.splitlines()) if m][-1] == \
+        f"hsgds: convert: {tiles} of {tiles} tiles done, ", err
+
+
 def test_paths_with_a_newline_or_thousands_of_characters_are_shown_on_one_short_line(tmp_path, run_cli):
     """A --labels or -o path holding a newline made a two-line error, one of 3,000 characters a 3,000-character
     one: each is shown escaped and clipped in the middle, its file name kept; nothing is written."""

@@ -21,6 +21,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 import hsgds  # noqa: E402
+from hsgds._wording import duration  # noqa: E402
 from hsgds.collection import open_collection  # noqa: E402
 from hsgds.preprocess.convert import ConvertOptions  # noqa: E402
 from hsgds.preprocess.convert_many import convert_many, read_manifest  # noqa: E402
@@ -281,10 +282,12 @@ def test_failing_scene_is_named_and_the_others_complete(cluster, tmp_path, run_c
     check_collection(out, arrays, tmp_path)  # broken is neither listed nor left half-written
 
 
-#: a progress line of convert-many in a log: scenes done of all, those failed, seconds per scene, time left
+#: a progress line of convert-many in a log: scenes done of all, those up to date and failed, seconds per scene
+#: (per scene converted once some were up to date, if any was), time left ("up to" once some were up to date)
 PROGRESS_LINE = re.compile(r"^hsgds: convert-many: (?P<done>[\d,]+) of (?P<total>[\d,]+) scenes done"
-                           r"(?: \((?P<failed>[\d,]+) failed\))?, (?:[\d.]+ s per scene|[\d,]+ scenes per s)"
-                           r"(?P<left>, about \S+ left)?$")  # (a pace under 10 ms, as a rate: a fast rerun)
+                           r"(?: \((?:(?P<up_to_date>[\d,]+) up to date)?(?:, )?(?:(?P<failed>[\d,]+) failed)?\))?"
+                           r"(?:, (?P<pace>[\d.]+) s per scene(?: converted)?|, [\d,]+ scenes(?: converted)? per s)?"
+                           r"(?P<left>, (?:about|up to) (?P<time>\S+) left)?$")  # (under 10 ms: as a rate)
 
 
 def test_a_batch_jobs_log_gets_progress_lines_at_most_every_interval(cluster, tmp_path, run_cli, hsgds_env):
@@ -327,10 +330,90 @@ def test_a_batch_jobs_log_gets_progress_lines_at_most_every_interval(cluster, tm
     code, stdout, stderr = run_cli(*args)
     assert code == 1 and "3 up to date, 1 failed" in stdout, stderr
     assert progress_lines(stderr) == [(scenes, scenes, 1, False)], stderr
+    assert "scenes done (3 up to date, 1 failed)\n" in stderr, stderr  # none converted: no pace to give
 
     hsgds_env("HSGDS_PROGRESS_LOG_S", "-1")
     code, _, stderr = run_cli(*args)
     assert code == 2 and stderr.count("\n") == 1 and "HSGDS_PROGRESS_LOG_S='-1' is not seconds in [0, 86400]" in stderr
+
+
+def test_a_reruns_log_gives_the_pace_of_the_scenes_converted_and_the_time_left_at_most(hsgds_env, capsys):
+    """A rerun's scenes found up to date finish in a fraction of a second and come first: the mean over every
+    scene made the time left far too low. The line counts them and gives the wall-clock pace of the scenes
+    converted (the wall clock shared by the seconds the workers spent on each: two workers side by side) and the
+    time left were every scene left converted ("up to"); nothing about time before one was converted. Checked
+    with a clock of the test's own against the arithmetic done here; a run without such scenes reads as before."""
+    from hsgds.cli import _SceneLog
+
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "0")
+    now = [100.0]
+    log = _SceneLog(clock=lambda: now[0])
+    # 8 scenes up to date (0.1 s of a worker's each, two at a time: 0.05 s of wall clock), then 12 to convert
+    # (10 s each, two at a time: 5 s of wall clock), one of which fails at once
+    for k in range(1, 9):
+        now[0] += 0.05
+        log.scene_done("up to date", 0.1, k, 20)
+    for k in range(9, 12):
+        now[0] += 5.0
+        log.scene_done("converted", 10.0, k, 20)
+    log.scene_done("failed", 0.0, 12, 20)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:8] == [f"hsgds: convert-many: {k} of 20 scenes done ({k} up to date)" for k in range(1, 9)]
+    elapsed = 8 * 0.05 + 3 * 5.0
+    share = 30.0 / (8 * 0.1 + 30.0)  # the converted scenes' part of the workers' seconds
+    each = elapsed * share / 3
+    assert each == pytest.approx(5.0, rel=0.01)  # the two workers' pace, not the mean over all (1.4 s)
+    assert lines[10] == f"hsgds: convert-many: 11 of 20 scenes done (8 up to date), {each:.3g} s per scene converted, " \
+                        f"up to {duration(each * 9)} left" == ("hsgds: convert-many: 11 of 20 scenes done (8 up to date), "
+                                                              "5 s per scene converted, up to 45s left")
+    assert lines[11] == ("hsgds: convert-many: 12 of 20 scenes done (8 up to date, 1 failed), 5 s per scene converted, "
+                         "up to 40s left")
+
+    fresh = _SceneLog(clock=lambda: now[0])  # no scene up to date: the mean over all, "about", as before
+    for k in (1, 2):
+        now[0] += 5.0
+        fresh.scene_done("converted", 10.0, k, 4)
+    assert capsys.readouterr().err.splitlines()[-1] == ("hsgds: convert-many: 2 of 4 scenes done, 5 s per scene, "
+                                                        "about 10s left")
+
+
+def test_a_rerun_with_most_scenes_up_to_date_logs_them_and_the_time_left_at_most(cluster, tmp_path, run_cli,
+                                                                                  hsgds_env):
+    """A real rerun, in a log, of 6 scenes of which 4 are up to date: every line counts the scenes up to date
+    so far (ending at 4), says no pace or time left until a scene was converted, then the pace per scene
+    converted and "up to" the time left at that pace for every scene left (checked against the line's own
+    numbers, not the clock)."""
+    import shutil
+
+    make_sources(tmp_path, n=6)
+    out = tmp_path / "out"
+    args = ("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "5", "--class-names",
+            ",".join(CLASSES), "--scheduler", cluster.scheduler_address)
+    code, stdout, stderr = run_cli(*args)
+    assert code == 0 and "6 converted" in stdout, stderr
+    for name in ("cube4", "flight_5"):
+        shutil.rmtree(out / f"{name}.zarr")
+    hsgds_env("HSGDS_PROGRESS_LOG_S", "0")
+    code, stdout, stderr = run_cli(*args)
+    assert code == 0 and "2 converted" in stdout and "4 up to date" in stdout, stderr
+    lines = [m for m in map(PROGRESS_LINE.match, stderr.splitlines()) if m]
+    assert [int(m["done"]) for m in lines] == list(range(1, 7)), stderr
+    up_to_date = [int(m["up_to_date"] or 0) for m in lines]
+    assert up_to_date[-1] == 4 and up_to_date == sorted(up_to_date), stderr
+    for m, kept in zip(lines, up_to_date):
+        converted = int(m["done"]) - kept
+        if converted == 0:  # nothing converted yet: no pace, no time left
+            assert m["pace"] is None and m["left"] is None, stderr
+            continue
+        if kept == 0:  # the scenes converted came first: as a first run says it
+            assert " converted" not in m[0] and "about" in m[0], stderr
+            continue
+        assert " converted" in m[0] and (m["left"] is None) == (m["done"] == "6"), stderr
+        if m["left"] and m["pace"]:  # the time left: the pace said for each scene left (a rate: too fast to say)
+            pace, left = float(m["pace"]), 6 - int(m["done"])
+            half = 0.5 * 10 ** (np.floor(np.log10(pace)) - 2)  # the pace is said to 3 digits
+            assert "up to" in m["left"] and m["time"] in {duration((pace + d) * left) for d in (-half, 0, half)}, stderr
+    assert lines[-1]["pace"] and " s per scene converted" in lines[-1][0], stderr
 
 
 def test_time_left_reads_as_seconds_minutes_or_hours():
@@ -554,7 +637,7 @@ def test_class_names_are_not_written_over_a_store_rewritten_meanwhile(tmp_path):
     import fcntl
 
     from hsgds.errors import StoreError
-    from hsgds.preprocess.convert_many import RENAMED, ManifestRow, _rename_classes, _renamed, convert_scene
+    from hsgds.preprocess.convert_many import RENAMED, ManifestRow, _renamed, _rewrite_metadata, convert_scene
     from hsgds.preprocess.resplit import resplit
 
     cube, gt = make_scene(24, 20, 4, classes=3, seed=3)
@@ -569,9 +652,9 @@ def test_class_names_are_not_written_over_a_store_rewritten_meanwhile(tmp_path):
     assert renamed is not None and renamed.class_names == list(CLASSES)
     resplit(store, "random", train=0.3, seed=1)
     resplit_meta = json.loads((store / "zarr.json").read_text())
-    with pytest.raises(StoreError, match=r"changed while its class names were compared .*; run the same command "
+    with pytest.raises(StoreError, match=r"changed while its metadata was compared .*; run the same command "
                                          r"again$"):
-        _rename_classes(store, checked.meta, renamed)
+        _rewrite_metadata(store, checked.meta, renamed)
     assert json.loads((store / "zarr.json").read_text()) == resplit_meta
     fd = os.open(store, os.O_RDONLY)
     try:

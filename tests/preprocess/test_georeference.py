@@ -371,10 +371,16 @@ def test_labels_of_the_scene_at_another_resolution_are_told_how_to_fit(tmp_path,
     np.testing.assert_array_equal(hsgds.open_scene(store).labels, resampled[0])
 
 
-def test_convert_many_converts_a_pixel_is_point_store_written_before_it_was_recorded(tmp_path, cube):
+def test_convert_many_records_pixel_is_point_in_a_store_written_before_it_was_recorded(tmp_path, cube, run_cli):
     """A store of a PixelIsPoint GeoTIFF made before hsgds recorded it (its GeoTIFF maps PixelIsArea, half a pixel
-    off the source where GDAL reads both under GTIFF_POINT_GEO_IGNORE=TRUE) is converted again, saying why; one
-    that records it is up to date."""
+    off the source where GDAL reads both under GTIFF_POINT_GEO_IGNORE=TRUE) holds the very tiles and georeference a
+    conversion writes: convert-many rewrites its metadata alone, atomically, with the flag (no file of the store
+    but its root zarr.json written again, the rest of that document as converted), says why in a line, and the
+    collection lists it; one that records it is up to date; one whose georeference is not the source's is
+    converted again, saying why."""
+    pytest.importorskip("distributed")
+    import zarr
+
     from hsgds.preprocess.convert_many import ManifestRow, convert_scene
 
     src = tmp_path / "scene.tif"
@@ -382,17 +388,45 @@ def test_convert_many_converts_a_pixel_is_point_store_written_before_it_was_reco
                        dtype=cube.dtype, crs=UTM16N, transform=Affine(30.0, 0.0, 620000.0, 0.0, -30.0, 4000000.0)) as dst:
         dst.update_tags(AREA_OR_POINT="Point")
         dst.write(cube)
+    with rasterio.open(src) as ds:  # the source, as GDAL reads it: its coordinates name pixel centres
+        assert ds.tags()["AREA_OR_POINT"] == "Point"
     row = ManifestRow(name="scene", source=src)
     out = tmp_path / "out"
     out.mkdir()
-    opts = ConvertOptions(max_patch=3)
+    store, opts = out / "scene.zarr", ConvertOptions(max_patch=3)
     assert convert_scene(row, out, opts).status == "converted"
-    assert hsgds.open_scene(out / "scene.zarr").meta.pixel_is_point is True
+    assert hsgds.open_scene(store).meta.pixel_is_point is True
     assert convert_scene(row, out, opts).status == "up to date"
-    root = json.loads((out / "scene.zarr" / "zarr.json").read_text())
-    del root["attributes"]["hsgds"]["pixel_is_point"]  # as an hsgds before it wrote the store
-    (out / "scene.zarr" / "zarr.json").write_text(json.dumps(root))
+    converted = json.loads((store / "zarr.json").read_text())
+    older = json.loads(json.dumps(converted))
+    del older["attributes"]["hsgds"]["pixel_is_point"]  # as an hsgds before it wrote the store
+    (store / "zarr.json").write_text(json.dumps(older))
+    assert zarr.open_group(store, mode="r").attrs["hsgds"].get("pixel_is_point") is None
+    files = {p: (st.st_ino, st.st_mtime_ns, st.st_size) for p in store.rglob("*")
+             if p.is_file() and p != store / "zarr.json" for st in [p.stat()]}
+    assert [p.name for p in hsgds.open_scene(store).tile_paths] and set(hsgds.open_scene(store).tile_paths) < set(files)
+
+    (tmp_path / "scenes.csv").write_text("source\nscene.tif\n")
+    code, stdout, stderr = run_cli("convert-many", tmp_path / "scenes.csv", "-o", out, "--max-patch", "3",
+                                   "--workers", "1")
+    assert code == 0, stderr
+    assert ("scene: metadata updated (PixelIsPoint): the source's coordinates name pixel centres (PixelIsPoint), "
+            "which the store did not record\n") in stdout
+    assert "0 converted (0 tiles, 0.0 MB), 1 metadata updated (PixelIsPoint), 0 up to date, 0 failed of 1" in stdout
+    assert {p: (st.st_ino, st.st_mtime_ns, st.st_size) for p in files for st in [p.stat()]} == files  # untouched
+    assert zarr.open_group(store, mode="r").attrs["hsgds"]["pixel_is_point"] is True  # read by zarr-python
+    assert json.loads((store / "zarr.json").read_text()) == converted  # all else as converted
+    assert [p.name for p in store.glob(".zarr.json*")] == []  # no temporary left
+    assert hsgds.open_scene(store).verify() == []
+    assert hsgds.open_collection(out).entries[0].name == "scene"
+    assert convert_scene(row, out, opts).status == "up to date"
+
+    # a store of another georeference (not what this hsgds reads from the source): converted again, as before
+    shifted = json.loads(json.dumps(older))
+    shifted["attributes"]["hsgds"]["georeference"]["transform"][2] += 15.0
+    (store / "zarr.json").write_text(json.dumps(shifted))
     again = convert_scene(row, out, opts)
     assert (again.status, again.reason) == ("converted", "the source's coordinates name pixel centres "
                                                           "(PixelIsPoint), which the store does not record")
-    assert convert_scene(row, out, opts).status == "up to date"
+    assert json.loads((store / "zarr.json").read_text())["attributes"]["hsgds"]["georeference"] == \
+        converted["attributes"]["hsgds"]["georeference"]
