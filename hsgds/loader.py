@@ -514,7 +514,8 @@ class PatchLoader:
         # copied from it (the engine confirms below). Radiation noise needs the values before rounding.
         self._normalize_tiles = bool(fused_cpu and defaults.get("normalize_tiles")
                                      and not (augment is not None and augment.radiation_noise > 0)
-                                     and cpu_cut.normalizes_tiles(grid.dtype, out_name))
+                                     and cpu_cut.normalizes_tiles(grid.dtype, out_name, out_bands,
+                                                                  min(s.grid.bands for s in self.scenes.scenes)))
         if fused_cpu:
             # numba's import and the kernel's load (~0.65 s) overlap the sample lookup and planning below
             cpu_cut.warm_up(grid.dtype, out_name, self._normalize_tiles)

@@ -209,6 +209,26 @@ def test_band_indices_select_the_same_bands_of_every_scene(scenes):
         hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, bands=[6], device="cpu")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_more_output_bands_than_a_scene_stores_are_cut_right_in_16_bits(scenes, dtype):
+    """Several wavelengths nearest one band, or a band index given twice, give a pixel more output bands than
+    it stores: 16-bit patches (whose tiles are normalized once in the ring, in place) equal numpy's. Written in
+    place, a pixel's outputs ran into the next pixel's bytes: the last bands held another pixel's values."""
+    names = ["A", "E"]  # 6 and 8 int16 bands from 400 nm, 100 nm apart: 9 wavelengths take 5 bands of each
+    wavelengths = [400, 401, 500, 501, 600, 601, 700, 701, 800]
+    with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=3, batch_size=64, split=None, dtype=dtype,
+                           wavelengths=wavelengths, layout="NHWC", return_coords=True, device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    ref = _reference(scenes, names, coords, 3, bands=[[0, 0, 1, 1, 2, 2, 3, 3, 4]] * 2)
+    np.testing.assert_allclose(got, ref, rtol=1.6e-2, atol=1.6e-2)
+    with hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=64, split=None, dtype=dtype,
+                           bands=[5, 0, 1, 2, 3, 4, 5, 0], return_coords=True, device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    ref = _reference(scenes, ["A"], np.column_stack([np.zeros(len(coords), np.int64), coords]), 3,
+                     bands=[[5, 0, 1, 2, 3, 4, 5, 0]])
+    np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), rtol=1.6e-2, atol=1.6e-2)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(wavelengths=["abc"]), "wavelengths must be a non-empty list of numbers"),
     (dict(wavelengths={500: 1}), "wavelengths must be a non-empty list of numbers"),
