@@ -153,6 +153,29 @@ def test_a_store_recording_micrometres_as_nanometres_is_named_when_selecting_by_
         assert next(iter(loader))[0].shape[1] == 2  # by index it still loads
 
 
+def test_a_header_in_micrometres_selects_the_bands_of_the_same_header_in_nanometres(tmp_path):
+    """The same band centres written in µm and in nm record the same nm (1.011 µm * 1000 read
+    1010.9999999999999 nm), so a wavelength exactly ``wavelength_tolerance`` away, or equally near two bands,
+    takes the same band of either scene: the µm scene refused 1016 nm ('no band within 5 nm ... (nearest:
+    1011 nm)') and took the other band of a tie."""
+    cube = np.random.default_rng(0).integers(0, 999, (12, 12, 3)).astype(np.int16)
+    nm = [995.0, 1005.0, 1011.0]
+    stores = []
+    for name, units, values in (("nm", "Nanometers", nm), ("um", "Micrometers", [v / 1000 for v in nm])):
+        hdr = write_envi(tmp_path / name, cube)
+        hdr.write_text(hdr.read_text() + f"wavelength units = {units}\nwavelength = {{{', '.join(map(str, values))}}}\n")
+        stores.append(convert_quietly(hdr, tmp_path / f"{name}.zarr", ConvertOptions(max_patch=3)))
+    assert [hsgds.open_scene(s).wavelengths for s in stores] == [nm, nm]
+    # 1016 nm: 5 nm from band 2; 1000 nm: equally near bands 0 and 1, the first in band order taken
+    with hsgds.PatchLoader(stores, patch_size=1, batch_size=200, pixels="all", shuffle=False, normalize=None,
+                           wavelengths=[1016, 1000], wavelength_tolerance=5, return_coords=True,
+                           device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    for s in range(2):
+        rows = coords[:, 0] == s
+        np.testing.assert_array_equal(got[rows, :, 0, 0], cube[coords[rows, 1], coords[rows, 2]][:, [2, 0]])
+
+
 def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
     names = ["A", "C"]  # A: 400..900 nm, C: 300..800 nm, so 500/700/800 nm are bands 1,3,4 of A and 2,4,5 of C
     with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=50, split=None,
