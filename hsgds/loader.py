@@ -352,12 +352,14 @@ class PatchLoader:
         include them.
     mask : a boolean (H, W) array (for several scenes, a list with one array or None per scene): only
         pixels where it is True are yielded. A saved state resumes only in a loader with the same mask.
-    bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands).
+    bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands), in
+        0..B-1 (no negative indices), in the order given; an index given twice yields that band twice.
     wavelengths : wavelengths in nm; each scene contributes its band nearest each one, within
         ``wavelength_tolerance`` nm (default 5), never a band without a centre (PRISMA's unused bands) nor
         one its source flags bad (``Scene.bad_bands``: an ENVI ``bbl``'s water-vapour bands; a wavelength
-        whose only band near it is bad is refused). ``bands`` indices are taken as given, bad ones included.
-        Scenes with different band counts need this.
+        whose only band near it is bad is refused). A wavelength equally near two bands takes the one the
+        scene lists first (the lower index); wavelengths nearest the same band each take it. ``bands``
+        indices are taken as given, bad ones included. Scenes with different band counts need this.
     norm_scope : "scene" (each scene's own train statistics) or "collection" (the train statistics pooled
         exactly over all scenes).
     norm_stats : hsgds.BandStats or None
