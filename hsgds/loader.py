@@ -527,10 +527,11 @@ class PatchLoader:
                                     patch_size // 2 if footprint_guard else 0)
         if len(self.samples) == 0:
             where = f"{self.scene.path} has" if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes have"
-            if mask is not None:
+            unlabelled = not any(s.num_samples for s in self.scenes.scenes)  # (its train split was no help to name)
+            if mask is not None and not (pixels == "labelled" and unlabelled):
                 raise ConfigError(f"{where} no pixel to yield inside the mask (split={split!r}, pixels={pixels!r}); "
                                   "widen the mask")
-            if split is None and pixels == "labelled":
+            if pixels == "labelled" and (split is None or unlabelled):
                 raise ConfigError(f"{where} no labelled pixels; convert with --labels, or pass pixels='all' for every "
                                   "pixel (label -1)")
             what = {"none": "pixels left out of every split", None: "pixels"}.get(split, f"{split} pixels")

@@ -441,6 +441,22 @@ def test_an_unknown_split_is_refused_over_unlabelled_scenes_too(tmp_path):
         assert len(loader.samples) == 400  # a known split: every pixel of an unlabelled scene, as before
 
 
+def test_labelled_pixels_of_unlabelled_scenes_are_refused_saying_they_have_no_labels(tmp_path):
+    """The default loader (pixels='labelled', split='train') over unlabelled scenes said 'has no train pixels
+    ...; see `hsgds info` for its splits' (or, with a mask, 'widen the mask'), as if a split were the problem:
+    it names the missing labels and pixels='all', with any split or mask."""
+    from hsgds.synthetic import make_scene
+
+    cube, _ = make_scene(20, 20, 4, classes=2, dtype="int16", seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    bare = convert(tmp_path / "c.npy", tmp_path / "bare.zarr", ConvertOptions(tile=28, max_patch=5))  # unlabelled
+    for store, more in ((bare, {}), (bare, {"split": "val"}), (bare, {"mask": np.ones((20, 20), bool)}),
+                        ([bare, bare], {}), ([bare, bare], {"mask": [None, np.ones((20, 20), bool)]})):
+        with pytest.raises(ConfigError, match=r"ha(s|ve) no labelled pixels; convert with --labels, or pass "
+                                              r"pixels='all' for every pixel \(label -1\)$"):
+            hsgds.PatchLoader(store, patch_size=3, batch_size=8, device="cpu", **more)
+
+
 @pytest.mark.parametrize("split,stride", [("train", 1), ("test", 2), ("val", 3)])
 def test_pixels_all_with_a_split_keeps_memory_per_labelled_pixel(scenes, split, stride):
     """One store, every s-th pixel but the other splits' labelled ones: computed per batch (GridSamples with
