@@ -528,6 +528,11 @@ class PatchLoader:
         if len(self.samples) == 0:
             where = f"{self.scene.path} has" if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes have"
             unlabelled = not any(s.num_samples for s in self.scenes.scenes)  # (its train split was no help to name)
+            if footprint_guard and len(_sample_sets(self.scenes, pixels, int(stride), split, masks, 0)):
+                # the guard, not the split or the mask, left nothing
+                raise ConfigError(f"{where} no pixel farther than patch_size // 2 = {patch_size // 2} px from another "
+                                  f"split's labelled pixels (footprint_guard=True, split={split!r}); pass a smaller "
+                                  "patch_size, or footprint_guard=False")
             if mask is not None and not (pixels == "labelled" and unlabelled):
                 raise ConfigError(f"{where} no pixel to yield inside the mask (split={split!r}, pixels={pixels!r}); "
                                   "widen the mask")
