@@ -23,7 +23,7 @@ from hsgds import defaults
 from hsgds._gc import gc_paused
 from hsgds._unset import Unset
 from hsgds._version import __version__
-from hsgds._wording import counted
+from hsgds._wording import counted, listed
 from hsgds.augment import MAX_EPOCH, Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.collection import DeferredScene
@@ -475,7 +475,17 @@ class PatchLoader:
         for i in range(len(self.scenes)):
             if i not in self._range_later:
                 self._check_range(i)
-        # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself
+        # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself; over several
+        # scenes those that serve smaller patches are named first (the spec's message knows no scene)
+        if len(self.scenes) > 1 and type(patch_size) is int and patch_size % 2 == 1:
+            short = [(n, s.grid.halo) for n, s in zip(self.scenes.names, self.scenes.scenes) if s.grid.halo < patch_size // 2]
+            if short:
+                largest = 2 * min(h for _, h in short) + 1
+                which = (f"scene {short[0][0]!r} serves ({largest}x{largest})" if len(short) == 1 else
+                         f"{len(short)} scenes serve ({listed((repr(n) for n, _ in short), 12)}; down to {largest}x{largest})")
+                raise ConfigError(f"patch_size {patch_size} is larger than {which}; convert again with --max-patch "
+                                  f"{patch_size} (a collection: the same convert-many command with it), or pass a "
+                                  "smaller patch_size")
         out_bands = grid.bands if selection is None else len(selection[0])
         spec = PatchSpec(patch_size=patch_size, halo=min(s.grid.halo for s in self.scenes.scenes), bands=out_bands,
                          tile_side=min(s.grid.side for s in self.scenes.scenes), layout=layout, out_dtype=dtype, offset=offset[0], scale=scale[0],

@@ -211,8 +211,13 @@ def test_scenes_of_other_band_counts_and_tile_shapes_share_the_ring(scenes, layo
     assert len(got) == sum(scenes[n][0].shape[0] * scenes[n][0].shape[1] for n in names)
     ref = _reference(scenes, names, coords, 9, bands=[[1, 2, 5], [1, 2, 5], [2, 3, 6]])
     np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2) if layout == "NCHW" else ref, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ConfigError, match="patch_size 11 is larger than this store serves"):
+    # the scene that serves smaller patches is named ('this store' named none of several)
+    with pytest.raises(ConfigError, match=r"^patch_size 11 is larger than scene 'F' serves \(9x9\); convert again with "
+                                          r"--max-patch 11 \(a collection: the same convert-many command with it\), "
+                                          r"or pass a smaller patch_size$"):
         hsgds.PatchLoader(stores, patch_size=11, batch_size=8, wavelengths=[500], device="cpu")
+    with pytest.raises(ConfigError, match=r"^patch_size 17 is larger than 3 scenes serve \('A', 'E', 'F'; down to 9x9\)"):
+        hsgds.PatchLoader(stores, patch_size=17, batch_size=8, wavelengths=[500], device="cpu")
 
 
 def test_band_indices_select_the_same_bands_of_every_scene(scenes):
