@@ -960,6 +960,10 @@ def _predict_collection(path: str, model_path: str, out: str, patch_size: int | 
         as_count(batch_size, "batch_size")
     choose(probe(), device=device)
     coll = open_collection(path)
+    for name in coll.names:  # {name} makes each name a file name (convert-many's are; a hand-written listing's may not be)
+        if name in (".", "..") or any(c in name for c in "/\\\0"):
+            _fail(f"scene {name!r} of {path} cannot name a file in -o's {{name}} (a slash, a backslash, or . or ..: its "
+                  "map would go to another folder); rename the scene in collection.json")
     loaded = load_model(model_path)
     _echo_recipe(model_path, loaded)
 

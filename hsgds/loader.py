@@ -23,7 +23,7 @@ from hsgds import defaults
 from hsgds._gc import gc_paused
 from hsgds._unset import Unset
 from hsgds._version import __version__
-from hsgds._wording import counted
+from hsgds._wording import counted, listed
 from hsgds.augment import MAX_EPOCH, Augment, AugmentBatch, Augmenter, draw
 from hsgds.batches import BatchPrep, PinnedStaging, Prepared
 from hsgds.collection import DeferredScene
@@ -371,12 +371,14 @@ class PatchLoader:
         include them.
     mask : a boolean (H, W) array (for several scenes, a list with one array or None per scene): only
         pixels where it is True are yielded. A saved state resumes only in a loader with the same mask.
-    bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands).
+    bands : band indices every scene contributes (same-sensor scenes, e.g. dropping water-vapour bands), in
+        0..B-1 (no negative indices), in the order given; an index given twice yields that band twice.
     wavelengths : wavelengths in nm; each scene contributes its band nearest each one, within
         ``wavelength_tolerance`` nm (default 5), never a band without a centre (PRISMA's unused bands) nor
         one its source flags bad (``Scene.bad_bands``: an ENVI ``bbl``'s water-vapour bands; a wavelength
-        whose only band near it is bad is refused). ``bands`` indices are taken as given, bad ones included.
-        Scenes with different band counts need this.
+        whose only band near it is bad is refused). A wavelength equally near two bands takes the one the
+        scene lists first (the lower index); wavelengths nearest the same band each take it. ``bands``
+        indices are taken as given, bad ones included. Scenes with different band counts need this.
     norm_scope : "scene" (each scene's own train statistics) or "collection" (the train statistics pooled
         exactly over all scenes).
     norm_stats : hsgds.BandStats or None
@@ -493,7 +495,17 @@ class PatchLoader:
         for i in range(len(self.scenes)):
             if i not in self._range_later:
                 self._check_range(i)
-        # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself
+        # patch size (against the smallest halo), layout, dtype, tables: the spec checks itself; over several
+        # scenes those that serve smaller patches are named first (the spec's message knows no scene)
+        if len(self.scenes) > 1 and type(patch_size) is int and patch_size % 2 == 1:
+            short = [(n, s.grid.halo) for n, s in zip(self.scenes.names, self.scenes.scenes) if s.grid.halo < patch_size // 2]
+            if short:
+                largest = 2 * min(h for _, h in short) + 1
+                which = (f"scene {short[0][0]!r} serves ({largest}x{largest})" if len(short) == 1 else
+                         f"{len(short)} scenes serve ({listed((repr(n) for n, _ in short), 12)}; down to {largest}x{largest})")
+                raise ConfigError(f"patch_size {patch_size} is larger than {which}; convert again with --max-patch "
+                                  f"{patch_size} (a collection: the same convert-many command with it), or pass a "
+                                  "smaller patch_size")
         out_bands = grid.bands if selection is None else len(selection[0])
         spec = PatchSpec(patch_size=patch_size, halo=min(s.grid.halo for s in self.scenes.scenes), bands=out_bands,
                          tile_side=min(s.grid.side for s in self.scenes.scenes), layout=layout, out_dtype=dtype, offset=offset[0], scale=scale[0],
@@ -534,7 +546,8 @@ class PatchLoader:
         # copied from it (the engine confirms below). Radiation noise needs the values before rounding.
         self._normalize_tiles = bool(fused_cpu and defaults.get("normalize_tiles")
                                      and not (augment is not None and augment.radiation_noise > 0)
-                                     and cpu_cut.normalizes_tiles(grid.dtype, out_name))
+                                     and cpu_cut.normalizes_tiles(grid.dtype, out_name, out_bands,
+                                                                  min(s.grid.bands for s in self.scenes.scenes)))
         if fused_cpu:
             # numba's import and the kernel's load (~0.65 s) overlap the sample lookup and planning below
             cpu_cut.warm_up(grid.dtype, out_name, self._normalize_tiles)
@@ -544,10 +557,16 @@ class PatchLoader:
                                     patch_size // 2 if footprint_guard else 0)
         if len(self.samples) == 0:
             where = f"{self.scene.path} has" if len(self.scenes) == 1 else f"the {len(self.scenes)} scenes have"
-            if mask is not None:
+            unlabelled = not any(s.num_samples for s in self.scenes.scenes)  # (its train split was no help to name)
+            if footprint_guard and len(_sample_sets(self.scenes, pixels, int(stride), split, masks, 0)):
+                # the guard, not the split or the mask, left nothing
+                raise ConfigError(f"{where} no pixel farther than patch_size // 2 = {patch_size // 2} px from another "
+                                  f"split's labelled pixels (footprint_guard=True, split={split!r}); pass a smaller "
+                                  "patch_size, or footprint_guard=False")
+            if mask is not None and not (pixels == "labelled" and unlabelled):
                 raise ConfigError(f"{where} no pixel to yield inside the mask (split={split!r}, pixels={pixels!r}); "
                                   "widen the mask")
-            if split is None and pixels == "labelled":
+            if pixels == "labelled" and (split is None or unlabelled):
                 raise ConfigError(f"{where} no labelled pixels; convert with --labels, or pass pixels='all' for every "
                                   "pixel (label -1)")
             what = {"none": "pixels left out of every split", None: "pixels"}.get(split, f"{split} pixels")

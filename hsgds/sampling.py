@@ -438,7 +438,7 @@ def plan_epoch(samples: Samples, *, batch_size: int, seed: int, epoch: int, shuf
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} is outside world_size {world_size}")
     if len(samples) < world_size:
-        raise ConfigError(f"the split has {len(samples)} samples, fewer than the {world_size} ranks; use fewer ranks")
+        raise ConfigError(f"the split has {counted(len(samples), 'sample')}, fewer than the {world_size} ranks; use fewer ranks")
     tiles = np.flatnonzero(samples.counts())
     rng = np.random.default_rng([seed, epoch])
     tile_order = rng.permutation(tiles) if shuffle else tiles

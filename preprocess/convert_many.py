@@ -22,6 +22,7 @@ import secrets
 import signal
 import threading
 import time
+import unicodedata
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -180,7 +181,9 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
                                      f"relative to the manifest's folder)")
             name = v.get("name") or source.stem
             _check_name(name, where)
-            folded = name.casefold()
+            # one name however it is cased or composed (è as one character or e + U+0300): case-insensitive
+            # file systems, and those that normalize names (macOS), make such names one store
+            folded = unicodedata.normalize("NFD", unicodedata.normalize("NFD", name).casefold())
             if folded in seen:
                 raise InputError(f"{where}: scene name {name!r} is already used on line {seen[folded]}; names must "
                                  "be unique (set the name column)")

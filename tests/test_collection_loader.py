@@ -153,6 +153,29 @@ def test_a_store_recording_micrometres_as_nanometres_is_named_when_selecting_by_
         assert next(iter(loader))[0].shape[1] == 2  # by index it still loads
 
 
+def test_a_header_in_micrometres_selects_the_bands_of_the_same_header_in_nanometres(tmp_path):
+    """The same band centres written in µm and in nm record the same nm (1.011 µm * 1000 read
+    1010.9999999999999 nm), so a wavelength exactly ``wavelength_tolerance`` away, or equally near two bands,
+    takes the same band of either scene: the µm scene refused 1016 nm ('no band within 5 nm ... (nearest:
+    1011 nm)') and took the other band of a tie."""
+    cube = np.random.default_rng(0).integers(0, 999, (12, 12, 3)).astype(np.int16)
+    nm = [995.0, 1005.0, 1011.0]
+    stores = []
+    for name, units, values in (("nm", "Nanometers", nm), ("um", "Micrometers", [v / 1000 for v in nm])):
+        hdr = write_envi(tmp_path / name, cube)
+        hdr.write_text(hdr.read_text() + f"wavelength units = {units}\nwavelength = {{{', '.join(map(str, values))}}}\n")
+        stores.append(convert_quietly(hdr, tmp_path / f"{name}.zarr", ConvertOptions(max_patch=3)))
+    assert [hsgds.open_scene(s).wavelengths for s in stores] == [nm, nm]
+    # 1016 nm: 5 nm from band 2; 1000 nm: equally near bands 0 and 1, the first in band order taken
+    with hsgds.PatchLoader(stores, patch_size=1, batch_size=200, pixels="all", shuffle=False, normalize=None,
+                           wavelengths=[1016, 1000], wavelength_tolerance=5, return_coords=True,
+                           device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    for s in range(2):
+        rows = coords[:, 0] == s
+        np.testing.assert_array_equal(got[rows, :, 0, 0], cube[coords[rows, 1], coords[rows, 2]][:, [2, 0]])
+
+
 def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
     names = ["A", "C"]  # A: 400..900 nm, C: 300..800 nm, so 500/700/800 nm are bands 1,3,4 of A and 2,4,5 of C
     with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=50, split=None,
@@ -188,8 +211,13 @@ def test_scenes_of_other_band_counts_and_tile_shapes_share_the_ring(scenes, layo
     assert len(got) == sum(scenes[n][0].shape[0] * scenes[n][0].shape[1] for n in names)
     ref = _reference(scenes, names, coords, 9, bands=[[1, 2, 5], [1, 2, 5], [2, 3, 6]])
     np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2) if layout == "NCHW" else ref, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ConfigError, match="patch_size 11 is larger than this store serves"):
+    # the scene that serves smaller patches is named ('this store' named none of several)
+    with pytest.raises(ConfigError, match=r"^patch_size 11 is larger than scene 'F' serves \(9x9\); convert again with "
+                                          r"--max-patch 11 \(a collection: the same convert-many command with it\), "
+                                          r"or pass a smaller patch_size$"):
         hsgds.PatchLoader(stores, patch_size=11, batch_size=8, wavelengths=[500], device="cpu")
+    with pytest.raises(ConfigError, match=r"^patch_size 17 is larger than 3 scenes serve \('A', 'E', 'F'; down to 9x9\)"):
+        hsgds.PatchLoader(stores, patch_size=17, batch_size=8, wavelengths=[500], device="cpu")
 
 
 def test_band_indices_select_the_same_bands_of_every_scene(scenes):
@@ -207,6 +235,26 @@ def test_band_indices_select_the_same_bands_of_every_scene(scenes):
     np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
     with pytest.raises(ConfigError, match="bands must be in 0..5"):
         hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, bands=[6], device="cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_more_output_bands_than_a_scene_stores_are_cut_right_in_16_bits(scenes, dtype):
+    """Several wavelengths nearest one band, or a band index given twice, give a pixel more output bands than
+    it stores: 16-bit patches (whose tiles are normalized once in the ring, in place) equal numpy's. Written in
+    place, a pixel's outputs ran into the next pixel's bytes: the last bands held another pixel's values."""
+    names = ["A", "E"]  # 6 and 8 int16 bands from 400 nm, 100 nm apart: 9 wavelengths take 5 bands of each
+    wavelengths = [400, 401, 500, 501, 600, 601, 700, 701, 800]
+    with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=3, batch_size=64, split=None, dtype=dtype,
+                           wavelengths=wavelengths, layout="NHWC", return_coords=True, device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    ref = _reference(scenes, names, coords, 3, bands=[[0, 0, 1, 1, 2, 2, 3, 3, 4]] * 2)
+    np.testing.assert_allclose(got, ref, rtol=1.6e-2, atol=1.6e-2)
+    with hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=64, split=None, dtype=dtype,
+                           bands=[5, 0, 1, 2, 3, 4, 5, 0], return_coords=True, device="cpu") as loader:
+        got, _, coords = _collect(loader)
+    ref = _reference(scenes, ["A"], np.column_stack([np.zeros(len(coords), np.int64), coords]), 3,
+                     bands=[[5, 0, 1, 2, 3, 4, 5, 0]])
+    np.testing.assert_allclose(got, ref.transpose(0, 3, 1, 2), rtol=1.6e-2, atol=1.6e-2)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -396,6 +444,22 @@ def test_an_unknown_split_is_refused_over_unlabelled_scenes_too(tmp_path):
             hsgds.PatchLoader(store, patch_size=3, batch_size=8, pixels="all", split="trian", device="cpu", **more)
     with hsgds.PatchLoader(bare, patch_size=3, batch_size=8, pixels="all", split="train", device="cpu") as loader:
         assert len(loader.samples) == 400  # a known split: every pixel of an unlabelled scene, as before
+
+
+def test_labelled_pixels_of_unlabelled_scenes_are_refused_saying_they_have_no_labels(tmp_path):
+    """The default loader (pixels='labelled', split='train') over unlabelled scenes said 'has no train pixels
+    ...; see `hsgds info` for its splits' (or, with a mask, 'widen the mask'), as if a split were the problem:
+    it names the missing labels and pixels='all', with any split or mask."""
+    from hsgds.synthetic import make_scene
+
+    cube, _ = make_scene(20, 20, 4, classes=2, dtype="int16", seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    bare = convert(tmp_path / "c.npy", tmp_path / "bare.zarr", ConvertOptions(tile=28, max_patch=5))  # unlabelled
+    for store, more in ((bare, {}), (bare, {"split": "val"}), (bare, {"mask": np.ones((20, 20), bool)}),
+                        ([bare, bare], {}), ([bare, bare], {"mask": [None, np.ones((20, 20), bool)]})):
+        with pytest.raises(ConfigError, match=r"ha(s|ve) no labelled pixels; convert with --labels, or pass "
+                                              r"pixels='all' for every pixel \(label -1\)$"):
+            hsgds.PatchLoader(store, patch_size=3, batch_size=8, device="cpu", **more)
 
 
 @pytest.mark.parametrize("split,stride", [("train", 1), ("test", 2), ("val", 3)])

@@ -319,6 +319,21 @@ def test_footprint_guard_needs_pixels_all_and_a_split_and_is_part_of_a_state(syn
             b.load_state_dict(state)
 
 
+def test_a_footprint_guard_that_leaves_no_centre_says_so(synthetic_store):
+    """Every pixel labelled, half of them train: every centre is within 7 px of another split's labelled
+    pixel, so footprint_guard leaves none (the reference, a loop over the scene's windows, agrees). The error
+    said the scene 'has no train pixels ...; see `hsgds info` for its splits' (or, with a mask, 'widen the
+    mask'), which it has: it names the guard and the patch size instead."""
+    store = synthetic_store(37, 29, 4, classes=3, seed=21, labelled_fraction=1.0, tile=18, train=0.5)[0]
+    assert not _guard_reference(hsgds.open_scene(store), "train", 15, 1)
+    for mask in (None, np.ones((37, 29), bool)):
+        with pytest.raises(ConfigError, match=r"has no pixel farther than patch_size // 2 = 7 px from another split's "
+                                              r"labelled pixels \(footprint_guard=True, split='train'\); pass a smaller "
+                                              r"patch_size, or footprint_guard=False$"):
+            hsgds.PatchLoader(store, patch_size=15, batch_size=8, pixels="all", split="train", footprint_guard=True,
+                              mask=mask, device="cpu")
+
+
 def test_footprint_guard_over_a_collection_equals_its_opened_stores(synthetic_store, tmp_path):
     import shutil
 

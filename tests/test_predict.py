@@ -1695,6 +1695,29 @@ def test_cli_predict_a_collection_writes_a_map_per_scene(store, tmp_path, run_cl
     assert np.array_equal(np.load(maps / "south.npy", allow_pickle=False), want)
 
 
+@pytest.mark.parametrize("name", ["../up", "sub/down", "."])
+def test_a_collection_scene_name_that_is_no_file_name_is_refused_before_any_scene(store, tmp_path, run_cli, name):
+    """A hand-written collection.json may name a scene with a path: with -o maps/{name}.npy, '../up' wrote its
+    map beside maps/, outside the folder given. Refused up front (exit 2, nothing written); names with spaces
+    and non-ASCII letters are file names and are predicted."""
+    from hsgds.collection import SceneEntry, write_collection
+    from hsgds.scene import open_scene
+
+    ckpt, model = _checkpoint(tmp_path)
+    maps = tmp_path / "out" / "maps"
+    maps.mkdir(parents=True)
+    write_collection(tmp_path, [SceneEntry.of_scene(n, open_scene(store)) for n in ("scène 1", name)])
+    code, _, err = run_cli("predict", tmp_path, "--model", ckpt, "-o", maps / "{name}.npy")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and f"scene {name!r} of " in err, err
+    assert not any(maps.iterdir()) and sorted(p.name for p in (tmp_path / "out").iterdir()) == ["maps"]
+    write_collection(tmp_path, [SceneEntry.of_scene(n, open_scene(store)) for n in ("scène 1", "日本 2")])
+    code, _, err = run_cli("predict", tmp_path, "--model", ckpt, "-o", maps / "{name}.npy")
+    assert code == 0, err
+    want = predict(store, model, patch_size=5, device="cpu")
+    for n in ("scène 1", "日本 2"):
+        assert np.array_equal(np.load(maps / f"{n}.npy", allow_pickle=False), want)
+
+
 def test_cli_predict_a_collection_with_tta_equals_each_scene_predicted_with_tta(store, tmp_path, run_cli):
     """``hsgds predict COLLECTION --tta``: each scene's map and probabilities are what hsgds.predict gives for that
     store alone with tta=True (two scenes of other sizes and values, each normalized with its own statistics),

@@ -170,6 +170,8 @@ def test_more_ranks_than_samples():
     with pytest.raises(ConfigError, match="the split has 4 samples, fewer than the 5 ranks"):
         plan_epoch(sample_set([3, 0, 1]), batch_size=2, seed=0, epoch=0, shuffle=True, slots=4, rank=0,
                    world_size=5)
+    with pytest.raises(ConfigError, match="the split has 1 sample, fewer than the 2 ranks"):  # (not "1 samples")
+        plan_epoch(sample_set([1]), batch_size=2, seed=0, epoch=0, shuffle=True, slots=4, rank=0, world_size=2)
     # fewer tiles than ranks is fine: ranks share tiles
     plans = [plan_epoch(sample_set([3, 0, 2]), batch_size=2, seed=0, epoch=0, shuffle=True, slots=4, rank=r,
                         world_size=5) for r in range(5)]

@@ -241,16 +241,19 @@ def _kernel_output(out: np.ndarray, mode: int, phase: int | None) -> tuple[np.nd
     return (out.view(np.int16) if mode == 2 else out), phase
 
 
-def normalizes_tiles(store_dtype: Any, out_dtype: str) -> bool:
+def normalizes_tiles(store_dtype: Any, out_dtype: str, out_bands: int = 0, stored_bands: int = 0) -> bool:
     """Whether tiles of ``store_dtype`` can be rewritten in place as ``out_dtype`` values (a :data:`MODES`
     name) by :func:`normalize_tile`: a 16-bit output (bfloat16, float16), where the rounding bounds the cut
     rather than the memory traffic, and a store of at least 2 bytes per value, so that each value's output
-    fits in its own bytes."""
+    fits in its own bytes; and a pixel's ``out_bands`` output values fit in the bytes of its
+    ``stored_bands`` values (the fewest of any scene): a band taken more than once (``bands=[0, 0, ...]``,
+    several wavelengths nearest one band) can give a pixel more outputs than it stores, which written in
+    place would run into the next pixel's."""
     try:
         itemsize = np.dtype(store_dtype).itemsize
     except TypeError:
         return False
-    return out_dtype in ("bfloat16", "float16") and itemsize >= 2
+    return out_dtype in ("bfloat16", "float16") and itemsize >= 2 and 2 * out_bands <= itemsize * stored_bands
 
 
 def normalize_tile(src: np.ndarray, first: int, tables: Tables, t: int, dst: np.ndarray, dfirst: int,
@@ -336,7 +339,7 @@ def _warm(src_dtype: np.dtype, out_dtype: str, normalized: bool = False) -> None
         # no patch to cut: the calls only load the specializations for these argument types
         patch_starts(_NONE_INT64, _NONE_INT64, _NONE_INT64, None, tables, 1, 1, 0, True)
         src = np.zeros(8, src_dtype)
-        if normalized and normalizes_tiles(src_dtype, out_dtype):
+        if normalized and normalizes_tiles(src_dtype, out_dtype, 1, 1):
             flat = src.view(np.int16 if mode == 2 else np.uint16)
             normalize_tile(src, 0, tables, 0, flat, 0, src.itemsize // 2)
             copy_range(src, _NONE_INT64, None, None, tables, out, 1, True, mode, 0, 0, False)

@@ -688,9 +688,13 @@ class TorchEngine(PatchEngine):
     def normalizes_tiles(self, store_dtype: Any) -> bool:
         """Whether :meth:`normalize_tile` can rewrite tiles of ``store_dtype`` in place: the fused CPU kernel,
         a 16-bit output (bfloat16, float16: where its rounding, not the memory traffic, bounds the cut) and
-        a store of at least 2 bytes per value, so that each value's output fits in its own bytes."""
+        a store of at least 2 bytes per value, so that each value's output fits in its own bytes, and each
+        pixel's output bands fit in its stored ones' bytes (not so where a band is taken twice)."""
+        tables = self.spec.tables
+        stored = self.spec.bands if tables is None else int(np.min(tables.stride))
         return (self._numba and is_store_dtype(store_dtype)
-                and cpu_cut.normalizes_tiles(str(store_dtype).removeprefix("torch."), str(self._out_dtype).removeprefix("torch.")))
+                and cpu_cut.normalizes_tiles(str(store_dtype).removeprefix("torch."), str(self._out_dtype).removeprefix("torch."),
+                                             self.spec.bands, stored))
 
     def normalize_tile(self, storage: Any, slot: int, table: int = 0, offset: Any = None, scale: Any = None) -> None:
         """Rewrite the tile in ring slot ``slot`` (of table ``table``: its scene's geometry, band selection

@@ -172,6 +172,13 @@ _TO_NM = {
 _WAVENUMBER = ("wavenumber", "cm-1", "cm^-1")
 
 
+def _nm(value: float) -> float:
+    """A band centre converted to nm, to 15 significant digits: the conversion's binary rounding (1.011 um
+    read 1010.9999999999999 nm) would put it a hair off the same centre given in nm, so a wavelength
+    ``wavelength_tolerance`` away from it, or equally near two bands, picked another band, or none."""
+    return float(f"{value:.15g}")
+
+
 def wavelengths_in_nm(values: list[float], units: str, where: str) -> tuple[list[float] | None, str | None]:
     """Finite band centres in the file's ``units`` as nm and None, or None and why they cannot be recorded
     (``where``, e.g. the file name, starts the reason): units that are no length, or values outside
@@ -184,10 +191,10 @@ def wavelengths_in_nm(values: list[float], units: str, where: str) -> tuple[list
     if key in _WAVENUMBER:
         if any(v <= 0 for v in values):
             return None, f"{where}: its wavenumbers (units {units}) include values <= 0"
-        nm = [1e7 / v for v in values]
+        nm = [_nm(1e7 / v) for v in values]
     elif key in _TO_NM or key in ("", "unknown"):
         scale = _TO_NM.get(key) or (1000.0 if max(abs(v) for v in values) < 100 else 1.0)
-        nm = [v * scale for v in values]
+        nm = [_nm(v * scale) if scale != 1.0 else v for v in values]
     else:  # Index, GHz, MHz, ...: not a length, so there is no honest nm value
         return None, f"{where}: its wavelength units ({units.strip()}) are not a length"
     lo, hi = min(nm), max(nm)

@@ -125,6 +125,12 @@ def test_normalized_tiles_are_refused_where_they_cannot_be_cut():
         float32.cut(ring, *co, normalized=True)
     with defaults.set(numba=False):
         assert not TorchEngine(spec).normalizes_tiles(torch.int16)
+    # 5 output bands from a 4-band pixel (band 0 taken twice) fit in its bytes as float32, not as int16:
+    # written in place they would run into the next pixel
+    tables = SceneTables(side=np.array([8]), stride=np.array([4]), band=np.array([[0, 0, 1, 2, 3]]),
+                         offset=np.zeros((1, 5)), scale=np.ones((1, 5)))
+    doubled = TorchEngine(PatchSpec(3, 1, 5, 8, "NCHW", torch.bfloat16, np.zeros(5), np.ones(5), tables=tables))
+    assert not doubled.normalizes_tiles(torch.int16) and doubled.normalizes_tiles(torch.float32)
 
 
 def _batches(store, normalize: bool, **kw):

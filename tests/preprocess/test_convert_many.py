@@ -438,6 +438,8 @@ def test_local_cluster_from_the_cli(tmp_path, run_cli):
     ("source,lables\na.npy,gt.npy\n", "unknown column 'lables'; columns are source, labels, name, key, labels_key"),
     ("source,name\na.npy,x\nb.npy,X\n", "line 3: scene name 'X' is already used on line 2"),
     ("source\na.npy\nsub/a.npy\n", "line 3: scene name 'a' is already used on line 2"),
+    # the same name composed and decomposed (e + U+0300): one file name where names are normalized (macOS)
+    ("source,name\na.npy,sc\u00e8ne\nb.npy,Sce\u0300ne\n", "line 3: scene name 'Sce\u0300ne' is already used on line 2"),
     ("source\nmissing.npy\n", r"line 2: source .*missing.npy does not exist; fix the path"),
     ("source,labels\na.npy,nogt.npy\n", r"line 2: labels .*nogt.npy does not exist"),
     ("source\nsub\n", "is a folder"),
