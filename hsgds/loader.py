@@ -378,7 +378,9 @@ class PatchLoader:
         one its source flags bad (``Scene.bad_bands``: an ENVI ``bbl``'s water-vapour bands; a wavelength
         whose only band near it is bad is refused). A wavelength equally near two bands takes the one the
         scene lists first (the lower index); wavelengths nearest the same band each take it. ``bands``
-        indices are taken as given, bad ones included. Scenes with different band counts need this.
+        indices are taken as given, bad ones included. Scenes with different band counts need this, and so
+        do scenes whose band centres differ by more than ``wavelength_tolerance`` at some band index (other
+        sensors: taken band by band they would mix other wavelengths; refused, naming the band).
     norm_scope : "scene" (each scene's own train statistics) or "collection" (the train statistics pooled
         exactly over all scenes).
     norm_stats : hsgds.BandStats or None

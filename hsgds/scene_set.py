@@ -190,9 +190,12 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
         raise ConfigError(f"scenes have different band counts ({_each(ss.names, counts)}); pass wavelengths=[...] (nm) to "
                           "take each scene's band nearest each wavelength")
     if bands is None and wavelengths is None:
+        _check_same_centres(ss, None, tolerance)
         return None
     if bands is not None:  # same-sensor scenes: one check, one array
-        return [scene_bands(ss.names[0], counts[0], None, bands, None, tolerance)] * len(ss)
+        idx = scene_bands(ss.names[0], counts[0], None, bands, None, tolerance)
+        _check_same_centres(ss, idx, tolerance)
+        return [idx] * len(ss)
     picked = []
     for name, s in zip(ss.names, ss.scenes):
         try:
@@ -204,6 +207,31 @@ def band_selection(ss: SceneSet, bands: Sequence[int] | None, wavelengths: Seque
             # over an archive, raising the tolerance to pass this scene only meets the next: say what passes all
             raise ConfigError(f"{exc} ({_tolerance_for_all(ss, wavelengths or (), tolerance)})") from None
     return picked
+
+
+def _check_same_centres(ss: SceneSet, bands: np.ndarray | None, tolerance: float) -> None:
+    """Scenes taken band by band (all bands, or ``bands`` indices; no ``wavelengths``) must record the same
+    centre at each band index, within ``tolerance`` nm (one sensor's flight lines differ by a fraction of a
+    nm): two sensors with as many bands (224 each) would otherwise be mixed band i with band i, other
+    wavelengths, silently. Scenes without centres are not compared."""
+    rows = [(n, fmt.wavelength_array(s.wavelengths)) for n, s in zip(ss.names, ss.scenes) if s.wavelengths]
+    if len(rows) < 2:
+        return
+    names = [n for n, _ in rows]
+    nm = np.stack([r for _, r in rows])
+    if bands is not None:
+        nm = nm[:, bands]
+    spread = np.nan_to_num(np.fmax.reduce(nm, axis=0) - np.fmin.reduce(nm, axis=0))  # NaN: no centres there
+    if spread.max() <= tolerance:
+        return
+    b = int(np.argmax(spread))
+    lo, hi = int(np.nanargmin(nm[:, b])), int(np.nanargmax(nm[:, b]))
+    band = f"band {b}" if bands is None else f"bands[{b}] (band {int(bands[b])})"
+    raise ConfigError(f"scenes record other band centres at the same band index ({band}: {nm[lo, b]:g} nm in "
+                      f"{names[lo]!r}, {nm[hi, b]:g} nm in {names[hi]!r}; {int((spread > tolerance).sum())} of "
+                      f"{len(spread)} bands differ by more than wavelength_tolerance={tolerance:g} nm), so band by band "
+                      "they would mix other wavelengths; pass wavelengths=[...] (nm) to take each scene's band nearest "
+                      f"each, or wavelength_tolerance={np.ceil(spread.max() * 10) / 10:g} to take them by index anyway")
 
 
 def _tolerance_for_all(ss: SceneSet, wavelengths: Sequence[float], tolerance: float) -> str:

@@ -21,15 +21,15 @@ CLASSES = ("a", "b", "c", "d")
 
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory):
-    """Seeded scenes of different sizes: A, B (6 bands, 400..900 nm), C (6 bands, 300..800 nm: other band
-    indices for the same wavelengths), D (other class names), E (8 bands), F (8 bands, 40-px tiles with a
-    4-px halo: another tile shape). Every pixel labelled."""
+    """Seeded scenes of different sizes: A, B, C (6 bands, 400..900 nm), D (other class names), E (8 bands), F
+    (8 bands, 40-px tiles with a 4-px halo: another tile shape), W (6 bands, 300..800 nm: other band indices for
+    the same wavelengths). Every pixel labelled."""
     from hsgds.synthetic import make_scene
 
     d = tmp_path_factory.mktemp("coll")
-    specs = {"A": (40, 35, 6, 400, CLASSES), "B": (23, 41, 6, 400, CLASSES), "C": (30, 30, 6, 300, CLASSES),
+    specs = {"A": (40, 35, 6, 400, CLASSES), "B": (23, 41, 6, 400, CLASSES), "C": (30, 30, 6, 400, CLASSES),
              "D": (20, 20, 6, 400, ("x", "y", "z", "w")), "E": (20, 20, 8, 400, CLASSES),
-             "F": (45, 50, 8, 300, CLASSES)}
+             "F": (45, 50, 8, 300, CLASSES), "W": (30, 30, 6, 300, CLASSES)}
     out = {}
     for i, (name, (h, w, b, wl0, names)) in enumerate(specs.items()):
         cube, labels = make_scene(h, w, b, classes=4, dtype="int16", seed=11 + i, labelled_fraction=1.0)
@@ -177,14 +177,14 @@ def test_a_header_in_micrometres_selects_the_bands_of_the_same_header_in_nanomet
 
 
 def test_wavelength_selection_picks_each_scenes_nearest_band(scenes):
-    names = ["A", "C"]  # A: 400..900 nm, C: 300..800 nm, so 500/700/800 nm are bands 1,3,4 of A and 2,4,5 of C
+    names = ["A", "W"]  # A: 400..900 nm, W: 300..800 nm, so 500/700/800 nm are bands 1,3,4 of A and 2,4,5 of W
     with hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=50, split=None,
                            wavelengths=[502, 700, 797], return_coords=True, device="cpu") as loader:
         got, _, coords = _collect(loader)
     assert got.shape[1] == 3
     ref = _reference(scenes, names, coords, 5, bands=[[1, 3, 4], [2, 4, 5]]).transpose(0, 3, 1, 2)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ConfigError, match=r"scene 'C' has no band within 5 nm of 900 nm \(nearest: 800 nm\)"):
+    with pytest.raises(ConfigError, match=r"scene 'W' has no band within 5 nm of 900 nm \(nearest: 800 nm\)"):
         hsgds.PatchLoader([scenes[n][2] for n in names], patch_size=5, batch_size=8, wavelengths=[500, 900],
                           device="cpu")
     with pytest.raises(ConfigError, match=r"within 60 nm"):
@@ -301,16 +301,16 @@ def test_a_wavelength_far_from_some_scenes_names_the_tolerance_that_serves_them_
     tolerance past it met the next scene, one error at a time over an archive. The message also counts the
     scenes that lack a band and names the tolerance that serves them all: numpy's farthest nearest band over the
     band centres zarr-python reads, rounded up to 0.1 nm, with which the loader is built (and 0.1 nm less fails)."""
-    names, want = ["A", "C", "E"], np.array([455.0, 905.0])
+    names, want = ["A", "W", "E"], np.array([455.0, 905.0])
     far = []
     for n in names:
         nm = np.asarray(zarr.open_group(scenes[n][2], mode="r").attrs["hsgds"]["wavelengths"], np.float64)
         far.append(np.abs(nm[None, :] - want[:, None]).min(axis=1).max())
     need = np.ceil(max(far) * 10) / 10
     missing = sum(f > 50 for f in far)
-    assert (need, missing) == (105, 1)  # C (300..800 nm) is 105 nm from 905; A and E have 900 nm
+    assert (need, missing) == (105, 1)  # W (300..800 nm) is 105 nm from 905; A and E have 900 nm
     stores = [scenes[n][2] for n in names]
-    with pytest.raises(ConfigError, match=r"^scene 'C' has no band within 50 nm of 905 nm \(nearest: 800 nm\); raise "
+    with pytest.raises(ConfigError, match=r"^scene 'W' has no band within 50 nm of 905 nm \(nearest: 800 nm\); raise "
                                           r"wavelength_tolerance or drop that wavelength \(1 of 3 scenes lack a band "
                                           r"within 50 nm of one; wavelength_tolerance=105 gives each scene a band near "
                                           r"every one\)$"):
@@ -1035,3 +1035,26 @@ def test_pooled_statistics_of_unlabelled_scenes_weigh_only_their_pixels_with_dat
                            device="cpu") as loader:
         np.testing.assert_allclose(loader.norm_stats.mean, pixels.mean(0), rtol=1e-9)
         np.testing.assert_allclose(loader.norm_stats.std, pixels.std(0), rtol=1e-9)
+
+
+def test_scenes_of_other_band_centres_are_not_mixed_band_by_band(scenes):
+    """Two sensors with as many bands (A: 400..900 nm, W: 300..800 nm, 6 each) loaded without wavelengths= were
+    mixed band i with band i, other wavelengths, silently. Centres zarr-python reads that differ by more than
+    wavelength_tolerance at a band index are refused in one line naming the band, both scenes and the tolerance
+    that takes them by index anyway (all bands, or the bands= given); wavelengths= aligns them."""
+    a, w = scenes["A"][2], scenes["W"][2]
+    nm = {k: np.asarray(zarr.open_group(scenes[k][2], mode="r").attrs["hsgds"]["wavelengths"]) for k in "AW"}
+    spread = np.abs(nm["A"] - nm["W"])
+    assert spread.min() > 5
+    with pytest.raises(ConfigError, match=rf"^scenes record other band centres at the same band index \(band 0: "
+                                          rf"{nm['W'][0]:g} nm in 'W', {nm['A'][0]:g} nm in 'A'; 6 of 6 bands differ "
+                                          r"by more than wavelength_tolerance=5 nm\), so band by band .* pass "
+                                          rf"wavelengths=\[\.\.\.\] .* or wavelength_tolerance={spread.max():g} to "
+                                          r"take them by index anyway$"):
+        hsgds.PatchLoader([a, w], patch_size=3, batch_size=4, device="cpu")
+    with pytest.raises(ConfigError, match=r"\(bands\[0\] \(band 2\): 500 nm in .W., 600 nm in .A.; 2 of 2 bands"):
+        hsgds.PatchLoader([a, w], patch_size=3, batch_size=4, bands=[2, 4], wavelength_tolerance=99, device="cpu")
+    # the tolerance the message names takes them by index; wavelengths= takes each scene's nearest band
+    hsgds.PatchLoader([a, w], patch_size=3, batch_size=4, wavelength_tolerance=float(spread.max()), device="cpu").close()
+    hsgds.PatchLoader([a, w], patch_size=3, batch_size=4, wavelengths=[500, 700], device="cpu").close()
+    hsgds.PatchLoader([a, scenes["B"][2], scenes["C"][2]], patch_size=3, batch_size=4, device="cpu").close()
