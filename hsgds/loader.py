@@ -625,6 +625,8 @@ class PatchLoader:
                 self.stats.reasons.append(f"tiles normalized once as they are read, into {out_name}; patches copied "
                                           "from them (setting normalize_tiles)")
             self._cut_ahead = self._engine.cuts_ahead and bool(defaults.get("cut_ahead"))
+            # the fused CPU kernel takes each batch's rows as built here, the ring checked once (None: start_cut)
+            self._cutter = self._engine.ring_cutter(self._ring.storage, self._normalize_tiles)
             if self._cut_ahead:
                 self.stats.reasons.append("the next batch is cut on the engine's threads while this one is handed out "
                                           "(setting cut_ahead)")
@@ -1051,14 +1053,20 @@ class PatchLoader:
         if norm is not None and self._norm_later:  # scenes reached for the first time
             self._engine.set_table_rows(*norm)  # other rows than those of a batch still being cut
             self._norm_later.difference_update(norm[0].tolist())
-        dihedral = cut_rows[self._coord_row() - 1] if aug is not None and aug.dihedral is not None else None
+        dihedral_row = self._coord_row() - 1 if aug is not None and aug.dihedral is not None else None
         t_start = time.perf_counter()
         with self._closing:  # close() from another thread: before this cut starts, or after it has started
             if self._closed:
                 raise HsgdsError(_CLOSED)
-            pending = self._engine.start_cut(self._ring.storage, cut_rows[0], cut_rows[1], cut_rows[2],
-                                             cut_rows[4] if self._tables is not None else None, dihedral=dihedral,
-                                             noise=noise, normalized=self._normalize_tiles)
+            if self._cutter is not None:
+                pending = self._cutter.start(rows[0], rows[1], rows[2], rows[4] if self._tables is not None else None,
+                                             None if dihedral_row is None else rows[dihedral_row].astype(np.int8),
+                                             noise)
+            else:
+                pending = self._engine.start_cut(self._ring.storage, cut_rows[0], cut_rows[1], cut_rows[2],
+                                                 cut_rows[4] if self._tables is not None else None,
+                                                 dihedral=None if dihedral_row is None else cut_rows[dihedral_row],
+                                                 noise=noise, normalized=self._normalize_tiles)
         return _Started(prep, index, pending, aug, time.perf_counter() - t_start, None)
 
     def _account(self, n: int, t0: float, base_elapsed: float) -> None:

@@ -297,6 +297,12 @@ class PatchEngine(abc.ABC):
             options["normalized"] = True
         return PendingCut(self.cut(storage, slot, y, x, table, dihedral, **options))
 
+    def ring_cutter(self, storage: Any, normalized: bool = False) -> Any:
+        """A loader-internal fast path to :meth:`start_cut` for batches cut from one ring ``storage``
+        (the torch engine's fused CPU kernel: :class:`~hsgds.engines.torch_engine.RingCutter`), or None
+        where the engine has none and the loader calls :meth:`start_cut`."""
+        return None
+
     def normalizes_tiles(self, store_dtype: Any) -> bool:
         """Whether this engine can normalize tiles of ``store_dtype`` once, as they land in the ring
         (:meth:`normalize_tile`), and then cut them with ``cut(..., normalized=True)``."""

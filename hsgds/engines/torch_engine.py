@@ -34,7 +34,7 @@ from hsgds.engines.base import (
 )
 from hsgds.errors import ConfigError, InputError
 
-__all__ = ["TorchEngine"]
+__all__ = ["RingCutter", "TorchEngine"]
 
 # index_select/take are not implemented for torch's "barebones" unsigned types (uint16/32/64), but views
 # and copy_ (conversion) are: gather through a same-size signed view, convert through the unsigned view.
@@ -193,6 +193,13 @@ class TorchEngine(PatchEngine):
         got = self._start(storage, slot, y, x, table, dihedral, noise, normalized, ahead=True)
         return got if isinstance(got, PendingCut) else PendingCut(got)
 
+    def ring_cutter(self, storage: Any, normalized: bool = False) -> RingCutter | None:
+        """The loader's per-batch path to :meth:`start_cut` with the fused CPU kernel (None on other paths):
+        ``storage`` is checked once here instead of at every batch; see :class:`RingCutter`."""
+        if not (self._numba and isinstance(storage, torch.Tensor) and storage.device.type == "cpu"):
+            return None
+        return RingCutter(self, storage, normalized)
+
     def _start(self, storage: Any, slot: Any, y: Any, x: Any, table: Any, dihedral: Any,
                noise: cpu_cut.Noise | None, normalized: bool, ahead: bool) -> Any:
         """The patches (``ahead``: or a PendingCut whose ranges the engine's threads cut)."""
@@ -253,8 +260,8 @@ class TorchEngine(PatchEngine):
                 if bad >= 0:
                     check_coords(storage, slot, y, x, r, True)  # raises, naming the first sample outside
                     raise InputError(f"sample {bad} lies outside the ring storage")
-                return self._cut_numba(storage.view(-1).numpy(), starts, None, dihedral, kt, shape, noise, normalized,
-                                       ahead)
+                codes = None if dihedral is None else dihedral.numpy()
+                return self._cut_numba(storage.view(-1).numpy(), starts, None, codes, kt, shape, noise, normalized, ahead)
             return self._cut_cpu(storage, slot, y, x, shape, dihedral)
         out = torch.empty(shape, dtype=self._out_dtype, device=device)
         if self._fused_kernel(storage.dtype):  # one pass on the GPU
@@ -355,13 +362,14 @@ class TorchEngine(PatchEngine):
         return got
 
     def _cut_numba(self, src: np.ndarray, base: np.ndarray, table: np.ndarray | None,
-                   dihedral: torch.Tensor | None, tables: cpu_cut.Tables, shape: tuple[int, ...],
+                   codes: np.ndarray | None, tables: cpu_cut.Tables, shape: tuple[int, ...],
                    noise: cpu_cut.Noise | None = None, normalized: bool = False, ahead: bool = False) -> Any:
         """The CPU path with the fused kernel: ranges of patches cut straight into the output by the
         calling thread and the engine's threads (the kernel releases the GIL). A range per
         ~``torch_chunk_bytes`` of work, so a small batch stays on the calling thread and threads share a
         big one dynamically: each takes the next range left. ``base``:
-        each patch's first element in ``src`` (the flat storage); ``table``: each patch's table or None.
+        each patch's first element in ``src`` (the flat storage); ``table``: each patch's table or None;
+        ``codes``: each patch's int8 dihedral code (hsgds.augment) or None.
         ``normalized``: the tiles hold the output's values (normalize_tile); ``base`` and ``tables`` count
         16-bit values, and the patches are copied (cpu_cut.copy_range). ``ahead``: the engine's threads
         alone cut, one range each, and a PendingCut is returned at once."""
@@ -369,7 +377,6 @@ class TorchEngine(PatchEngine):
         out = self._output(shape)
         flat = out.view(-1)
         dst = flat.view(torch.int16).numpy().view(np.uint16) if self._mode else flat.numpy()
-        codes = None if dihedral is None else dihedral.numpy()  # int8, one per patch (hsgds.augment)
         args = (src, base, table, codes, tables, dst, self.spec.patch_size, self.spec.layout == "NCHW", self._mode)
         stream = cpu_cut.should_stream(flat.numel() * flat.element_size(), self.spec.layout == "NCHW")
         phase = flat.data_ptr() // dst.itemsize % (32 // dst.itemsize)  # out[0]'s place in its 32-byte block
@@ -553,8 +560,9 @@ class TorchEngine(PatchEngine):
             if bad >= 0:
                 self._check_table_coords(storage, s, yy, xx, t)  # raises, naming the first sample outside
                 raise InputError(f"sample {bad} lies outside the ring storage")
+            codes = None if dihedral is None else dihedral.numpy()
             with self._lock:
-                return self._cut_numba(storage.view(-1).numpy(), starts, t, dihedral, kt, shape, noise, normalized, ahead)
+                return self._cut_numba(storage.view(-1).numpy(), starts, t, codes, kt, shape, noise, normalized, ahead)
         if bounds:
             self._check_table_coords(storage, *(t.cpu().numpy() for t in (slot, y, x, table)))
         tab = self._tables_for(device)
@@ -744,6 +752,70 @@ class TorchEngine(PatchEngine):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+class RingCutter:
+    """:meth:`TorchEngine.start_cut` on the fused CPU kernel for the loader, which cuts every batch from
+    one ring ``storage`` with index rows it built itself (:meth:`TorchEngine.ring_cutter`).
+
+    The storage is checked, and its flat view and the kernel's tables made, once here; a batch's
+    coordinates are the loader's own int64 numpy rows, passed as they are. At the ~1 ms a batch takes on
+    two cores, the per-batch tensor checks and conversions of the public path cost the consuming thread
+    a measurable share of a core. What could corrupt memory is still checked at every batch: the kernel's
+    patch_starts checks each patch's slot and bounds (an outside patch is reported by the public path,
+    which names it), and dihedral codes and noise arrays are checked as there.
+    """
+
+    def __init__(self, engine: TorchEngine, storage: torch.Tensor, normalized: bool) -> None:
+        spec = engine.spec
+        if normalized and not engine.normalizes_tiles(storage.dtype):
+            raise InputError("normalized=True needs tiles that normalize_tile rewrote; see normalizes_tiles()")
+        k = engine._values_per_store_value(storage, normalized)
+        if spec.tables is None:
+            check_storage(storage, spec)
+            side = storage.shape[1]
+            self._tables = engine._kernel_tables(side, k)
+            slot_elems = side * side * spec.bands
+            self._check = engine._check_bounds is not False
+        else:
+            if storage.ndim < 2 or not storage.is_contiguous():
+                raise InputError("storage must be a contiguous (slots, ...) torch.Tensor")
+            check_store_dtype(storage.dtype)
+            self._tables = engine._kernel_tables(None, k)
+            slot_elems = storage[0].numel()
+            self._check = engine._check_bounds is not False
+            if self._check:
+                engine._check_slot_size(slot_elems)
+        self._engine, self._storage, self._normalized = engine, storage, normalized
+        self._src = storage.view(-1).numpy()
+        self._slots, self._slot_elems, self._radius = storage.shape[0], slot_elems * k, spec.radius
+        p = spec.patch_size
+        self._tail = (spec.bands, p, p) if spec.layout == "NCHW" else (p, p, spec.bands)
+
+    def start(self, slot: np.ndarray, y: np.ndarray, x: np.ndarray, table: np.ndarray | None = None,
+              dihedral: np.ndarray | None = None, noise: cpu_cut.Noise | None = None) -> PendingCut:
+        """Start cutting the batch of contiguous int64 ``slot``, ``y``, ``x`` (and ``table`` where the spec
+        has tables) on the engine's threads; ``dihedral``: int8 codes or None."""
+        engine, n = self._engine, len(slot)
+        if dihedral is not None and len(dihedral) and ((dihedral < 0) | (dihedral > 7)).any():
+            raise InputError("dihedral codes must be in 0..7 (4*transpose + 2*flip rows + flip columns)")
+        if noise is not None:
+            if self._normalized and len(noise.alpha):
+                raise InputError("radiation noise needs the tiles' values before rounding: cut tiles that were "
+                                 "not normalized (normalized=False)")
+            engine._check_noise(noise, self._storage, slot)
+        if n == 0:
+            return PendingCut(torch.empty((0, *self._tail), dtype=engine._out_dtype))
+        starts, bad = cpu_cut.patch_starts(slot, y, x, table, self._tables, self._slots, self._slot_elems,
+                                           self._radius, self._check)
+        if bad >= 0:  # the public path names the sample and what is wrong with it
+            engine.start_cut(self._storage, torch.from_numpy(slot), torch.from_numpy(y), torch.from_numpy(x),
+                             None if table is None else torch.from_numpy(table), normalized=self._normalized)
+            raise InputError(f"sample {bad} lies outside the ring storage")
+        with engine._lock:
+            got = engine._cut_numba(self._src, starts, table, dihedral, self._tables, (n, *self._tail), noise,
+                                    self._normalized, ahead=True)
+        return got if isinstance(got, PendingCut) else PendingCut(got)
 
 
 def _as(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
