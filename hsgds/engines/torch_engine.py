@@ -12,7 +12,6 @@ import math
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,7 @@ from hsgds.engines.base import (
     check_store_dtype,
     is_store_dtype,
 )
+from hsgds.engines.cut_threads import CutThreads
 from hsgds.errors import ConfigError, InputError
 
 __all__ = ["RingCutter", "TorchEngine"]
@@ -104,8 +104,7 @@ class TorchEngine(PatchEngine):
         self._lock = threading.Lock()
         # CPU: output buffers handed out again once nobody holds them (see _output)
         self._outs: list[_PooledOutput] = []
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_size = 0
+        self._pool: CutThreads | None = None
         # CPU path tunables (docs/settings.md), read once per engine: output buffers kept for reuse (the
         # batch the caller holds, the one autograd may hold, ...), and at most this many cutting threads
         self._pool_max = int(defaults.get("torch_out_pool"))
@@ -326,17 +325,15 @@ class TorchEngine(PatchEngine):
         """Threads for ``jobs`` independent pieces of a CPU batch (at most ``torch.get_num_threads()`` and
         the setting ``torch_threads``); (re)starts the engine's pool when it needs more."""
         workers = max(1, min(jobs, torch.get_num_threads(), self._max_threads))
-        if workers > 1 and (self._pool is None or self._pool_size < workers):
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            self._pool, self._pool_size = ThreadPoolExecutor(workers, "hsgds-cut", _single_threaded_kernels), workers
+        if workers > 1:
+            self._one_pool().grow(workers)
         return workers
 
-    def _one_pool(self) -> ThreadPoolExecutor:
+    def _one_pool(self) -> CutThreads:
         """The engine's pool of cutting threads (:meth:`_workers` sizes it), started with one thread if
         it has not been started (it is only for more than one)."""
         if self._pool is None:
-            self._pool, self._pool_size = ThreadPoolExecutor(1, "hsgds-cut", _single_threaded_kernels), 1
+            self._pool = CutThreads(1, "hsgds-cut", _single_threaded_kernels)
         return self._pool
 
     def _kernel_tables(self, side: int | None = None, k: int = 1) -> cpu_cut.Tables:
@@ -387,10 +384,9 @@ class TorchEngine(PatchEngine):
             # one range per thread, each a job of its own: a thread done early goes on to the next batch's
             # ranges, so the threads even out across batches, and each makes one kernel call per batch (each
             # call takes the GIL twice, which the preparing threads hold for tens of µs at a time)
-            pool = self._one_pool()
             edges = [n * k // workers for k in range(workers + 1)]
-            return PendingCut(out, [pool.submit(cut_range, *args, lo, hi, stream, noise, phase)
-                                    for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo])
+            return PendingCut(out, [self._one_pool().start([(cut_range, (*args, lo, hi, stream, noise, phase))
+                                                            for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo])])
         if workers == 1:
             cut_range(*args, 0, n, stream, noise, phase)
             return out
@@ -410,12 +406,11 @@ class TorchEngine(PatchEngine):
 
         assert self._pool is not None  # _workers() made it for more than one worker
         # the calling thread cuts too (it would only wait): one hand-off per helper, not per range
-        helpers = [self._pool.submit(drain) for _ in range(workers - 1)]
+        helpers = self._pool.start([(drain, ())] * (workers - 1))
         try:
             drain()
         finally:
-            for f in helpers:
-                f.result()
+            helpers.result()
         return out
 
     def _cut_cpu(self, storage: torch.Tensor, slot: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
