@@ -15,6 +15,9 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 jit = numba.njit(nogil=True, cache=True, boundscheck=False)
+# a pass of a few µs on the training thread keeps the GIL: released, it is often taken by a thread waiting
+# for it (a cutting thread between ranges, the batch thread), and the training thread sleeps until it is back
+jit_holding_gil = numba.njit(nogil=False, cache=True, boundscheck=False)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _LITTLE = sys.byteorder == "little"
 
@@ -837,7 +840,7 @@ def cut_patches(src, base, table, dihedral, side, stride, band, identity, offset
         store_fence()
 
 
-@jit
+@jit_holding_gil
 def patch_starts(slot, y, x, table, side, stride, slots, slot_elems, r, check, base):
     """base[i] = the element of the flat ring where sample i's patch starts (its top-left pixel: slot
     ``slot[i]``, centre (y[i], x[i]) in table ``table[i]``'s tile geometry; empty ``table``: table 0).

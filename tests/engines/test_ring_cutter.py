@@ -88,3 +88,13 @@ def test_no_ring_cutter_without_the_fused_kernel():
     with defaults.set(numba=False):
         engine = TorchEngine(spec)
     assert engine.ring_cutter(torch.zeros((2, 9, 9, 3), dtype=torch.int16)) is None
+
+
+def test_patch_starts_keeps_the_gil():
+    """The training thread's one kernel call per batch (a few µs) does not let go of the GIL: a thread waiting
+    for it (a cutting thread between ranges, the batch thread) would take it, and the training thread would
+    sleep until it came back, at every batch."""
+    from hsgds.engines import cpu_cut
+
+    assert cpu_cut._compiled().patch_starts.targetoptions["nogil"] is False
+    assert cpu_cut._compiled().cut_patches.targetoptions["nogil"] is True  # the cutting threads' kernel does
