@@ -56,7 +56,9 @@ class Jobs:
 class CutThreads:
     """``size`` threads named ``{name}_0``, ``{name}_1``, ... that run jobs in the order they were
     started, each thread calling ``initializer`` first. Threads that a dropped pool leaves idle end (as
-    an executor's do); :meth:`shutdown` also waits for them."""
+    an executor's do); :meth:`shutdown` also waits for them. As an executor's, the threads finish the jobs
+    started and end before the interpreter shuts down: a batch cut ahead that an unfinished iterator
+    waits for as it is finalized at exit is then cut, not waited for forever."""
 
     def __init__(self, size: int, name: str, initializer: Callable[[], None]) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -74,6 +76,7 @@ class CutThreads:
                                       name=f"{self._name}_{self.size}", daemon=True)
             thread.start()
             self._threads.append(thread)
+            _LIVE[thread] = self._queue
             self.size += 1
 
     def start(self, jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Jobs:
@@ -94,6 +97,22 @@ class CutThreads:
             for thread in self._threads:
                 if thread is not threading.current_thread():
                     thread.join()
+
+
+# every thread still running, and its pool's queue: ended and joined as the interpreter starts to shut
+# down (concurrent.futures does the same for its executors' threads), while threads can still take the GIL
+_LIVE: weakref.WeakKeyDictionary[threading.Thread, queue.SimpleQueue[Any]] = weakref.WeakKeyDictionary()
+
+
+def _end_all_at_exit() -> None:
+    live = list(_LIVE.items())
+    for _, jobs in live:
+        jobs.put(None)
+    for thread, _ in live:
+        thread.join()
+
+
+threading._register_atexit(_end_all_at_exit)  # type: ignore[attr-defined]
 
 
 def _stop_threads(jobs: queue.SimpleQueue[Any], threads: list[threading.Thread]) -> None:

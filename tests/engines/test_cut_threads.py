@@ -74,3 +74,34 @@ def test_a_dropped_pool_ends_its_idle_threads():
     for t in threads:
         t.join(timeout=10)
     assert not any(t.is_alive() for t in threads)
+
+
+_WAITED_FOR_AT_EXIT = """
+import time
+from hsgds.engines.cut_threads import CutThreads
+
+pool = CutThreads(1, "hsgds-cut", lambda: None)
+jobs = pool.start([(time.sleep, (0.5,))])
+
+def batches():  # a loader's iterator left unfinished: its finally waits for the batch cut ahead
+    try:
+        yield 1
+    finally:
+        jobs.result()
+        print("waited")
+
+it = batches()
+next(it)
+"""
+
+
+def test_a_job_waited_for_as_the_interpreter_exits_is_run_first():
+    """A job still running as the program ends, which an unfinished iterator waits for when it is finalized
+    at exit: the threads finish their jobs before the interpreter shuts down (as an executor's do). As daemon
+    threads they could no longer take the GIL by then, and the exit hung. In a subprocess: a hang is a
+    timeout, not a stuck test run."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _WAITED_FOR_AT_EXIT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "waited"
