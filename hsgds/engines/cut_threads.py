@@ -9,6 +9,7 @@ VM a batch of the fused CPU kernel costs the consuming thread measurably less CP
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import weakref
@@ -112,7 +113,9 @@ def _end_all_at_exit() -> None:
         thread.join()
 
 
-threading._register_atexit(_end_all_at_exit)  # type: ignore[attr-defined]
+# (private since Python 3.9; where it is missing, atexit runs after the interpreter stopped waiting for threads:
+# the daemon threads then just stop, as before this hook)
+getattr(threading, "_register_atexit", atexit.register)(_end_all_at_exit)
 
 
 def _stop_threads(jobs: queue.SimpleQueue[Any], threads: list[threading.Thread]) -> None:
