@@ -712,7 +712,9 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
             dev = np.abs(val - t_val)
             gain = ((dev - np.abs(val + own - t_val)) * w).sum(axis=1)
             gain += _FIRST_PIXEL_BONUS * ((own > 0) & (val == 0) & (t_val > 0) & keep).sum(axis=1)
-            guarded = keep & (test_left >= 1)
+            # every class keeps its last test pixels, also one that cannot be split (test comes before val: a
+            # class without train would otherwise end up val only, neither trained on nor scored)
+            guarded = test_left >= 1
             feasible = ~in_train & ~in_val & ~((test_left - own < 1) & guarded).any(axis=1)
             cand = feasible & (gain > 1e-12)
             if not cand.any():
@@ -996,7 +998,8 @@ def block_split(
     3. **Guard, on one side.** Train pixels are kept; every other labelled pixel within Chebyshev
        distance ``2 * guard`` of a train pixel becomes ``SPLIT_NONE``.
     4. **Val, greedily** (when ``val`` is not 0), the same way over the remaining blocks with their
-       surviving pixels, never taking a class's last test block. Val and test are not guarded from each
+       surviving pixels, never taking a class's last test block (also of a class that cannot be split:
+       test comes before val). Val and test are not guarded from each
        other.
     5. The rest is test.
     6. **Block size.** Without ``block_size``, steps 1-5 run for each of :func:`candidate_block_sizes` (the
