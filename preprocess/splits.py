@@ -39,6 +39,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from numbers import Integral, Real
 from typing import Any
 
@@ -225,8 +226,12 @@ def _classes_text(parts: dict[int, str]) -> str:
 def _class_amounts(counts: np.ndarray, spec: float | int) -> np.ndarray:
     """Requested pixels per class before capping: round(frac * n) half up, or the count itself."""
     if _is_float(spec):
-        # floor(x + 0.5) = round half up; np.round would round half to even (0.5 -> 0)
-        return np.floor(float(spec) * counts + 0.5).astype(np.int64)
+        # round half up (np.round rounds half to even: 0.5 -> 0) of the fraction as written, in integers:
+        # floor(f * n + 0.5) in floating point took 0.29 of 50 pixels (14.5) down to 14 (0.29 * 50 is
+        # 14.499999999999998), and so about 1 in 50 halves of two-decimal fractions
+        q = Fraction(repr(float(spec)))  # the shortest decimal that is this float: what was typed
+        num, den = q.numerator, q.denominator
+        return np.array([(2 * num * int(n) + den) // (2 * den) for n in counts], dtype=np.int64)
     return np.full(counts.shape, int(spec), dtype=np.int64)
 
 
@@ -259,7 +264,8 @@ def random_split(
     -----
     Per class of ``n`` pixels:
 
-    1. Requested sizes: a fraction ``f`` asks for ``floor(f * n + 0.5)`` pixels (round half up), a
+    1. Requested sizes: a fraction ``f`` asks for ``f * n`` pixels rounded half up (exactly, for ``f`` as
+       written: 0.29 of 50 pixels asks for 15), a
        count ``c`` asks for ``c``.
     2. Train comes first: every class gets at least 1 train pixel, then 1 test pixel (``n >= 2``), then
        1 val pixel when ``val`` is not 0 (``n >= 3``), even where a fraction rounds to 0.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def expected_sizes(n, train, val):
     """The documented rule, restated independently in plain Python: train first, then test, then val get a
     pixel each, then the rounded requests are served train first."""
     def want(spec):
-        return math.floor(spec * n + 0.5) if isinstance(spec, float) else spec
+        return math.floor(Fraction(str(spec)) * n + Fraction(1, 2)) if isinstance(spec, float) else spec  # exact
     min_test = 1 if n >= 2 else 0
     min_val = 1 if val and n >= 3 else 0
     t = min(max(want(train), 1), n - min_test - min_val)
@@ -142,6 +143,22 @@ def test_random_split_rule_examples(n, train, val, want):
         assert warned_small(caught) == {4: f"{n} px: {t} train, " + (f"{v} val, " if val else "") + f"{e} test"}
     got = tuple(count(lab, split, 4, c) for c in (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST))
     assert got == want
+
+
+def test_random_split_rounds_exact_halves_up():
+    # a fraction is rounded half up as written: 0.29 of 50 pixels is 14.5, so 15; floor(f * n + 0.5) in
+    # floating point gave 14 (0.29 * 50 == 14.499999999999998), for about 1 in 50 two-decimal halves
+    cases = [(k, n) for k in range(1, 100) for n in range(4, 400) if (k * n) % 100 == 50]
+    rng = np.random.default_rng(0)
+    for k, n in [cases[i] for i in rng.choice(len(cases), 60, replace=False)] + [(29, 50), (35, 90), (57, 50)]:
+        lab = np.zeros((2, n), dtype=np.int32)
+        lab[0] = 1
+        lab[1, :3] = 2  # another class: the split is stratified per class
+        half_up = (k * n + 50) // 100  # integers: no floating point
+        split = random_split(lab, train=k / 100, seed=k)
+        assert count(lab, split, 1, SPLIT_TRAIN) == min(max(half_up, 1), n - 1), (k, n)
+        split = random_split(lab, train=1, val=k / 100, seed=k)  # val rounds the same way
+        assert count(lab, split, 1, SPLIT_VAL) == min(max(half_up, 1), n - 2), (k, n)
 
 
 def test_random_split_tiny_classes_sweep():
