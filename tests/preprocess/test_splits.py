@@ -440,6 +440,25 @@ def test_make_split_warns_when_the_train_share_misses_the_target():
         "with blocks of 300 px: use a smaller --block-size, or leave it out to let the converter choose")
 
 
+def test_make_split_train_share_exactly_5_points_off_is_not_warned():
+    # "more than 5 percentage points": 11 of 20 pixels (55%) at --train 0.5 is exactly 5 points off, and
+    # was warned (0.55 - 0.5 > 0.05 in floating point) while 9 of 20 (45%) was not
+    labels = np.ones((1, 20), np.int32)
+    seen = set()
+    for seed in range(12):  # blocks of 11 px on a seeded grid: train is one block of 9, 10 or 11 pixels
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            split, _ = make_split(labels, "blocks", train=0.5, guard=0, block_size=11, seed=seed)
+        n_train = int(np.count_nonzero(split == SPLIT_TRAIN))
+        seen.add(n_train)
+        assert abs(20 * n_train - 10 * 20) <= 20  # within 5 points: |n/20 - 1/2| <= 1/20, in integers
+        assert not [w for w in caught if w.category is TrainShareWarning], (seed, n_train)
+    assert 11 in seen
+    # 6 of 20 (30%) is far off, and warned
+    with pytest.warns(TrainShareWarning, match=r"train is 30.0% of the labelled pixels, not the 50.0%"):
+        make_split(np.ones((1, 20), np.int32), "blocks", train=0.5, guard=0, block_size=15, seed=11)
+
+
 def test_make_split_adaptive_block_size_keeps_the_train_share_on_indian_pines():
     # the defaults (adaptive block size, 15x15 patches) give 11.1% for 10% (docs/splits.md): no share warning,
     # only the classes that cannot be split are named
