@@ -39,6 +39,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from numbers import Integral, Real
 from typing import Any
 
@@ -225,8 +226,12 @@ def _classes_text(parts: dict[int, str]) -> str:
 def _class_amounts(counts: np.ndarray, spec: float | int) -> np.ndarray:
     """Requested pixels per class before capping: round(frac * n) half up, or the count itself."""
     if _is_float(spec):
-        # floor(x + 0.5) = round half up; np.round would round half to even (0.5 -> 0)
-        return np.floor(float(spec) * counts + 0.5).astype(np.int64)
+        # round half up (np.round rounds half to even: 0.5 -> 0) of the fraction as written, in integers:
+        # floor(f * n + 0.5) in floating point took 0.29 of 50 pixels (14.5) down to 14 (0.29 * 50 is
+        # 14.499999999999998), and so about 1 in 50 halves of two-decimal fractions
+        q = Fraction(repr(float(spec)))  # the shortest decimal that is this float: what was typed
+        num, den = q.numerator, q.denominator
+        return np.array([(2 * num * int(n) + den) // (2 * den) for n in counts], dtype=np.int64)
     return np.full(counts.shape, int(spec), dtype=np.int64)
 
 
@@ -259,7 +264,8 @@ def random_split(
     -----
     Per class of ``n`` pixels:
 
-    1. Requested sizes: a fraction ``f`` asks for ``floor(f * n + 0.5)`` pixels (round half up), a
+    1. Requested sizes: a fraction ``f`` asks for ``f * n`` pixels rounded half up (exactly, for ``f`` as
+       written: 0.29 of 50 pixels asks for 15), a
        count ``c`` asks for ``c``.
     2. Train comes first: every class gets at least 1 train pixel, then 1 test pixel (``n >= 2``), then
        1 val pixel when ``val`` is not 0 (``n >= 3``), even where a fraction rounds to 0.
@@ -712,7 +718,9 @@ def _assign(g: _Grid, ys: np.ndarray, xs: np.ndarray, cls: np.ndarray, n_cls: np
             dev = np.abs(val - t_val)
             gain = ((dev - np.abs(val + own - t_val)) * w).sum(axis=1)
             gain += _FIRST_PIXEL_BONUS * ((own > 0) & (val == 0) & (t_val > 0) & keep).sum(axis=1)
-            guarded = keep & (test_left >= 1)
+            # every class keeps its last test pixels, also one that cannot be split (test comes before val: a
+            # class without train would otherwise end up val only, neither trained on nor scored)
+            guarded = test_left >= 1
             feasible = ~in_train & ~in_val & ~((test_left - own < 1) & guarded).any(axis=1)
             cand = feasible & (gain > 1e-12)
             if not cand.any():
@@ -996,7 +1004,8 @@ def block_split(
     3. **Guard, on one side.** Train pixels are kept; every other labelled pixel within Chebyshev
        distance ``2 * guard`` of a train pixel becomes ``SPLIT_NONE``.
     4. **Val, greedily** (when ``val`` is not 0), the same way over the remaining blocks with their
-       surviving pixels, never taking a class's last test block. Val and test are not guarded from each
+       surviving pixels, never taking a class's last test block (also of a class that cannot be split:
+       test comes before val). Val and test are not guarded from each
        other.
     5. The rest is test.
     6. **Block size.** Without ``block_size``, steps 1-5 run for each of :func:`candidate_block_sizes` (the
@@ -1052,8 +1061,10 @@ def _share_warning(result: BlockSplit, labels: np.ndarray, train: float | int, a
     n_train = int(np.count_nonzero(result.split == SPLIT_TRAIN))
     if not _is_float(train) or n_train == 0:
         return None
-    share = n_train / int(np.count_nonzero(labels))
-    if abs(share - float(train)) <= TRAIN_SHARE_WARN:
+    n_labelled = int(np.count_nonzero(labels))
+    share = n_train / n_labelled
+    # exactly, as written: in floating point 11 of 20 pixels (55%) was more than 5 points from 0.5 (and 45% not)
+    if abs(Fraction(n_train, n_labelled) - Fraction(repr(float(train)))) <= Fraction(repr(TRAIN_SHARE_WARN)):
         return None
     if adaptive:
         fix = "no adaptive block size came closer on these labels; a smaller --block-size or another --seed may"
