@@ -91,6 +91,13 @@ def _check_segments(series, path: Path) -> None:
     over them), strips beyond the end of the file or tiles too large to decode in memory: refuse them all before
     decoding anything."""
     size = path.stat().st_size
+    # tifffile decodes each tile whole (rows per strip it clamps to the image, tile sizes it does not): a damaged
+    # TileWidth of 2**31 would have it allocate terabytes for one tile of a small image. (Not checked against the
+    # file's size: a valid tile, mostly padding past a small image's edge, may compress far beyond 1032:1.)
+    keyframe = series.keyframe
+    check_fits_in_memory(math.prod(keyframe.chunks) * keyframe.dtype.itemsize,
+                         f"one {keyframe.chunks} strip/tile of {path.name} (decoded whole)",
+                         "its TileWidth / TileLength tags are damaged, or re-save it with smaller tiles")
     for page in series.pages:
         if page is None:
             continue
@@ -99,12 +106,6 @@ def _check_segments(series, path: Path) -> None:
         if len(offsets) != expected or len(counts) != expected:
             raise InputError(f"{path} is damaged: an image needs {expected} strips/tiles but the file lists "
                              f"{len(offsets)} offsets and {len(counts)} byte counts; {_FIX}")
-        # tifffile decodes each tile whole (rows per strip it clamps to the image, tile sizes it does not): a damaged
-        # TileWidth of 2**31 would have it allocate terabytes for one tile of a small image. (Not checked against the
-        # file's size: a valid tile, mostly padding past a small image's edge, may compress far beyond 1032:1.)
-        check_fits_in_memory(math.prod(page.keyframe.chunks) * page.keyframe.dtype.itemsize,
-                             f"one {page.keyframe.chunks} strip/tile of {path.name} (decoded whole)",
-                             "its TileWidth / TileLength tags are damaged, or re-save it with smaller tiles")
         for offset, count in zip(offsets, counts):
             if offset < 0 or count < 0 or (count and offset + count > size):
                 raise InputError(f"{path} is damaged: a strip/tile of {count} bytes at offset {offset} lies past "
