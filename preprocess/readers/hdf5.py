@@ -120,6 +120,11 @@ def choose_variable(entries: dict[str, tuple[int, ...]], ndim: int, key: str | N
     if candidates:
         listed = _describe({n: entries[n] for n in candidates})
         raise SeveralArrays(f"{where} holds several {ndim}-D arrays ({listed}); {choose}")
+    if option is not None and any(len(s) == ndim and max(s) > 1 for s in entries.values()):
+        # (fits_rank) a vector may be a 1 x W scene's label map, or a list beside a cube: the user knows which
+        raise InputError(f"{where} holds no {ndim}-D numeric array of more than one row and column ({noun}s: "
+                         f"{_describe(entries)}); a label map of a single row or column is read only when named "
+                         f"with {option}")
     raise InputError(
         f"{where} holds no {ndim}-D numeric array ({noun}s: {_describe(entries)}); "
         f"check the file{'' if option is None else f' or choose one with {option}'}"

@@ -35,7 +35,9 @@ def _map(path: Path) -> np.ndarray:
     except InputError:
         raise
     except (ValueError, OSError) as exc:
-        raise InputError(f"cannot read {path} as .npy ({exc}); re-save it with np.save") from None
+        # numpy's own message may run over several lines (its refusal of an oversized header does): the first says it
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot read {path} as .npy ({detail}); re-save it with np.save") from None
     except Exception as exc:  # numpy's header parser (tokenize, literal_eval) on a damaged header
         raise parse_failure(path, ".npy", exc, "re-save it with np.save") from None
 

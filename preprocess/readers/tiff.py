@@ -88,8 +88,16 @@ def _check_ifd_chain(path: Path) -> None:
 
 def _check_segments(series, path: Path) -> None:
     """A damaged IFD can declare millions of strips for a few bytes of file (tifffile would then loop
-    over them) or strips beyond the end of the file: refuse both before decoding anything."""
+    over them), strips beyond the end of the file or tiles too large to decode in memory: refuse them all before
+    decoding anything."""
     size = path.stat().st_size
+    # tifffile decodes each tile whole (rows per strip it clamps to the image, tile sizes it does not): a damaged
+    # TileWidth of 2**31 would have it allocate terabytes for one tile of a small image. (Not checked against the
+    # file's size: a valid tile, mostly padding past a small image's edge, may compress far beyond 1032:1.)
+    keyframe = series.keyframe
+    check_fits_in_memory(math.prod(keyframe.chunks) * keyframe.dtype.itemsize,
+                         f"one {keyframe.chunks} strip/tile of {path.name} (decoded whole)",
+                         "its TileWidth / TileLength tags are damaged, or re-save it with smaller tiles")
     for page in series.pages:
         if page is None:
             continue

@@ -192,6 +192,17 @@ def test_npy_absurd_shape_fails_before_allocating():
         open_cube(path)
 
 
+def test_npy_oversized_header_is_a_one_line_error():
+    """A damaged header length (20854 bytes, past numpy's 10000-byte limit): numpy's refusal runs over three
+    lines, which the CLI printed as they were (found by a corruption fuzz of hsgds convert)."""
+    header = "{'descr': '<i2', 'fortran_order': False, 'shape': (2, 2, 2), }".ljust(20853) + "\n"
+    path = _write("long.npy", b"\x93NUMPY\x02\x00" + struct.pack("<I", len(header)) + header.encode() + bytes(16))
+    with pytest.raises(InputError, match=r"cannot read .*long.npy as .npy \(Header info length \(20854\) is large") \
+            as caught:
+        open_cube(path)
+    assert "\n" not in str(caught.value)
+
+
 def test_npy_object_arrays_are_never_unpickled():
     buf = io.BytesIO()
     np.save(buf, np.array([[[object()]]], dtype=object), allow_pickle=True)
@@ -370,3 +381,18 @@ def test_tiff_sparse_giant_is_refused_before_decoding():
     with pytest.raises(InputError, match=r"claims 1073741824 bytes of data but sparse.tif has only \d+ bytes"):
         read_labels(_write("sparse.tif", bytes(raw)))
     assert time.perf_counter() - t0 < 1
+
+
+def test_tiff_giant_tile_is_refused_before_decoding():
+    """TileWidth damaged to 2**31 - 16 in a small deflate-tiled image (one tile wide either way): tifffile decodes each
+    tile whole, so it would allocate 16 x 2**31 x 12 uint16 samples (768 GiB) for one tile and raise MemoryError, a
+    traceback (found by a corruption fuzz of hsgds convert). Strips are safe: tifffile clamps RowsPerStrip to the
+    image."""
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, np.zeros((37, 12, 12), np.uint16), photometric="minisblack", planarconfig="contig",
+                     compression="zlib", tile=(16, 16))
+    raw = bytearray(buf.getvalue())
+    _patch_ifd(raw, {322: 2**31 - 16})  # TileWidth
+    with pytest.raises(InputError, match=r"one \(16, 2147483632, 12\) strip/tile of giant.tif \(decoded whole\) "
+                                         r"needs 768.0 GiB in memory"):
+        open_cube(_write("giant.tif", bytes(raw)))

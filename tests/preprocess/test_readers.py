@@ -323,6 +323,23 @@ def test_mat_v5_labels(tmp_path):
     np.testing.assert_array_equal(read_labels(two, key="test"), labels)
 
 
+def test_a_label_map_of_one_row_or_column_is_read_when_named(tmp_path):
+    """A 1 x W scene's label map: never taken unnamed (MATLAB's vectors are 2-D too), and the refusal says so rather
+    than that the file holds no 2-D array."""
+    row = np.arange(14, dtype=np.uint8)[None]
+    mat, h5 = tmp_path / "gt.mat", tmp_path / "gt.h5"
+    scipy.io.savemat(mat, {"gt": row, "scale": 2.0})
+    with h5py.File(h5, "w") as f:
+        f["gt"] = row.T
+    for path, shape in ((mat, r"\(1, 14\)"), (h5, r"\(14, 1\)")):
+        with pytest.raises(InputError, match=rf"gt\.\w+ holds no 2-D numeric array of more than one row and column "
+                                             rf"\(\w+s: gt {shape}.*\); a label map of a single row or column is read "
+                                             r"only when named with --key$"):
+            read_labels(path)
+    np.testing.assert_array_equal(read_labels(mat, key="gt"), row)
+    np.testing.assert_array_equal(read_labels(h5, key="gt"), row.T)
+
+
 def test_mat_v5_dimensions_as_miuint32_and_names_as_miutf8_are_read(tmp_path):
     """Some writers store a matrix's dimensions as miUINT32 rather than miINT32 and its name as miUTF8 rather
     than miINT8; MATLAB and scipy read such files, which were refused as damaged."""
