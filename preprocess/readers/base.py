@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hsgds.errors import InputError
+from hsgds.errors import InputError, one_line
 from hsgds.format import DTYPES, MAX_NM, MIN_NM
 
 #: dtypes a store can hold (native dtype is kept; casting happens at training time).
@@ -344,7 +344,7 @@ class ArrayCube:
         except Exception as exc:  # h5py / numpy on a damaged or vanished file: name the file and window
             where = self.files[0] if self.files else "the source"
             raise InputError(f"cannot read rows {y0}:{y1}, columns {x0}:{x1} of {where} "
-                             f"({type(exc).__name__}: {exc}); the file is damaged or truncated") from None
+                             f"({one_line(exc, with_type=True)}); the file is damaged or truncated") from None
         window = window.transpose(self._perm)
         if window.shape != (y1 - y0, x1 - x0, self.shape[2]):
             raise InputError(f"source {self.files[0] if self.files else ''} returned a {window.shape} window for rows "

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from hsgds import format as fmt
-from hsgds.errors import InputError
+from hsgds.errors import InputError, one_line
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
     ArrayCube,
@@ -408,7 +408,7 @@ def _memmap(binary: Path, header_path: Path) -> tuple[np.memmap, str, dict[str, 
     try:
         array = np.memmap(binary, dtype=dtype, mode="r", offset=offset, shape=tuple(dims[a] for a in axes))
     except (OSError, ValueError) as exc:
-        raise InputError(f"cannot map ENVI data file {binary} ({exc}); check that it is a complete "
+        raise InputError(f"cannot map ENVI data file {binary} ({one_line(exc)}); check that it is a complete "
                          "regular file") from None
     return array, axes, header
 

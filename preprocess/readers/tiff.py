@@ -20,7 +20,7 @@ import tifffile
 
 from hsgds import format as fmt
 from hsgds._optional import pip_install
-from hsgds.errors import DependencyError, HsgdsWarning, InputError
+from hsgds.errors import DependencyError, HsgdsWarning, InputError, one_line
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
     ArrayCube,
@@ -456,7 +456,7 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
             # The file is fine: say what to install, not "damaged".
             raise DependencyError(f"cannot decode {path}: {needs} needs the imagecodecs package; {_CODEC_FIX}") from None
         if isinstance(exc, (tifffile.TiffFileError, ValueError, OSError)):
-            raise InputError(f"cannot read {path} as TIFF ({exc}); {_FIX}") from None
+            raise InputError(f"cannot read {path} as TIFF ({one_line(exc)}); {_FIX}") from None
         # tifffile / its codecs on a damaged file: TypeError, ZeroDivisionError, zlib.error...
         raise parse_failure(path, "TIFF", exc, _FIX) from None
     return array, axes

@@ -203,6 +203,59 @@ def test_npy_oversized_header_is_a_one_line_error():
     assert "\n" not in str(caught.value)
 
 
+# A library's message over several lines (numpy's and tifffile's can be) inside ours: kept on one line.
+# No damaged file made one here (a few thousand corrupted TIFFs gave none), so the library call raises it.
+_SEVERAL_LINES = "first line of the library's message\n  second line\nthird line"
+
+
+def test_tiff_library_error_over_several_lines_is_one_line(monkeypatch):
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, np.zeros((4, 4, 3), np.uint16), photometric="minisblack", planarconfig="contig")
+    path = _write("lines.tif", buf.getvalue())
+
+    def refuse(*args, **kwargs):
+        raise tifffile.TiffFileError(_SEVERAL_LINES)
+
+    monkeypatch.setattr(tifffile, "TiffFile", refuse)
+    with pytest.raises(InputError, match=r"cannot read .*lines.tif as TIFF \(first line of the library's message "
+                                         r"second line third line\)") as caught:
+        open_cube(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_envi_mapping_error_over_several_lines_is_one_line(tmp_path, monkeypatch):
+    from tests.envi import write_envi
+
+    hdr = write_envi(tmp_path / "lines.hdr", np.zeros((4, 4, 3), np.int16))
+
+    def refuse(*args, **kwargs):
+        raise ValueError(_SEVERAL_LINES)
+
+    monkeypatch.setattr(np, "memmap", refuse)
+    with pytest.raises(InputError, match=r"cannot map ENVI data file .*lines.img \(first line of the library's "
+                                         r"message second line third line\)") as caught:
+        open_cube(hdr)
+    assert "\n" not in str(caught.value)
+
+
+def test_cube_read_error_over_several_lines_is_one_line(tmp_path):
+    """A source array whose read fails (an h5py dataset on a damaged file) with a message of several lines."""
+
+    class Failing:
+        shape, dtype = (4, 4, 3), np.dtype(np.int16)
+
+        def __getitem__(self, index):
+            raise OSError(_SEVERAL_LINES)
+
+    source = tmp_path / "lines.h5"
+    source.write_bytes(bytes(8))  # (the cube checks that its file has not changed before each read)
+    cube = reader_base.ArrayCube(Failing(), axes="HWB", files=[source])
+    with pytest.raises(InputError, match=r"cannot read rows 0:2, columns 0:2 of .*lines.h5 \(OSError: first line "
+                                         r"of the library's message second line third line\)") as caught:
+        cube.read(0, 2, 0, 2)
+    assert "\n" not in str(caught.value)
+
+
 def test_npy_object_arrays_are_never_unpickled():
     buf = io.BytesIO()
     np.save(buf, np.array([[[object()]]], dtype=object), allow_pickle=True)
