@@ -26,6 +26,7 @@ from torch import nn
 from hsgds._sha256 import sha256_of
 from hsgds._unset import Unset
 from hsgds.augment import dihedral_batch
+from hsgds.collection import Collection
 from hsgds.engines.base import OUT_DTYPES, resolve_out_dtype
 from hsgds.errors import ConfigError, InputError, as_count, as_flag, as_path, one_line, shown, shown_path
 from hsgds.models import LoadedModel, load_model
@@ -398,6 +399,8 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     Parameters
     ----------
     store : path or Scene
+        One scene's store; for a collection, predict each of its scenes (``for scene in coll``), or run
+        ``hsgds predict FOLDER -o 'maps/{name}.tif'``.
     model : torch.nn.Module, or a model file (path or :class:`~hsgds.models.LoadedModel`)
         A module takes a patch batch as :class:`~hsgds.PatchLoader` yields it ((N, B, p, p) for NCHW) and
         returns (N, K) logits. It is run in eval mode (its mode is restored afterwards) under
@@ -456,6 +459,11 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
     from hsgds import writers
     from hsgds.loader import PatchLoader
 
+    if isinstance(store, Collection):  # (a path's check would say only "got Collection")
+        raise ConfigError(f"predict maps one scene, got a collection of {len(store)} scenes: predict each, "
+                          f"e.g. for name, scene in zip(coll.names, coll): hsgds.predict(scene, model, "
+                          f"out=f'maps/{{name}}.tif'), or run hsgds predict {shown_path(store.root)} --model MODEL "
+                          f"-o 'maps/{{name}}.tif'")
     scene = store if isinstance(store, Scene) else open_scene(store)
     given = {"patch_size": patch_size, "layout": layout, "normalize": normalize, "bands": bands,
              "wavelengths": wavelengths, "wavelength_tolerance": wavelength_tolerance, "norm_stats": norm_stats}

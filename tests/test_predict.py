@@ -214,6 +214,26 @@ def test_bad_inputs_write_nothing(store, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_collection_is_refused_with_how_to_predict_its_scenes(store, tmp_path):
+    """hsgds.predict maps one scene: a Collection was refused as "a store must be a path ..., got Collection",
+    which did not say what to do instead."""
+    import shutil
+
+    from hsgds.collection import SceneEntry, open_collection, write_collection
+    from hsgds.scene import open_scene
+
+    for name in ("north", "south"):
+        shutil.copytree(store, tmp_path / f"{name}.zarr")
+    write_collection(tmp_path, [SceneEntry.of_scene(n, open_scene(tmp_path / f"{n}.zarr")) for n in ("north", "south")])
+    with pytest.raises(ConfigError) as caught:
+        predict(open_collection(tmp_path), RandomConv(3), patch_size=3, out=tmp_path / "m.npy")
+    assert str(caught.value) == (
+        "predict maps one scene, got a collection of 2 scenes: predict each, e.g. for name, scene in "
+        "zip(coll.names, coll): hsgds.predict(scene, model, out=f'maps/{name}.tif'), or run hsgds predict "
+        f"{tmp_path} --model MODEL -o 'maps/{{name}}.tif'")
+    assert not (tmp_path / "m.npy").exists()
+
+
 def test_probabilities_takes_numpy_bools_as_tta_does(store, tmp_path):
     """probabilities=np.True_ (a flag read from an array) writes beside `out` as True does, np.False_ writes
     nothing: both were refused as "must be True, False or a .npy or .tif path" (tta= took them)."""
