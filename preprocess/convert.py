@@ -159,6 +159,8 @@ class ConvertOptions:
             raise ConfigError(f"--seed must be a non-negative integer, got {shown(self.seed)}")
         if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"--block-size must be a positive number of pixels, got {self.block_size}")
+        if self.split == "blocks" and self.labels is not None:  # (without labels there is no split)
+            splitting.check_block_size_option(self.block_size, self.halo, ", or a smaller --max-patch")
         if self.padding not in fmt.PADDING_MODES:
             raise ConfigError(f"--padding must be one of {', '.join(fmt.PADDING_MODES)}, got {shown(self.padding)}")
         if self.split not in SPLIT_METHODS:

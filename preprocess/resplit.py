@@ -204,6 +204,9 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
             raise InputError(f"{path} has no labelled pixels: there is nothing to split")
         if meta.split_generation >= fmt.MAX_SPLIT_GENERATION:
             raise StoreError(f"{path} has been re-split {meta.split_generation} times; convert it again")
+        if split == "blocks":
+            splitting.check_block_size_option(block_size, meta.halo, " (--max-patch was set when the store was "
+                                              "converted: smaller blocks need it converted again with a smaller one)")
         split_map, params = splitting.make_split(src.labels, split, train=train, val=val, block_size=block_size,
                                                  guard=meta.halo, seed=seed)
         ys, xs = src.scene_yx()

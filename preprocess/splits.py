@@ -458,6 +458,16 @@ def min_block_size(guard: int) -> int:
     return max(2, -(-int(guard) // 2))
 
 
+def check_block_size_option(block_size: int | None, halo: int, more: str) -> None:
+    """``--block-size`` against :func:`min_block_size` for a store's halo, in the commands' words (the guard is
+    the halo that ``--max-patch`` sets); :func:`block_split` names its own Python arguments. ``more``: ends the fix."""
+    least = min_block_size(halo)
+    if block_size is not None and block_size < least:
+        raise InputError(f"--block-size {block_size} is too small for --max-patch {2 * halo + 1}: blocks must be at "
+                         f"least {least} pixels (each is guarded by the patch halo of {halo} pixels; smaller blocks "
+                         f"make the guard bookkeeping explode); pass --block-size {least} or more{more}")
+
+
 def candidate_block_sizes(shape: tuple[int, ...], guard: int = 7) -> list[int]:
     """Block sides tried when none is given: from a quarter of :func:`default_block_size` up to it, in
     steps of about 1.4x (Indian Pines, guard 7: 8, 11, 15, 21, 29)."""

@@ -461,6 +461,15 @@ def test_bad_seed_patch_and_block_size(npy_scene, tmp_path, run_cli):
     _bad(tmp_path, run_cli, cp, "-o", tmp_path / "o.zarr", "--max-patch", "1027", match="larger than a store can serve")
     _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "blocks", "--block-size", "0",
          match="--block-size must be a positive")
+    # in the command's words (it named block_size and guard 5): the guard is the halo --max-patch 11 sets
+    _bad(tmp_path, run_cli, cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "blocks", "--block-size", "2",
+         "--max-patch", "11",
+         match="hsgds: error: --block-size 2 is too small for --max-patch 11: blocks must be at least 3 pixels (each "
+               "is guarded by the patch halo of 5 pixels; smaller blocks make the guard bookkeeping explode); pass "
+               "--block-size 3 or more, or a smaller --max-patch\n")
+    code, _, err = run_cli("convert", cp, "--labels", lp, "-o", tmp_path / "o.zarr", "--split", "blocks",
+                           "--block-size", "3", "--max-patch", "11")
+    assert code == 0, err
 
 
 # -- values a store cannot hold faithfully: refused in one line, before anything is renamed into place ----

@@ -253,7 +253,12 @@ def test_resplit_refuses_while_another_runs(ip_copy, run_cli):
         (("--split", "random", "--train", "1.5"), r"train fraction must be in \(0, 1\), got 1.5"),
         (("--split", "random", "--train", "0.6", "--val", "0.4"), "below 1"),
         (("--split", "blocks", "--block-size", "0"), "--block-size must be a positive"),
-        (("--split", "blocks", "--block-size", "2"), r"block_size \(2\) must be at least 4 for guard 7"),
+        # in the command's words: it named block_size and guard, which no option of the command is called
+        (("--split", "blocks", "--block-size", "2"), r"hsgds: error: --block-size 2 is too small for --max-patch 15: "
+                                                     r"blocks must be at least 4 pixels \(each is guarded by the patch "
+                                                     r"halo of 7 pixels; .*\); pass --block-size 4 or more \(--max-patch "
+                                                     r"was set when the store was converted: smaller blocks need it "
+                                                     r"converted again with a smaller one\)\n$"),
         (("--split", "random", "--seed", "-1"), "--seed must be a non-negative"),
         # a random split made where blocks were meant: the block size used to be ignored without a word
         (("--split", "random", "--block-size", "8"), r"--block-size means nothing with --split random \(only --split "
