@@ -290,6 +290,10 @@ def main() -> None:
         lambda: [f.result() for f in [pool.submit(_rounding_loop, *loops[i], reps) for i in range(2)]])
     rows[-1]["note"] = "2 threads: each runs the whole loop, so the figure is per thread x 2"
     rows[-1]["GBps_2_thread"] *= 2
+    call = _call_cost(ring, base, tables, out32)
+    print(f"one kernel call with no patches (numba's dispatch of its {call['arguments']} arguments): "
+          f"{call['empty_call_s'] * 1e6:.2f} us of CPU, {100 * call['share_of_half_batch']:.2f}% of a "
+          f"{N // 2}-patch float32 call", flush=True)
     floor = _floor_ratios(ring, base, tables, out16, pool, args.rounds * 3)
     print(f"bfloat16 kernel time / no-arithmetic floor time, 2 threads, alternated round by round: plain stores "
           f"{floor['plain']['median']:.2f} (IQR {floor['plain']['q25']:.2f}-{floor['plain']['q75']:.2f}), streamed "
@@ -302,7 +306,24 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "batch": [N, BANDS, P, P], "numba": numba.__version__,
                                          "floor_ratios": floor, "normalize_tile_s": per_tile,
-                                         "steal_fraction": steal}, indent=2))
+                                         "steal_fraction": steal, "kernel_call": call}, indent=2))
+
+
+def _call_cost(ring, base, tables, out) -> dict:
+    """CPU time of a kernel call that cuts nothing (what each cutting thread pays per batch besides the
+    work: numba's unboxing of every argument), and its share of a call cutting half the batch."""
+    def cpu_per_call(lo: int, hi: int, calls: int) -> float:
+        t = time.process_time()
+        for _ in range(calls):
+            cpu_cut.cut_range(ring, base, None, None, tables, out, P, True, 0, lo, hi, False, None, 0)
+        return (time.process_time() - t) / calls
+
+    empty = min(cpu_per_call(0, 0, 20000) for _ in range(3))
+    half = min(cpu_per_call(0, N // 2, 20) for _ in range(3))
+    kernel = cpu_cut._compiled().cut_patches
+    arguments = len(kernel.signatures[0]) if kernel.signatures else 0
+    return {"empty_call_s": empty, "half_batch_call_s": half, "share_of_half_batch": empty / half,
+            "arguments": arguments}
 
 
 def _floor_ratios(ring, base, tables, out, pool, rounds: int) -> dict:
