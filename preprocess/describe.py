@@ -54,7 +54,7 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
         try:
             described = "\n".join([*lines, *_label_lines(path, key)])
         except InputError:  # (e.g. one band of reflectance: the cube it is)
-            if kind == "envi" and _declares_classification(cube.files[-1]):
+            if kind == "envi" and _declares_classification(cube.files[1]):  # its header (a PAM sidecar may follow)
                 cube.close()
                 raise  # a label map by its own header: what is wrong with it, not a one-band cube
             described = None
@@ -89,7 +89,7 @@ def describe_source(path: str | os.PathLike, key: str | None = None, band_axis: 
             lines[-1] += " (a code PROJ does not know: hsgds convert refuses it)"
         try:
             value = recorded_nodata(cube)
-            field = _NODATA_FIELD.get(kind, "recorded")
+            field = getattr(cube, "nodata_field", None) or _NODATA_FIELD.get(kind, "recorded")
             if isinstance(packed, Unpacked) and packed.gap is not None:  # (its bands unpack it to different values)
                 field += (f" {packed.gap:g} in every band, read as NaN: the bands' {packed.names[0]}s and "
                           f"{packed.names[1]}s differ")

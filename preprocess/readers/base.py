@@ -205,6 +205,34 @@ def wavelengths_in_nm(values: list[float], units: str, where: str) -> tuple[list
     return nm, None
 
 
+def split_list(value: str, keep_empty: bool = False) -> list[str]:
+    """Split an ENVI ``{a, b, c}`` value into its stripped items (``keep_empty``: an empty item stays, as "",
+    so that item ``i`` keeps its position)."""
+    inner = value.strip()
+    if inner.startswith("{") and inner.endswith("}"):
+        inner = inner[1:-1]
+    return [item.strip() for item in inner.split(",") if keep_empty or item.strip()]
+
+
+def bad_band_list(value: str, bands: int, where: str, fix: str) -> list[int]:
+    """The bands an ENVI bad band list (``bbl = {1, 1, 0, ...}``: one flag per band, 1 good, 0 bad, as AVIRIS marks
+    its water-vapour bands) flags bad, by index; ``where`` starts and ``fix`` ends the one-line InputError a list
+    of another length, or a flag that is neither 0 nor 1, raises."""
+    items = split_list(value)
+    if len(items) != bands:
+        raise InputError(f"{where} lists {len(items)} 'bbl' flags for {bands} bands; {fix}")
+    flags = []
+    for item in items:
+        try:
+            flag = float(item)
+        except ValueError:
+            flag = math.nan
+        if flag not in (0, 1):
+            raise InputError(f"{where}: 'bbl' holds {item[:40]!r}, not 0 (a bad band) or 1 (a good one); {fix}")
+        flags.append(flag)
+    return [b for b, flag in enumerate(flags) if flag == 0]
+
+
 def unlabelled_at_nodata(raw: np.ndarray, nodata: float | None) -> np.ndarray:
     """A label map (or mask) whose file records a nodata value (a classification raster's 255, -1 or NaN): those
     pixels have no class, so they read as 0 (unlabelled), not as class 255."""
@@ -288,6 +316,8 @@ class ArrayCube:
     nodata: float | None = None
     #: why the nodata value the file records cannot be used (not a number), raised by :func:`recorded_nodata`
     nodata_error: str | None = None
+    #: what records ``nodata`` when not the format's own field (a PAM sidecar's NoDataValue), as ``hsgds info`` names it
+    nodata_field: str | None = None
     #: why the wavelengths the file lists are not recorded (units that are no length, values no band centre
     #: in nm can be); the converter warns with it
     wavelengths_note: str | None = None

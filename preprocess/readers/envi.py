@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,19 @@ from hsgds.errors import InputError, one_line
 from hsgds.preprocess.readers.base import (
     OVERRIDE_NODATA,
     ArrayCube,
+    bad_band_list,
     parse_nodata,
     unlabelled_at_nodata,
     wavelengths_in_nm,
+)
+from hsgds.preprocess.readers.base import split_list as _split_list
+from hsgds.preprocess.readers.gdal_metadata import (
+    bad_bands,
+    band_centres,
+    band_descriptions,
+    band_packing,
+    metadata_item,
+    read_pam,
 )
 from hsgds.preprocess.readers.packed import scaled_bands
 
@@ -100,15 +111,6 @@ def find_pair(path: Path) -> tuple[Path, Path] | None:
         if header != path and _is_header(header):
             return path, header
     return None
-
-
-def _split_list(value: str, keep_empty: bool = False) -> list[str]:
-    """Split an ENVI ``{a, b, c}`` value into its stripped items (``keep_empty``: an empty item stays, as "",
-    so that item ``i`` keeps its position)."""
-    inner = value.strip()
-    if inner.startswith("{") and inner.endswith("}"):
-        inner = inner[1:-1]
-    return [item.strip() for item in inner.split(",") if keep_empty or item.strip()]
 
 
 def parse_header(path: Path) -> dict[str, str]:
@@ -231,25 +233,6 @@ def _gains(header: dict[str, str], bands: int, path: Path) -> tuple[np.ndarray, 
                              "that field")
     gain, offset = found["data gain values"], found["data offset values"]
     return None if (gain == 1).all() and (offset == 0).all() else (gain, offset)
-
-
-def bad_band_list(value: str, bands: int, where: str, fix: str) -> list[int]:
-    """The bands an ENVI bad band list (``bbl = {1, 1, 0, ...}``: one flag per band, 1 good, 0 bad, as AVIRIS marks
-    its water-vapour bands) flags bad, by index; ``where`` starts and ``fix`` ends the one-line InputError a list
-    of another length, or a flag that is neither 0 nor 1, raises."""
-    items = _split_list(value)
-    if len(items) != bands:
-        raise InputError(f"{where} lists {len(items)} 'bbl' flags for {bands} bands; {fix}")
-    flags = []
-    for item in items:
-        try:
-            flag = float(item)
-        except ValueError:
-            flag = math.nan
-        if flag not in (0, 1):
-            raise InputError(f"{where}: 'bbl' holds {item[:40]!r}, not 0 (a bad band) or 1 (a good one); {fix}")
-        flags.append(flag)
-    return [b for b, flag in enumerate(flags) if flag == 0]
 
 
 def _bad_bands(header: dict[str, str], bands: int, path: Path) -> list[int] | None:
@@ -413,8 +396,27 @@ def _memmap(binary: Path, header_path: Path) -> tuple[np.memmap, str, dict[str, 
     return array, axes, header
 
 
+def _gdal_items(header: dict[str, str], bands: int) -> list[ET.Element]:
+    """The header's band centres, band names, gains and offsets and bad band list as the GDAL metadata items GDAL's
+    ENVI driver reads them as (each band's ``wavelength`` in its ``wavelength_units``, description, scale and
+    offset; a dataset ``bbl``), for a PAM sidecar's to replace. The header's lists are checked already."""
+    items = []
+    for key, name, role in (("wavelength", "wavelength", None), ("band names", "DESCRIPTION", "description"),
+                            ("data gain values", "SCALE", "scale"), ("data offset values", "OFFSET", "offset")):
+        values = _split_list(header[key]) if key in header else []
+        items.extend(metadata_item(name, value, band, role) for band, value in enumerate(values[:bands]))
+    if "wavelength" in header and "wavelength units" in header:
+        units = header["wavelength units"].strip()
+        items.extend(metadata_item("wavelength_units", units, band) for band in range(bands))
+    if "bbl" in header:
+        items.append(metadata_item("bbl", header["bbl"]))
+    return items
+
+
 def open_envi(binary: Path, header_path: Path) -> ArrayCube:
-    """Open an ENVI image as a memory-mapped cube; ``files`` is ``[binary, header]``."""
+    """Open an ENVI image as a memory-mapped cube; ``files`` is ``[binary, header]``, then GDAL's PAM sidecar
+    ``<binary>.aux.xml`` when it sets what the cube is read with (band centres, names, scales and offsets, bad
+    bands, nodata: read as GDAL reads it, after the header, its items replacing the header's)."""
     array, axes, header = _memmap(binary, header_path)
     bands = array.shape[axes.index("B")]
     nodata, nodata_error = None, None
@@ -425,22 +427,40 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
         except InputError as exc:  # refused when used: --nodata may override it
             nodata_error = str(exc)
     wavelengths, wavelengths_note = _wavelengths_nm(header, bands, header_path)
+    names, bad = _band_names(header, bands, header_path), _bad_bands(header, bands, header_path)
     gains = _gains(header, bands, header_path)
+    files, wavelengths_file, nodata_field = [binary, header_path], None, None
+    packing = ("ENVI data gain value", "data offset value")
+    pam = read_pam(binary, bands)
+    if pam is not None and pam.used:  # read as GDAL reads it: after the header, its items replacing the header's
+        text, where = pam.over(_gdal_items(header, bands)), f"{binary.name} with {pam.path.name}"
+        if pam.gives("wavelengths"):
+            wavelengths, wavelengths_note = band_centres(text, bands, where)
+            wavelengths_file = None if wavelengths is None else pam.path
+        names = band_descriptions(text, bands) if pam.gives("band names") else names
+        bad = bad_bands(text, bands, where) if pam.gives("bad bands") else bad
+        if pam.gives("scales"):
+            gains, packing = band_packing(text, bands, where), ("GDAL scale", "offset")
+        if pam.gives("nodata"):
+            nodata, nodata_error = pam.nodata_over(nodata, nodata_error, bands, where)
+            nodata_field = f"NoDataValue in {pam.path.name}"
+        files.append(pam.path)  # part of the source: hashed with it, a change to it a changed source
     data: Any = array
     if gains is not None:  # read as GDAL unscales them, and as a CF-packed HDF5 / netCDF variable is
-        data, nodata = scaled_bands(array, *gains, axes.index("B"), ("ENVI data gain value", "data offset value"),
-                                    nodata)
+        data, nodata = scaled_bands(array, *gains, axes.index("B"), packing, nodata)
     cube = ArrayCube(
         data,
         axes=axes,
         wavelengths=wavelengths,
         wavelengths_note=wavelengths_note,
-        band_names=_band_names(header, bands, header_path),
-        files=[binary, header_path],
+        wavelengths_file=wavelengths_file,
+        band_names=names,
+        files=files,
         georeference=_georeference(header, header_path),
         nodata=nodata,
         nodata_error=nodata_error,
-        bad_bands=_bad_bands(header, bands, header_path),
+        nodata_field=nodata_field,
+        bad_bands=bad,
         reflectance_scale_factor=_reflectance_scale_factor(header, header_path),
     )
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.

@@ -32,7 +32,14 @@ from hsgds.preprocess.readers.base import (
     unlabelled_at_nodata,
     wavelengths_in_nm,
 )
-from hsgds.preprocess.readers.envi import bad_band_list, tiff_header, tiff_header_metadata
+from hsgds.preprocess.readers.envi import tiff_header, tiff_header_metadata
+from hsgds.preprocess.readers.gdal_metadata import (
+    bad_bands,
+    band_centres,
+    band_descriptions,
+    band_packing,
+    read_pam,
+)
 from hsgds.preprocess.readers.packed import scaled_bands
 
 __all__ = ["open_tiff", "read_tiff_labels", "tiff_georeference"]
@@ -193,125 +200,6 @@ def _georeference(tif: tifffile.TiffFile, path: Path) -> dict[str, Any] | None:
     return fmt.make_georeference(transform, wkt, epsg)
 
 
-def _band_centres(text: str | None, bands: int, path: Path) -> tuple[list[float] | None, str | None]:
-    """Band centres in nm from GDAL's metadata tag (XML): per-band ``wavelength`` items in their
-    ``wavelength_units`` (what gdal_translate keeps of an ENVI file's header), else GDAL's standard
-    ``CENTRAL_WAVELENGTH_UM``; and None, or None and why they are not recorded. (None, None) when none."""
-    if not text:
-        return None, None
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError:
-        return None, f"{path.name}: its GDAL_METADATA tag is not XML, so its wavelengths are unreadable"
-    per_band: dict[str, dict[int, str]] = {}
-    units = ""
-    for item in root.iter("Item"):
-        name, sample = (item.get("name") or "").lower(), item.get("sample")
-        if sample is None:
-            units = (item.text or "").strip() if name == "wavelength_units" else units
-        elif sample.isdigit():
-            per_band.setdefault(name, {})[int(sample)] = (item.text or "").strip()
-    if "wavelength" in per_band:
-        found = per_band["wavelength"]
-        listed = set(per_band.get("wavelength_units", {}).values())
-        if len(listed) > 1:
-            return None, f"{path.name}: its bands' wavelength_units differ ({', '.join(sorted(listed))})"
-        units = listed.pop() if listed else units
-    elif "central_wavelength_um" in per_band:
-        found, units = per_band["central_wavelength_um"], "micrometers"
-    else:
-        return None, None
-    if sorted(found) != list(range(bands)):
-        return None, f"{path.name}: its GDAL metadata gives wavelengths for {len(found)} of its {bands} bands"
-    try:
-        values = [float(found[b]) for b in range(bands)]
-    except ValueError:
-        return None, f"{path.name}: a band's wavelength in its GDAL metadata is not a number"
-    if not all(math.isfinite(v) for v in values):
-        return None, f"{path.name}: its GDAL metadata's wavelengths include NaN or infinity"
-    return wavelengths_in_nm(values, units, path.name)
-
-
-def _gdal_items(text: str | None) -> list[ET.Element]:
-    """The ``Item`` elements of GDAL's metadata tag; none when there is no tag or it is no XML (:func:`_band_centres`
-    names an unreadable tag)."""
-    if not text:
-        return []
-    try:
-        return list(ET.fromstring(text).iter("Item"))
-    except ET.ParseError:
-        return []
-
-
-def _band_descriptions(text: str | None, bands: int) -> list[str] | None:
-    """Band names from GDAL's metadata tag: each band's ``DESCRIPTION`` item (what gdal_translate keeps of an ENVI
-    header's band names, and rasterio's ``descriptions``), or None unless every band has one."""
-    names = {int(item.get("sample") or ""): (item.text or "").strip() for item in _gdal_items(text)
-             if (item.get("name") or "").upper() == "DESCRIPTION" and (item.get("sample") or "").isdigit()
-             and (item.get("role") or "description") == "description"}
-    if sorted(names) != list(range(bands)) or not all(names.values()):
-        return None
-    return [names[b] for b in range(bands)]
-
-
-def _bad_bands(text: str | None, bands: int, path: Path) -> list[int] | None:
-    """The bands an ENVI bad band list in GDAL's metadata tag flags bad (a dataset item ``bbl``, ``{1, 0, ...}``: what
-    rasterio's ``update_tags(bbl=...)`` writes, or gdal_translate of an ENVI file with ``-co COPY_SRC_MDD=YES``), or
-    None when it has none."""
-    for item in _gdal_items(text):
-        if (item.get("name") or "").lower() == "bbl" and item.get("sample") is None:
-            return bad_band_list(item.text or "", bands, f"{path.name}'s GDAL metadata", "fix or remove its bbl item")
-    return None
-
-
-#: the roles GDAL gives its per-band scale and offset items in the GDAL_METADATA tag, and the value each has
-#: when a band has none
-_PACKING_ROLES = {"scale": 1.0, "offset": 0.0}
-
-
-def _band_packing(text: str | None, bands: int, path: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each band's scale and offset from GDAL's metadata tag (``<Item name="SCALE" sample="0" role="scale">``,
-    what GDAL's SetScale / SetOffset and rasterio's ``scales`` / ``offsets`` write: int16 reflectance times
-    0.0001), as float64 arrays of ``bands`` values (1 and 0 for a band without them), or None when no band has
-    any but 1 and 0. Physical values are ``raw * scale + offset``, as GDAL's unscaling gives them.
-
-    Raises
-    ------
-    InputError
-        A scale or offset is no finite number, or names a band the image does not have; or the tag holds scale
-        items but is no XML (the values would otherwise be read raw, without a word).
-    """
-    if not text:
-        return None
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError:
-        if any(f'role="{role}"' in text for role in _PACKING_ROLES):
-            raise InputError(f"{path.name}: its GDAL_METADATA tag holds band scales or offsets but is not XML, so "
-                             "they cannot be applied; fix the tag (gdal_edit.py -scale / -offset rewrites them)") from None
-        return None
-    found = {role: np.full(bands, default) for role, default in _PACKING_ROLES.items()}
-    for item in root.iter("Item"):
-        role, sample = (item.get("role") or "").lower(), (item.get("sample") or "").strip()
-        if role not in found or not sample.isdigit():
-            continue
-        value = (item.text or "").strip()
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not math.isfinite(number):
-            raise InputError(f"{path.name}: its GDAL metadata gives band {sample} the {role} {value[:40]!r}, not a "
-                             f"finite number; fix it (gdal_edit.py -{role} ...) or remove it")
-        if int(sample) >= bands:
-            raise InputError(f"{path.name}: its GDAL metadata gives a {role} to band {sample}, but the image has "
-                             f"{bands} bands (0 to {bands - 1}); fix or remove that item")
-        found[role][int(sample)] = number
-    if (found["scale"] == 1).all() and (found["offset"] == 0).all():
-        return None
-    return found["scale"], found["offset"]
-
-
 #: the part of an EnMAP image file's name (``ENMAP01-____L2A-DT...Z-SPECTRAL_IMAGE.TIF``; L1B's ``..._VNIR`` and
 #: ``..._SWIR``; EOLab's ``..._COG.tiff``) that its metadata file's name (``...Z-METADATA.XML``) has in its place
 _ENMAP_IMAGE = re.compile(r"(SPECTRAL_IMAGE)(_VNIR|_SWIR)?(_COG)?$", re.IGNORECASE)
@@ -464,8 +352,9 @@ def _load(path: Path, geo: dict[str, Any] | None = None, georeference: bool = Tr
 
 def open_tiff(path: Path) -> ArrayCube:
     """Open a 3-D TIFF as a cube, taking the band axis from the file's layout, its georeference from the
-    GeoTIFF keys and its band centres from GDAL's metadata or, for an EnMAP image without them, from the
-    product's metadata file beside it (then the cube's second file)."""
+    GeoTIFF keys and its band centres from GDAL's metadata (the tag's, with GDAL's PAM sidecar ``<name>.aux.xml``
+    over them, as GDAL reads them; the sidecar is then part of the source) or, for an EnMAP image without them,
+    from the product's metadata file beside it (then also part of the source)."""
     geo: dict[str, Any] = {}
     array, axes = _load(path, geo)
     if array.ndim == 3 and axes[:2] == "YX":
@@ -483,8 +372,24 @@ def open_tiff(path: Path) -> ArrayCube:
         )
     check_dtype(array.dtype, path.name)
     bands = array.shape[order.index("B")]
-    wavelengths, note = _band_centres(geo.get("gdal_metadata"), bands, path)
-    files, sidecar = [path], None
+    text, where = geo.get("gdal_metadata"), path.name
+    nodata, nodata_error = geo.get("nodata"), geo.get("nodata_error")
+    files, sidecar, nodata_field = [path], None, None
+    pam = read_pam(path, bands)
+    if pam is not None and pam.used:  # read as GDAL reads it: after the tag, its items replacing the tag's
+        try:
+            own = list(ET.fromstring(text).iter("Item")) if text else []
+        except ET.ParseError:
+            raise InputError(f"{path.name}: its GDAL_METADATA tag is not XML, so what {pam.path.name} beside it "
+                             f"changes of it cannot be known; fix the tag, or remove {pam.path.name}") from None
+        text, where = pam.over(own), f"{path.name} with {pam.path.name}"
+        if pam.gives("nodata"):
+            nodata, nodata_error = pam.nodata_over(nodata, nodata_error, bands, where)
+            nodata_field = f"NoDataValue in {pam.path.name}"
+        files.append(pam.path)  # part of the source, as an EnMAP metadata file below
+    wavelengths, note = band_centres(text, bands, where)
+    if wavelengths is not None and pam is not None and pam.gives("wavelengths"):
+        sidecar = pam.path
     if wavelengths is None and note is None:  # none in the file: an EnMAP product's are in its metadata file
         sidecar = _enmap_metadata(path)
         if sidecar is not None:
@@ -493,7 +398,7 @@ def open_tiff(path: Path) -> ArrayCube:
                 # read for the store's band centres, it is part of the source: hashed with the image, and a change
                 # to it is a changed source (a store's record of what it was made from names both)
                 files.append(sidecar)
-    band_names = _band_descriptions(geo.get("gdal_metadata"), bands)
+    band_names = band_descriptions(text, bands)
     header = tiff_header(path) if wavelengths is None and note is None else None
     if header is not None:  # none in the file: ENVI keeps a TIFF's band centres in a header beside it
         h, w = (array.shape[order.index(a)] for a in "HW")
@@ -505,14 +410,13 @@ def open_tiff(path: Path) -> ArrayCube:
         if wavelengths is not None or names is not None:
             files.append(header)  # (part of the source, as an EnMAP metadata file)
             sidecar = header
-    nodata = geo.get("nodata")
-    packing = _band_packing(geo.get("gdal_metadata"), bands, path)
+    packing = band_packing(text, bands, where)
     if packing is not None:  # read as GDAL unscales it, and as a CF-packed HDF5 / netCDF variable is
         array, nodata = scaled_bands(array, *packing, order.index("B"), ("GDAL scale", "offset"), nodata)
     cube = ArrayCube(array, axes=order, files=files, georeference=geo.get("georeference"), nodata=nodata,
                      pixel_is_point=geo.get("pixel_is_point", False), band_names=band_names,
-                     nodata_error=geo.get("nodata_error"), wavelengths=wavelengths, wavelengths_note=note,
-                     bad_bands=_bad_bands(geo.get("gdal_metadata"), bands, path),
+                     nodata_error=nodata_error, nodata_field=nodata_field, wavelengths=wavelengths, wavelengths_note=note,
+                     bad_bands=bad_bands(text, bands, where),
                      wavelengths_file=None if wavelengths is None else sidecar)
     # A memmap has no public close; dropping our reference unmaps it once no window still uses it.
     cube.closer = lambda: setattr(cube, "array", None)
