@@ -270,3 +270,18 @@ def test_no_sidecar_or_one_of_statistics_only_changes_nothing(tmp_path):
     again = read()
     assert again[:-1] == (files, nm, nm_file, names, nodata, bad)
     np.testing.assert_array_equal(again[-1], raw)
+
+
+def test_a_sidecar_over_a_gdal_metadata_tag_that_is_no_xml_is_refused(tmp_path):
+    """What a sidecar replaces of a GDAL metadata tag that is no XML cannot be known (the tag's scales for the other
+    bands would be lost without a word): refused in one line; without the sidecar the tag is named as before."""
+    src = tmp_path / "scene.tif"
+    tifffile.imwrite(src, raw_cube(7), photometric="minisblack", planarconfig="contig",
+                     extratags=[(42112, "s", 0, '<GDALMetadata><Item name="wavelength" sample="0">4', True)])
+    with closing(open_cube(src)) as cube:
+        assert cube.wavelengths_note == "scene.tif: its GDAL_METADATA tag is not XML, so its wavelengths are unreadable"
+    (tmp_path / "scene.tif.aux.xml").write_text(pam_xml(bands={1: {"Scale": "0.0001"}}))
+    with pytest.raises(InputError, match=r"^scene\.tif: its GDAL_METADATA tag is not XML, so what scene\.tif\.aux\.xml "
+                                         r"beside it changes of it cannot be known; fix the tag, or remove "
+                                         r"scene\.tif\.aux\.xml$"):
+        open_cube(src)
