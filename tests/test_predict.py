@@ -82,6 +82,35 @@ def test_every_pixel_predicted_exactly_once(store):
     assert np.array_equal(model.seen.numpy(), np.ones(H * W))  # and each exactly once
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_ops_cut_predicts_nhwc_batches_its_threads_cut(store, dtype):
+    """The torch engine's CPU path without the fused kernel (numba off, or not installed) shares a batch's
+    chunks out to its threads, which cut NHWC patches straight into the output. predict allocated that output
+    under torch.inference_mode(), which is per thread: the threads outside it could not write an inference
+    tensor, and predict failed with torch's RuntimeError. Every pixel gets its own centre, once."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))  # (a batch goes to at most this many threads)
+    model = CentreCoordinates()
+    try:  # chunks of a few patches: several per batch
+        with hsgds.defaults.set(numba=False, torch_chunk_bytes=4096):
+            out = predict(store, lambda_module(lambda x: model(x.permute(0, 3, 1, 2))), patch_size=5,
+                          batch_size=300, device="cpu", dtype=dtype, normalize=None, layout="NHWC")
+    finally:
+        torch.set_num_threads(threads)
+    assert np.array_equal(out, np.arange(H * W).reshape(H, W) + 1)
+    assert np.array_equal(model.seen.numpy(), np.ones(H * W))
+
+
+def lambda_module(fn):
+    """``fn`` as a module (predict takes a torch.nn.Module)."""
+
+    class Fn(nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    return Fn()
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("p", [1, 3, 5, 7, 9, 11, 13, 15])
 def test_map_equals_the_model_over_loader_batches(store, engine, p):
