@@ -507,14 +507,17 @@ class TorchEngine(PatchEngine):
         got = self._consts.get(key)
         if got is None:
             tb = self._scene_tables()
-            got = self._consts[key] = {
-                "side": torch.as_tensor(np.asarray(tb.side, np.int64)).to(device),
-                "stride": torch.as_tensor(np.asarray(tb.stride, np.int64)).to(device),
-                "band": torch.as_tensor(np.asarray(tb.band, np.int64)).to(device),
-                "offset": torch.as_tensor(np.asarray(tb.offset, np.float64), dtype=self._compute).to(device),
-                "scale": torch.as_tensor(np.asarray(tb.scale, np.float64), dtype=self._compute).to(device),
-            }
-            got["norm"] = torch.cat([got["offset"], got["scale"]], dim=1).contiguous()  # one gather per chunk
+            # never inference tensors: set_table_rows writes a scene's rows in place when a batch first reaches
+            # it, maybe outside the torch.inference_mode() the first batch was cut in
+            with torch.inference_mode(False):
+                got = self._consts[key] = {
+                    "side": torch.as_tensor(np.asarray(tb.side, np.int64)).to(device),
+                    "stride": torch.as_tensor(np.asarray(tb.stride, np.int64)).to(device),
+                    "band": torch.as_tensor(np.asarray(tb.band, np.int64)).to(device),
+                    "offset": torch.as_tensor(np.asarray(tb.offset, np.float64), dtype=self._compute).to(device),
+                    "scale": torch.as_tensor(np.asarray(tb.scale, np.float64), dtype=self._compute).to(device),
+                }
+                got["norm"] = torch.cat([got["offset"], got["scale"]], dim=1).contiguous()  # one gather per chunk
         return got
 
     def _cut_tables(self, storage: Any, slot: Any, y: Any, x: Any, table: Any,
