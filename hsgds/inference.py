@@ -321,6 +321,9 @@ def _logits(model: nn.Module, batch: torch.Tensor, layout: str, patch_size: int,
         bands_in = batch.shape[1 if layout == "NCHW" else 3]
         hint = (f"check that it takes {bands_in} bands and {patch_size}x{patch_size} patches"
                 if classes is None else f"after {done} pixels were predicted")
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):  # (the bands and patch size are not to blame)
+            n = batch.shape[0]
+            hint = f"it ran out of memory on {n} patches at once: pass a smaller batch_size (e.g. {max(1, n // 4)})"
         # a torch.export program's module() exported without a dynamic batch dimension: batch_size= alone would
         # fail on the last, partial batch, which only a program file gets padded
         fixed_at = re.search(r"size\(\)\[0\] == (\d+)", str(exc))

@@ -4,6 +4,7 @@ and corners), masks, streamed probabilities, writers end to end, and the `hsgds 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -1313,6 +1314,40 @@ def test_a_model_failing_on_a_later_batch_is_one_line(store):
     with pytest.raises(InputError, match=r"the model failed on a \(64, 8, 5, 5\) .*RuntimeError: out of memory\); "
                                          "after 128 pixels were predicted"):
         predict(store, FailsLater(5), patch_size=5, batch_size=64, device="cpu")
+
+
+def test_a_model_out_of_memory_is_told_to_take_smaller_batches(store, tmp_path, run_cli, monkeypatch):
+    """A model running out of memory (CUDA's OutOfMemoryError, or the host's MemoryError) on the first batch was
+    told to "check that it takes 8 bands and 5x5 patches", which it does: it is told to take smaller batches,
+    in the API's words and the command's (exit 2, one line, nothing written)."""
+    from hsgds.models import load_model
+
+    class OutOfMemory(nn.Module):
+        def __init__(self, module, error):
+            super().__init__()
+            self.module, self.error = module, error
+
+        def forward(self, x):
+            if x.shape[0] > 16:
+                raise self.error("CUDA out of memory. Tried to allocate 20.00 GiB")
+            return self.module(x)
+
+    for error in (torch.OutOfMemoryError, MemoryError):
+        with pytest.raises(InputError, match=rf"the model failed on a \(64, 8, 5, 5\) .*\({error.__name__}: CUDA out of "
+                                             r"memory\. Tried to allocate 20\.00 GiB\); it ran out of memory on 64 "
+                                             r"patches at once: pass a smaller batch_size \(e\.g\. 16\)$"):
+            predict(store, OutOfMemory(RandomConv(5), error), patch_size=5, batch_size=64, device="cpu")
+    ckpt, _ = _checkpoint(tmp_path)
+    loaded = load_model(ckpt)
+    loaded = dataclasses.replace(loaded, module=OutOfMemory(loaded.module, torch.OutOfMemoryError))
+    with pytest.raises(InputError, match=r"pass a smaller batch_size \(e\.g\. 256\)$"):
+        predict(store, loaded, device="cpu")  # (default batch_size: 1024 patches)
+    monkeypatch.setattr(hsgds.models, "load_model", lambda *a, **k: loaded)  # (the command loads the file itself)
+    code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "m.npy", "--device", "cpu")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith("it ran out of memory on 1024 patches at once: pass a smaller --batch-size (e.g. "
+                                "256)"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 
 
 def test_a_model_changing_its_output_on_a_later_batch_is_one_line(tmp_path, store):
