@@ -1236,6 +1236,23 @@ def test_cli_predict_gives_aa_over_the_trained_classes_of_a_mask_split(tmp_path,
     assert float(trained[1]) == round(100 * np.mean([recall[c] for c in (1, 2, 5)]), 2)
 
 
+@pytest.mark.parametrize("tta", [False, True])
+def test_float64_logits_past_float32s_range_give_their_softmax(store, tmp_path, tta):
+    """A float64 model's logits were cast to float32 for the softmax: those past float32's largest value
+    (3.4e38) became inf and their probabilities NaN, in a file otherwise valid (and in a probabilities
+    GeoTIFF, NaN is nodata: a predicted pixel showed as never predicted). The softmax is taken in float64 (with
+    tta too: every variant has the centre's logits, and the mean of 8 equal probabilities is that probability)."""
+    rng = np.random.default_rng(3)
+    table = torch.from_numpy(rng.normal(0, 1e39, (H * W, 3)))  # (float64: past float32's range)
+    model = lambda_module(lambda x: table[(x[:, 0, 1, 1].round().long() * W + x[:, 1, 1, 1].round().long())])
+    out = predict(store, model, patch_size=3, device="cpu", dtype=torch.float64, normalize=None, tta=tta,
+                  out=tmp_path / "m.npy", probabilities=tmp_path / "p.npy")
+    probs = np.load(tmp_path / "p.npy")
+    want = torch.softmax(table, dim=1).reshape(H, W, 3).to(torch.float16).numpy()
+    np.testing.assert_array_equal(probs, want)
+    np.testing.assert_array_equal(out, table.argmax(1).reshape(H, W).numpy() + 1)
+
+
 def test_a_model_file_runs_in_the_dtype_asked_for(store, tmp_path):
     """dtype= with a model file: the patches were cut in that dtype but the module loaded from the file stayed
     float32, so every dtype but float32 failed on the first batch ("Input type (double) and bias type (float)
