@@ -83,6 +83,43 @@ def test_every_pixel_predicted_exactly_once(store):
     assert np.array_equal(model.seen.numpy(), np.ones(H * W))  # and each exactly once
 
 
+@pytest.fixture(scope="module")
+def thin_stores(tmp_path_factory):
+    """A 1-row and a 1-column scene (edge padding: one row cannot be reflected) of 3 tiles, the last partly
+    filled, halo 3 (p <= 7)."""
+    d = tmp_path_factory.mktemp("thin")
+    stores = {}
+    for h, w in ((1, 23), (23, 1)):
+        cube, _ = coordinate_cube(h, w)
+        np.save(d / f"{h}x{w}.npy", cube)
+        stores[h, w] = convert(d / f"{h}x{w}.npy", d / f"{h}x{w}.zarr", ConvertOptions(tile=10, max_patch=7,
+                                                                                       padding="edge"))
+    return stores
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("h, w, p, batch_size, dtype, masked", [
+    (1, 23, 7, 1, torch.float32, False),  # a batch per pixel
+    (23, 1, 3, 7, torch.bfloat16, True),  # a prime batch size, a batch spanning tiles, a mask of the ends
+    (1, 23, 5, 1000, torch.bfloat16, True),  # one batch larger than the scene
+    (23, 1, 1, 1000, torch.float32, False),
+])
+def test_thin_scenes_get_every_pixel_predicted_exactly_once(thin_stores, engine, h, w, p, batch_size, dtype, masked):
+    """One-row and one-column scenes: every pixel (or every pixel of a mask holding each end) gets its own
+    centre, each once, from either engine, in float32 and bfloat16, batch by batch or all in one batch."""
+    model = CentreCoordinates(h, w)
+    mask = None
+    if masked:
+        mask = np.zeros((h, w), bool)
+        mask.reshape(-1)[[0, 1, h * w - 1]] = True
+    out = predict(thin_stores[h, w], model, patch_size=p, batch_size=batch_size, device="cpu", dtype=dtype,
+                  normalize=None, engine=engine, mask=mask)
+    want = np.arange(h * w).reshape(h, w) + 1
+    keep = np.ones((h, w), bool) if mask is None else mask
+    assert out.dtype == np.uint8 and np.array_equal(out, np.where(keep, want, 0))
+    assert np.array_equal(model.seen.numpy().reshape(h, w), keep.astype(np.int64))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_torch_ops_cut_predicts_nhwc_batches_its_threads_cut(store, dtype):
     """The torch engine's CPU path without the fused kernel (numba off, or not installed) shares a batch's
