@@ -158,6 +158,9 @@ def check_writable(path: Path) -> None:
         raise InputError(f"cannot write {shown_path(path)}: {exc.strerror or one_line(exc)}; choose another output "
                          "path") from None
     if not exists:
+        if folder.is_file():  # (it cannot be created there)
+            raise InputError(f"cannot write {shown_path(path)}: {shown_path(folder)} is a file, not a folder; choose "
+                             "another output path")
         raise InputError(f"cannot write {shown_path(path)}: the folder {shown_path(folder)} does not exist; create it "
                          "first")
     kind = not_regular(path)

@@ -321,6 +321,9 @@ def _logits(model: nn.Module, batch: torch.Tensor, layout: str, patch_size: int,
         bands_in = batch.shape[1 if layout == "NCHW" else 3]
         hint = (f"check that it takes {bands_in} bands and {patch_size}x{patch_size} patches"
                 if classes is None else f"after {done} pixels were predicted")
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):  # (the bands and patch size are not to blame)
+            n = batch.shape[0]
+            hint = f"it ran out of memory on {n} patches at once: pass a smaller batch_size (e.g. {max(1, n // 4)})"
         # a torch.export program's module() exported without a dynamic batch dimension: batch_size= alone would
         # fail on the last, partial batch, which only a program file gets padded
         fixed_at = re.search(r"size\(\)\[0\] == (\d+)", str(exc))
@@ -346,12 +349,18 @@ def _tta_probabilities(run: Callable[[torch.Tensor], torch.Tensor], patches: tor
                        layout: str) -> torch.Tensor:
     """Mean softmax over the 8 dihedral variants of the batch (``logits``: the model's on variant 0; ``run``
     calls the model and checks its output, as for variant 0)."""
-    mean = torch.softmax(logits.float(), dim=1)
+    mean = torch.softmax(_widened(logits), dim=1)
     for code in range(1, 8):
         # contiguous, as the loader's batches are: a quarter turn is a transposed view, which a model's
         # x.view(n, -1) refuses
-        mean += torch.softmax(run(dihedral_batch(patches, code, layout).contiguous()).float(), dim=1)
+        mean += torch.softmax(_widened(run(dihedral_batch(patches, code, layout).contiguous())), dim=1)
     return mean / 8
+
+
+def _widened(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` in float32 for a softmax, or float64 when they are: in float32 those past its range (3.4e38)
+    would be inf, their probabilities NaN."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 DEFAULT_BATCH = 1024
@@ -556,7 +565,7 @@ def predict(store: Any, model: Any, *, patch_size: Any = _UNSET, batch_size: int
                     y, x = coords[:, 0], coords[:, 1]
                     classmap[y, x] = scores.argmax(1).to(torch.int32) + 1
                     if probs is not None:
-                        p = (scores if tta else torch.softmax(logits.float(), dim=1)).to(torch.float16).cpu().numpy()
+                        p = (scores if tta else torch.softmax(_widened(logits), dim=1)).to(torch.float16).cpu().numpy()
                         probs.write(y.cpu().numpy(), x.cpu().numpy(), p)
                     done += n
                     if progress is not None:

@@ -715,6 +715,29 @@ def test_deferred_collection_equals_its_stores_opened_first(scenes, tmp_path, nu
         assert not deferred._norm_later
 
 
+def test_a_deferred_collection_first_reached_under_inference_mode_then_outside(scenes, tmp_path):
+    """The torch-ops cut (numba off, or not installed) of a collection: the per-scene normalization tables are
+    made at the first batch and a scene's rows filled in when a batch first reaches it. Made under
+    torch.inference_mode() (an evaluation batch), they were inference tensors that the rows of a scene reached
+    later, outside it, could not be written into (torch's RuntimeError). The batches equal those of the stores
+    opened up front."""
+    from hsgds import defaults
+
+    names = ["A", "B", "C"]
+    folder = _collection_of(scenes, tmp_path / "coll", names)
+    opts = dict(patch_size=5, batch_size=64, pixels="all", stride=2, return_coords=True, device="cpu", shuffle=False)
+    with defaults.set(numba=False), hsgds.PatchLoader(folder, **opts) as deferred, \
+            hsgds.PatchLoader([folder / f"{n}.zarr" for n in names], **opts) as opened:
+        batches = iter(deferred)
+        with torch.inference_mode():
+            got = [next(batches)]
+        assert len(deferred._norm_later) == 2  # (B and C are reached outside)
+        got += list(batches)
+        for (p, lb, c), (q, lb2, c2) in zip(got, opened, strict=True):
+            assert torch.equal(c, c2) and torch.equal(lb, lb2)
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
 def test_a_deferred_collection_normalizes_its_tiles_in_the_ring(scenes, tmp_path):
     """bfloat16 over a collection whose scenes' statistics are read on first use: tiles normalized as they
     land in the ring (a reader thread reads a scene's statistics when it gets there before the batches do)

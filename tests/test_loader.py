@@ -98,6 +98,20 @@ def test_every_patch_equals_numpy_reference(border_scene, engine, padding, p, dt
     np.testing.assert_array_equal(lab, labels[coords[:, 0], coords[:, 1]] - 1)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_the_torch_ops_cut_serves_epochs_in_and_out_of_inference_mode(border_scene, layout):
+    """An epoch under torch.inference_mode() (evaluation), then one outside it (training), on one loader whose
+    torch engine cuts with torch ops (numba off, or not installed): the buffers it keeps, made in the first
+    epoch, were inference tensors that the second could not write (torch's RuntimeError)."""
+    _, _, stores = border_scene
+    with defaults.set(numba=False), hsgds.PatchLoader(stores["reflect"], patch_size=5, batch_size=64, split=None,
+                                                      shuffle=False, device="cpu", layout=layout) as loader:
+        with torch.inference_mode():
+            first = [patches.clone() for patches, _ in loader]
+        second = [patches.clone() for patches, _ in loader]
+    assert len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(first, second))
+
+
 def test_patch_larger_than_halo_is_a_clear_error(border_scene):
     store = border_scene[2]["reflect"]
     with pytest.raises(ConfigError, match="patch_size 17 is larger than this store serves .15x15.*--max-patch 17"):

@@ -4,6 +4,7 @@ and corners), masks, streamed probabilities, writers end to end, and the `hsgds 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -80,6 +81,72 @@ def test_every_pixel_predicted_exactly_once(store):
     assert out.dtype == np.uint16 and out.shape == (H, W)
     assert np.array_equal(out, np.arange(H * W).reshape(H, W) + 1)  # each pixel's own centre
     assert np.array_equal(model.seen.numpy(), np.ones(H * W))  # and each exactly once
+
+
+@pytest.fixture(scope="module")
+def thin_stores(tmp_path_factory):
+    """A 1-row and a 1-column scene (edge padding: one row cannot be reflected) of 3 tiles, the last partly
+    filled, halo 3 (p <= 7)."""
+    d = tmp_path_factory.mktemp("thin")
+    stores = {}
+    for h, w in ((1, 23), (23, 1)):
+        cube, _ = coordinate_cube(h, w)
+        np.save(d / f"{h}x{w}.npy", cube)
+        stores[h, w] = convert(d / f"{h}x{w}.npy", d / f"{h}x{w}.zarr", ConvertOptions(tile=10, max_patch=7,
+                                                                                       padding="edge"))
+    return stores
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("h, w, p, batch_size, dtype, masked", [
+    (1, 23, 7, 1, torch.float32, False),  # a batch per pixel
+    (23, 1, 3, 7, torch.bfloat16, True),  # a prime batch size, a batch spanning tiles, a mask of the ends
+    (1, 23, 5, 1000, torch.bfloat16, True),  # one batch larger than the scene
+    (23, 1, 1, 1000, torch.float32, False),
+])
+def test_thin_scenes_get_every_pixel_predicted_exactly_once(thin_stores, engine, h, w, p, batch_size, dtype, masked):
+    """One-row and one-column scenes: every pixel (or every pixel of a mask holding each end) gets its own
+    centre, each once, from either engine, in float32 and bfloat16, batch by batch or all in one batch."""
+    model = CentreCoordinates(h, w)
+    mask = None
+    if masked:
+        mask = np.zeros((h, w), bool)
+        mask.reshape(-1)[[0, 1, h * w - 1]] = True
+    out = predict(thin_stores[h, w], model, patch_size=p, batch_size=batch_size, device="cpu", dtype=dtype,
+                  normalize=None, engine=engine, mask=mask)
+    want = np.arange(h * w).reshape(h, w) + 1
+    keep = np.ones((h, w), bool) if mask is None else mask
+    assert out.dtype == np.uint8 and np.array_equal(out, np.where(keep, want, 0))
+    assert np.array_equal(model.seen.numpy().reshape(h, w), keep.astype(np.int64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_ops_cut_predicts_nhwc_batches_its_threads_cut(store, dtype):
+    """The torch engine's CPU path without the fused kernel (numba off, or not installed) shares a batch's
+    chunks out to its threads, which cut NHWC patches straight into the output. predict allocated that output
+    under torch.inference_mode(), which is per thread: the threads outside it could not write an inference
+    tensor, and predict failed with torch's RuntimeError. Every pixel gets its own centre, once."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))  # (a batch goes to at most this many threads)
+    model = CentreCoordinates()
+    try:  # chunks of a few patches: several per batch
+        with hsgds.defaults.set(numba=False, torch_chunk_bytes=4096):
+            out = predict(store, lambda_module(lambda x: model(x.permute(0, 3, 1, 2))), patch_size=5,
+                          batch_size=300, device="cpu", dtype=dtype, normalize=None, layout="NHWC")
+    finally:
+        torch.set_num_threads(threads)
+    assert np.array_equal(out, np.arange(H * W).reshape(H, W) + 1)
+    assert np.array_equal(model.seen.numpy(), np.ones(H * W))
+
+
+def lambda_module(fn):
+    """``fn`` as a module (predict takes a torch.nn.Module)."""
+
+    class Fn(nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    return Fn()
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -1206,6 +1273,23 @@ def test_cli_predict_gives_aa_over_the_trained_classes_of_a_mask_split(tmp_path,
     assert float(trained[1]) == round(100 * np.mean([recall[c] for c in (1, 2, 5)]), 2)
 
 
+@pytest.mark.parametrize("tta", [False, True])
+def test_float64_logits_past_float32s_range_give_their_softmax(store, tmp_path, tta):
+    """A float64 model's logits were cast to float32 for the softmax: those past float32's largest value
+    (3.4e38) became inf and their probabilities NaN, in a file otherwise valid (and in a probabilities
+    GeoTIFF, NaN is nodata: a predicted pixel showed as never predicted). The softmax is taken in float64 (with
+    tta too: every variant has the centre's logits, and the mean of 8 equal probabilities is that probability)."""
+    rng = np.random.default_rng(3)
+    table = torch.from_numpy(rng.normal(0, 1e39, (H * W, 3)))  # (float64: past float32's range)
+    model = lambda_module(lambda x: table[(x[:, 0, 1, 1].round().long() * W + x[:, 1, 1, 1].round().long())])
+    out = predict(store, model, patch_size=3, device="cpu", dtype=torch.float64, normalize=None, tta=tta,
+                  out=tmp_path / "m.npy", probabilities=tmp_path / "p.npy")
+    probs = np.load(tmp_path / "p.npy")
+    want = torch.softmax(table, dim=1).reshape(H, W, 3).to(torch.float16).numpy()
+    np.testing.assert_array_equal(probs, want)
+    np.testing.assert_array_equal(out, table.argmax(1).reshape(H, W).numpy() + 1)
+
+
 def test_a_model_file_runs_in_the_dtype_asked_for(store, tmp_path):
     """dtype= with a model file: the patches were cut in that dtype but the module loaded from the file stayed
     float32, so every dtype but float32 failed on the first batch ("Input type (double) and bias type (float)
@@ -1284,6 +1368,40 @@ def test_a_model_failing_on_a_later_batch_is_one_line(store):
     with pytest.raises(InputError, match=r"the model failed on a \(64, 8, 5, 5\) .*RuntimeError: out of memory\); "
                                          "after 128 pixels were predicted"):
         predict(store, FailsLater(5), patch_size=5, batch_size=64, device="cpu")
+
+
+def test_a_model_out_of_memory_is_told_to_take_smaller_batches(store, tmp_path, run_cli, monkeypatch):
+    """A model running out of memory (CUDA's OutOfMemoryError, or the host's MemoryError) on the first batch was
+    told to "check that it takes 8 bands and 5x5 patches", which it does: it is told to take smaller batches,
+    in the API's words and the command's (exit 2, one line, nothing written)."""
+    from hsgds.models import load_model
+
+    class OutOfMemory(nn.Module):
+        def __init__(self, module, error):
+            super().__init__()
+            self.module, self.error = module, error
+
+        def forward(self, x):
+            if x.shape[0] > 16:
+                raise self.error("CUDA out of memory. Tried to allocate 20.00 GiB")
+            return self.module(x)
+
+    for error in (torch.OutOfMemoryError, MemoryError):
+        with pytest.raises(InputError, match=rf"the model failed on a \(64, 8, 5, 5\) .*\({error.__name__}: CUDA out of "
+                                             r"memory\. Tried to allocate 20\.00 GiB\); it ran out of memory on 64 "
+                                             r"patches at once: pass a smaller batch_size \(e\.g\. 16\)$"):
+            predict(store, OutOfMemory(RandomConv(5), error), patch_size=5, batch_size=64, device="cpu")
+    ckpt, _ = _checkpoint(tmp_path)
+    loaded = load_model(ckpt)
+    loaded = dataclasses.replace(loaded, module=OutOfMemory(loaded.module, torch.OutOfMemoryError))
+    with pytest.raises(InputError, match=r"pass a smaller batch_size \(e\.g\. 256\)$"):
+        predict(store, loaded, device="cpu")  # (default batch_size: 1024 patches)
+    monkeypatch.setattr(hsgds.models, "load_model", lambda *a, **k: loaded)  # (the command loads the file itself)
+    code, _, err = run_cli("predict", store, "--model", ckpt, "-o", tmp_path / "m.npy", "--device", "cpu")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith("it ran out of memory on 1024 patches at once: pass a smaller --batch-size (e.g. "
+                                "256)"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 
 
 def test_a_model_changing_its_output_on_a_later_batch_is_one_line(tmp_path, store):

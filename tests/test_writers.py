@@ -409,6 +409,16 @@ def test_unknown_suffix_and_missing_folder_are_one_line_errors(tmp_path, classma
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_output_whose_folder_is_a_file_says_so(tmp_path, classmap):
+    """-o map.tif/x.npy where map.tif is a file: "the folder map.tif does not exist; create it first" told to
+    create what cannot be created there; it says what is there instead. Nothing is written."""
+    (tmp_path / "map.tif").write_bytes(b"old")
+    with pytest.raises(InputError, match=r"^cannot write .*map\.tif/x\.npy: .*map\.tif is a file, not a folder; "
+                                         r"choose another output path$"):
+        writers.check_output(tmp_path / "map.tif" / "x.npy")
+    assert [(p.name, p.read_bytes()) for p in tmp_path.iterdir()] == [("map.tif", b"old")]
+
+
 def test_missing_rasterio_is_named(tmp_path, monkeypatch, classmap):
     import builtins
 

@@ -172,7 +172,7 @@ class TorchEngine(PatchEngine):
         """A reusable CPU buffer of at least ``numel`` elements (grown, never shrunk, until close())."""
         buf = self._bufs.get((kind, dtype))
         if buf is None or buf.numel() < numel:
-            buf = self._bufs[(kind, dtype)] = torch.empty(numel, dtype=dtype)
+            buf = self._bufs[(kind, dtype)] = _kept_empty(numel, dtype)
         return buf[:numel]
 
     # -- the batch ------------------------------------------------------------------------------------
@@ -313,10 +313,10 @@ class TorchEngine(PatchEngine):
                 return self._output(shape)
             if pooled.idle():
                 if pooled.tensor.numel() < numel:  # a bigger batch: replace the idle buffer
-                    pooled = self._outs[i] = _PooledOutput(torch.empty(numel, dtype=self._out_dtype))
+                    pooled = self._outs[i] = _PooledOutput(_kept_empty(numel, self._out_dtype))
                 buf = pooled.tensor
                 return (buf if buf.numel() == numel else buf[:numel]).view(shape)
-        buf = torch.empty(numel, dtype=self._out_dtype)
+        buf = _kept_empty(numel, self._out_dtype)
         if _USE_COUNT is not None and len(self._outs) < self._pool_max:
             self._outs.append(_PooledOutput(buf))
         return buf.view(shape)
@@ -507,14 +507,17 @@ class TorchEngine(PatchEngine):
         got = self._consts.get(key)
         if got is None:
             tb = self._scene_tables()
-            got = self._consts[key] = {
-                "side": torch.as_tensor(np.asarray(tb.side, np.int64)).to(device),
-                "stride": torch.as_tensor(np.asarray(tb.stride, np.int64)).to(device),
-                "band": torch.as_tensor(np.asarray(tb.band, np.int64)).to(device),
-                "offset": torch.as_tensor(np.asarray(tb.offset, np.float64), dtype=self._compute).to(device),
-                "scale": torch.as_tensor(np.asarray(tb.scale, np.float64), dtype=self._compute).to(device),
-            }
-            got["norm"] = torch.cat([got["offset"], got["scale"]], dim=1).contiguous()  # one gather per chunk
+            # never inference tensors: set_table_rows writes a scene's rows in place when a batch first reaches
+            # it, maybe outside the torch.inference_mode() the first batch was cut in
+            with torch.inference_mode(False):
+                got = self._consts[key] = {
+                    "side": torch.as_tensor(np.asarray(tb.side, np.int64)).to(device),
+                    "stride": torch.as_tensor(np.asarray(tb.stride, np.int64)).to(device),
+                    "band": torch.as_tensor(np.asarray(tb.band, np.int64)).to(device),
+                    "offset": torch.as_tensor(np.asarray(tb.offset, np.float64), dtype=self._compute).to(device),
+                    "scale": torch.as_tensor(np.asarray(tb.scale, np.float64), dtype=self._compute).to(device),
+                }
+                got["norm"] = torch.cat([got["offset"], got["scale"]], dim=1).contiguous()  # one gather per chunk
         return got
 
     def _cut_tables(self, storage: Any, slot: Any, y: Any, x: Any, table: Any,
@@ -897,6 +900,14 @@ def _openmp() -> Any:
 
 _OPENMP: Any = False
 _OPENMP_LOCK = threading.Lock()
+
+
+def _kept_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty`` on the CPU for a buffer kept across batches, never an inference tensor: the engine's
+    threads write it in place, and later batches may be cut outside torch.inference_mode() (which is per
+    thread) though it was made inside; an inference tensor refuses in-place writes outside that mode."""
+    with torch.inference_mode(False):
+        return torch.empty(numel, dtype=dtype)
 
 
 def _transpose_into(dst: torch.Tensor, src: torch.Tensor) -> None:
