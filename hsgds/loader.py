@@ -793,8 +793,10 @@ class PatchLoader:
         for key in ("seed", "batch_size", "split", "world_size", "footprint_guard", "num_samples", "shuffle",
                     "drop_last", "shuffle_window", "pixels", "stride", "scenes", "augment"):
             if not _same_setting(state.get(key, older.get(key)), mine[key]):
+                saved = state.get(key)
+                ranks = counted(saved, "rank") if type(saved) is int else f"{shown(saved)} ranks"
                 fix = ("resume with the same settings" if key != "world_size" else  # the shares are cut per world size
-                       f"relaunch with {shown(state.get(key))} ranks to resume, or start the next epoch without the "
+                       f"relaunch with {ranks} to resume, or start the next epoch without the "
                        "state (loader.set_epoch(epoch + 1))")
                 raise ConfigError(f"loader state was saved with {key}={shown(state.get(key), 200)} but this loader "
                                   f"has {key}={shown(mine[key], 200)}; {fix}")

@@ -163,6 +163,17 @@ def test_resume_refuses_other_settings(border_scene):
             b.load_state_dict(a.state_dict())
 
 
+def test_a_state_of_one_rank_says_to_relaunch_with_1_rank(border_scene):
+    """A single process's state loaded by one of two ranks is refused naming the ranks to relaunch with in
+    English ("relaunch with 1 ranks" read wrong); two or more stay plural."""
+    store = border_scene[2]["reflect"]
+    with _loader(store) as one, _loader(store, rank=0, world_size=2) as two:
+        with pytest.raises(ConfigError, match=r"world_size=2; relaunch with 1 rank to resume, or start the next epoch"):
+            two.load_state_dict(one.state_dict())
+        with pytest.raises(ConfigError, match=r"world_size=1; relaunch with 2 ranks to resume"):
+            one.load_state_dict(two.state_dict())
+
+
 def test_resume_refuses_a_state_of_other_samples(border_scene, tmp_path, run_cli):
     """A state saved before a `hsgds resplit` (same settings, other train pixels), or over other stores, is a
     position in another sequence: refused, not resumed silently."""
