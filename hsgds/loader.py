@@ -260,7 +260,8 @@ def _same_setting(saved: Any, mine: Any) -> bool:
 
 def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
     """What a saved position is a position in: the scenes (in order) and their samples per tile, and for one
-    scene's sample table which pixels those are. A re-split or replaced store changes it. (Several scenes'
+    scene which pixels those are (its sample table's, or with pixels="all" those left out: other splits' labelled
+    pixels, nodata). A re-split or replaced store changes it. (Several scenes'
     pixels are left out: a collection's loader may list them from collection.json, never reading them,
     and its state must resume in a loader that opened the same stores; masks are told apart by
     :func:`_masks_digest`.)"""
@@ -269,6 +270,8 @@ def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
     if isinstance(samples, SampleSet) and len(names) == 1:  # which pixels, not only how many in each tile
         h.update(np.ascontiguousarray(samples.scene_y).data)  # the int32 arrays as they are: no copy
         h.update(np.ascontiguousarray(samples.scene_x).data)
+    elif isinstance(samples, GridSamples) and len(names) == 1:  # every pixel but those left out: which ones
+        h.update(samples.left_out())
     return h.hexdigest()[:16]
 
 
@@ -790,8 +793,10 @@ class PatchLoader:
         for key in ("seed", "batch_size", "split", "world_size", "footprint_guard", "num_samples", "shuffle",
                     "drop_last", "shuffle_window", "pixels", "stride", "scenes", "augment"):
             if not _same_setting(state.get(key, older.get(key)), mine[key]):
+                saved = state.get(key)
+                ranks = counted(saved, "rank") if type(saved) is int else f"{shown(saved)} ranks"
                 fix = ("resume with the same settings" if key != "world_size" else  # the shares are cut per world size
-                       f"relaunch with {shown(state.get(key))} ranks to resume, or start the next epoch without the "
+                       f"relaunch with {ranks} to resume, or start the next epoch without the "
                        "state (loader.set_epoch(epoch + 1))")
                 raise ConfigError(f"loader state was saved with {key}={shown(state.get(key), 200)} but this loader "
                                   f"has {key}={shown(mine[key], 200)}; {fix}")

@@ -231,6 +231,13 @@ class GridSamples(_PerTileSamples):
         return (tile if self._wide else tile.astype(np.int32), (sy - self._oy[tile]).astype(np.int32),
                 (sx - self._ox[tile]).astype(np.int32), label, sy.astype(np.int32), sx.astype(np.int32))
 
+    def left_out(self) -> bytes:
+        """Which pixels are left out, as the runs' lookup holds them (empty when none is): the same counts
+        per tile can leave out other pixels (a store re-split), which a saved position must tell apart."""
+        if self._skip is None:
+            return b""
+        return np.ascontiguousarray(self._skip, np.int64).tobytes() + np.ascontiguousarray(self._through, np.int64).tobytes()
+
     def _labels(self, s: int) -> np.ndarray:
         """Scene s's labels at the sampled pixels (the grid of multiples of the stride)."""
         read = self._label_of[s]

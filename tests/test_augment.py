@@ -177,6 +177,39 @@ def test_a_sample_twice_in_a_batch_is_never_its_own_mixture_partner():
         assert sorted(got) == sorted((i, *want[i]) for i in index2.tolist() if i in want)
 
 
+def test_mixture_partners_follow_the_documented_rule_in_plain_python():
+    """The partner rule restated sample by sample, from the Philox words of the documented counter (index low,
+    index high, epoch low, purpose 1 + 4 * epoch high): a labelled sample whose first uniform is below the
+    probability is mixed with the next distinct sample of its class in the batch ordered by word 3 (cyclic),
+    unless it is alone of its class; weight a1 / (a1 + a2), a = 0.01 + 0.99 * u from words 1 and 2. Batches
+    of random composition (indices past 2**32, a repeated sample, unlabelled ones, epochs past 2**32) as the
+    batch size, world size and ring size make them. (The loader's tests take the partners from draw itself.)"""
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n = int(rng.integers(1, 40))
+        index = rng.choice(1 << 40 if trial % 2 else 500, n, replace=False).astype(np.int64)
+        if trial % 3 == 0:
+            index[-1] = index[0]  # a padded share's first sample again
+        label = rng.integers(-1, 4, n)
+        label[index == index[0]] = label[0]
+        seed, epoch = int(rng.integers(0, 1 << 63)), int(rng.integers(0, 1 << 40))
+        aug = Augment(mixture_noise=float(rng.choice([0.3, 1.0])))
+        counter = np.stack([index & 0xFFFFFFFF, index >> 32, np.full(n, epoch & 0xFFFFFFFF),
+                            np.full(n, 1 + 4 * (epoch >> 32))], 1).astype(np.uint64)
+        words = philox4x32_numpy(counter, (seed & 0xFFFFFFFF, seed >> 32))
+        u = (words >> 8) / float(1 << 24)
+        want = {}
+        for pos in range(n):
+            key = {int(index[q]): int(words[q, 3]) for q in range(n) if label[q] == label[pos]}
+            ring = sorted(key, key=key.get)
+            if label[pos] < 0 or not u[pos, 0] < aug.mixture_noise or len(ring) < 2:
+                continue
+            a1, a2 = 0.01 + 0.99 * u[pos, 1], 0.01 + 0.99 * u[pos, 2]
+            want[pos] = (ring[(ring.index(int(index[pos])) + 1) % len(ring)], np.float32(a1 / (a1 + a2)))
+        got = draw(aug, seed, epoch, index, label, bands=3, patch_size=3)
+        assert {int(m): (int(index[q]), w) for m, q, w in zip(got.mixed, got.partner, got.weight)} == want
+
+
 def _batch_digest(batch):
     import hashlib
 

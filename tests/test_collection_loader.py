@@ -237,6 +237,51 @@ def test_band_indices_select_the_same_bands_of_every_scene(scenes):
         hsgds.PatchLoader(scenes["A"][2], patch_size=3, batch_size=4, bands=[6], device="cpu")
 
 
+@pytest.mark.parametrize("numba", [True, False], ids=["fused", "torch-ops"])
+def test_a_collections_augmentation_follows_each_sample_not_the_batches(scenes, tmp_path, numba):
+    """Augmentation through the per-scene tables (three scenes, a band selection repeating a band, pooled
+    statistics, bfloat16; a collection folder whose stores open as reached): with flips and turns only, every
+    patch is one of the 8 dihedral transforms of its plain patch, all 8 occurring; with noise and band dropout
+    too, each (scene, y, x) gets the same bits whatever the batch size, ring size or rank of 2 (the
+    per-sample keys are the samples' indices across the scenes), and a dropped band is exactly 0 where a
+    kept one is the plain band (no single-scene test reaches the tables' cut with augmentation)."""
+    from hsgds import defaults
+    from hsgds.augment import apply_dihedral_numpy
+
+    if numba:
+        pytest.importorskip("numba")
+    folder = _collection_of(scenes, tmp_path / "coll", ["A", "B", "C"])
+    tile = hsgds.open_scene(folder / "A.zarr").grid.tile_nbytes
+    opts = dict(patch_size=5, split="train", bands=[4, 1, 1], norm_scope="collection", dtype=torch.bfloat16,
+                layout="NHWC", return_coords=True, device="cpu", seed=6)
+
+    def by_sample(augment, batch_size=32, **kw):
+        out = {}
+        with defaults.set(numba=numba), hsgds.PatchLoader(folder, augment=augment, batch_size=batch_size,
+                                                          **{**opts, **kw}) as loader:
+            for p, _, c in loader:
+                out.update(zip(map(tuple, c.tolist()), p.float().numpy()))
+        return out
+
+    plain = by_sample(None)
+    turned = by_sample(hsgds.Augment(flip=True, rot90=True))
+    assert turned.keys() == plain.keys() and len(plain) > 100
+    codes = [[c for c in range(8) if np.array_equal(apply_dihedral_numpy(plain[k], c), t)] for k, t in turned.items()]
+    assert all(codes) and {c[0] for c in codes} == set(range(8))
+    aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.5, band_dropout=0.3)
+    want = by_sample(aug)
+    for other in (by_sample(aug, batch_size=7), by_sample(aug, ring_bytes=5 * tile),
+                  *(by_sample(aug, rank=r, world_size=2) for r in (0, 1))):
+        assert other.keys() <= want.keys()
+        for k, patch in other.items():
+            assert np.array_equal(patch.view(np.uint32), want[k].view(np.uint32)), k
+    dropped = by_sample(hsgds.Augment(band_dropout=0.3))
+    zero = np.array([[(p[..., b] == 0).all() for b in range(3)] for p in dropped.values()])
+    assert 0.2 < zero.mean() < 0.4
+    for (k, p), z in zip(dropped.items(), zero):
+        np.testing.assert_array_equal(p[..., ~z], plain[k][..., ~z])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_more_output_bands_than_a_scene_stores_are_cut_right_in_16_bits(scenes, dtype):
     """Several wavelengths nearest one band, or a band index given twice, give a pixel more output bands than

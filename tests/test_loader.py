@@ -177,6 +177,17 @@ def test_resume_refuses_other_settings(border_scene):
             b.load_state_dict(a.state_dict())
 
 
+def test_a_state_of_one_rank_says_to_relaunch_with_1_rank(border_scene):
+    """A single process's state loaded by one of two ranks is refused naming the ranks to relaunch with in
+    English ("relaunch with 1 ranks" read wrong); two or more stay plural."""
+    store = border_scene[2]["reflect"]
+    with _loader(store) as one, _loader(store, rank=0, world_size=2) as two:
+        with pytest.raises(ConfigError, match=r"world_size=2; relaunch with 1 rank to resume, or start the next epoch"):
+            two.load_state_dict(one.state_dict())
+        with pytest.raises(ConfigError, match=r"world_size=1; relaunch with 2 ranks to resume"):
+            one.load_state_dict(two.state_dict())
+
+
 def test_resume_refuses_a_state_of_other_samples(border_scene, tmp_path, run_cli):
     """A state saved before a `hsgds resplit` (same settings, other train pixels), or over other stores, is a
     position in another sequence: refused, not resumed silently."""
@@ -218,6 +229,50 @@ def test_resume_under_another_mask_names_the_mask(border_scene):
             b.load_state_dict(a.state_dict())
     with _loader(store, mask=one, split=None) as a, _loader(store, mask=one.copy(), split=None) as b:
         b.load_state_dict(a.state_dict())
+
+
+def test_every_pixel_of_a_split_resumes_only_over_the_same_left_out_pixels(border_scene, tmp_path):
+    """pixels='all' with a split leaves out the other splits' labelled pixels. A store converted again with a
+    train pixel and a val pixel of one tile swapped keeps every tile's count, but the same positions are other
+    pixels: its state was accepted (the digest held the counts alone for pixels='all') and the rest of the
+    epoch was other pixels than an uninterrupted run over the store it was saved on. Refused now; the same
+    split resumes exactly."""
+    import warnings
+
+    cube, labels, _ = border_scene
+    np.save(tmp_path / "cube.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    train = np.zeros(labels.shape, np.uint8)
+    train[:, ::2] = 1
+    test = np.zeros_like(train)
+    test[-4:] = 1  # (every class keeps train pixels)
+    train[-4:] = 0
+    swapped = train.copy()
+    swapped[0, 0], swapped[0, 1] = 0, 1  # one tile: a train pixel becomes val, a val pixel train
+    stores = {}
+    for name, tm in (("one", train), ("other", swapped)):
+        np.save(tmp_path / f"{name}_tm.npy", tm)
+        np.save(tmp_path / f"{name}_vm.npy", (1 - tm) * (1 - test))
+        np.save(tmp_path / f"{name}_te.npy", test)
+        (tmp_path / name).mkdir()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the masks' class shares: said, not refused)
+            stores[name] = convert(tmp_path / "cube.npy", tmp_path / name / "s.zarr", ConvertOptions(
+                labels=tmp_path / "gt.npy", tile=18, max_patch=15, split="masks", train_mask=tmp_path / f"{name}_tm.npy",
+                val_mask=tmp_path / f"{name}_vm.npy", test_mask=tmp_path / f"{name}_te.npy"))
+    opts = dict(pixels="all", split="train", shuffle=False, normalize=None)
+    with _loader(stores["one"], **opts) as a, _loader(stores["other"], **opts) as b:
+        assert a.samples.counts().tolist() == b.samples.counts().tolist()  # the counts cannot tell them apart
+        it = iter(a)
+        next(it)
+        state = a.state_dict()
+        rest = _coords(it)
+        assert _coords(b) != _coords(a)  # (0, 0) and (0, 1): one yielded by each
+        with pytest.raises(ConfigError, match=r"^loader state was saved over other samples .*re-split or replaced"):
+            b.load_state_dict(state)
+    with _loader(stores["one"], **opts) as c:
+        c.load_state_dict(state)
+        assert _coords(c) == rest
 
 
 def test_a_damaged_states_settings_are_refused_on_one_short_line(border_scene):

@@ -219,6 +219,43 @@ def test_resume_mid_epoch_is_bit_identical(scene, noise_path, mixture):
             other.load_state_dict(state)
 
 
+def test_a_ranks_resume_at_every_batch_boundary_is_bit_identical(scene):
+    """Rank 1 of 3 (its share padded with its first sample), a ring of 4 slots for 16 tiles, every step on:
+    a state taken at each batch boundary of epoch 0 and of epoch 1 (reached by iterating epoch 0 whole, not by
+    set_epoch), 0 and the last included, resumes the rest of that epoch and then the next one bit for bit
+    (the batch after the state is cut ahead when it is taken, where the fused kernel cuts ahead)."""
+    aug = hsgds.Augment(flip=True, rot90=True, radiation_noise=0.3, mixture_noise=0.5, band_dropout=0.1)
+    tile = hsgds.open_scene(scene).grid.tile_nbytes
+    kw = dict(patch_size=P, batch_size=40, augment=aug, device="cpu", seed=8, rank=1, world_size=3,
+              ring_bytes=4 * tile, return_coords=True)
+
+    def bits(batches):
+        return [(p.numpy().view(np.uint32).copy(), c.numpy().copy()) for p, _, c in batches]
+
+    with hsgds.PatchLoader(scene, **kw) as loader:
+        epochs = [bits(loader) for _ in range(3)]
+    n = len(epochs[0])
+    assert n > 3 and all(len(e) == n for e in epochs)
+    for epoch in (0, 1):
+        for b in range(n + 1):
+            with hsgds.PatchLoader(scene, **kw) as loader:
+                for _ in range(epoch):
+                    bits(loader)  # a whole epoch: the next starts
+                it = iter(loader)
+                head = bits(next(it) for _ in range(b))
+                state = loader.state_dict()
+            assert (state["epoch"], state["batch"]) == (epoch, b)
+            with hsgds.PatchLoader(scene, **kw) as loader:
+                loader.load_state_dict(state)
+                loader.set_epoch(epoch)  # the usual loop's call keeps the restored position
+                got = head + bits(loader) + bits(loader)
+            want = epochs[epoch] + epochs[epoch + 1]
+            assert len(got) == len(want)
+            for (p, c), (q, d) in zip(got, want):
+                np.testing.assert_array_equal(c, d)
+                np.testing.assert_array_equal(p, q)
+
+
 def test_fused_and_after_cut_paths_agree(scene):
     """The same draws through the fused kernel and through the after-cut path: identical flips and
     dropped bands, radiation noise equal to float32 rounding (the paths may round a product differently)."""
