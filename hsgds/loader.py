@@ -260,8 +260,7 @@ def _same_setting(saved: Any, mine: Any) -> bool:
 
 def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
     """What a saved position is a position in: the scenes (in order) and their samples per tile, and for one
-    scene which pixels those are (its sample table's, or with pixels="all" those left out: other splits' labelled
-    pixels, nodata). A re-split or replaced store changes it. (Several scenes'
+    scene's sample table which pixels those are. A re-split or replaced store changes it. (Several scenes'
     pixels are left out: a collection's loader may list them from collection.json, never reading them,
     and its state must resume in a loader that opened the same stores; masks are told apart by
     :func:`_masks_digest`.)"""
@@ -270,9 +269,18 @@ def _samples_digest(names: tuple[str, ...], samples: Samples) -> str:
     if isinstance(samples, SampleSet) and len(names) == 1:  # which pixels, not only how many in each tile
         h.update(np.ascontiguousarray(samples.scene_y).data)  # the int32 arrays as they are: no copy
         h.update(np.ascontiguousarray(samples.scene_x).data)
-    elif isinstance(samples, GridSamples) and len(names) == 1:  # every pixel but those left out: which ones
-        h.update(samples.left_out())
     return h.hexdigest()[:16]
+
+
+def _left_out_digest(names: tuple[str, ...], samples: Samples) -> str | None:
+    """For one scene's every pixel (pixels="all") with pixels left out (other splits' labelled pixels, nodata),
+    which ones: a store re-split with a train and a val pixel of one tile swapped keeps every tile's count, and
+    the rest of a saved epoch would be other pixels. None otherwise. (A key of its own, not part of
+    :func:`_samples_digest`, so that states saved before it existed still load.)"""
+    if not (isinstance(samples, GridSamples) and len(names) == 1):
+        return None
+    left_out = samples.left_out()
+    return hashlib.blake2b(left_out, digest_size=8).hexdigest() if left_out else None
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -577,7 +585,7 @@ class PatchLoader:
             what = {"none": "pixels left out of every split", None: "pixels"}.get(split, f"{split} pixels")
             raise ConfigError(f"{where} no {what} (split={split!r}, pixels={pixels!r}); see `hsgds info` for its "
                               "splits")
-        self._digest: str | None = None  # of the samples, made when a state is first saved or loaded
+        self._digest: tuple[str, str | None] | None = None  # of the samples, made when a state is first saved or loaded
 
         self._tile_nbytes = tile_nbytes
         needed = int(np.count_nonzero(self.samples.counts()))
@@ -757,13 +765,15 @@ class PatchLoader:
                 "slots_by_rank": None if self._slots_by_rank is None else list(self._slots_by_rank),
                 "pixels": self.pixels, "stride": self.stride, "footprint_guard": self.footprint_guard,
                 "scenes": len(self.scenes),
-                "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_key(),
-                "mask": self._mask_key}
+                "augment": None if self.augment is None else repr(self.augment), "samples": self._samples_key()[0],
+                "left_out": self._samples_key()[1], "mask": self._mask_key}
 
-    def _samples_key(self) -> str:
-        """What a saved position is a position in (:func:`_samples_digest`); hashed once, not at start-up."""
+    def _samples_key(self) -> tuple[str, str | None]:
+        """What a saved position is a position in (:func:`_samples_digest`, :func:`_left_out_digest`); hashed
+        once, not at start-up."""
         if self._digest is None:
-            self._digest = _samples_digest(self.scenes.names, self.samples)
+            names = self.scenes.names
+            self._digest = _samples_digest(names, self.samples), _left_out_digest(names, self.samples)
         return self._digest
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -800,7 +810,8 @@ class PatchLoader:
                        "state (loader.set_epoch(epoch + 1))")
                 raise ConfigError(f"loader state was saved with {key}={shown(state.get(key), 200)} but this loader "
                                   f"has {key}={shown(mine[key], 200)}; {fix}")
-        if state.get("samples", self._samples_key()) != self._samples_key():  # (absent in older states)
+        samples, left_out = self._samples_key()  # (each absent in older states: unchecked)
+        if (state.get("samples", samples), state.get("left_out", left_out)) != (samples, left_out):
             raise ConfigError("loader state was saved over other samples (another store or scene order, or the "
                               "store was re-split or replaced since): its rest of the epoch is not this loader's; "
                               "resume on the same stores, or start the next epoch (loader.set_epoch(epoch + 1))")
@@ -879,7 +890,7 @@ class PatchLoader:
         return {"hsgds": __version__, "iterations": self._pass + 1, "world_size": self.world_size,
                 "stores": stores, "split": self.split, "pixels": self.pixels, "stride": self.stride,
                 "footprint_guard": self.footprint_guard, "mask": self._mask_key, "num_samples": len(self.samples),
-                "samples": self._samples_key(), "seed": self.seed, "shuffle": self.shuffle,
+                "samples": "/".join(k for k in self._samples_key() if k), "seed": self.seed, "shuffle": self.shuffle,
                 "shuffle_window": self.shuffle_window, "batch_size": self.batch_size, "drop_last": self.drop_last,
                 "patch_size": self.patch_size, "bands": self.bands, "wavelengths": self.wavelengths,
                 "normalize": self.normalize, "norm_stats": self._norm_key, "layout": self.layout,

@@ -273,6 +273,10 @@ def test_every_pixel_of_a_split_resumes_only_over_the_same_left_out_pixels(borde
     with _loader(stores["one"], **opts) as c:
         c.load_state_dict(state)
         assert _coords(c) == rest
+    older = {k: v for k, v in state.items() if k != "left_out"}  # a state saved before the key existed
+    with _loader(stores["one"], **opts) as d:
+        d.load_state_dict(older)  # still loads: its samples digest is what it was
+        assert _coords(d) == rest
 
 
 def test_a_damaged_states_settings_are_refused_on_one_short_line(border_scene):
