@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make demo` (the main job on the embedded real scene) and `make test`.
 PYTHON ?= python3
+TORCH_INDEX ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,8 +8,10 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first, pinned: the CPU build (an open range would pull a multi-GB CUDA build)
-	$(BIN)/pip install -q torch==2.13.0
+	# torch first, pinned: the CPU build (an open range would pull a multi-GB CUDA build). Where the package index
+	# serves the CUDA build for this pin (PyPI on Linux), take the CPU one with
+	# make TORCH_INDEX=https://download.pytorch.org/whl/cpu
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e '.[test,cpu,dali,lint]'
 	touch $(STAMP)
 
