@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,9 @@ def find_pair(path: Path) -> tuple[Path, Path] | None:
     return None
 
 
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
 def parse_header(path: Path) -> dict[str, str]:
     """Parse an ENVI header into a dict of lower-case keys to raw string values.
 
@@ -132,7 +136,9 @@ def parse_header(path: Path) -> dict[str, str]:
         text = path.read_bytes().removeprefix(_BOM).decode("utf-8", errors="replace")
     except OSError as exc:
         raise InputError(f"cannot read ENVI header {path} ({exc.strerror}); check its permissions") from None
-    lines = text.splitlines()
+    # lines end at CR, LF or CRLF only, as ENVI, GDAL and SPy read them: str.splitlines() also ends one at U+0085,
+    # U+2028 and others, which a class name may hold (it came back as two names joined by a space)
+    lines = _LINE_END.split(text)
     if not lines or not lines[0].strip().startswith("ENVI"):
         raise InputError(f"{path} is not an ENVI header (first line must be 'ENVI')")
     header: dict[str, str] = {}

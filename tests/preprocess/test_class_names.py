@@ -226,3 +226,15 @@ written into its metadata alone, its tiles kept, and it says why."""
                                                    "Soybean mintill) differ from the store's (a,b,c,d,e)")
     assert stored_names(out / "s.zarr") == NAMES[1:] and hsgds.open_scene(out / "s.zarr").num_classes == 4
     assert hsgds.open_scene(out / "s.zarr").verify() == []
+
+
+def test_class_names_holding_unicode_line_separators_are_read_whole(tmp_path):
+    """An ENVI header's lines end at CR, LF or CRLF, as GDAL and SPy read them. str.splitlines() also ended one at
+    U+0085 (NEL) or U+2028 (LINE SEPARATOR) inside a class name, which came back as two names joined by a space."""
+    cp, labels = scene(tmp_path, classes=3)
+    names = ["Corn\u2028notill", "Grass\x85Pasture", "Woods\u2029x"]
+    gt = write_classification(tmp_path / "gt.hdr", labels, ["classes = 4", "class names = {Unclassified, "
+                                                                           + ", ".join(names) + "}"])
+    assert envi.open(str(gt)).metadata["class names"][1:] == names  # SPy, the independent reader, agrees
+    convert(cp, tmp_path / "s.zarr", ConvertOptions(labels=gt, max_patch=3))
+    assert stored_names(tmp_path / "s.zarr") == names
