@@ -1,7 +1,8 @@
 """The ``hsgds`` command: convert, convert-many, info, resplit, verify (and the runtime verbs). Exit 0 on success,
 2 on bad input or usage, with a one-line error on stderr; 1 when part of the work failed and the rest was done
-(convert-many and a collection's resplit or predict: some scenes failed) or, for doctor --require-gpu, when
-no CUDA GPU would be used; 130 when interrupted (Ctrl-C)."""
+(convert-many and a collection's resplit or predict: some scenes failed) or, for doctor, when the reader or
+engine asked for cannot run here (with --require-gpu: when no CUDA GPU would be used); 130 when interrupted
+(Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from hsgds._wording import counted, duration, listed
 from hsgds.errors import HsgdsError, HsgdsWarning, InputError, StoreError, escaped, one_line
 
 EXIT_BAD_INPUT = 2
-EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor --require-gpu: no GPU)
+EXIT_SOME_FAILED = 1  # some scenes failed, the others were done (or doctor: unhealthy)
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT, so that a script tells Ctrl-C from failed scenes
 
 # what an interrupted command leaves, for those whose rerun picks up where it stopped
@@ -736,7 +737,8 @@ def _verify_collection(path: str) -> None:
 @click.option("--store", type=click.Path(exists=True),
               help="Also say which filesystem this store is on (WSL2: not /mnt/c).")
 @click.option("--require-gpu", is_flag=True,
-              help="Exit 1 unless hsgds would use a CUDA GPU (a container health check).")
+              help="Exit 1 unless hsgds would use a CUDA GPU (a container health check). Without it, exit 1 "
+                   "only when the reader or engine asked for (or HSGDS_DEVICE) cannot run here.")
 def doctor(reader, engine, store, require_gpu) -> None:
     """What this machine can use (CUDA, kvikio + GDS or compat mode, DALI, the fused CPU cut, WSL) and what
     hsgds would pick."""
@@ -746,15 +748,14 @@ def doctor(reader, engine, store, require_gpu) -> None:
 
     report = probe(refresh=True)
     click.echo(doctor_report(report, reader=reader, engine=engine, store=store, cpu_cut=cpu_cut_status()))
-    if require_gpu:
-        try:
-            kind = choose(report, reader, engine).kind
-        except HsgdsError as exc:
-            click.echo(f"hsgds doctor: unhealthy: {exc}", err=True)
-            sys.exit(1)
-        if kind != "cuda":
-            click.echo(f"hsgds doctor: unhealthy: no usable CUDA GPU ({report.cuda_reason})", err=True)
-            sys.exit(1)
+    try:
+        kind = choose(report, reader, engine).kind
+    except HsgdsError as exc:  # the reader or engine asked for (or HSGDS_DEVICE) cannot run here: a loader would fail
+        click.echo(f"hsgds doctor: unhealthy: {exc}", err=True)
+        sys.exit(EXIT_SOME_FAILED)
+    if require_gpu and kind != "cuda":
+        click.echo(f"hsgds doctor: unhealthy: no usable CUDA GPU ({report.cuda_reason})", err=True)
+        sys.exit(EXIT_SOME_FAILED)
 
 
 def _floats(value: str, n: int, what: str) -> tuple[float, ...]:

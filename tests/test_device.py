@@ -445,6 +445,9 @@ def test_doctor_cli_require_gpu_and_store(run_cli, tmp_path):
     assert code == 1 and "unhealthy: no usable CUDA GPU" in err
     code, out, err = run_cli("doctor", "--require-gpu", "--reader", "kvikio")
     assert code == 1 and "cannot choose" in out and "unhealthy" in err
+    # a reader that cannot run here: a loader built with it would fail, so a script checking with doctor must too
+    code, out, err = run_cli("doctor", "--reader", "kvikio")
+    assert code == 1 and "cannot choose" in out and err.startswith("hsgds doctor: unhealthy: ") and err.count("\n") == 1
     for args, message in ((("--reader", "banana"), "'banana' is not one of 'auto', 'posix', 'posix-pinned', 'kvikio'"),
                           (("--engine", "banana"), "'banana' is not one of 'auto', 'torch', 'dali'"),
                           (("--store", tmp_path / "missing.zarr"), "does not exist")):
