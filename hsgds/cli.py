@@ -581,9 +581,11 @@ def resplit(store, split, train, val, block_size, seed) -> None:
     For a collection (a folder holding collection.json, or that file): every labelled scene, each split on
     its own labels with these settings, then collection.json's per-tile sample counts written anew."""
     from hsgds.collection import is_collection_path
+    from hsgds.preprocess.resplit import check_options
     from hsgds.preprocess.resplit import resplit as run_resplit
 
     _check_split_options(split, _given_label_options())  # (resplit makes random and block splits only)
+    check_options(split, train=train, val=val, block_size=block_size, seed=seed)  # once, also for a collection
     if is_collection_path(store):
         _resplit_collection(store, split, train, val, block_size, seed)
         return
