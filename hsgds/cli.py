@@ -549,6 +549,9 @@ def info(store, patch_size, key, band_axis) -> None:
     from hsgds.info import MODEL_SUFFIXES, describe
 
     path = Path(store)
+    if patch_size is not None and (path.is_file() or is_collection_path(path)):  # (it would be dropped unsaid)
+        _fail(f"--patch-size sets the leakage line of a store (a .zarr folder); a collection, a source or a model file "
+              f"has none: run `hsgds info STORE --patch-size {patch_size}` on a scene's store")
     if (path.is_file() and not is_collection_path(path) and path.suffix.lower() not in MODEL_SUFFIXES
             and not zipfile.is_zipfile(path)):  # (torch.save and torch.export write zip archives)
         from hsgds.preprocess.describe import describe_source
