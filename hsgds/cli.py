@@ -683,7 +683,7 @@ def _resplit_collection(path: str, split: str, train: float, val: float, block_s
         if done:
             write_collection(coll.root, entries, coll.path.name)
     click.echo(f"re-split {done} of {len(coll)} scenes "
-               f"({len(coll) - len(labelled)} unlabelled, {len(failed)} failed); wrote {coll.path}")
+               f"({len(coll) - len(labelled)} unlabelled, {len(failed)} failed)" + (f"; wrote {coll.path}" if done else ""))
     if done:
         click.echo(_NEW_STATISTICS)
     if failed:

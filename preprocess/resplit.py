@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -214,8 +215,12 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
         if split == "blocks":
             splitting.check_block_size_option(block_size, meta.halo, " (--max-patch was set when the store was "
                                               "converted: smaller blocks need it converted again with a smaller one)")
-        split_map, params = splitting.make_split(src.labels, split, train=train, val=val, block_size=block_size,
-                                                 guard=meta.halo, seed=seed)
+        # the split's warnings are shown once it is written, as convert shows them: a split refused below (no
+        # train pixel) is said in one line, not after a warning about classes of a split never made
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            split_map, params = splitting.make_split(src.labels, split, train=train, val=val,
+                                                     block_size=block_size, guard=meta.halo, seed=seed)
         ys, xs = src.scene_yx()
         codes = split_map[ys, xs].astype(np.uint8)
         splitting.check_has_train(codes, split, block_size)
@@ -234,6 +239,8 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
         _commit(path, meta)
         # keep the previous generation for readers that read the old metadata a moment ago
         _remove_generations(path, lambda g: g < generation - 1)
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return params
     finally:
         if lock is not None:

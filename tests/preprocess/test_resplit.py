@@ -354,6 +354,31 @@ def test_resplit_without_train_pixels_is_refused(ip_copy, run_cli):
     assert tree_digest(ip_copy) == before
 
 
+def test_a_refused_resplit_says_one_line_and_no_warning_of_the_split_not_made(npy_scene, tmp_path, run_cli):
+    """A block split without a train pixel is refused: the warning naming its classes ("got no train pixel:
+    scored, never trained on") described a split that was never written, a line before the refusal (convert shows
+    only the refusal). Over a collection, each scene is one `failed:` line, and no listing is said to be written
+    when no scene was re-split (collection.json is left as it was)."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    cp, lp, _, _ = npy_scene(b=3)
+    entries = []
+    for name in ("a", "b"):
+        store = convert(cp, tmp_path / f"{name}.zarr", ConvertOptions(labels=lp, max_patch=5))
+        entries.append(SceneEntry.of_scene(name, hsgds.open_scene(store)))
+    write_collection(tmp_path, entries)
+    before = tree_digest(tmp_path)
+    refusal = ("--split blocks gives no train pixel on these labels; use a smaller --block-size than 500 (or leave "
+               "it out: adaptive)")
+    code, out, err = run_cli("resplit", tmp_path / "a.zarr", "--split", "blocks", "--block-size", "500")
+    assert (code, out, err) == (2, "", f"hsgds: error: {refusal}\n")
+    code, out, err = run_cli("resplit", tmp_path, "--split", "blocks", "--block-size", "500")
+    assert code == 1 and out == "re-split 0 of 2 scenes (0 unlabelled, 2 failed)\n", out
+    assert err == (f"hsgds: failed: a: {refusal}\nhsgds: failed: b: {refusal}\nhsgds: error: 2 of 2 labelled scenes "
+                   "could not be re-split (a, b); fix them and run the same command again\n"), err
+    assert tree_digest(tmp_path) == before
+
+
 def test_resplit_refuses_train_statistics_that_overflow(npy_scene, tmp_path, monkeypatch):
     """A store an older hsgds wrote from values too large for float64 statistics (its check did not exist):
     a re-split's new train statistics overflow too, and are refused with the store left as it was."""
