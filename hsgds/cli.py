@@ -550,6 +550,9 @@ def info(store, patch_size, key, band_axis) -> None:
     from hsgds.info import MODEL_SUFFIXES, describe
 
     path = Path(store)
+    if patch_size is not None and (path.is_file() or is_collection_path(path)):  # (it would be dropped unsaid)
+        _fail(f"--patch-size sets the leakage line of a store (a .zarr folder); a collection, a source or a model file "
+              f"has none: run `hsgds info STORE --patch-size {patch_size}` on a scene's store")
     if (path.is_file() and not is_collection_path(path) and path.suffix.lower() not in MODEL_SUFFIXES
             and not zipfile.is_zipfile(path)):  # (torch.save and torch.export write zip archives)
         from hsgds.preprocess.describe import describe_source
@@ -582,9 +585,11 @@ def resplit(store, split, train, val, block_size, seed) -> None:
     For a collection (a folder holding collection.json, or that file): every labelled scene, each split on
     its own labels with these settings, then collection.json's per-tile sample counts written anew."""
     from hsgds.collection import is_collection_path
+    from hsgds.preprocess.resplit import check_options
     from hsgds.preprocess.resplit import resplit as run_resplit
 
     _check_split_options(split, _given_label_options())  # (resplit makes random and block splits only)
+    check_options(split, train=train, val=val, block_size=block_size, seed=seed)  # once, also for a collection
     if is_collection_path(store):
         _resplit_collection(store, split, train, val, block_size, seed)
         return
@@ -679,7 +684,7 @@ def _resplit_collection(path: str, split: str, train: float, val: float, block_s
         if done:
             write_collection(coll.root, entries, coll.path.name)
     click.echo(f"re-split {done} of {len(coll)} scenes "
-               f"({len(coll) - len(labelled)} unlabelled, {len(failed)} failed); wrote {coll.path}")
+               f"({len(coll) - len(labelled)} unlabelled, {len(failed)} failed)" + (f"; wrote {coll.path}" if done else ""))
     if done:
         click.echo(_NEW_STATISTICS)
     if failed:

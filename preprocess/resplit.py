@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from hsgds.preprocess.convert import write_error
 from hsgds.preprocess.rewrite import commit_metadata, lock_store, remove_stale_commits
 from hsgds.preprocess.stats import BandAccumulator, check_finite
 
-__all__ = ["resplit"]
+__all__ = ["check_options", "resplit"]
 
 RESPLIT_METHODS = ("random", "blocks")
 
@@ -176,6 +177,20 @@ def _remove_generations(store: Path, drop: Callable[[int], bool]) -> None:
     remove_stale_commits(store)
 
 
+def check_options(split: str, *, train: float | int, val: float | int, block_size: int | None, seed: int) -> None:
+    """The options' own checks, in the command's words, before any store is read: ``hsgds resplit`` of a collection
+    makes them once, not once per scene (a bad option is the user's, not a scene's)."""
+    if split not in RESPLIT_METHODS:
+        raise InputError(f"--split must be one of {', '.join(RESPLIT_METHODS)} for resplit, got {split!r} "
+                         "(mask splits: convert again with --split masks)")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise InputError(f"--seed must be a non-negative integer, got {seed!r}")
+    if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
+        raise InputError(f"--block-size must be a positive number of pixels, got {block_size}")
+    splitting.check_split_options(split, ["--block-size"] if block_size is not None else [])
+    splitting.check_amounts(train, val)
+
+
 def resplit(store: str | os.PathLike, split: str = "random", *, train: float | int = 0.1, val: float | int = 0.0,
             block_size: int | None = None, seed: int = 0,
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -185,14 +200,7 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
     guard of a block split), from the labels in the store. Samples' split codes and the train
     statistics are replaced atomically (see the module notes); tiles, labels and everything else stay.
     """
-    if split not in RESPLIT_METHODS:
-        raise InputError(f"--split must be one of {', '.join(RESPLIT_METHODS)} for resplit, got {split!r} "
-                         "(mask splits: convert again with --split masks)")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise InputError(f"--seed must be a non-negative integer, got {seed!r}")
-    if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
-        raise InputError(f"--block-size must be a positive number of pixels, got {block_size}")
-    splitting.check_split_options(split, ["--block-size"] if block_size is not None else [])
+    check_options(split, train=train, val=val, block_size=block_size, seed=seed)
     path = Path(store)
     if not path.is_dir():
         raise StoreError(f"{path} is not a store directory; create one with `hsgds convert`")
@@ -207,8 +215,12 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
         if split == "blocks":
             splitting.check_block_size_option(block_size, meta.halo, " (--max-patch was set when the store was "
                                               "converted: smaller blocks need it converted again with a smaller one)")
-        split_map, params = splitting.make_split(src.labels, split, train=train, val=val, block_size=block_size,
-                                                 guard=meta.halo, seed=seed)
+        # the split's warnings are shown once it is written, as convert shows them: a split refused below (no
+        # train pixel) is said in one line, not after a warning about classes of a split never made
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            split_map, params = splitting.make_split(src.labels, split, train=train, val=val,
+                                                     block_size=block_size, guard=meta.halo, seed=seed)
         ys, xs = src.scene_yx()
         codes = split_map[ys, xs].astype(np.uint8)
         splitting.check_has_train(codes, split, block_size)
@@ -227,6 +239,8 @@ def resplit(store: str | os.PathLike, split: str = "random", *, train: float | i
         _commit(path, meta)
         # keep the previous generation for readers that read the old metadata a moment ago
         _remove_generations(path, lambda g: g < generation - 1)
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return params
     finally:
         if lock is not None:

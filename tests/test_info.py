@@ -149,6 +149,26 @@ def test_info_bad_patch_size(indian_pines_store, run_cli, bad):
     assert err == f"hsgds: error: --patch-size must be a positive odd number (patches are pixel-centred), got {bad}\n"
 
 
+def test_info_patch_size_of_what_has_no_leakage_line_is_refused(npy_scene, tmp_path, run_cli):
+    """--patch-size sets a store's leakage line. A collection's summary (collection.json alone), a source's and a
+    model file's have none: the option was dropped without a word, so `hsgds info campaign/ --patch-size 15`
+    looked like an answer without the leakage asked for. Refused in one line, naming what to run instead."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    cp, lp, _, _ = npy_scene(b=3)
+    store = convert(cp, tmp_path / "a.zarr", ConvertOptions(labels=lp, max_patch=5))
+    write_collection(tmp_path, [SceneEntry.of_scene("a", hsgds.open_scene(store))])
+    (tmp_path / "model.pt2").write_bytes(b"PK")  # a model file by its name: refused before it is loaded
+    for what in (tmp_path, tmp_path / "collection.json", cp, lp, tmp_path / "model.pt2"):
+        code, out, err = run_cli("info", what, "--patch-size", "3")
+        assert (code, out) == (2, ""), (what, out, err)
+        assert err == ("hsgds: error: --patch-size sets the leakage line of a store (a .zarr folder); a collection, "
+                       "a source or a model file has none: run `hsgds info STORE --patch-size 3` on a scene's "
+                       "store\n"), err
+    code, out, err = run_cli("info", store, "--patch-size", "3")
+    assert code == 0 and "have a 3x3 patch" in out, err
+
+
 def test_info_without_labels(npy_scene, tmp_path, run_cli):
     cp, _, _, _ = npy_scene(b=3)
     store = tmp_path / "u.zarr"

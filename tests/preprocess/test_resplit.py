@@ -301,6 +301,38 @@ def test_resplit_of_a_collection_refuses_a_block_size_without_blocks(tmp_path, r
         resplit(store, "random", block_size=8)
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("--split", "blocks", "--train", "0"), "--train fraction must be in (0, 1), got 0.0; pass a whole number "
+                                                "(e.g. 20) for a per-class pixel count"),
+        (("--split", "random", "--train", "0.6", "--val", "0.4"), "train + val fractions must be below 1 so that "
+                                                                  "pixels are left for test, got 0.6 + 0.4 = 1"),
+        (("--split", "random", "--seed", "-1"), "--seed must be a non-negative integer, got -1"),
+        (("--split", "blocks", "--block-size", "0"), "--block-size must be a positive number of pixels, got 0"),
+    ],
+)
+def test_resplit_of_a_collection_refuses_bad_options_once_before_any_scene(tmp_path, run_cli, npy_scene, args, line):
+    """A bad option is the user's, not a scene's: one line up front, as for one store; it was refused by every
+    scene in turn (a line per scene, thousands for a campaign) and then said to be scenes to fix."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    cp, lp, _, _ = npy_scene(b=3)
+    entries = []
+    for name in ("a", "b"):
+        store = convert(cp, tmp_path / f"{name}.zarr", ConvertOptions(labels=lp, max_patch=5))
+        entries.append(SceneEntry.of_scene(name, hsgds.open_scene(store)))
+    write_collection(tmp_path, entries)
+    before = tree_digest(tmp_path)
+    code, out, err = run_cli("resplit", tmp_path, *args)
+    assert (code, out, err) == (2, "", f"hsgds: error: {line}\n")
+    assert tree_digest(tmp_path) == before
+    # one store: the same line, naming the option as the command spells it
+    code, out, err = run_cli("resplit", tmp_path / "a.zarr", *args)
+    assert (code, out, err) == (2, "", f"hsgds: error: {line}\n")
+    assert tree_digest(tmp_path) == before
+
+
 def test_split_generation_metadata_is_validated(ip_copy):
     import json
 
@@ -320,6 +352,31 @@ def test_resplit_without_train_pixels_is_refused(ip_copy, run_cli):
         "(or leave it out: adaptive)"), err
     assert "statistics: now those" not in out  # it used to say so while the statistics fell back to all pixels
     assert tree_digest(ip_copy) == before
+
+
+def test_a_refused_resplit_says_one_line_and_no_warning_of_the_split_not_made(npy_scene, tmp_path, run_cli):
+    """A block split without a train pixel is refused: the warning naming its classes ("got no train pixel:
+    scored, never trained on") described a split that was never written, a line before the refusal (convert shows
+    only the refusal). Over a collection, each scene is one `failed:` line, and no listing is said to be written
+    when no scene was re-split (collection.json is left as it was)."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    cp, lp, _, _ = npy_scene(b=3)
+    entries = []
+    for name in ("a", "b"):
+        store = convert(cp, tmp_path / f"{name}.zarr", ConvertOptions(labels=lp, max_patch=5))
+        entries.append(SceneEntry.of_scene(name, hsgds.open_scene(store)))
+    write_collection(tmp_path, entries)
+    before = tree_digest(tmp_path)
+    refusal = ("--split blocks gives no train pixel on these labels; use a smaller --block-size than 500 (or leave "
+               "it out: adaptive)")
+    code, out, err = run_cli("resplit", tmp_path / "a.zarr", "--split", "blocks", "--block-size", "500")
+    assert (code, out, err) == (2, "", f"hsgds: error: {refusal}\n")
+    code, out, err = run_cli("resplit", tmp_path, "--split", "blocks", "--block-size", "500")
+    assert code == 1 and out == "re-split 0 of 2 scenes (0 unlabelled, 2 failed)\n", out
+    assert err == (f"hsgds: failed: a: {refusal}\nhsgds: failed: b: {refusal}\nhsgds: error: 2 of 2 labelled scenes "
+                   "could not be re-split (a, b); fix them and run the same command again\n"), err
+    assert tree_digest(tmp_path) == before
 
 
 def test_resplit_refuses_train_statistics_that_overflow(npy_scene, tmp_path, monkeypatch):
