@@ -523,9 +523,9 @@ class Scene:
 class _StatsCheck:
     """The band statistics recomputed from the tiles as ``hsgds verify`` reads them. The statistics and the split
     codes have no checksum: one flipped bit in a mean is a finite number that shifts a band of every patch, and
-    a flipped split code moves a pixel into or out of train. The converter's float64 numbers agree with these to
-    about 1e-15 of a band's largest value; a difference within ``TOLERANCE`` of it is below what float32 loses
-    of the pixel values themselves, so harmless."""
+    a flipped split code moves a pixel into or out of train. Min and max must be equal; the converter's float64
+    mean and std agree with these to about 1e-15 of a band's largest value, and a difference within
+    ``TOLERANCE`` of it is below what float32 loses of the pixel values themselves, so harmless."""
 
     TOLERANCE = 1e-9
 
@@ -589,8 +589,9 @@ class _StatsCheck:
                 std = np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
                 scale = np.maximum(np.abs(lo), np.abs(hi))
                 found = {"mean": mean, "std": std, "min": lo, "max": hi}
-                wrong = [(f, int(b)) for f in fmt.STAT_FIELDS
-                         for b in np.flatnonzero(~(np.abs(getattr(recorded, f) - found[f]) <= self.TOLERANCE * scale))]
+                wrong = [(f, int(b)) for f in fmt.STAT_FIELDS  # min and max are pixel values: exactly equal
+                         for b in np.flatnonzero(~(np.abs(getattr(recorded, f) - found[f])
+                                                   <= (self.TOLERANCE * scale if f in ("mean", "std") else 0)))]
             if wrong:
                 f, b = wrong[0]
                 whose = "its train pixels" if group == "train" else "every pixel with data"

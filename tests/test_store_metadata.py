@@ -613,7 +613,8 @@ def _flip_bit(path: Path, byte: int, bit: int) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["train_mean_exponent", "all_std_mantissa", "train_min", "split_train_to_test"])
+@pytest.mark.parametrize("damage", ["train_mean_exponent", "all_std_mantissa", "train_min", "all_max_lowest_bit",
+                                    "split_train_to_test"])
 def test_verify_names_statistics_that_are_not_those_of_the_tiles(store, run_cli, damage):
     """The statistics and split codes have no checksum. One flipped bit in stats/train/mean (band 1 doubled or halved)
     verified "ok" and shifted band 1 of every training patch by many standard deviations; so did a flipped split
@@ -629,13 +630,15 @@ def test_verify_names_statistics_that_are_not_those_of_the_tiles(store, run_cli,
         assert np.array_equal(st.min, pixels.min(0)) and np.array_equal(st.max, pixels.max(0))
     code, out, _ = run_cli("verify", store)
     assert code == 0 and out.startswith("ok:")
-    group = "all" if damage == "all_std_mantissa" else "train"
+    group = "all" if damage.startswith("all") else "train"
     if damage == "train_mean_exponent":
         _flip_bit(store / "stats" / "train" / "mean" / "c" / "0", 8 + 6, 4)  # band 1's lowest exponent bit: doubled or halved
     elif damage == "all_std_mantissa":
         _flip_bit(store / "stats" / "all" / "std" / "c" / "0", 8 * 2 + 6, 0)  # band 2: about 1 part in 16
     elif damage == "train_min":
         _flip_bit(store / "stats" / "train" / "min" / "c" / "0", 8 * 3 + 5, 0)
+    elif damage == "all_max_lowest_bit":  # a pixel value no more: min and max are compared exactly
+        _flip_bit(store / "stats" / "all" / "max" / "c" / "0", 0, 0)
     else:
         codes_path = store / fmt.split_array(0) / "c" / "0"
         codes = np.fromfile(codes_path, dtype=np.uint8)
