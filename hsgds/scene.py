@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -419,7 +420,7 @@ class Scene:
         tiles = self.verify_tiles(recomputed.add)
         return self.verify_arrays() + recomputed.problems(), tiles
 
-    def verify_tiles(self, seen: Any = None) -> list[str]:
+    def verify_tiles(self, seen: Callable[[int, np.ndarray], None] | None = None) -> list[str]:
         """Re-read every tile and check its size and checksums; one line per bad tile. ``seen(tile_id, tile)``,
         when given, is called with each tile that passes."""
         from hsgds import checksum
