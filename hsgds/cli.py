@@ -634,7 +634,7 @@ def verify(store) -> None:
         _verify_collection(store)
         return
     scene = open_scene(store)
-    arrays, tiles = scene.verify_arrays(), scene.verify_tiles()
+    arrays, tiles = scene.verify_parts()
     for p in arrays:
         click.echo(f"hsgds: bad array: {p}", err=True)
     for p in tiles:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -409,10 +410,19 @@ class Scene:
         """Re-read every tile and check its size, crc32c and (format v2) wsum64 device checksum, and read the
         arrays loaders use beside the tiles (labels, samples, statistics, the nodata map); return one line per problem (empty
         when the store is intact)."""
-        return self.verify_arrays() + self.verify_tiles()
+        arrays, tiles = self.verify_parts()
+        return arrays + tiles
 
-    def verify_tiles(self) -> list[str]:
-        """Re-read every tile and check its size and checksums; one line per bad tile."""
+    def verify_parts(self) -> tuple[list[str], list[str]]:
+        """:meth:`verify`'s problems in two lists: those of the arrays beside the tiles (with the statistics
+        recomputed from the tiles as they are read), and those of the tiles."""
+        recomputed = _StatsCheck(self)
+        tiles = self.verify_tiles(recomputed.add)
+        return self.verify_arrays() + recomputed.problems(), tiles
+
+    def verify_tiles(self, seen: Callable[[int, np.ndarray], None] | None = None) -> list[str]:
+        """Re-read every tile and check its size and checksums; one line per bad tile. ``seen(tile_id, tile)``,
+        when given, is called with each tile that passes."""
         from hsgds import checksum
 
         problems = []
@@ -424,6 +434,9 @@ class Scene:
                     raise fmt.checksum_error(i, self.tile_paths[i], fmt.DEVICE_CHECKSUM_ALGORITHM)
             except TileReadError as exc:
                 problems.append(str(exc))
+            else:
+                if seen is not None:
+                    seen(i, tile)
         return problems
 
     def _nodata_problems(self) -> list[str]:
@@ -506,6 +519,88 @@ class Scene:
         except StoreError as exc:
             problems.append(str(exc))
         return problems
+
+
+class _StatsCheck:
+    """The band statistics recomputed from the tiles as ``hsgds verify`` reads them. The statistics and the split
+    codes have no checksum: one flipped bit in a mean is a finite number that shifts a band of every patch, and
+    a flipped split code moves a pixel into or out of train. Min and max must be equal; the converter's float64
+    mean and std agree with these to about 1e-15 of a band's largest value, and a difference within
+    ``TOLERANCE`` of it is below what float32 loses of the pixel values themselves, so harmless."""
+
+    TOLERANCE = 1e-9
+
+    def __init__(self, scene: Scene) -> None:
+        self.scene = scene
+        self.groups: dict[str, tuple[BandStats, list[Any]]] = {}  # group -> (recorded, [n, sum, sum of squares, min, max])
+        try:
+            recorded = scene.stats
+            table = scene.sample_table() if recorded.get("train") is not None else None
+            nodata = scene.nodata_every(1)
+        except StoreError:
+            return  # (reported by verify_arrays)
+        bands = scene.shape[2]
+        for group, st in recorded.items():
+            if st is not None and np.all(np.isfinite(st.mean)):  # (not finite: reported by verify_arrays)
+                self.groups[group] = (st, [0, np.zeros(bands), np.zeros(bands), np.full(bands, np.inf),
+                                           np.full(bands, -np.inf)])
+        self.table, self.nodata, self.seen = table, nodata, 0
+
+    def add(self, tile_id: int, tile: np.ndarray) -> None:
+        """Take the pixels of one tile that passed its checksums."""
+        if not self.groups:
+            return
+        g, h = self.scene.grid, self.scene.grid.halo
+        self.seen += 1
+        if "train" in self.groups and self.table is not None:
+            t = self.table
+            lo, hi = int(t["offsets"][tile_id]), int(t["offsets"][tile_id + 1])
+            train = t["split"][lo:hi] == fmt.SPLIT_TRAIN
+            self._take("train", tile[h + t["y"][lo:hi][train], h + t["x"][lo:hi][train]])
+        if "all" in self.groups:
+            y0, y1, x0, x1 = g.core_window(tile_id)
+            ty, tx = g.tile_yx(tile_id)
+            core = tile[h + y0 - ty * g.tile:h + y1 - ty * g.tile, h + x0 - tx * g.tile:h + x1 - tx * g.tile]
+            keep = np.ones(core.shape[:2], dtype=bool) if self.nodata is None else ~self.nodata[y0:y1, x0:x1]
+            self._take("all", core[keep])
+
+    def _take(self, group: str, pixels: np.ndarray) -> None:
+        recorded, acc = self.groups[group]
+        if not len(pixels):
+            return
+        with np.errstate(over="ignore", invalid="ignore"):  # (a mean flipped to 1e300: inf, a difference)
+            x = pixels.astype(np.float64) - recorded.mean  # about the recorded mean: no cancellation in the sums
+            acc[0] += len(x)
+            acc[1] += x.sum(0)
+            acc[2] += (x * x).sum(0)
+        acc[3] = np.minimum(acc[3], pixels.min(0).astype(np.float64))
+        acc[4] = np.maximum(acc[4], pixels.max(0).astype(np.float64))
+
+    def problems(self) -> list[str]:
+        """One line per group whose recorded statistics are not those of its pixels (none when a tile failed its
+        checksums: those tiles are named instead)."""
+        if not self.groups or self.seen != self.scene.grid.num_tiles:
+            return []
+        out = []
+        for group, (recorded, (n, s1, s2, lo, hi)) in self.groups.items():
+            if not n:
+                continue
+            with np.errstate(over="ignore", invalid="ignore"):
+                mean = recorded.mean + s1 / n
+                std = np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
+                scale = np.maximum(np.abs(lo), np.abs(hi))
+                found = {"mean": mean, "std": std, "min": lo, "max": hi}
+                wrong = [(f, int(b)) for f in fmt.STAT_FIELDS  # min and max are pixel values: exactly equal
+                         for b in np.flatnonzero(~(np.abs(getattr(recorded, f) - found[f])
+                                                   <= (self.TOLERANCE * scale if f in ("mean", "std") else 0)))]
+            if wrong:
+                f, b = wrong[0]
+                whose = "its train pixels" if group == "train" else "every pixel with data"
+                damaged = "the statistics or the split codes are" if group == "train" else "the statistics are"
+                out.append(f"{self.scene.path}: the {group} statistics differ from those of the tiles (the {f} of band "
+                           f"{b} of {whose} is {found[f][b]:.10g}, recorded {getattr(recorded, f)[b]:.10g}): {damaged} "
+                           "damaged; convert the source again")
+        return out
 
 
 def check_mask(mask: object, scene: Any, where: str) -> np.ndarray | None:

@@ -94,3 +94,29 @@ def test_encode_decode_and_input_checks():
         checksum.tile_checksums(torch.zeros((1, 6), dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8"):
         checksum.tile_checksums(torch.zeros((1, 8), dtype=torch.int16))
+
+
+def test_adversarial_fills_odd_word_counts_and_swaps_at_power_of_two_distances(monkeypatch):
+    """Against the plain-Python reference: all-zero and all-0xFF inputs of word counts that are not a multiple of
+    2 (lengths of 4 mod 8 bytes), and two different words swapped at every distance 2**k, at the start, the middle
+    and the end, across chunk boundaries (CHUNK_WORDS not a divisor of the word count)."""
+    for nbytes in (4, 12, 20, 4100, 8 * 1001 + 4):
+        for data in (bytes(nbytes), b"\xff" * nbytes):
+            assert checksum.checksum_of(data) == reference(data), nbytes
+    assert checksum.checksum_of(b"\xff" * 12) == (3 * 0xFFFFFFFF, 6 * 0xFFFFFFFF)  # by hand: S = 3w, P = (1+2+3)w
+    monkeypatch.setattr(checksum, "CHUNK_WORDS", 1000)
+    n = 1 << 16
+    words = np.random.default_rng(4).integers(0, 2**32, n, dtype=np.uint64).astype("<u4")
+    words[0], words[-1] = 0, 0xFFFFFFFF  # the extreme words take part in the swaps below
+    good = checksum.checksum_of(words.tobytes())
+    assert good == reference_numpy(words.tobytes())
+    for k in range(16):
+        for i in (0, n // 2 - (1 << k) // 2, n - 1 - (1 << k)):
+            j = i + (1 << k)
+            w = words.copy()
+            w[[i, j]] = w[[j, i]]
+            if words[i] != words[j]:
+                assert checksum.checksum_of(w.tobytes()) != good, (k, i)
+    w = words.copy()
+    w[[0, -1]] = w[[-1, 0]]  # 0 and 2**32 - 1 at the two ends: P moves by (n - 1)(2**32 - 1)
+    assert checksum.checksum_of(w.tobytes()) == reference_numpy(w.tobytes()) != good

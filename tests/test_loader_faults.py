@@ -255,3 +255,26 @@ def test_a_construction_failing_late_releases_what_it_built(store, monkeypatch):
     with pytest.raises(MemoryError, match="cannot pin the ring"):
         _loader(store, reader="posix", engine="torch")
     assert sorted(closed) == ["PosixReader", "TileRing", "TorchEngine"]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_tile_of_a_later_store_is_named_as_hsgds_verify_names_it(store, tmp_path, run_cli, damage):
+    """A loader over several stores numbers tiles across them (store 2's tile 3 is tile 9 after store 1's 6).
+    Its error named that global number beside store 2's chunk path ("tile 9" of a store of 6 tiles), where
+    `hsgds verify` of the store names "tile 3". Both name the store's own tile now."""
+    import shutil
+
+    stores = [shutil.copytree(store, tmp_path / f"s{i}.zarr") for i in range(2)]
+    path = hsgds.open_scene(stores[1]).tile_paths[3]
+    if damage == "flip":
+        data = bytearray(path.read_bytes())
+        data[100] ^= 1
+        path.write_bytes(bytes(data))
+    else:
+        os.truncate(path, 4096)
+    code, _, err = run_cli("verify", stores[1])
+    assert code == 2 and f"tile 3 ({path})" in err, err
+    with _loader(stores, split=None, shuffle=False) as loader, pytest.raises(HsgdsError) as raised:
+        for _ in loader:
+            pass
+    assert str(raised.value).startswith(f"tile 3 ({path}) "), raised.value

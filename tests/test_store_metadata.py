@@ -605,3 +605,47 @@ def test_a_collection_json_that_is_a_fifo_is_named_not_waited_on(tmp_path):
     assert isinstance(caught[0], StoreError), caught
     assert str(caught[0]) == (f"{fifo}: cannot read it (ValueError: it is a FIFO, not a file); write it again with "
                               "`hsgds convert-many`")
+
+
+def _flip_bit(path: Path, byte: int, bit: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[byte] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["train_mean_exponent", "all_std_mantissa", "train_min", "all_max_lowest_bit",
+                                    "split_train_to_test"])
+def test_verify_names_statistics_that_are_not_those_of_the_tiles(store, run_cli, damage):
+    """The statistics and split codes have no checksum. One flipped bit in stats/train/mean (band 1 doubled or halved)
+    verified "ok" and shifted band 1 of every training patch by many standard deviations; so did a flipped split
+    code moving a test pixel into train (train statistics no longer those of the train pixels). `hsgds verify`
+    now recomputes both groups from the tiles it reads and names a group that differs."""
+    scene = hsgds.open_scene(store)
+    cube = scene.read(0, 30, 0, 30).reshape(-1, 4).astype(np.float64)  # the reference: plain numpy
+    y, x, _ = scene.samples("train")
+    train = scene.read(0, 30, 0, 30)[y, x].astype(np.float64)
+    for group, pixels in (("train", train), ("all", cube)):
+        st = scene.stats[group]
+        assert np.allclose(st.mean, pixels.mean(0), rtol=1e-12) and np.allclose(st.std, pixels.std(0), rtol=1e-12)
+        assert np.array_equal(st.min, pixels.min(0)) and np.array_equal(st.max, pixels.max(0))
+    code, out, _ = run_cli("verify", store)
+    assert code == 0 and out.startswith("ok:")
+    group = "all" if damage.startswith("all") else "train"
+    if damage == "train_mean_exponent":
+        _flip_bit(store / "stats" / "train" / "mean" / "c" / "0", 8 + 6, 4)  # band 1's lowest exponent bit: doubled or halved
+    elif damage == "all_std_mantissa":
+        _flip_bit(store / "stats" / "all" / "std" / "c" / "0", 8 * 2 + 6, 0)  # band 2: about 1 part in 16
+    elif damage == "train_min":
+        _flip_bit(store / "stats" / "train" / "min" / "c" / "0", 8 * 3 + 5, 0)
+    elif damage == "all_max_lowest_bit":  # a pixel value no more: min and max are compared exactly
+        _flip_bit(store / "stats" / "all" / "max" / "c" / "0", 0, 0)
+    else:
+        codes_path = store / fmt.split_array(0) / "c" / "0"
+        codes = np.fromfile(codes_path, dtype=np.uint8)
+        i = int(np.nonzero(codes == fmt.SPLIT_TRAIN)[0][0])
+        _flip_bit(codes_path, i, 1)  # train (1) -> test (3)
+    st = hsgds.open_scene(store).stats[group]
+    assert all(np.all(np.isfinite(getattr(st, f))) for f in fmt.STAT_FIELDS) and np.all(st.std >= 0)
+    code, _, err = run_cli("verify", store)
+    assert code == 2 and f"the {group} statistics differ from those of the tiles" in err, err
+    assert "Traceback" not in err and "tiles are damaged" not in err and err.count("\n") == 2, err

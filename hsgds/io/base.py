@@ -23,7 +23,8 @@ class TileSource:
     ``nbytes`` is every tile's size, or with ``sizes`` (tiles of several scenes that differ in band count
     or tile geometry) the largest, ``sizes`` giving each tile's own: see :meth:`tile_nbytes`.
     ``checksums`` are the tiles' crc32c; ``device_checksums`` their wsum64 pairs (unsigned (S, P), see
-    :mod:`hsgds.checksum`), None for a format v1 store; ``store`` names the store in messages.
+    :mod:`hsgds.checksum`), None for a format v1 store; ``store`` names the store in messages. ``local_ids``
+    (tiles of several scenes): each tile's id in its own store, which messages name, as ``hsgds verify`` does.
     """
 
     paths: Sequence[Path]
@@ -32,10 +33,15 @@ class TileSource:
     sizes: tuple[int, ...] | None = None
     device_checksums: Sequence[tuple[int, int]] | None = None
     store: Path | None = None
+    local_ids: Sequence[int] | None = None
 
     def tile_nbytes(self, tile_id: int) -> int:
         """The size of tile ``tile_id`` in bytes."""
         return self.nbytes if self.sizes is None else self.sizes[tile_id]
+
+    def local_id(self, tile_id: int) -> int:
+        """The id of tile ``tile_id`` in its own store (the id messages name)."""
+        return tile_id if self.local_ids is None else int(self.local_ids[tile_id])
 
     @classmethod
     def from_scene(cls, scene: Any) -> TileSource:
@@ -53,10 +59,11 @@ class TileSource:
         v1 = [s for s in sources if s.device_checksums is None]
         device = None if v1 else tuple(c for s in sources for c in s.device_checksums or ())
         store = v1[0].store if v1 else None
+        local = tuple(s.local_id(i) for s in sources for i in range(len(s.paths)))
         if len({s.nbytes for s in sources}) == 1 and all(s.sizes is None for s in sources):
-            return cls(paths, sources[0].nbytes, checksums, device_checksums=device, store=store)
+            return cls(paths, sources[0].nbytes, checksums, device_checksums=device, store=store, local_ids=local)
         sizes = tuple(s.tile_nbytes(i) for s in sources for i in range(len(s.paths)))
-        return cls(paths, max(sizes), checksums, sizes, device_checksums=device, store=store)
+        return cls(paths, max(sizes), checksums, sizes, device_checksums=device, store=store, local_ids=local)
 
     @classmethod
     def deferred(cls, starts: Sequence[int], sizes: Sequence[int], scene: Callable[[int], TileSource],
@@ -67,16 +74,17 @@ class TileSource:
         per scene, when one of its tiles is first looked up. ``device_checksums``: every store has them."""
         per_scene = _PerScene(starts, scene)
         return cls(_Lazy(per_scene, "paths"), max(sizes), _Lazy(per_scene, "checksums"), tuple(sizes),
-                   device_checksums=_Lazy(per_scene, "device_checksums") if device_checksums else None)
+                   device_checksums=_Lazy(per_scene, "device_checksums") if device_checksums else None,
+                   local_ids=_LocalIds(per_scene))
 
     def check_crc(self, tile_id: int, crc: int) -> None:
-        check_tile_crc(tile_id, self.paths[tile_id], crc, self.checksums[tile_id])
+        check_tile_crc(self.local_id(tile_id), self.paths[tile_id], crc, self.checksums[tile_id])
 
     def device_checksum_error(self, tile_id: int) -> ChecksumError:
-        return checksum_error(tile_id, self.paths[tile_id], DEVICE_CHECKSUM_ALGORITHM)
+        return checksum_error(self.local_id(tile_id), self.paths[tile_id], DEVICE_CHECKSUM_ALGORITHM)
 
     def size_error(self, tile_id: int, size: int) -> TileReadError:
-        return tile_size_error(tile_id, self.paths[tile_id], size, self.tile_nbytes(tile_id))
+        return tile_size_error(self.local_id(tile_id), self.paths[tile_id], size, self.tile_nbytes(tile_id))
 
 
 class ChunkReader(abc.ABC):
@@ -138,11 +146,15 @@ class _PerScene:
         self._made: dict[int, TileSource] = {}
         self._lock = threading.Lock()
 
-    def locate(self, tile_id: int) -> tuple[TileSource, int]:
-        """The source of the scene holding global tile ``tile_id``, and the tile's id in it."""
+    def scene_of(self, tile_id: int) -> int:
+        """The index of the scene holding global tile ``tile_id`` (its store is not opened)."""
         if not 0 <= tile_id < self.starts[-1]:
             raise IndexError(f"tile id {tile_id} out of range 0..{self.starts[-1] - 1}")
-        s = int(np.searchsorted(self.starts, tile_id, side="right")) - 1
+        return int(np.searchsorted(self.starts, tile_id, side="right")) - 1
+
+    def locate(self, tile_id: int) -> tuple[TileSource, int]:
+        """The source of the scene holding global tile ``tile_id``, and the tile's id in it."""
+        s = self.scene_of(tile_id)
         with self._lock:
             source = self._made.get(s)
             if source is None:
@@ -168,3 +180,16 @@ class _Lazy(Sequence):
             raise TileReadError(f"tile {tile_id}: its store has no {self._field.replace('_', ' ')} "
                                 "(format v1); convert it again")
         return values[local]
+
+
+class _LocalIds(Sequence):
+    """Each global tile's id in its own store, from the scenes' first ids alone (no store is opened)."""
+
+    def __init__(self, per_scene: _PerScene) -> None:
+        self._per_scene = per_scene
+
+    def __len__(self) -> int:
+        return int(self._per_scene.starts[-1])
+
+    def __getitem__(self, tile_id):  # type: ignore[override]
+        return int(tile_id) - int(self._per_scene.starts[self._per_scene.scene_of(int(tile_id))])

@@ -114,17 +114,17 @@ class KvikioReader(ChunkReader):
             if handle is not None:
                 self._files.move_to_end(tile_id)
             else:
-                path = self.source.paths[tile_id]
+                path, local = self.source.paths[tile_id], self.source.local_id(tile_id)
                 try:
                     mode = os.stat(path).st_mode
                 except OSError:  # a missing file: CuFile's own error below
                     mode = None
                 if mode is not None:  # kvikio opens blocking: a FIFO planted as a chunk would hang this thread
-                    check_regular(tile_id, path, mode)
+                    check_regular(local, path, mode)
                 try:
                     handle = self._kvikio.CuFile(path, "r")
                 except RuntimeError as exc:  # kvikio reports open(2) failures as RuntimeError
-                    raise TileReadError(f"tile {tile_id} ({path}): cannot open ({_open_reason(path, exc)})") from None
+                    raise TileReadError(f"tile {local} ({path}): cannot open ({_open_reason(path, exc)})") from None
                 self._files[tile_id] = handle
             self._busy[tile_id] = self._busy.get(tile_id, 0) + 1
             self._trim()
@@ -153,7 +153,7 @@ class KvikioReader(ChunkReader):
         try:
             size = os.fstat(handle.fileno()).st_size
         except OSError as exc:
-            return TileReadError(f"tile {tile_id} ({path}): read failed ({exc.strerror})")
+            return TileReadError(f"tile {self.source.local_id(tile_id)} ({path}): read failed ({exc.strerror})")
         if size != n:
             return self.source.size_error(tile_id, size)
         return None
@@ -236,7 +236,7 @@ class KvikioReader(ChunkReader):
                         pending.append((tile_id, buf, handle, handle.pread(buf, buf.numel(), 0)))
                         continue
                 except RuntimeError as exc:
-                    error = _read_failed(self.source.paths[tile_id], tile_id, exc)
+                    error = _read_failed(self.source, tile_id, exc)
                 self._release(tile_id)
                 break
             for tile_id, buf, handle, future in pending:
@@ -244,12 +244,12 @@ class KvikioReader(ChunkReader):
                     try:
                         got = future.get()
                     except RuntimeError as exc:
-                        error = error or _read_failed(self.source.paths[tile_id], tile_id, exc)
+                        error = error or _read_failed(self.source, tile_id, exc)
                         continue
                     if got != buf.numel():
                         error = error or self._size_error(tile_id, handle) or TileReadError(
-                            f"tile {tile_id} ({self.source.paths[tile_id]}): short read ({got} of {buf.numel()} "
-                            "bytes)")
+                            f"tile {self.source.local_id(tile_id)} ({self.source.paths[tile_id]}): short read ({got} of "
+                            f"{buf.numel()} bytes)")
                         continue
                     done.append((tile_id, buf))
                 finally:
@@ -334,8 +334,8 @@ class KvikioReader(ChunkReader):
             handle.close()
 
 
-def _read_failed(path: Any, tile_id: int, exc: BaseException) -> TileReadError:
-    return TileReadError(f"tile {tile_id} ({path}): read failed ({one_line(exc)})")
+def _read_failed(source: TileSource, tile_id: int, exc: BaseException) -> TileReadError:
+    return TileReadError(f"tile {source.local_id(tile_id)} ({source.paths[tile_id]}): read failed ({one_line(exc)})")
 
 
 def _open_reason(path: Any, exc: BaseException) -> str:

@@ -57,13 +57,13 @@ class PosixReader(ChunkReader):
         if self._closed:
             raise TileReadError("reader is closed (its loader was closed); create a new loader")
         flags = _O_BINARY | (os.O_DIRECT if self.direct else 0)
-        path = self.source.paths[tile_id]
+        path, local = self.source.paths[tile_id], self.source.local_id(tile_id)
         try:
-            return open_tile(tile_id, path, flags)  # refuses a FIFO, on which open(2) would block for ever
+            return open_tile(local, path, flags)  # refuses a FIFO, on which open(2) would block for ever
         except TileReadError:
             raise
         except OSError as exc:
-            raise TileReadError(f"tile {tile_id} ({path}): cannot open ({exc.strerror})") from None
+            raise TileReadError(f"tile {local} ({path}): cannot open ({exc.strerror})") from None
 
     def _bounce(self, nbytes: int) -> Any:
         buf = getattr(self._local, "buf", None)
@@ -84,7 +84,8 @@ class PosixReader(ChunkReader):
                         break
                     done += got
             except OSError as exc:
-                raise TileReadError(f"tile {tile_id} ({path}): read failed ({exc.strerror})") from None
+                raise TileReadError(f"tile {self.source.local_id(tile_id)} ({path}): read failed ({exc.strerror})"
+                                    ) from None
             size = os.fstat(fd).st_size
         finally:
             os.close(fd)
