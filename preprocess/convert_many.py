@@ -476,14 +476,16 @@ GONE = "its store was missing"
 
 
 def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: dict[str, tuple[int, int]] | None,
-                 listed: bool = False) -> tuple[str | None, dict[str, tuple[int, int]]]:
+                 listed: bool = False, listed_sha256: tuple[str, str | None] | None = None
+                 ) -> tuple[str | None, dict[str, tuple[int, int]]]:
     """Why ``store`` must be (re)converted, or None when it is complete, verified and made from this very
     source with these options, its class names aside (:func:`_renamed` compares those); also the current
     (size, mtime) stamps of its source and label files.
-    ``listed``: the previous ``collection.json`` lists the scene (a missing store was deleted, not new).
+    ``listed``: the previous ``collection.json`` lists the scene (a missing store was deleted, not new);
+    ``listed_sha256``: the source's and labels' sha256 it lists, those of the store its stamps were taken for.
 
     Sources are compared by their recorded size and, unless their stamps equal those recorded in the
-    previous ``collection.json``, by their sha256."""
+    previous ``collection.json`` for this very store, by their sha256."""
     if not store.exists():
         return GONE if listed else NEW, {}
     try:
@@ -513,7 +515,10 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
         return "source files changed", {}
     if sum(now[str(p)][0] for p in data) != meta.source.get("size"):
         return "source changed (size)", now
-    if stamps != now:  # not provably unchanged: compare contents
+    # the stamps vouch for the store they were recorded with: not one replaced since (converted from another
+    # file of the same name and size), whose sha256 differs from the listing's
+    held = (meta.source.get("sha256"), None if not meta.labels_source else meta.labels_source.get("sha256"))
+    if stamps != now or listed_sha256 != held:  # not provably unchanged: compare contents
         if sha256_of(data)[0] != meta.source.get("sha256"):
             return "source changed (sha256)", now
         if labels and sha256_of(labels)[0] != (meta.labels_source or {}).get("sha256"):
@@ -622,9 +627,10 @@ def _one_line(exc: BaseException) -> str:
 
 def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOptions,
                   stamps: dict[str, tuple[int, int]] | None = None, force: bool = False,
-                  listed: bool = False) -> SceneResult:
+                  listed: bool = False, listed_sha256: tuple[str, str | None] | None = None) -> SceneResult:
     """Bring ``OUT_DIR/<name>.zarr`` up to date with ``row`` (the task each Dask worker runs); ``listed``: the
-    previous ``collection.json`` lists it.
+    previous ``collection.json`` lists it, with ``stamps`` and ``listed_sha256`` (its source's and labels'
+    sha256).
 
     Never raises for a scene's own problems: they come back as a ``failed`` result with a one-line
     reason, so one bad scene does not stop the others and is not retried in vain.
@@ -634,7 +640,8 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
     opts = dataclasses.replace(row.options(opts), overwrite=True)
     try:
         remove_stale(store)  # temporary folders a killed worker left behind
-        reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps, listed)
+        reason, now = (("--overwrite", {}) if force
+                       else _why_convert(row, store, opts, stamps, listed, listed_sha256))
         renamed, status = None, "converted"
         if reason is None:  # everything else matches: class names that differ, a flag unrecorded: new metadata only
             current = open_scene(store)
@@ -703,10 +710,12 @@ class ManyResult:
         return [r for r in self.scenes if r.status == "up to date"]
 
 
-def _previous_stamps(out_dir: Path) -> dict[str, dict[str, tuple[int, int]] | None]:
-    """name -> stamps recorded by the last run (nothing when there is no readable collection.json)."""
+def _previous_stamps(out_dir: Path) -> dict[str, tuple[dict[str, tuple[int, int]] | None, tuple[str, str | None]]]:
+    """name -> stamps recorded by the last run and the source's and labels' sha256 of the store they were
+    recorded with (nothing when there is no readable collection.json)."""
     try:
-        return {e.name: e.stamps for e in open_collection(out_dir / COLLECTION_FILE).entries}
+        return {e.name: (e.stamps, (e.source_sha256, e.labels_sha256))
+                for e in open_collection(out_dir / COLLECTION_FILE).entries}
     except StoreError:
         return {}
 
@@ -814,9 +823,11 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
             raise InputError(f"cannot create the output folder {out} ({exc.strerror}); choose another -o") from None
         previous = _previous_stamps(out)
         token = secrets.token_hex(4)
-        futures = {client.submit(convert_scene, row, str(out), opts, previous.get(row.name), force,
-                                 row.name in previous, key=f"hsgds-convert-{token}-{i}", pure=False): row
-                   for i, row in enumerate(rows)}
+        futures = {}
+        for i, row in enumerate(rows):
+            stamps, sha256s = previous.get(row.name, (None, None))
+            futures[client.submit(convert_scene, row, str(out), opts, stamps, force, row.name in previous, sha256s,
+                                  key=f"hsgds-convert-{token}-{i}", pure=False)] = row
         for future in distributed.as_completed(futures):
             row = futures[future]
             try:

@@ -1366,3 +1366,26 @@ def test_a_prisma_scene_with_unused_bands_joins_a_collection_by_wavelength(tmp_p
     assert (again.status, again.reason) == ("converted", "band centres: the source records 410-760 nm (3 bands "
                                                          "without a centre), the store none")
     assert open_scene(out / "p.zarr").wavelengths == expected
+
+
+def test_a_store_replaced_by_another_source_of_the_same_name_and_size_is_converted_again(cluster, tmp_path):
+    """The listing's stamps say the manifest's source is unchanged since the store it listed was made; a store
+    replaced since by a conversion of another file of the same name and size (another folder's version of the
+    scene) was kept as up to date, its sha256 never compared, and listed holding other data than its source."""
+    import dataclasses
+
+    from hsgds.preprocess.convert import convert
+
+    arrays = make_sources(tmp_path, n=2)
+    out = tmp_path / "out"
+    convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    (tmp_path / "old").mkdir()
+    cube, labels = arrays["cube0"]
+    np.save(tmp_path / "old/cube0.npy", cube[::-1])  # same name, same size, other values
+    assert (tmp_path / "old/cube0.npy").stat().st_size == (tmp_path / "data/cube0.npy").stat().st_size
+    convert(tmp_path / "old/cube0.npy", out / "cube0.zarr",
+            dataclasses.replace(OPTS, labels=tmp_path / "data/gt0.npy", overwrite=True))
+    again = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    assert {r.name: (r.status, r.reason) for r in again.scenes} == {
+        "cube0": ("converted", "source changed (sha256)"), "flight_1": ("up to date", None)}
+    check_collection(out, arrays, tmp_path)  # the store holds its source again, and is listed with its sha256
