@@ -60,6 +60,9 @@ COLUMNS = ("source", "labels", "name", "key", "labels_key", "band_axis", "wavele
 BAND_AXES = ("first", "middle", "last")
 #: Largest manifest read (a million rows of long paths is ~500 MB; anything larger is not a manifest).
 MAX_MANIFEST_BYTES = 1 << 30
+#: Longest scene name in bytes: 255 (a file name's limit on common file systems) less what the converter adds
+#: for its temporary folder, ".<name>.zarr.tmp-XXXXXXXX".
+MAX_NAME_BYTES = 255 - len("..zarr.tmp-12345678")
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,12 @@ def _check_name(name: str, where: str) -> None:
     if bad:
         raise InputError(f"{where}: name {name!r} cannot be a store name (no slashes, colons, leading dots "
                          "or surrounding spaces); fix the name column")
+    # the longest file name made of it, the store's hidden temporary ".<name>.zarr.tmp-XXXXXXXX", must fit the
+    # 255 bytes file systems allow: else every conversion of the scene failed, blaming the output folder
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        raise InputError(f"{where}: name {clipped(name, 40)!r} is {size} bytes long; a store name may have at most "
+                         f"{MAX_NAME_BYTES} (in UTF-8); shorten it in the name column")
 
 
 def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:

@@ -444,6 +444,10 @@ def test_local_cluster_from_the_cli(tmp_path, run_cli):
     ("source,labels\na.npy,nogt.npy\n", r"line 2: labels .*nogt.npy does not exist"),
     ("source\nsub\n", "is a folder"),
     ("source,name\na.npy,../x\n", "name '../x' cannot be a store name"),
+    # longer than a file name may be with the converter's temporary suffix: every conversion failed, blaming -o
+    ("source,name\na.npy," + "n" * 237 + "\n", r"line 2: name 'n{40} \.\.\.' is 237 bytes long; a store name may "
+                                             r"have at most 236 \(in UTF-8\); shorten it in the name column"),
+    ("source,name\na.npy," + "\u00e9" * 119 + "\n", "line 2: name .* is 238 bytes long"),
     ("source,name\na.npy\n", "line 2 has 1 fields, the header has 2"),
     ("source,name\n,x\n", "line 2: source is empty"),
     ("source,band_axis\na.npy,sideways\n", "line 2: band_axis 'sideways' is not one of first, middle, last; leave "
@@ -461,6 +465,19 @@ def test_manifest_errors_are_one_line(tmp_path, run_cli, manifest, message):
     assert stderr.count("\n") == 1 and stderr.startswith("hsgds: error: manifest ")
     assert __import__("re").search(message, stderr), stderr
     assert not (tmp_path / "out").exists()  # nothing written for a bad manifest
+
+
+def test_a_name_of_the_longest_length_allowed_converts(tmp_path):
+    """The limit on a name's length is what the file system needs, not less: a name of 236 bytes converts."""
+    from hsgds.preprocess.convert_many import convert_scene
+
+    cube, _ = make_scene(10, 10, 2, classes=2, seed=0)
+    np.save(tmp_path / "a.npy", cube)
+    (tmp_path / "m.csv").write_text("source,name\na.npy," + "n" * 236 + "\n")
+    (row,) = read_manifest(tmp_path / "m.csv")
+    result = convert_scene(row, tmp_path, ConvertOptions(max_patch=3))
+    assert result.status == "converted", result.reason
+    np.testing.assert_array_equal(open_scene(tmp_path / f"{'n' * 236}.zarr").read(0, 10, 0, 10), cube)
 
 
 def test_help_gives_the_manifest_header_as_one_csv_line(run_cli):
