@@ -544,9 +544,10 @@ class DeferredScene:
 
 
 def is_collection_path(path: str | os.PathLike) -> bool:
-    """Whether ``path`` names a collection: a folder holding ``collection.json``, or a ``.json`` file."""
+    """Whether ``path`` names a collection: a folder holding ``collection.json``, or a ``.json`` file (also one
+    that does not exist, so that it is named as a missing listing, not as a missing store)."""
     p = Path(path)
-    return (p.is_dir() and (p / COLLECTION_FILE).is_file()) or (p.is_file() and p.suffix == ".json")
+    return (p.is_dir() and (p / COLLECTION_FILE).is_file()) or (not p.is_dir() and p.suffix == ".json")
 
 
 def _collection_file(path: str | os.PathLike) -> Path:

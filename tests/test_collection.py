@@ -428,3 +428,15 @@ def test_a_stores_zarr_json_given_as_a_collection_says_to_give_the_store(three_s
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert err.strip() == (f"hsgds: error: {given.resolve()} is a store's Zarr metadata, not a collection: give "
                                f"the store folder {stores[0].resolve()} instead")
+
+
+def test_a_collection_file_that_does_not_exist_is_named_as_missing(tmp_path, run_cli):
+    """A loader or a command given a collection.json path that does not exist (a typo, the wrong folder) said
+    'is not a store directory; create one with `hsgds convert`': the path names a listing, not a store."""
+    missing = tmp_path / "campaign" / "collection.json"
+    want = f"{missing} does not exist; give a folder holding collection.json, or that file"
+    with pytest.raises(StoreError) as caught:
+        hsgds.PatchLoader(missing, patch_size=3, batch_size=8, device="cpu")
+    assert str(caught.value) == want
+    code, _, err = run_cli("info", missing)
+    assert (code, err) == (2, f"hsgds: error: {want}\n")
