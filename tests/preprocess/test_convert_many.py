@@ -1406,3 +1406,21 @@ def test_a_store_replaced_by_another_source_of_the_same_name_and_size_is_convert
     assert {r.name: (r.status, r.reason) for r in again.scenes} == {
         "cube0": ("converted", "source changed (sha256)"), "flight_1": ("up to date", None)}
     check_collection(out, arrays, tmp_path)  # the store holds its source again, and is listed with its sha256
+
+
+def test_a_scene_removed_from_the_manifest_is_unlisted_and_its_store_left_as_it_was(cluster, tmp_path):
+    """As the README says: the rerun lists the manifest's scenes only; the removed scene's store is neither
+    deleted nor touched."""
+    arrays = make_sources(tmp_path, n=2)
+    out = tmp_path / "out"
+    convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    kept = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "flight_1.zarr").rglob("*")}
+    lines = (tmp_path / "scenes.csv").read_text().splitlines()
+    (tmp_path / "scenes.csv").write_text("\n".join(line for line in lines if "flight_1" not in line) + "\n")
+    again = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    assert [(r.name, r.status) for r in again.scenes] == [("cube0", "up to date")]
+    assert open_collection(out).names == ["cube0"]
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "flight_1.zarr").rglob("*")} == kept
+    assert open_scene(out / "flight_1.zarr").verify() == []
+    cube = arrays["flight_1"][0]
+    np.testing.assert_array_equal(open_scene(out / "flight_1.zarr").read(0, cube.shape[0], 0, cube.shape[1]), cube)
