@@ -375,8 +375,9 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
 def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | None:
     """Why a store must be converted again because the source, opened as the options say (its key, the band
     axis), is not the array the store holds: another shape or dtype (another variable of the file, a band
-    axis changed since). Neither option is recorded in the store, so the array itself is compared; opening a
-    cube reads its header only. A source that no longer opens so is converted again, and that conversion
+    axis changed since), or read with another band axis than the store records (a cube of the same shape
+    either way). The key is not recorded, so the array itself is compared; opening a cube reads its header
+    only. A source that no longer opens so is converted again, and that conversion
     names the problem."""
     try:
         cube = open_cube(source, key=opts.key, band_axis=opts.band_axis, key_option=opts.key_from,
@@ -397,6 +398,9 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
         how = f" ({', '.join(given)})" if given else ""
         return (f"the source{how} is {'x'.join(map(str, found[0]))} {found[1]}, the store's "
                 f"{'x'.join(map(str, held[0]))} {held[1]}")
+    axis = meta.source.get("band_axis")  # (recorded since; an older store is told by its shape alone)
+    if axis is not None and axis != (opts.band_axis or "last"):  # a cube of the same shape either way
+        return _differs(opts.band_axis_from, opts.band_axis or "last", axis)
     # without wavelengths given, the store holds the source's own: those an older hsgds could not read (an
     # HDF5 or GeoTIFF source's), or stored though they were no nm (micrometres labelled as nanometres)
     if opts.wavelengths is None and not _same_wavelengths(recorded, meta.wavelengths):

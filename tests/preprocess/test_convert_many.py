@@ -953,6 +953,30 @@ def test_another_key_or_band_axis_converts_the_scene_again(tmp_path):
     assert open_scene(out / "c.zarr").shape == (16, 6, 20)
 
 
+def test_a_band_axis_changed_over_a_cube_of_the_same_shape_either_way_converts_it_again(tmp_path):
+    """A cube whose width equals its band count opens as the same shape with its bands last or in the middle:
+    the shape compared alike, a rerun with the band axis changed kept the store, holding the other layout, as
+    up to date. The store records the band axis it was read with, and the rerun compares it."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube = np.random.default_rng(0).integers(0, 1000, (24, 16, 16)).astype(np.int16)
+    np.save(tmp_path / "c.npy", cube)
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    assert convert_scene(ManifestRow(name="c", source=tmp_path / "c.npy"), out, opts).status == "converted"
+    row = ManifestRow(name="c", source=tmp_path / "c.npy", band_axis="middle", line=2, manifest=Path("m.csv"))
+    again = convert_scene(row, out, opts)
+    assert (again.status, again.reason) == (
+        "converted", "the band_axis column of manifest m.csv line 2 middle differs from the store's (last)")
+    np.testing.assert_array_equal(open_scene(out / "c.zarr").read(0, 24, 0, 16), cube.transpose(0, 2, 1))
+    assert convert_scene(row, out, opts).status == "up to date"
+    back = convert_scene(ManifestRow(name="c", source=tmp_path / "c.npy", line=2, manifest=Path("m.csv")), out, opts)
+    assert (back.status, back.reason) == (  # (a cell left empty is named as the column all the same)
+        "converted", "the band_axis column of manifest m.csv line 2 last differs from the store's (middle)")
+    np.testing.assert_array_equal(open_scene(out / "c.zarr").read(0, 24, 0, 16), cube)
+
+
 def test_a_band_axis_column_converts_prisma_beside_geotiff_scenes(tmp_path):
     """A PRISMA cube is (rows, bands, columns) and needs --band-axis middle, which a GeoTIFF refuses: as a global
     option no manifest could hold both. The band_axis column gives it to the PRISMA row alone; each store holds
