@@ -156,6 +156,9 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
             raise InputError(f"manifest {path} is empty; its first line must be a header naming the columns "
                              f"({', '.join(COLUMNS)}; source is required)")
         header = [h.strip() for h in header]
+        if "" in header:  # ('' is no column a user wrote: "unknown column ''" said nothing of where or why)
+            raise InputError(f"manifest {path}: the header's field {header.index('') + 1} is empty (a trailing "
+                             f"comma?); name every column ({', '.join(COLUMNS)}) and nothing else")
         unknown = [h for h in header if h not in COLUMNS]
         if unknown:
             raise InputError(f"manifest {path}: unknown column {unknown[0]!r}; columns are {', '.join(COLUMNS)} "
@@ -175,8 +178,10 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
                 continue  # blank line
             where = f"manifest {path} line {line}"
             if len(fields) != len(header):
-                raise InputError(f"{where} has {len(fields)} fields, the header has {len(header)}; "
-                                 "quote values that contain commas")
+                # empty fields past the header's: commas at the end of the row, not a value holding one
+                trailing = len(fields) > len(header) and not any(f.strip() for f in fields[len(header):])
+                raise InputError(f"{where} has {len(fields)} fields, the header has {len(header)}; " + (
+                    "remove the commas at its end" if trailing else "quote values that contain commas"))
             v = {h: (f.strip() or None) for h, f in zip(header, fields)}
             if v["source"] is None:
                 raise InputError(f"{where}: source is empty; every row needs a source file")

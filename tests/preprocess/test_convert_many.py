@@ -448,7 +448,12 @@ def test_local_cluster_from_the_cli(tmp_path, run_cli):
     ("source,name\na.npy," + "n" * 237 + "\n", r"line 2: name 'n{40} \.\.\.' is 237 bytes long; a store name may "
                                              r"have at most 236 \(in UTF-8\); shorten it in the name column"),
     ("source,name\na.npy," + "\u00e9" * 119 + "\n", "line 2: name .* is 238 bytes long"),
-    ("source,name\na.npy\n", "line 2 has 1 fields, the header has 2"),
+    ("source,name\na.npy\n", "line 2 has 1 fields, the header has 2; quote values that contain commas"),
+    # trailing commas: their empty fields were called an unknown column '', or a value holding a comma
+    ("source,name,\na.npy,x,\n", r"m.csv: the header's field 3 is empty \(a trailing comma\?\); name every column "
+                                 r"\(source, labels, name, key, labels_key, band_axis, wavelengths, nodata\) and nothing"),
+    ("source,name\na.npy,x,,\n", "line 2 has 4 fields, the header has 2; remove the commas at its end$"),
+    ("source,name\na.npy,x,b.npy\n", "line 2 has 3 fields, the header has 2; quote values that contain commas$"),
     ("source,name\n,x\n", "line 2: source is empty"),
     ("source,band_axis\na.npy,sideways\n", "line 2: band_axis 'sideways' is not one of first, middle, last; leave "
                                            "it empty"),
