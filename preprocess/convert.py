@@ -770,7 +770,12 @@ def lock_folder(folder: Path) -> int | None:
 
 def remove_stale(out: Path) -> None:
     """Delete temporary folders that killed conversions into ``out`` left behind (their lock is free);
-    folders of conversions still running hold their lock and are left alone."""
+    folders of conversions still running hold their lock and are left alone. Also, with a store in place at
+    ``out``, the replaced stores a conversion killed while deleting them left (``.NAME.old-*``): without one
+    such a folder is the previous store to rename back, and stays."""
+    if _is_store(out):
+        for old in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
+            shutil.rmtree(old, ignore_errors=True)
     if fcntl is None:
         return
     for stale in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):

@@ -1453,3 +1453,31 @@ def test_a_scene_removed_from_the_manifest_is_unlisted_and_its_store_left_as_it_
     assert open_scene(out / "flight_1.zarr").verify() == []
     cube = arrays["flight_1"][0]
     np.testing.assert_array_equal(open_scene(out / "flight_1.zarr").read(0, cube.shape[0], 0, cube.shape[1]), cube)
+
+
+def test_a_replaced_stores_old_copy_left_by_a_killed_worker_is_removed_by_the_rerun(tmp_path):
+    """A worker killed while it deleted the store it had just replaced (`.NAME.zarr.old-XXXX`, the new store
+    in place) left that hidden, partly deleted copy for ever: every rerun kept it. With the store in place it is
+    garbage and goes; with the store missing it is the documented recovery and stays."""
+    import shutil
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, _ = make_scene(24, 20, 4, classes=3, seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    row = ManifestRow(name="c", source=tmp_path / "c.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    assert convert_scene(row, out, opts).status == "converted"
+    old = out / ".c.zarr.old-0badf00d"
+    shutil.copytree(out / "c.zarr", old)
+    open_scene(old).tile_paths[0].unlink()  # rmtree stopped half way
+    shutil.copytree(old, out / "spare")
+    assert convert_scene(row, out, opts).status == "up to date"
+    assert sorted(p.name for p in out.iterdir()) == ["c.zarr", "spare"]
+
+    shutil.rmtree(out / "c.zarr")  # killed between the two renames: the old store is all there is
+    (out / "spare").rename(old)
+    assert convert_scene(row, out, opts).status == "converted"
+    assert old.is_dir()
