@@ -12,7 +12,6 @@ import hashlib
 import itertools
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -631,7 +630,8 @@ def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry], n
            "created_by": f"hsgds {__version__}", "scenes": [e.to_json(root) for e in entries]}
     out = folder / name
     try:
-        with atomic_path(out, f".{name}.tmp-{secrets.token_hex(4)}") as tmp, open(tmp, "w", encoding="utf-8") as f:
+        # (its default temporary names the writing process, so that those of writers killed midway are removed)
+        with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
     except OSError as exc:
