@@ -12,7 +12,6 @@ import hashlib
 import itertools
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -544,9 +543,10 @@ class DeferredScene:
 
 
 def is_collection_path(path: str | os.PathLike) -> bool:
-    """Whether ``path`` names a collection: a folder holding ``collection.json``, or a ``.json`` file."""
+    """Whether ``path`` names a collection: a folder holding ``collection.json``, or a ``.json`` file (also one
+    that does not exist, so that it is named as a missing listing, not as a missing store)."""
     p = Path(path)
-    return (p.is_dir() and (p / COLLECTION_FILE).is_file()) or (p.is_file() and p.suffix == ".json")
+    return (p.is_dir() and (p / COLLECTION_FILE).is_file()) or (not p.is_dir() and p.suffix == ".json")
 
 
 def _collection_file(path: str | os.PathLike) -> Path:
@@ -630,7 +630,8 @@ def write_collection(folder: str | os.PathLike, entries: Sequence[SceneEntry], n
            "created_by": f"hsgds {__version__}", "scenes": [e.to_json(root) for e in entries]}
     out = folder / name
     try:
-        with atomic_path(out, f".{name}.tmp-{secrets.token_hex(4)}") as tmp, open(tmp, "w", encoding="utf-8") as f:
+        # (its default temporary names the writing process, so that those of writers killed midway are removed)
+        with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
     except OSError as exc:

@@ -76,6 +76,8 @@ __all__ = ["CONVERT_WARNINGS", "ConvertOptions", "GeoreferenceWarning", "NodataW
            "class_names_of", "convert", "lock_folder", "nodata_option", "remove_stale", "wavelength_list", "write_error"]
 
 SPLIT_METHODS = ("random", "blocks", "masks")
+#: the source formats read as arrays, whose band axis --band-axis (convert-many's band_axis column) gives
+ARRAY_FORMATS = ("npy", "hdf5", "mat", "mat73")
 
 
 @dataclass(frozen=True)
@@ -394,7 +396,7 @@ def _load_labels(opts: ConvertOptions, src: Path, cube: SourceCube) -> np.ndarra
             fix = (f"its map grid has pixels of {abs(ldx):.10g} x {abs(ldy):.10g} from ({lx0:.10g}, {ly0:.10g}), "
                    f"the cube's {abs(cdx):.10g} x {abs(cdy):.10g} from ({cx0:.10g}, {cy0:.10g}): resample it onto "
                    f"the cube's grid ({_warp(grids[0], hw, opts.labels)})")
-        elif detect_format(src) in ("npy", "hdf5", "mat", "mat73"):
+        elif detect_format(src) in ARRAY_FORMATS:
             # an array whose band axis was taken for a spatial one matches the labels with another band axis
             given = opts.band_axis or "last"
             others = [a for a in _band_axes_fitting(shape, opts.band_axis, labels.shape) if a != given]
@@ -768,7 +770,12 @@ def lock_folder(folder: Path) -> int | None:
 
 def remove_stale(out: Path) -> None:
     """Delete temporary folders that killed conversions into ``out`` left behind (their lock is free);
-    folders of conversions still running hold their lock and are left alone."""
+    folders of conversions still running hold their lock and are left alone. Also, with a store in place at
+    ``out``, the replaced stores a conversion killed while deleting them left (``.NAME.old-*``): without one
+    such a folder is the previous store to rename back, and stays."""
+    if _is_store(out):
+        for old in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
+            shutil.rmtree(old, ignore_errors=True)
     if fcntl is None:
         return
     for stale in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
@@ -1097,7 +1104,10 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         # companions are gone (an EnMAP image whose METADATA.XML was deleted: the total size no longer matches)
         source={"name": src.name, "files": [p.name for p in cube.files],
                 "paths": [_relative_to(p, out.resolve().parent) for p in cube.files], "size": size, "sha256": sha256,
-                "dtype": cube.dtype.name},
+                "dtype": cube.dtype.name,
+                # an array's band axis: a rerun of convert-many with another over a cube of the same shape either
+                # way (width = bands) is told from it, not from the shape
+                **({"band_axis": opts.band_axis or "last"} if detect_format(src) in ARRAY_FORMATS else {})},
         georeference=getattr(cube, "georeference", None), nodata=nodata_record,
         pixel_is_point=bool(getattr(cube, "georeference", None) and getattr(cube, "pixel_is_point", False)),
         labels_source=labels_source, split=split_params, converted_split=split_params,

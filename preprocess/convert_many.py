@@ -60,6 +60,9 @@ COLUMNS = ("source", "labels", "name", "key", "labels_key", "band_axis", "wavele
 BAND_AXES = ("first", "middle", "last")
 #: Largest manifest read (a million rows of long paths is ~500 MB; anything larger is not a manifest).
 MAX_MANIFEST_BYTES = 1 << 30
+#: Longest scene name in bytes: 255 (a file name's limit on common file systems) less what the converter adds
+#: for its temporary folder, ".<name>.zarr.tmp-XXXXXXXX".
+MAX_NAME_BYTES = 255 - len("..zarr.tmp-12345678")
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,12 @@ def _check_name(name: str, where: str) -> None:
     if bad:
         raise InputError(f"{where}: name {name!r} cannot be a store name (no slashes, colons, leading dots "
                          "or surrounding spaces); fix the name column")
+    # the longest file name made of it, the store's hidden temporary ".<name>.zarr.tmp-XXXXXXXX", must fit the
+    # 255 bytes file systems allow: else every conversion of the scene failed, blaming the output folder
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        raise InputError(f"{where}: name {clipped(name, 40)!r} is {size} bytes long; a store name may have at most "
+                         f"{MAX_NAME_BYTES} (in UTF-8); shorten it in the name column")
 
 
 def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
@@ -147,6 +156,9 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
             raise InputError(f"manifest {path} is empty; its first line must be a header naming the columns "
                              f"({', '.join(COLUMNS)}; source is required)")
         header = [h.strip() for h in header]
+        if "" in header:  # ('' is no column a user wrote: "unknown column ''" said nothing of where or why)
+            raise InputError(f"manifest {path}: the header's field {header.index('') + 1} is empty (a trailing "
+                             f"comma?); name every column ({', '.join(COLUMNS)}) and nothing else")
         unknown = [h for h in header if h not in COLUMNS]
         if unknown:
             raise InputError(f"manifest {path}: unknown column {unknown[0]!r}; columns are {', '.join(COLUMNS)} "
@@ -166,8 +178,10 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
                 continue  # blank line
             where = f"manifest {path} line {line}"
             if len(fields) != len(header):
-                raise InputError(f"{where} has {len(fields)} fields, the header has {len(header)}; "
-                                 "quote values that contain commas")
+                # empty fields past the header's: commas at the end of the row, not a value holding one
+                trailing = len(fields) > len(header) and not any(f.strip() for f in fields[len(header):])
+                raise InputError(f"{where} has {len(fields)} fields, the header has {len(header)}; " + (
+                    "remove the commas at its end" if trailing else "quote values that contain commas"))
             v = {h: (f.strip() or None) for h, f in zip(header, fields)}
             if v["source"] is None:
                 raise InputError(f"{where}: source is empty; every row needs a source file")
@@ -366,8 +380,9 @@ def _source_nodata_differs(meta, opts: ConvertOptions, source: Path) -> str | No
 def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | None:
     """Why a store must be converted again because the source, opened as the options say (its key, the band
     axis), is not the array the store holds: another shape or dtype (another variable of the file, a band
-    axis changed since). Neither option is recorded in the store, so the array itself is compared; opening a
-    cube reads its header only. A source that no longer opens so is converted again, and that conversion
+    axis changed since), or read with another band axis than the store records (a cube of the same shape
+    either way). The key is not recorded, so the array itself is compared; opening a cube reads its header
+    only. A source that no longer opens so is converted again, and that conversion
     names the problem."""
     try:
         cube = open_cube(source, key=opts.key, band_axis=opts.band_axis, key_option=opts.key_from,
@@ -388,6 +403,9 @@ def _source_array_differs(meta, opts: ConvertOptions, source: Path) -> str | Non
         how = f" ({', '.join(given)})" if given else ""
         return (f"the source{how} is {'x'.join(map(str, found[0]))} {found[1]}, the store's "
                 f"{'x'.join(map(str, held[0]))} {held[1]}")
+    axis = meta.source.get("band_axis")  # (recorded since; an older store is told by its shape alone)
+    if axis is not None and axis != (opts.band_axis or "last"):  # a cube of the same shape either way
+        return _differs(opts.band_axis_from, opts.band_axis or "last", axis)
     # without wavelengths given, the store holds the source's own: those an older hsgds could not read (an
     # HDF5 or GeoTIFF source's), or stored though they were no nm (micrometres labelled as nanometres)
     if opts.wavelengths is None and not _same_wavelengths(recorded, meta.wavelengths):
@@ -476,14 +494,16 @@ GONE = "its store was missing"
 
 
 def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: dict[str, tuple[int, int]] | None,
-                 listed: bool = False) -> tuple[str | None, dict[str, tuple[int, int]]]:
+                 listed: bool = False, listed_sha256: tuple[str, str | None] | None = None
+                 ) -> tuple[str | None, dict[str, tuple[int, int]]]:
     """Why ``store`` must be (re)converted, or None when it is complete, verified and made from this very
     source with these options, its class names aside (:func:`_renamed` compares those); also the current
     (size, mtime) stamps of its source and label files.
-    ``listed``: the previous ``collection.json`` lists the scene (a missing store was deleted, not new).
+    ``listed``: the previous ``collection.json`` lists the scene (a missing store was deleted, not new);
+    ``listed_sha256``: the source's and labels' sha256 it lists, those of the store its stamps were taken for.
 
     Sources are compared by their recorded size and, unless their stamps equal those recorded in the
-    previous ``collection.json``, by their sha256."""
+    previous ``collection.json`` for this very store, by their sha256."""
     if not store.exists():
         return GONE if listed else NEW, {}
     try:
@@ -513,7 +533,10 @@ def _why_convert(row: ManifestRow, store: Path, opts: ConvertOptions, stamps: di
         return "source files changed", {}
     if sum(now[str(p)][0] for p in data) != meta.source.get("size"):
         return "source changed (size)", now
-    if stamps != now:  # not provably unchanged: compare contents
+    # the stamps vouch for the store they were recorded with: not one replaced since (converted from another
+    # file of the same name and size), whose sha256 differs from the listing's
+    held = (meta.source.get("sha256"), None if not meta.labels_source else meta.labels_source.get("sha256"))
+    if stamps != now or listed_sha256 != held:  # not provably unchanged: compare contents
         if sha256_of(data)[0] != meta.source.get("sha256"):
             return "source changed (sha256)", now
         if labels and sha256_of(labels)[0] != (meta.labels_source or {}).get("sha256"):
@@ -622,9 +645,10 @@ def _one_line(exc: BaseException) -> str:
 
 def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOptions,
                   stamps: dict[str, tuple[int, int]] | None = None, force: bool = False,
-                  listed: bool = False) -> SceneResult:
+                  listed: bool = False, listed_sha256: tuple[str, str | None] | None = None) -> SceneResult:
     """Bring ``OUT_DIR/<name>.zarr`` up to date with ``row`` (the task each Dask worker runs); ``listed``: the
-    previous ``collection.json`` lists it.
+    previous ``collection.json`` lists it, with ``stamps`` and ``listed_sha256`` (its source's and labels'
+    sha256).
 
     Never raises for a scene's own problems: they come back as a ``failed`` result with a one-line
     reason, so one bad scene does not stop the others and is not retried in vain.
@@ -634,7 +658,8 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
     opts = dataclasses.replace(row.options(opts), overwrite=True)
     try:
         remove_stale(store)  # temporary folders a killed worker left behind
-        reason, now = ("--overwrite", {}) if force else _why_convert(row, store, opts, stamps, listed)
+        reason, now = (("--overwrite", {}) if force
+                       else _why_convert(row, store, opts, stamps, listed, listed_sha256))
         renamed, status = None, "converted"
         if reason is None:  # everything else matches: class names that differ, a flag unrecorded: new metadata only
             current = open_scene(store)
@@ -703,10 +728,12 @@ class ManyResult:
         return [r for r in self.scenes if r.status == "up to date"]
 
 
-def _previous_stamps(out_dir: Path) -> dict[str, dict[str, tuple[int, int]] | None]:
-    """name -> stamps recorded by the last run (nothing when there is no readable collection.json)."""
+def _previous_stamps(out_dir: Path) -> dict[str, tuple[dict[str, tuple[int, int]] | None, tuple[str, str | None]]]:
+    """name -> stamps recorded by the last run and the source's and labels' sha256 of the store they were
+    recorded with (nothing when there is no readable collection.json)."""
     try:
-        return {e.name: e.stamps for e in open_collection(out_dir / COLLECTION_FILE).entries}
+        return {e.name: (e.stamps, (e.source_sha256, e.labels_sha256))
+                for e in open_collection(out_dir / COLLECTION_FILE).entries}
     except StoreError:
         return {}
 
@@ -814,9 +841,11 @@ def convert_many(manifest: str | os.PathLike, out_dir: str | os.PathLike, opts: 
             raise InputError(f"cannot create the output folder {out} ({exc.strerror}); choose another -o") from None
         previous = _previous_stamps(out)
         token = secrets.token_hex(4)
-        futures = {client.submit(convert_scene, row, str(out), opts, previous.get(row.name), force,
-                                 row.name in previous, key=f"hsgds-convert-{token}-{i}", pure=False): row
-                   for i, row in enumerate(rows)}
+        futures = {}
+        for i, row in enumerate(rows):
+            stamps, sha256s = previous.get(row.name, (None, None))
+            futures[client.submit(convert_scene, row, str(out), opts, stamps, force, row.name in previous, sha256s,
+                                  key=f"hsgds-convert-{token}-{i}", pure=False)] = row
         for future in distributed.as_completed(futures):
             row = futures[future]
             try:

@@ -428,3 +428,45 @@ def test_a_stores_zarr_json_given_as_a_collection_says_to_give_the_store(three_s
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert err.strip() == (f"hsgds: error: {given.resolve()} is a store's Zarr metadata, not a collection: give "
                                f"the store folder {stores[0].resolve()} instead")
+
+
+def test_a_collection_file_that_does_not_exist_is_named_as_missing(tmp_path, run_cli):
+    """A loader or a command given a collection.json path that does not exist (a typo, the wrong folder) said
+    'is not a store directory; create one with `hsgds convert`': the path names a listing, not a store."""
+    missing = tmp_path / "campaign" / "collection.json"
+    want = f"{missing} does not exist; give a folder holding collection.json, or that file"
+    with pytest.raises(StoreError) as caught:
+        hsgds.PatchLoader(missing, patch_size=3, batch_size=8, device="cpu")
+    assert str(caught.value) == want
+    code, _, err = run_cli("info", missing)
+    assert (code, err) == (2, f"hsgds: error: {want}\n")
+
+
+def test_a_collection_json_writer_killed_midway_leaves_nothing_after_the_next_write(three_stores, tmp_path):
+    """A process killed while it wrote collection.json (convert-many, a collection's resplit) left its hidden
+    temporary, as long as the listing (megabytes for an archive), in the folder for ever; the next write removes
+    those of writers that are gone, and the listing it writes is whole."""
+    import signal
+    import subprocess
+    import sys
+
+    _, stores = three_stores
+    entries = [SceneEntry.of_scene(f"scene{i}", open_scene(p)) for i, p in enumerate(stores)]
+    script = ("import json, os, signal, sys\n"
+              "from hsgds.collection import open_collection, write_collection\n"
+              "entries = open_collection(sys.argv[1]).entries\n"
+              "def dump(doc, f, **kw):\n"
+              "    f.write('{\"format\": ')\n"
+              "    f.flush()\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n"
+              "json.dump = dump\n"
+              "write_collection(sys.argv[2], entries)\n")
+    write_collection(tmp_path, entries, name="given.json")
+    (tmp_path / "out").mkdir()
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "given.json"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert len(list((tmp_path / "out").iterdir())) == 1  # its temporary, nothing at collection.json
+    write_collection(tmp_path / "out", entries)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [COLLECTION_FILE]
+    assert open_collection(tmp_path / "out").names == ["scene0", "scene1", "scene2"]

@@ -444,7 +444,16 @@ def test_local_cluster_from_the_cli(tmp_path, run_cli):
     ("source,labels\na.npy,nogt.npy\n", r"line 2: labels .*nogt.npy does not exist"),
     ("source\nsub\n", "is a folder"),
     ("source,name\na.npy,../x\n", "name '../x' cannot be a store name"),
-    ("source,name\na.npy\n", "line 2 has 1 fields, the header has 2"),
+    # longer than a file name may be with the converter's temporary suffix: every conversion failed, blaming -o
+    ("source,name\na.npy," + "n" * 237 + "\n", r"line 2: name 'n{40} \.\.\.' is 237 bytes long; a store name may "
+                                             r"have at most 236 \(in UTF-8\); shorten it in the name column"),
+    ("source,name\na.npy," + "\u00e9" * 119 + "\n", "line 2: name .* is 238 bytes long"),
+    ("source,name\na.npy\n", "line 2 has 1 fields, the header has 2; quote values that contain commas"),
+    # trailing commas: their empty fields were called an unknown column '', or a value holding a comma
+    ("source,name,\na.npy,x,\n", r"m.csv: the header's field 3 is empty \(a trailing comma\?\); name every column "
+                                 r"\(source, labels, name, key, labels_key, band_axis, wavelengths, nodata\) and nothing"),
+    ("source,name\na.npy,x,,\n", "line 2 has 4 fields, the header has 2; remove the commas at its end$"),
+    ("source,name\na.npy,x,b.npy\n", "line 2 has 3 fields, the header has 2; quote values that contain commas$"),
     ("source,name\n,x\n", "line 2: source is empty"),
     ("source,band_axis\na.npy,sideways\n", "line 2: band_axis 'sideways' is not one of first, middle, last; leave "
                                            "it empty"),
@@ -461,6 +470,19 @@ def test_manifest_errors_are_one_line(tmp_path, run_cli, manifest, message):
     assert stderr.count("\n") == 1 and stderr.startswith("hsgds: error: manifest ")
     assert __import__("re").search(message, stderr), stderr
     assert not (tmp_path / "out").exists()  # nothing written for a bad manifest
+
+
+def test_a_name_of_the_longest_length_allowed_converts(tmp_path):
+    """The limit on a name's length is what the file system needs, not less: a name of 236 bytes converts."""
+    from hsgds.preprocess.convert_many import convert_scene
+
+    cube, _ = make_scene(10, 10, 2, classes=2, seed=0)
+    np.save(tmp_path / "a.npy", cube)
+    (tmp_path / "m.csv").write_text("source,name\na.npy," + "n" * 236 + "\n")
+    (row,) = read_manifest(tmp_path / "m.csv")
+    result = convert_scene(row, tmp_path, ConvertOptions(max_patch=3))
+    assert result.status == "converted", result.reason
+    np.testing.assert_array_equal(open_scene(tmp_path / f"{'n' * 236}.zarr").read(0, 10, 0, 10), cube)
 
 
 def test_help_gives_the_manifest_header_as_one_csv_line(run_cli):
@@ -936,6 +958,30 @@ def test_another_key_or_band_axis_converts_the_scene_again(tmp_path):
     assert open_scene(out / "c.zarr").shape == (16, 6, 20)
 
 
+def test_a_band_axis_changed_over_a_cube_of_the_same_shape_either_way_converts_it_again(tmp_path):
+    """A cube whose width equals its band count opens as the same shape with its bands last or in the middle:
+    the shape compared alike, a rerun with the band axis changed kept the store, holding the other layout, as
+    up to date. The store records the band axis it was read with, and the rerun compares it."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube = np.random.default_rng(0).integers(0, 1000, (24, 16, 16)).astype(np.int16)
+    np.save(tmp_path / "c.npy", cube)
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    assert convert_scene(ManifestRow(name="c", source=tmp_path / "c.npy"), out, opts).status == "converted"
+    row = ManifestRow(name="c", source=tmp_path / "c.npy", band_axis="middle", line=2, manifest=Path("m.csv"))
+    again = convert_scene(row, out, opts)
+    assert (again.status, again.reason) == (
+        "converted", "the band_axis column of manifest m.csv line 2 middle differs from the store's (last)")
+    np.testing.assert_array_equal(open_scene(out / "c.zarr").read(0, 24, 0, 16), cube.transpose(0, 2, 1))
+    assert convert_scene(row, out, opts).status == "up to date"
+    back = convert_scene(ManifestRow(name="c", source=tmp_path / "c.npy", line=2, manifest=Path("m.csv")), out, opts)
+    assert (back.status, back.reason) == (  # (a cell left empty is named as the column all the same)
+        "converted", "the band_axis column of manifest m.csv line 2 last differs from the store's (middle)")
+    np.testing.assert_array_equal(open_scene(out / "c.zarr").read(0, 24, 0, 16), cube)
+
+
 def test_a_band_axis_column_converts_prisma_beside_geotiff_scenes(tmp_path):
     """A PRISMA cube is (rows, bands, columns) and needs --band-axis middle, which a GeoTIFF refuses: as a global
     option no manifest could hold both. The band_axis column gives it to the PRISMA row alone; each store holds
@@ -1366,3 +1412,72 @@ def test_a_prisma_scene_with_unused_bands_joins_a_collection_by_wavelength(tmp_p
     assert (again.status, again.reason) == ("converted", "band centres: the source records 410-760 nm (3 bands "
                                                          "without a centre), the store none")
     assert open_scene(out / "p.zarr").wavelengths == expected
+
+
+def test_a_store_replaced_by_another_source_of_the_same_name_and_size_is_converted_again(cluster, tmp_path):
+    """The listing's stamps say the manifest's source is unchanged since the store it listed was made; a store
+    replaced since by a conversion of another file of the same name and size (another folder's version of the
+    scene) was kept as up to date, its sha256 never compared, and listed holding other data than its source."""
+    import dataclasses
+
+    from hsgds.preprocess.convert import convert
+
+    arrays = make_sources(tmp_path, n=2)
+    out = tmp_path / "out"
+    convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    (tmp_path / "old").mkdir()
+    cube, labels = arrays["cube0"]
+    np.save(tmp_path / "old/cube0.npy", cube[::-1])  # same name, same size, other values
+    assert (tmp_path / "old/cube0.npy").stat().st_size == (tmp_path / "data/cube0.npy").stat().st_size
+    convert(tmp_path / "old/cube0.npy", out / "cube0.zarr",
+            dataclasses.replace(OPTS, labels=tmp_path / "data/gt0.npy", overwrite=True))
+    again = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    assert {r.name: (r.status, r.reason) for r in again.scenes} == {
+        "cube0": ("converted", "source changed (sha256)"), "flight_1": ("up to date", None)}
+    check_collection(out, arrays, tmp_path)  # the store holds its source again, and is listed with its sha256
+
+
+def test_a_scene_removed_from_the_manifest_is_unlisted_and_its_store_left_as_it_was(cluster, tmp_path):
+    """As the README says: the rerun lists the manifest's scenes only; the removed scene's store is neither
+    deleted nor touched."""
+    arrays = make_sources(tmp_path, n=2)
+    out = tmp_path / "out"
+    convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    kept = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "flight_1.zarr").rglob("*")}
+    lines = (tmp_path / "scenes.csv").read_text().splitlines()
+    (tmp_path / "scenes.csv").write_text("\n".join(line for line in lines if "flight_1" not in line) + "\n")
+    again = convert_many(tmp_path / "scenes.csv", out, OPTS, scheduler=cluster.scheduler_address)
+    assert [(r.name, r.status) for r in again.scenes] == [("cube0", "up to date")]
+    assert open_collection(out).names == ["cube0"]
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "flight_1.zarr").rglob("*")} == kept
+    assert open_scene(out / "flight_1.zarr").verify() == []
+    cube = arrays["flight_1"][0]
+    np.testing.assert_array_equal(open_scene(out / "flight_1.zarr").read(0, cube.shape[0], 0, cube.shape[1]), cube)
+
+
+def test_a_replaced_stores_old_copy_left_by_a_killed_worker_is_removed_by_the_rerun(tmp_path):
+    """A worker killed while it deleted the store it had just replaced (`.NAME.zarr.old-XXXX`, the new store
+    in place) left that hidden, partly deleted copy for ever: every rerun kept it. With the store in place it is
+    garbage and goes; with the store missing it is the documented recovery and stays."""
+    import shutil
+
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, _ = make_scene(24, 20, 4, classes=3, seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    row = ManifestRow(name="c", source=tmp_path / "c.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    assert convert_scene(row, out, opts).status == "converted"
+    old = out / ".c.zarr.old-0badf00d"
+    shutil.copytree(out / "c.zarr", old)
+    open_scene(old).tile_paths[0].unlink()  # rmtree stopped half way
+    shutil.copytree(old, out / "spare")
+    assert convert_scene(row, out, opts).status == "up to date"
+    assert sorted(p.name for p in out.iterdir()) == ["c.zarr", "spare"]
+
+    shutil.rmtree(out / "c.zarr")  # killed between the two renames: the old store is all there is
+    (out / "spare").rename(old)
+    assert convert_scene(row, out, opts).status == "converted"
+    assert old.is_dir()
