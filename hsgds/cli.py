@@ -887,12 +887,13 @@ def _predict_scene(scene, loaded, out: str, patch_size: int, batch_size: int | N
                f"predicted into {counted(int(np.count_nonzero(counts[1:])), 'class', 'classes')}"
                + (f", {counted(int(scene.meta.nodata['pixels']), 'pixel')} without data left 0" if scene.has_nodata else "")
                + (f"; probabilities in {probabilities}" if probabilities else ""))
-    _echo_test_scores(scene, classmap)
+    _echo_test_scores(scene, classmap, loaded.trained_on)
 
 
-def _echo_test_scores(scene, classmap: np.ndarray) -> None:
+def _echo_test_scores(scene, classmap: np.ndarray, trained_on: dict | None = None) -> None:
     """The map scored against the store's test split (the labelled pixels its train split leaves out): one
-    line, when the store has test pixels the map predicted; a labelled store without any says so."""
+    line, when the store has test pixels the map predicted; a labelled store without any says so, and so does
+    one whose test pixels the model may have been trained on (``trained_on``: the model file's record)."""
     from hsgds.train import classification_metrics
 
     if not scene.meta.num_samples:
@@ -901,6 +902,10 @@ def _echo_test_scores(scene, classmap: np.ndarray) -> None:
     if not len(y):  # (an empty --test-mask): say why no score follows, rather than nothing
         click.echo(f"test split: none: the store's {scene.meta.split.get('method')} split has no test pixels, so "
                    f"the map is not scored (`hsgds info {scene.path}` shows its splits)")
+        return
+    leak = _trained_on_test_pixels(scene, trained_on)
+    if leak is not None:  # a score over pixels it learnt would be no test of the model
+        click.echo(f"test split: not scored: {leak}")
         return
     predicted = classmap[y, x].astype(np.int64)
     scored = predicted > 0  # (0: not predicted, outside a mask)
@@ -921,6 +926,31 @@ def _echo_test_scores(scene, classmap: np.ndarray) -> None:
         click.echo(f"test split: {_aa_trained(m)}; {_classes_named(untrained, names)} "
                    f"{'has' if len(untrained) == 1 else 'have'} no train pixels in the store's split: scored, never "
                    "trained on")
+
+
+def _trained_on_test_pixels(scene, trained_on: dict | None) -> str | None:
+    """Why the store's test pixels may be pixels the model was trained on, or None: it was trained on this
+    scene's labels (the same labels file) with the test pixels in its split, or under another split of them
+    (the store re-split, or converted again with another split, since). None when unknown (a model file
+    saved without loader=, or by an older hsgds) or trained on other scenes."""
+    from hsgds.collection import split_record
+
+    record = split_record(scene)
+    if trained_on is None or record is None:
+        return None
+    same_labels = [r for r in trained_on["scenes"] if r["labels"] == record["labels"]]
+    if not same_labels:
+        return None
+    split = trained_on["split"]
+    if split not in ("train", "val", "none"):  # None: every labelled pixel
+        taken = "every labelled pixel" if split is None else f"its {split} pixels"
+        return (f"the model was trained on {taken} of this scene (a loader with split={split!r}), so its test "
+                "pixels were trained on; score a model trained with split='train'")
+    if all(r["split"] != record["split"] for r in same_labels):
+        return ("the model was trained on this scene's labels under another split (the store was re-split or "
+                "converted again since), so some of its test pixels may have been trained on; score it on the "
+                "split it was trained on, or train again on this one")
+    return None
 
 
 def _scored_untrained(m) -> tuple[int, ...]:

@@ -31,7 +31,7 @@ from hsgds.format import TileGrid
 from hsgds.scene import MAX_JSON_BYTES, Scene, open_scene, samples_at
 
 __all__ = ["COLLECTION_FILE", "Collection", "DeferredScene", "SceneEntry", "is_collection_path", "open_collection",
-           "write_collection"]
+           "split_record", "write_collection"]
 
 COLLECTION_FILE = "collection.json"
 COLLECTION_FORMAT = "hsgds-collection"
@@ -244,6 +244,23 @@ def _entry_from_json(d: Any, i: int, root: Path, where: str) -> SceneEntry:
                       tile_samples=tile_samples, nodata_pixels=nodata,
                       tile_nodata=_tile_nodata(d.get("tile_nodata"), shape, layout["tile"], nodata, bad),
                       split_fingerprint=fingerprint)
+
+
+def split_record(scene: Any) -> dict[str, str] | None:
+    """Which labels and split a labelled scene (a Scene, or a DeferredScene answered from its entry without
+    opening the store) has: ``{"labels": labels' sha256, "split": split_fingerprint}``, or None when it has no
+    labelled pixels or no recorded labels file. A model file keeps those it was trained on, so that a map is not
+    scored against test pixels it was trained on (a store re-split since)."""
+    if isinstance(scene, DeferredScene) and not scene.is_open:
+        e = scene._collection.entries[scene._index]
+        labels, fingerprint = e.labels_sha256, e.split_fingerprint
+    else:
+        m = scene.meta
+        labels = m.labels_source.get("sha256") if isinstance(m.labels_source, dict) else None
+        fingerprint = split_fingerprint(m.split, m.split_generation, m.labels_source) if m.num_samples else None
+    if not isinstance(labels, str) or fingerprint is None:
+        return None
+    return {"labels": labels, "split": fingerprint}
 
 
 def split_fingerprint(split: Any, generation: Any, labels_source: Any) -> str:

@@ -229,7 +229,8 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, *, loader: Any = 
              "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
              "patch_size": settings["patch_size"], "normalize": settings["normalize"], "layout": "NCHW",
              "bands": int(config["bands"]), "classes": int(config["classes"]),
-             "class_names": settings["class_names"], **_recipe_state(int(config["bands"]), settings)}
+             "class_names": settings["class_names"], **_recipe_state(int(config["bands"]), settings),
+             "trained_on": settings.get("trained_on")}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         torch.save(state, f)
     return Path(path)
@@ -267,7 +268,8 @@ def save_program(path: str | os.PathLike, program: Any, *, loader: Any = None, p
                           f"patch_size={p}; pass the patch size it was trained on, or export it with a range that holds it")
     _check_names_fit(settings["class_names"], _program_classes(program), "the program")
     recipe = {"format": PROGRAM_FORMAT, "version": 1, "patch_size": p, "normalize": settings["normalize"],
-              "layout": "NCHW", "class_names": settings["class_names"], **_recipe_state(shape[1], settings)}
+              "layout": "NCHW", "class_names": settings["class_names"], **_recipe_state(shape[1], settings),
+              "trained_on": settings.get("trained_on")}
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: torch wants .pt2 names otherwise
         torch.export.save(program, f, extra_files={PROGRAM_RECIPE: json.dumps(recipe)})
     return Path(path)
@@ -338,6 +340,7 @@ def _settings(loader: Any, class_names: Sequence[str] | None, **given: Any) -> d
                     "wavelengths": loader.wavelengths, "wavelength_tolerance": loader.wavelength_tolerance,
                     "norm_stats": loader.norm_stats}
         settings["loader_bands"] = loader.out_bands
+        settings["trained_on"] = _trained_on(loader)
         if class_names is None:
             class_names = next((s.class_names for s in loader.scenes.scenes if s.class_names), None)
     _check_settings(settings["patch_size"], settings["normalize"], settings["norm_stats"])
@@ -420,6 +423,9 @@ class LoadedModel:
     batch_range: tuple[int, int | None] | None = None
     #: the file it was loaded from (None: made otherwise): an input of predict, which its outputs never replace
     path: Path | None = None
+    #: the loader's ``split`` and each labelled scene's :func:`hsgds.collection.split_record` it was trained
+    #: on ({"split": ..., "scenes": [...]}), or None when not known (saved without loader=, or by an older hsgds)
+    trained_on: dict[str, Any] | None = None
 
     def fitted_patch_size(self, name: str, given: int | None, option: str) -> int:
         """The patch size to feed the model ``name``: ``given`` or the one it fixes; a ConfigError that names
@@ -595,7 +601,8 @@ def _load_export(path: Path) -> LoadedModel:
         bands = len(chosen)
     return LoadedModel(module=module, kind="export", bands=bands, patch_size=p, classes=None, normalize=normalize,
                        class_names=_class_names(path, names, _program_classes(program)), batch_size=batch,
-                       batch_range=_batch_range(program), **_recipe(path, recipe, bands))
+                       batch_range=_batch_range(program), **_recipe(path, recipe, bands),
+                       trained_on=_checked_trained_on(path, recipe.get("trained_on")))
 
 
 def _load_checkpoint(path: Path) -> LoadedModel:
@@ -645,7 +652,30 @@ def _load_checkpoint(path: Path) -> LoadedModel:
                          f"{config.get('bands')!r:.20} bands and returns {config.get('classes')!r:.20} classes")
     return LoadedModel(module=module, kind="checkpoint", bands=bands, patch_size=p, classes=classes,
                        normalize=state["normalize"], layout=state["layout"],
-                       class_names=_class_names(path, state["class_names"], classes), **_recipe(path, state, bands))
+                       class_names=_class_names(path, state["class_names"], classes), **_recipe(path, state, bands),
+                       trained_on=_checked_trained_on(path, state.get("trained_on")))
+
+
+def _trained_on(loader: Any) -> dict[str, Any]:
+    """What a model trained with ``loader`` was trained on, for :attr:`LoadedModel.trained_on`: the loader's
+    split and the split record of each of its labelled scenes (read from collection.json for a scene it never
+    opened)."""
+    from hsgds.collection import split_record
+
+    records = [r for scene in loader.scenes.scenes if (r := split_record(scene)) is not None]
+    return {"split": loader.split, "scenes": records}
+
+
+def _checked_trained_on(path: Path, value: Any) -> dict[str, Any] | None:
+    """A model file's ``trained_on`` record, checked (None: absent, as in files of an older hsgds)."""
+    if value is None:
+        return None
+    scenes = value.get("scenes") if isinstance(value, dict) else None
+    if (not isinstance(scenes, list) or not (value.get("split") is None or isinstance(value.get("split"), str))
+            or not all(isinstance(r, dict) and isinstance(r.get("labels"), str) and isinstance(r.get("split"), str)
+                       for r in scenes)):
+        raise _bad(path, "its record of the splits it was trained on (trained_on) is damaged")
+    return {"split": value["split"], "scenes": [{"labels": r["labels"], "split": r["split"]} for r in scenes]}
 
 
 def _positive(value: Any) -> int | None:

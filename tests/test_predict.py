@@ -2078,3 +2078,63 @@ def test_a_map_that_cannot_be_written_leaves_no_new_probabilities(store, tmp_pat
                 out=maps / "m.npy", probabilities=probs / "p.npy", progress=folder_gone)
     assert np.array_equal(np.load(probs / "p.npy"), old)  # the previous probabilities, untouched
     assert sorted(p.name for p in probs.iterdir()) == ["p.npy"]  # and no temporary file left
+
+
+def test_a_map_is_not_scored_on_test_pixels_the_model_was_trained_on(tmp_path, run_cli):
+    """`hsgds predict` scores a map against the store's test split. A model file saved with loader= records the
+    loader's split and each scene's labels and split (collection.split_record), so a store re-split since
+    training (whose test pixels may be the model's training pixels), or a model trained on every labelled pixel,
+    is not scored, in one line; the same split, or a model file without the record, is scored as before."""
+    import shutil
+
+    import torch
+
+    from hsgds.models import SpectralSpatialCNN, load_model, save_checkpoint, save_program
+    from hsgds.preprocess.resplit import resplit
+
+    cube, labels = coordinate_cube()
+    np.save(tmp_path / "cube.npy", cube)
+    np.save(tmp_path / "gt.npy", labels)
+    s = convert(tmp_path / "cube.npy", tmp_path / "s.zarr", ConvertOptions(labels=tmp_path / "gt.npy", tile=18,
+                                                                           max_patch=15, split="random", train=0.3))
+    model = SpectralSpatialCNN(B, 3, 3, reduce=4, width=8)
+    files = {}
+    for split in ("train", None):
+        with hsgds.PatchLoader(s, patch_size=3, batch_size=64, split=split) as loader:
+            files[split] = save_checkpoint(tmp_path / f"{split}.ckpt", model, loader=loader)
+            patches = next(iter(loader))[0]
+            program = torch.export.export(model.eval(), (patches,), dynamic_shapes=({0: torch.export.Dim("n")},))
+            files[f"{split}.pt2"] = save_program(tmp_path / f"{split}.pt2", program, loader=loader)
+    files["older"] = save_checkpoint(tmp_path / "older.ckpt", model, patch_size=3)  # no record: scored
+    record = load_model(files["train"]).trained_on
+    labels_sha = hsgds.open_scene(s).meta.labels_source["sha256"]
+    assert record is not None and record["split"] == "train" and [r["labels"] for r in record["scenes"]] == [labels_sha]
+    assert load_model(files["older"]).trained_on is None
+
+    def test_line(model_file):
+        code, out, err = run_cli("predict", s, "--model", model_file, "-o", tmp_path / "map.npy")
+        assert code == 0, err
+        return [line for line in out.splitlines() if line.startswith("test split:")]
+
+    for key in ("train", "train.pt2", "older"):
+        assert test_line(files[key])[0].startswith("test split: ") and "OA " in test_line(files[key])[0], key
+    for key in (None, "None.pt2"):
+        assert test_line(files[key]) == ["test split: not scored: the model was trained on every labelled pixel of "
+                                         "this scene (a loader with split=None), so its test pixels were trained on; "
+                                         "score a model trained with split='train'"]
+    copy = shutil.copytree(s, tmp_path / "copy.zarr")  # the same scene at another path: the same record
+    code, out, _ = run_cli("predict", copy, "--model", files["train"], "-o", tmp_path / "copy.npy")
+    assert code == 0 and "OA " in out
+    resplit(s, "random", train=0.3, seed=1)
+    for key in ("train", "train.pt2"):
+        assert test_line(files[key]) == ["test split: not scored: the model was trained on this scene's labels under "
+                                         "another split (the store was re-split or converted again since), so some of "
+                                         "its test pixels may have been trained on; score it on the split it was "
+                                         "trained on, or train again on this one"]
+    assert "OA " in test_line(files["older"])[0]  # (unknown: scored as before)
+    # a damaged record is refused as any damaged model file is
+    state = torch.load(files["train"], weights_only=True)
+    state["trained_on"] = {"split": "train", "scenes": [{"labels": 3}]}
+    torch.save(state, tmp_path / "damaged.ckpt")
+    with pytest.raises(InputError, match=r"not a usable model: its record of the splits it was trained on .* damaged"):
+        load_model(tmp_path / "damaged.ckpt")

@@ -282,6 +282,9 @@ def test_demo_command_writes_report_model_and_map(tmp_path, hsgds_env, indian_pi
     assert code == 0, err
     assert "normalize:  zscore, with the statistics saved with the model" in out
     assert np.array_equal(np.load(tmp_path / "out" / "after_resplit.npy"), np.load(tmp_path / "out" / "map.npy"))
+    # ... and is not scored against the new test split, which holds pixels the model was trained on
+    assert "test split: not scored: the model was trained on this scene's labels under another split" in out
+    assert "OA " not in out
 
 
 def test_demo_names_classes_without_test_pixels_and_records_the_split(tmp_path, hsgds_env, indian_pines_store,
