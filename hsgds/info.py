@@ -359,6 +359,12 @@ def describe_model(path: str | os.PathLike, loaded: Any) -> str:
     if loaded.classes is not None or loaded.class_names:
         names = f" ({', '.join(loaded.class_names[:8])}{', ...' if len(loaded.class_names) > 8 else ''})" if loaded.class_names else ""
         lines.append(f"classes:    {loaded.classes if loaded.classes is not None else len(loaded.class_names or [])}{names}")
+    if loaded.trained_on is not None:  # what `hsgds predict` checks before it scores a map (docs/splits.md)
+        scenes = loaded.trained_on["scenes"]
+        split = loaded.trained_on["split"]
+        lines.append(f"trained on: {'every labelled pixel' if split is None else f'the {split} split'} of "
+                     f"{len(scenes)} labelled scene{'' if len(scenes) == 1 else 's'} (their labels and splits "
+                     "recorded: a map of one re-split since is not scored)")
     return "\n".join(lines)
 
 

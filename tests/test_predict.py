@@ -2110,6 +2110,9 @@ def test_a_map_is_not_scored_on_test_pixels_the_model_was_trained_on(tmp_path, r
     labels_sha = hsgds.open_scene(s).meta.labels_source["sha256"]
     assert record is not None and record["split"] == "train" and [r["labels"] for r in record["scenes"]] == [labels_sha]
     assert load_model(files["older"]).trained_on is None
+    code, out, _ = run_cli("info", files["train"])
+    assert code == 0 and ("trained on: the train split of 1 labelled scene (their labels and splits recorded: a map "
+                          "of one re-split since is not scored)") in out
 
     def test_line(model_file):
         code, out, err = run_cli("predict", s, "--model", model_file, "-o", tmp_path / "map.npy")
