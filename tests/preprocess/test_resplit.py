@@ -301,6 +301,18 @@ def test_resplit_of_a_collection_refuses_a_block_size_without_blocks(tmp_path, r
         resplit(store, "random", block_size=8)
 
 
+def two_scene_collection(folder, npy_scene) -> None:
+    """A collection of two labelled stores, a.zarr and b.zarr, of one small scene, listed in ``folder``."""
+    from hsgds.collection import SceneEntry, write_collection
+
+    cp, lp, _, _ = npy_scene(b=3)
+    entries = []
+    for name in ("a", "b"):
+        store = convert(cp, folder / f"{name}.zarr", ConvertOptions(labels=lp, max_patch=5))
+        entries.append(SceneEntry.of_scene(name, hsgds.open_scene(store)))
+    write_collection(folder, entries)
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [
@@ -315,14 +327,7 @@ def test_resplit_of_a_collection_refuses_a_block_size_without_blocks(tmp_path, r
 def test_resplit_of_a_collection_refuses_bad_options_once_before_any_scene(tmp_path, run_cli, npy_scene, args, line):
     """A bad option is the user's, not a scene's: one line up front, as for one store; it was refused by every
     scene in turn (a line per scene, thousands for a campaign) and then said to be scenes to fix."""
-    from hsgds.collection import SceneEntry, write_collection
-
-    cp, lp, _, _ = npy_scene(b=3)
-    entries = []
-    for name in ("a", "b"):
-        store = convert(cp, tmp_path / f"{name}.zarr", ConvertOptions(labels=lp, max_patch=5))
-        entries.append(SceneEntry.of_scene(name, hsgds.open_scene(store)))
-    write_collection(tmp_path, entries)
+    two_scene_collection(tmp_path, npy_scene)
     before = tree_digest(tmp_path)
     code, out, err = run_cli("resplit", tmp_path, *args)
     assert (code, out, err) == (2, "", f"hsgds: error: {line}\n")
@@ -359,14 +364,7 @@ def test_a_refused_resplit_says_one_line_and_no_warning_of_the_split_not_made(np
     scored, never trained on") described a split that was never written, a line before the refusal (convert shows
     only the refusal). Over a collection, each scene is one `failed:` line, and no listing is said to be written
     when no scene was re-split (collection.json is left as it was)."""
-    from hsgds.collection import SceneEntry, write_collection
-
-    cp, lp, _, _ = npy_scene(b=3)
-    entries = []
-    for name in ("a", "b"):
-        store = convert(cp, tmp_path / f"{name}.zarr", ConvertOptions(labels=lp, max_patch=5))
-        entries.append(SceneEntry.of_scene(name, hsgds.open_scene(store)))
-    write_collection(tmp_path, entries)
+    two_scene_collection(tmp_path, npy_scene)
     before = tree_digest(tmp_path)
     refusal = ("--split blocks gives no train pixel on these labels; use a smaller --block-size than 500 (or leave "
                "it out: adaptive)")
