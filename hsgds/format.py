@@ -652,16 +652,22 @@ def tile_paths(store: Path, grid: TileGrid, array_meta: dict[str, Any]) -> list[
             for ty in range(grid.nty) for tx in range(grid.ntx)]
 
 
-def tile_size_error(tile_id: int, path: Any, size: int, expected: int) -> TileReadError:
+#: what a damaged tile asks of the user
+DAMAGED = "the store is damaged; run `hsgds verify` and convert the source again"
+#: ... when a loader's reader meets it: the store may instead have been converted again while the loader had it
+#: open (its tiles then hold another conversion's bytes), which `hsgds verify`, opening it afresh, tells apart
+DAMAGED_OR_REPLACED = ("the store is damaged, or was converted again since it was opened; run `hsgds verify`: if it "
+                       "says ok, open the store again (a new loader), else convert the source again")
+
+
+def tile_size_error(tile_id: int, path: Any, size: int, expected: int, why: str = DAMAGED) -> TileReadError:
     """The error for a tile file of the wrong size (truncated, padded or replaced)."""
-    return TileReadError(f"tile {tile_id} ({path}) has {size} bytes, expected {expected}: the store is damaged; "
-                         "run `hsgds verify` and convert the source again")
+    return TileReadError(f"tile {tile_id} ({path}) has {size} bytes, expected {expected}: {why}")
 
 
-def checksum_error(tile_id: int, path: Any, algorithm: str = CHECKSUM_ALGORITHM) -> ChecksumError:
+def checksum_error(tile_id: int, path: Any, algorithm: str = CHECKSUM_ALGORITHM, why: str = DAMAGED) -> ChecksumError:
     """The error for a tile whose bytes differ from those checksummed at conversion."""
-    return ChecksumError(f"tile {tile_id} ({path}) fails its {algorithm} checksum: the store is damaged; "
-                         "run `hsgds verify` and convert the source again")
+    return ChecksumError(f"tile {tile_id} ({path}) fails its {algorithm} checksum: {why}")
 
 
 def open_tile(tile_id: int, path: Any, flags: int = 0) -> int:
@@ -733,7 +739,7 @@ def read_tile_file(tile_id: int, path: Path, nbytes: int, crc: int | None) -> by
     return raw
 
 
-def check_tile_crc(tile_id: int, path: Any, crc: int, expected: int) -> None:
+def check_tile_crc(tile_id: int, path: Any, crc: int, expected: int, why: str = DAMAGED) -> None:
     """Raise ChecksumError when a tile's crc32c differs from the one recorded at conversion."""
     if crc != expected:
-        raise checksum_error(tile_id, path)
+        raise checksum_error(tile_id, path, why=why)

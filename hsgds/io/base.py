@@ -13,7 +13,13 @@ import numpy as np
 
 from hsgds import checksum
 from hsgds.errors import ChecksumError, TileReadError
-from hsgds.format import DEVICE_CHECKSUM_ALGORITHM, check_tile_crc, checksum_error, tile_size_error
+from hsgds.format import (
+    DAMAGED_OR_REPLACED,
+    DEVICE_CHECKSUM_ALGORITHM,
+    check_tile_crc,
+    checksum_error,
+    tile_size_error,
+)
 
 
 @dataclass(frozen=True)
@@ -78,13 +84,15 @@ class TileSource:
                    local_ids=_LocalIds(per_scene))
 
     def check_crc(self, tile_id: int, crc: int) -> None:
-        check_tile_crc(self.local_id(tile_id), self.paths[tile_id], crc, self.checksums[tile_id])
+        check_tile_crc(self.local_id(tile_id), self.paths[tile_id], crc, self.checksums[tile_id], DAMAGED_OR_REPLACED)
 
     def device_checksum_error(self, tile_id: int) -> ChecksumError:
-        return checksum_error(self.local_id(tile_id), self.paths[tile_id], DEVICE_CHECKSUM_ALGORITHM)
+        return checksum_error(self.local_id(tile_id), self.paths[tile_id], DEVICE_CHECKSUM_ALGORITHM,
+                              DAMAGED_OR_REPLACED)
 
     def size_error(self, tile_id: int, size: int) -> TileReadError:
-        return tile_size_error(self.local_id(tile_id), self.paths[tile_id], size, self.tile_nbytes(tile_id))
+        return tile_size_error(self.local_id(tile_id), self.paths[tile_id], size, self.tile_nbytes(tile_id),
+                               DAMAGED_OR_REPLACED)
 
 
 class ChunkReader(abc.ABC):

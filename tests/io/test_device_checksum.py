@@ -109,7 +109,8 @@ def test_fake_kvikio_tile_overwritten_during_a_pass_is_caught(fake_kvikio, tile_
         ring.start([Interval(t, t, t) for t in range(12)])
         ring.acquire([0], timeout=10)
         _overwrite_in_place(scene.tile_paths[11])
-        with pytest.raises(ChecksumError, match=r"tile 11 \(.*\) fails its wsum64 checksum"):
+        with pytest.raises(ChecksumError, match=r"tile 11 \(.*\) fails its wsum64 checksum: the store is damaged, "
+                           r"or was converted again since it was opened; run `hsgds verify`: if it says ok, open"):
             for b in range(12):
                 ring.acquire([b], timeout=10)
                 ring.release_batch(b)
