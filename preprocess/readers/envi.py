@@ -402,7 +402,7 @@ def _memmap(binary: Path, header_path: Path) -> tuple[np.memmap, str, dict[str, 
     return array, axes, header
 
 
-def _gdal_items(header: dict[str, str], bands: int) -> list[ET.Element]:
+def _header_items(header: dict[str, str], bands: int) -> list[ET.Element]:
     """The header's band centres, band names, gains and offsets and bad band list as the GDAL metadata items GDAL's
     ENVI driver reads them as (each band's ``wavelength`` in its ``wavelength_units``, description, scale and
     offset; a dataset ``bbl``), for a PAM sidecar's to replace. The header's lists are checked already."""
@@ -439,7 +439,7 @@ def open_envi(binary: Path, header_path: Path) -> ArrayCube:
     packing = ("ENVI data gain value", "data offset value")
     pam = read_pam(binary, bands)
     if pam is not None and pam.used:  # read as GDAL reads it: after the header, its items replacing the header's
-        text, where = pam.over(_gdal_items(header, bands)), f"{binary.name} with {pam.path.name}"
+        text, where = pam.over(_header_items(header, bands)), f"{binary.name} with {pam.path.name}"
         if pam.gives("wavelengths"):
             wavelengths, wavelengths_note = band_centres(text, bands, where)
             wavelengths_file = None if wavelengths is None else pam.path
