@@ -4,24 +4,23 @@
 #     bash benchmarks/gpu_check.sh OUTDIR
 #
 # (a) installs the wheels shipped beside the repo into /tmp/site: .whl/*.whl (kvikio, libkvikio,
-#     rapids-logger, crc32c, zarr & co., and DALI's small deps), and DALI when every part of its
-#     split wheel is in .dali/ (.dali/NAME = wheel file name, .dali/PARTS = part count, .dali/SHA256).
+#     rapids-logger, crc32c, zarr & co., tensorly, and DALI's small deps), and DALI when every part of
+#     its split archive is in .dali/ (.dali/NAME = the archive's name: DALI's files repacked as a
+#     .tar.xz, unpacked into /tmp/site, or a wheel; .dali/PARTS = part count, .dali/SHA256).
 #     benchmarks/gpu_wheels.sh makes both folders and prints which call carries what (a part per
 #     call, over successive calls while the machine stays warm: ignored files already there are kept);
 # (b) keeps cuFile's log in OUTDIR/cufile.log;
 # (c) writes the device report (hsgds.probe.probe + hsgds.doctor.doctor_report) to OUTDIR/doctor.txt;
-# (d) runs the GPU tests: pytest -m gpu ... --junitxml=OUTDIR/gpu_tests.xml tests;
-# (e) runs each benchmark that exists with its defaults (they cover cuda when it is available),
-#     its JSON taken from stdout (logs go to stderr):
-#         python3 benchmarks/bench_verify.py  > OUTDIR/bench_verify.json   (checked vs unchecked reads)
-#         python3 benchmarks/bench_engines.py > OUTDIR/bench_engines.json
-#         python3 benchmarks/bench_loader.py  > OUTDIR/bench_loader.json
-# (f) writes OUTDIR/summary.json: per-step status and seconds, test counts and failures, versions, GPU.
+# (d) runs the GPU tests: pytest -m gpu ... --junitxml=OUTDIR/gpu_tests.xml on the test files that hold
+#     GPU tests (the image lacks the test extras that other test files import, e.g. SPy and rasterio);
+# (e) runs the GPU benchmarks in the order of BENCHES below (most needed first: a step that finds too
+#     little time left is skipped), each one's JSON into OUTDIR/benchmarks.tar.gz as NAME.json;
+# (f) writes OUTDIR/summary.json: per-step status and seconds, test counts and failures, versions, GPU,
+#     and every benchmark's JSON.
 #
 # It never stops at the first failure, and every step's timeout is cut to the time left, so the whole run
 # ends within GPU_CHECK_BUDGET_S seconds (default 420). OUTDIR stays flat with at most 8 files:
-# gpu_check.log doctor.txt gpu_tests.xml bench_verify.json bench_engines.json bench_loader.json summary.json
-# cufile.log.
+# gpu_check.log doctor.txt gpu_tests.xml benchmarks.tar.gz summary.json cufile.log.
 set -u
 shopt -s nullglob
 
@@ -80,7 +79,7 @@ note() {  # note NAME STATUS DETAIL: record a step that did not run
 # an array, not a function: `timeout` runs programs only
 PIP_TARGET=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE")
 
-join_dali() {  # reassemble the split DALI wheel into $WORK; prints its path
+join_dali() {  # reassemble DALI's split archive into $WORK; prints its path
     local name parts want
     name=$(cat .dali/NAME)
     parts=(.dali/"$name".part*)
@@ -110,7 +109,8 @@ main() {
     local wheels=(.whl/*.whl) dali="" extra=()
     if [ -f .dali/NAME ]; then
         if dali=$(join_dali); then
-            extra=("$dali" .dali/*.whl)
+            extra=(.dali/*.whl)
+            case $dali in *.whl) extra+=("$dali") ;; esac
         else
             dali=""
             note install_dali incomplete "see the log: parts missing or damaged"
@@ -118,17 +118,24 @@ main() {
     else
         note install_dali absent "no .dali/NAME"
     fi
-    if [ "${#wheels[@]}" -eq 0 ] && [ -z "$dali" ]; then
+    if [ "${#wheels[@]}" -eq 0 ] && [ "${#extra[@]}" -eq 0 ]; then
         note install_wheels missing "no .whl/*.whl: kvikio will not be importable"
     else
         [ "${#wheels[@]}" -eq 0 ] && echo "no .whl/*.whl: kvikio will not be importable"
         step install_wheels 180 "${PIP_TARGET[@]}" "${wheels[@]}" "${extra[@]}"
-        if [ -n "$dali" ] && [ "$(tail -n 1 "$WORK/steps.tsv" | cut -f2)" != ok ] && [ "${#wheels[@]}" -gt 0 ]; then
+    fi
+    if [ -n "$dali" ] && [ "${dali%.whl}" != "$dali" ]; then  # a wheel: installed by that pip call
+        if [ "$(tail -n 1 "$WORK/steps.tsv" | cut -f2)" != ok ] && [ "${#wheels[@]}" -gt 0 ]; then
             note install_dali failed "the install with DALI failed; retrying without it"
             step install_wheels_no_dali 90 "${PIP_TARGET[@]}" "${wheels[@]}"
-        elif [ -n "$dali" ]; then
+        else
             note install_dali ok "installed with the wheels"
         fi
+    elif [ -n "$dali" ]; then
+        # unpacked after pip: its --target install would replace the nvidia/ folder this adds to
+        step install_dali 90 tar -xJf "$dali" -C "$SITE"
+    fi
+    if [ -d "$SITE" ]; then
         rm -f "$dali"
         # a regular `nvidia` package (with __init__.py) further down the path hides $SITE/nvidia (DALI,
         # cuFile): make ours a package that extends its path over every nvidia/ folder on sys.path
@@ -155,21 +162,29 @@ with open(sys.argv[2], "w") as f:
 print(text)
 EOF
 
-    # (d) the GPU tests (collection errors of CPU-only modules must not stop the GPU ones)
-    step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
-        -o junit_family=xunit2 --junitxml="$OUT/gpu_tests.xml" tests
+    # (d) the GPU tests, from the files that hold some
+    local files
+    mapfile -t files < <(grep -rl --include='*.py' -e 'mark\.gpu' tests | sort)
+    step gpu_tests 240 python3 -m pytest -m gpu -q -p no:cacheprovider \
+        -o junit_family=xunit2 --junitxml="$OUT/gpu_tests.xml" "${files[@]}"
 
-    # (e) GPU benchmarks, when present
-    local b
-    for b in bench_verify bench_engines bench_loader; do
-        if [ -f "benchmarks/$b.py" ]; then
-            # JSON on stdout: the redirect lives inside the timed command, away from this log
-            limit=90; [ "$b" = bench_verify ] && limit=75; [ "$b" = bench_loader ] && limit=200
-            step "$b" "$limit" bash -c 'exec python3 "$1" >"$2"' _ "benchmarks/$b.py" "$OUT/$b.json"
-        else
-            note "$b" absent "benchmarks/$b.py not present"
-        fi
+    # (e) GPU benchmarks: NAME, seconds at most, command ($J: where its JSON goes; logs go to stderr)
+    mkdir -p "$WORK/bench"
+    local benches line name limit cmd
+    mapfile -t benches <<'BENCHES'
+bench_verify|75|exec python3 benchmarks/bench_verify.py >"$J"
+bench_loader|150|exec python3 benchmarks/bench_loader.py >"$J"
+bench_loader_batch4096|75|exec python3 benchmarks/bench_loader.py --contenders kvikio_zarr,hsgds --batch 4096 --e2e-steps 0 --repeats 3 >"$J"
+bench_engines|45|exec python3 benchmarks/bench_engines.py >"$J"
+bench_loader_fast_model|60|exec python3 benchmarks/bench_loader.py --scenes indian_pines --contenders hsgds --e2e-contenders hsgds --e2e-model SpectralSpatialCNN --dtypes float32 --batches 10 --e2e-steps 200 >"$J"
+bench_augment|60|exec python3 benchmarks/bench_augment.py --device cuda --epochs 5 --json "$J"
+bench_predict|100|exec python3 benchmarks/bench_predict.py --quick >"$J"
+BENCHES
+    for line in "${benches[@]}"; do
+        IFS='|' read -r name limit cmd <<<"$line"
+        step "$name" "$limit" env J="$WORK/bench/$name.json" bash -c "$cmd"
     done
+    tar -czf "$OUT/benchmarks.tar.gz" -C "$WORK/bench" . || echo "tar of the benchmarks' JSON failed"
 
     # (f) the summary
     python3 - "$OUT" "$WORK" "$T0" <<'EOF' || echo "{\"ok\": false, \"error\": \"summary failed\"}" >"$OUT/summary.json"
@@ -225,17 +240,15 @@ for dist in ("torch", "numpy", "kvikio-cu13", "libkvikio-cu13", "nvidia-cufile",
         versions[dist] = None
 
 benches = {}
-for b in ("bench_verify", "bench_engines", "bench_loader"):
-    path = os.path.join(out, b + ".json")
-    benches[b] = {"step": steps.get(b, {}).get("status"), "json": None}
-    if os.path.exists(path):
-        benches[b]["json"] = os.path.basename(path)
-        if os.path.getsize(path) <= 32768:  # small results are copied in, so one file tells all
-            try:
-                with open(path) as f:
-                    benches[b]["result"] = json.load(f)
-            except ValueError as exc:
-                benches[b]["result"] = f"unreadable JSON: {exc}"
+bench_dir = os.path.join(work, "bench")
+for name in sorted(os.listdir(bench_dir)) if os.path.isdir(bench_dir) else []:
+    b = name.removesuffix(".json")
+    benches[b] = {"step": steps.get(b, {}).get("status"), "json": f"benchmarks.tar.gz:{name}"}
+    try:  # copied in, so that one file tells all
+        with open(os.path.join(bench_dir, name)) as f:
+            benches[b]["result"] = json.load(f)
+    except ValueError as exc:
+        benches[b]["result"] = f"unreadable JSON: {exc}"
 
 with open(os.path.join(work, "smi.txt")) as f:
     smi = f.read().strip()
