@@ -187,6 +187,7 @@ def test_a_mask_made_on_the_gpu_is_taken_by_the_loader_and_predict(border_scene)
 
 
 @pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype feature:UserWarning")
 def test_augmentation_after_the_cut_never_waits_for_the_stream():
     """On CUDA the noise, mixture and dropout arrays of a batch reach the device through the loader's pinned
     staging (one asynchronous copy): ``.to(device)`` of each pageable array made the host wait for everything
@@ -205,8 +206,8 @@ def test_augmentation_after_the_cut_never_waits_for_the_stream():
     on_gpu._bank_on(torch.device("cuda", torch.cuda.current_device()))  # the noise bank: uploaded once per device
     out = clean.cuda()
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    try:  # the mode is set before torch warns that it is a prototype: reset it whatever happens
+        torch.cuda.set_sync_debug_mode("error")
         on_gpu(out, batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -188,7 +188,7 @@ def test_gpu_kvikio_tile_overwritten_during_an_epoch(kvikio_ok, tile_store, tmp_
     store = _copy(tile_store, tmp_path)
     scene = open_scene(store)
     with hsgds.PatchLoader(store, patch_size=5, batch_size=16, split=None, device="cuda", reader="kvikio",
-                           shuffle=False, ring_bytes=2 * scene.grid.tile_nbytes) as loader:
+                           shuffle=False, ring_bytes=4 * scene.grid.tile_nbytes) as loader:
         it = iter(loader)
         next(it)
         for i, path in enumerate(scene.tile_paths):
