@@ -19,7 +19,8 @@
 #     and every benchmark's JSON.
 #
 # It never stops at the first failure, and every step's timeout is cut to the time left, so the whole run
-# ends within GPU_CHECK_BUDGET_S seconds (default 420). OUTDIR stays flat with at most 8 files:
+# ends within GPU_CHECK_BUDGET_S seconds (default 420). GPU_CHECK_BENCHES=name,name runs only those
+# benchmarks (a short rerun). OUTDIR stays flat with at most 8 files:
 # gpu_check.log doctor.txt gpu_tests.xml benchmarks.tar.gz summary.json cufile.log.
 set -u
 shopt -s nullglob
@@ -182,6 +183,9 @@ bench_predict|100|exec python3 benchmarks/bench_predict.py --quick >"$J"
 BENCHES
     for line in "${benches[@]}"; do
         IFS='|' read -r name limit cmd <<<"$line"
+        if [ -n "${GPU_CHECK_BENCHES:-}" ] && [[ ",$GPU_CHECK_BENCHES," != *",$name,"* ]]; then
+            continue  # a short rerun names the benchmarks it needs
+        fi
         step "$name" "$limit" env J="$WORK/bench/$name.json" bash -c "$cmd"
     done
     tar -czf "$OUT/benchmarks.tar.gz" -C "$WORK/bench" . || echo "tar of the benchmarks' JSON failed"

@@ -429,4 +429,6 @@ def apply_after_cut(out: torch.Tensor, batch: AugmentBatch, aug: Augment, nchw: 
         centre[t["mixed"]] = (w * c + (1 - w) * c2).to(out.dtype)
     if "dropped" in t:
         d = t["dropped"]
-        view[d[:, 0], d[:, 1]] = 0
+        # a zero made on the device: a Python 0 becomes a host tensor that index_put_ copies over, and
+        # that copy from pageable memory waits for everything queued on the stream (the training step)
+        view[d[:, 0], d[:, 1]] = view.new_zeros(())
