@@ -7,9 +7,11 @@ Cases (Indian Pines from the demo store, p=13, float32 NCHW, z-score, every labe
 ``augment`` (torch engine, Augment(flip, rot90, radiation_noise=0.1, band_dropout=0.05)), ``dali``
 (the DALI engine), and ``verify-on`` / ``verify-off`` (bench_verify.py's store: 81 tiles of 2 MiB through
 a ring of 16, read again every epoch, tiles checked or not). Each case: a warm-up, then ``--batches``
-batches with cProfile on this thread only (the reader's and engine's threads run unprofiled); prints
-the wall time per batch, the loader's own per-batch host median, its waits, and the functions with the
-most time of their own. Text on stdout: a profile to read, not a benchmark (cProfile slows Python).
+batches under cProfile; prints the wall time per batch, the loader's own per-batch host median, its
+waits, and the functions with the most time of their own. From Python 3.12 cProfile records every thread
+(it is built on sys.monitoring): the consuming thread, the batch-prep thread and the ring's reader threads
+together, so the profile's total is the Python a batch costs wherever it runs (before 3.12: this thread
+only). Text on stdout: a profile to read, not a benchmark (cProfile slows Python).
 """
 
 from __future__ import annotations
