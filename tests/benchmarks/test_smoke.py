@@ -378,7 +378,7 @@ def test_bench_verify_tiny(tmp_path):
     """benchmarks/bench_verify.py runs end to end (it runs unattended in the GPU check) and reports both
     loaders side by side over the same epochs; --tiny alone picks batch sizes its ring holds (its default
     batches, 256 and 4096, stopped it: a batch of 4096 needs more tiles resident than its ring of 8)."""
-    proc = _run([str(BENCH / "bench_verify.py"), "--tiny", "--epochs", "1"], tmp_path, timeout=240)
+    proc = _run([str(BENCH / "bench_verify.py"), "--tiny", "--epochs", "2"], tmp_path, timeout=240)
     doc = json.loads(proc.stdout)
     assert doc["reader"] == "posix" and doc["store"]["tiles"] == 16 and doc["store"]["ring_tiles"] == 8
     rows = {(r["batch"], r["verify"]): r for r in doc["rows"]}
@@ -386,12 +386,17 @@ def test_bench_verify_tiny(tmp_path):
     for row in rows.values():
         # more tiles read per epoch than the ring holds: the checks run every epoch
         assert row["patches_per_epoch"] == 96 * 96 and row["tiles_read_last_epoch"] > 8
-        assert len(row["patches_per_s"]) == 1 and row["median_patches_per_s"] > 0
+        assert len(row["patches_per_s"]) == 2 and row["median_patches_per_s"] > 0
     for batch in ("64", "256"):
         ratio = doc["ratio_checked_vs_unchecked"][batch]
         on, off = rows[(int(batch), True)]["median_patches_per_s"], rows[(int(batch), False)]["median_patches_per_s"]
         assert abs(ratio - on / off) < 1e-3
         assert doc["meets_target"][batch] == (ratio >= doc["target"])
+        # the ratio within each round, from the same epochs
+        pairs = [c / u for c, u in zip(rows[(int(batch), True)]["patches_per_s"], rows[(int(batch), False)]["patches_per_s"])]
+        spread = doc["ratio_per_round"][batch]
+        assert spread["min"] <= spread["median"] <= spread["max"]
+        assert abs(spread["min"] - min(pairs)) < 2e-3 and abs(spread["max"] - max(pairs)) < 2e-3
 
 
 def test_bench_plan_tiny(tmp_path):
