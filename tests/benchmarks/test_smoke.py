@@ -57,6 +57,31 @@ def test_bench_loader_tiny(tmp_path):
         assert (out / "plot.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_loader_trains_the_demo_model_end_to_end(tmp_path):
+    """--e2e-model SpectralSpatialCNN: the end-to-end rows train the demo's model (the GPU check's fast step)."""
+    pytest.importorskip("tensorly")
+    proc = _run([str(BENCH / "bench_loader.py"), "--scenes", "indian_pines", "--patch", "5", "--batch", "32",
+                 "--batches", "2", "--dtypes", "float32", "--contenders", "hsgds", "--e2e-contenders", "hsgds",
+                 "--e2e-model", "SpectralSpatialCNN", "--e2e-steps", "2", "--device", "cpu"], tmp_path)
+    e2e = json.loads(proc.stdout)["e2e"]
+    assert e2e["model"] == "SpectralSpatialCNN" and e2e["compute_only"]["steps"] == 2
+    assert [r["status"] for r in e2e["rows"]] == ["ok"] and e2e["rows"][0]["steps"] == 2
+
+
+def test_profile_batches_prints_a_profile_per_case(tmp_path):
+    """benchmarks/profile_batches.py (run on the GPU machine) profiles each case; one that cannot run on this
+    device (posix-pinned needs CUDA) says why and the others still run."""
+    pytest.importorskip("tensorly")
+    proc = _run([str(BENCH / "profile_batches.py"), "--device", "cpu", "--batches", "4", "--top", "5",
+                 "--cases", "torch-posix,augment,verify-off"], tmp_path, timeout=360)
+    heads = [ln for ln in proc.stdout.splitlines() if ln.startswith("===== ")]
+    assert [h.split(":")[0] for h in heads] == ["===== torch-posix", "===== augment", "===== verify-off"]
+    assert "failed: ConfigError" in heads[0] and "posix-pinned" in heads[0]
+    for head in heads[1:]:
+        assert "us/batch under cProfile (4 batches)" in head and "engine torch" in head
+    assert proc.stdout.count("Ordered by: internal time") == 2
+
+
 def test_contenders_cut_the_same_patches(tmp_path, monkeypatch):
     """The contenders' Dataset and the shared-memory ring cut what hsgds cuts (same normalization)."""
     import numpy as np
