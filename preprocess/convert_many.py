@@ -111,6 +111,13 @@ class ManifestRow:
 
 def _check_name(name: str, where: str) -> None:
     """Names become file names (``OUT_DIR/<name>.zarr``): refuse anything that is not one plain name."""
+    # tabs, line breaks and other C0/C1 controls or DEL (category Cc): legal in a POSIX file name, but they break
+    # every listing, log line and script that shows or splits the store's name
+    control = next((c for c in name if unicodedata.category(c) == "Cc"), None)
+    if control is not None:  # (clipped() would join the lines and tabs it is about)
+        shown = repr(name if len(name) <= 100 else name[:100]) + (" ..." if len(name) > 100 else "")
+        raise InputError(f"{where}: name {shown} holds the control character {control!r}; give the scene a name "
+                         "without control characters (tab, line break, ...) in the name column")
     bad = (not name or name in (".", "..") or name.startswith(".") or any(c in name for c in '/\\:\0')
            or name != name.strip())
     if bad:

@@ -444,6 +444,14 @@ def test_local_cluster_from_the_cli(tmp_path, run_cli):
     ("source,labels\na.npy,nogt.npy\n", r"line 2: labels .*nogt.npy does not exist"),
     ("source\nsub\n", "is a folder"),
     ("source,name\na.npy,../x\n", "name '../x' cannot be a store name"),
+    # control characters (C0, DEL, C1) became store folder names and collection.json entries
+    ("source,name\na.npy,a\tb\n", r"line 2: name 'a\\tb' holds the control character '\\t'; give the scene a name "
+                                    r"without control characters \(tab, line break, \.\.\.\) in the name column$"),
+    ('source,name\na.npy,"x\ny"\n', r"line 3: name 'x\\ny' holds the control character '\\n'"),
+    ("source,name\na.npy,x\x01y\n", r"line 2: name 'x\\x01y' holds the control character '\\x01'"),
+    ("source,name\na.npy,\x1b[31mred\n", r"line 2: name '\\x1b\[31mred' holds the control character '\\x1b'"),
+    ("source,name\na.npy,del\x7f\n", r"line 2: name 'del\\x7f' holds the control character '\\x7f'"),
+    ("source,name\na.npy,nel\x85x\n", r"line 2: name 'nel\\x85x' holds the control character '\\x85'"),
     # longer than a file name may be with the converter's temporary suffix: every conversion failed, blaming -o
     ("source,name\na.npy," + "n" * 237 + "\n", r"line 2: name 'n{40} \.\.\.' is 237 bytes long; a store name may "
                                              r"have at most 236 \(in UTF-8\); shorten it in the name column"),
@@ -470,6 +478,19 @@ def test_manifest_errors_are_one_line(tmp_path, run_cli, manifest, message):
     assert stderr.count("\n") == 1 and stderr.startswith("hsgds: error: manifest ")
     assert __import__("re").search(message, stderr), stderr
     assert not (tmp_path / "out").exists()  # nothing written for a bad manifest
+
+
+def test_a_source_stem_holding_a_control_character_is_refused_as_the_scene_name(tmp_path, run_cli):
+    """Without a name column the scene is named by its source's stem, which a file name may fill with tabs or
+    line breaks: refused like a name column's, before anything is written, saying to give a name."""
+    np.save(tmp_path / "flight\t1.npy", np.zeros((4, 4, 2), np.int16))
+    (tmp_path / "m.csv").write_text('source\n"flight\t1.npy"\n')
+    code, _, stderr = run_cli("convert-many", tmp_path / "m.csv", "-o", tmp_path / "out")
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "line 2: name 'flight\\t1' holds the control character '\\t'; give the scene a name" in stderr
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "m.csv").write_text('source,name\n"flight\t1.npy",flight_1\n')  # the fix the message names
+    assert [r.name for r in read_manifest(tmp_path / "m.csv")] == ["flight_1"]
 
 
 def test_a_name_of_the_longest_length_allowed_converts(tmp_path):
@@ -1481,3 +1502,4 @@ def test_a_replaced_stores_old_copy_left_by_a_killed_worker_is_removed_by_the_re
     (out / "spare").rename(old)
     assert convert_scene(row, out, opts).status == "converted"
     assert old.is_dir()
+
