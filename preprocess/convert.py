@@ -593,6 +593,9 @@ def _cast(tile: np.ndarray, target: np.dtype, tile_id: int, grid: fmt.TileGrid, 
 
 
 _WRITE_ALL = {"write_empty_chunks": True}
+#: the dimension names of every store's tiles array (since format v1): how :func:`_is_damaged_store` tells a
+#: store whose root metadata is lost from a folder that never was one
+TILE_DIMENSIONS = ("tile_y", "tile_x", "y", "x", "band")
 
 
 def _create_tiles(root: zarr.Group, grid: fmt.TileGrid) -> dict:
@@ -600,7 +603,7 @@ def _create_tiles(root: zarr.Group, grid: fmt.TileGrid) -> dict:
     tiles = root.create_array(fmt.TILES, shape=(grid.nty, grid.ntx, *grid.tile_shape),
                               chunks=(1, 1, *grid.tile_shape), dtype=np.dtype(grid.dtype).newbyteorder("<"),
                               compressors=None, fill_value=0, config=_WRITE_ALL,
-                              dimension_names=["tile_y", "tile_x", "y", "x", "band"])
+                              dimension_names=list(TILE_DIMENSIONS))
     return tiles.metadata.to_dict()
 
 
@@ -754,6 +757,30 @@ def _is_store(path: Path) -> bool:
         return False
 
 
+def _is_damaged_store(path: Path) -> bool:
+    """Whether ``path`` is an hsgds store whose root ``zarr.json`` is missing or not a JSON object (truncated,
+    overwritten), told by the ``tiles`` array every store holds (its dimension names): what ``hsgds
+    convert-many`` converts again in its place. A root that is a JSON object (another program's Zarr group) or
+    that cannot be read for another reason (permissions) is not ours to judge."""
+    import json
+
+    try:
+        if isinstance(json.loads((path / "zarr.json").read_bytes()), dict):
+            return False
+    except FileNotFoundError:
+        pass  # lost
+    except OSError:
+        return False  # e.g. not readable by this user
+    except (ValueError, RecursionError):
+        pass  # not JSON (UnicodeDecodeError is a ValueError)
+    try:
+        tiles = json.loads((path / fmt.TILES / "zarr.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return (isinstance(tiles, dict) and tiles.get("node_type") == "array"
+            and tiles.get("dimension_names") == list(TILE_DIMENSIONS))
+
+
 def lock_folder(folder: Path) -> int | None:
     """Hold an exclusive advisory lock on ``folder`` for as long as the returned descriptor is open; the
     kernel drops it when the process dies, which is how a later run tells a stale temporary folder."""
@@ -813,19 +840,20 @@ def _make_tmp(out: Path) -> tuple[Path, int | None]:
 
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions = ConvertOptions(),
-            progress: Callable[[int, int], None] | None = None) -> Path:
+            progress: Callable[[int, int], None] | None = None, *, replace_damaged: bool = False) -> Path:
     """Convert ``src`` into the store ``out``; returns the store path. See ``hsgds convert --help``.
 
     Nothing appears at ``out`` until the store is complete: it is written into a hidden locked folder
     beside it and renamed into place. A conversion that fails removes that folder; one that is killed
     leaves it, and the next conversion into ``out`` removes it. ``--overwrite`` replaces only an
-    existing hsgds store. Sources that change while being converted are refused.
+    existing hsgds store; with ``replace_damaged`` (``hsgds convert-many``'s reruns) also one whose root
+    metadata is lost (:func:`_is_damaged_store`). Sources that change while being converted are refused.
     """
     opts.check()
     src, out = Path(src), Path(out)
     if out.exists() and not opts.overwrite:
         raise InputError(f"{shown_path(out)} already exists; pass --overwrite to replace it")
-    if out.exists() and not _is_store(out):
+    if out.exists() and not _replaceable(out, replace_damaged):
         raise InputError(f"{shown_path(out)} exists and is not an hsgds store; --overwrite only replaces stores: "
                          "remove it yourself or choose another -o")
     if not out.parent.is_dir():
@@ -843,7 +871,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, opts: ConvertOptions
                          axis_option=opts.band_axis_from)
         stamps.update(source_stamps(cube.files))
         hashing = _SourceHash(cube.files)
-        return _convert(cube, src, out, tmp, opts, progress, stamps, hashing)
+        return _convert(cube, src, out, tmp, opts, progress, stamps, hashing, replace_damaged)
     finally:
         if hashing is not None:
             hashing.stop()  # a failed conversion leaves no thread reading the source
@@ -889,7 +917,7 @@ class _SourceHash:
 
 def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOptions,
              progress: Callable[[int, int], None] | None, stamps: dict[Path, tuple[int, int]],
-             hashing: _SourceHash) -> Path:
+             hashing: _SourceHash, replace_damaged: bool = False) -> Path:
     H, W, B = cube.shape
     # labels, split map, nodata map and sample table are per-pixel arrays in memory (about 17 bytes a pixel at peak)
     check_fits_in_memory(H * W * 17, f"the per-pixel label, split and nodata maps of a {H}x{W} scene",
@@ -1121,14 +1149,19 @@ def _convert(cube: SourceCube, src: Path, out: Path, tmp: Path, opts: ConvertOpt
         # every file and folder on the disk before the rename: after a power loss the renamed store holds
         # what its metadata describes (the tiles were synced as written)
         fsync_tree(tmp, skip=set(map(str, paths)))
-    _replace(tmp, out, opts.overwrite)
+    _replace(tmp, out, opts.overwrite, replace_damaged)
     return out
 
 
-def _replace(tmp: Path, out: Path, overwrite: bool = True) -> None:
+def _replaceable(out: Path, damaged: bool) -> bool:
+    """Whether the existing ``out`` may be replaced: a store, or (``damaged``) one whose root metadata is lost."""
+    return _is_store(out) or (damaged and _is_damaged_store(out))
+
+
+def _replace(tmp: Path, out: Path, overwrite: bool = True, damaged: bool = False) -> None:
     """Move the finished store into place; an existing one is swapped out first, then removed."""
     old = None
-    if out.exists() and not (overwrite and _is_store(out)):
+    if out.exists() and not (overwrite and _replaceable(out, damaged)):
         raise InputError(f"{out} appeared during the conversion and is not ours to replace; "
                          "remove it or choose another -o, then convert again")
     retry = "convert again"

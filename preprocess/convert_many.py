@@ -681,7 +681,8 @@ def convert_scene(row: ManifestRow, out_dir: str | os.PathLike, opts: ConvertOpt
             with warnings.catch_warnings(record=True) as caught:
                 for category in CONVERT_WARNINGS:
                     warnings.simplefilter("always", category)
-                convert(row.source, store, opts)
+                # a store whose root metadata is lost does not verify: converted again like a damaged one
+                convert(row.source, store, opts, replace_damaged=True)
             said = tuple(str(w.message) for w in caught if issubclass(w.category, CONVERT_WARNINGS))
             for w in caught:  # anything else as it would have been shown
                 if not issubclass(w.category, CONVERT_WARNINGS):

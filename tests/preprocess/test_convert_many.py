@@ -1503,3 +1503,75 @@ def test_a_replaced_stores_old_copy_left_by_a_killed_worker_is_removed_by_the_re
     assert convert_scene(row, out, opts).status == "converted"
     assert old.is_dir()
 
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not utf-8", "empty", "deleted"])
+def test_a_store_whose_root_metadata_is_lost_is_converted_again(tmp_path, damage):
+    """A store whose root zarr.json no longer reads (cut short, overwritten, gone) does not verify: the rerun
+    converts it again in its place, as it does a store with damaged tiles; it said "not an hsgds store; remove
+    it yourself" on every rerun."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, labels = make_scene(24, 20, 4, classes=3, seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    np.save(tmp_path / "g.npy", labels)
+    row = ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3, seed=1)
+    assert convert_scene(row, out, opts).status == "converted"
+    root = out / "c.zarr" / "zarr.json"
+    if damage == "deleted":
+        root.unlink()
+    else:
+        text = root.read_bytes()
+        root.write_bytes({"truncated": text[:len(text) // 2], "not utf-8": b"\xff\xfe" + text[2:],
+                          "empty": b""}[damage])
+    again = convert_scene(row, out, opts)
+    assert again.status == "converted", again.reason
+    assert again.reason.startswith("incomplete or damaged ("), again.reason
+    assert sorted(p.name for p in out.iterdir()) == ["c.zarr"]  # no hidden copy left beside it
+    scene = open_scene(out / "c.zarr")
+    assert scene.verify() == []
+    np.testing.assert_array_equal(scene.read(0, 24, 0, 20), cube)
+    np.testing.assert_array_equal(scene.labels, labels)
+    assert convert_scene(row, out, opts).status == "up to date"
+
+
+@pytest.mark.parametrize("folder", ["no tiles", "other tiles", "other zarr group"])
+def test_a_folder_that_is_not_a_store_is_never_replaced(tmp_path, folder):
+    """Only a folder holding a store's tiles array (its dimension names) is taken for a store whose root
+    metadata is lost: a folder of the scene's name without it, or whose zarr.json reads as another program's
+    group, is left byte for byte as it was and the scene fails saying so."""
+    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+
+    cube, _ = make_scene(24, 20, 4, classes=3, seed=3)
+    np.save(tmp_path / "c.npy", cube)
+    row = ManifestRow(name="c", source=tmp_path / "c.npy")
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = ConvertOptions(max_patch=3)
+    assert convert_scene(row, out, opts).status == "converted"
+    store = out / "c.zarr"
+    tiles = json.loads((store / "tiles" / "zarr.json").read_text())
+    if folder == "no tiles":
+        (store / "zarr.json").write_text('{"zarr_format": 3, "node_ty')
+        for p in sorted(store.iterdir()):
+            if p.name != "zarr.json":
+                __import__("shutil").rmtree(p)
+        (store / "notes.txt").write_text("mine")
+    elif folder == "other tiles":
+        (store / "zarr.json").write_text('{"zarr_format": 3, "node_ty')
+        tiles["dimension_names"] = ["t", "y", "x", "c", "b"]
+        (store / "tiles" / "zarr.json").write_text(json.dumps(tiles))
+    else:
+        (store / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    before = _files(store)
+    result = convert_scene(row, out, opts)
+    assert result.status == "failed"
+    assert "exists and is not an hsgds store" in result.reason and "remove it yourself" in result.reason
+    assert _files(store) == before
+    assert sorted(p.name for p in out.iterdir()) == ["c.zarr"]
