@@ -145,7 +145,9 @@ def read_manifest(path: str | os.PathLike) -> list[ManifestRow]:
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             raise InputError(f"manifest {path} is larger than {MAX_MANIFEST_BYTES >> 20} MiB; "
                              "is it a CSV list of scenes?")
-        text = path.read_text(encoding="utf-8-sig")  # tolerate the BOM spreadsheet programs write
+        # decoded as read (read_text would turn a carriage return inside a quoted value into a newline); utf-8-sig
+        # tolerates the BOM spreadsheet programs write
+        text = path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
         raise InputError(f"manifest {path} does not exist; give the CSV file listing the scenes") from None
     except (OSError, UnicodeDecodeError) as exc:

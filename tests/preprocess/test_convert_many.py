@@ -448,6 +448,8 @@ def test_local_cluster_from_the_cli(tmp_path, run_cli):
     ("source,name\na.npy,a\tb\n", r"line 2: name 'a\\tb' holds the control character '\\t'; give the scene a name "
                                     r"without control characters \(tab, line break, \.\.\.\) in the name column$"),
     ('source,name\na.npy,"x\ny"\n', r"line 3: name 'x\\ny' holds the control character '\\n'"),
+    # a carriage return inside a quoted value was read as a line break (the file was read with newline translation)
+    ('source,name\na.npy,"x\ry"\n', r"line 3: name 'x\\ry' holds the control character '\\r'"),
     ("source,name\na.npy,x\x01y\n", r"line 2: name 'x\\x01y' holds the control character '\\x01'"),
     ("source,name\na.npy,\x1b[31mred\n", r"line 2: name '\\x1b\[31mred' holds the control character '\\x1b'"),
     ("source,name\na.npy,del\x7f\n", r"line 2: name 'del\\x7f' holds the control character '\\x7f'"),
