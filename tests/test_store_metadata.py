@@ -767,3 +767,14 @@ def test_verify_names_missing_whole_scene_statistics(store, run_cli):
     assert f"hsgds: bad array: {store}: the whole-scene statistics (stats/all) are missing; convert the source again" \
         in err, err
     assert "1 problem in its labels, samples, statistics or nodata map; convert the source again" in err, err
+
+
+def test_split_counts_of_stores_split_before_the_exact_rounding_are_recognised():
+    """verify checks a random split's per-class counts against the record; stores split before 2026-12-03
+    rounded a fraction as floor(f * n + 0.5) in floating point, which differs for about 1 in 50 two-decimal
+    halves: those counts are the older rule's, not damage."""
+    counts = np.array([50, 7, 2, 1])
+    exact = fmt.random_split_sizes(counts, 0.29, 0)
+    older = fmt.random_split_sizes(counts, 0.29, 0, float_rounding=True)
+    assert exact[0].tolist() == [15, 2, 1, 1] and older[0].tolist() == [14, 2, 1, 1]  # 0.29 * 50 == 14.4999...
+    assert exact[1].tolist() == older[1].tolist() == [0, 0, 0, 0]
