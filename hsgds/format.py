@@ -10,6 +10,8 @@ import math
 import os
 import stat
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
@@ -573,6 +575,32 @@ def split_class_counts(codes: np.ndarray, labels: np.ndarray, num_classes: int) 
     table = np.bincount(np.asarray(codes, np.int64) * k + np.asarray(labels, np.int64),
                         minlength=n_codes * k).reshape(n_codes, k)
     return {name: table[code] for name, code in SPLIT_CODES.items()}
+
+
+def random_split_sizes(counts: np.ndarray, train: float | int, val: float | int,
+                       float_rounding: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per class of ``counts[c]`` labelled pixels (each >= 1), how many a random split with ``train`` and ``val``
+    (valid amounts: a fraction, or a per-class count) puts in train and in val; the rest is test. The rule of
+    :func:`hsgds.preprocess.splits.random_split`, here so that ``hsgds verify`` can check a store's split codes
+    against its ``split`` record without the converter. ``float_rounding``: the rule of stores split before
+    2026-12-03, ``floor(f * n + 0.5)`` in floating point (it differs for about 1 in 50 two-decimal halves)."""
+    def amounts(spec: float | int) -> np.ndarray:  # round half up of the fraction as written, in integers
+        if isinstance(spec, Real) and not isinstance(spec, Integral):
+            if float_rounding:
+                return np.floor(float(spec) * counts + 0.5).astype(np.int64)
+            q = Fraction(repr(float(spec)))  # floor(f * n + 0.5) in floating point took 0.29 of 50 pixels to 14
+            num, den = q.numerator, q.denominator
+            return np.array([(2 * num * int(n) + den) // (2 * den) for n in counts], dtype=np.int64)
+        return np.full(counts.shape, int(spec), dtype=np.int64)
+
+    counts = np.asarray(counts, dtype=np.int64)
+    # minimums, in this order: a train pixel, a test pixel, a val pixel (when asked)
+    min_test = (counts >= 2).astype(np.int64)
+    min_val = ((counts >= 3) & (val != 0)).astype(np.int64)
+    n_train = np.clip(amounts(train), 1, counts - min_test - min_val)
+    n_val = np.zeros_like(n_train) if val == 0 else amounts(val)
+    n_val = np.clip(n_val, min_val, counts - n_train - min_test)
+    return n_train, n_val
 
 
 def tile_offsets(tile: np.ndarray, num_tiles: int) -> np.ndarray:

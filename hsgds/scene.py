@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -488,6 +490,88 @@ class Scene:
                 f"the labels, {n - distinct} repeat a pixel, the labels mark {labelled} labelled pixels); convert "
                 "the source again"]
 
+    def _resplit_command(self) -> str:
+        """The ``hsgds resplit`` that makes the store's recorded random or block split again (the same labels,
+        method, amounts and seed give the same codes), or "" when the record cannot say it."""
+        r = self.meta.split
+        seed = r.get("seed")
+        if r.get("method") not in ("random", "blocks") or _recorded_amounts(r) is None or \
+                not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
+            return ""
+        size = "" if r.get("adaptive_block_size", True) or r.get("method") == "random" else \
+            f" --block-size {r.get('block_size')}"
+        return (f"hsgds resplit {shlex.quote(str(self.path))} --split {r['method']} --train {r['train']} --val {r['val']}{size} "
+                f"--seed {r['seed']}")
+
+    def _split_problems(self, t: dict[str, np.ndarray]) -> list[str]:
+        """Where the split codes disagree with the split the metadata records. The codes have no checksum, and a
+        code flipped between val and test changes no statistic. What the record allows: a random split's
+        per-class train/val/test counts follow from the labels and its amounts (no pixel in no split); a block
+        split gives each block of its recorded grid one split (val/test pixels the guard dropped are in
+        none), and records how many the guard dropped. A swap within a class, a whole block moved, or a mask
+        split (its masks are not in the store) cannot be seen."""
+        r, codes, label = self.meta.split, t["split"].astype(np.int64), t["label"].astype(np.int64)
+        if not len(codes):
+            return []
+        name = fmt.split_array(self.meta.split_generation)
+        found = np.bincount(label * 4 + codes, minlength=(int(label.max()) + 1) * 4).reshape(-1, 4)
+        wrong = ""
+        amounts = _recorded_amounts(r)
+        if r.get("method") == "random" and amounts is not None:
+            classes = np.flatnonzero(found.sum(1))
+            n = found[classes].sum(1)
+            want, older = (np.stack([np.zeros_like(n), t, v, n - t - v], axis=1)
+                           for t, v in (fmt.random_split_sizes(n, *amounts, float_rounding=old) for old in (False, True)))
+            # a store split before the exact rounding (2026-12-03) holds the counts of the older rule
+            bad = np.flatnonzero(np.any(found[classes] != want, axis=1) & np.any(found[classes] != older, axis=1))
+            if len(bad):
+                c = int(classes[bad[0]])
+                have, should = found[c], want[bad[0]]
+                wrong = (f"not the recorded random split's (train {r['train']}, val {r['val']} of each class): "
+                         f"{counted(len(bad), 'class', 'classes')} differ, e.g. class {c} has {have[1]} train, "
+                         f"{have[2]} val, {have[3]} test and {have[0]} unsplit pixels, the split gives {should[1]}, "
+                         f"{should[2]}, {should[3]} and 0")
+        elif r.get("method") == "blocks" and isinstance(r.get("block_size"), int) and 1 <= r["block_size"] < 1 << 31 \
+                and isinstance(r.get("block_origin"), list) and len(r["block_origin"]) == 2 and \
+                all(isinstance(o, int) and -r["block_size"] < o <= 0 for o in r["block_origin"]):
+            bs, (oy, ox) = r["block_size"], r["block_origin"]
+            y, x, _ = self.samples(None)
+            nbx = (self.shape[1] - ox) // bs + 1
+            _, block = np.unique(((y - oy) // bs) * nbx + (x - ox) // bs, return_inverse=True)
+            held = np.bincount(block.ravel() * 4 + codes, minlength=(int(block.max()) + 1) * 4).reshape(-1, 4) > 0
+            # one split per block: train alone, or val or test with the pixels the guard dropped
+            mixed = np.flatnonzero(held[:, 1:].sum(1) + (held[:, 0] & held[:, 1]) > 1)
+            lost, none = r.get("guard_lost"), int(np.count_nonzero(codes == fmt.SPLIT_NONE))
+            parts = [f"{counted(len(mixed), 'block')} of its {bs}x{bs} grid (origin {[oy, ox]}) "
+                     f"{'holds' if len(mixed) == 1 else 'hold'} pixels of two splits"] if len(mixed) else []
+            if _is_number(lost) and lost != none:
+                parts.append(f"{counted(none, 'pixel')} in no split, the record says the guard dropped {lost}")
+            if parts:
+                wrong = f"not the recorded block split's ({'; '.join(parts)})"
+        if not wrong:
+            return []
+        command = self._resplit_command()
+        fix = f"run `{command}` (the recorded split again) or convert the source again" if command else \
+            "convert the source again"
+        return [f"{self.path}: the split codes ({name}) are {wrong}; they are damaged: {fix}"]
+
+    def _class_count_problems(self) -> list[str]:
+        """A class count above every class the store holds or names. The converter records the largest of its
+        labels' classes and of the class names given; a labelled pixel dropped as nodata may have taken the
+        largest class with it, so such a store is not checked. (A count below the labels' largest class is
+        named with the labels.)"""
+        if (self.meta.nodata or {}).get("labelled_dropped"):
+            return []
+        try:
+            largest = int(self.labels.max(initial=0))
+        except StoreError:
+            return []  # (reported with the labels)
+        if self.num_classes <= max(largest, len(self.class_names or ())):  # (fewer names than classes: refused on open)
+            return []
+        return [f"{self.path}: the metadata records {self.num_classes} classes, but the labels hold classes up to "
+                f"{largest} and no class is named (num_classes was changed since the conversion); convert the source "
+                "again"]
+
     def verify_arrays(self) -> list[str]:
         """What is wrong with the labels, samples, statistics and nodata map (missing, truncated, inconsistent,
         not finite), on which a loader or predict would stop or go wrong; one line per problem."""
@@ -499,13 +583,21 @@ class Scene:
                                 f"{self.meta.num_classes} classes; convert again")
         except StoreError as exc:
             problems.append(str(exc))
+        problems += self._class_count_problems()
         try:
-            self.sample_table()
+            table = self.sample_table()
             problems += self._label_problems()
+            problems += self._split_problems(table)
         except StoreError as exc:
             problems.append(str(exc))
         try:
             self.norm_stats  # noqa: B018 - raises when the store has none
+            data = self.shape[0] * self.shape[1] - int((self.meta.nodata or {}).get("pixels", 0))
+            if self._stat_group("all") is None and data > 0:
+                # the converter writes them for every scene with a pixel of data; without them a loader sizes
+                # its output range from the train statistics alone, silently
+                problems.append(f"{self.path}: the whole-scene statistics ({fmt.STATS}/all) are missing; convert the "
+                                "source again")
             for group, st in self.stats.items():
                 if st is None:
                     continue
@@ -519,6 +611,25 @@ class Scene:
         except StoreError as exc:
             problems.append(str(exc))
         return problems
+
+
+def _is_number(v: Any) -> bool:
+    """Whether a metadata value is a JSON number (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _recorded_amounts(record: dict) -> tuple[float | int, float | int] | None:
+    """A split record's ``train`` and ``val`` when they are amounts a split is made with (a fraction in (0, 1)
+    or a per-class count, val also 0; fractions summing below 1); None otherwise (then nothing is checked)."""
+    def amount(v: Any, zero: bool) -> float | int | None:
+        if isinstance(v, float):
+            return v if math.isfinite(v) and (0 < v < 1 or (zero and v == 0)) else None
+        return v if _is_number(v) and (0 if zero else 1) <= v < 1 << 62 else None
+
+    train, val = amount(record.get("train"), False), amount(record.get("val"), True)
+    if train is None or val is None or (isinstance(train, float) and isinstance(val, float) and train + val >= 1):
+        return None
+    return train, val
 
 
 class _StatsCheck:

@@ -47,7 +47,15 @@ import numpy as np
 from scipy.ndimage import maximum_filter
 
 from hsgds.errors import ConfigError, HsgdsWarning, InputError, shown
-from hsgds.format import SPLIT_CODES, SPLIT_NONE, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL, split_class_counts
+from hsgds.format import (
+    SPLIT_CODES,
+    SPLIT_NONE,
+    SPLIT_TEST,
+    SPLIT_TRAIN,
+    SPLIT_VAL,
+    random_split_sizes,
+    split_class_counts,
+)
 
 __all__ = [
     "TRAIN_SHARE_TOLERANCE",
@@ -223,18 +231,6 @@ def _classes_text(parts: dict[int, str]) -> str:
 # random split
 
 
-def _class_amounts(counts: np.ndarray, spec: float | int) -> np.ndarray:
-    """Requested pixels per class before capping: round(frac * n) half up, or the count itself."""
-    if _is_float(spec):
-        # round half up (np.round rounds half to even: 0.5 -> 0) of the fraction as written, in integers:
-        # floor(f * n + 0.5) in floating point took 0.29 of 50 pixels (14.5) down to 14 (0.29 * 50 is
-        # 14.499999999999998), and so about 1 in 50 halves of two-decimal fractions
-        q = Fraction(repr(float(spec)))  # the shortest decimal that is this float: what was typed
-        num, den = q.numerator, q.denominator
-        return np.array([(2 * num * int(n) + den) // (2 * den) for n in counts], dtype=np.int64)
-    return np.full(counts.shape, int(spec), dtype=np.int64)
-
-
 def random_split(
     labels: Any,
     *,
@@ -291,12 +287,7 @@ def random_split(
         return out
     classes, inv, counts = _compact(flat[idx])
 
-    # minimums, in this order: a train pixel, a test pixel, a val pixel (when asked)
-    min_test = (counts >= 2).astype(np.int64)
-    min_val = ((counts >= 3) & (val != 0)).astype(np.int64)
-    n_train = np.clip(_class_amounts(counts, train), 1, counts - min_test - min_val)
-    n_val = np.zeros_like(n_train) if val == 0 else _class_amounts(counts, val)
-    n_val = np.clip(n_val, min_val, counts - n_train - min_test)
+    n_train, n_val = random_split_sizes(counts, train, val)  # (hsgds verify checks stores by the same rule)
     short = counts < 2 + (val != 0)
     if short.any():
         n_test = counts - n_train - n_val

@@ -648,4 +648,133 @@ def test_verify_names_statistics_that_are_not_those_of_the_tiles(store, run_cli,
     assert all(np.all(np.isfinite(getattr(st, f))) for f in fmt.STAT_FIELDS) and np.all(st.std >= 0)
     code, _, err = run_cli("verify", store)
     assert code == 2 and f"the {group} statistics differ from those of the tiles" in err, err
-    assert "Traceback" not in err and "tiles are damaged" not in err and err.count("\n") == 2, err
+    # a flipped code is also named by the split check (the store's random split fixes each class's counts)
+    flipped = damage == "split_train_to_test"
+    assert flipped == ("the split codes (samples/split) are not the recorded random split's" in err), err
+    assert "Traceback" not in err and "tiles are damaged" not in err and err.count("\n") == 2 + flipped, err
+
+
+# -- metadata damage an adversarial hunt found `hsgds verify` passing -------------------------------------------
+
+@pytest.fixture(scope="module")
+def split_stores(synthetic_store):
+    """Stores with val and test pixels: a random split, and a block split on 8x8 blocks (guard 1)."""
+    return {"random": synthetic_store(30, 30, 4, classes=3, seed=1, tile=18, train=0.2, val=0.2)[0],
+            "blocks": synthetic_store(48, 48, 4, classes=3, seed=2, max_patch=3, split="blocks", train=0.3, val=0.2,
+                                      block_size=8)[0]}
+
+
+def _zarr_attrs(store: Path) -> dict:
+    import zarr
+
+    return dict(zarr.open_group(store, mode="r").attrs["hsgds"])
+
+
+def _set_attrs(store: Path, **changes) -> None:
+    """Edit the root group's hsgds attributes with zarr-python (another tool's edit, not hsgds's)."""
+    import zarr
+
+    group = zarr.open_group(store, mode="r+")
+    group.attrs["hsgds"] = {**dict(group.attrs["hsgds"]), **changes}
+
+
+@pytest.mark.parametrize("method", ["random", "blocks"])
+@pytest.mark.parametrize("flip", [(fmt.SPLIT_TEST, fmt.SPLIT_VAL), (fmt.SPLIT_VAL, fmt.SPLIT_TEST)],
+                         ids=["test_to_val", "val_to_test"])
+def test_verify_names_split_codes_flipped_between_val_and_test(split_stores, tmp_path, run_cli, method, flip):
+    """A split code flipped between val and test moves no train pixel, so no statistic changes: `hsgds verify`
+    said "ok" while the test scores were taken on other pixels. The store records its split (method, amounts,
+    seed; a block split its grid and guard loss), which fixes a random split's per-class counts and gives each
+    block one split: the codes are checked against it, and the `hsgds resplit` named makes the same split again."""
+    import shlex
+
+    import zarr
+
+    store = Path(shutil.copytree(split_stores[method], tmp_path / "s.zarr"))
+    code, out, err = run_cli("verify", store)
+    assert code == 0 and out.startswith("ok:"), err
+    meta = _zarr_attrs(store)
+    split = zarr.open_array(store / "samples" / "split", mode="r+")
+    codes = split[:]
+    original = codes.copy()
+    # scene positions of the samples, from the tile ids and tile-core positions (plain numpy)
+    tile_id = zarr.open_array(store / "samples" / "tile", mode="r")[:].astype(np.int64)
+    ntx = -(-meta["shape"][1] // meta["tile"])
+    sy = tile_id // ntx * meta["tile"] + zarr.open_array(store / "samples" / "y", mode="r")[:]
+    sx = tile_id % ntx * meta["tile"] + zarr.open_array(store / "samples" / "x", mode="r")[:]
+    old, new = flip
+    candidates = np.flatnonzero(codes == old)
+    if method == "blocks":  # a pixel whose block holds another of its split: one pixel flipped mixes that block
+        bs, (oy, ox) = meta["split"]["block_size"], meta["split"]["block_origin"]
+        block = (sy - oy) // bs * 1000 + (sx - ox) // bs
+        candidates = [i for i in candidates if np.count_nonzero((block == block[i]) & (codes == old)) > 1]
+    i = int(candidates[0])
+    codes[i] = new
+    split[:] = codes
+    code, out, err = run_cli("verify", store)
+    assert code == 2 and not out and "Traceback" not in err, err
+    what = {"random": "random split's (train 0.2, val 0.2 of each class): 1 class differ",
+            "blocks": "block split's (1 block of its 8x8 grid (origin [0, 0]) holds pixels of two splits)"}[method]
+    assert f"the split codes (samples/split) are not the recorded {what}" in err, err
+    assert "1 problem in its labels, samples, statistics or nodata map" in err and "tiles are damaged" not in err
+    command = re.search(r"run `(hsgds resplit [^`]*)` \(the recorded split again\) or convert the source again", err)
+    assert command, err
+    code, _, err = run_cli(*shlex.split(command.group(1))[1:])
+    assert code == 0, err
+    code, out, err = run_cli("verify", store)
+    assert code == 0 and out.startswith("ok:"), err
+    generation = _zarr_attrs(store)["split_generation"]
+    assert np.array_equal(zarr.open_array(store / fmt.split_array(generation), mode="r")[:], original)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_classes": 4}, r"the metadata records 4 classes, but the labels hold classes up to 3 and no class is named "
+                         r"\(num_classes was changed since the conversion\)"),
+    ({"num_classes": 2}, r"labels hold class 3 but the store has 2 classes"),
+])
+def test_verify_names_a_class_count_the_labels_do_not_hold(store, run_cli, changes, message):
+    """`num_classes` raised above every class the labels hold or the names name verified "ok"; a model built
+    from it gets output units no pixel trains, and reports list classes that do not exist. The converter
+    records the largest of the labels' classes and the names' count: verify compares the two (a count below
+    the largest label was named already; names fewer than the count are refused on open)."""
+    import zarr
+
+    labels = zarr.open_array(store / "labels", mode="r")[:]
+    assert labels.max() == 3 and _zarr_attrs(store)["num_classes"] == 3  # the reference
+    _set_attrs(store, **changes)
+    code, out, err = run_cli("verify", store)
+    assert code == 2 and not out and re.search(message, err) and "Traceback" not in err, err
+    assert "in its labels, samples, statistics or nodata map; convert the source again" in err, err
+
+
+def test_verify_passes_class_names_that_outnumber_the_labels(store, run_cli):
+    """Names may outnumber a scene's classes (a collection's shared names): num_classes is then their count."""
+    _set_attrs(store, num_classes=5, class_names=list("abcde"))
+    code, out, err = run_cli("verify", store)
+    assert code == 0 and out.startswith("ok:"), err
+
+
+def test_verify_names_missing_whole_scene_statistics(store, run_cli):
+    """A store whose stats/all was deleted verified "ok", and a loader sized its output range from the train
+    statistics instead, silently. The converter writes them for every scene with data: verify names them."""
+    import zarr
+
+    assert "all" in zarr.open_group(store / "stats", mode="r")
+    del zarr.open_group(store / "stats", mode="r+")["all"]
+    assert hsgds.open_scene(store).stats["all"] is None
+    code, out, err = run_cli("verify", store)
+    assert code == 2 and not out and "Traceback" not in err, err
+    assert f"hsgds: bad array: {store}: the whole-scene statistics (stats/all) are missing; convert the source again" \
+        in err, err
+    assert "1 problem in its labels, samples, statistics or nodata map; convert the source again" in err, err
+
+
+def test_split_counts_of_stores_split_before_the_exact_rounding_are_recognised():
+    """verify checks a random split's per-class counts against the record; stores split before 2026-12-03
+    rounded a fraction as floor(f * n + 0.5) in floating point, which differs for about 1 in 50 two-decimal
+    halves: those counts are the older rule's, not damage."""
+    counts = np.array([50, 7, 2, 1])
+    exact = fmt.random_split_sizes(counts, 0.29, 0)
+    older = fmt.random_split_sizes(counts, 0.29, 0, float_rounding=True)
+    assert exact[0].tolist() == [15, 2, 1, 1] and older[0].tolist() == [14, 2, 1, 1]  # 0.29 * 50 == 14.4999...
+    assert exact[1].tolist() == older[1].tolist() == [0, 0, 0, 0]
