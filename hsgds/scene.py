@@ -59,6 +59,15 @@ def _read_json(path: Path, where: str) -> dict:
     return out
 
 
+def _folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a store folder, or None when nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _is_raw(meta: dict) -> bool:
     """Whether an array's codecs are exactly one ``bytes`` codec, little-endian (the runtime reads raw bytes)."""
     codecs = meta.get("codecs")
@@ -167,6 +176,7 @@ class Scene:
         self.path = as_path(path, "a store")
         if not self.path.is_dir():
             raise StoreError(f"{self.path} is not a store directory; create one with `hsgds convert`")
+        self._folder = _folder_identity(self.path)  # `hsgds convert` renames a new folder over the store
         where = str(self.path)
         try:
             root = _read_json(self.path / "zarr.json", where)
@@ -207,6 +217,21 @@ class Scene:
         self._stats: dict[str, BandStats | None] = {}  # per group, read on first use
         self._checked: dict[str, str] = {}  # store folders already checked to stay inside the store
 
+    def _replaced(self) -> str | None:
+        """Why this Scene no longer describes the store at its path (converted again since it was opened: another
+        folder there, with other tiles, labels, samples and statistics), or None. The arrays read on first use
+        would otherwise be another conversion's, with no error (its statistics, a label map of the same shape),
+        and its tiles fail their checksums as if damaged."""
+        if _folder_identity(self.path) == self._folder:
+            return None
+        return (f"{self.path} was converted again (or replaced) since this Scene opened it; open it again: "
+                "hsgds.open_scene(path)")
+
+    def _check_unchanged(self) -> None:
+        why = self._replaced()
+        if why:
+            raise StoreError(why)
+
     def __repr__(self) -> str:
         h, w, b = self.shape
         g = self.grid
@@ -218,6 +243,7 @@ class Scene:
     def labels(self) -> np.ndarray:
         """(H, W) class map; 0 = unlabelled."""
         if self._labels is None:
+            self._check_unchanged()
             self._labels = _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked)
         return self._labels
 
@@ -226,6 +252,7 @@ class Scene:
         holding the whole map (unless it is already held, or ``stride`` is 1)."""
         if stride == 1 or self._labels is not None:
             return self.labels[::stride, ::stride]
+        self._check_unchanged()
         return _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked, every=stride)
 
     @property
@@ -245,11 +272,13 @@ class Scene:
         fill value there); None when the scene has no such pixel."""
         if not self.has_nodata:
             return None
+        self._check_unchanged()
         return _read_raw_array(self.path, fmt.NODATA, self.shape[:2], self._checked, every=stride) != 0
 
     def sample_table(self) -> dict[str, np.ndarray]:
         """The raw per-sample arrays (tile, y, x local to the tile core, label, split) and ``offsets``."""
         if self._samples is None:
+            self._check_unchanged()
             n = self.meta.num_samples
             # the split codes of the generation the metadata names (`hsgds resplit` writes new ones aside)
             names = {f: fmt.split_array(self.meta.split_generation) if f == "split" else f"{fmt.SAMPLES}/{f}"
@@ -335,6 +364,7 @@ class Scene:
     def _stat_group(self, group: str) -> BandStats | None:
         """One group's statistics, read on first use (a loader needs one group of each of its scenes)."""
         if group not in self._stats:
+            self._check_unchanged()
             name = fmt.train_stats_group(self.meta.split_generation) if group == "train" else f"{fmt.STATS}/{group}"
             if (self.path / name).is_dir():
                 self._stats[group] = BandStats(*(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],), self._checked)
@@ -363,8 +393,14 @@ class Scene:
         """One halo-padded tile, (S, S, B) in the store's dtype; checks size and (by default) checksum."""
         if not 0 <= as_count(tile_id, "tile_id", minimum=0) < self.grid.num_tiles:
             raise InputError(f"tile id {tile_id} out of range 0..{self.grid.num_tiles - 1}")
-        raw = fmt.read_tile_file(tile_id, self.tile_paths[tile_id], self.grid.tile_nbytes,
-                                 self.meta.checksums[tile_id] if verify else None)
+        try:
+            raw = fmt.read_tile_file(tile_id, self.tile_paths[tile_id], self.grid.tile_nbytes,
+                                     self.meta.checksums[tile_id] if verify else None)
+        except TileReadError:
+            why = self._replaced()  # (not damaged: another conversion's tile)
+            if why:
+                raise TileReadError(f"tile {tile_id}: {why}") from None
+            raise
         return np.frombuffer(raw, dtype=self.dtype.newbyteorder("<")).reshape(self.grid.tile_shape)
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
