@@ -250,6 +250,7 @@ class Scene:
     def labels_every(self, stride: int) -> np.ndarray:
         """``labels[::stride, ::stride]``: the class map at every ``stride``-th pixel, read without
         holding the whole map (unless it is already held, or ``stride`` is 1)."""
+        stride = as_count(stride, "stride")  # (0 or -1 read the whole map, unreversed: not numpy's [::stride])
         if stride == 1 or self._labels is not None:
             return self.labels[::stride, ::stride]
         self._check_unchanged()
@@ -270,6 +271,7 @@ class Scene:
     def nodata_every(self, stride: int = 1) -> np.ndarray | None:
         """``nodata[::stride, ::stride]`` as a bool map, True where the source had no data (its tiles hold the
         fill value there); None when the scene has no such pixel."""
+        stride = as_count(stride, "stride")
         if not self.has_nodata:
             return None
         self._check_unchanged()

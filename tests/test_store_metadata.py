@@ -315,6 +315,19 @@ def test_labels_every_is_the_strided_label_map(store, stride):
     np.testing.assert_array_equal(got, want)
 
 
+def test_labels_and_nodata_every_refuse_a_stride_below_1(store):
+    """A stride of 0 or -1 read the whole map (numpy refuses [::0] and reverses the map for [::-1]), a float
+    failed in range() with a TypeError: each is one line naming the stride."""
+    from hsgds.errors import ConfigError
+
+    scene = hsgds.open_scene(store)
+    for stride in (0, -1, 2.0, True):
+        for every in (scene.labels_every, scene.nodata_every):
+            with pytest.raises(ConfigError, match=f"stride must be an integer >= 1, got {stride!r}"):
+                every(stride)
+    assert scene.labels_every(np.int64(4)).shape == (8, 8)  # numpy's integers are integers
+
+
 def test_labels_every_refuses_a_short_label_file(store):
     chunk = store / "labels" / "c" / "0" / "0"
     with open(chunk, "r+b") as f:
