@@ -64,6 +64,11 @@ def _backend_array_class() -> type:
             self.shape = tuple(scene.shape)
             self.dtype = np.dtype(scene.dtype)
 
+        def __reduce__(self) -> tuple:
+            # a class made in a function pickles by that function (a DataArray sent to another process: a
+            # multiprocessing pool, dask distributed), which makes the class again there
+            return _scene_backend_array, (self.scene,)
+
         def __getitem__(self, key: Any) -> np.ndarray:
             _refuse_negative(key.tuple, self.shape)
             # OUTER: index lists reach _read as lists, not as the window spanning them, so spectra picked at
@@ -104,6 +109,10 @@ def _backend_array_class() -> type:
     return SceneBackendArray
 
 
+def _scene_backend_array(scene: Scene) -> Any:
+    return _backend_array_class()(scene)
+
+
 def scene_to_xarray(scene: Scene) -> Any:
     """See :meth:`hsgds.scene.Scene.to_xarray`."""
     xr = require("xarray", "xarray", "Scene.to_xarray()")
@@ -136,7 +145,7 @@ def scene_to_xarray(scene: Scene) -> Any:
         coords.update(_map_coordinates(meta.georeference, h, w))
         if meta.pixel_is_point:  # as rioxarray reads a PixelIsPoint GeoTIFF (and writes one again from)
             attrs["AREA_OR_POINT"] = "Point"
-    data = indexing.LazilyIndexedArray(_backend_array_class()(scene))
+    data = indexing.LazilyIndexedArray(_scene_backend_array(scene))
     var = xr.Variable(("y", "x", "band"), data)
     return xr.DataArray(var, coords=coords, name="cube", attrs=attrs)
 

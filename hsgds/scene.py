@@ -227,6 +227,12 @@ class Scene:
         return (f"{self.path} was converted again (or replaced) since this Scene opened it; open it again: "
                 "hsgds.open_scene(path)")
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # unpickled on another machine (a DataArray sent to a dask worker): its mount of the store has another
+        # device number
+        self._folder = _folder_identity(self.path)
+
     def _check_unchanged(self) -> None:
         why = self._replaced()
         if why:

@@ -125,6 +125,21 @@ def test_to_xarray_index_out_of_bounds_is_an_index_error_as_numpy(store, sel):
         da.isel(**sel).values  # noqa: B018
 
 
+def test_to_xarray_pickles_lazily(store, reads):
+    """A DataArray sent to another process (a multiprocessing pool, dask distributed) is pickled: the scene's
+    array, a class made inside a function, could not be ("Can't pickle local object"). It pickles as its scene
+    and reads nothing until its values are asked for, then numpy's."""
+    import pickle
+
+    path, cube, _ = store
+    sub = pickle.loads(pickle.dumps(hsgds.open_scene(path).to_xarray().isel(y=slice(13, 20), x=[3, 69])))
+    assert reads == []
+    np.testing.assert_array_equal(sub.values, cube[13:20][:, [3, 69]])
+    scene = hsgds.open_scene(path)
+    scene._folder = (-1, -1)  # the store folder's (device, inode) as this machine saw it, not as another's mount
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(scene)).read(0, 2, 0, 2), cube[:2, :2])  # not "replaced"
+
+
 def test_to_xarray_without_xarray_names_the_extra(store, monkeypatch):
     for name in [m for m in sys.modules if m == "xarray" or m.startswith("xarray.")]:
         monkeypatch.delitem(sys.modules, name)
