@@ -162,6 +162,13 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict
     return data.reshape(shape).astype(native, copy=False)
 
 
+def _held(array: np.ndarray) -> np.ndarray:
+    """``array``, read-only: a Scene holds it once read and hands out the same array each time, so a caller's
+    in-place edit (``labels[labels == 3] = 0``) would change what every later use of the scene reads."""
+    array.flags.writeable = False
+    return array
+
+
 class Scene:
     """A converted hyperspectral scene (an hsgds store, format v1 to v4).
 
@@ -250,7 +257,7 @@ class Scene:
         """(H, W) class map; 0 = unlabelled."""
         if self._labels is None:
             self._check_unchanged()
-            self._labels = _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked)
+            self._labels = _held(_read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked))
         return self._labels
 
     def labels_every(self, stride: int) -> np.ndarray:
@@ -295,7 +302,7 @@ class Scene:
             table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets", (self.grid.num_tiles + 1,),
                                                self._checked)
             self._check_samples(table)
-            self._samples = table
+            self._samples = {f: _held(a) for f, a in table.items()}
         return self._samples
 
     def _check_samples(self, t: dict[str, np.ndarray]) -> None:
@@ -375,8 +382,8 @@ class Scene:
             self._check_unchanged()
             name = fmt.train_stats_group(self.meta.split_generation) if group == "train" else f"{fmt.STATS}/{group}"
             if (self.path / name).is_dir():
-                self._stats[group] = BandStats(*(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],), self._checked)
-                                                 for f in fmt.STAT_FIELDS))
+                self._stats[group] = BandStats(*(_held(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],),
+                                                                       self._checked)) for f in fmt.STAT_FIELDS))
             else:
                 self._stats[group] = None
         return self._stats[group]

@@ -328,6 +328,24 @@ def test_labels_and_nodata_every_refuse_a_stride_below_1(store):
     assert scene.labels_every(np.int64(4)).shape == (8, 8)  # numpy's integers are integers
 
 
+def test_the_arrays_a_scene_holds_are_read_only(store):
+    """labels, the sample table and the statistics are read once and the same arrays handed out each time: an
+    edit in place (merging a class, centring a mean) changed what every later use of the scene read, its
+    samples, pixels="all" labels, preview and predict's ground truth. They are read-only; a copy is the
+    caller's."""
+    import zarr
+
+    scene = hsgds.open_scene(store)
+    held = [scene.labels, *scene.sample_table().values(), *(getattr(scene.norm_stats, f) for f in fmt.STAT_FIELDS)]
+    for array in held:
+        with pytest.raises(ValueError, match="read-only"):
+            array[...] = 0
+    np.testing.assert_array_equal(scene.labels, zarr.open_array(str(store / "labels"), mode="r")[...])
+    merged = scene.labels.copy()
+    merged[merged == 2] = 1  # a copy is writable
+    assert scene.labels_every(1) is not merged and (scene.labels == 2).any()
+
+
 def test_labels_every_refuses_a_short_label_file(store):
     chunk = store / "labels" / "c" / "0" / "0"
     with open(chunk, "r+b") as f:
