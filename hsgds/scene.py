@@ -467,6 +467,9 @@ class Scene:
     def verify_parts(self) -> tuple[list[str], list[str]]:
         """:meth:`verify`'s problems in two lists: those of the arrays beside the tiles (with the statistics
         recomputed from the tiles as they are read), and those of the tiles."""
+        why = self._replaced()
+        if why:  # one line, not one per tile and array of the other conversion
+            return [why], []
         recomputed = _StatsCheck(self)
         tiles = self.verify_tiles(recomputed.add)
         return self.verify_arrays() + recomputed.problems(), tiles

@@ -301,6 +301,7 @@ def test_a_scene_open_while_its_store_is_converted_again_says_so(npy_scene, tmp_
     for what in ("stats", "labels", "sample_table"):
         with pytest.raises(StoreError, match=again):
             getattr(scene, what)() if what == "sample_table" else getattr(scene, what)
+    assert len(scene.verify()) == 1 and "was converted again" in scene.verify()[0]  # not a line per tile
     reopened = hsgds.open_scene(out)
     np.testing.assert_array_equal(reopened.read(0, cube_b.shape[0], 0, cube_b.shape[1]), cube_b)
     np.testing.assert_array_equal(reopened.labels, labels_b)
