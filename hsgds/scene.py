@@ -180,7 +180,9 @@ class Scene:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = as_path(path, "a store")
+        # absolute: its arrays and tiles are read on first use and on each read, from the folder opened even after
+        # os.chdir (a relative path then named another folder, or none)
+        self.path = as_path(path, "a store").absolute()
         if not self.path.is_dir():
             raise StoreError(f"{self.path} is not a store directory; create one with `hsgds convert`")
         self._folder = _folder_identity(self.path)  # `hsgds convert` renames a new folder over the store

@@ -346,6 +346,26 @@ def test_the_arrays_a_scene_holds_are_read_only(store):
     assert scene.labels_every(1) is not merged and (scene.labels == 2).any()
 
 
+def test_a_scene_opened_by_a_relative_path_reads_it_after_a_chdir(store, tmp_path, monkeypatch):
+    """A Scene reads its arrays on first use and its tiles on each read: opened as "s.zarr", after os.chdir
+    (a notebook's %cd) it read from the new folder, another store's labels there or none at all."""
+    import zarr
+
+    want = zarr.open_array(str(store / "labels"), mode="r")[...]
+    window = hsgds.open_scene(store).read(0, 30, 0, 30)
+    other = Path(shutil.copytree(store, tmp_path / "elsewhere" / "s.zarr"))
+    chunk = other / "labels" / "c" / "0" / "0"
+    chunk.write_bytes(bytes(chunk.stat().st_size))  # the other store's labels: all 0
+    monkeypatch.chdir(store.parent)
+    scene = hsgds.open_scene("s.zarr")
+    monkeypatch.chdir(other.parent)
+    assert want.any()
+    np.testing.assert_array_equal(scene.labels, want)
+    np.testing.assert_array_equal(scene.read(0, 30, 0, 30), window)
+    os.rename(other, tmp_path / "moved.zarr")  # and with nothing at the relative path
+    np.testing.assert_array_equal(scene.read(0, 30, 0, 30), window)
+
+
 def test_labels_every_refuses_a_short_label_file(store):
     chunk = store / "labels" / "c" / "0" / "0"
     with open(chunk, "r+b") as f:
