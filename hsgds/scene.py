@@ -247,6 +247,19 @@ class Scene:
         if why:
             raise StoreError(why)
 
+    def _check_not_resplit(self) -> None:
+        """Raise a StoreError when the store was re-split twice or more since this Scene read its metadata: `hsgds
+        resplit` keeps one previous generation of split codes and train statistics, so this Scene's are gone, and
+        their absence read as a damaged store (or no train statistics). Called when they are found missing."""
+        try:
+            attrs: Any = _read_json(self.path / "zarr.json", str(self.path)).get("attributes")
+            now = attrs[fmt.FORMAT_NAME]["split_generation"]
+        except (StoreError, KeyError, TypeError):
+            return  # (the store's own problem is reported as it is)
+        if now != self.meta.split_generation:
+            raise StoreError(f"{self.path} was re-split (`hsgds resplit`) since this Scene opened it (split generation "
+                             f"{self.meta.split_generation}, now {str(now)[:20]}); open it again: hsgds.open_scene(path)")
+
     def __repr__(self) -> str:
         h, w, b = self.shape
         g = self.grid
@@ -300,7 +313,11 @@ class Scene:
             # the split codes of the generation the metadata names (`hsgds resplit` writes new ones aside)
             names = {f: fmt.split_array(self.meta.split_generation) if f == "split" else f"{fmt.SAMPLES}/{f}"
                      for f in fmt.SAMPLE_FIELDS}
-            table = {f: _read_raw_array(self.path, names[f], (n,), self._checked) for f in fmt.SAMPLE_FIELDS}
+            try:
+                table = {f: _read_raw_array(self.path, names[f], (n,), self._checked) for f in fmt.SAMPLE_FIELDS}
+            except StoreError:
+                self._check_not_resplit()
+                raise
             table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets", (self.grid.num_tiles + 1,),
                                                self._checked)
             self._check_samples(table)
@@ -387,6 +404,8 @@ class Scene:
                 self._stats[group] = BandStats(*(_held(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],),
                                                                        self._checked)) for f in fmt.STAT_FIELDS))
             else:
+                if group == "train" and self.meta.stats_split == "train":
+                    self._check_not_resplit()
                 self._stats[group] = None
         return self._stats[group]
 
