@@ -32,11 +32,20 @@ def _axis(key: Any, n: int) -> tuple[int, int, Any]:
         end = last + 1 if idx.step > 0 else (last - 1 if last > 0 else None)
         return lo, hi, slice(first, end, idx.step)
     i = int(key)
-    if i < 0:
-        i += n
     if not 0 <= i < n:
-        raise IndexError(f"index {int(key)} is out of bounds for an axis of size {n}")
+        raise IndexError(f"index {i} is out of bounds for an axis of size {n}")
     return i, i + 1, 0
+
+
+def _refuse_negative(key: tuple, shape: tuple[int, ...]) -> None:
+    """Raise numpy's IndexError for an index still negative when xarray hands it to the scene's array. xarray's
+    lazy indexing adds the axis length to a negative index, without a bounds check, and adds it again on the way
+    to the read: an index below -length (still negative here) was taken from the end a second time, silently
+    (``isel(y=-54)`` of 53 rows read row 52)."""
+    for k, n in zip(key, shape):
+        if not isinstance(k, slice) and np.any(np.asarray(k) < 0):
+            below = int(np.asarray(k)[np.asarray(k) < 0].flat[0])
+            raise IndexError(f"index {below - n} is out of bounds for an axis of size {n}")
 
 
 def _backend_array_class() -> type:
@@ -55,7 +64,13 @@ def _backend_array_class() -> type:
             self.shape = tuple(scene.shape)
             self.dtype = np.dtype(scene.dtype)
 
+        def __reduce__(self) -> tuple:
+            # a class made in a function pickles by that function (a DataArray sent to another process: a
+            # multiprocessing pool, dask distributed), which makes the class again there
+            return _scene_backend_array, (self.scene,)
+
         def __getitem__(self, key: Any) -> np.ndarray:
+            _refuse_negative(key.tuple, self.shape)
             # OUTER: index lists reach _read as lists, not as the window spanning them, so spectra picked at
             # a few points of a large scene read the tiles under those points only
             return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER,
@@ -87,10 +102,15 @@ def _backend_array_class() -> type:
                     x0 = int(tx) * t
                     window = self.scene.read(y0, min(y0 + t, h), x0, min(x0 + t, w))  # one tile
                     out[np.ix_(iy, ix)] = window[np.ix_(rows[iy] - y0, cols[ix] - x0)]
-            picked = out[tuple(0 if np.ndim(k) == 0 else slice(None) for k in key[:2])]  # an int drops its axis
+            # an int drops its axis (a slice keeps it, though np.ndim of a slice is 0 too)
+            picked = out[tuple(slice(None) if isinstance(k, slice) or np.ndim(k) else 0 for k in key[:2])]
             return picked[..., key[2]]
 
     return SceneBackendArray
+
+
+def _scene_backend_array(scene: Scene) -> Any:
+    return _backend_array_class()(scene)
 
 
 def scene_to_xarray(scene: Scene) -> Any:
@@ -125,7 +145,7 @@ def scene_to_xarray(scene: Scene) -> Any:
         coords.update(_map_coordinates(meta.georeference, h, w))
         if meta.pixel_is_point:  # as rioxarray reads a PixelIsPoint GeoTIFF (and writes one again from)
             attrs["AREA_OR_POINT"] = "Point"
-    data = indexing.LazilyIndexedArray(_backend_array_class()(scene))
+    data = indexing.LazilyIndexedArray(_scene_backend_array(scene))
     var = xr.Variable(("y", "x", "band"), data)
     return xr.DataArray(var, coords=coords, name="cube", attrs=attrs)
 

@@ -24,7 +24,7 @@ from hsgds import format as fmt
 from hsgds._durable import atomic_path, check_writable
 from hsgds._optional import require
 from hsgds._wording import listed
-from hsgds.errors import HsgdsWarning, InputError, as_path
+from hsgds.errors import HsgdsWarning, InputError, as_path, shown
 
 __all__ = [
     "RGB_TARGETS_NM",
@@ -95,6 +95,10 @@ def pick_bands(num_bands: int, wavelengths: Sequence[float | None] | None = None
     as AVIRIS's water-vapour bands) is never chosen, unless every band is.
     """
     if bands is not None:
+        # int() of each would take band 1 for 1.7 or True, and fail in a traceback for "abc"
+        if not isinstance(bands, (tuple, list, np.ndarray)) or not all(
+                isinstance(b, (int, np.integer)) and not isinstance(b, (bool, np.bool_)) for b in bands):
+            raise InputError(f"bands must be three integer band indices (red, green, blue), got {shown(bands)}")
         picked = tuple(int(b) for b in bands)
         if len(picked) != 3:
             raise InputError(f"give three bands (red, green, blue), not {len(picked)}")
@@ -176,11 +180,15 @@ def preview_panels(scene, bands: tuple[int, ...] | list[int] | None = None,
 
     if not isinstance(scene, Scene):
         scene = open_scene(scene)
-    lo, hi = (float(p) for p in percentiles)
+    try:
+        lo, hi = (float(p) for p in percentiles)
+    except (TypeError, ValueError):
+        raise InputError(f"percentiles must be two numbers (low, high), got {shown(percentiles)}") from None
     if not 0.0 <= lo < hi <= 100.0:
         raise InputError(f"percentiles must satisfy 0 <= low < high <= 100, not {lo:g}, {hi:g}")
-    if int(max_size) < 1:
-        raise InputError(f"max_size must be >= 1, not {max_size}")
+    # (int() would take 2 for 2.5 and fail in a traceback for None or inf)
+    if isinstance(max_size, (bool, np.bool_)) or not isinstance(max_size, (int, np.integer)) or max_size < 1:
+        raise InputError(f"max_size must be an integer >= 1, not {shown(max_size)}")
     h, w, b = scene.shape
     step = max(1, math.ceil(max(h, w) / int(max_size)))
     picked, note = pick_bands(b, scene.wavelengths, bands, scene.bad_bands)

@@ -61,6 +61,15 @@ def _read_json(path: Path, where: str) -> dict:
     return out
 
 
+def _folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a store folder, or None when nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _is_raw(meta: dict) -> bool:
     """Whether an array's codecs are exactly one ``bytes`` codec, little-endian (the runtime reads raw bytes)."""
     codecs = meta.get("codecs")
@@ -155,6 +164,13 @@ def _read_raw_array(root: Path, name: str, shape: tuple[int, ...], checked: dict
     return data.reshape(shape).astype(native, copy=False)
 
 
+def _held(array: np.ndarray) -> np.ndarray:
+    """``array``, read-only: a Scene holds it once read and hands out the same array each time, so a caller's
+    in-place edit (``labels[labels == 3] = 0``) would change what every later use of the scene reads."""
+    array.flags.writeable = False
+    return array
+
+
 class Scene:
     """A converted hyperspectral scene (an hsgds store, format v1 to v4).
 
@@ -166,9 +182,12 @@ class Scene:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = as_path(path, "a store")
+        # absolute: its arrays and tiles are read on first use and on each read, from the folder opened even after
+        # os.chdir (a relative path then named another folder, or none)
+        self.path = as_path(path, "a store").absolute()
         if not self.path.is_dir():
             raise StoreError(f"{self.path} is not a store directory; create one with `hsgds convert`")
+        self._folder = _folder_identity(self.path)  # `hsgds convert` renames a new folder over the store
         where = str(self.path)
         try:
             root = _read_json(self.path / "zarr.json", where)
@@ -209,6 +228,40 @@ class Scene:
         self._stats: dict[str, BandStats | None] = {}  # per group, read on first use
         self._checked: dict[str, str] = {}  # store folders already checked to stay inside the store
 
+    def _replaced(self) -> str | None:
+        """Why this Scene no longer describes the store at its path (converted again since it was opened: another
+        folder there, with other tiles, labels, samples and statistics), or None. The arrays read on first use
+        would otherwise be another conversion's, with no error (its statistics, a label map of the same shape),
+        and its tiles fail their checksums as if damaged."""
+        if _folder_identity(self.path) == self._folder:
+            return None
+        return (f"{self.path} was converted again (or replaced) since this Scene opened it; open it again: "
+                "hsgds.open_scene(path)")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # unpickled on another machine (a DataArray sent to a dask worker): its mount of the store has another
+        # device number
+        self._folder = _folder_identity(self.path)
+
+    def _check_unchanged(self) -> None:
+        why = self._replaced()
+        if why:
+            raise StoreError(why)
+
+    def _check_not_resplit(self) -> None:
+        """Raise a StoreError when the store was re-split twice or more since this Scene read its metadata: `hsgds
+        resplit` keeps one previous generation of split codes and train statistics, so this Scene's are gone, and
+        their absence read as a damaged store (or no train statistics). Called when they are found missing."""
+        try:
+            attrs: Any = _read_json(self.path / "zarr.json", str(self.path)).get("attributes")
+            now = attrs[fmt.FORMAT_NAME]["split_generation"]
+        except (StoreError, KeyError, TypeError):
+            return  # (the store's own problem is reported as it is)
+        if now != self.meta.split_generation:
+            raise StoreError(f"{self.path} was re-split (`hsgds resplit`) since this Scene opened it (split generation "
+                             f"{self.meta.split_generation}, now {str(now)[:20]}); open it again: hsgds.open_scene(path)")
+
     def __repr__(self) -> str:
         h, w, b = self.shape
         g = self.grid
@@ -220,14 +273,17 @@ class Scene:
     def labels(self) -> np.ndarray:
         """(H, W) class map; 0 = unlabelled."""
         if self._labels is None:
-            self._labels = _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked)
+            self._check_unchanged()
+            self._labels = _held(_read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked))
         return self._labels
 
     def labels_every(self, stride: int) -> np.ndarray:
         """``labels[::stride, ::stride]``: the class map at every ``stride``-th pixel, read without
         holding the whole map (unless it is already held, or ``stride`` is 1)."""
+        stride = as_count(stride, "stride")  # (0 or -1 read the whole map, unreversed: not numpy's [::stride])
         if stride == 1 or self._labels is not None:
             return self.labels[::stride, ::stride]
+        self._check_unchanged()
         return _read_raw_array(self.path, fmt.LABELS, self.shape[:2], self._checked, every=stride)
 
     @property
@@ -245,22 +301,29 @@ class Scene:
     def nodata_every(self, stride: int = 1) -> np.ndarray | None:
         """``nodata[::stride, ::stride]`` as a bool map, True where the source had no data (its tiles hold the
         fill value there); None when the scene has no such pixel."""
+        stride = as_count(stride, "stride")
         if not self.has_nodata:
             return None
+        self._check_unchanged()
         return _read_raw_array(self.path, fmt.NODATA, self.shape[:2], self._checked, every=stride) != 0
 
     def sample_table(self) -> dict[str, np.ndarray]:
         """The raw per-sample arrays (tile, y, x local to the tile core, label, split) and ``offsets``."""
         if self._samples is None:
+            self._check_unchanged()
             n = self.meta.num_samples
             # the split codes of the generation the metadata names (`hsgds resplit` writes new ones aside)
             names = {f: fmt.split_array(self.meta.split_generation) if f == "split" else f"{fmt.SAMPLES}/{f}"
                      for f in fmt.SAMPLE_FIELDS}
-            table = {f: _read_raw_array(self.path, names[f], (n,), self._checked) for f in fmt.SAMPLE_FIELDS}
+            try:
+                table = {f: _read_raw_array(self.path, names[f], (n,), self._checked) for f in fmt.SAMPLE_FIELDS}
+            except StoreError:
+                self._check_not_resplit()
+                raise
             table["offsets"] = _read_raw_array(self.path, f"{fmt.SAMPLES}/offsets", (self.grid.num_tiles + 1,),
                                                self._checked)
             self._check_samples(table)
-            self._samples = table
+            self._samples = {f: _held(a) for f, a in table.items()}
         return self._samples
 
     def _check_samples(self, t: dict[str, np.ndarray]) -> None:
@@ -337,11 +400,14 @@ class Scene:
     def _stat_group(self, group: str) -> BandStats | None:
         """One group's statistics, read on first use (a loader needs one group of each of its scenes)."""
         if group not in self._stats:
+            self._check_unchanged()
             name = fmt.train_stats_group(self.meta.split_generation) if group == "train" else f"{fmt.STATS}/{group}"
             if (self.path / name).is_dir():
-                self._stats[group] = BandStats(*(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],), self._checked)
-                                                 for f in fmt.STAT_FIELDS))
+                self._stats[group] = BandStats(*(_held(_read_raw_array(self.path, f"{name}/{f}", (self.shape[2],),
+                                                                       self._checked)) for f in fmt.STAT_FIELDS))
             else:
+                if group == "train" and self.meta.stats_split == "train":
+                    self._check_not_resplit()
                 self._stats[group] = None
         return self._stats[group]
 
@@ -365,8 +431,14 @@ class Scene:
         """One halo-padded tile, (S, S, B) in the store's dtype; checks size and (by default) checksum."""
         if not 0 <= as_count(tile_id, "tile_id", minimum=0) < self.grid.num_tiles:
             raise InputError(f"tile id {tile_id} out of range 0..{self.grid.num_tiles - 1}")
-        raw = fmt.read_tile_file(tile_id, self.tile_paths[tile_id], self.grid.tile_nbytes,
-                                 self.meta.checksums[tile_id] if verify else None)
+        try:
+            raw = fmt.read_tile_file(tile_id, self.tile_paths[tile_id], self.grid.tile_nbytes,
+                                     self.meta.checksums[tile_id] if verify else None)
+        except TileReadError:
+            why = self._replaced()  # (not damaged: another conversion's tile)
+            if why:
+                raise TileReadError(f"tile {tile_id}: {why}") from None
+            raise
         return np.frombuffer(raw, dtype=self.dtype.newbyteorder("<")).reshape(self.grid.tile_shape)
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
@@ -418,6 +490,9 @@ class Scene:
     def verify_parts(self) -> tuple[list[str], list[str]]:
         """:meth:`verify`'s problems in two lists: those of the arrays beside the tiles (with the statistics
         recomputed from the tiles as they are read), and those of the tiles."""
+        why = self._replaced()
+        if why:  # one line, not one per tile and array of the other conversion
+            return [why], []
         recomputed = _StatsCheck(self)
         tiles = self.verify_tiles(recomputed.add)
         return self.verify_arrays() + recomputed.problems(), tiles

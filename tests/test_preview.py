@@ -124,6 +124,25 @@ def test_panels_bad_arguments(envi_store):
         preview_panels(path, max_size=0)
 
 
+@pytest.mark.parametrize("option,value,message", [
+    ("bands", (0, 1.7, 2), r"bands must be three integer band indices \(red, green, blue\), got \(0, 1.7, 2\)"),
+    ("bands", (True, False, True), "bands must be three integer band indices"),
+    ("bands", "abc", "bands must be three integer band indices .*, got 'abc'"),
+    ("bands", 3, "bands must be three integer band indices .*, got 3"),
+    ("percentiles", (1, 2, 3), r"percentiles must be two numbers \(low, high\), got \(1, 2, 3\)"),
+    ("percentiles", "ab", "percentiles must be two numbers"),
+    ("max_size", 2.5, "max_size must be an integer >= 1, not 2.5"),
+    ("max_size", None, "max_size must be an integer >= 1, not None"),
+    ("max_size", float("inf"), "max_size must be an integer >= 1, not inf"),
+])
+def test_panels_refuse_arguments_of_the_wrong_type_in_one_line(envi_store, option, value, message):
+    """Library callers get the CLI's checks: band 1.7 (or True) was band 1 silently, max_size 2.5 was 2, and
+    "abc", None, inf or three percentiles failed in a ValueError, TypeError or OverflowError traceback."""
+    with pytest.raises(InputError, match=message):
+        preview_panels(envi_store[0], **{option: value})
+    assert preview_panels(envi_store[0], bands=np.array([5, 3, 1]), max_size=np.int64(20)).bands == (5, 3, 1)
+
+
 def test_preview_png_via_cli(envi_store, tmp_path, run_cli):
     import matplotlib.image
 

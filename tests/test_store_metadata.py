@@ -315,6 +315,57 @@ def test_labels_every_is_the_strided_label_map(store, stride):
     np.testing.assert_array_equal(got, want)
 
 
+def test_labels_and_nodata_every_refuse_a_stride_below_1(store):
+    """A stride of 0 or -1 read the whole map (numpy refuses [::0] and reverses the map for [::-1]), a float
+    failed in range() with a TypeError: each is one line naming the stride."""
+    from hsgds.errors import ConfigError
+
+    scene = hsgds.open_scene(store)
+    for stride in (0, -1, 2.0, True):
+        for every in (scene.labels_every, scene.nodata_every):
+            with pytest.raises(ConfigError, match=f"stride must be an integer >= 1, got {stride!r}"):
+                every(stride)
+    assert scene.labels_every(np.int64(4)).shape == (8, 8)  # numpy's integers are integers
+
+
+def test_the_arrays_a_scene_holds_are_read_only(store):
+    """labels, the sample table and the statistics are read once and the same arrays handed out each time: an
+    edit in place (merging a class, centring a mean) changed what every later use of the scene read, its
+    samples, pixels="all" labels, preview and predict's ground truth. They are read-only; a copy is the
+    caller's."""
+    import zarr
+
+    scene = hsgds.open_scene(store)
+    held = [scene.labels, *scene.sample_table().values(), *(getattr(scene.norm_stats, f) for f in fmt.STAT_FIELDS)]
+    for array in held:
+        with pytest.raises(ValueError, match="read-only"):
+            array[...] = 0
+    np.testing.assert_array_equal(scene.labels, zarr.open_array(str(store / "labels"), mode="r")[...])
+    merged = scene.labels.copy()
+    merged[merged == 2] = 1  # a copy is writable
+    assert scene.labels_every(1) is not merged and (scene.labels == 2).any()
+
+
+def test_a_scene_opened_by_a_relative_path_reads_it_after_a_chdir(store, tmp_path, monkeypatch):
+    """A Scene reads its arrays on first use and its tiles on each read: opened as "s.zarr", after os.chdir
+    (a notebook's %cd) it read from the new folder, another store's labels there or none at all."""
+    import zarr
+
+    want = zarr.open_array(str(store / "labels"), mode="r")[...]
+    window = hsgds.open_scene(store).read(0, 30, 0, 30)
+    other = Path(shutil.copytree(store, tmp_path / "elsewhere" / "s.zarr"))
+    chunk = other / "labels" / "c" / "0" / "0"
+    chunk.write_bytes(bytes(chunk.stat().st_size))  # the other store's labels: all 0
+    monkeypatch.chdir(store.parent)
+    scene = hsgds.open_scene("s.zarr")
+    monkeypatch.chdir(other.parent)
+    assert want.any()
+    np.testing.assert_array_equal(scene.labels, want)
+    np.testing.assert_array_equal(scene.read(0, 30, 0, 30), window)
+    os.rename(other, tmp_path / "moved.zarr")  # and with nothing at the relative path
+    np.testing.assert_array_equal(scene.read(0, 30, 0, 30), window)
+
+
 def test_labels_every_refuses_a_short_label_file(store):
     chunk = store / "labels" / "c" / "0" / "0"
     with open(chunk, "r+b") as f:

@@ -99,12 +99,45 @@ def test_to_xarray_is_lazy(store, reads):
     dict(y=slice(10, 10)),
     dict(y=-1, x=-3),
     dict(y=slice(-5, None), x=slice(None, 4), band=slice(None, None, -1)),
+    # a list on one axis, the other whole: the column axis was dropped (IndexError "too many indices")
+    dict(y=[1, 50, 5]),
+    dict(x=[-1, 0], band=1),
+    dict(y=np.arange(53) % 3 == 0, x=slice(None, None, -5)),
 ])
 def test_to_xarray_indexing_matches_numpy(store, sel):
     path, cube, _ = store
     da = hsgds.open_scene(path).to_xarray()
     want = xr.DataArray(cube, dims=("y", "x", "band")).isel(**sel).values
     np.testing.assert_array_equal(da.isel(**sel).values, want)
+
+
+@pytest.mark.parametrize("sel", [dict(y=-54), dict(x=-71, y=3), dict(band=-17), dict(y=[-54, 0]), dict(x=[2, -71]),
+                                 dict(y=[53]), dict(y=53), dict(y=xr.DataArray([0, -54], dims="p"),
+                                                                x=xr.DataArray([1, 2], dims="p"))])
+def test_to_xarray_index_out_of_bounds_is_an_index_error_as_numpy(store, sel):
+    """An index below -size is out of bounds, as in numpy. xarray adds the size to a negative index before the
+    scene's array sees it, which added it again: isel(y=-54) of 53 rows read row 52, silently."""
+    path, cube, _ = store
+    da = hsgds.open_scene(path).to_xarray()
+    with pytest.raises(IndexError):
+        xr.DataArray(cube, dims=("y", "x", "band")).isel(**sel).values  # noqa: B018 - the reference
+    with pytest.raises(IndexError, match="out of bounds"):
+        da.isel(**sel).values  # noqa: B018
+
+
+def test_to_xarray_pickles_lazily(store, reads):
+    """A DataArray sent to another process (a multiprocessing pool, dask distributed) is pickled: the scene's
+    array, a class made inside a function, could not be ("Can't pickle local object"). It pickles as its scene
+    and reads nothing until its values are asked for, then numpy's."""
+    import pickle
+
+    path, cube, labels = store
+    sub = pickle.loads(pickle.dumps(hsgds.open_scene(path).to_xarray().isel(y=slice(13, 20), x=[3, 69])))
+    assert reads == []
+    np.testing.assert_array_equal(sub.values, cube[13:20][:, [3, 69]])
+    scene = hsgds.open_scene(path)
+    scene._folder = (-1, -1)  # the store folder's (device, inode) as this machine saw it, not as another's mount
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(scene)).labels, labels)  # not "converted again"
 
 
 def test_to_xarray_without_xarray_names_the_extra(store, monkeypatch):

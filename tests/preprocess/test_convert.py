@@ -282,6 +282,31 @@ def test_overwrite(npy_scene, tmp_path, run_cli):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_a_scene_open_while_its_store_is_converted_again_says_so(npy_scene, tmp_path):
+    """A Scene reads labels, samples and statistics on first use, and tiles on each read. After the store was
+    converted again from another cube of the same shape, the statistics and labels read were the new store's,
+    with no error, and its tiles failed their checksums as 'damaged; convert the source again'. Each now says
+    the store was converted again and to open it again; the store opened again reads the new cube."""
+    from hsgds.errors import StoreError, TileReadError
+
+    cp_a, lp_a, _, _ = npy_scene(seed=0)
+    cp_b, lp_b, cube_b, labels_b = npy_scene(seed=1)
+    out = tmp_path / "o.zarr"
+    convert(cp_a, out, ConvertOptions(labels=lp_a, tile=18))
+    scene = hsgds.open_scene(out)
+    convert(cp_b, out, ConvertOptions(labels=lp_b, tile=18, overwrite=True))
+    again = "was converted again .* since this Scene opened it; open it again"
+    with pytest.raises(TileReadError, match=again):
+        scene.read(0, 5, 0, 5)
+    for what in ("stats", "labels", "sample_table"):
+        with pytest.raises(StoreError, match=again):
+            getattr(scene, what)() if what == "sample_table" else getattr(scene, what)
+    assert len(scene.verify()) == 1 and "was converted again" in scene.verify()[0]  # not a line per tile
+    reopened = hsgds.open_scene(out)
+    np.testing.assert_array_equal(reopened.read(0, cube_b.shape[0], 0, cube_b.shape[1]), cube_b)
+    np.testing.assert_array_equal(reopened.labels, labels_b)
+
+
 def test_streaming_memory_is_bounded(tmp_path):
     """Converting a memory-mapped 48 MiB cube allocates a few tiles, not the cube (numpy allocations are
     visible to tracemalloc)."""

@@ -111,6 +111,27 @@ def test_resplit_needs_no_source_and_keeps_one_previous_generation(npy_scene, tm
     assert split_state(store) == states[1]
 
 
+def test_a_scene_open_across_two_resplits_says_it_was_resplit(npy_scene, tmp_path):
+    """A Scene reads its split codes and train statistics on first use, of the generation it opened. One re-split
+    later they are still there; two later they are gone, and that read as a damaged store ("samples/split-0
+    is missing; this is not a complete hsgds store", "convert the source again") or as no train statistics
+    (stats["train"] None). Each now says the store was re-split and to open it again."""
+    from hsgds.errors import StoreError
+
+    cp, lp, _, _ = npy_scene(h=70, w=60, b=4, seed=5)
+    store = convert(cp, tmp_path / "s.zarr", ConvertOptions(labels=lp, max_patch=5))
+    once, twice = hsgds.open_scene(store), hsgds.open_scene(store)
+    twice.labels  # noqa: B018 - something read: the Scene is in use
+    resplit(store, train=0.3, seed=1)
+    assert once.samples("train")[0].size and once.stats["train"] is not None  # the previous generation is kept
+    resplit(store, train=0.4, seed=2)
+    for read in (lambda: twice.stats, lambda: twice.norm_stats, twice.sample_table):
+        with pytest.raises(StoreError, match=r"was re-split \(`hsgds resplit`\) since this Scene opened it \(split "
+                                             r"generation 0, now 2\); open it again"):
+            read()
+    assert hsgds.open_scene(store).stats["train"] is not None
+
+
 def test_resplit_failure_leaves_the_store_as_it_was(ip_copy):
     before = tree_digest(ip_copy)
     scene = hsgds.open_scene(ip_copy)
