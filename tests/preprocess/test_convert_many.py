@@ -924,17 +924,24 @@ def test_wavelengths_a_scene_cannot_record_come_back_as_its_warning(tmp_path):
     assert result.warnings == () and open_scene(out / "e.zarr").wavelengths == [400.0, 410.0, 420.0, 430.0]
 
 
-def test_a_store_with_damaged_statistics_is_converted_again_and_not_called_damaged_tiles(tmp_path):
-    """verify() finds damage in the labels, samples and statistics too; the reason says how many problems,
-    not "damaged tiles" (no tile is damaged here)."""
-    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+def _labelled_scene_row(tmp_path):
+    """A small labelled scene saved as c.npy / g.npy, its manifest row (named c) and an empty output folder."""
+    from hsgds.preprocess.convert_many import ManifestRow
 
     cube, labels = make_scene(24, 20, 4, classes=3, seed=3)
     np.save(tmp_path / "c.npy", cube)
     np.save(tmp_path / "g.npy", labels)
-    row = ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy")
     out = tmp_path / "out"
     out.mkdir()
+    return cube, labels, ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy"), out
+
+
+def test_a_store_with_damaged_statistics_is_converted_again_and_not_called_damaged_tiles(tmp_path):
+    """verify() finds damage in the labels, samples and statistics too; the reason says how many problems,
+    not "damaged tiles" (no tile is damaged here)."""
+    from hsgds.preprocess.convert_many import convert_scene
+
+    cube, labels, row, out = _labelled_scene_row(tmp_path)
     opts = ConvertOptions(max_patch=5, seed=1)
     assert convert_scene(row, out, opts).status == "converted"
     mean = next((out / "c.zarr" / "stats" / "all" / "mean").rglob("c/*"))  # its one chunk
@@ -1515,14 +1522,9 @@ def test_a_store_whose_root_metadata_is_lost_is_converted_again(tmp_path, damage
     """A store whose root zarr.json no longer reads (cut short, overwritten, gone) does not verify: the rerun
     converts it again in its place, as it does a store with damaged tiles; it said "not an hsgds store; remove
     it yourself" on every rerun."""
-    from hsgds.preprocess.convert_many import ManifestRow, convert_scene
+    from hsgds.preprocess.convert_many import convert_scene
 
-    cube, labels = make_scene(24, 20, 4, classes=3, seed=3)
-    np.save(tmp_path / "c.npy", cube)
-    np.save(tmp_path / "g.npy", labels)
-    row = ManifestRow(name="c", source=tmp_path / "c.npy", labels=tmp_path / "g.npy")
-    out = tmp_path / "out"
-    out.mkdir()
+    cube, labels, row, out = _labelled_scene_row(tmp_path)
     opts = ConvertOptions(max_patch=3, seed=1)
     assert convert_scene(row, out, opts).status == "converted"
     root = out / "c.zarr" / "zarr.json"
